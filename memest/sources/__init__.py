@@ -1,0 +1,112 @@
+"""Turning a model reference into a :class:`~memest.spec.ModelSpec`.
+
+A reference is, in the order tried: a local directory or config file (``config.json``, Meta's
+``params.json``); a model of the offline catalog, by Hub id or alias; any other Hub id, whose
+``config.json`` is fetched through huggingface_hub (never weights) unless the environment is
+offline (``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from memest.errors import UnknownModelError, UnsupportedArchitectureError
+from memest.sources import catalog
+from memest.sources.config import HFConfig
+from memest.sources.families import ADAPTERS, supported_model_types
+from memest.sources.hub import fetch_config, hub_offline
+from memest.sources.local import read_local
+from memest.spec import ModelSpec
+
+__all__ = ["load_config", "load_model", "spec_from_config"]
+
+
+def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
+    """The config a reference names, read from disk, the catalog or the Hub.
+
+    Raises:
+        UnknownModelError: nothing matches; the message lists close catalog matches.
+        ConfigError: the file is not a valid config.
+    """
+    ref = reference.strip()
+    if not ref:
+        raise UnknownModelError("empty model reference; pass a Hub id, a catalog name or a path (see 'memest models')")
+    path = Path(ref).expanduser()
+    if path.exists():
+        raw, where = read_local(path)
+        return HFConfig(raw, name=_local_name(path), source=where)
+    hit = catalog.resolve(ref)
+    if hit is not None:
+        return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
+    if _looks_like_path(ref):
+        raise UnknownModelError(f"no such file or directory: {ref!r}; pass an existing config.json, params.json or model folder")
+    if ref.count("/") == 1 and not hub_offline():
+        return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub")
+    matches = catalog.close_matches(ref)
+    hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+    where = "not in the offline catalog and the Hub is offline (HF_HUB_OFFLINE)" if ref.count("/") == 1 else (
+        "not in the offline catalog; pass a Hub id (org/name) or a path"
+    )
+    raise UnknownModelError(f"unknown model {ref!r}: {where}{hint} (list the catalog with 'memest models')")
+
+
+def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> ModelSpec:
+    """The ModelSpec of a config: by the family's analytic adapter, else on the meta device.
+
+    Multimodal configs whose family has no adapter use the adapter of their ``text_config`` and
+    say that the other towers are not counted.
+
+    Raises:
+        UnsupportedArchitectureError: no adapter, and the model cannot be built on the meta device.
+        ConfigError: the config lacks or mangles a field the adapter needs.
+    """
+    adapter = ADAPTERS.get(cfg.model_type)
+    if adapter is not None:
+        spec = adapter(cfg)
+    else:
+        text = cfg.text
+        text_type = text.raw.get("model_type")
+        if text is not cfg and text_type in ADAPTERS:
+            spec = ADAPTERS[text_type](text)
+            spec = spec.replace(notes=(*spec.notes, f"only the {text_type} language model of this {cfg.model_type} checkpoint is counted"))
+        else:
+            spec = _spec_on_meta(cfg, trust_remote_code=trust_remote_code)
+    if cfg.note:
+        spec = spec.replace(notes=(cfg.note, *spec.notes))
+    return spec
+
+
+def load_model(reference: str, *, trust_remote_code: bool = False, revision: str | None = None) -> ModelSpec:
+    """The ModelSpec of a model reference (see the module docstring for what a reference is).
+
+    Raises:
+        UnknownModelError, ConfigError, UnsupportedArchitectureError: as their names say.
+    """
+    return spec_from_config(load_config(reference, revision=revision), trust_remote_code=trust_remote_code)
+
+
+def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
+    try:
+        from memest import meta
+    except ImportError as exc:  # pragma: no cover
+        raise UnsupportedArchitectureError(str(exc)) from exc
+    try:
+        return meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code)
+    except UnsupportedArchitectureError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; we name the cause
+        raise UnsupportedArchitectureError(
+            f"model_type {cfg.model_type!r} of {cfg.name!r} has no analytic adapter "
+            f"(supported: {', '.join(supported_model_types())}) and building it on the meta device failed: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith((".", "/", "~")) or ref.endswith(".json") or ref.count("/") > 1 or "\\" in ref
+
+
+def _local_name(path: Path) -> str:
+    folder = path if path.is_dir() else path.parent
+    return folder.resolve().name or str(path)
+
+

@@ -1,0 +1,252 @@
+"""Building blocks the family adapters share: linear layers, norms, attention and MLP tensors.
+
+Each helper returns TensorSpecs named as the transformers module names them, so an adapter reads
+like the model's ``__init__``. Shapes follow ``nn.Linear``: weight ``(out_features, in_features)``.
+"""
+
+from __future__ import annotations
+
+from memest.sources.config import HFConfig
+from memest.spec import (
+    AttentionSpec,
+    Component,
+    LayerSpec,
+    ModelSpec,
+    QuantizationSpec,
+    Split,
+    TaskKind,
+    TensorSpec,
+)
+
+ATTN = Component.ATTENTION
+MLP = Component.MLP
+NORM = Component.NORM
+
+
+def linear(
+    name: str,
+    in_features: int,
+    out_features: int,
+    component: Component,
+    split: Split,
+    *,
+    bias: bool = False,
+) -> list[TensorSpec]:
+    """An ``nn.Linear(in_features, out_features, bias)``: its weight and optional bias.
+
+    A column-parallel layer's bias is split with it; a row-parallel layer's bias is added after
+    the all-reduce, so every TP rank keeps all of it (Megatron-LM ``RowParallelLinear``).
+    """
+    tensors = [TensorSpec(f"{name}.weight", (out_features, in_features), component, split)]
+    if bias:
+        bias_split = split if split in (Split.COL, Split.KV, Split.VOCAB) else Split.NONE
+        tensors.append(TensorSpec(f"{name}.bias", (out_features,), component, bias_split))
+    return tensors
+
+
+def norm(name: str, size: int, *, bias: bool = False, component: Component = NORM) -> list[TensorSpec]:
+    """A LayerNorm (``bias=True``) or RMSNorm (``bias=False``) over ``size`` features."""
+    tensors = [TensorSpec(f"{name}.weight", (size,), component)]
+    if bias:
+        tensors.append(TensorSpec(f"{name}.bias", (size,), component))
+    return tensors
+
+
+def gqa_projections(
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    prefix: str = "self_attn",
+    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+    qkv_bias: bool = False,
+    o_bias: bool = False,
+) -> list[TensorSpec]:
+    """Separate Q, K, V and output projections of (grouped-query) attention."""
+    q, k, v, o = (f"{prefix}.{n}" for n in names)
+    return [
+        *linear(q, hidden_size, num_heads * head_dim, ATTN, Split.COL, bias=qkv_bias),
+        *linear(k, hidden_size, num_kv_heads * head_dim, ATTN, Split.KV, bias=qkv_bias),
+        *linear(v, hidden_size, num_kv_heads * head_dim, ATTN, Split.KV, bias=qkv_bias),
+        *linear(o, num_heads * head_dim, hidden_size, ATTN, Split.ROW, bias=o_bias),
+    ]
+
+
+def gated_mlp(
+    hidden_size: int,
+    intermediate_size: int,
+    *,
+    prefix: str = "mlp",
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    bias: bool = False,
+    component: Component = MLP,
+) -> list[TensorSpec]:
+    """A GLU feed-forward (SwiGLU, GeGLU): gate and up projections i wide, then down."""
+    gate, up, down = (f"{prefix}.{n}" for n in names)
+    return [
+        *linear(gate, hidden_size, intermediate_size, component, Split.COL, bias=bias),
+        *linear(up, hidden_size, intermediate_size, component, Split.COL, bias=bias),
+        *linear(down, intermediate_size, hidden_size, component, Split.ROW, bias=bias),
+    ]
+
+
+def plain_mlp(
+    hidden_size: int,
+    intermediate_size: int,
+    *,
+    prefix: str = "mlp",
+    names: tuple[str, str] = ("fc1", "fc2"),
+    bias: bool = True,
+) -> list[TensorSpec]:
+    """A two-layer feed-forward (GPT-2, NeoX, OPT, BERT): up to i, activation, down to h."""
+    up, down = (f"{prefix}.{n}" for n in names)
+    return [
+        *linear(up, hidden_size, intermediate_size, MLP, Split.COL, bias=bias),
+        *linear(down, intermediate_size, hidden_size, MLP, Split.ROW, bias=bias),
+    ]
+
+
+def token_embedding(name: str, vocab_size: int, hidden_size: int) -> TensorSpec:
+    """A vocab-parallel token embedding ``(V, h)``."""
+    return TensorSpec(name, (vocab_size, hidden_size), Component.EMBEDDING, Split.VOCAB)
+
+
+def lm_head(vocab_size: int, hidden_size: int, *, name: str = "lm_head", bias: bool = False) -> list[TensorSpec]:
+    """An untied output projection ``(V, h)``, vocab-parallel."""
+    return linear(name, hidden_size, vocab_size, Component.LM_HEAD, Split.VOCAB, bias=bias)
+
+
+def head_dim_of(cfg: HFConfig, hidden_size: int, num_heads: int) -> int:
+    """``head_dim`` from the config when it gives one, else ``hidden_size / num_heads`` (exact)."""
+    if cfg.has("head_dim"):
+        return cfg.int("head_dim")
+    return cfg.divide("hidden_size", hidden_size, "num_attention_heads", num_heads)
+
+
+def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[int | None]:
+    """Each layer's sliding window (None = full attention).
+
+    Uses ``layer_types`` when the config lists them (``sliding_attention`` / ``full_attention``),
+    else applies ``window`` to every layer.
+
+    Raises:
+        ConfigError: ``layer_types`` has the wrong length or an unknown entry.
+    """
+    from memest.errors import ConfigError
+
+    types = cfg.get("layer_types", default=None)
+    if types is None:
+        return [window] * num_layers
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(
+            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), "
+            f"got {types!r}"
+        )
+    windows: list[int | None] = []
+    for kind in types:
+        if kind == "full_attention":
+            windows.append(None)
+        elif kind == "sliding_attention":
+            if window is None:
+                raise ConfigError(f"config of {cfg.name!r} has sliding_attention layers but no 'sliding_window'")
+            windows.append(window)
+        else:
+            raise ConfigError(f"config of {cfg.name!r}: unknown layer type {kind!r} in 'layer_types'")
+    return windows
+
+
+def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
+    """The checkpoint's ``quantization_config``, parsed (None when unquantized).
+
+    Source of the field names: transformers ``utils/quantization_config.py`` (BitsAndBytesConfig,
+    GPTQConfig, AwqConfig, FineGrainedFP8Config, Mxfp4Config, CompressedTensorsConfig).
+    """
+    q = cfg.get("quantization_config", default=None)
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    skip = tuple(q.get("modules_to_not_convert") or q.get("llm_int8_skip_modules") or ())
+    if method == "bitsandbytes":
+        four = bool(q.get("load_in_4bit"))
+        return QuantizationSpec(
+            method="bitsandbytes",
+            bits=4 if four else 8,
+            group_size=64 if four else None,
+            double_quant=bool(q.get("bnb_4bit_use_double_quant")),
+            skip_modules=skip,
+        )
+    if method in ("gptq", "awq"):
+        return QuantizationSpec(
+            method=method, bits=int(q.get("bits", q.get("w_bit", 4))),
+            group_size=int(q.get("group_size", q.get("q_group_size", 128))), skip_modules=skip,
+        )
+    if method == "fp8":
+        block = q.get("weight_block_size")
+        return QuantizationSpec(
+            method="fp8", bits=8, block_shape=(int(block[0]), int(block[1])) if block else None, skip_modules=skip
+        )
+    if method == "mxfp4":
+        return QuantizationSpec(method="mxfp4", bits=4, group_size=32, skip_modules=skip)
+    return QuantizationSpec(method=method or "unknown", bits=int(q.get("bits", 8)), skip_modules=skip)
+
+
+def torch_dtype_of(cfg: HFConfig) -> str | None:
+    """The checkpoint dtype the config states (``torch_dtype``, or ``dtype`` in transformers 5)."""
+    value = cfg.get("torch_dtype", "dtype", default=None)
+    if value is None:
+        value = cfg.text.get("torch_dtype", "dtype", default=None)
+    return str(value) if value is not None else None
+
+
+def model_spec(
+    cfg: HFConfig,
+    *,
+    hidden_size: int,
+    vocab_size: int,
+    layers: list[LayerSpec],
+    embedding: list[TensorSpec],
+    head: list[TensorSpec],
+    tie_word_embeddings: bool,
+    max_position_embeddings: int | None,
+    task: TaskKind = "causal_lm",
+    notes: tuple[str, ...] = (),
+) -> ModelSpec:
+    """Assemble a ModelSpec with the identity fields every adapter fills the same way."""
+    return ModelSpec(
+        name=cfg.name,
+        model_type=cfg.model_type,
+        architecture=cfg.architecture,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        layers=tuple(layers),
+        embedding=tuple(embedding),
+        head=tuple(head),
+        task=task,
+        torch_dtype=torch_dtype_of(cfg),
+        quantization=quantization_of(cfg),
+        source=cfg.source,
+        notes=notes,
+    )
+
+
+__all__ = [
+    "ATTN",
+    "MLP",
+    "NORM",
+    "AttentionSpec",
+    "gated_mlp",
+    "gqa_projections",
+    "head_dim_of",
+    "layer_windows",
+    "linear",
+    "lm_head",
+    "model_spec",
+    "norm",
+    "plain_mlp",
+    "quantization_of",
+    "token_embedding",
+    "torch_dtype_of",
+]

@@ -1,0 +1,390 @@
+"""Architecture facts of a model: :class:`ModelSpec` and the parts it is made of.
+
+A ModelSpec is a symbolic state dict. Every parameter tensor of the model is listed with its
+shape, the component it belongs to and how tensor parallelism shards it; every decoder (or
+encoder) layer carries the facts the memory formulas need (heads, KV heads, head_dim, MLP width,
+experts, sliding window, ...). Parameter counts, stored bytes under any dtype or quantization, and
+per-rank shards under TP/PP/ZeRO are all derived from these tensors, so they cannot disagree.
+
+Field names follow the words of DESIGN.md (``num_kv_heads``, ``head_dim``, ...). Shapes use the
+layout PyTorch uses: an ``nn.Linear`` weight is ``(out_features, in_features)``; a stack of expert
+weights is ``(num_experts, out_features, in_features)``.
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+
+class Component(str, Enum):
+    """Which part of the model a parameter tensor belongs to (the rows of a parameter breakdown)."""
+
+    EMBEDDING = "embedding"
+    """Token embeddings, learned position and token-type embeddings."""
+    ATTENTION = "attention"
+    """Q/K/V/O projections and their biases, MLA down/up projections, attention sinks."""
+    MLP = "mlp"
+    """Dense feed-forward weights, including the shared experts of an MoE layer."""
+    EXPERTS = "experts"
+    """Routed experts (leading dimension = num_experts)."""
+    ROUTER = "router"
+    """The MoE gate that scores experts (and its bias / correction terms)."""
+    NORM = "norm"
+    """LayerNorm / RMSNorm scales and biases."""
+    LM_HEAD = "lm_head"
+    """The output projection to the vocabulary; absent when tied to the embedding."""
+    OTHER = "other"
+    """Everything else: state-space mixers, vision towers, projectors, poolers, classifier heads."""
+
+
+class Split(str, Enum):
+    """How tensor parallelism (Megatron-LM, vLLM) shards a tensor across the ``tp`` ranks."""
+
+    NONE = "none"
+    """Replicated on every TP rank (norms, routers, row-parallel biases, position embeddings)."""
+    COL = "col"
+    """Column-parallel: the output features (dim -2 of a weight, the bias) are divided by tp."""
+    ROW = "row"
+    """Row-parallel: the input features (dim -1 of a weight) are divided by tp."""
+    KV = "kv"
+    """Column-parallel over KV heads: divided by min(tp, num_kv_heads); replicated beyond."""
+    VOCAB = "vocab"
+    """Vocab-parallel embedding or lm_head: the rows (vocab) are divided by tp."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One parameter tensor.
+
+    Attributes:
+        name: Its name as in the transformers module, relative to the layer for layer tensors
+            (``"self_attn.q_proj.weight"``) and to the model otherwise (``"lm_head.weight"``).
+        shape: Its shape in elements.
+        component: The breakdown row it is counted in.
+        split: How tensor parallelism shards it.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    component: Component
+    split: Split = Split.NONE
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def is_linear_weight(self) -> bool:
+        """True for the weight of a linear projection (or an expert stack) in a layer.
+
+        These are the tensors weight quantization (int8, NF4, GPTQ, AWQ, fp8, MXFP4) converts and
+        LoRA can target; embeddings, norms, biases and routers keep their 16-bit dtype.
+        """
+        return (
+            len(self.shape) >= 2
+            and self.name.endswith("weight")
+            and self.component in (Component.ATTENTION, Component.MLP, Component.EXPERTS)
+        )
+
+    @property
+    def module(self) -> str:
+        """The module path without the parameter name (``"self_attn.q_proj"``)."""
+        return self.name.rsplit(".", 1)[0] if "." in self.name else ""
+
+
+AttentionKind = Literal["gqa", "mla", "mamba", "none"]
+"""``gqa``: softmax attention over cached K and V (MHA when num_kv_heads = num_heads, MQA when 1);
+``mla``: DeepSeek multi-head latent attention; ``mamba``: a state-space mixer with a fixed state per
+sequence; ``none``: no token mixing."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionSpec:
+    """The token mixer of one layer.
+
+    Attributes:
+        kind: See :data:`AttentionKind`.
+        num_heads: Query heads (a).
+        num_kv_heads: Key/value heads (k); equal to num_heads for MHA and MLA.
+        head_dim: Per-head dimension of queries and keys (d), from the config when it gives one.
+        v_head_dim: Per-head dimension of values; equal to head_dim except for MLA.
+        sliding_window: Tokens a sliding-window layer attends to; None for full attention.
+        q_lora_rank: MLA query compression rank (None: queries are not compressed).
+        kv_lora_rank: MLA latent width cached per token.
+        qk_rope_head_dim: MLA decoupled RoPE key width cached per token.
+        state_elements: Elements of recurrent state kept per sequence (conv + SSM state of a
+            mamba layer); zero for attention layers.
+        cross_attention: True for a decoder layer that also attends to encoder outputs (T5).
+        causal: False for bidirectional encoder attention (BERT, the T5 encoder).
+    """
+
+    kind: AttentionKind = "gqa"
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int = 0
+    sliding_window: int | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    state_elements: int = 0
+    cross_attention: bool = False
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLPSpec:
+    """The feed-forward block of one layer.
+
+    Attributes:
+        gated: True for GLU variants (SwiGLU, GeGLU: gate and up projections, i wide each).
+        intermediate_size: Width i of the dense MLP, or of one routed expert in an MoE layer.
+        activation: The activation function name as the config writes it (``silu``, ``gelu``, ...).
+        num_experts: Routed experts; 0 for a dense layer.
+        num_experts_per_tok: Experts each token is routed to (top-k).
+        num_shared_experts: Experts every token goes through (DeepSeek, Qwen2-MoE).
+        shared_intermediate_size: Total width of the shared experts.
+    """
+
+    gated: bool
+    intermediate_size: int
+    activation: str = "silu"
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the layer routes tokens to experts."""
+        return self.num_experts > 0
+
+
+NormKind = Literal["rms", "layer"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One transformer (or state-space) layer.
+
+    Attributes:
+        attention: Its token mixer.
+        mlp: Its feed-forward block.
+        norm: RMSNorm or LayerNorm (the norms' inputs are kept for backward).
+        parallel_residual: True when attention and MLP read the same input (GPT-J, NeoX, Falcon,
+            Phi), so the block has one input norm instead of two.
+        tensors: Its parameter tensors, names relative to the layer.
+        stack: ``decoder`` for causal-LM and seq2seq decoder layers, ``encoder`` otherwise.
+    """
+
+    attention: AttentionSpec
+    mlp: MLPSpec
+    norm: NormKind = "rms"
+    parallel_residual: bool = False
+    tensors: tuple[TensorSpec, ...] = ()
+    stack: Literal["decoder", "encoder"] = "decoder"
+
+    @property
+    def num_params(self) -> int:
+        """Parameters in this layer."""
+        return sum(t.numel for t in self.tensors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantizationSpec:
+    """How a checkpoint stores its weights, read from ``quantization_config``.
+
+    Attributes:
+        method: ``bitsandbytes`` (8-bit or NF4/FP4), ``gptq``, ``awq``, ``fp8``, ``mxfp4``,
+            ``compressed-tensors``, ...: the ``quant_method`` the config names.
+        bits: Bits per quantized weight.
+        group_size: Weights sharing one scale (GPTQ/AWQ group, NF4 block, MXFP4 block); None for
+            per-channel or per-tensor scales.
+        block_shape: Block of a block-wise fp8 scale (DeepSeek-V3: ``(128, 128)``).
+        double_quant: bitsandbytes nested quantization of the NF4 absmax scales.
+        skip_modules: Module name patterns kept unquantized (``modules_to_not_convert``).
+    """
+
+    method: str
+    bits: int
+    group_size: int | None = None
+    block_shape: tuple[int, int] | None = None
+    double_quant: bool = False
+    skip_modules: tuple[str, ...] = ()
+
+
+TaskKind = Literal["causal_lm", "masked_lm", "seq2seq", "classification"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Everything memest knows about a model's architecture.
+
+    Attributes:
+        name: The reference it was loaded as, normalised (``meta-llama/Llama-2-7b-hf``).
+        model_type: The config's ``model_type`` (``llama``, ``mixtral``, ...).
+        architecture: The first class named in ``architectures``.
+        hidden_size: Model width h.
+        vocab_size: Rows of the embedding matrix V.
+        max_position_embeddings: Longest context the config allows, if it states one.
+        tie_word_embeddings: True when the lm_head shares the embedding matrix (counted once).
+        layers: The layers in order (encoder layers first for seq2seq models).
+        embedding: Tensors before the first layer (first pipeline stage): embeddings, embedding
+            norms, vision towers of multimodal checkpoints.
+        head: Tensors after the last layer (last pipeline stage): final norm, lm_head, pooler.
+        task: What the head computes; ``causal_lm`` and ``seq2seq`` produce vocabulary logits.
+        torch_dtype: The checkpoint's dtype as the config states it (``bfloat16``), if it does.
+        quantization: The checkpoint's quantization, if any.
+        source: Where the config came from (``catalog``, a path, ``hub``).
+        notes: What the adapter wants users to know (derived configs, uncounted modules).
+    """
+
+    name: str
+    model_type: str
+    architecture: str
+    hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    tie_word_embeddings: bool
+    layers: tuple[LayerSpec, ...]
+    embedding: tuple[TensorSpec, ...]
+    head: tuple[TensorSpec, ...]
+    task: TaskKind = "causal_lm"
+    torch_dtype: str | None = None
+    quantization: QuantizationSpec | None = None
+    source: str = "catalog"
+    notes: tuple[str, ...] = ()
+    _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_kinds", group_layers(self.layers))
+
+    # ---- the representative layer's facts (the first decoder layer, else the first layer) ----
+
+    @property
+    def reference_layer(self) -> LayerSpec:
+        """The layer whose attention/MLP facts are quoted as the model's (first decoder layer)."""
+        for layer in self.layers:
+            if layer.stack == "decoder" and layer.attention.kind != "mamba":
+                return layer
+        return self.layers[0]
+
+    @property
+    def num_layers(self) -> int:
+        """L: all layers (encoder + decoder for seq2seq)."""
+        return len(self.layers)
+
+    @property
+    def num_heads(self) -> int:
+        """a: query heads per layer."""
+        return self.reference_layer.attention.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        """k: key/value heads per layer."""
+        return self.reference_layer.attention.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        """d: per-head dimension of queries and keys."""
+        return self.reference_layer.attention.head_dim
+
+    @property
+    def intermediate_size(self) -> int:
+        """i: dense MLP width (or per-expert width for MoE layers)."""
+        return self.reference_layer.mlp.intermediate_size
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0 for dense models)."""
+        return max((layer.mlp.num_experts for layer in self.layers), default=0)
+
+    @property
+    def num_experts_per_tok(self) -> int:
+        """Experts each token is routed to (0 for dense models)."""
+        return max((layer.mlp.num_experts_per_tok for layer in self.layers), default=0)
+
+    # ---- parameters ----
+
+    def layer_kinds(self, start: int = 0, stop: int | None = None) -> tuple[tuple[LayerSpec, int], ...]:
+        """Distinct layers in ``layers[start:stop]`` with how many times each occurs."""
+        if start == 0 and stop is None:
+            return self._kinds
+        return group_layers(self.layers[start:stop])
+
+    def tensors(self) -> Iterator[tuple[TensorSpec, int]]:
+        """Every distinct parameter tensor with its multiplicity (tied tensors listed once)."""
+        for t in self.embedding:
+            yield t, 1
+        for layer, count in self._kinds:
+            for t in layer.tensors:
+                yield t, count
+        for t in self.head:
+            yield t, 1
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters, tied weights counted once."""
+        return sum(t.numel * n for t, n in self.tensors())
+
+    def params_by_component(self) -> dict[Component, int]:
+        """Parameters per :class:`Component`, in the enum's order, zero rows omitted."""
+        out = dict.fromkeys(Component, 0)
+        for t, n in self.tensors():
+            out[t.component] += t.numel * n
+        return {c: v for c, v in out.items() if v}
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters used per token: routed experts counted at top-k of num_experts."""
+        total = 0
+        for t, n in self.tensors():
+            numel = t.numel * n
+            if t.component is Component.EXPERTS:
+                layer_mlp = _expert_layer(self, t)
+                numel = numel * layer_mlp.num_experts_per_tok // layer_mlp.num_experts
+            total += numel
+        return total
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed (dataclasses.replace)."""
+        return dataclasses.replace(self, **changes)
+
+
+def group_layers(layers: Iterable[LayerSpec]) -> tuple[tuple[LayerSpec, int], ...]:
+    """Distinct layers with their counts, in order of first appearance.
+
+    Adapters build equal layers as one shared object, so grouping by identity is exact and fast;
+    equal but distinct objects are merged too.
+    """
+    counts: dict[int, list[Any]] = {}
+    for layer in layers:
+        entry = counts.get(id(layer))
+        if entry is None:
+            for other in counts.values():
+                if other[0] == layer:
+                    entry = other
+                    break
+            else:
+                entry = counts[id(layer)] = [layer, 0]
+        entry[1] += 1
+    return tuple((layer, n) for layer, n in counts.values())
+
+
+def _expert_layer(spec: ModelSpec, tensor: TensorSpec) -> MLPSpec:
+    for layer, _ in spec.layer_kinds():
+        if any(t is tensor for t in layer.tensors):
+            return layer.mlp
+    raise ValueError(f"tensor {tensor.name!r} is not in a layer of {spec.name!r}")
