@@ -13,7 +13,7 @@ from memest.errors import UnknownModelError, UnsupportedArchitectureError
 from memest.sources import catalog
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
-from memest.sources.hub import fetch_config, hub_offline
+from memest.sources.hub import HubUnreachableError, fetch_config, hub_offline
 from memest.sources.local import read_local
 from memest.spec import ModelSpec
 
@@ -39,14 +39,17 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
         return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
     if _looks_like_path(ref):
         raise UnknownModelError(f"no such file or directory: {ref!r}; pass an existing config.json, params.json or model folder")
-    if ref.count("/") == 1 and not hub_offline():
-        return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub")
+    why = "not in the offline catalog; pass a Hub id (org/name) or a path"
+    if ref.count("/") == 1:
+        why = "not in the offline catalog and the Hub is offline (HF_HUB_OFFLINE)"
+        if not hub_offline():
+            try:
+                return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub")
+            except HubUnreachableError as exc:
+                why = f"not in the offline catalog and the Hub is unreachable: {exc}"
     matches = catalog.close_matches(ref)
     hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
-    where = "not in the offline catalog and the Hub is offline (HF_HUB_OFFLINE)" if ref.count("/") == 1 else (
-        "not in the offline catalog; pass a Hub id (org/name) or a path"
-    )
-    raise UnknownModelError(f"unknown model {ref!r}: {where}{hint} (list the catalog with 'memest models')")
+    raise UnknownModelError(f"unknown model {ref!r}: {why}{hint} (list the catalog with 'memest models')")
 
 
 def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> ModelSpec:

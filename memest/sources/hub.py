@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from typing import Any
+from urllib.parse import urlparse
 
 from memest.errors import MissingDependencyError, UnknownModelError
 
@@ -14,14 +16,34 @@ def hub_offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "MEMEST_OFFLINE"))
 
 
+class HubUnreachableError(UnknownModelError):
+    """The Hub cannot be reached from this machine (no network, DNS failure, firewall)."""
+
+
+def _check_reachable(timeout: float = 3.0) -> None:
+    """Fail fast when the Hub's host cannot be reached (huggingface_hub would retry for a minute).
+
+    Raises:
+        HubUnreachableError: DNS or TCP connect to the endpoint fails within ``timeout`` seconds.
+    """
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    parsed = urlparse(endpoint)
+    host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise HubUnreachableError(f"cannot reach {host} ({type(exc).__name__})") from exc
+
+
 def fetch_config(repo_id: str, *, revision: str | None = None) -> dict[str, Any]:
     """Download ``config.json`` of a Hub model repository (cached by huggingface_hub).
 
     Falls back to Meta's ``params.json`` for repositories that ship only that.
 
     Raises:
-        UnknownModelError: the repository does not exist, is gated without a token, or the Hub
-            cannot be reached.
+        UnknownModelError: the repository does not exist or is gated without a token.
+        HubUnreachableError: the Hub cannot be reached.
         MissingDependencyError: huggingface_hub is not installed.
     """
     try:
@@ -29,8 +51,15 @@ def fetch_config(repo_id: str, *, revision: str | None = None) -> dict[str, Any]
         from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise MissingDependencyError("reading a Hub model needs huggingface_hub: pip install huggingface_hub") from exc
+    from huggingface_hub import try_to_load_from_cache
+
     from memest.sources.local import config_from_meta_params
 
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    if isinstance(cached, str):
+        with open(cached) as f:
+            return json.load(f)  # type: ignore[no-any-return]
+    _check_reachable()
     try:
         try:
             path = hf_hub_download(repo_id, "config.json", revision=revision, etag_timeout=5)

@@ -1,0 +1,5 @@
+"""``python -m memest``."""
+
+from memest.cli import main
+
+main()

@@ -1,0 +1,159 @@
+"""The ``memest`` command line.
+
+Exit codes:
+
+- 0: the estimate was printed (with ``--check``: and the job fits);
+- 1: memest failed unexpectedly (a bug: rerun with ``MEMEST_DEBUG=1`` and report the traceback);
+- 2: bad input — an unknown model or device, a malformed config, impossible parallelism,
+  a non-positive size, a bad flag. One line on stderr names the value and the fix;
+- 3: with ``--check``, the estimate was printed and the job does not fit;
+- 130: interrupted (Ctrl-C).
+
+The library never prints; this module parses flags, calls the library and hands the result to
+:mod:`memest.report`. It imports no torch, transformers or huggingface_hub: the analytic path
+starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from memest.errors import MemestError
+from memest.options import JobOptions, workload_options
+
+app = typer.Typer(
+    name="memest",
+    help="How much accelerator memory a model needs, per device, for a training or serving job — "
+    "and the cheapest setup that fits. Every figure is an estimate with a ± band; "
+    "`memest calibrate` checks it on your hardware.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+
+EXIT_UNEXPECTED = 1
+EXIT_INPUT = 2
+EXIT_NO_FIT = 3
+
+ModelArg = Annotated[str, typer.Argument(help="Hub id or catalog name (see 'memest models'), a model folder, "
+                                         "a config.json, or a Meta params.json.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes) instead of a table.")]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
+ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
+CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit.")]
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else 140)
+
+
+@app.command("hf")
+@workload_options
+def hf_command(
+    model: ModelArg,
+    *,
+    json_: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+    explain: ExplainOpt = False,
+    check: CheckOpt = False,
+    job: JobOptions,
+) -> None:
+    """Estimate per-device memory for MODEL: terms, fit verdict and the cheapest change that fits."""
+    from memest.plan import assess
+    from memest.report import render, to_dict, to_markdown
+    from memest.sources import load_model
+
+    spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
+    workload = job.workload(spec)
+    result = assess(spec, workload, job.device, headroom=job.headroom, device_given=job.device_given)
+    if json_:
+        typer.echo(json.dumps(to_dict(result), indent=2))
+    elif markdown:
+        typer.echo(to_markdown(result), nl=False)
+    else:
+        _console().print(render(result, explain=explain))
+    if check and not result.verdict.fits:
+        raise typer.Exit(EXIT_NO_FIT)
+
+
+@app.command("models")
+def models_command(
+    json_: JsonOpt = False,
+) -> None:
+    """List the offline catalog: models memest knows without network."""
+    from memest.report import count
+    from memest.sources import catalog, load_model
+
+    items = []
+    for model_id in catalog.entries():
+        spec = load_model(model_id)
+        items.append((model_id, spec.model_type, spec.num_params, spec.num_layers, spec.max_position_embeddings))
+    if json_:
+        typer.echo(json.dumps([{"name": n, "model_type": t, "num_params": p, "num_layers": layers,
+                                "max_position_embeddings": ctx} for n, t, p, layers, ctx in items], indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="memest offline catalog (sources: memest/catalog/SOURCES.md)")
+    for col, justify in (("model", "left"), ("model_type", "left"), ("params", "right"), ("layers", "right"),
+                         ("max context", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for n, t, p, layers, ctx in items:
+        table.add_row(n, t, count(p), str(layers), f"{ctx:,}" if ctx else "-")
+    _console().print(table)
+
+
+@app.command("gpus")
+def gpus_command(
+    json_: JsonOpt = False,
+) -> None:
+    """List the accelerator catalog with memory per device."""
+    from memest.devices import DEVICES
+    from memest.report import gib
+
+    if json_:
+        typer.echo(json.dumps([{"name": d.name, "memory_bytes": d.memory_bytes, "vendor": d.vendor, "kind": d.kind,
+                                "measured": d.measured, "source": d.source, "aliases": list(d.aliases)}
+                               for d in DEVICES], indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title="memest accelerator catalog (memory per device; GiB = 2^30 bytes)")
+    for col, justify in (("device", "left"), ("memory", "right"), ("vendor", "left"), ("capacity is", "left"),
+                         ("aliases", "left")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for d in DEVICES:
+        table.add_row(d.name, gib(d.memory_bytes), d.vendor, "measured" if d.measured else "nominal",
+                      ", ".join(d.aliases[:4]))
+    _console().print(table)
+
+
+def main() -> None:
+    """Console entry point: the one error boundary.
+
+    Usage errors (unknown flag, bad choice) are typer's: usage on stderr, exit code 2.
+    """
+    debug = os.environ.get("MEMEST_DEBUG", "").strip() not in ("", "0")
+    try:
+        app()
+    except MemestError as exc:
+        if debug:
+            raise
+        typer.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_INPUT)
+    except KeyboardInterrupt:
+        typer.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        typer.echo(f"Error: memest failed unexpectedly: {type(exc).__name__}: {exc}. "
+                   "Rerun with MEMEST_DEBUG=1 for the traceback and report it.", err=True)
+        sys.exit(EXIT_UNEXPECTED)

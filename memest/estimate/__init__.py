@@ -1,0 +1,43 @@
+"""The analytic estimator: closed-form memory terms from a ModelSpec and a workload.
+
+Symbols used in formulas and docstrings throughout this package:
+
+    P  parameters (on the rank, after TP/PP/EP sharding unless said otherwise)
+    b  micro_batch_size          s  seq_len              h  hidden_size
+    L  num_layers                a  num_heads            k  num_kv_heads
+    d  head_dim                  i  intermediate_size    V  vocab_size
+    t  tp degree                 N  ZeRO sharding degree (dp x cp)
+    c  bytes per element of the compute dtype            e  bytes per KV-cache element
+
+This package imports only the standard library and memest; it never imports torch.
+"""
+
+from __future__ import annotations
+
+from memest.devices import Device
+from memest.estimate.serving import estimate_serving
+from memest.estimate.training import estimate_training
+from memest.result import Estimate
+from memest.spec import ModelSpec
+from memest.workload import ServingConfig, TrainingConfig, Workload, validate
+
+__all__ = ["estimate"]
+
+
+def estimate(spec: ModelSpec, workload: Workload, device: Device) -> Estimate:
+    """Per-device memory of running ``workload`` on ``spec`` with ``device`` accelerators.
+
+    Args:
+        spec: The model.
+        workload: A TrainingConfig or ServingConfig (its parallelism gives the device count).
+        device: The accelerator (runtime constants and, for serving, the engine's budget).
+
+    Raises:
+        InputError: the workload does not fit the model (see :func:`memest.workload.validate`).
+    """
+    validate(spec, workload)
+    if isinstance(workload, TrainingConfig):
+        return estimate_training(spec, workload, device)
+    if isinstance(workload, ServingConfig):
+        return estimate_serving(spec, workload, device)
+    raise TypeError(f"workload must be a TrainingConfig or ServingConfig, not {type(workload).__name__}")

@@ -1,0 +1,58 @@
+"""Memory outside the model's tensors: CUDA context, library workspaces, NCCL, allocator slack.
+
+These are constants per device family, each traceable to a measurement; ``memest calibrate``
+records new ones (calibrate/results/) and the band of every estimate covers their spread.
+"""
+
+from __future__ import annotations
+
+from memest.devices import Device
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+CUDA_CONTEXT_BYTES: dict[str, int] = {
+    "volta": 1343 * MiB,
+    "turing": 1343 * MiB,
+    "ampere": round(0.51 * GiB),
+    "ada": round(0.51 * GiB),
+    "hopper": round(0.51 * GiB),
+    "blackwell": round(0.51 * GiB),
+    "cdna2": round(0.51 * GiB),
+    "cdna3": round(0.51 * GiB),
+    "gaudi": 0,
+    "tpu": 0,
+}
+"""Device memory used before the first tensor. volta/turing: 1343 MiB on a V100 (CUDA 11, no lazy
+module loading; validation case hf_bert_large_vanilla_bs4). Newer GPUs: 0.51 GiB on an H100 with
+CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31_8b_tp1); used for
+the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
+per-process context in device memory that the frameworks report."""
+
+NCCL_BYTES = 1 * GiB
+"""NCCL communicator buffers per process when the job has more than one device: vLLM 0.19 reports
+1.51 GiB of initial non-torch memory at TP=2 against 0.51 GiB at TP=1 (cases vllm019_llama31_8b_tp1
+/ _tp2)."""
+
+
+def cublas_workspace_bytes(device: Device) -> int:
+    """cuBLAS / cuBLASLt workspace the caching allocator holds for the compute stream.
+
+    PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (getChosenWorkspaceSize): 32 MiB on
+    Hopper and newer, 4096 KiB x 2 + 16 KiB x 8 before; none on TPUs.
+    """
+    if device.kind == "tpu" or device.vendor == "intel":
+        return 0
+    if device.arch in ("hopper", "blackwell"):
+        return 32 * MiB
+    return 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def cuda_context_bytes(device: Device) -> int:
+    """The CUDA (or ROCm) context of one process on ``device``."""
+    return CUDA_CONTEXT_BYTES.get(device.arch, round(0.51 * GiB))
+
+
+def nccl_bytes(world_size: int) -> int:
+    """NCCL buffers per process for a job of ``world_size`` devices (0 for one device)."""
+    return NCCL_BYTES if world_size > 1 else 0

@@ -1,0 +1,94 @@
+"""Which parameters one rank holds under tensor, pipeline and expert parallelism.
+
+Tensor parallelism follows Megatron-LM / vLLM: column- and row-parallel weights are divided by
+tp; KV projections by min(tp, num_kv_heads) (replicated beyond, vLLM ``QKVParallelLinear``);
+vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-parallel biases
+are replicated. Routed experts are divided by ep, then by tp along their split. Pipeline stages
+take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
+from memest.workload import Parallelism
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage.
+
+    Attributes:
+        index: 0-based stage number.
+        start: First layer index.
+        stop: One past the last layer index.
+        first: Holds the embedding.
+        last: Holds the head (final norm, lm_head) and computes the logits.
+    """
+
+    index: int
+    start: int
+    stop: int
+    first: bool
+    last: bool
+
+    @property
+    def num_layers(self) -> int:
+        """Layers in this stage."""
+        return self.stop - self.start
+
+
+def stages(num_layers: int, pp: int) -> list[Stage]:
+    """Split ``num_layers`` into ``pp`` contiguous stages; the first stages take the remainder."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for i in range(pp):
+        n = base + (1 if i < extra else 0)
+        out.append(Stage(i, start, start + n, i == 0, i == pp - 1))
+        start += n
+    return out
+
+
+def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
+    """Elements of ``tensor`` one rank holds.
+
+    Args:
+        tensor: The full tensor.
+        par: The parallel degrees (tp and ep are used).
+        num_kv_heads: k, to split KV projections by min(tp, k).
+    """
+    numel = tensor.numel
+    if tensor.component is Component.EXPERTS and par.ep > 1:
+        numel //= par.ep
+    tp = par.tp
+    if tp == 1 or tensor.split is Split.NONE:
+        return numel
+    if tensor.split is Split.KV:
+        return numel // min(tp, num_kv_heads)
+    return math.ceil(numel / tp)
+
+
+def stage_tensors(spec: ModelSpec, stage: Stage) -> list[tuple[TensorSpec, int]]:
+    """Distinct tensors of a stage with their multiplicity."""
+    out: list[tuple[TensorSpec, int]] = []
+    if stage.first:
+        out.extend((t, 1) for t in spec.embedding)
+    for layer, count in spec.layer_kinds(stage.start, stage.stop):
+        out.extend((t, count) for t in layer.tensors)
+    if stage.last:
+        out.extend((t, 1) for t in spec.head)
+    return out
+
+
+def layer_shard_numel(layer: LayerSpec, par: Parallelism) -> int:
+    """Elements of one layer a rank holds under tp/ep."""
+    k = layer.attention.num_kv_heads
+    return sum(shard_numel(t, par, k) for t in layer.tensors)
+
+
+def stage_shard_numel(spec: ModelSpec, stage: Stage, par: Parallelism) -> int:
+    """Elements of a stage one rank holds under tp/ep."""
+    k = spec.num_kv_heads
+    return sum(shard_numel(t, par, k) * n for t, n in stage_tensors(spec, stage))

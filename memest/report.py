@@ -1,0 +1,344 @@
+"""Rendering: the only place bytes become GiB. Rich tables for people, JSON and Markdown for tools.
+
+One row builder (:func:`rows`) feeds every format, so they cannot drift apart. GiB = 2^30 bytes,
+always labelled; parameter counts use decimal suffixes (B = 10^9).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from memest import __version__
+from memest.plan import Assessment, Candidate
+from memest.result import Estimate, RankEstimate
+from memest.spec import ModelSpec
+from memest.workload import ServingConfig, TrainingConfig, Workload
+
+GiB = 1 << 30
+
+CONFIRM = (
+    "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
+    "vs measured; or watch nvidia-smi and torch.cuda.max_memory_allocated() during a short run."
+)
+
+
+def gib(n: int | float) -> str:
+    """Bytes as GiB with two decimals and the unit."""
+    return f"{n / GiB:,.2f} GiB"
+
+
+def count(n: int) -> str:
+    """A parameter count with a decimal suffix (B = 10^9, M = 10^6)."""
+    if n >= 10**9:
+        return f"{n / 1e9:,.2f} B"
+    if n >= 10**6:
+        return f"{n / 1e6:,.1f} M"
+    return f"{n:,}"
+
+
+def rows(rank: RankEstimate) -> list[tuple[str, str, int, float, str]]:
+    """(name, kind, bytes, share of device used, formula) per term."""
+    total = rank.device_used_bytes or 1
+    return [(t.name, t.kind.value, t.bytes, t.bytes / total, t.formula) for t in rank.terms]
+
+
+def describe_model(spec: ModelSpec) -> str:
+    """One line of architecture facts."""
+    parts = [
+        spec.model_type,
+        f"{count(spec.num_params)} params",
+        f"{spec.num_layers} layers",
+        f"h {spec.hidden_size}",
+        f"{spec.num_heads} heads / {spec.num_kv_heads} KV",
+        f"head_dim {spec.head_dim}",
+        f"V {spec.vocab_size:,}",
+    ]
+    if spec.num_experts:
+        parts.append(f"{spec.num_experts} experts, top-{spec.num_experts_per_tok}")
+    return " · ".join(parts)
+
+
+def describe_workload(w: Workload) -> str:
+    """One line of the workload's main settings."""
+    par = w.parallelism
+    degrees = " ".join(f"{n} {getattr(par, n)}" for n in ("tp", "pp", "dp", "cp", "ep") if getattr(par, n) > 1)
+    if isinstance(w, TrainingConfig):
+        parts = [
+            w.mode,
+            f"precision {w.precision.value}",
+            f"optimizer {w.optimizer.value}",
+            f"micro_batch_size {w.micro_batch_size}",
+            f"seq_len {w.seq_len}",
+            f"recompute {w.recompute.value}",
+        ]
+        if w.method.value != "full":
+            parts.append(f"lora_rank {w.lora.rank} on {w.lora.targets}")
+        if par.zero_stage:
+            parts.append(f"zero_stage {par.zero_stage}")
+        if w.offload.value != "none":
+            parts.append(f"offload {w.offload.value}")
+    else:
+        parts = [
+            "serve",
+            f"engine {w.engine.value}",
+            f"dtype {w.dtype}",
+            f"batch_size {w.batch_size}",
+            f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
+        ]
+        if w.quantization != "none":
+            parts.append(f"quantization {w.quantization}")
+        if w.kv_cache_dtype != "auto":
+            parts.append(f"kv_cache_dtype {w.kv_cache_dtype}")
+    if degrees:
+        parts.append(degrees)
+    return " · ".join(parts)
+
+
+# ---- JSON ----
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _rank_dict(rank: RankEstimate) -> dict[str, Any]:
+    return {
+        "label": rank.label,
+        "count": rank.count,
+        "allocated_bytes": rank.allocated_bytes,
+        "reserved_bytes": rank.reserved_bytes,
+        "device_used_bytes": rank.device_used_bytes,
+        "low_bytes": rank.low_bytes,
+        "high_bytes": rank.high_bytes,
+        "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in rank.terms],
+    }
+
+
+def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {
+        "flags": c.flags,
+        "cost": c.cost,
+        "lossless": c.lossless,
+        "devices": c.devices,
+        "device_used_bytes": c.verdict.needed_bytes,
+        "usable_bytes": c.verdict.usable_bytes,
+        "workload": _plain(c.workload),
+    }
+
+
+def to_dict(a: Assessment) -> dict[str, Any]:
+    """The JSON document of ``memest hf --json`` (ints for bytes, no rounding)."""
+    spec, est, v = a.spec, a.estimate, a.verdict
+    per = est.per_device
+    out: dict[str, Any] = {
+        "memest_version": __version__,
+        "model": {
+            "name": spec.name,
+            "model_type": spec.model_type,
+            "architecture": spec.architecture,
+            "source": spec.source,
+            "num_params": spec.num_params,
+            "num_active_params": spec.num_active_params,
+            "params_by_component": {c.value: n for c, n in spec.params_by_component().items()},
+            "num_layers": spec.num_layers,
+            "hidden_size": spec.hidden_size,
+            "intermediate_size": spec.intermediate_size,
+            "num_heads": spec.num_heads,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "vocab_size": spec.vocab_size,
+            "num_experts": spec.num_experts,
+            "max_position_embeddings": spec.max_position_embeddings,
+            "tie_word_embeddings": spec.tie_word_embeddings,
+            "notes": list(spec.notes),
+        },
+        "mode": a.workload.mode,
+        "workload": _plain(a.workload),
+        "device": {"name": v.device.name, "memory_bytes": v.device.memory_bytes, "count": v.count,
+                   "measured_capacity": v.device.measured},
+        "per_device": {
+            "allocated_bytes": per.allocated_bytes,
+            "reserved_bytes": per.reserved_bytes,
+            "device_used_bytes": per.device_used_bytes,
+            "low_bytes": per.low_bytes,
+            "high_bytes": per.high_bytes,
+        },
+        "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in per.terms],
+        "ranks": [_rank_dict(r) for r in est.ranks],
+        "fits": v.fits,
+        "headroom": v.headroom,
+        "usable_bytes": v.usable_bytes,
+        "margin_bytes": v.margin_bytes,
+        "fits_on": [d.name for d in a.fits_on] if not a.device_given else None,
+        "recommendation": None,
+        "rules_of_thumb": [{"rule": r.name, "bytes": r.bytes} for r in a.rules],
+        "assumptions": list(est.assumptions),
+        "confirm": CONFIRM,
+    }
+    if a.recommendation is not None:
+        out["recommendation"] = {
+            "cheapest": _candidate_dict(a.recommendation.cheapest),
+            "lossless": _candidate_dict(a.recommendation.lossless),
+            "evaluated": a.recommendation.evaluated,
+        }
+    if est.serving is not None:
+        out["serving"] = _plain(est.serving)
+    if est.host_bytes:
+        out["host_bytes_per_node"] = est.host_bytes
+    return out
+
+
+# ---- Markdown ----
+
+
+def to_markdown(a: Assessment) -> str:
+    """The estimate table and verdict as GitHub Markdown."""
+    per = a.estimate.per_device
+    lines = [
+        f"**{a.spec.name}** — {describe_model(a.spec)}  ",
+        f"{describe_workload(a.workload)} · {a.verdict.count} × {a.verdict.device.name}",
+        "",
+        "| term | kind | GiB | share |",
+        "|---|---|---:|---:|",
+    ]
+    for name, kind, n, share, _ in rows(per):
+        lines.append(f"| {name} | {kind} | {n / GiB:,.2f} | {share:.1%} |")
+    lines += [
+        f"| **peak allocated** | | {per.allocated_bytes / GiB:,.2f} | |",
+        f"| **peak reserved** | | {per.reserved_bytes / GiB:,.2f} | |",
+        f"| **device used** | | {per.device_used_bytes / GiB:,.2f} | |",
+        "",
+        _verdict_line(a),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_line(a: Assessment) -> str:
+    v = a.verdict
+    used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
+    if v.fits:
+        return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {gib(v.margin_bytes)}"
+    return f"DOES NOT FIT: {used} needed, {usable} usable per device ({v.headroom:.0%} headroom kept), short by {gib(-v.margin_bytes)}"
+
+
+# ---- rich ----
+
+
+def render(a: Assessment, *, explain: bool = False) -> Any:
+    """A rich renderable of the whole assessment."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    spec, est, v = a.spec, a.estimate, a.verdict
+    parts: list[Any] = [
+        Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
+        Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
+        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
+                      f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
+    ]
+    for note in spec.notes:
+        parts.append(Text(f"Note: {note}", style="yellow"))
+    ranks = est.ranks if len(est.ranks) > 1 else (est.per_device,)
+    for rank in ranks:
+        parts.append(_table(rank, explain=explain, title=None if len(ranks) == 1 else f"{rank.label} (×{rank.count})"))
+    per = est.per_device
+    style = "bold green" if v.fits else "bold red"
+    parts.append(Text(_verdict_line(a), style=style))
+    parts.append(Text(f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device", style="dim"))
+    if est.serving is not None:
+        s = est.serving
+        parts.append(Text(
+            f"KV cache {s.kv_cache_bytes_per_token:,} B/token · engine pool {s.kv_cache_tokens:,} tokens "
+            f"({s.kv_cache_blocks:,} blocks) · max concurrency {s.max_concurrency:.2f}x at {s.max_model_len:,} tokens"
+        ))
+    if est.host_bytes:
+        parts.append(Text(f"host RAM for offloaded states: {gib(est.host_bytes)} per node"))
+    if a.recommendation is not None:
+        parts.extend(_recommendation_lines(a))
+    if not a.device_given:
+        names = ", ".join(d.name for d in a.fits_on) or "none"
+        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {v.headroom:.0%} headroom): {names}"))
+    thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
+    thumbs.add_column("rule")
+    thumbs.add_column("per device", justify="right")
+    thumbs.add_column("vs estimate", justify="right")
+    for r in a.rules:
+        thumbs.add_row(r.name, gib(r.bytes), f"{r.bytes / max(per.device_used_bytes, 1):.0%}")
+    parts.append(thumbs)
+    if explain:
+        for assumption in est.assumptions:
+            parts.append(Text(f"assumes: {assumption}", style="dim"))
+    parts.append(Text(CONFIRM, style="dim"))
+    return Group(*parts)
+
+
+def _table(rank: RankEstimate, *, explain: bool, title: str | None) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, show_footer=False)
+    table.add_column("term")
+    table.add_column("kind", style="dim")
+    table.add_column("GiB", justify="right")
+    table.add_column("share", justify="right")
+    if explain:
+        table.add_column("formula", style="dim")
+    for name, kind, n, share, formula in rows(rank):
+        cells = [name, kind, f"{n / GiB:,.2f}", f"{share:.1%}"]
+        if explain:
+            cells.append(formula)
+        table.add_row(*cells)
+    table.add_section()
+    for label, n in (("peak allocated", rank.allocated_bytes), ("peak reserved", rank.reserved_bytes),
+                     ("device used", rank.device_used_bytes)):
+        table.add_row(f"[bold]{label}[/bold]", "", f"[bold]{n / GiB:,.2f}[/bold]", "", *([""] if explain else []))
+    return table
+
+
+def _recommendation_lines(a: Assessment) -> list[Any]:
+    from rich.text import Text
+
+    rec = a.recommendation
+    assert rec is not None
+    out = []
+    if rec.cheapest is None:
+        out.append(Text(f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device (memest gpus).",
+                        style="yellow"))
+        return out
+    for label, cand in (("Cheapest fit", rec.cheapest), ("Lossless fit", rec.lossless)):
+        if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
+            continue
+        out.append(Text.assemble(
+            (f"{label}: ", "bold"), (cand.flags or "(no change)", "cyan"),
+            f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}",
+        ))
+    if rec.lossless is None:
+        out.append(Text("No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the search.",
+                        style="dim"))
+    return out
+
+
+def estimate_to_dict(est: Estimate) -> dict[str, Any]:
+    """The ranks of an estimate as plain data (for benchmarks and calibration records)."""
+    return {"ranks": [_rank_dict(r) for r in est.ranks], "assumptions": list(est.assumptions),
+            "serving": _plain(est.serving) if est.serving else None, "host_bytes": est.host_bytes}
+
+
+def workload_dict(w: Workload) -> dict[str, Any]:
+    """A workload as plain data."""
+    return _plain(w)
+
+
+__all__ = ["CONFIRM", "count", "gib", "render", "rows", "to_dict", "to_markdown", "ServingConfig"]

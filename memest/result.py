@@ -1,0 +1,183 @@
+"""What an estimate is made of: Terms that add up, per rank, to the three figures.
+
+- **peak allocated** = the sum of every term except ``allocator`` and ``runtime`` kinds
+  (what ``torch.cuda.max_memory_allocated()`` reports);
+- **peak reserved** = peak allocated + the ``allocator`` terms (the caching allocator's slack);
+- **device used** = peak reserved + the ``runtime`` terms (CUDA context, NCCL, CUDA graphs: what
+  nvidia-smi shows). Out-of-memory happens when this exceeds the device's capacity.
+
+Bytes are ints everywhere; only :mod:`memest.report` turns them into GiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Kind(str, Enum):
+    """The kind of memory a term counts."""
+
+    WEIGHTS = "weights"
+    """Parameters as stored for compute (and frozen bases of LoRA/QLoRA)."""
+    GRADIENTS = "gradients"
+    """Gradient buffers."""
+    OPTIMIZER_STATES = "optimizer_states"
+    """Optimizer moments and fp32 master weights."""
+    ACTIVATIONS = "activations"
+    """Tensors saved for backward (training) or live during a forward (serving)."""
+    LOGITS = "logits"
+    """Vocabulary logits, their fp32 upcast and their gradient."""
+    KV_CACHE = "kv_cache"
+    """Keys and values (or latents / recurrent states) cached for decoding."""
+    WORKSPACE = "workspace"
+    """Transient buffers: cuBLAS workspace, gather/reduce buffers, optimizer-step temporaries."""
+    ALLOCATOR = "allocator"
+    """Caching-allocator slack: reserved minus allocated."""
+    RUNTIME = "runtime"
+    """Memory outside PyTorch's allocator: CUDA context, NCCL buffers, CUDA graphs."""
+
+
+ALLOCATED_KINDS = frozenset(Kind) - {Kind.ALLOCATOR, Kind.RUNTIME}
+
+UNCERTAINTY: dict[Kind, float] = {
+    Kind.WEIGHTS: 0.01,
+    Kind.GRADIENTS: 0.02,
+    Kind.OPTIMIZER_STATES: 0.02,
+    Kind.ACTIVATIONS: 0.15,
+    Kind.LOGITS: 0.10,
+    Kind.KV_CACHE: 0.02,
+    Kind.WORKSPACE: 0.50,
+    Kind.ALLOCATOR: 1.00,
+    Kind.RUNTIME: 0.50,
+}
+"""Relative uncertainty of each kind, giving an estimate's band: weights, gradients, optimizer
+states and KV cache are counted exactly from the architecture (the band covers framework
+padding); activations depend on kernels and framework versions; allocator slack and runtime
+memory vary with the driver, library versions and the allocation pattern."""
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One named amount of memory.
+
+    Attributes:
+        name: Stable dotted id (``weights``, ``optimizer_states.master``, ``activations.layers``).
+        kind: Its :class:`Kind`.
+        bytes: Bytes per device.
+        formula: How it was computed, in the symbols of ``memest.estimate`` (for ``--explain``).
+    """
+
+    name: str
+    kind: Kind
+    bytes: int
+    formula: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankEstimate:
+    """The terms of one rank (or of every rank, when all ranks are alike).
+
+    Attributes:
+        label: Which ranks these are (``all ranks``, ``pp stage 0 (first)``).
+        terms: Its terms, in display order.
+        count: How many of the job's ranks look like this.
+    """
+
+    label: str
+    terms: tuple[Term, ...]
+    count: int = 1
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Peak allocated: every term but allocator slack and runtime memory."""
+        return sum(t.bytes for t in self.terms if t.kind in ALLOCATED_KINDS)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Peak reserved: allocated plus allocator slack."""
+        return self.allocated_bytes + sum(t.bytes for t in self.terms if t.kind is Kind.ALLOCATOR)
+
+    @property
+    def device_used_bytes(self) -> int:
+        """Device used (nvidia-smi): reserved plus runtime memory."""
+        return self.reserved_bytes + sum(t.bytes for t in self.terms if t.kind is Kind.RUNTIME)
+
+    @property
+    def low_bytes(self) -> int:
+        """Lower edge of the band around device used (each term less its kind's uncertainty)."""
+        return sum(round(t.bytes * (1 - UNCERTAINTY[t.kind])) for t in self.terms)
+
+    @property
+    def high_bytes(self) -> int:
+        """Upper edge of the band around device used."""
+        return sum(round(t.bytes * (1 + UNCERTAINTY[t.kind])) for t in self.terms)
+
+    def by_kind(self) -> dict[Kind, int]:
+        """Bytes per kind, in the enum's order, zero rows omitted."""
+        out = dict.fromkeys(Kind, 0)
+        for t in self.terms:
+            out[t.kind] += t.bytes
+        return {k: v for k, v in out.items() if v}
+
+    def term(self, name: str) -> Term:
+        """The term with this name.
+
+        Raises:
+            KeyError: no such term.
+        """
+        for t in self.terms:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingSummary:
+    """What a serving estimate adds: the KV-cache arithmetic and the engine's budget.
+
+    Attributes:
+        kv_cache_bytes_per_token: KV-cache bytes one token takes on one device.
+        max_model_len: Tokens per sequence used for the estimate.
+        kv_cache_tokens: Tokens the engine's KV pool holds per device (vLLM's 'GPU KV cache size').
+        kv_cache_blocks: Paged blocks in that pool.
+        max_concurrency: kv_cache_tokens / max_model_len (vLLM's 'Maximum concurrency').
+        kv_budget_bytes: Bytes the engine leaves for the KV pool.
+    """
+
+    kv_cache_bytes_per_token: int
+    max_model_len: int
+    kv_cache_tokens: int
+    kv_cache_blocks: int
+    max_concurrency: float
+    kv_budget_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """A per-device memory estimate.
+
+    Attributes:
+        ranks: One entry per distinct kind of rank (pipeline stages differ).
+        assumptions: What the estimate took for granted, in words.
+        serving: The KV-cache summary of a serving estimate.
+        host_bytes: Host RAM per node the job needs for offloaded states (0 without offload).
+        extra: Numbers specific to one estimator, for JSON (ints and strings only).
+    """
+
+    ranks: tuple[RankEstimate, ...]
+    assumptions: tuple[str, ...] = ()
+    serving: ServingSummary | None = None
+    host_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_device(self) -> RankEstimate:
+        """The rank that needs the most device memory (what must fit)."""
+        return max(self.ranks, key=lambda r: r.device_used_bytes)
+
+    @property
+    def terms(self) -> tuple[Term, ...]:
+        """The terms of :attr:`per_device`."""
+        return self.per_device.terms
