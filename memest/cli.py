@@ -157,3 +157,8 @@ def main() -> None:
         typer.echo(f"Error: memest failed unexpectedly: {type(exc).__name__}: {exc}. "
                    "Rerun with MEMEST_DEBUG=1 for the traceback and report it.", err=True)
         sys.exit(EXIT_UNEXPECTED)
+
+
+# Commands kept in their own modules register themselves on `app`; imported last, as they use the
+# option aliases above.
+from memest.commands import plan as _plan_command, sweep as _sweep_command  # noqa: E402,F401

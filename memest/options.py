@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -209,16 +210,35 @@ class JobOptions:
         )
 
 
-def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
+RANGE_HELP = "A sweep: A..B (powers of two), A..B:+STEP, A..B:xFACTOR or a list A,B,C; k = 1024 (1k..128k)."
+
+
+def _ranged(name: str) -> tuple[Any, Any]:
+    """The option ``name`` as a string that may hold a range (``memest sweep``); None = its default."""
+    annotation, _ = WORKLOAD_OPTIONS[name]
+    info = typing.get_args(annotation)[1]
+    flag = "--" + name.replace("_", "-")
+    return Annotated[str | None, _opt(flag, help=f"{info.help} {RANGE_HELP}", panel=info.rich_help_panel)], None
+
+
+def workload_options(func: Callable[..., Any] | None = None, *, ranged: tuple[str, ...] = ()) -> Any:
     """Give a typer command every workload flag; it receives them as ``job: JobOptions``.
 
     The command's own parameters come first in ``--help``; it must declare ``job: JobOptions``.
+    Use as ``@workload_options``, or ``@workload_options(ranged=("seq_len",))`` to take the named
+    flags as strings that may hold a range (``job.values`` then holds the string, or None when the
+    flag was not given).
     """
+    if func is None:
+        return functools.partial(workload_options, ranged=ranged)
+    for name in ranged:
+        if name not in WORKLOAD_OPTIONS:
+            raise ValueError(f"ranged flag {name!r} is not a workload option")
     sig = inspect.signature(func, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "job"]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
-        for name, (ann, default) in WORKLOAD_OPTIONS.items()
+        for name, (ann, default) in ((n, _ranged(n) if n in ranged else spec) for n, spec in WORKLOAD_OPTIONS.items())
     ]
 
     @functools.wraps(func)

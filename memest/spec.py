@@ -267,6 +267,8 @@ class ModelSpec:
     source: str = "catalog"
     notes: tuple[str, ...] = ()
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
+    _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_kinds", group_layers(self.layers))
@@ -319,10 +321,17 @@ class ModelSpec:
     # ---- parameters ----
 
     def layer_kinds(self, start: int = 0, stop: int | None = None) -> tuple[tuple[LayerSpec, int], ...]:
-        """Distinct layers in ``layers[start:stop]`` with how many times each occurs."""
+        """Distinct layers in ``layers[start:stop]`` with how many times each occurs.
+
+        Slices are grouped once and remembered (the planner asks for the same pipeline stages
+        thousands of times).
+        """
         if start == 0 and stop is None:
             return self._kinds
-        return group_layers(self.layers[start:stop])
+        kinds = self._slice_kinds.get((start, stop))
+        if kinds is None:
+            kinds = self._slice_kinds[(start, stop)] = group_layers(self.layers[start:stop])
+        return kinds
 
     def tensors(self) -> Iterator[tuple[TensorSpec, int]]:
         """Every distinct parameter tensor with its multiplicity (tied tensors listed once)."""

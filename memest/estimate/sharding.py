@@ -5,11 +5,16 @@ tp; KV projections by min(tp, num_kv_heads) (replicated beyond, vLLM ``QKVParall
 vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-parallel biases
 are replicated. Routed experts are divided by ep, then by tp along their split. Pipeline stages
 take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
+
+Stage splits and each stage's tensor list are computed once per (model, stage) and remembered:
+the planner estimates thousands of setups of one model, and these lists do not change.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
@@ -40,7 +45,8 @@ class Stage:
         return self.stop - self.start
 
 
-def stages(num_layers: int, pp: int) -> list[Stage]:
+@functools.lru_cache(maxsize=4096)
+def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     """Split ``num_layers`` into ``pp`` contiguous stages; the first stages take the remainder."""
     base, extra = divmod(num_layers, pp)
     out, start = [], 0
@@ -48,7 +54,7 @@ def stages(num_layers: int, pp: int) -> list[Stage]:
         n = base + (1 if i < extra else 0)
         out.append(Stage(i, start, start + n, i == 0, i == pp - 1))
         start += n
-    return out
+    return tuple(out)
 
 
 def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
@@ -70,16 +76,27 @@ def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
     return math.ceil(numel / tp)
 
 
-def stage_tensors(spec: ModelSpec, stage: Stage) -> list[tuple[TensorSpec, int]]:
-    """Distinct tensors of a stage with their multiplicity."""
-    out: list[tuple[TensorSpec, int]] = []
-    if stage.first:
-        out.extend((t, 1) for t in spec.embedding)
-    for layer, count in spec.layer_kinds(stage.start, stage.stop):
-        out.extend((t, count) for t in layer.tensors)
-    if stage.last:
-        out.extend((t, 1) for t in spec.head)
-    return out
+_STAGE_TENSORS: dict[int, dict[Stage, tuple[tuple[TensorSpec, int], ...]]] = {}
+"""id(spec) -> stage -> tensors; an entry is dropped when its spec is garbage-collected."""
+
+
+def stage_tensors(spec: ModelSpec, stage: Stage) -> tuple[tuple[TensorSpec, int], ...]:
+    """Distinct tensors of a stage with their multiplicity (computed once per spec and stage)."""
+    per_spec = _STAGE_TENSORS.get(id(spec))
+    if per_spec is None:
+        per_spec = _STAGE_TENSORS[id(spec)] = {}
+        weakref.finalize(spec, _STAGE_TENSORS.pop, id(spec), None)
+    cached = per_spec.get(stage)
+    if cached is None:
+        out: list[tuple[TensorSpec, int]] = []
+        if stage.first:
+            out.extend((t, 1) for t in spec.embedding)
+        for layer, count in spec.layer_kinds(stage.start, stage.stop):
+            out.extend((t, count) for t in layer.tensors)
+        if stage.last:
+            out.extend((t, 1) for t in spec.head)
+        cached = per_spec[stage] = tuple(out)
+    return cached
 
 
 def layer_shard_numel(layer: LayerSpec, par: Parallelism) -> int:
