@@ -20,9 +20,10 @@
 | tp (per doubling) | 1 | | yes | all-reduces activations twice per layer, forward and backward; NVLink within a node |
 | pp (per doubling) | 2 | | yes | pipeline bubble (pp - 1) / (m + pp - 1) of the step; point-to-point across nodes |
 | ep (per doubling) | 1 | | yes | two all-to-alls per MoE layer |
-| zero_stage 1, 2 | 0 | | yes | reduce-scatter + all-gather: the same volume as DDP's all-reduce (ZeRO paper §7.2.1) |
+| zero_stage 1 | 0 | | yes | reduce-scatter + all-gather: the same volume as DDP's all-reduce (ZeRO paper §7.2.1) |
+| zero_stage 2 | 0 | | yes | likewise |
 | zero_stage 3 | 1 | | yes | parameters re-gathered in forward and backward: 1.5x DDP's volume (ZeRO paper §7.2.2) |
-| sequence_parallel | 0 | | yes | all-gather + reduce-scatter replace the all-reduce: the same volume (Korthikanti §4.2.2) |
+| sequence_parallel True | 0 | | yes | all-gather + reduce-scatter replace the all-reduce: the same volume (Korthikanti §4.2.2) |
 | micro-batch halved, accumulation doubled (per halving) | | 1 | yes | same global batch, smaller matmuls |
 | recompute selective | | 1 | yes | the attention core is recomputed in backward (a few % compute) |
 | recompute full | | 4 | yes | one extra forward per step (~33% compute) |

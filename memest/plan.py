@@ -267,6 +267,8 @@ class _Layout:
     communication: float
     changes: int
     why: tuple[str, ...]
+    offload: tuple[int, int] | None = None
+    """Positions of the zero_stage and offload knobs, whose values must agree (training only)."""
     results: dict[tuple[int, ...], tuple[Workload, Estimate, int] | None] = field(default_factory=dict)
     parallelisms: dict[tuple[Any, ...], Parallelism] = field(default_factory=dict)
 
@@ -327,7 +329,9 @@ class _Search:
                 comm += doubling_penalty(name, degree)[0]
                 if degree > 1:
                     why.append(f"{name} {degree}")
-            out.append(_Layout(par, knobs, comm, len(why), tuple(why)))
+            names = [k.name for k in knobs]
+            offload = (names.index("zero_stage"), names.index("offload")) if "offload" in names else None
+            out.append(_Layout(par, knobs, comm, len(why), tuple(why), offload))
         return out
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
@@ -397,10 +401,11 @@ class _Search:
     @staticmethod
     def _valid(layout: _Layout, cfg: tuple[int, ...]) -> bool:
         """Offload needs ZeRO (params offload needs ZeRO-3); checked before estimating."""
-        if len(cfg) < 6:
+        if layout.offload is None:
             return True
-        zero = layout.knobs[0].values[cfg[0]]
-        offload = layout.knobs[5].values[cfg[5]]
+        zero_at, offload_at = layout.offload
+        zero = layout.knobs[zero_at].values[cfg[zero_at]]
+        offload = layout.knobs[offload_at].values[cfg[offload_at]]
         return offload is Offload.NONE or (zero >= 1 and (offload is not Offload.PARAMS or zero == 3))
 
     def floor_setups(self, layout: _Layout) -> set[tuple[int, ...]]:
@@ -408,8 +413,8 @@ class _Search:
         out = set()
         for combo in itertools.product(*(k.floor for k in layout.knobs)):
             cfg = list(combo)
-            while not self._valid(layout, tuple(cfg)) and cfg[5] > 0:
-                cfg[5] -= 1
+            while layout.offload is not None and not self._valid(layout, tuple(cfg)) and cfg[layout.offload[1]] > 0:
+                cfg[layout.offload[1]] -= 1
             if self._valid(layout, tuple(cfg)):
                 out.add(tuple(cfg))
         return out

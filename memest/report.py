@@ -16,7 +16,7 @@ from memest.plan import Assessment, Candidate, Fit, Plan, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
-from memest.workload import ServingConfig, TrainingConfig, Workload
+from memest.workload import Parallelism, ServingConfig, TrainingConfig, Workload
 
 GiB = 1 << 30
 
@@ -440,7 +440,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top)."""
     return {
         "memest_version": __version__,
-        "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params},
+        "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
+                  "max_position_embeddings": p.spec.max_position_embeddings},
         "mode": p.workload.mode,
         "workload": _plain(p.workload),
         "headroom": p.headroom,
@@ -477,12 +478,18 @@ def _plan_rows(p: Plan, top: int) -> list[list[str]]:
 _PLAN_COLUMNS = ("#", "devices", "$/h", "parallelism", "settings", "peak GiB/device", "free GiB", "largest that fits")
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _plan_header(p: Plan) -> list[str]:
-    types = len(p.space.devices)
+    par = p.workload.parallelism
+    # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
+    job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
-        f"{describe_workload(p.workload)} · {p.headroom:.0%} headroom kept",
-        f"{types} device type{'s' if types != 1 else ''} searched · {p.evaluated:,} setups estimated, "
+        f"{describe_workload(job)} · {p.headroom:.0%} headroom kept",
+        f"{_plural(len(p.space.devices), 'device type')} searched · {_plural(p.evaluated, 'setup')} estimated, "
         f"{p.setups:,} decided · ranked by $/h, then communication, then disruption",
     ]
 
@@ -514,6 +521,11 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
                                    (setup_flags(best.setup.workload, best.setup.count, p.workload, best.setup.device), "cyan")))
         if len(p.fits) > top:
             parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
+        ctx = p.spec.max_position_embeddings
+        if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits
+                       if q.setting in ("seq_len", "max_model_len")):
+            parts.append(Text(f"'largest that fits' counts memory only: seq/len beyond the model's "
+                              f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
     if p.no_fit:
         names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
