@@ -10,7 +10,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memest.sources.config import HFConfig
-from memest.sources.families import llama
+from memest.sources.families import (
+    bert,
+    bloom,
+    deepseek,
+    falcon,
+    gemma,
+    gpt2,
+    gpt_oss,
+    jamba,
+    llama,
+    moe,
+    neox,
+    olmo,
+    opt,
+    phi,
+    t5,
+)
 from memest.spec import ModelSpec
 
 Adapter = Callable[[HFConfig], ModelSpec]
@@ -19,6 +35,30 @@ ADAPTERS: dict[str, Adapter] = {
     "llama": llama.build,
     "mistral": llama.build,
     "qwen2": llama.build,
+    "qwen3": llama.build,
+    "mixtral": moe.build,
+    "qwen2_moe": moe.build,
+    "qwen3_moe": moe.build,
+    "gemma": gemma.build,
+    "gemma2": gemma.build,
+    "gemma3": gemma.build,
+    "gemma3_text": gemma.build,
+    "phi": phi.build,
+    "phi3": phi.build,
+    "phimoe": phi.build,
+    "deepseek_v2": deepseek.build,
+    "deepseek_v3": deepseek.build,
+    "gpt_oss": gpt_oss.build,
+    "gpt2": gpt2.build,
+    "gpt_bigcode": gpt2.build,
+    "gpt_neox": neox.build,
+    "falcon": falcon.build,
+    "bloom": bloom.build,
+    "opt": opt.build,
+    "olmo2": olmo.build,
+    "bert": bert.build,
+    "t5": t5.build,
+    "jamba": jamba.build,
 }
 
 
