@@ -180,7 +180,7 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
             f"found no layer stack (nn.ModuleList of blocks) in {type(model).__name__} of {cfg.name!r}"
         )
     task = _task(type(model).__name__, bool(getattr(model.config, "is_encoder_decoder", False)))
-    hidden = text.int("hidden_size", "n_embd", "d_model", "dim", default=0, minimum=0)
+    hidden = _positive(text, "hidden_size", "n_embd", "d_model", "dim") or 0
     facts = _Facts.from_config(text, hidden)
 
     seen: set[int] = set()
@@ -188,8 +188,8 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     layers: list[LayerSpec] = []
     layer_prefixes = [prefix for prefix, _, _ in stacks]
     for prefix, module_list, stack in stacks:
-        for layer_module in module_list:
-            layers.append(_layer_spec(layer_module, stack, facts, seen, kinds))
+        for index, layer_module in enumerate(module_list):
+            layers.append(_layer_spec(layer_module, index, stack, facts, seen, kinds))
 
     embedding: list[TensorSpec] = []
     head: list[TensorSpec] = []
@@ -215,9 +215,7 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
         architecture=cfg.architecture or type(model).__name__,
         hidden_size=hidden,
         vocab_size=vocab,
-        max_position_embeddings=text.int(
-            "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", default=None
-        ),
+        max_position_embeddings=_positive(text, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
         tie_word_embeddings=bool(tied),
         layers=tuple(layers),
         embedding=tuple(embedding),
@@ -294,6 +292,15 @@ def _layer_stacks(model: Any, encoder_decoder: bool) -> list[tuple[str, Any, str
     return [(f"{name}.", module, "decoder")]
 
 
+def _positive(cfg: HFConfig, *keys: str) -> int | None:
+    """The first of ``keys`` holding a positive integer, else None (lenient: unknown families)."""
+    for key in keys:
+        value = cfg.raw.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 class _Facts:
     """Attention / MLP facts the config gives (shared by every layer)."""
 
@@ -302,41 +309,40 @@ class _Facts:
 
     @classmethod
     def from_config(cls, text: HFConfig, hidden: int) -> _Facts:
-        heads = text.int("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", default=0, minimum=0)
-        if text.has("num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_groups"):
-            kv = text.int("num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_groups", minimum=0)
-        elif text.get("multi_query", default=False) is True:
-            kv = 1
-        else:
-            kv = heads
-        if text.has("head_dim", "d_kv"):
-            head_dim = text.int("head_dim", "d_kv", minimum=0)
-        else:
-            head_dim = hidden // heads if heads else 0
+        heads = _positive(text, "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads") or 0
+        kv = _positive(text, "num_key_value_heads", "num_kv_heads", "n_kv_heads", "num_key_value_groups")
+        if kv is None:
+            kv = 1 if text.raw.get("multi_query") is True else heads
+        head_dim = _positive(text, "head_dim", "d_kv") or (hidden // heads if heads else 0)
         return cls(
             heads=heads,
             kv=kv,
             head_dim=head_dim,
-            vocab=text.int("vocab_size", default=0, minimum=0),
-            intermediate=text.int("intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", default=0, minimum=0)
+            vocab=_positive(text, "vocab_size") or 0,
+            intermediate=_positive(
+                text, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "hidden_dim", "encoder_ffn_dim"
+            )
             or 4 * hidden,
-            moe_intermediate=text.int("moe_intermediate_size", "expert_intermediate_size", default=0, minimum=0),
-            top_k=text.int("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", default=0, minimum=0),
-            activation=str(text.get("hidden_act", "hidden_activation", "activation_function", default="silu")),
-            parallel=bool(
-                text.get("use_parallel_residual", default=False)
-                or text.get("parallel_attn", default=False)
-                or text.get("new_decoder_architecture", default=False)
+            moe_intermediate=_positive(text, "moe_intermediate_size", "expert_intermediate_size") or 0,
+            top_k=_positive(text, "num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts") or 0,
+            activation=str(text.get("hidden_act", "hidden_activation", "activation_function", "activation", default="silu")),
+            parallel=any(
+                text.raw.get(key) is True for key in ("use_parallel_residual", "parallel_attn", "new_decoder_architecture")
             ),
-            kv_lora_rank=text.int("kv_lora_rank", default=0, minimum=0),
-            q_lora_rank=text.int("q_lora_rank", default=None, minimum=0),
-            qk_rope_head_dim=text.int("qk_rope_head_dim", default=0, minimum=0),
-            qk_nope_head_dim=text.int("qk_nope_head_dim", default=0, minimum=0),
-            v_head_dim=text.int("v_head_dim", default=0, minimum=0),
+            kv_lora_rank=_positive(text, "kv_lora_rank") or 0,
+            q_lora_rank=_positive(text, "q_lora_rank"),
+            qk_rope_head_dim=_positive(text, "qk_rope_head_dim") or 0,
+            qk_nope_head_dim=_positive(text, "qk_nope_head_dim") or 0,
+            v_head_dim=_positive(text, "v_head_dim") or 0,
+            window=None if text.raw.get("use_sliding_window") is False else _positive(text, "sliding_window", "window_size"),
+            layer_types=text.raw.get("layer_types"),
         )
 
 
-def _layer_spec(module: Any, stack: str, facts: _Facts, seen: set[int], kinds: dict[Any, LayerSpec]) -> LayerSpec:
+def _layer_spec(
+    module: Any, index: int, stack: str, facts: _Facts, seen: set[int], kinds: dict[Any, LayerSpec]
+) -> LayerSpec:
+    """The LayerSpec of one layer module (``index`` within its stack), shared with equal layers."""
     tensors = []
     for name, param in module.named_parameters():
         if id(param) in seen:
@@ -347,16 +353,25 @@ def _layer_spec(module: Any, stack: str, facts: _Facts, seen: set[int], kinds: d
 
     window: int | None = None
     causal: bool | None = None
+    sliding = isinstance(facts.layer_types, list) and index < len(facts.layer_types) and (
+        facts.layer_types[index] == "sliding_attention"
+    )
     for sub in module.modules():
         value = getattr(sub, "sliding_window", None)
         if window is None and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             window = value
+        if getattr(sub, "attention_type", None) == "local" or getattr(sub, "layer_type", None) == "sliding_attention":
+            sliding = True
         flag = getattr(sub, "is_causal", None)
         if causal is None and isinstance(flag, bool) and "cross" not in type(sub).__name__.lower():
             causal = flag
+    if window is None and sliding and facts.window:
+        window = facts.window
     if causal is None:
         causal = stack == "decoder"
     cross = bool(re.search(r"EncDecAttention|crossattention|encoder_attn|cross_attn", names))
+    if not causal and not cross:
+        stack = "encoder"  # bidirectional layers (BERT-style) form an encoder stack
     if re.search(r"\bA_log\b|\.A_log|mixer\.|mamba\.|ssm", names):
         attention = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0)
     elif "kv_a_proj" in names or "kv_b_proj" in names:
