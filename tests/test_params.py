@@ -316,6 +316,36 @@ def test_mixtral_8x7b_total() -> None:
     assert load_model("mistralai/Mixtral-8x7B-v0.1").num_params == total
 
 
+def test_octocoder_total() -> None:
+    """OctoCoder = StarCoder: h 6144, 40 layers, 48 heads with one K/V head (MQA), i 24576, tied."""
+    h, layers, vocab, positions, d, i = 6144, 40, 49152, 8192, 6144 // 48, 24576
+    per_layer = (
+        2 * 2 * h  # ln_1, ln_2
+        + (h + 2 * d) * h + (h + 2 * d)  # c_attn: queries h wide, one key and one value head
+        + h * h + h  # attn.c_proj
+        + i * h + i  # mlp.c_fc
+        + h * i + h  # mlp.c_proj
+    )
+    total = vocab * h + positions * h + layers * per_layer + 2 * h
+    assert total == 15_517_456_384  # "15.5B"; x 2 bytes = 28.90 GiB of bf16 weights
+    assert load_model("bigcode/octocoder").num_params == total
+
+
+def test_t0_3b_total() -> None:
+    """T0_3B = T5 v1.1 XL shapes: d_model 2048, d_ff 5120 gated, 32 heads x 64, 24 + 24 blocks, untied lm_head.
+
+    keras-hub lists t5_1.1_xl at 2,849,757,184 parameters; transformers >= 5 builds the class with
+    the lm_head tied, 2,783,959,040, but loads the checkpoint's own lm_head.
+    """
+    d, ff, inner, vocab, blocks, buckets, heads = 2048, 5120, 32 * 64, 32128, 24, 32, 32
+    attention = 4 * d * inner
+    encoder = blocks * (attention + 3 * d * ff + 2 * d) + buckets * heads + d
+    decoder = blocks * (2 * attention + 3 * d * ff + 3 * d) + buckets * heads + d
+    total = vocab * d + encoder + decoder + vocab * d
+    assert total == 2_849_757_184
+    assert load_model("bigscience/T0_3B").num_params == total
+
+
 @pytest.mark.parametrize(
     ("model_id", "expected"),
     [
