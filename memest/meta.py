@@ -128,11 +128,12 @@ def _auto_class_name(arch: str, config: Any) -> str:
 
 
 def _build_remote(cfg: HFConfig, torch: Any, transformers: Any, arch: str, dtype: Any) -> Any:
+    """The remote-code model of ``cfg.name`` (a Hub id) on the meta device, with the config's values."""
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(cfg.name, trust_remote_code=True)
-    except Exception as exc:  # noqa: BLE001 - network, missing repo, bad code: all end here
+    except Exception as exc:  # network, missing repo, broken remote code: all become one message
         raise UnsupportedArchitectureError(
             f"could not load the remote code of {cfg.name!r} (model_type {cfg.model_type!r}) from the Hub: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
@@ -225,9 +226,11 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
         quantization=_quantization(cfg),
         source=cfg.source,
         notes=(
-            f"no analytic adapter for model_type {cfg.model_type!r}: built by transformers "
-            f"{transformers.__version__} on the meta device ({type(model).__name__}); parameter counts are exact, "
-            "components and tensor-parallel splits are guessed from parameter names",
+            (
+                f"no analytic adapter for model_type {cfg.model_type!r}: built by transformers "
+                f"{transformers.__version__} on the meta device ({type(model).__name__}); parameter counts are exact, "
+                "components and tensor-parallel splits are guessed from parameter names"
+            ),
         ),
     )
 
@@ -255,7 +258,7 @@ def _task(class_name: str, encoder_decoder: bool) -> TaskKind:
     return "classification"
 
 
-_NOT_TEXT = re.compile(r"vision|visual|image|audio|speech|vit\b|patch|mm_projector|multi_modal", re.I)
+_NOT_TEXT = re.compile(r"vision|visual|image|audio|speech|vit\b|patch|mm_projector|multi_modal", re.IGNORECASE)
 
 
 def _layer_stacks(model: Any, encoder_decoder: bool) -> list[tuple[str, Any, str]]:

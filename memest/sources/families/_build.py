@@ -211,7 +211,8 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
     """Each layer's sliding window (None = full attention).
 
     Uses ``layer_types`` when the config lists them (``sliding_attention`` / ``full_attention``),
-    else applies ``window`` to every layer.
+    else applies ``window`` to every layer. A ``sliding_attention`` layer without a window attends
+    fully, as in transformers (whose attention modules then get ``sliding_window=None``).
 
     Raises:
         ConfigError: ``layer_types`` has the wrong length or an unknown entry.
@@ -231,8 +232,6 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
         if kind == "full_attention":
             windows.append(None)
         elif kind == "sliding_attention":
-            if window is None:
-                raise ConfigError(f"config of {cfg.name!r} has sliding_attention layers but no 'sliding_window'")
             windows.append(window)
         else:
             raise ConfigError(f"config of {cfg.name!r}: unknown layer type {kind!r} in 'layer_types'")
@@ -323,19 +322,19 @@ __all__ = [
     "AttentionSpec",
     "conv1d",
     "expert_stack",
-    "intern",
-    "num_labels_of",
-    "router",
     "gated_mlp",
     "gqa_projections",
     "head_dim_of",
+    "intern",
     "layer_windows",
     "linear",
     "lm_head",
     "model_spec",
     "norm",
+    "num_labels_of",
     "plain_mlp",
     "quantization_of",
+    "router",
     "token_embedding",
     "torch_dtype_of",
 ]

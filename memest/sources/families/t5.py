@@ -112,8 +112,10 @@ def build(cfg: HFConfig) -> ModelSpec:
         if arch == "T5ForConditionalGeneration" and not tied:
             head += lm_head(vocab, dm)
             notes = (
-                "tie_word_embeddings is false: the lm_head is counted apart from 'shared', as the checkpoint stores "
-                "it and from_pretrained loads it (transformers >= 5 ties it when building the class from the config alone)",
+                (
+                    "tie_word_embeddings is false: the lm_head is counted apart from 'shared', as the checkpoint stores "
+                    "it and from_pretrained loads it (transformers >= 5 ties it when building the class from the config alone)"
+                ),
             )
     return model_spec(
         cfg,
