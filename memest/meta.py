@@ -376,7 +376,7 @@ def _layer_spec(
     if not causal and not cross:
         stack = "encoder"  # bidirectional layers (BERT-style) form an encoder stack
     if re.search(r"\bA_log\b|\.A_log|mixer\.|mamba\.|ssm", names):
-        attention = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0)
+        attention = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=_mamba_state(tensors))
     elif "kv_a_proj" in names or "kv_b_proj" in names:
         attention = AttentionSpec(
             kind="mla",
@@ -429,20 +429,56 @@ def _layer_spec(
     return layer
 
 
+def _mamba_state(tensors: list[TensorSpec]) -> int:
+    """Recurrent state per sequence of a Mamba(-1) mixer: conv (d_in x K) + SSM (d_in x N) elements.
+
+    Read from ``conv1d.weight (d_in, 1, K)`` and ``A_log (d_in, N)``; 0 when the layout differs
+    (Mamba-2 keeps ``A_log`` per head and a grouped state this cannot infer).
+    """
+    conv = next((t.shape for t in tensors if t.name.endswith("conv1d.weight") and len(t.shape) == 3), None)
+    a_log = next((t.shape for t in tensors if t.name.endswith("A_log") and len(t.shape) == 2), None)
+    if conv is None or a_log is None or conv[0] != a_log[0]:
+        return 0
+    return conv[0] * conv[2] + a_log[0] * a_log[1]
+
+
 _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
-    (re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs|mamba|mixer|ssm|A_log|\bD\b"), Component.OTHER),
+    (
+        re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"),
+        Component.OTHER,
+    ),
     (re.compile(r"experts?\.\d+\.|\.experts\.|routed"), Component.EXPERTS),
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
     (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
-    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions"), Component.LM_HEAD),
-    (re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight"), Component.EMBEDDING),
-    (re.compile(r"attn|attention|q_proj|k_proj|v_proj|o_proj|query|key|value|qkv|sinks|relative_attention"), Component.ATTENTION),
-    (re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|wi|wo\b|intermediate|output\.dense|shared_expert"), Component.MLP),
+    (re.compile(r"mamba|mixer|ssm|A_log|(^|\.)D$"), Component.OTHER),  # state-space mixers
+    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
+    (re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"), Component.EMBEDDING),
+    (
+        re.compile(r"attn|attention|q_proj|k_proj|v_proj|o_proj|query|key|value|qkv|sinks", re.IGNORECASE),
+        Component.ATTENTION,
+    ),
+    (
+        re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|\.wi|\.wo\b|intermediate|shared_expert", re.IGNORECASE),
+        Component.MLP,
+    ),
 )
 _SPLIT_RULES: tuple[tuple[re.Pattern[str], Split], ...] = (
-    (re.compile(r"k_proj|v_proj|\.key\.|\.value\.|\.k\.|\.v\."), Split.KV),
-    (re.compile(r"o_proj|out_proj|c_proj|down_proj|dense_4h_to_h|fc2|\.wo\.|\.o\.|attention\.dense|self_attn\.dense|attention\.output\.dense|\.output\.dense|w2\."), Split.ROW),
-    (re.compile(r"q_proj|q_b_proj|kv_b_proj|\.query\.|\.q\.|qkv|query_key_value|c_attn|gate_proj|up_proj|gate_up|dense_h_to_4h|fc1|c_fc|\.wi|intermediate\.dense|w1\.|w3\."), Split.COL),
+    (re.compile(r"qkv|query_key_value|c_attn|gate_up|sinks"), Split.COL),  # fused: before the k/v rule
+    (re.compile(r"k_proj|v_proj|(^|\.)key\.|(^|\.)value\.|(^|\.)k\.|(^|\.)v\."), Split.KV),
+    (
+        re.compile(
+            r"o_proj|out_proj|c_proj|down_proj|dense_4h_to_h|fc2|(^|\.)wo\.|(^|\.)o\.|attention\.dense|self_attn\.dense"
+            r"|(^|\.)output\.dense|(^|\.)w2\."
+        ),
+        Split.ROW,
+    ),
+    (
+        re.compile(
+            r"q_proj|q_b_proj|kv_b_proj|(^|\.)query\.|(^|\.)q\.|dense_h_to_4h|fc1|c_fc|gate_proj|up_proj|(^|\.)wi"
+            r"|intermediate\.dense|(^|\.)w1\.|(^|\.)w3\."
+        ),
+        Split.COL,
+    ),
 )
 
 
@@ -463,7 +499,7 @@ def _guess_tensor(name: str, shape: tuple[int, ...], *, in_layer: bool, vocab: i
             if pattern.search(name):
                 split = candidate
                 break
-        if split is Split.ROW and len(shape) == 1:
+        if split is Split.ROW and (len(shape) == 1 or name.endswith("bias")):
             split = Split.NONE  # a row-parallel layer's bias is added after the all-reduce
         if component is Component.EXPERTS and split is Split.NONE and len(shape) >= 3:
             split = Split.COL

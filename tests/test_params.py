@@ -91,6 +91,11 @@ def _check_against_meta(raw: dict) -> ModelSpec:
         assert _names(ours.tensors) == _names(theirs.tensors), f"layer {n}"
         assert ours.stack == theirs.stack, f"layer {n}"
     assert _names(spec.embedding) | _names(spec.head) == _names(from_meta.embedding) | _names(from_meta.head) | extra
+    # the fallback's name-based component guesses agree with the adapters' on every modelled family
+    expected = spec.params_by_component()
+    for name, shape in extra:
+        expected[Component.LM_HEAD] -= shape[0] * shape[1]
+    assert from_meta.params_by_component() == {c: v for c, v in expected.items() if v}
     # one object per distinct kind of layer (estimators group layers by identity)
     assert len({id(layer) for layer in spec.layers}) == len(spec.layer_kinds())
     return spec
