@@ -58,7 +58,8 @@ def _import_torch_transformers() -> tuple[Any, Any]:
         import transformers
     except ImportError as exc:
         raise MissingDependencyError(
-            "building a model on the meta device needs torch and transformers; install with: pip install torch transformers"
+            "building a model on the meta device needs torch and transformers; "
+            "install with: pip install torch transformers"
         ) from exc
     return torch, transformers
 
@@ -120,7 +121,9 @@ def build_on_meta(
 
 def _auto_class_name(arch: str, config: Any) -> str:
     if arch.endswith("ForConditionalGeneration"):
-        return "AutoModelForSeq2SeqLM" if getattr(config, "is_encoder_decoder", False) else "AutoModelForImageTextToText"
+        return (
+            "AutoModelForSeq2SeqLM" if getattr(config, "is_encoder_decoder", False) else "AutoModelForImageTextToText"
+        )
     for suffix, auto in _AUTO_BY_SUFFIX:
         if arch.endswith(suffix):
             return auto
@@ -146,9 +149,7 @@ def _build_remote(cfg: HFConfig, torch: Any, transformers: Any, arch: str, dtype
         return auto.from_config(config, trust_remote_code=True, dtype=dtype)
 
 
-def count_params_on_meta(
-    cfg: HFConfig, *, trust_remote_code: bool = False, architecture: str | None = None
-) -> int:
+def count_params_on_meta(cfg: HFConfig, *, trust_remote_code: bool = False, architecture: str | None = None) -> int:
     """Parameters of the transformers model of ``cfg`` (see :func:`build_on_meta`), tied ones once."""
     model = build_on_meta(cfg, trust_remote_code=trust_remote_code, architecture=architecture)
     return sum(p.numel() for p in model.parameters())
@@ -216,7 +217,9 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
         architecture=cfg.architecture or type(model).__name__,
         hidden_size=hidden,
         vocab_size=vocab,
-        max_position_embeddings=_positive(text, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"),
+        max_position_embeddings=_positive(
+            text, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"
+        ),
         tie_word_embeddings=bool(tied),
         layers=tuple(layers),
         embedding=tuple(embedding),
@@ -323,21 +326,33 @@ class _Facts:
             head_dim=head_dim,
             vocab=_positive(text, "vocab_size") or 0,
             intermediate=_positive(
-                text, "intermediate_size", "n_inner", "ffn_dim", "d_ff", "ffn_hidden_size", "hidden_dim", "encoder_ffn_dim"
+                text,
+                "intermediate_size",
+                "n_inner",
+                "ffn_dim",
+                "d_ff",
+                "ffn_hidden_size",
+                "hidden_dim",
+                "encoder_ffn_dim",
             )
             or 4 * hidden,
             moe_intermediate=_positive(text, "moe_intermediate_size", "expert_intermediate_size") or 0,
             top_k=_positive(text, "num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts") or 0,
-            activation=str(text.get("hidden_act", "hidden_activation", "activation_function", "activation", default="silu")),
+            activation=str(
+                text.get("hidden_act", "hidden_activation", "activation_function", "activation", default="silu")
+            ),
             parallel=any(
-                text.raw.get(key) is True for key in ("use_parallel_residual", "parallel_attn", "new_decoder_architecture")
+                text.raw.get(key) is True
+                for key in ("use_parallel_residual", "parallel_attn", "new_decoder_architecture")
             ),
             kv_lora_rank=_positive(text, "kv_lora_rank") or 0,
             q_lora_rank=_positive(text, "q_lora_rank"),
             qk_rope_head_dim=_positive(text, "qk_rope_head_dim") or 0,
             qk_nope_head_dim=_positive(text, "qk_nope_head_dim") or 0,
             v_head_dim=_positive(text, "v_head_dim") or 0,
-            window=None if text.raw.get("use_sliding_window") is False else _positive(text, "sliding_window", "window_size"),
+            window=None
+            if text.raw.get("use_sliding_window") is False
+            else _positive(text, "sliding_window", "window_size"),
             layer_types=text.raw.get("layer_types"),
         )
 
@@ -356,8 +371,10 @@ def _layer_spec(
 
     window: int | None = None
     causal: bool | None = None
-    sliding = isinstance(facts.layer_types, list) and index < len(facts.layer_types) and (
-        facts.layer_types[index] == "sliding_attention"
+    sliding = (
+        isinstance(facts.layer_types, list)
+        and index < len(facts.layer_types)
+        and (facts.layer_types[index] == "sliding_attention")
     )
     for sub in module.modules():
         value = getattr(sub, "sliding_window", None)
@@ -376,7 +393,9 @@ def _layer_spec(
     if not causal and not cross:
         stack = "encoder"  # bidirectional layers (BERT-style) form an encoder stack
     if re.search(r"\bA_log\b|\.A_log|mixer\.|mamba\.|ssm", names):
-        attention = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=_mamba_state(tensors))
+        attention = AttentionSpec(
+            kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=_mamba_state(tensors)
+        )
     elif "kv_a_proj" in names or "kv_b_proj" in names:
         attention = AttentionSpec(
             kind="mla",
@@ -452,7 +471,10 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
     (re.compile(r"mamba|mixer|ssm|A_log|(^|\.)D$"), Component.OTHER),  # state-space mixers
     (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
-    (re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"), Component.EMBEDDING),
+    (
+        re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"),
+        Component.EMBEDDING,
+    ),
     (
         re.compile(r"attn|attention|q_proj|k_proj|v_proj|o_proj|query|key|value|qkv|sinks", re.IGNORECASE),
         Component.ATTENTION,

@@ -69,7 +69,11 @@ def _untied_t5_head(raw: dict) -> set[tuple[str, tuple[int, ...]]]:
     tiny saved model). The adapter counts the loaded model, so it has V x d_model more.
     """
     arch = (raw.get("architectures") or ["T5ForConditionalGeneration"])[0]
-    if raw.get("model_type") == "t5" and raw.get("tie_word_embeddings") is False and arch == "T5ForConditionalGeneration":
+    if (
+        raw.get("model_type") == "t5"
+        and raw.get("tie_word_embeddings") is False
+        and arch == "T5ForConditionalGeneration"
+    ):
         return {("lm_head.weight", (raw.get("vocab_size", 32128), raw.get("d_model", 512)))}
     return set()
 
@@ -130,15 +134,33 @@ def test_catalog_sliding_windows_match_transformers(model_id: str) -> None:
 # ---- class defaults: configs that name nothing but the model type ---------------------------------
 
 DEFAULT_CLASSES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForConditionalGeneration", "gemma3_text": "Gemma3ForCausalLM", "phi": "PhiForCausalLM",
-    "phi3": "Phi3ForCausalLM", "phimoe": "PhimoeForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM", "gpt_oss": "GptOssForCausalLM", "gpt2": "GPT2LMHeadModel",
-    "gpt_bigcode": "GPTBigCodeForCausalLM", "gpt_neox": "GPTNeoXForCausalLM", "falcon": "FalconForCausalLM",
-    "bloom": "BloomForCausalLM", "opt": "OPTForCausalLM", "olmo2": "Olmo2ForCausalLM", "bert": "BertForMaskedLM",
-    "t5": "T5ForConditionalGeneration", "jamba": "JambaForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi": "PhiForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "phimoe": "PhimoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "gpt_bigcode": "GPTBigCodeForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "bloom": "BloomForCausalLM",
+    "opt": "OPTForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "bert": "BertForMaskedLM",
+    "t5": "T5ForConditionalGeneration",
+    "jamba": "JambaForCausalLM",
 }
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6}}
@@ -150,7 +172,11 @@ def test_every_adapter_has_a_defaults_case() -> None:
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_CLASSES), ids=sorted(DEFAULT_CLASSES))
 def test_class_defaults_match_transformers(model_type: str) -> None:
-    raw = {"model_type": model_type, "architectures": [DEFAULT_CLASSES[model_type]], **DEFAULT_EXTRA.get(model_type, {})}
+    raw = {
+        "model_type": model_type,
+        "architectures": [DEFAULT_CLASSES[model_type]],
+        **DEFAULT_EXTRA.get(model_type, {}),
+    }
     _check_against_meta(raw)
 
 
@@ -158,107 +184,400 @@ def test_class_defaults_match_transformers(model_type: str) -> None:
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 3, "vocab_size": 97}
 VARIANTS: dict[str, dict] = {
-    "llama-biases-gqa": {**TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_key_value_heads": 2,
-                         "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True},
-    "llama-head_dim": {**TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "head_dim": 24},
-    "mistral-kv-default": {**TINY, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "num_attention_heads": 8},
-    "qwen2-sliding": {**TINY, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True,
-                      "sliding_window": 16, "max_window_layers": 1},
-    "qwen3-bias-sliding": {**TINY, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": True,
-                           "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2, "head_dim": 16},
-    "mixtral-tied-window": {**TINY, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_key_value_heads": 2,
-                            "num_local_experts": 4, "tie_word_embeddings": True, "sliding_window": 32},
-    "qwen2_moe-sparse-step": {**TINY, "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 5,
-                              "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                              "shared_expert_intermediate_size": 48, "decoder_sparse_step": 2, "mlp_only_layers": [3],
-                              "qkv_bias": False, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 3},
-    "qwen3_moe-dense-layers": {**TINY, "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4,
-                               "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [0, 2],
-                               "attention_bias": True, "head_dim": 16, "num_key_value_heads": 2},
-    "gemma-bias": {**TINY, "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "head_dim": 32, "num_key_value_heads": 1,
-                   "attention_bias": True, "tie_word_embeddings": False},
-    "gemma2-layer_types": {**TINY, "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "head_dim": 16,
-                           "num_key_value_heads": 2, "sliding_window": 8,
-                           "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
-    "gemma3_text": {**TINY, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 7,
-                    "head_dim": 16, "num_key_value_heads": 2, "sliding_window": 8, "sliding_window_pattern": 3},
-    "gemma3-vision-head-untied": {
-        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "tie_word_embeddings": False,
-        "text_config": {**TINY, "model_type": "gemma3_text", "head_dim": 16, "num_key_value_heads": 2, "sliding_window": 8},
-        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-                          "num_attention_heads": 4, "image_size": 28, "patch_size": 14, "vision_use_head": True},
+    "llama-biases-gqa": {
+        **TINY,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
     },
-    "phi-qk-layernorm-tied": {**TINY, "model_type": "phi", "architectures": ["PhiForCausalLM"], "qk_layernorm": True,
-                              "tie_word_embeddings": True},
+    "llama-head_dim": {**TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "head_dim": 24},
+    "mistral-kv-default": {
+        **TINY,
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "num_attention_heads": 8,
+    },
+    "qwen2-sliding": {
+        **TINY,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "sliding_window": 16,
+        "max_window_layers": 1,
+    },
+    "qwen3-bias-sliding": {
+        **TINY,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": True,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 2,
+        "head_dim": 16,
+    },
+    "mixtral-tied-window": {
+        **TINY,
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "tie_word_embeddings": True,
+        "sliding_window": 32,
+    },
+    "qwen2_moe-sparse-step": {
+        **TINY,
+        "model_type": "qwen2_moe",
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_hidden_layers": 5,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+        "qkv_bias": False,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 3,
+    },
+    "qwen3_moe-dense-layers": {
+        **TINY,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [0, 2],
+        "attention_bias": True,
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+    },
+    "gemma-bias": {
+        **TINY,
+        "model_type": "gemma",
+        "architectures": ["GemmaForCausalLM"],
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
+    "gemma2-layer_types": {
+        **TINY,
+        "model_type": "gemma2",
+        "architectures": ["Gemma2ForCausalLM"],
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "sliding_window": 8,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+    },
+    "gemma3_text": {
+        **TINY,
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 7,
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+    },
+    "gemma3-vision-head-untied": {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "tie_word_embeddings": False,
+        "text_config": {
+            **TINY,
+            "model_type": "gemma3_text",
+            "head_dim": 16,
+            "num_key_value_heads": 2,
+            "sliding_window": 8,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": 28,
+            "patch_size": 14,
+            "vision_use_head": True,
+        },
+    },
+    "phi-qk-layernorm-tied": {
+        **TINY,
+        "model_type": "phi",
+        "architectures": ["PhiForCausalLM"],
+        "qk_layernorm": True,
+        "tie_word_embeddings": True,
+    },
     # q/k_layernorm are sized hidden_size // num_attention_heads even when head_dim differs
-    "phi-head_dim-qk-layernorm": {**TINY, "model_type": "phi", "architectures": ["PhiForCausalLM"], "qk_layernorm": True,
-                                  "head_dim": 24, "num_key_value_heads": 2},
-    "phi3-gqa-window": {**TINY, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "num_key_value_heads": 2,
-                        "sliding_window": 16, "pad_token_id": 0},
-    "phimoe-biases": {**TINY, "model_type": "phimoe", "architectures": ["PhimoeForCausalLM"], "num_key_value_heads": 2,
-                      "num_local_experts": 4, "attention_bias": True, "lm_head_bias": True},
-    "deepseek_v2-q-lora-biases": {**TINY, "model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"],
-                                  "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-                                  "v_head_dim": 12, "first_k_dense_replace": 1, "n_routed_experts": 4, "n_shared_experts": 2,
-                                  "num_experts_per_tok": 2, "moe_intermediate_size": 16, "mlp_bias": True,
-                                  "attention_bias": True},
-    "deepseek_v3-no-q-lora": {**TINY, "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
-                              "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-                              "v_head_dim": 12, "first_k_dense_replace": 2, "n_routed_experts": 8, "n_shared_experts": 1,
-                              "num_experts_per_tok": 2, "moe_intermediate_size": 16, "n_group": 2, "topk_group": 1},
-    "gpt_oss-no-bias-layer_types": {**TINY, "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "head_dim": 16,
-                                    "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
-                                    "attention_bias": False, "sliding_window": 8,
-                                    "layer_types": ["full_attention", "full_attention", "sliding_attention"]},
-    "gpt2-cross-n_inner": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2,
-                           "n_inner": 100, "n_positions": 32, "vocab_size": 97, "add_cross_attention": True},
-    "gpt2-untied-hidden_size-alias": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "hidden_size": 64,
-                                      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 97,
-                                      "tie_word_embeddings": False},
-    "gpt_bigcode-mha-cross": {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "n_embd": 64, "n_head": 4,
-                              "n_layer": 2, "n_positions": 32, "vocab_size": 97, "multi_query": False,
-                              "add_cross_attention": True},
-    "gpt_neox-sequential-no-bias": {**TINY, "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"],
-                                    "use_parallel_residual": False, "attention_bias": False, "tie_word_embeddings": True},
-    "falcon-legacy-mha-sequential": {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 64,
-                                     "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 97, "multi_query": False,
-                                     "parallel_attn": False, "bias": True, "alibi": True},
-    "falcon-new-arch-one-ln": {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 64,
-                               "num_attention_heads": 8, "num_kv_heads": 2, "num_hidden_layers": 2, "vocab_size": 97,
-                               "new_decoder_architecture": True, "num_ln_in_parallel_attn": 1, "ffn_hidden_size": 96,
-                               "tie_word_embeddings": False},
-    "bloom-untied": {"model_type": "bloom", "architectures": ["BloomForCausalLM"], "hidden_size": 64, "n_head": 4, "n_layer": 2,
-                     "vocab_size": 97, "tie_word_embeddings": False},
-    "opt-350m-layout": {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-                        "num_hidden_layers": 2, "ffn_dim": 128, "vocab_size": 97, "max_position_embeddings": 40,
-                        "word_embed_proj_dim": 32, "do_layer_norm_before": False},
-    "opt-no-affine-no-bias-untied": {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 64,
-                                     "num_attention_heads": 4, "num_hidden_layers": 2, "ffn_dim": 128, "vocab_size": 97,
-                                     "layer_norm_elementwise_affine": False, "enable_bias": False, "tie_word_embeddings": False},
-    "olmo2-gqa-bias": {**TINY, "model_type": "olmo2", "architectures": ["Olmo2ForCausalLM"], "num_key_value_heads": 2,
-                       "attention_bias": True},
-    "jamba-small": {**TINY, "model_type": "jamba", "architectures": ["JambaForCausalLM"], "num_hidden_layers": 6,
-                    "num_key_value_heads": 2, "num_experts": 4, "attn_layer_period": 3, "attn_layer_offset": 1,
-                    "expert_layer_period": 3, "expert_layer_offset": 2, "mamba_dt_rank": 8, "mamba_proj_bias": True,
-                    "mamba_conv_bias": False, "mamba_d_state": 4, "mamba_d_conv": 3, "mamba_expand": 3},
-    "jamba-one-expert": {**TINY, "model_type": "jamba", "architectures": ["JambaForCausalLM"], "num_hidden_layers": 4,
-                         "num_key_value_heads": 2, "num_experts": 1, "attn_layer_period": 2, "attn_layer_offset": 0},
-    "t5-v1_1-gated-untied": {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 32, "d_kv": 8,
-                             "d_ff": 48, "num_layers": 3, "num_decoder_layers": 2, "num_heads": 4, "vocab_size": 97,
-                             "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
-    "t5-model": {"model_type": "t5", "architectures": ["T5Model"], "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
-                 "num_heads": 4, "vocab_size": 97},
-    "t5-encoder": {"model_type": "t5", "architectures": ["T5EncoderModel"], "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
-                   "num_heads": 4, "vocab_size": 97, "feed_forward_proj": "gated-silu"},
+    "phi-head_dim-qk-layernorm": {
+        **TINY,
+        "model_type": "phi",
+        "architectures": ["PhiForCausalLM"],
+        "qk_layernorm": True,
+        "head_dim": 24,
+        "num_key_value_heads": 2,
+    },
+    "phi3-gqa-window": {
+        **TINY,
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "num_key_value_heads": 2,
+        "sliding_window": 16,
+        "pad_token_id": 0,
+    },
+    "phimoe-biases": {
+        **TINY,
+        "model_type": "phimoe",
+        "architectures": ["PhimoeForCausalLM"],
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "attention_bias": True,
+        "lm_head_bias": True,
+    },
+    "deepseek_v2-q-lora-biases": {
+        **TINY,
+        "model_type": "deepseek_v2",
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "mlp_bias": True,
+        "attention_bias": True,
+    },
+    "deepseek_v3-no-q-lora": {
+        **TINY,
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "q_lora_rank": None,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "first_k_dense_replace": 2,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "n_group": 2,
+        "topk_group": 1,
+    },
+    "gpt_oss-no-bias-layer_types": {
+        **TINY,
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "attention_bias": False,
+        "sliding_window": 8,
+        "layer_types": ["full_attention", "full_attention", "sliding_attention"],
+    },
+    "gpt2-cross-n_inner": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_inner": 100,
+        "n_positions": 32,
+        "vocab_size": 97,
+        "add_cross_attention": True,
+    },
+    "gpt2-untied-hidden_size-alias": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "tie_word_embeddings": False,
+    },
+    "gpt_bigcode-mha-cross": {
+        "model_type": "gpt_bigcode",
+        "architectures": ["GPTBigCodeForCausalLM"],
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_positions": 32,
+        "vocab_size": 97,
+        "multi_query": False,
+        "add_cross_attention": True,
+    },
+    "gpt_neox-sequential-no-bias": {
+        **TINY,
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+        "use_parallel_residual": False,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    },
+    "falcon-legacy-mha-sequential": {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "multi_query": False,
+        "parallel_attn": False,
+        "bias": True,
+        "alibi": True,
+    },
+    "falcon-new-arch-one-ln": {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "num_kv_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "new_decoder_architecture": True,
+        "num_ln_in_parallel_attn": 1,
+        "ffn_hidden_size": 96,
+        "tie_word_embeddings": False,
+    },
+    "bloom-untied": {
+        "model_type": "bloom",
+        "architectures": ["BloomForCausalLM"],
+        "hidden_size": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "vocab_size": 97,
+        "tie_word_embeddings": False,
+    },
+    "opt-350m-layout": {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "ffn_dim": 128,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+        "word_embed_proj_dim": 32,
+        "do_layer_norm_before": False,
+    },
+    "opt-no-affine-no-bias-untied": {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "ffn_dim": 128,
+        "vocab_size": 97,
+        "layer_norm_elementwise_affine": False,
+        "enable_bias": False,
+        "tie_word_embeddings": False,
+    },
+    "olmo2-gqa-bias": {
+        **TINY,
+        "model_type": "olmo2",
+        "architectures": ["Olmo2ForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+    },
+    "jamba-small": {
+        **TINY,
+        "model_type": "jamba",
+        "architectures": ["JambaForCausalLM"],
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "attn_layer_period": 3,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 3,
+        "expert_layer_offset": 2,
+        "mamba_dt_rank": 8,
+        "mamba_proj_bias": True,
+        "mamba_conv_bias": False,
+        "mamba_d_state": 4,
+        "mamba_d_conv": 3,
+        "mamba_expand": 3,
+    },
+    "jamba-one-expert": {
+        **TINY,
+        "model_type": "jamba",
+        "architectures": ["JambaForCausalLM"],
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "num_experts": 1,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 0,
+    },
+    "t5-v1_1-gated-untied": {
+        "model_type": "t5",
+        "architectures": ["T5ForConditionalGeneration"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 3,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    },
+    "t5-model": {
+        "model_type": "t5",
+        "architectures": ["T5Model"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+    },
+    "t5-encoder": {
+        "model_type": "t5",
+        "architectures": ["T5EncoderModel"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+        "feed_forward_proj": "gated-silu",
+    },
 }
-_BERT = {"model_type": "bert", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128,
-         "vocab_size": 97, "max_position_embeddings": 40, "type_vocab_size": 3}
-for _cls in ("BertModel", "BertForSequenceClassification", "BertForPreTraining", "BertForNextSentencePrediction",
-             "BertForMultipleChoice", "BertForTokenClassification", "BertForQuestionAnswering"):
+_BERT = {
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "vocab_size": 97,
+    "max_position_embeddings": 40,
+    "type_vocab_size": 3,
+}
+for _cls in (
+    "BertModel",
+    "BertForSequenceClassification",
+    "BertForPreTraining",
+    "BertForNextSentencePrediction",
+    "BertForMultipleChoice",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+):
     VARIANTS[f"bert-{_cls}"] = {**_BERT, "architectures": [_cls], "id2label": {"0": "a", "1": "b", "2": "c"}}
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
-VARIANTS["bert-lm-head-decoder-cross"] = {**_BERT, "architectures": ["BertLMHeadModel"], "is_decoder": True,
-                                          "add_cross_attention": True}
+VARIANTS["bert-lm-head-decoder-cross"] = {
+    **_BERT,
+    "architectures": ["BertLMHeadModel"],
+    "is_decoder": True,
+    "add_cross_attention": True,
+}
 VARIANTS["bert-classification-default-labels"] = {**_BERT, "architectures": ["BertForSequenceClassification"]}
 
 
@@ -326,10 +645,14 @@ def test_octocoder_total() -> None:
     h, layers, vocab, positions, d, i = 6144, 40, 49152, 8192, 6144 // 48, 24576
     per_layer = (
         2 * 2 * h  # ln_1, ln_2
-        + (h + 2 * d) * h + (h + 2 * d)  # c_attn: queries h wide, one key and one value head
-        + h * h + h  # attn.c_proj
-        + i * h + i  # mlp.c_fc
-        + h * i + h  # mlp.c_proj
+        + (h + 2 * d) * h
+        + (h + 2 * d)  # c_attn: queries h wide, one key and one value head
+        + h * h
+        + h  # attn.c_proj
+        + i * h
+        + i  # mlp.c_fc
+        + h * i
+        + h  # mlp.c_proj
     )
     total = vocab * h + positions * h + layers * per_layer + 2 * h
     assert total == 15_517_456_384  # "15.5B"; x 2 bytes = 28.90 GiB of bf16 weights
@@ -386,8 +709,17 @@ ACTIVE_TOLERANCE = 0.02  # published figures are rounded to 2-3 significant digi
         ("openai/gpt-oss-120b", 5.13e9, True),
         ("openai/gpt-oss-20b", 3.61e9, True),
     ],
-    ids=["mixtral-8x7b", "mixtral-8x22b", "deepseek-v3", "qwen3-235b", "qwen3-30b", "phi3.5-moe", "jamba", "gpt-oss-120b",
-         "gpt-oss-20b"],
+    ids=[
+        "mixtral-8x7b",
+        "mixtral-8x22b",
+        "deepseek-v3",
+        "qwen3-235b",
+        "qwen3-30b",
+        "phi3.5-moe",
+        "jamba",
+        "gpt-oss-120b",
+        "gpt-oss-20b",
+    ],
 )
 def test_active_params_match_published(model_id: str, published: float, without_embedding: bool) -> None:
     spec = load_model(model_id)
@@ -410,7 +742,12 @@ def test_deepseek_v3_mla_and_moe_layout() -> None:
     spec = load_model("deepseek-ai/DeepSeek-V3")
     att = spec.reference_layer.attention
     assert (att.kind, att.q_lora_rank, att.kv_lora_rank, att.qk_rope_head_dim, att.head_dim, att.v_head_dim) == (
-        "mla", 1536, 512, 64, 192, 128
+        "mla",
+        1536,
+        512,
+        64,
+        192,
+        128,
     )
     assert [layer.mlp.is_moe for layer in spec.layers] == [False] * 3 + [True] * 58
     moe = spec.layers[3]
@@ -468,8 +805,16 @@ def test_bert_mlm_head_and_encoder() -> None:
 
 def test_mistral_defaults_follow_mistral_config() -> None:
     """MistralConfig defaults num_key_value_heads to 8 and sliding_window to 4096 (not None)."""
-    spec = _analytic({"model_type": "mistral", "hidden_size": 64, "num_attention_heads": 8, "intermediate_size": 32,
-                      "num_hidden_layers": 1, "vocab_size": 10})
+    spec = _analytic(
+        {
+            "model_type": "mistral",
+            "hidden_size": 64,
+            "num_attention_heads": 8,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "vocab_size": 10,
+        }
+    )
     assert (spec.num_kv_heads, spec.reference_layer.attention.sliding_window) == (8, 4096)
 
 
@@ -500,20 +845,53 @@ def test_bad_t5_feed_forward_proj() -> None:
 
 FALLBACK = {
     # GPT-Neo: no adapter; alternating global / local (window 16) attention via attention_types
-    "gpt_neo": {"model_type": "gpt_neo", "architectures": ["GPTNeoForCausalLM"], "hidden_size": 64, "num_heads": 4,
-                "num_layers": 4, "vocab_size": 97, "max_position_embeddings": 64, "window_size": 16,
-                "attention_types": [[["global", "local"], 2]]},
+    "gpt_neo": {
+        "model_type": "gpt_neo",
+        "architectures": ["GPTNeoForCausalLM"],
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_layers": 4,
+        "vocab_size": 97,
+        "max_position_embeddings": 64,
+        "window_size": 16,
+        "attention_types": [[["global", "local"], 2]],
+    },
     # StableLM: llama-like with LayerNorms and partial rotary
-    "stablelm": {"model_type": "stablelm", "architectures": ["StableLmForCausalLM"], "hidden_size": 64,
-                 "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 96,
-                 "vocab_size": 97},
+    "stablelm": {
+        "model_type": "stablelm",
+        "architectures": ["StableLmForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "vocab_size": 97,
+    },
     # DistilBERT: a bidirectional encoder
-    "distilbert": {"model_type": "distilbert", "architectures": ["DistilBertForMaskedLM"], "dim": 64, "n_heads": 4,
-                   "n_layers": 2, "hidden_dim": 96, "vocab_size": 97, "max_position_embeddings": 40},
+    "distilbert": {
+        "model_type": "distilbert",
+        "architectures": ["DistilBertForMaskedLM"],
+        "dim": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "hidden_dim": 96,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+    },
     # BART: encoder-decoder with two stacks
-    "bart": {"model_type": "bart", "architectures": ["BartForConditionalGeneration"], "d_model": 32,
-             "encoder_layers": 2, "decoder_layers": 3, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
-             "encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "vocab_size": 97, "max_position_embeddings": 40},
+    "bart": {
+        "model_type": "bart",
+        "architectures": ["BartForConditionalGeneration"],
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 3,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 48,
+        "decoder_ffn_dim": 48,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+    },
 }
 
 
@@ -539,8 +917,11 @@ def test_meta_fallback_reads_module_facts() -> None:
 
 
 def test_remote_code_needs_the_flag() -> None:
-    raw = {"model_type": "my_custom_lm", "architectures": ["MyCustomForCausalLM"],
-           "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"}}
+    raw = {
+        "model_type": "my_custom_lm",
+        "architectures": ["MyCustomForCausalLM"],
+        "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"},
+    }
     with pytest.raises(UnsupportedArchitectureError, match="--trust-remote-code"):
         _analytic(raw)
 

@@ -224,8 +224,7 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
         return [window] * num_layers
     if not isinstance(types, list) or len(types) != num_layers:
         raise ConfigError(
-            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), "
-            f"got {types!r}"
+            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), got {types!r}"
         )
     windows: list[int | None] = []
     for kind in types:
@@ -260,8 +259,10 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
         )
     if method in ("gptq", "awq"):
         return QuantizationSpec(
-            method=method, bits=int(q.get("bits", q.get("w_bit", 4))),
-            group_size=int(q.get("group_size", q.get("q_group_size", 128))), skip_modules=skip,
+            method=method,
+            bits=int(q.get("bits", q.get("w_bit", 4))),
+            group_size=int(q.get("group_size", q.get("q_group_size", 128))),
+            skip_modules=skip,
         )
     if method == "fp8":
         block = q.get("weight_block_size")

@@ -39,9 +39,17 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 
 # BertConfig defaults (models/bert/configuration_bert.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
-    "vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "intermediate_size": 3072, "hidden_act": "gelu", "max_position_embeddings": 512, "type_vocab_size": 2,
-    "is_decoder": False, "add_cross_attention": False, "tie_word_embeddings": True,
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "hidden_act": "gelu",
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "is_decoder": False,
+    "add_cross_attention": False,
+    "tie_word_embeddings": True,
 }
 # class -> (attribute prefix of BertModel, pooler, head kind)
 _CLASSES: dict[str, tuple[str, bool, str]] = {
@@ -109,7 +117,9 @@ def build(cfg: HFConfig) -> ModelSpec:
     embedding = [
         token_embedding(f"{prefix}embeddings.word_embeddings.weight", vocab, h),
         TensorSpec(f"{prefix}embeddings.position_embeddings.weight", (positions, h), Component.EMBEDDING),
-        TensorSpec(f"{prefix}embeddings.token_type_embeddings.weight", (cfg.int("type_vocab_size"), h), Component.EMBEDDING),
+        TensorSpec(
+            f"{prefix}embeddings.token_type_embeddings.weight", (cfg.int("type_vocab_size"), h), Component.EMBEDDING
+        ),
         *norm(f"{prefix}embeddings.LayerNorm", h, bias=True),
     ]
     tied = cfg.bool("tie_word_embeddings")

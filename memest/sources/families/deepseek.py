@@ -38,22 +38,46 @@ from memest.sources.families._build import (
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 _COMMON: dict[str, object] = {
-    "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False, "kv_lora_rank": 512,
-    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
 }
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "deepseek_v2": {
-        **_COMMON, "vocab_size": 102400, "hidden_size": 4096, "intermediate_size": 11008,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
-        "mlp_bias": False, "first_k_dense_replace": 0, "n_routed_experts": 64, "n_shared_experts": 2,
-        "num_experts_per_tok": None, "moe_intermediate_size": 1407,
+        **_COMMON,
+        "vocab_size": 102400,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "mlp_bias": False,
+        "first_k_dense_replace": 0,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": None,
+        "moe_intermediate_size": 1407,
     },
     "deepseek_v3": {
-        **_COMMON, "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
-        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
-        "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8,
-        "first_k_dense_replace": 3, "max_position_embeddings": 4096, "mlp_bias": False,
+        **_COMMON,
+        "vocab_size": 129280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "n_shared_experts": 1,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "max_position_embeddings": 4096,
+        "mlp_bias": False,
     },
 }
 _ALIASES: dict[str, dict[str, str]] = {
@@ -116,7 +140,13 @@ def build(cfg: HFConfig) -> ModelSpec:
         qk_rope_head_dim=rope,
     )
     attention_tensors = mla_tensors(
-        h, a, q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, nope=nope, rope=rope, v=v,
+        h,
+        a,
+        q_lora_rank=q_lora_rank,
+        kv_lora_rank=kv_lora_rank,
+        nope=nope,
+        rope=rope,
+        v=v,
         bias=cfg.bool("attention_bias"),
     )
     norms = [*norm("input_layernorm", h), *norm("post_attention_layernorm", h)]
@@ -158,7 +188,9 @@ def build(cfg: HFConfig) -> ModelSpec:
             "transformers does not instantiate; they are not counted (DeepSeek-V3/R1: 671B counted, 685B stored)"
         )
     if cfg.int("moe_layer_freq", default=1) != 1:
-        notes.append("moe_layer_freq is ignored, as transformers ignores it: every layer from first_k_dense_replace on is MoE")
+        notes.append(
+            "moe_layer_freq is ignored, as transformers ignores it: every layer from first_k_dense_replace on is MoE"
+        )
 
     tied = cfg.bool("tie_word_embeddings")
     return model_spec(

@@ -32,33 +32,60 @@ from memest.sources.families._build import (
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 _TEXT_DEFAULTS: dict[str, object] = {
-    "vocab_size": 256000, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
-    "max_position_embeddings": 8192, "tie_word_embeddings": True, "attention_bias": False,
+    "vocab_size": 256000,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "head_dim": 256,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
     "use_bidirectional_attention": None,
 }
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "gemma": {
-        **_TEXT_DEFAULTS, "hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28,
+        **_TEXT_DEFAULTS,
+        "hidden_size": 3072,
+        "intermediate_size": 24576,
+        "num_hidden_layers": 28,
         "hidden_act": "gelu_pytorch_tanh",
     },
     "gemma2": {
-        **_TEXT_DEFAULTS, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "hidden_activation": "gelu_pytorch_tanh",
+        **_TEXT_DEFAULTS,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": 4096,
     },
     "gemma3_text": {
-        **_TEXT_DEFAULTS, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
-        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
-        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "sliding_window": 4096,
-        "sliding_window_pattern": 6, "use_bidirectional_attention": False,
+        **_TEXT_DEFAULTS,
+        "vocab_size": 262208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "use_bidirectional_attention": False,
     },
 }
 _GEMMA3_DEFAULTS: dict[str, object] = {"tie_word_embeddings": True}
 # SiglipVisionConfig defaults (models/siglip/configuration_siglip.py)
 _SIGLIP_DEFAULTS: dict[str, object] = {
-    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "num_channels": 3, "image_size": 224, "patch_size": 16, "vision_use_head": True,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_channels": 3,
+    "image_size": 224,
+    "patch_size": 16,
+    "vision_use_head": True,
 }
 
 
@@ -123,12 +150,18 @@ def _text_model(
     kinds: dict[object, LayerSpec] = {}
 
     def layer(window: int | None) -> LayerSpec:
-        return intern(kinds, window, lambda: LayerSpec(
-            attention=AttentionSpec(
-                num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, causal=not bidirectional
+        return intern(
+            kinds,
+            window,
+            lambda: LayerSpec(
+                attention=AttentionSpec(
+                    num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, causal=not bidirectional
+                ),
+                mlp=mlp,
+                norm="rms",
+                tensors=tensors,
             ),
-            mlp=mlp, norm="rms", tensors=tensors,
-        ))
+        )
 
     embedding = [token_embedding(f"{prefix}embed_tokens.weight", vocab, h)]
     return [layer(w) for w in windows], embedding, norm(f"{prefix}norm", h), vocab, h

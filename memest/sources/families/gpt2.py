@@ -36,14 +36,27 @@ _ALIASES = {
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "gpt2": {
-        "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
-        "n_inner": None, "activation_function": "gelu_new", "add_cross_attention": False,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "add_cross_attention": False,
         "tie_word_embeddings": True,
     },
     "gpt_bigcode": {
-        "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12, "n_head": 12,
-        "n_inner": None, "activation_function": "gelu_pytorch_tanh", "multi_query": True,
-        "add_cross_attention": False, "tie_word_embeddings": True,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_inner": None,
+        "activation_function": "gelu_pytorch_tanh",
+        "multi_query": True,
+        "add_cross_attention": False,
+        "tie_word_embeddings": True,
     },
 }
 

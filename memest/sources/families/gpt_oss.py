@@ -30,10 +30,20 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Ten
 
 # GptOssConfig defaults (models/gpt_oss/configuration_gpt_oss.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
-    "num_hidden_layers": 36, "num_local_experts": 128, "vocab_size": 201088, "hidden_size": 2880,
-    "intermediate_size": 2880, "head_dim": 64, "num_attention_heads": 64, "num_key_value_heads": 8,
-    "sliding_window": 128, "tie_word_embeddings": False, "hidden_act": "silu",
-    "max_position_embeddings": 131072, "num_experts_per_tok": 4, "attention_bias": True,
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "num_experts_per_tok": 4,
+    "attention_bias": True,
 }
 
 
@@ -73,10 +83,16 @@ def build(cfg: HFConfig) -> ModelSpec:
     kinds: dict[object, LayerSpec] = {}
 
     def layer(w: int | None) -> LayerSpec:
-        return intern(kinds, w, lambda: LayerSpec(
-            attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w),
-            mlp=mlp, norm="rms", tensors=tensors,
-        ))
+        return intern(
+            kinds,
+            w,
+            lambda: LayerSpec(
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w),
+                mlp=mlp,
+                norm="rms",
+                tensors=tensors,
+            ),
+        )
 
     tied = cfg.bool("tie_word_embeddings")
     return model_spec(

@@ -36,16 +36,33 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Ten
 
 # JambaConfig defaults (models/jamba/configuration_jamba.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
-    "vocab_size": 65536, "tie_word_embeddings": False, "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
-    "max_position_embeddings": 262144, "num_experts_per_tok": 2, "num_experts": 16,
-    "expert_layer_period": 2, "expert_layer_offset": 1, "attn_layer_period": 8, "attn_layer_offset": 4,
-    "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_dt_rank": "auto",
-    "mamba_conv_bias": True, "mamba_proj_bias": False,
+    "vocab_size": 65536,
+    "tie_word_embeddings": False,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 262144,
+    "num_experts_per_tok": 2,
+    "num_experts": 16,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": "auto",
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
 }
 
 
-def mamba_tensors(h: int, d_in: int, n: int, kernel: int, rank: int, *, conv_bias: bool, proj_bias: bool) -> list[TensorSpec]:
+def mamba_tensors(
+    h: int, d_in: int, n: int, kernel: int, rank: int, *, conv_bias: bool, proj_bias: bool
+) -> list[TensorSpec]:
     """The parameters of one ``JambaMambaMixer`` (see the module docstring for shapes)."""
     p = "mamba."
     tensors = [
@@ -85,18 +102,30 @@ def build(cfg: HFConfig) -> ModelSpec:
     activation = cfg.str("hidden_act")
 
     attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d)
-    mamba = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=d_in * kernel + d_in * n)
+    mamba = AttentionSpec(
+        kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=d_in * kernel + d_in * n
+    )
     mixers = {
         "attention": tuple(gqa_projections(h, a, k, d)),
-        "mamba": tuple(mamba_tensors(
-            h, d_in, n, kernel, rank, conv_bias=cfg.bool("mamba_conv_bias"), proj_bias=cfg.bool("mamba_proj_bias")
-        )),
+        "mamba": tuple(
+            mamba_tensors(
+                h, d_in, n, kernel, rank, conv_bias=cfg.bool("mamba_conv_bias"), proj_bias=cfg.bool("mamba_proj_bias")
+            )
+        ),
     }
     ffs = {
         True: (
-            MLPSpec(gated=True, intermediate_size=i, activation=activation, num_experts=num_experts,
-                    num_experts_per_tok=cfg.int("num_experts_per_tok")),
-            (*router("feed_forward.router", h, num_experts), *expert_stack(h, i, num_experts, prefix="feed_forward.experts")),
+            MLPSpec(
+                gated=True,
+                intermediate_size=i,
+                activation=activation,
+                num_experts=num_experts,
+                num_experts_per_tok=cfg.int("num_experts_per_tok"),
+            ),
+            (
+                *router("feed_forward.router", h, num_experts),
+                *expert_stack(h, i, num_experts, prefix="feed_forward.experts"),
+            ),
         ),
         False: (
             MLPSpec(gated=True, intermediate_size=i, activation=activation),
@@ -108,12 +137,16 @@ def build(cfg: HFConfig) -> ModelSpec:
 
     def layer(mixer: str, moe: bool) -> LayerSpec:
         mlp, ff_tensors = ffs[moe]
-        return intern(kinds, (mixer, moe), lambda: LayerSpec(
-            attention=attention if mixer == "attention" else mamba,
-            mlp=mlp,
-            norm="rms",
-            tensors=(*mixers[mixer], *ff_tensors, *norms),
-        ))
+        return intern(
+            kinds,
+            (mixer, moe),
+            lambda: LayerSpec(
+                attention=attention if mixer == "attention" else mamba,
+                mlp=mlp,
+                norm="rms",
+                tensors=(*mixers[mixer], *ff_tensors, *norms),
+            ),
+        )
 
     layers = [
         layer(

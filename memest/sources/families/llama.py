@@ -27,26 +27,58 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "llama": {
-        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
     },
     "mistral": {
-        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
-        "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False, "sliding_window": 4096,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096 * 32,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
     },
     "qwen2": {
-        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "use_sliding_window": False,
-        "sliding_window": 4096, "max_window_layers": 28,
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
     },
     "qwen3": {
-        "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128, "hidden_act": "silu",
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "attention_bias": False,
-        "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28,
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 22016,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
     },
 }
 
@@ -103,10 +135,16 @@ def build(cfg: HFConfig) -> ModelSpec:
     kinds: dict[object, LayerSpec] = {}
 
     def layer(window: int | None) -> LayerSpec:
-        return intern(kinds, window, lambda: LayerSpec(
-            attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
-            mlp=mlp, norm="rms", tensors=tensors,
-        ))
+        return intern(
+            kinds,
+            window,
+            lambda: LayerSpec(
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
+                mlp=mlp,
+                norm="rms",
+                tensors=tensors,
+            ),
+        )
 
     tied = cfg.bool("tie_word_embeddings")
     return model_spec(

@@ -35,25 +35,58 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "mixtral": {
-        "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
-        "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False, "sliding_window": None,
-        "num_experts_per_tok": 2, "num_local_experts": 8,
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096 * 32,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 8,
     },
     "qwen2_moe": {
-        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 24,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "hidden_act": "silu",
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "use_sliding_window": False,
-        "sliding_window": 4096, "max_window_layers": 28, "decoder_sparse_step": 1,
-        "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4,
-        "num_experts": 60, "mlp_only_layers": None, "qkv_bias": True,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "num_experts_per_tok": 4,
+        "num_experts": 60,
+        "mlp_only_layers": None,
+        "qkv_bias": True,
     },
     "qwen3_moe": {
-        "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 24,
-        "num_attention_heads": 32, "num_key_value_heads": 4, "hidden_act": "silu",
-        "max_position_embeddings": 32768, "tie_word_embeddings": False, "attention_bias": False,
-        "use_sliding_window": False, "sliding_window": 4096, "decoder_sparse_step": 1,
-        "moe_intermediate_size": 768, "num_experts_per_tok": 8, "num_experts": 128, "mlp_only_layers": None,
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "decoder_sparse_step": 1,
+        "moe_intermediate_size": 768,
+        "num_experts_per_tok": 8,
+        "num_experts": 128,
+        "mlp_only_layers": None,
     },
 }
 
@@ -141,12 +174,16 @@ def build(cfg: HFConfig) -> ModelSpec:
     kinds: dict[object, LayerSpec] = {}
 
     def layer(moe: bool, window: int | None) -> LayerSpec:
-        return intern(kinds, (moe, window), lambda: LayerSpec(
-            attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
-            mlp=moe_mlp if moe else dense_mlp,
-            norm="rms",
-            tensors=(*attention_tensors, *(moe_tensors if moe else gated_mlp(h, dense_i)), *norms),
-        ))
+        return intern(
+            kinds,
+            (moe, window),
+            lambda: LayerSpec(
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
+                mlp=moe_mlp if moe else dense_mlp,
+                norm="rms",
+                tensors=(*attention_tensors, *(moe_tensors if moe else gated_mlp(h, dense_i)), *norms),
+            ),
+        )
 
     tied = cfg.bool("tie_word_embeddings")
     return model_spec(

@@ -18,10 +18,19 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 
 # OPTConfig defaults (models/opt/configuration_opt.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
-    "vocab_size": 50272, "hidden_size": 768, "num_hidden_layers": 12, "ffn_dim": 3072,
-    "max_position_embeddings": 2048, "do_layer_norm_before": True, "_remove_final_layer_norm": False,
-    "word_embed_proj_dim": None, "num_attention_heads": 12, "activation_function": "relu",
-    "enable_bias": True, "layer_norm_elementwise_affine": True, "tie_word_embeddings": True,
+    "vocab_size": 50272,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "ffn_dim": 3072,
+    "max_position_embeddings": 2048,
+    "do_layer_norm_before": True,
+    "_remove_final_layer_norm": False,
+    "word_embed_proj_dim": None,
+    "num_attention_heads": 12,
+    "activation_function": "relu",
+    "enable_bias": True,
+    "layer_norm_elementwise_affine": True,
+    "tie_word_embeddings": True,
 }
 
 

@@ -37,20 +37,42 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 # transformers config-class defaults (configuration_<type>.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
     "phi": {
-        "vocab_size": 51200, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 24,
-        "num_attention_heads": 32, "hidden_act": "gelu_new", "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "qk_layernorm": False,
+        "vocab_size": 51200,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "hidden_act": "gelu_new",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "qk_layernorm": False,
     },
     "phi3": {
-        "vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 4096,
-        "tie_word_embeddings": False, "sliding_window": None,
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
     },
     "phimoe": {
-        "vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 6400, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu",
-        "max_position_embeddings": 4096 * 32, "tie_word_embeddings": False, "sliding_window": None,
-        "num_experts_per_tok": 2, "num_local_experts": 16, "attention_bias": False, "lm_head_bias": False,
+        "vocab_size": 32064,
+        "hidden_size": 4096,
+        "intermediate_size": 6400,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096 * 32,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+        "num_experts_per_tok": 2,
+        "num_local_experts": 16,
+        "attention_bias": False,
+        "lm_head_bias": False,
     },
 }
 
@@ -75,8 +97,11 @@ def build(cfg: HFConfig) -> ModelSpec:
         qk = h // a  # PhiAttention sizes q/k_layernorm by hidden_size // num_attention_heads
         tensors: tuple[TensorSpec, ...] = (
             *gqa_projections(h, a, k, d, names=("q_proj", "k_proj", "v_proj", "dense"), qkv_bias=True, o_bias=True),
-            *(norm("self_attn.q_layernorm", qk, bias=True) + norm("self_attn.k_layernorm", qk, bias=True)
-              if cfg.bool("qk_layernorm") else []),
+            *(
+                norm("self_attn.q_layernorm", qk, bias=True) + norm("self_attn.k_layernorm", qk, bias=True)
+                if cfg.bool("qk_layernorm")
+                else []
+            ),
             *plain_mlp(h, i),
             *norm("input_layernorm", h, bias=True),
         )
@@ -88,8 +113,10 @@ def build(cfg: HFConfig) -> ModelSpec:
             tensors=tensors,
         )
         final = norm("model.final_layernorm", h, bias=True)
-        out = [*([] if tied else [TensorSpec("lm_head.weight", (vocab, h), Component.LM_HEAD, Split.VOCAB)]),
-               TensorSpec("lm_head.bias", (vocab,), Component.LM_HEAD, Split.VOCAB)]
+        out = [
+            *([] if tied else [TensorSpec("lm_head.weight", (vocab, h), Component.LM_HEAD, Split.VOCAB)]),
+            TensorSpec("lm_head.bias", (vocab,), Component.LM_HEAD, Split.VOCAB),
+        ]
     elif model_type == "phi3":
         tensors = (
             *linear("self_attn.qkv_proj", h, (a + 2 * k) * d, ATTN, Split.COL),

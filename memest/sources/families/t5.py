@@ -25,11 +25,23 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Tas
 
 # T5Config defaults (models/t5/configuration_t5.py) and its attribute_map
 _DEFAULTS: dict[str, object] = {
-    "vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_layers": 6,
-    "num_decoder_layers": None, "num_heads": 8, "relative_attention_num_buckets": 32,
-    "feed_forward_proj": "relu", "tie_word_embeddings": True,
+    "vocab_size": 32128,
+    "d_model": 512,
+    "d_kv": 64,
+    "d_ff": 2048,
+    "num_layers": 6,
+    "num_decoder_layers": None,
+    "num_heads": 8,
+    "relative_attention_num_buckets": 32,
+    "feed_forward_proj": "relu",
+    "tie_word_embeddings": True,
 }
-_ALIASES = {"hidden_size": "d_model", "num_attention_heads": "num_heads", "num_hidden_layers": "num_layers", "head_dim": "d_kv"}
+_ALIASES = {
+    "hidden_size": "d_model",
+    "num_attention_heads": "num_heads",
+    "num_hidden_layers": "num_layers",
+    "head_dim": "d_kv",
+}
 _CLASSES = ("T5ForConditionalGeneration", "T5Model", "T5EncoderModel")
 
 
@@ -51,7 +63,9 @@ def build(cfg: HFConfig) -> ModelSpec:
     cfg = cfg.with_defaults(_DEFAULTS, aliases=_ALIASES)
     arch = cfg.architecture or "T5ForConditionalGeneration"
     if arch not in _CLASSES:
-        raise ConfigError(f"config of {cfg.name!r}: architecture {arch!r} is not modelled; use one of {', '.join(_CLASSES)}")
+        raise ConfigError(
+            f"config of {cfg.name!r}: architecture {arch!r} is not modelled; use one of {', '.join(_CLASSES)}"
+        )
     dm = cfg.int("d_model")
     dkv = cfg.int("d_kv")
     dff = cfg.int("d_ff")
@@ -74,7 +88,10 @@ def build(cfg: HFConfig) -> ModelSpec:
             *linear("DenseReluDense.wo", dff, dm, MLP, Split.ROW),
         ]
     else:
-        ff = [*linear("DenseReluDense.wi", dm, dff, MLP, Split.COL), *linear("DenseReluDense.wo", dff, dm, MLP, Split.ROW)]
+        ff = [
+            *linear("DenseReluDense.wi", dm, dff, MLP, Split.COL),
+            *linear("DenseReluDense.wo", dff, dm, MLP, Split.ROW),
+        ]
     mlp = MLPSpec(gated=gated, intermediate_size=dff, activation=activation)
     rel_bias = [TensorSpec("layer.0.SelfAttention.relative_attention_bias.weight", (buckets, a), ATTN)]
     kinds: dict[object, LayerSpec] = {}
@@ -86,12 +103,18 @@ def build(cfg: HFConfig) -> ModelSpec:
                 *_attention("layer.0.SelfAttention", dm, a, dkv),
                 *(rel_bias if first else []),
                 *norm("layer.0.layer_norm", dm),
-                *(_attention("layer.1.EncDecAttention", dm, a, dkv) + norm("layer.1.layer_norm", dm) if decoder else []),
+                *(
+                    _attention("layer.1.EncDecAttention", dm, a, dkv) + norm("layer.1.layer_norm", dm)
+                    if decoder
+                    else []
+                ),
                 *(TensorSpec(f"layer.{ff_index}.{t.name}", t.shape, t.component, t.split) for t in ff),
                 *norm(f"layer.{ff_index}.layer_norm", dm),
             ]
             return LayerSpec(
-                attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=dkv, causal=decoder, cross_attention=decoder),
+                attention=AttentionSpec(
+                    num_heads=a, num_kv_heads=a, head_dim=dkv, causal=decoder, cross_attention=decoder
+                ),
                 mlp=mlp,
                 norm="rms",
                 tensors=tuple(tensors),
@@ -113,8 +136,9 @@ def build(cfg: HFConfig) -> ModelSpec:
             head += lm_head(vocab, dm)
             notes = (
                 (
-                    "tie_word_embeddings is false: the lm_head is counted apart from 'shared', as the checkpoint stores "
-                    "it and from_pretrained loads it (transformers >= 5 ties it when building the class from the config alone)"
+                    "tie_word_embeddings is false: the lm_head is counted apart from 'shared', as the checkpoint "
+                    "stores it and from_pretrained loads it (transformers >= 5 ties it when building the class "
+                    "from the config alone)"
                 ),
             )
     return model_spec(
