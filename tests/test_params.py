@@ -162,8 +162,26 @@ DEFAULT_CLASSES = {
     "t5": "T5ForConditionalGeneration",
     "jamba": "JambaForCausalLM",
 }
+# The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
+# of each config class's defaults; every other field is left to the class.
+_GEOMETRY = {
+    "llama": (4096, 32, 32), "mistral": (4096, 32, 32), "qwen2": (4096, 32, 32), "qwen3": (4096, 32, 32),
+    "mixtral": (4096, 32, 32), "qwen2_moe": (2048, 24, 16), "qwen3_moe": (2048, 24, 32), "gemma": (3072, 28, 16),
+    "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
+    "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
+    "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
+    "jamba": (4096, 32, 32), "opt": (768, 12, 12),
+}  # fmt: skip
+DEFAULT_EXTRA: dict[str, dict] = {
+    model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
+    for model_type, (h, n, a) in _GEOMETRY.items()
+}
+DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
+DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
+DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
+DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
-DEFAULT_EXTRA = {"deepseek_v2": {"num_experts_per_tok": 6}}
+DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
 
 def test_every_adapter_has_a_defaults_case() -> None:
@@ -821,6 +839,21 @@ def test_mistral_defaults_follow_mistral_config() -> None:
 # ---- errors -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}, "num_hidden_layers"),
+        ({"model_type": "gpt2", "n_layer": 2, "n_head": 4}, "n_embd"),
+        ({"model_type": "t5", "d_model": 32, "num_layers": 2}, "num_heads"),
+        ({"model_type": "gemma3", "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4}}, "hidden_size"),
+    ],
+    ids=["llama-depth", "gpt2-width", "t5-heads", "gemma3-text-width"],
+)
+def test_missing_geometry_is_an_error(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"lacks '{field}'"):
+        _analytic(raw)
+
+
 def test_bad_field_type_names_the_field() -> None:
     with pytest.raises(ConfigError, match="'hidden_size' is 'big'"):
         _analytic({"model_type": "llama", "hidden_size": "big"})
@@ -838,7 +871,7 @@ def test_unknown_bert_class() -> None:
 
 def test_bad_t5_feed_forward_proj() -> None:
     with pytest.raises(ConfigError, match="'feed_forward_proj' is 'gated-gelu-x'"):
-        _analytic({"model_type": "t5", "feed_forward_proj": "gated-gelu-x"})
+        _analytic({"model_type": "t5", "d_model": 32, "num_layers": 2, "num_heads": 4, "feed_forward_proj": "gated-gelu-x"})
 
 
 # ---- the meta-device fallback ------------------------------------------------------------------------

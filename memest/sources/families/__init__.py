@@ -3,6 +3,13 @@
 ``ADAPTERS`` maps a config's ``model_type`` to the function that builds its ModelSpec. A family
 without an adapter falls back to instantiating the transformers class on the meta device
 (:mod:`memest.meta`), which needs torch and transformers.
+
+Omitted fields take the default of the family's transformers config class (``configuration_<type>.py``),
+as transformers itself would, e.g. ``tie_word_embeddings`` (gemma, gpt2: true; llama: false) or a
+multimodal ``text_config`` without ``vocab_size``. The geometry is the exception: a config without
+its width, depth or number of attention heads (``hidden_size`` / ``num_hidden_layers`` /
+``num_attention_heads`` or the family's names for them) is incomplete, and the adapters raise a
+ConfigError naming the field rather than size the class's default model.
 """
 
 from __future__ import annotations

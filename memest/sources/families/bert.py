@@ -40,9 +40,6 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 # BertConfig defaults (models/bert/configuration_bert.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 30522,
-    "hidden_size": 768,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
     "intermediate_size": 3072,
     "hidden_act": "gelu",
     "max_position_embeddings": 512,

@@ -15,9 +15,6 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 # BloomConfig defaults (models/bloom/configuration_bloom.py) and its attribute_map
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 250880,
-    "hidden_size": 64,
-    "n_layer": 2,
-    "n_head": 8,
     "tie_word_embeddings": True,
 }
 _ALIASES = {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head"}

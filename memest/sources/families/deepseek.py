@@ -52,10 +52,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "deepseek_v2": {
         **_COMMON,
         "vocab_size": 102400,
-        "hidden_size": 4096,
         "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "max_position_embeddings": 2048,
         "mlp_bias": False,
         "first_k_dense_replace": 0,
@@ -67,11 +64,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "deepseek_v3": {
         **_COMMON,
         "vocab_size": 129280,
-        "hidden_size": 7168,
         "intermediate_size": 18432,
         "moe_intermediate_size": 2048,
-        "num_hidden_layers": 61,
-        "num_attention_heads": 128,
         "n_shared_experts": 1,
         "n_routed_experts": 256,
         "num_experts_per_tok": 8,

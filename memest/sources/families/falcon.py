@@ -26,9 +26,6 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
 # FalconConfig defaults (models/falcon/configuration_falcon.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 65024,
-    "hidden_size": 4544,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 71,
     "num_ln_in_parallel_attn": None,
     "num_kv_heads": None,
     "new_decoder_architecture": False,

@@ -33,7 +33,6 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Ten
 
 _TEXT_DEFAULTS: dict[str, object] = {
     "vocab_size": 256000,
-    "num_attention_heads": 16,
     "num_key_value_heads": 16,
     "head_dim": 256,
     "max_position_embeddings": 8192,
@@ -45,17 +44,12 @@ _TEXT_DEFAULTS: dict[str, object] = {
 _DEFAULTS: dict[str, dict[str, object]] = {
     "gemma": {
         **_TEXT_DEFAULTS,
-        "hidden_size": 3072,
         "intermediate_size": 24576,
-        "num_hidden_layers": 28,
         "hidden_act": "gelu_pytorch_tanh",
     },
     "gemma2": {
         **_TEXT_DEFAULTS,
-        "hidden_size": 2304,
         "intermediate_size": 9216,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": 4096,
@@ -63,10 +57,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "gemma3_text": {
         **_TEXT_DEFAULTS,
         "vocab_size": 262208,
-        "hidden_size": 2304,
         "intermediate_size": 9216,
-        "num_hidden_layers": 26,
-        "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "hidden_activation": "gelu_pytorch_tanh",
         "max_position_embeddings": 131072,

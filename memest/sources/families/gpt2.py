@@ -38,9 +38,6 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "gpt2": {
         "vocab_size": 50257,
         "n_positions": 1024,
-        "n_embd": 768,
-        "n_layer": 12,
-        "n_head": 12,
         "n_inner": None,
         "activation_function": "gelu_new",
         "add_cross_attention": False,
@@ -49,9 +46,6 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "gpt_bigcode": {
         "vocab_size": 50257,
         "n_positions": 1024,
-        "n_embd": 768,
-        "n_layer": 12,
-        "n_head": 12,
         "n_inner": None,
         "activation_function": "gelu_pytorch_tanh",
         "multi_query": True,

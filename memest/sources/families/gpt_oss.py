@@ -30,13 +30,10 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Ten
 
 # GptOssConfig defaults (models/gpt_oss/configuration_gpt_oss.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
-    "num_hidden_layers": 36,
     "num_local_experts": 128,
     "vocab_size": 201088,
-    "hidden_size": 2880,
     "intermediate_size": 2880,
     "head_dim": 64,
-    "num_attention_heads": 64,
     "num_key_value_heads": 8,
     "sliding_window": 128,
     "tie_word_embeddings": False,

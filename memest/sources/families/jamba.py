@@ -38,10 +38,7 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Ten
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 65536,
     "tie_word_embeddings": False,
-    "hidden_size": 4096,
     "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
     "num_key_value_heads": 8,
     "hidden_act": "silu",
     "max_position_embeddings": 262144,

@@ -28,10 +28,7 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 _DEFAULTS: dict[str, dict[str, object]] = {
     "llama": {
         "vocab_size": 32000,
-        "hidden_size": 4096,
         "intermediate_size": 11008,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "hidden_act": "silu",
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
@@ -40,10 +37,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "mistral": {
         "vocab_size": 32000,
-        "hidden_size": 4096,
         "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "hidden_act": "silu",
         "max_position_embeddings": 4096 * 32,
@@ -52,10 +46,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "qwen2": {
         "vocab_size": 151936,
-        "hidden_size": 4096,
         "intermediate_size": 22016,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "num_key_value_heads": 32,
         "hidden_act": "silu",
         "max_position_embeddings": 32768,
@@ -66,10 +57,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "qwen3": {
         "vocab_size": 151936,
-        "hidden_size": 4096,
         "intermediate_size": 22016,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "num_key_value_heads": 32,
         "head_dim": 128,
         "hidden_act": "silu",

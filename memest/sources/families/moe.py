@@ -36,10 +36,7 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 _DEFAULTS: dict[str, dict[str, object]] = {
     "mixtral": {
         "vocab_size": 32000,
-        "hidden_size": 4096,
         "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "hidden_act": "silu",
         "max_position_embeddings": 4096 * 32,
@@ -50,10 +47,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "qwen2_moe": {
         "vocab_size": 151936,
-        "hidden_size": 2048,
         "intermediate_size": 5632,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 16,
         "num_key_value_heads": 16,
         "hidden_act": "silu",
         "max_position_embeddings": 32768,
@@ -71,10 +65,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "qwen3_moe": {
         "vocab_size": 151936,
-        "hidden_size": 2048,
         "intermediate_size": 6144,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 32,
         "num_key_value_heads": 4,
         "hidden_act": "silu",
         "max_position_embeddings": 32768,

@@ -16,9 +16,6 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
 # GPTNeoXConfig defaults (models/gpt_neox/configuration_gpt_neox.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 50432,
-    "hidden_size": 6144,
-    "num_hidden_layers": 44,
-    "num_attention_heads": 64,
     "intermediate_size": 24576,
     "hidden_act": "gelu",
     "max_position_embeddings": 2048,

@@ -23,10 +23,7 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 # Olmo2Config defaults (models/olmo2/configuration_olmo2.py) of the fields read here
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 50304,
-    "hidden_size": 4096,
     "intermediate_size": 11008,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
     "hidden_act": "silu",
     "max_position_embeddings": 2048,
     "tie_word_embeddings": False,

@@ -38,10 +38,7 @@ from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec,
 _DEFAULTS: dict[str, dict[str, object]] = {
     "phi": {
         "vocab_size": 51200,
-        "hidden_size": 2048,
         "intermediate_size": 8192,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 32,
         "hidden_act": "gelu_new",
         "max_position_embeddings": 2048,
         "tie_word_embeddings": False,
@@ -49,10 +46,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "phi3": {
         "vocab_size": 32064,
-        "hidden_size": 3072,
         "intermediate_size": 8192,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "hidden_act": "silu",
         "max_position_embeddings": 4096,
         "tie_word_embeddings": False,
@@ -60,10 +54,7 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
     "phimoe": {
         "vocab_size": 32064,
-        "hidden_size": 4096,
         "intermediate_size": 6400,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
         "num_key_value_heads": 8,
         "hidden_act": "silu",
         "max_position_embeddings": 4096 * 32,

@@ -26,12 +26,9 @@ from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, Tas
 # T5Config defaults (models/t5/configuration_t5.py) and its attribute_map
 _DEFAULTS: dict[str, object] = {
     "vocab_size": 32128,
-    "d_model": 512,
     "d_kv": 64,
     "d_ff": 2048,
-    "num_layers": 6,
     "num_decoder_layers": None,
-    "num_heads": 8,
     "relative_attention_num_buckets": 32,
     "feed_forward_proj": "relu",
     "tie_word_embeddings": True,
