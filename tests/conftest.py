@@ -1,9 +1,6 @@
-"""Test session setup: no network, quiet transformers."""
-
-from __future__ import annotations
+"""Shared test setup: no network, ever (configs come from the packaged catalog or fixtures)."""
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("MEMEST_OFFLINE", "1")

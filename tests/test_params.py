@@ -17,10 +17,14 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is first imported (lazily)
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from memest import meta
 from memest.errors import ConfigError, UnsupportedArchitectureError
