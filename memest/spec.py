@@ -88,11 +88,12 @@ class TensorSpec:
         These are the tensors weight quantization (int8, NF4, GPTQ, AWQ, fp8, MXFP4) converts and
         LoRA can target; embeddings, norms, biases and routers keep their 16-bit dtype.
         """
-        return (
-            len(self.shape) >= 2
-            and self.name.endswith("weight")
-            and self.component in (Component.ATTENTION, Component.MLP, Component.EXPERTS)
-        )
+        if len(self.shape) < 2 or self.component not in (Component.ATTENTION, Component.MLP, Component.EXPERTS):
+            return False
+        if self.name.endswith("weight"):
+            return True
+        # transformers >= 5 stores routed experts as bare 3-D parameters (mlp.experts.gate_up_proj)
+        return self.component is Component.EXPERTS and len(self.shape) >= 3
 
     @property
     def module(self) -> str:
