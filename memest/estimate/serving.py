@@ -97,6 +97,16 @@ def stage_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
 # ---- vLLM ----
 
 
+def _vllm_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
+    c = compute_bytes(spec, s)
+    scheme, skip = serving_weight_layout(spec, s.quantization)
+    w = vllm_engine.loaded_weight_bytes(stage_tensors(spec, stage), s.parallelism, spec.num_kv_heads,
+                                        dtype_bytes=c, scheme=scheme, skip=skip)
+    if s.checkpoint_params:
+        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
+    return w
+
+
 @dataclass(frozen=True, slots=True)
 class VllmRank:
     """vLLM's start-up numbers for one pipeline stage's ranks.
@@ -132,7 +142,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     for stage in stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
         layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
-        weights = stage_weight_bytes(spec, s, stage) + rope_cache_bytes(spec, c)
+        weights = _vllm_weight_bytes(spec, s, stage) + vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, c))
         peak = vllm_engine.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
                                         device=device)

@@ -64,8 +64,9 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import runtime
-from memest.spec import LayerSpec, ModelSpec
-from memest.workload import ENGINE_VERSIONS
+from memest.estimate.weights import QuantScheme, tensor_bytes
+from memest.spec import LayerSpec, ModelSpec, TensorSpec
+from memest.workload import ENGINE_VERSIONS, Parallelism
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -299,3 +300,53 @@ def budget(version: str, device: Device, gpu_memory_utilization: float, weights:
     else:
         requested = math.floor(device.memory_bytes * gpu_memory_utilization)
     return Budget(requested, weights, activation, non_torch)
+
+
+# ---- weights as vLLM allocates them ----
+
+_MERGED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+           "up_proj": "gate_up_proj", "q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
+"""Projections vLLM allocates as one tensor (``QKVParallelLinear``, ``MergedColumnParallelLinear``;
+DeepSeek's ``fused_qkv_a_proj`` when q_lora_rank is set)."""
+
+SMALL_SIZE = 1 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes PyTorch's CUDA caching allocator counts as allocated for one fresh tensor.
+
+    ``c10/cuda/CUDACachingAllocator.cpp``: sizes round up to 512 B; a request of 10 MiB or more
+    gets its own segment rounded up to 2 MiB (``kRoundLarge``), and the remainder is split off only
+    when it exceeds 1 MiB (``kSmallSize``, ``shouldSplit``) — otherwise the whole segment is the
+    block. vLLM's 'Model loading took' is this sum (``max_memory_allocated`` before and after):
+    e.g. Qwen2.5-7B's 129.5 MiB ``down_proj`` counts as 130 MiB.
+    """
+    size = max(512, -(-nbytes // 512) * 512)
+    if size < MIN_LARGE_ALLOC:
+        return size
+    segment = -(-size // ROUND_LARGE) * ROUND_LARGE
+    return size if segment - size > SMALL_SIZE else segment
+
+
+def _allocation_key(t: TensorSpec) -> str:
+    module, _, param = t.name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    merged = _MERGED.get(leaf)
+    return f"{parent}.{merged}.{param}" if merged else t.name
+
+
+def loaded_weight_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
+                        dtype_bytes: float, scheme: QuantScheme | None, skip: tuple[str, ...]) -> int:
+    """Bytes vLLM's weights take on one rank as the allocator counts them: projections merged as vLLM
+    merges them, each allocation rounded by :func:`cuda_block_bytes`."""
+    groups: dict[tuple[int, str], list[float]] = {}
+    order: list[tuple[int, str]] = []
+    for t, count in tensors:
+        key = (count, _allocation_key(t))
+        if key not in groups:
+            groups[key] = [0.0]
+            order.append(key)
+        groups[key][0] += tensor_bytes(t, par, num_kv_heads, dtype_bytes=dtype_bytes, scheme=scheme, skip=skip)
+    return sum(cuda_block_bytes(math.ceil(groups[k][0])) * k[0] for k in order)

@@ -155,6 +155,18 @@ def _skipped(tensor: TensorSpec, skip: tuple[str, ...]) -> bool:
     return False
 
 
+def tensor_bytes(t: TensorSpec, par: Parallelism, num_kv_heads: int, *, dtype_bytes: float,
+                 scheme: QuantScheme | None = None, skip: tuple[str, ...] = ()) -> float:
+    """Bytes one rank stores for one tensor (its TP/EP shard, quantized when it is a linear weight
+    the scheme converts)."""
+    local = shard_numel(t, par, num_kv_heads)
+    if scheme is not None and t.is_linear_weight and not _skipped(t, skip):
+        ratio = local / t.numel
+        shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
+        return scheme.tensor_bytes(shape)
+    return local * dtype_bytes
+
+
 def weight_bytes(
     tensors: Iterable[tuple[TensorSpec, int]],
     par: Parallelism,
@@ -176,13 +188,7 @@ def weight_bytes(
     """
     total = 0.0
     for t, count in tensors:
-        local = shard_numel(t, par, num_kv_heads)
-        if scheme is not None and t.is_linear_weight and not _skipped(t, skip):
-            ratio = local / t.numel
-            shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
-            total += scheme.tensor_bytes(shape) * count
-        else:
-            total += local * dtype_bytes * count
+        total += tensor_bytes(t, par, num_kv_heads, dtype_bytes=dtype_bytes, scheme=scheme, skip=skip) * count
     return math.ceil(total)
 
 
