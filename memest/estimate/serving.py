@@ -157,10 +157,19 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     max_len = max_model_len_of(spec, s)
     need = s.batch_size * r.layout.request_bytes(max_len, mnbt)
     scheme, _ = serving_weight_layout(spec, s.quantization)
+    stored = stage_weight_bytes(spec, s, r.stage)
+    rope = vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, compute_bytes(spec, s)))
     terms = [
-        Term("weights", Kind.WEIGHTS, r.budget.weights,
-             f"stage parameters / tp at {weight_dtype(spec, s)}" + (f", {scheme.name} linear weights" if scheme else "")
-             + " + rotary cos/sin cache"),
+        Term("weights", Kind.WEIGHTS, stored,
+             f"stage parameters / tp at {weight_dtype(spec, s)}" + (f", {scheme.name} linear weights" if scheme else "")),
+    ]
+    if rope:
+        terms.append(Term("weights.rope_cache", Kind.WEIGHTS, rope, "rotary cos/sin cache: max_position x rotary dim x c"))
+    rounding = r.budget.weights - stored - rope
+    if rounding > 0:
+        terms.append(Term("weights.block_rounding", Kind.WEIGHTS, rounding,
+                          "caching-allocator rounding of vLLM's merged weight tensors (2 MiB segments)"))
+    terms += [
         Term("kv_cache", Kind.KV_CACHE, need,
              f"{s.batch_size} requests x {max_len} tokens in {r.layout.block_size}-token pages "
              f"({r.layout.page_bytes:,} B/page, windows capped)"),
