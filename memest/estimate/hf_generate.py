@@ -199,14 +199,16 @@ def largest_batch(spec: ModelSpec, s: ServingConfig, device: Device, max_model_l
     grows linearly in b, so this is closed-form: the fixed part and the per-sequence slope)."""
     base = lengths(spec, s)
     lens = base if max_model_len == max_model_len_of(spec, s) else Lengths(max(max_model_len - base.new, 1), base.new)
-    fixed = generate_peak(spec, s, device, batch=0, lens=lens).total
-    one = generate_peak(spec, s, device, batch=1, lens=lens).total - fixed
-    room = usable_bytes(device) - fixed
-    if one <= 0 or room < one:
+    usable = usable_bytes(device)
+    first = generate_peak(spec, s, device, batch=1, lens=lens).total
+    if first > usable:
         return 0
-    b = room // one
-    while b > 0 and generate_peak(spec, s, device, batch=b, lens=lens).total > usable_bytes(device):
-        b -= 1  # the dequant copy only appears for b x p > 1: step back over it
+    one = generate_peak(spec, s, device, batch=2, lens=lens).total - first  # slope per sequence
+    if one <= 0:
+        return 1
+    b = 1 + (usable - first) // one
+    while b > 1 and generate_peak(spec, s, device, batch=b, lens=lens).total > usable:
+        b -= 1  # the peak can switch moments (prefill / decode) as b grows: step back to a fit
     return b
 
 
