@@ -216,6 +216,10 @@ class QuantizationSpec:
         block_shape: Block of a block-wise fp8 scale (DeepSeek-V3: ``(128, 128)``).
         double_quant: bitsandbytes nested quantization of the NF4 absmax scales.
         skip_modules: Module name patterns kept unquantized (``modules_to_not_convert``).
+        strategy: Scale granularity when the config names it (compressed-tensors ``strategy``:
+            ``tensor``, ``channel``, ``group``, ``block``); None = the method's usual one.
+        compute_dtype: bitsandbytes 4-bit ``bnb_4bit_compute_dtype`` (the dtype weights are
+            dequantized to for a matmul); None when not given.
     """
 
     method: str
@@ -224,6 +228,8 @@ class QuantizationSpec:
     block_shape: tuple[int, int] | None = None
     double_quant: bool = False
     skip_modules: tuple[str, ...] = ()
+    strategy: str | None = None
+    compute_dtype: str | None = None
 
 
 TaskKind = Literal["causal_lm", "masked_lm", "seq2seq", "classification"]

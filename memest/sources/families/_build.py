@@ -256,7 +256,12 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
             group_size=64 if four else None,
             double_quant=bool(q.get("bnb_4bit_use_double_quant")),
             skip_modules=skip,
+            compute_dtype=str(q["bnb_4bit_compute_dtype"]) if four and q.get("bnb_4bit_compute_dtype") else None,
         )
+    if method == "compressed-tensors":
+        from memest.sources.quantization import compressed_tensors_spec
+
+        return compressed_tensors_spec(q)
     if method in ("gptq", "awq"):
         return QuantizationSpec(
             method=method,
