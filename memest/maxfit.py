@@ -7,6 +7,9 @@ answer + step does not — provided memory does not decrease as the value grows 
 estimator grows or stays flat with micro-batch, tokens and sequences; ``tests/test_plan_maxfit.py``
 checks it on the catalog).
 
+A value the estimator rejects (vLLM refuses a max_model_len beyond max_position_embeddings) is a
+boundary too: the answer then says why (:attr:`Largest.limit`) instead of "memory".
+
 The serving estimator may also offer closed-form vLLM inverses (KV blocks -> concurrency); this
 module is the generic one and works for any setting and engine.
 """
@@ -55,6 +58,8 @@ class Largest:
         step: Values searched are multiples of this (2 x cp for seq_len under context parallelism).
         capped: True when ``value`` is the search cap; larger values may fit too.
         evaluated: Estimates computed.
+        limit: What stops value + step: ``"memory"``, or the estimator's reason for rejecting it
+            (an InputError's message, e.g. the model's max_position_embeddings).
     """
 
     setting: str
@@ -62,6 +67,7 @@ class Largest:
     step: int
     capped: bool
     evaluated: int
+    limit: str = "memory"
 
 
 def query_step(workload: Workload, setting: str) -> int:
@@ -85,7 +91,7 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
 
     Raises:
         InputError: ``setting`` does not belong to the workload's mode, or the workload is invalid
-            for the model for a reason other than the searched value.
+            even at the smallest value (one step).
     """
     if setting not in QUERIES[_mode(workload)]:
         allowed = ", ".join(FLAGS[s] for s in QUERIES[_mode(workload)])
@@ -95,10 +101,20 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
     count = workload.parallelism.world_size
     evaluated = 0
 
+    rejected: dict[int, str] = {}
+
     def fits(value: int) -> bool:
         nonlocal evaluated
         evaluated += 1
-        est = estimate(spec, workload.replace(**{setting: value}), device)
+        w = workload.replace(**{setting: value})
+        if value == step:
+            est = estimate(spec, w, device)  # rejected here: invalid whatever the value, so raise
+        else:
+            try:
+                est = estimate(spec, w, device)
+            except InputError as exc:
+                rejected[value] = str(exc)
+                return False
         return verdict(est, device, count, headroom).fits
 
     if not fits(step):
@@ -118,7 +134,7 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
             good = mid
         else:
             bad = mid
-    return Largest(setting, good, step, False, evaluated)
+    return Largest(setting, good, step, False, evaluated, rejected.get(bad, "memory"))
 
 
 def limits(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float) -> tuple[Largest, ...]:

@@ -27,8 +27,10 @@ Search space
     == 0`` (``megatron/core/transformer/transformer_block.py``, ``get_num_layers_to_build``) unless
     first/last stage sizes are given; even stages are what people run, and an uneven split only
     adds layers to the first stage, which already holds the embedding and needs the most memory;
-  - cp is the user's; ep (MoE only) is a power of two dividing the experts and dp x cp x tp
-    (serving: 1 or tp, vLLM's ``--enable-expert-parallel``);
+  - cp and ep are the user's (a layout they do not divide is skipped). Expert parallelism is not
+    searched: the estimator divides routed experts by ep and then by tp, and ZeRO by all of
+    dp x cp, which undercounts experts (replicated over dp / ep, not dp) and vLLM's expert
+    parallelism (which replaces tp for the experts); searching ep would exploit that;
 
 - **settings**, each from the user's value towards less memory (never the other way):
   ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
@@ -277,6 +279,12 @@ class _Layout:
         return math.prod(len(k.values) for k in self.knobs)
 
 
+def _onwards(order: tuple[Any, ...], asked: Any) -> list[Any]:
+    """The values of ``order`` from the one asked on (towards less memory); a value the order does
+    not know stays as asked."""
+    return list(order[order.index(asked):]) if asked in order else [asked]
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -336,7 +344,7 @@ class _Search:
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
-        cp = user.cp if self.training else 1
+        cp = user.cp if self.training else 1  # serving: one replica of tp x pp
         for tp in _divisors(device.per_node):
             if n % (tp * cp):
                 continue
@@ -347,22 +355,8 @@ class _Search:
                 dp = rest // pp if self.training else 1
                 if not self.training and pp * tp != n:
                     continue
-                for ep in self._expert_degrees(tp, dp * cp * tp):
-                    yield Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero_stage=user.zero_stage if dp * cp > 1 else 0,
-                                      sequence_parallel=user.sequence_parallel)
-
-    def _expert_degrees(self, tp: int, ranks: int) -> list[int]:
-        experts = self.spec.num_experts
-        if not experts:
-            return [1]
-        if not self.training:
-            return [1, tp] if tp > 1 and experts % tp == 0 else [1]
-        out, e = [], 1
-        while e <= ranks:
-            if experts % e == 0 and ranks % e == 0:
-                out.append(e)
-            e *= 2
-        return out
+                yield Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=user.ep, zero_stage=user.zero_stage if dp * cp > 1 else 0,
+                                  sequence_parallel=user.sequence_parallel)
 
     # -- settings --
 
@@ -380,10 +374,10 @@ class _Search:
         else:
             per_replica = g // par.dp
         batch = [(b, per_replica // b) for b in reversed(_divisors(w.micro_batch_size)) if per_replica % b == 0]
-        recompute = RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(w.recompute):]
+        recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer is Optimizer.ADAMW else [])
-        offload = OFFLOAD_ORDER[OFFLOAD_ORDER.index(w.offload):]
-        method = METHOD_ORDER[METHOD_ORDER.index(w.method):] if lossy and self.space.allow_method_change else [w.method]
+        offload = _onwards(OFFLOAD_ORDER, w.offload)
+        method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
                 _batch_knob(w.micro_batch_size, batch), _knob("optimizer", optimizer), _knob("offload", offload),
                 _knob("method", method))

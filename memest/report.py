@@ -434,13 +434,16 @@ def describe_limits(limits: tuple[Largest, ...]) -> str:
         word = _LIMIT_WORDS.get(q.setting, q.setting)
         if q.value is None:
             parts.append(f"{word} none")
+        elif q.limit != "memory":
+            parts.append(f"{word} ≤ {q.value:,} (model limit)")
         else:
             parts.append(f"{word} {'≥' if q.capped else '≤'} {q.value:,}")
     return " · ".join(parts) or "-"
 
 
 def _largest_dict(q: Largest) -> dict[str, Any]:
-    return {"setting": q.setting, "value": q.value, "step": q.step, "capped": q.capped, "evaluated": q.evaluated}
+    return {"setting": q.setting, "value": q.value, "step": q.step, "capped": q.capped, "limit": q.limit,
+            "evaluated": q.evaluated}
 
 
 def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
@@ -557,9 +560,8 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
         if len(p.fits) > top:
             parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
         ctx = p.spec.max_position_embeddings
-        if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits
-                       if q.setting in ("seq_len", "max_model_len")):
-            parts.append(Text(f"'largest that fits' counts memory only: seq/len beyond the model's "
+        if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits if q.setting == "seq_len"):
+            parts.append(Text(f"'largest that fits' counts memory only: training sequences beyond the model's "
                               f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
     if p.no_fit:
         names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
@@ -616,6 +618,8 @@ def _largest_line(result: Sweep) -> str:
     usable = gib(result.usable_bytes)
     if q.value is None:
         return f"Nothing fits: even {result.flag} {q.step} needs more than {usable} usable per device."
+    if q.limit != "memory":
+        return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
     return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable} usable per device, {result.headroom:.0%} headroom)."
 

@@ -26,7 +26,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
 
 
-SERVE = ("meta-llama/Llama-2-70b-hf", "--serve", "--max-model-len", "8192", "--batch-size", "4")
+SERVE = ("meta-llama/Llama-2-70b-hf", "--serve", "--max-model-len", "4096", "--batch-size", "4")
 TRAIN = ("meta-llama/Llama-2-7b-hf", "--train", "--micro-batch-size", "4", "--seq-len", "4096")
 
 

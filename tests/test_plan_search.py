@@ -125,6 +125,12 @@ TRAINING_CASES = [
                  False, None, id="llama3.2-3b-small-gpus-24-heads-28-layers"),
     pytest.param("Qwen/Qwen2.5-0.5B", TrainingConfig(micro_batch_size=4, seq_len=32768, recompute=Recompute.NONE),
                  ("T4", "L4"), 4, False, None, id="qwen2.5-0.5b-long-seq"),
+    pytest.param("deepseek-ai/DeepSeek-V2-Lite", TrainingConfig(micro_batch_size=2, seq_len=4096), ("A100-80GB", "L40S"), 8,
+                 True, None, id="deepseek-v2-lite-moe-mla"),
+    pytest.param("google/gemma-2-2b", TrainingConfig(micro_batch_size=8, seq_len=8192), ("L4", "RTX-3090"), 8,
+                 False, 64, id="gemma2-2b-8-heads-4-kv-global-batch-64"),
+    pytest.param("bigscience/T0_3B", TrainingConfig(micro_batch_size=4, seq_len=1024), ("T4", "A10G"), 4,
+                 False, None, id="t0-3b-seq2seq"),
 ]
 
 
@@ -150,12 +156,18 @@ def test_training_plan_matches_brute_force(model, asked, devices, max_count, all
 
 
 SERVING_CASES = [
-    pytest.param("meta-llama/Llama-2-70b-hf", ServingConfig(max_model_len=8192, batch_size=8), ("L40S", "H100", "A100-40GB"),
+    pytest.param("meta-llama/Llama-2-70b-hf", ServingConfig(max_model_len=4096, batch_size=8), ("L40S", "H100", "A100-40GB"),
                  16, True, id="llama2-70b-quantization-allowed"),
     pytest.param("meta-llama/Llama-3.1-8B", ServingConfig(max_model_len=32768, batch_size=16), ("L4", "A10G", "T4"), 8,
                  False, id="llama3.1-8b-bf16-small-gpus"),
     pytest.param("Qwen/Qwen2-7B", ServingConfig(max_model_len=16384, batch_size=4), ("L4", "RTX-3090"), 8, True,
                  id="qwen2-7b-28-heads-4-kv"),
+    pytest.param("mistralai/Mixtral-8x7B-v0.1", ServingConfig(max_model_len=32768, batch_size=8), ("L40S", "H100"), 16, True,
+                 id="mixtral-8x7b-moe"),
+    pytest.param("tiiuae/falcon-7b", ServingConfig(max_model_len=2048, batch_size=64), ("T4", "L4"), 8, False,
+                 id="falcon-7b-71-heads-mqa"),
+    pytest.param("ai21labs/Jamba-v0.1", ServingConfig(max_model_len=65536, batch_size=4), ("A100-80GB", "L40S"), 16, True,
+                 id="jamba-mamba-moe"),
 ]
 
 
@@ -320,7 +332,8 @@ def test_device_counts(device, max_count, min_count, expected):
 
 # ---- the monotonicity the pruning relies on ----
 
-MONOTONE_MODELS = ["meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-3B", "Qwen/Qwen2-72B"]
+MONOTONE_MODELS = ["meta-llama/Llama-2-7b-hf", "Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-3B", "Qwen/Qwen2-72B",
+                   "deepseek-ai/DeepSeek-V2-Lite", "google/gemma-2-9b", "ai21labs/Jamba-v0.1", "openai/gpt-oss-20b"]
 
 
 def _used(spec, w, device) -> int:
@@ -362,9 +375,10 @@ def test_memory_does_not_grow_along_the_saving_order(model, tp, pp, dp):
 def test_serving_memory_does_not_grow_along_the_saving_order(model):
     spec = load_model(model)
     device = get_device("H100")
-    base = ServingConfig(max_model_len=8192, batch_size=8)
-    used = [_used(spec, base.replace(quantization=q), device) for q in ("none", "fp8", "int8", "int4")]
-    assert used[0] >= max(used[1:]) and used[3] <= min(used[:3])
+    base = ServingConfig(max_model_len=4096, batch_size=8)
+    if spec.quantization is None:  # the planner offers quantization only for unquantized checkpoints
+        used = [_used(spec, base.replace(quantization=q), device) for q in ("none", "fp8", "int8", "int4")]
+        assert used[0] >= max(used[1:]) and used[3] <= min(used[:3])
     assert _used(spec, base.replace(kv_cache_dtype="fp8"), device) <= _used(spec, base, device)
 
 
@@ -402,3 +416,12 @@ def test_each_floor_extra_is_needed(model, more_saving, less_saving):
     spec = load_model(model)
     device = get_device("H100")
     assert _used(spec, more_saving, device) > _used(spec, less_saving, device)
+
+
+def test_a_quantized_checkpoint_is_not_quantized_again():
+    # gpt-oss ships MXFP4 experts; "none" keeps them, and 8-bit would be larger, not smaller
+    spec = load_model("openai/gpt-oss-20b")
+    assert spec.quantization is not None
+    result = plan(spec, ServingConfig(max_model_len=8192), Space(devices=(DeviceChoice(get_device("L4"), 8),),
+                                                                 allow_quantization=True), max_queries=False)
+    assert result.best is not None and result.best.setup.workload.quantization == "none"

@@ -84,7 +84,7 @@ def test_plot_writes_an_image(tmp_path, suffix):
     from memest.plot import plot_sweep
 
     spec = load_model("meta-llama/Llama-2-70b-hf")
-    result = sweep(spec, ServingConfig(max_model_len=8192, parallelism=Parallelism(tp=4)), get_device("H100"),
+    result = sweep(spec, ServingConfig(max_model_len=4096, parallelism=Parallelism(tp=4)), get_device("H100"),
                    "batch_size", parse_values("1..512", "--batch-size"), headroom=HEADROOM)
     out = plot_sweep(result, tmp_path / f"sweep{suffix}")
     data = out.read_bytes()
