@@ -31,7 +31,7 @@ ESTIMATOR_MIX = [
     ("meta-llama/Llama-2-7b-hf", TrainingConfig(micro_batch_size=4, recompute=Recompute.FULL,
                                                 parallelism=Parallelism(tp=2, pp=2, dp=2, zero_stage=1))),
     ("meta-llama/Llama-2-70b-hf", TrainingConfig(parallelism=Parallelism(tp=8, pp=4, dp=4, zero_stage=3))),
-    ("meta-llama/Llama-2-70b-hf", ServingConfig(max_model_len=8192, batch_size=16, parallelism=Parallelism(tp=4))),
+    ("meta-llama/Llama-3.1-70B", ServingConfig(max_model_len=8192, batch_size=16, parallelism=Parallelism(tp=4))),
     ("meta-llama/Llama-3.1-405B", ServingConfig(max_model_len=8192, parallelism=Parallelism(tp=8, pp=2))),
     ("Qwen/Qwen2.5-0.5B", TrainingConfig(micro_batch_size=8, seq_len=8192)),
 ]
@@ -42,8 +42,9 @@ PLANS = [
     ("Llama-2-70B training, LoRA allowed", "meta-llama/Llama-2-70b-hf", TrainingConfig(micro_batch_size=4, seq_len=4096),
      {"allow_method_change": True}),
     ("Llama-3.1-405B full training, seq 8192", "meta-llama/Llama-3.1-405B", TrainingConfig(seq_len=8192), {}),
-    ("Llama-2-70B serving, 8k x 16", "meta-llama/Llama-2-70b-hf", ServingConfig(max_model_len=8192, batch_size=16),
-     {"allow_quantization": True}),
+    ("Llama-3.1-70B serving, 8k x 16, quantization allowed", "meta-llama/Llama-3.1-70B",
+     ServingConfig(max_model_len=8192, batch_size=16), {"allow_quantization": True}),
+    ("Mixtral-8x7B full training, mbs 2, seq 4096", "mistralai/Mixtral-8x7B-v0.1", TrainingConfig(micro_batch_size=2, seq_len=4096), {}),
 ]
 
 

@@ -48,11 +48,19 @@ exceeds the best fit found (so a zero price searches every count). Within a coun
 estimated in cost order and the first that fits is that count's best: nothing cheaper is skipped.
 
 To avoid estimating every setup of a layout that cannot fit, each layout is first probed with its
-*floor setups*: every setting at its most-saving value, except the settings of
-:data:`FLOOR_EXTRAS`, which range over those values too. A layout none of whose floor setups fits
-is skipped. This assumes memory does not grow along each setting's saving order, except for the
-listed values (``tests/test_plan_search.py`` checks the assumption on the catalog and compares
-the planner with a brute-force search over small spaces); ``prune=False`` turns it off.
+*floor setups*, and skipped when none of them fits. Each setting's values are ordered from most to
+least memory; its *floor values* are the most-saving value plus every value from which one more
+step towards saving may *raise* memory (:data:`FLOOR_VALUES`: all ZeRO stages, since ZeRO-3 adds a
+gather buffer and other frameworks change buffers with the stage; selective recompute, since full
+recompute rebuilds a whole layer; LoRA, since QLoRA upcasts the weights it does not quantize to
+fp32; a micro-batch with no accumulation, since accumulating keeps gradients alive through the next
+forward; every quantization format). The floor setups are the combinations of floor values; one
+the estimator rejects (offload without ZeRO, say) is replaced by the most-saving valid setups below
+it, found by stepping settings down one value at a time, never onto a floor value.
+
+This is exact when every step from a non-floor value towards saving does not raise memory
+(``tests/test_plan_search.py`` checks those steps on the catalog, and compares the planner with a
+brute-force search over small spaces); ``prune=False`` turns pruning off.
 """
 
 from __future__ import annotations
@@ -96,16 +104,19 @@ MAX_DEVICE_DOUBLINGS = 6
 DEFAULT_MAX_DEVICES = 1024
 """Devices per type the planner tries when the user gives no maximum."""
 
-FLOOR_EXTRAS: dict[str, frozenset[Any]] = {
-    "zero_stage": frozenset({2}),
+FLOOR_VALUES: dict[str, frozenset[Any] | None] = {
+    "zero_stage": None,
+    "quantization": None,
     "recompute": frozenset({"selective"}),
     "method": frozenset({"lora"}),
 }
-"""Values that can need less memory than their setting's most-saving value, so floor setups try
-them too: ZeRO-2 (ZeRO-3 adds a gather buffer of two unsharded layers, more than it saves when dp
-is small and layers are few); selective recompute (full recompute rebuilds one whole layer in
-backward: for a one-layer pipeline stage, more than selective keeps); LoRA (QLoRA upcasts the
-weights it does not quantize, embeddings included, to fp32)."""
+"""Floor values besides each setting's most-saving one (None: every value). A step towards saving
+*from* one of these may raise memory: ZeRO-3's gather buffer of two unsharded layers can exceed
+what it saves when dp is small and layers are few, and the framework a ZeRO stage selects changes
+the gradient buffers; full recompute rebuilds one whole layer in backward, more than selective keeps
+for a one-layer pipeline stage; QLoRA upcasts the weights it does not quantize (embeddings) to fp32;
+int8 keeps a scale per row where fp8 keeps one per tensor. The micro-batch knob adds its value with
+no accumulation (see :func:`_batch_knob`)."""
 
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER, Offload.PARAMS)
@@ -245,19 +256,25 @@ class _Knob:
 def _knob(name: str, values: Iterable[Any]) -> _Knob:
     vals = tuple(dict.fromkeys(values))
     pens = [penalty(name, v) for v in vals]
-    extras = FLOOR_EXTRAS.get(name, frozenset())
-    floor = sorted({len(vals) - 1} | {i for i, v in enumerate(vals) if getattr(v, "value", v) in extras})
+    extras = FLOOR_VALUES.get(name, frozenset())
+    floor = sorted({len(vals) - 1} | {i for i, v in enumerate(vals) if extras is None or getattr(v, "value", v) in extras})
     return _Knob(name, vals, tuple(p.communication for p in pens), tuple(p.disruption for p in pens),
                  tuple(int(p is not NO_PENALTY) for p in pens), tuple(p.lossless for p in pens),
                  tuple(p.why for p in pens), tuple(floor))
 
 
 def _batch_knob(asked: int, options: list[tuple[int, int]]) -> _Knob:
-    """Micro-batch / accumulation pairs, largest micro-batch first; penalty per halving."""
+    """Micro-batch / accumulation pairs, largest micro-batch first; penalty per halving.
+
+    Floor values: the smallest micro-batch, and the pair without accumulation (one micro-batch per
+    step lets plain PyTorch free the gradients before the forward; accumulating keeps them alive
+    through the next micro-batch's forward, so the first halving can raise memory).
+    """
     parts = [doubling_penalty("micro_batch", asked // b) for b, _ in options]
     why = tuple("" if b == asked else f"micro_batch_size {b} x grad_accum_steps {g}" for b, g in options)
+    floor = sorted({len(options) - 1} | {i for i, (_, g) in enumerate(options) if g == 1})
     return _Knob("batch", tuple(options), tuple(c for c, _ in parts), tuple(d for _, d in parts),
-                 tuple(int(b != asked) for b, _ in options), (True,) * len(options), why, (len(options) - 1,))
+                 tuple(int(b != asked) for b, _ in options), (True,) * len(options), why, tuple(floor))
 
 
 @dataclass(slots=True)
@@ -269,8 +286,7 @@ class _Layout:
     communication: float
     changes: int
     why: tuple[str, ...]
-    offload: tuple[int, int] | None = None
-    """Positions of the zero_stage and offload knobs, whose values must agree (training only)."""
+    valid: dict[tuple[int, ...], bool] = field(default_factory=dict)
     results: dict[tuple[int, ...], tuple[Workload, Estimate, int] | None] = field(default_factory=dict)
     parallelisms: dict[tuple[Any, ...], Parallelism] = field(default_factory=dict)
 
@@ -337,9 +353,7 @@ class _Search:
                 comm += doubling_penalty(name, degree)[0]
                 if degree > 1:
                     why.append(f"{name} {degree}")
-            names = [k.name for k in knobs]
-            offload = (names.index("zero_stage"), names.index("offload")) if "offload" in names else None
-            out.append(_Layout(par, knobs, comm, len(why), tuple(why), offload))
+            out.append(_Layout(par, knobs, comm, len(why), tuple(why)))
         return out
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
@@ -392,25 +406,39 @@ class _Search:
         kv = [w.kv_cache_dtype] + (["fp8"] if allowed and w.kv_cache_dtype in ("auto", "fp16", "bf16") else [])
         return _knob("quantization", quant), _knob("kv_cache_dtype", kv)
 
-    @staticmethod
-    def _valid(layout: _Layout, cfg: tuple[int, ...]) -> bool:
-        """Offload needs ZeRO (params offload needs ZeRO-3); checked before estimating."""
-        if layout.offload is None:
-            return True
-        zero_at, offload_at = layout.offload
-        zero = layout.knobs[zero_at].values[cfg[zero_at]]
-        offload = layout.knobs[offload_at].values[cfg[offload_at]]
-        return offload is Offload.NONE or (zero >= 1 and (offload is not Offload.PARAMS or zero == 3))
+    def valid(self, layout: _Layout, cfg: tuple[int, ...]) -> bool:
+        """True when :func:`memest.workload.validate` accepts the setup (memoised per layout)."""
+        ok = layout.valid.get(cfg)
+        if ok is None:
+            try:
+                validate(self.spec, self.workload(layout, cfg))
+                ok = True
+            except InputError:
+                ok = False
+            layout.valid[cfg] = ok
+        return ok
 
     def floor_setups(self, layout: _Layout) -> set[tuple[int, ...]]:
-        """The layout's floor setups (see the module docstring), made valid by lowering offload."""
-        out = set()
-        for combo in itertools.product(*(k.floor for k in layout.knobs)):
-            cfg = list(combo)
-            while layout.offload is not None and not self._valid(layout, tuple(cfg)) and cfg[layout.offload[1]] > 0:
-                cfg[layout.offload[1]] -= 1
-            if self._valid(layout, tuple(cfg)):
-                out.add(tuple(cfg))
+        """The layout's floor setups (see the module docstring). A rejected combination of floor
+        values gives way to the valid setups found by stepping settings down one value at a time
+        (never onto a floor value), keeping those no other found setup dominates."""
+        floors = [set(k.floor) for k in layout.knobs]
+        out: set[tuple[int, ...]] = set()
+        for combo in itertools.product(*floors):
+            queue, seen, found = [combo], {combo}, []
+            while queue:
+                cfg = queue.pop(0)
+                if self.valid(layout, cfg):
+                    found.append(cfg)
+                    continue
+                for j, i in enumerate(cfg):
+                    if i > 0 and i - 1 not in floors[j]:
+                        lower = cfg[:j] + (i - 1,) + cfg[j + 1:]
+                        if lower not in seen:
+                            seen.add(lower)
+                            queue.append(lower)
+            out.update(c for c in found
+                       if not any(d != c and all(x >= y for x, y in zip(d, c)) for d in found))
         return out
 
     # -- evaluation --
@@ -445,13 +473,16 @@ class _Search:
         bytes), or None when the estimator rejects the setup."""
         if cfg in layout.results:
             return layout.results[cfg]
+        if layout.valid.get(cfg) is False:
+            return None
         w = self.workload(layout, cfg)
-        self.evaluated += 1
         try:
             est = estimate(self.spec, w, device)
         except InputError:
             result = None
+            layout.valid[cfg] = False
         else:
+            self.evaluated += 1
             result = (w, est, est.per_device.device_used_bytes)
         layout.results[cfg] = result
         return result
@@ -475,8 +506,7 @@ class _Search:
                 if self.prune and not any(self.fits(device, layout, c) for c in self.floor_setups(layout)):
                     continue
                 for cfg in itertools.product(*(range(len(k.values)) for k in layout.knobs)):
-                    if self._valid(layout, cfg):
-                        ranked.append((self.cost(usd, layout, cfg), len(ranked), layout, cfg))
+                    ranked.append((self.cost(usd, layout, cfg), len(ranked), layout, cfg))
             ranked.sort(key=lambda r: (r[0], r[1]))
             for cost, _, layout, cfg in ranked:
                 if best is not None and cost >= best[0]:
