@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -234,35 +233,16 @@ class JobOptions:
         )
 
 
-RANGE_HELP = "A sweep: A..B (powers of two), A..B:+STEP, A..B:xFACTOR or a list A,B,C; k = 1024 (1k..128k)."
-
-
-def _ranged(name: str) -> tuple[Any, Any]:
-    """The option ``name`` as a string that may hold a range (``memest sweep``); None = its default."""
-    annotation, _ = WORKLOAD_OPTIONS[name]
-    info = typing.get_args(annotation)[1]
-    flag = "--" + name.replace("_", "-")
-    return Annotated[str | None, _opt(flag, help=f"{info.help} {RANGE_HELP}", panel=info.rich_help_panel)], None
-
-
-def workload_options(func: Callable[..., Any] | None = None, *, ranged: tuple[str, ...] = ()) -> Any:
+def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command every workload flag; it receives them as ``job: JobOptions``.
 
     The command's own parameters come first in ``--help``; it must declare ``job: JobOptions``.
-    Use as ``@workload_options``, or ``@workload_options(ranged=("seq_len",))`` to take the named
-    flags as strings that may hold a range (``job.values`` then holds the string, or None when the
-    flag was not given).
     """
-    if func is None:
-        return functools.partial(workload_options, ranged=ranged)
-    for name in ranged:
-        if name not in WORKLOAD_OPTIONS:
-            raise ValueError(f"ranged flag {name!r} is not a workload option")
     sig = inspect.signature(func, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "job"]
     shared = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=default)
-        for name, (ann, default) in ((n, _ranged(n) if n in ranged else spec) for n, spec in WORKLOAD_OPTIONS.items())
+        for name, (ann, default) in WORKLOAD_OPTIONS.items()
     ]
 
     @functools.wraps(func)
@@ -275,3 +255,36 @@ def workload_options(func: Callable[..., Any] | None = None, *, ranged: tuple[st
     wrapper.__signature__ = sig.replace(parameters=[*params, *shared])  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in (*params, *shared)}
     return wrapper
+
+
+RANGE_HELP = "A sweep: A..B (powers of two), A..B:+STEP, A..B:xFACTOR or a list A,B,C; k = 1024 (1k..128k)."
+
+
+def ranged_workload_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """As :func:`workload_options`, with the flags ``names`` taken as strings that may hold a range
+    (``memest sweep --seq-len 1k..128k``). ``job.values`` holds each such string, or None when the
+    flag was not given; the command parses them.
+
+    Raises:
+        ValueError: a name is not a workload option (a programming error).
+    """
+    from typing import get_args
+
+    for name in names:
+        if name not in WORKLOAD_OPTIONS:
+            raise ValueError(f"ranged flag {name!r} is not a workload option")
+
+    def ranged(param: inspect.Parameter) -> inspect.Parameter:
+        info = get_args(WORKLOAD_OPTIONS[param.name][0])[1]
+        option = _opt("--" + param.name.replace("_", "-"), help=f"{info.help} {RANGE_HELP}", panel=info.rich_help_panel)
+        return param.replace(annotation=Annotated[str | None, option], default=None)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        wrapper = workload_options(func)
+        sig = inspect.signature(wrapper)
+        params = [ranged(p) if p.name in names else p for p in sig.parameters.values()]
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate

@@ -10,7 +10,7 @@ import typer
 
 from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app
 from memest.errors import InputError
-from memest.options import WORKLOAD_OPTIONS, JobOptions, workload_options
+from memest.options import WORKLOAD_OPTIONS, JobOptions, ranged_workload_options
 from memest.sweep import SWEEPABLE, parse_values
 
 PlotOpt = Annotated[Path | None, typer.Option(
@@ -50,7 +50,7 @@ def split_sweep(job: JobOptions) -> tuple[str, tuple[int, ...], JobOptions]:
 
 
 @app.command("sweep")
-@workload_options(ranged=SWEEPABLE)
+@ranged_workload_options(*SWEEPABLE)
 def sweep_command(
     model: ModelArg,
     *,
