@@ -43,6 +43,9 @@ Search space
 Search order and pruning
 ------------------------
 
+A setup fits when the device fits (:mod:`memest.fit`) and, with offload, the host RAM it needs
+per server (``Estimate.host_bytes``) is within ``Space.host_memory_bytes``.
+
 Per device type, counts are visited in increasing order and the visit stops once a count's money
 exceeds the best fit found (so a zero price searches every count). Within a count, setups are
 estimated in cost order and the first that fits is that count's best: nothing cheaper is skipped.
@@ -104,6 +107,10 @@ MAX_DEVICE_DOUBLINGS = 6
 DEFAULT_MAX_DEVICES = 1024
 """Devices per type the planner tries when the user gives no maximum."""
 
+DEFAULT_HOST_MEMORY_BYTES = 1024 << 30
+"""Host RAM per server that offloaded states may use, unless the user says otherwise: 1 TiB, about
+what 8-GPU cloud servers carry (1.1 TiB on AWS p4d, 2 TiB on p5)."""
+
 FLOOR_VALUES: dict[str, frozenset[Any] | None] = {
     "zero_stage": None,
     "quantization": None,
@@ -156,6 +163,8 @@ class Space:
             optimizer, no method change, no quantization).
         global_batch_size: Training: sequences per optimizer step to hold (micro_batch_size x
             grad_accum_steps x dp); None holds the per-replica batch instead.
+        host_memory_bytes: Host RAM per server for offloaded states (``Estimate.host_bytes``); a
+            setup that needs more does not fit. None: not checked.
     """
 
     devices: tuple[DeviceChoice, ...]
@@ -164,6 +173,7 @@ class Space:
     allow_quantization: bool = False
     lossless_only: bool = False
     global_batch_size: int | None = None
+    host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,9 +497,15 @@ class _Search:
         layout.results[cfg] = result
         return result
 
-    def fits(self, device: Device, layout: _Layout, cfg: tuple[int, ...]) -> bool:
+    def fits(self, device: Device, layout: _Layout, cfg: tuple[int, ...], *, host: bool = True) -> bool:
+        """True when the setup fits the device and, with ``host``, its offloaded states fit the
+        host RAM. Pruning checks the device alone: offloading more raises host RAM, so only the
+        device figure falls along the saving order."""
         result = self.evaluate(device, layout, cfg)
-        return result is not None and result[2] <= usable_bytes(device, self.headroom)
+        if result is None or result[2] > usable_bytes(device, self.headroom):
+            return False
+        limit = self.space.host_memory_bytes
+        return not host or limit is None or result[1].host_bytes <= limit
 
     def best_for(self, choice: DeviceChoice) -> Fit | None:
         """The cheapest fitting setup on one device type (None when nothing fits)."""
@@ -503,7 +519,7 @@ class _Search:
             ranked = []
             for layout in self.layouts(device, n):
                 self.setups += layout.size
-                if self.prune and not any(self.fits(device, layout, c) for c in self.floor_setups(layout)):
+                if self.prune and not any(self.fits(device, layout, c, host=False) for c in self.floor_setups(layout)):
                     continue
                 for cfg in itertools.product(*(range(len(k.values)) for k in layout.knobs)):
                     ranked.append((self.cost(usd, layout, cfg), len(ranked), layout, cfg))
@@ -553,6 +569,8 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
                              f"(got {choice.min_count}..{choice.max_count})")
     if space.global_batch_size is not None and space.global_batch_size < 1:
         raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
+    if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
+        raise InputError(f"--host-memory is {space.host_memory_bytes} bytes; it must not be negative")
     plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
     validate(spec, workload.replace(parallelism=plain))
     search = _Search(spec, workload, space, headroom, prune)

@@ -487,6 +487,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "allow_method_change": p.space.allow_method_change,
         "allow_quantization": p.space.allow_quantization,
         "global_batch_size": p.space.global_batch_size,
+        "host_memory_bytes": p.space.host_memory_bytes,
         "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
         "evaluated": p.evaluated,
         "setups": p.setups,

@@ -18,7 +18,7 @@ from memest.devices import Device, get_device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.fit import usable_bytes, verdict
-from memest.plan import DeviceChoice, Space, device_counts, plan
+from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
 from memest.sources import load_model
 from memest.workload import (
     Method,
@@ -101,12 +101,14 @@ def _brute_serving(spec, asked: ServingConfig, device: Device, max_count: int, *
                 yield Cost(n * price, comm, dis, changes), w, n
 
 
-def _cheapest_fit(setups, spec, device):
+def _cheapest_fit(setups, spec, device, host_limit=DEFAULT_HOST_MEMORY_BYTES):
+    """The least cost among setups that fit the device and, with offload, the host RAM limit."""
     best = None
     for cost, w, n in setups:
         if best is not None and cost >= best:
             continue
-        if verdict(estimate(spec, w, device), device, n, HEADROOM).fits:
+        est = estimate(spec, w, device)
+        if verdict(est, device, n, HEADROOM).fits and est.host_bytes <= host_limit:
             best = cost
     return best
 
@@ -384,13 +386,34 @@ def test_serving_memory_does_not_grow_along_the_saving_order(model):
 
 
 def test_pruning_saves_estimates():
-    spec = load_model("meta-llama/Llama-2-70b-hf")
-    space = Space(devices=(DeviceChoice(get_device("L4"), 64), DeviceChoice(get_device("H100"), 64)))
+    spec = load_model("meta-llama/Llama-3.1-405B")
+    space = Space(devices=(DeviceChoice(get_device("A100-80GB"), 64), DeviceChoice(get_device("H100"), 64)),
+                  host_memory_bytes=None)
     pruned = plan(spec, TrainingConfig(micro_batch_size=4), space, max_queries=False)
     unpruned = plan(spec, TrainingConfig(micro_batch_size=4), space, max_queries=False, prune=False)
     assert [f.setup.cost for f in pruned.fits] == [f.setup.cost for f in unpruned.fits]
-    assert pruned.evaluated * 2 < unpruned.evaluated
+    assert pruned.fits and pruned.evaluated * 2 < unpruned.evaluated
     assert math.isclose(pruned.setups, unpruned.setups)
+
+
+@pytest.mark.parametrize("host_gib", [0, 64, 4096])
+def test_offloaded_states_must_fit_the_host_memory(host_gib):
+    # Llama-2-70B full training on L4s: with more host RAM the planner may offload; every fit it
+    # returns needs at most the host RAM allowed, and the brute force agrees on the cost.
+    spec = load_model("meta-llama/Llama-2-70b-hf")
+    asked = TrainingConfig(micro_batch_size=2)
+    device = get_device("L4")
+    limit = host_gib << 30
+    result = plan(spec, asked, Space(devices=(DeviceChoice(device, 16),), host_memory_bytes=limit), max_queries=False)
+    brute = _cheapest_fit(_brute_training(spec, asked, device, 16, allow_method_change=False, global_batch=None,
+                                          price=device.hourly_usd), spec, device, limit)
+    if brute is None:
+        assert result.best is None
+    else:
+        assert result.best is not None and _costs_close(result.best.setup.cost, brute)
+        assert result.best.estimate.host_bytes <= limit
+    if host_gib == 0 and result.best is not None:
+        assert result.best.setup.workload.offload is Offload.NONE
 
 
 def _witness(pairs) -> bool:

@@ -14,7 +14,7 @@ from memest.costs import PriceTable, parse_cost_flags, read_cost_file
 from memest.devices import DEVICES, get_device
 from memest.errors import InputError
 from memest.options import JobOptions, workload_options
-from memest.plan import DEFAULT_MAX_DEVICES, DeviceChoice, Space
+from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, DeviceChoice, Space
 
 SEARCH = "Search"
 
@@ -39,6 +39,9 @@ CostsOpt = Annotated[Path | None, typer.Option(
     "--costs", rich_help_panel=SEARCH, show_default=False,
     help='JSON file of device name -> USD per device-hour, e.g. {"H100": 2.49, "A100-80GB": 1.29}.')]
 TopOpt = Annotated[int, typer.Option("--top", rich_help_panel=SEARCH, help="Rows to print (JSON has every fit).")]
+HostMemoryOpt = Annotated[float, typer.Option(
+    "--host-memory", rich_help_panel=SEARCH,
+    help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
 
 _AVAILABLE_ITEM = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
 _SEARCHED_FLAGS = {"gpus": 1, "tp": None, "pp": 1, "ep": 1}
@@ -97,6 +100,7 @@ def plan_command(
     cost: CostOpt = None,
     costs: CostsOpt = None,
     top: TopOpt = 10,
+    host_memory: HostMemoryOpt = DEFAULT_HOST_MEMORY_BYTES / 2**30,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
     job: JobOptions,
@@ -113,7 +117,7 @@ def plan_command(
 
     space = Space(devices=device_choices(gpus_available, job.values["gpu"], max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,
-                  global_batch_size=global_batch_size)
+                  global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
     ignored = [f"--{n}" for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "
