@@ -297,6 +297,7 @@ class _Layout:
     changes: int
     why: tuple[str, ...]
     valid: dict[tuple[int, ...], bool] = field(default_factory=dict)
+    workloads: dict[tuple[int, ...], Workload] = field(default_factory=dict)
     results: dict[tuple[int, ...], tuple[Workload, Estimate, int] | None] = field(default_factory=dict)
     parallelisms: dict[tuple[Any, ...], Parallelism] = field(default_factory=dict)
 
@@ -336,6 +337,7 @@ class _Search:
     def __init__(self, spec: ModelSpec, workload: Workload, space: Space, headroom: float, prune: bool) -> None:
         self.spec = spec
         self.base = workload
+        self.base_fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(workload)}
         self.space = space
         self.headroom = headroom
         self.prune = prune
@@ -462,7 +464,12 @@ class _Search:
         return Cost(usd, comm, dis, changes)
 
     def workload(self, layout: _Layout, cfg: tuple[int, ...]) -> Workload:
-        fields: dict[str, Any] = {}
+        """The workload of a setup (memoised per layout; built with the constructor, which is
+        several times faster than ``dataclasses.replace``)."""
+        w = layout.workloads.get(cfg)
+        if w is not None:
+            return w
+        fields: dict[str, Any] = dict(self.base_fields)
         par: dict[str, Any] = {}
         for knob, i in zip(layout.knobs, cfg):
             value = knob.values[i]
@@ -476,7 +483,9 @@ class _Search:
         parallelism = layout.parallelisms.get(key)
         if parallelism is None:
             parallelism = layout.parallelisms[key] = dataclasses.replace(layout.par, **par)
-        return self.base.replace(parallelism=parallelism, **fields)
+        fields["parallelism"] = parallelism
+        w = layout.workloads[cfg] = type(self.base)(**fields)
+        return w
 
     def evaluate(self, device: Device, layout: _Layout, cfg: tuple[int, ...]) -> tuple[Workload, Estimate, int] | None:
         """Estimate one setup (memoised per layout): (workload, estimate, per-device device-used
