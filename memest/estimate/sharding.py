@@ -57,18 +57,36 @@ def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+_SHARDS: dict[tuple[int, int, int, int], tuple[TensorSpec, int]] = {}
+"""(id(tensor), tp, ep, k) -> (tensor, elements): shard sizes already computed. The entry keeps its
+tensor alive, so the id cannot be reused while the entry exists (and a hit checks the identity)."""
+
+_SHARDS_LIMIT = 1 << 16
+
+
 def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
-    """Elements of ``tensor`` one rank holds.
+    """Elements of ``tensor`` one rank holds (remembered per tensor, tp, ep and k).
 
     Args:
         tensor: The full tensor.
         par: The parallel degrees (tp and ep are used).
         num_kv_heads: k, to split KV projections by min(tp, k).
     """
+    key = (id(tensor), par.tp, par.ep, num_kv_heads)
+    hit = _SHARDS.get(key)
+    if hit is not None and hit[0] is tensor:
+        return hit[1]
+    numel = _shard_numel(tensor, par.tp, par.ep, num_kv_heads)
+    if len(_SHARDS) >= _SHARDS_LIMIT:
+        _SHARDS.clear()
+    _SHARDS[key] = (tensor, numel)
+    return numel
+
+
+def _shard_numel(tensor: TensorSpec, tp: int, ep: int, num_kv_heads: int) -> int:
     numel = tensor.numel
-    if tensor.component is Component.EXPERTS and par.ep > 1:
-        numel //= par.ep
-    tp = par.tp
+    if tensor.component is Component.EXPERTS and ep > 1:
+        numel //= ep
     if tp == 1 or tensor.split is Split.NONE:
         return numel
     if tensor.split is Split.KV:
