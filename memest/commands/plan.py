@@ -122,6 +122,8 @@ def plan_command(
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "
                    "(limit devices with --gpus-available or --max-gpus).", err=True)
+    v = job.values  # the count is searched: give the job the fewest devices its cp x tp x pp allow
+    job = JobOptions({**v, "gpus": (v["tp"] or 1) * v["pp"] * v["cp"]})
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     result = plan(spec, job.workload(spec), space, headroom=job.headroom)
     if json_:
