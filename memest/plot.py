@@ -17,6 +17,10 @@ from memest.sweep import Sweep
 
 FORMATS = (".png", ".svg")
 
+CLIP = 2.5
+"""The y axis stops at this multiple of the device's capacity; taller stacks are clipped (and
+labelled) so that the region where the job stops fitting stays readable."""
+
 KIND_COLORS: dict[Kind, str] = {
     Kind.WEIGHTS: "#4c72b0",
     Kind.GRADIENTS: "#dd8452",
@@ -83,7 +87,12 @@ def plot_sweep(result: Sweep, path: str | Path) -> Path:
     ax.minorticks_off()
     ax.set_xlim(xs[0], xs[-1])
     top = max(capacity, max(sum(col) for col in zip(*stacks)))
-    ax.set_ylim(0, top * 1.08)
+    if top > CLIP * capacity:  # keep the crossing readable: clip far-off points and say so
+        ax.set_ylim(0, CLIP * capacity)
+        ax.annotate(f"clipped: {top:,.0f} GiB at {size_label(xs[-1])}", xy=(1, 1), xycoords="axes fraction",
+                    xytext=(-6, -14), textcoords="offset points", ha="right", fontsize=8, color="#555555")
+    else:
+        ax.set_ylim(0, top * 1.08)
     ax.set_xlabel(result.flag.lstrip("-").replace("-", "_"))
     ax.set_ylabel("memory per device (GiB = 2^30 bytes)")
     workload = describe_workload(points[0].workload).replace(f"{result.setting} {points[0].value}", "")

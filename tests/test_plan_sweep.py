@@ -93,6 +93,9 @@ def test_plot_writes_an_image(tmp_path, suffix):
         text = data.decode()
         for label in ("kv cache", "weights", "H100-80GB capacity", "usable (10% headroom kept", "largest that fits"):
             assert label in text
+        # 512 sequences of 4k tokens need far more than 2.5 x 79.19 GiB: the axis is clipped, and says so
+        top = result.points[-1].estimate.per_device.device_used_bytes
+        assert top > 2.5 * result.device.memory_bytes and "clipped: " in text
 
 
 def test_plot_refuses_other_formats(tmp_path):
