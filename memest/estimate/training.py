@@ -428,6 +428,8 @@ class _Activations:
     transient: Term         # one layer's backward gradients
     first_layer: Term       # what one layer (layer 0 of the stage) keeps, for the last_layer_backward moment
     other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
+    autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
+    autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
@@ -510,7 +512,23 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
             logits_term = _logits(spec, t, fw, x, tokens_out)
     head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
-    return _Activations(stored_term, head_term, logits_term, rebuilt_term, transient_term, first_term, others)
+    cast_all = cast_layer = None
+    if x.autocast:
+        def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
+            return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
+
+        head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
+        one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+        else:
+            layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
+            total, what = cast_bytes(layers + head), "every linear weight's"
+        cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
+                        f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
+        cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
+    return _Activations(stored_term, head_term, logits_term, rebuilt_term, transient_term, first_term, others,
+                        cast_all, cast_layer)
 
 
 def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
@@ -548,16 +566,17 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     fwd_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
     head_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, st.head_grads,
                                                          "the head's gradients, the first computed")
-    opt = [x for x in (acts.head,) if x]
+    casts = [acts.autocast_weights] if acts.autocast_weights else []
+    head = [acts.head] if acts.head else []
 
-    loss_backward = [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *opt,
+    loss_backward = [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
                      *([acts.logits] if acts.logits else [])]
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     first_layer_backward = [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
-                            acts.transient, *matmul, *opt]
+                            acts.transient, *matmul, *casts]
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
     last_layer_backward = [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
-                           *([acts.other_microbatches] if acts.other_microbatches else [])]
+                           *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)]
     optimizer_step = [*base, all_grads, *st.step]
     moments = {"loss_backward": loss_backward, "first_layer_backward": first_layer_backward,
                "last_layer_backward": last_layer_backward, "optimizer_step": optimizer_step}
