@@ -282,8 +282,10 @@ def selective_op_bytes(layer: LayerSpec, *, hidden: int, x: Execution) -> LayerA
 def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution) -> LayerActivations:
     """Bytes per token of the gradients one layer's backward holds beyond its saved tensors.
 
-    The MLP's: the product's gradient and the two gradients of its inputs, while two of the saved
-    intermediates are still alive (2·i·c net, gated); a plain MLP: one i-sized gradient. Eager
+    The MLP's: the product's gradient and the two gradients of its inputs while the activation's
+    input and output and the up output are still alive: 2·i·c net of a gated MLP whose down
+    projection kept the product (freed by then), 3·i·c when it kept none (a frozen down projection
+    under LoRA); a plain MLP: one i-sized gradient. Eager
     attention's: the gradients of the probabilities and the fp32 scores, less what is freed by then
     ((4 + c)/2·a·s net; measured 4·a·s in fp32 and 2.7·a·s in bf16). The larger of the two sets the layer's backward peak (measured on the CPU within 3%,
     ``tests/test_training_cpu_measured.py``).
@@ -291,7 +293,9 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution) -> Layer
     c = x.compute_bytes
     mlp = layer.mlp
     width = mlp.intermediate_size * (mlp.num_experts_per_tok or 1)
-    mlp_part = (2 if mlp.gated else 1) * width * c
+    _, down = _linears(layer, Component.EXPERTS if mlp.is_moe and not _linears(layer, Component.MLP)[0] else Component.MLP)
+    product_kept = x.lora is None or any(x.lora.adapts(t) for t in down)
+    mlp_part = ((2 if product_kept else 3) if mlp.gated else 1) * width * c
     attn = layer.attention
     attn_part = (4 + c) / 2 * attn.num_heads * seq_len if x.eager and attn.kind == "gqa" else 0.0
     return LayerActivations(inside=max(mlp_part, attn_part), outside=0.0)
