@@ -1,0 +1,115 @@
+"""Hand-computed tiny cases for parameter sharding, model states, KV cache, and term arithmetic.
+
+The tiny llama: h=64, a=4 heads, k=2 KV heads, d=16, i=128, L=2, V=1000, untied lm_head.
+Per layer: q 64x64=4096, k 64x32=2048, v 2048, o 4096 (attention 12,288); gate/up/down 3 x 64x128
+= 24,576; two RMSNorms 128 -> 36,992. Total: embed 64,000 + 2 x 36,992 + final norm 64 + lm_head
+64,000 = 202,048.
+"""
+
+import pytest
+
+from memest.devices import get_device
+from memest.estimate import estimate
+from memest.estimate.sharding import stage_shard_numel, stages
+from memest.result import Kind
+from memest.sources import spec_from_config
+from memest.sources.config import HFConfig
+from memest.workload import Parallelism, ServingConfig, TrainingConfig
+
+TINY = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
+    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}
+TINY_PARAMS = 202_048
+H100 = get_device("H100-80GB")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return spec_from_config(HFConfig(TINY, name="tiny", source="test"))
+
+
+def test_tiny_param_count(tiny):
+    assert tiny.num_params == TINY_PARAMS
+
+
+@pytest.mark.parametrize(("tp", "expected"), [
+    (1, TINY_PARAMS),
+    # tp=2: embed 500 rows x 64 = 32,000; per layer 12,288/2 + 24,576/2 + 128 = 18,560 (x2); norm 64; lm_head 32,000
+    (2, 32_000 + 2 * 18_560 + 64 + 32_000),
+    # tp=4 > k=2: q,o /4 = 1024 each; k,v /min(4,2) = 1024 each (replicated beyond 2); MLP 24,576/4 = 6144
+    (4, 16_000 + 2 * (4 * 1024 + 6144 + 128) + 64 + 16_000),
+])
+def test_tensor_parallel_shards(tiny, tp, expected):
+    (stage,) = stages(tiny.num_layers, 1)
+    assert stage_shard_numel(tiny, stage, Parallelism(tp=tp)) == expected
+
+
+def test_pipeline_stages_split_layers_embedding_first_head_last(tiny):
+    first, last = stages(tiny.num_layers, 2)
+    par = Parallelism(pp=2)
+    assert stage_shard_numel(tiny, first, par) == 64_000 + 36_992
+    assert stage_shard_numel(tiny, last, par) == 36_992 + 64 + 64_000
+
+
+def _states(est):
+    per = est.per_device
+    return {k: v for k, v in per.by_kind().items() if k in (Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER_STATES)}
+
+
+@pytest.mark.parametrize(("zero", "weights", "grads", "optimizer"), [
+    # mixed precision AdamW, N = 4 ranks: weights 2P, grads 2P, master 4P + moments 8P
+    (0, 2 * TINY_PARAMS, 2 * TINY_PARAMS, 12 * TINY_PARAMS),
+    (1, 2 * TINY_PARAMS, 2 * TINY_PARAMS, 12 * TINY_PARAMS // 4),
+    (2, 2 * TINY_PARAMS, 2 * TINY_PARAMS // 4, 12 * TINY_PARAMS // 4),
+    (3, 2 * TINY_PARAMS // 4, 2 * TINY_PARAMS // 4, 12 * TINY_PARAMS // 4),
+])
+def test_zero_stages_shard_model_states(tiny, zero, weights, grads, optimizer):
+    est = estimate(tiny, TrainingConfig(seq_len=16, parallelism=Parallelism(dp=4, zero_stage=zero)), H100)
+    states = _states(est)
+    assert states[Kind.WEIGHTS] == weights
+    assert states[Kind.GRADIENTS] == grads
+    assert states[Kind.OPTIMIZER_STATES] == optimizer
+
+
+@pytest.mark.parametrize(("tp", "kv_per_token"), [
+    (1, 2 * 2 * 2 * 16 * 2),  # 2 (K,V) x L=2 x k=2 x d=16 x 2 B = 256
+    (2, 2 * 2 * 1 * 16 * 2),  # one KV head per rank: 128
+    (4, 2 * 2 * 1 * 16 * 2),  # tp > k: a head is replicated, still one per rank: 128
+])
+def test_kv_cache_bytes_per_token(tiny, tp, kv_per_token):
+    est = estimate(tiny, ServingConfig(max_model_len=256, parallelism=Parallelism(tp=tp)), H100)
+    assert est.serving.kv_cache_bytes_per_token == kv_per_token
+    # 3 sequences of 256 tokens (16 blocks of 16 each)
+    est3 = estimate(tiny, ServingConfig(max_model_len=256, batch_size=3, parallelism=Parallelism(tp=tp)), H100)
+    assert est3.per_device.term("kv_cache").bytes == 3 * 256 * kv_per_token
+
+
+def test_kv_cache_rounds_up_to_whole_blocks(tiny):
+    est = estimate(tiny, ServingConfig(max_model_len=17), H100)
+    assert est.per_device.term("kv_cache").bytes == 32 * 256  # 17 tokens occupy two 16-token blocks
+
+
+@pytest.mark.parametrize("workload", [
+    TrainingConfig(seq_len=64),
+    TrainingConfig(seq_len=64, parallelism=Parallelism(pp=2, dp=2, zero_stage=3)),
+    ServingConfig(max_model_len=128, batch_size=4),
+], ids=["train", "train-pp-zero3", "serve"])
+def test_three_figures_are_nested_sums(tiny, workload):
+    for rank in estimate(tiny, workload, H100).ranks:
+        alloc = sum(t.bytes for t in rank.terms if t.kind not in (Kind.ALLOCATOR, Kind.RUNTIME))
+        assert rank.allocated_bytes == alloc
+        assert rank.reserved_bytes == alloc + sum(t.bytes for t in rank.terms if t.kind is Kind.ALLOCATOR)
+        assert rank.device_used_bytes == sum(t.bytes for t in rank.terms)
+        assert rank.low_bytes <= rank.device_used_bytes <= rank.high_bytes
+
+
+def test_weights_served_as_the_checkpoint_dtype_and_quantized(tiny):
+    bf16 = estimate(tiny, ServingConfig(max_model_len=64), H100).per_device.term("weights").bytes
+    assert bf16 == 2 * TINY_PARAMS
+    # int8 (bitsandbytes): linear weights 1 B + an fp32 scale per output row; the rest stays 2 B.
+    # linear weights per layer: 36,864 elements, output rows 64+32+32+64+128+128+64 = 512
+    linear, rows = 2 * 36_864, 2 * 512
+    int8 = estimate(tiny, ServingConfig(max_model_len=64, quantization="int8"), H100).per_device.term("weights").bytes
+    assert int8 == linear * 1 + rows * 4 + (TINY_PARAMS - linear) * 2

@@ -1,0 +1,65 @@
+"""The worked examples of the main job, with every expected number derived by hand.
+
+Parameter counts are the published totals of the checkpoints (safetensors index ``total_size`` / 2
+for the bf16/fp16 files): Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192.
+"""
+
+import pytest
+
+from memest.devices import get_device
+from memest.estimate import estimate
+from memest.plan import assess, verdict
+from memest.result import Kind
+from memest.sources import load_model
+from memest.workload import Parallelism, ServingConfig, TrainingConfig
+
+LLAMA2_7B_PARAMS = 6_738_415_616
+LLAMA2_70B_PARAMS = 68_976_648_192
+
+
+def model_state_bytes(est) -> int:
+    per = est.per_device
+    return sum(t.bytes for t in per.terms if t.kind in (Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER_STATES))
+
+
+def test_llama2_7b_full_finetune_on_one_a100_80gb_does_not_fit():
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    assert spec.num_params == LLAMA2_7B_PARAMS
+    device = get_device("A100-80GB")
+    result = assess(spec, TrainingConfig(), device)
+    # mixed precision + AdamW: 2 (bf16 weights) + 2 (bf16 grads) + 4 (fp32 master) + 4 + 4 (Adam m, v)
+    # = 16 B/param -> 16 x 6,738,415,616 = 107,814,649,856 B ~ 107.8 GB of model states alone,
+    # more than the whole A100's 79.14 GiB = 84,976,... B.
+    assert model_state_bytes(result.estimate) == 16 * LLAMA2_7B_PARAMS == 107_814_649_856
+    assert not result.verdict.fits
+    rec = result.recommendation
+    assert rec is not None and rec.cheapest is not None
+    # the recommendation fits by its own, independent re-estimate
+    again = estimate(spec, rec.cheapest.workload, device)
+    assert verdict(again, device, rec.cheapest.devices, 0.10).fits
+
+
+def test_llama2_70b_zero3_on_8_h100_does_not_fit():
+    spec = load_model("meta-llama/Llama-2-70b-hf")
+    assert spec.num_params == LLAMA2_70B_PARAMS
+    device = get_device("H100-80GB")
+    workload = TrainingConfig(parallelism=Parallelism(dp=8, zero_stage=3))
+    result = assess(spec, workload, device)
+    # ZeRO-3 shards all 16 B/param over 8 ranks: 16 x 68,976,648,192 / 8 = 137,953,296,384 B ~ 138 GB per device
+    assert model_state_bytes(result.estimate) == pytest.approx(16 * LLAMA2_70B_PARAMS / 8, abs=8)
+    assert not result.verdict.fits
+    rec = result.recommendation
+    assert rec is not None and rec.cheapest is not None
+    again = estimate(spec, rec.cheapest.workload, device)
+    assert verdict(again, device, rec.cheapest.devices, 0.10).fits
+
+
+def test_llama2_70b_served_in_bf16():
+    spec = load_model("meta-llama/Llama-2-70b-hf")
+    est = estimate(spec, ServingConfig(dtype="bf16", max_model_len=4096), get_device("H100-80GB"))
+    # weights: 68,976,648,192 params x 2 B = 137,953,296,384 B
+    assert est.per_device.term("weights").bytes == 137_953_296_384
+    # KV cache per token: 2 (K and V) x 80 layers x 8 KV heads x 128 head_dim x 2 B = 327,680 B
+    assert est.serving.kv_cache_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
+    # one sequence of 4096 tokens (256 blocks of 16): 4096 x 327,680 = 1,342,177,280 B
+    assert est.per_device.term("kv_cache").bytes == 4096 * 327_680
