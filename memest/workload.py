@@ -408,7 +408,8 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     """The framework ``auto`` stands for, from the precision recipe and the parallelism.
 
     - ``fsdp2`` precision: FSDP (torchtitan, FSDP2 mixed precision);
-    - tp or pp > 1: Megatron-LM;
+    - tp or pp > 1: FSDP with ZeRO stage 2-3 (torchtitan's FSDP + TP/PP; DeepSpeed's pipeline
+      engine supports only stage 1), else Megatron-LM;
     - ``mixed`` / ``fp16``: DeepSpeed (its bf16 / fp16 modes keep fp32 master weights);
     - any other precision with ZeRO stage >= 1: FSDP (HF Trainer / accelerate ``--fsdp``);
     - more than one data-parallel rank: DDP;
@@ -420,7 +421,7 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     if t.precision is Precision.FSDP2:
         return Framework.FSDP
     if par.tp > 1 or par.pp > 1:
-        return Framework.MEGATRON
+        return Framework.FSDP if par.zero_stage >= 2 else Framework.MEGATRON
     if t.precision in (Precision.MIXED, Precision.FP16):
         return Framework.DEEPSPEED
     if par.zero_stage >= 1:

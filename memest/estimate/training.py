@@ -277,7 +277,9 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     head_numel = sum(local for tn, local, _ in trainable if tn in set(spec.head)) if stage.last else 0
 
     shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
-    shard_o = n if z >= 1 else 1
+    # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
+    bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
+    shard_o = n if z >= 1 or bf16_optimizer else 1
     offloaded = t.offload is not Offload.NONE
     st.weights = 0 if t.offload is Offload.PARAMS else math.ceil(weights / shard_w)
     if shard_w > 1:
@@ -550,7 +552,21 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
 # ---- moments ----
 
 
-def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
+def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | None = None) -> dict[str, list[Term]]:
+    """Every candidate moment of the step on one rank (the last pipeline stage by default): the
+    allocated terms alive then, by moment name (see the module docstring).
+
+    Raises:
+        InputError: the workload does not fit the model.
+    """
+    from memest.workload import validate
+
+    validate(spec, t)
+    stage = stage or stages(spec.num_layers, t.parallelism.pp)[-1]
+    return _moments(spec, t, resolve_framework(t), device, stage)
+
+
+def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
     st = _model_states(spec, t, fw, stage)
     acts = _activations(spec, t, fw, stage)
     par = t.parallelism
@@ -568,32 +584,37 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
                                                          "the head's gradients, the first computed")
     casts = [acts.autocast_weights] if acts.autocast_weights else []
     head = [acts.head] if acts.head else []
-
-    loss_backward = [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
-                     *([acts.logits] if acts.logits else [])]
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
-    first_layer_backward = [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
-                            acts.transient, *matmul, *casts]
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
-    last_layer_backward = [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
-                           *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)]
-    optimizer_step = [*base, all_grads, *st.step]
-    moments = {"loss_backward": loss_backward, "first_layer_backward": first_layer_backward,
-               "last_layer_backward": last_layer_backward, "optimizer_step": optimizer_step}
-    name = max(moments, key=lambda m: _allocated(moments[m]))
-    chosen = [m for m in moments[name] if m.bytes or m.kind is Kind.WEIGHTS]
+    out = {
+        "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
+                          *([acts.logits] if acts.logits else [])],
+        "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
+                                 acts.transient, *matmul, *casts],
+        "last_layer_backward": [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
+                                *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
+        "optimizer_step": [*base, all_grads, *st.step],
+    }
+    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}
+
+
+def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
+    """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
+    candidates = _moments(spec, t, fw, device, stage)
+    name = max(candidates, key=lambda m: _allocated(candidates[m]))
+    chosen = list(candidates[name])
     allocated = _allocated(chosen)
     chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
                        f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
-    if par.world_size > 1:
-        chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(par.world_size), "NCCL communicators"))
+    if t.parallelism.world_size > 1:
+        chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
     return tuple(chosen), name
 
 
 def _div(par: Parallelism) -> str:
     n = par.shard_degree
-    return f" / {n}" if par.zero_stage >= 1 and n > 1 else ""
+    return f" / {n} (sharded)" if n > 1 else ""
 
 
 def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Term:
