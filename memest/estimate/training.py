@@ -20,9 +20,11 @@
   (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
 - ``deepspeed`` (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``, ``bf16_optimizer.py``):
   stage 0 with bf16 keeps an fp32 gradient buffer of every parameter (BF16_Optimizer,
-  ``fp32_groups_gradients_flat``); stage 1 keeps full bf16 grads; stage 2 a bf16 partition of them
-  (``grads_in_partition``, P/N) plus one reduce bucket of ``reduce_bucket_size`` = 5e8 elements
-  during backward (``ipg_buffer``; ``contiguous_gradients`` on, ``overlap_comm`` off by default);
+  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1;
+  stage 1 keeps full bf16 grads, stage 2 a bf16 partition of them (``grads_in_partition``, P/N);
+  both hold one reduce bucket of ``reduce_bucket_size`` = 5e8 elements during backward
+  (``ipg_buffer``, allocated by ``backward()`` whenever ``contiguous_gradients`` is on, the
+  default; ``overlap_comm``, off by default, would double it);
   stage 3 the bucket permanently, a bf16 gradient partition (``grad_partitions_flat_buffer``) and
   sharded bf16 weights. At the step stages 1-3 flatten the partition's grads (P/N x 2 B) and cast
   them to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam needs no temporary.
@@ -323,15 +325,17 @@ def _deepspeed_states(st: _States, t: TrainingConfig, numel: int, n: int, z: int
         st.head_grads = head_numel * gb
         return
     if z == 1:
+        st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
         st.lazy_grads = numel * gb
         st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
         st.head_grads = head_numel * gb
     elif z == 2:
         st.backward_buffers.append(bucket)
         if not offloaded:
+            # allocated whole at the first reduction, once the bucket has filled; until then the
+            # bucket (counted) holds the first gradients
             st.lazy_grads = math.ceil(numel * gb / n)
             st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
-            st.head_grads = st.lazy_grads
     else:
         st.persistent.append(bucket)
         if not offloaded:
