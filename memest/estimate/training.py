@@ -91,9 +91,6 @@ from memest.workload import (
     resolve_framework,
 )
 
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj", "query_key_value",
-                     "dense", "query", "key", "value", "q", "k", "v", "o", "out_proj", "Wqkv", "W_pack")
-
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
 
@@ -145,7 +142,7 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     par = t.parallelism
     fw = resolve_framework(t)
     ranks: list[RankEstimate] = []
-    moments: list[str] = []
+    peaks: list[str] = []
     for stage in stages(spec.num_layers, par.pp):
         terms, moment = _stage_terms(spec, t, fw, device, stage)
         label = "all ranks" if par.pp == 1 else f"pp stage {stage.index}" + (
@@ -154,10 +151,10 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
             ranks[-1] = RankEstimate(ranks[-1].label + f"..{stage.index}", terms, ranks[-1].count + 1)
             continue
         ranks.append(RankEstimate(label, terms, 1))
-        moments.append(moment)
+        peaks.append(moment)
     worst = max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
-    extra = {"peak_moment": moments[worst], "framework": fw.value}
-    return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t, fw, moments[worst]),
+    extra = {"peak_moment": peaks[worst], "framework": fw.value}
+    return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t, fw, peaks[worst]),
                     host_bytes=_host_bytes(spec, t, device), extra=extra)
 
 
@@ -165,12 +162,19 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
 
 
 def targets_of(targets: str) -> tuple[frozenset[str], bool]:
-    """(module names, all-linear) of a ``--lora-targets`` value."""
+    """(module names, all-linear) of a ``--lora-targets`` value; ``attention`` names no module (it
+    selects by component, see :func:`attention_targets`)."""
     if targets == "all-linear":
         return frozenset(), True
     if targets == "attention":
-        return frozenset(ATTENTION_TARGETS), False
+        return frozenset(), False
     return frozenset(x.strip() for x in targets.split(",") if x.strip()), False
+
+
+def attention_targets(spec: ModelSpec) -> frozenset[str]:
+    """The module names of every attention projection of ``spec`` (``--lora-targets attention``)."""
+    return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
+                     if tn.component is Component.ATTENTION and tn.is_linear_weight)
 
 
 def _targeted(tensor: TensorSpec, targets: str) -> bool:
@@ -217,7 +221,8 @@ def optimizer_bytes(trainable: list[tuple[TensorSpec, int, int]], opt: Optimizer
         for tensor, local, count in trainable:
             if len(tensor.shape) >= 2:
                 ratio = local / tensor.numel
-                rows, cols = math.prod(tensor.shape[:-1]), tensor.shape[-1]
+                # HF Adafactor: exp_avg_sq_row over shape[:-1], exp_avg_sq_col over shape[:-2] + shape[-1:]
+                rows, cols = math.prod(tensor.shape[:-1]), math.prod(tensor.shape[:-2]) * tensor.shape[-1]
                 total += count * 4 * math.ceil((rows + cols) * ratio)
             else:
                 total += count * 4 * local
@@ -413,8 +418,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     if t.method is not Method.FULL:
         names, all_linear = targets_of(t.lora.targets)
         if t.lora.targets == "attention":
-            names = frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
-                              if tn.component is Component.ATTENTION and tn.is_linear_weight)
+            names = attention_targets(spec)
         lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
                                dropout=t.lora.dropout)
     eager = t.attn_implementation == AttnImplementation.EAGER
