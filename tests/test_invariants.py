@@ -48,7 +48,7 @@ models = st.sampled_from(MODELS)
 big_models = st.sampled_from([m for m in MODELS if SPECS[m].num_params >= 10**9])
 methods = st.sampled_from(list(Method))
 precisions = st.sampled_from([Precision.BF16, Precision.AMP, Precision.FP32, Precision.MIXED])
-recomputes = st.sampled_from([Recompute.NONE, Recompute.FULL, Recompute.SELECTIVE])
+recomputes = st.sampled_from(list(Recompute))
 attns = st.sampled_from(list(AttnImplementation))
 losses = st.sampled_from(list(Loss))
 optimizers = st.sampled_from([Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW8BIT, Optimizer.SGD,
