@@ -36,7 +36,7 @@ Search space
   ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
   ``micro_batch_size`` (divisors of the one asked, with ``grad_accum_steps`` raised to hold the
   global batch: ``--global-batch-size`` when given, else the per-replica batch
-  micro_batch_size x grad_accum_steps), ``optimizer`` (adamw -> adamw8bit), ``offload``,
+  micro_batch_size x grad_accum_steps), ``optimizer`` (adamw, adamw_fused -> adamw8bit), ``offload``,
   ``method`` (full -> lora -> qlora, with ``allow_method_change``); serving: ``quantization``
   (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
 
@@ -129,6 +129,8 @@ RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER, Offload.PARAMS)
 METHOD_ORDER = (Method.FULL, Method.LORA, Method.QLORA)
 QUANTIZATION_ORDER = ("none", "fp8", "int8", "int4")
+ADAM_32BIT = tuple(o for o in Optimizer if o.value in ("adamw", "adamw_fused"))
+"""Optimizers the planner may swap for 8-bit AdamW (same algorithm, 8-bit states)."""
 _PAR_FIELDS = ("zero_stage", "sequence_parallel")
 
 
@@ -381,8 +383,8 @@ class _Search:
                 dp = rest // pp if self.training else 1
                 if not self.training and pp * tp != n:
                     continue
-                yield Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=user.ep, zero_stage=user.zero_stage if dp * cp > 1 else 0,
-                                  sequence_parallel=user.sequence_parallel)
+                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp,
+                                          zero_stage=user.zero_stage if dp * cp > 1 else 0)
 
     # -- settings --
 
@@ -401,7 +403,7 @@ class _Search:
             per_replica = g // par.dp
         batch = [(b, per_replica // b) for b in reversed(_divisors(w.micro_batch_size)) if per_replica % b == 0]
         recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
-        optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer is Optimizer.ADAMW else [])
+        optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer in ADAM_32BIT else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload)
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),

@@ -127,6 +127,10 @@ TRAINING_CASES = [
                  False, None, id="llama3.2-3b-small-gpus-24-heads-28-layers"),
     pytest.param("Qwen/Qwen2.5-0.5B", TrainingConfig(micro_batch_size=4, seq_len=32768, recompute=Recompute.NONE),
                  ("T4", "L4"), 4, False, None, id="qwen2.5-0.5b-long-seq"),
+    # A case the floor values decide: with only most-saving values as floors, pruning skips the layout
+    # of the cheapest fit here (tp 2 · pp 4 · dp 2 with ZeRO-1 on 16 T4s).
+    pytest.param("Qwen/Qwen2.5-0.5B", TrainingConfig(micro_batch_size=1, seq_len=16384), ("T4",), 16, False, None,
+                 id="qwen2.5-0.5b-16k-on-T4-needs-the-floor-values"),
     pytest.param("deepseek-ai/DeepSeek-V2-Lite", TrainingConfig(micro_batch_size=2, seq_len=4096), ("A100-80GB", "L40S"), 8,
                  True, None, id="deepseek-v2-lite-moe-mla"),
     pytest.param("google/gemma-2-2b", TrainingConfig(micro_batch_size=8, seq_len=8192), ("L4", "RTX-3090"), 8,
