@@ -119,6 +119,12 @@ def test_plan_input_errors(args, message):
     assert isinstance(out.exception, InputError) and message in str(out.exception)
 
 
+def test_hybrid_sharding_needs_its_group_size_when_the_count_is_searched():
+    out = invoke("plan", *TRAIN, "--fsdp", "hybrid_shard", "--gpu", "H100")
+    message = "plan with --fsdp hybrid_shard needs --dp-shard N"
+    assert isinstance(out.exception, InputError) and message in str(out.exception)
+
+
 def test_plan_errors_exit_2_with_one_line():
     out = run("plan", *SERVE, "--gpus-available", "8xH1000")
     assert out.returncode == 2

@@ -15,6 +15,7 @@ from memest.devices import DEVICES, get_device
 from memest.errors import InputError
 from memest.options import JobOptions, workload_options
 from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, DeviceChoice, Space
+from memest.workload import FsdpStrategy
 
 SEARCH = "Search"
 
@@ -44,7 +45,7 @@ HostMemoryOpt = Annotated[float, typer.Option(
     help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
 
 _AVAILABLE_ITEM = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
-_SEARCHED_FLAGS = {"gpus": 1, "tp": None, "pp": 1, "ep": 1}
+_SEARCHED_FLAGS = {"gpus": 1, "dp": None, "tp": None, "pp": 1}
 
 
 def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tuple[DeviceChoice, ...]:
@@ -108,8 +109,9 @@ def plan_command(
     """The cheapest setups that fit MODEL, ranked by $/h, then communication, then disruption.
 
     Searches device type and count, TP/PP/DP, ZeRO, recompute, micro-batch with accumulation, offload and
-    the 8-bit optimizer (LoRA/QLoRA and quantization only when allowed). --gpus, --tp, --pp and --ep are
-    searched, not taken; the other workload flags are the job and the starting point of each setting.
+    the 8-bit optimizer (LoRA/QLoRA and quantization only when allowed). --gpus, --dp, --tp and --pp are
+    searched, not taken (--ep and --cp are kept); the other workload flags are the job and the starting
+    point of each setting.
     """
     from memest.plan import plan
     from memest.report import plan_to_dict, plan_to_markdown, render_plan
@@ -123,7 +125,10 @@ def plan_command(
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "
                    "(limit devices with --gpus-available or --max-gpus).", err=True)
     v = job.values  # the count is searched: give the job the fewest devices its cp x tp x pp allow
-    job = JobOptions({**v, "gpus": (v["tp"] or 1) * v["pp"] * v["cp"]})
+    if v["fsdp"] is FsdpStrategy.HYBRID_SHARD and v["dp_shard"] is None:
+        raise InputError("plan with --fsdp hybrid_shard needs --dp-shard N (ranks per shard group, e.g. 8): "
+                         "the default depends on the device count, which plan searches")
+    job = JobOptions({**v, "gpus": (v["tp"] or 1) * v["pp"] * v["cp"], "dp": None})
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     result = plan(spec, job.workload(spec), space, headroom=job.headroom)
     if json_:
