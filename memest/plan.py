@@ -609,6 +609,7 @@ def _flag_items(w: Workload, count: int) -> dict[str, str]:
     items = {"--gpus": str(count), "--tp": str(par.tp), "--pp": str(par.pp), "--ep": str(par.ep)}
     if isinstance(w, TrainingConfig):
         items |= {
+            "--dp": str(par.dp),
             "--zero-stage": str(par.zero_stage),
             "--sequence-parallel": "on" if par.sequence_parallel else "",
             "--recompute": w.recompute.value,
@@ -633,7 +634,7 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
     (the user's other flags stay as they were)."""
     base = _flag_items(asked, asked.parallelism.world_size)
     items = _flag_items(workload, count)
-    keep = {"--gpus", "--tp", "--pp"}
+    keep = {"--gpus", "--dp", "--tp", "--pp"}
     parts = [f"--gpu {device.name}"] if device is not None else []
     for flag, value in items.items():
         if flag in keep or value != base[flag]:
@@ -704,7 +705,7 @@ class Recommendation:
 _FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
                  "--optimizer": "optimizer", "--offload": "offload", "--finetune": "method",
                  "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype"}
-_PARALLEL_FLAGS = ("--gpus", "--tp", "--pp", "--ep")
+_PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 
 def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
@@ -712,11 +713,11 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     old = _flag_items(asked, asked.parallelism.world_size)
     new = _flag_items(fit.setup.workload, fit.setup.count)
     out = []
-    par_diff = [f for f in _PARALLEL_FLAGS if new[f] != old[f]]
+    par_diff = [f for f in _PARALLEL_FLAGS if f in new and new[f] != old[f]]
     if par_diff:
         added = (fit.setup.count - asked.parallelism.world_size) * price
         comm = sum(doubling_penalty(n, getattr(fit.setup.workload.parallelism, n))[0] for n in ("tp", "pp", "ep"))
-        out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in par_diff or f == "--gpus"})),
+        out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")})),
                           round(added + comm, 6), True))
     if new.get("--micro-batch-size") != old.get("--micro-batch-size") or new.get("--grad-accum-steps") != old.get("--grad-accum-steps"):
         ratio = asked.micro_batch_size // fit.setup.workload.micro_batch_size  # type: ignore[union-attr]
