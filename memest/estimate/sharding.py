@@ -6,8 +6,9 @@ vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-p
 are replicated. Routed experts are divided by ep, then by tp along their split. Pipeline stages
 take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
 
-Stage splits and each stage's tensor list are computed once per (model, stage) and remembered:
-the planner estimates thousands of setups of one model, and these lists do not change.
+Stage splits, each stage's tensor list and each tensor's shard size are computed once and
+remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, k)): the planner estimates
+thousands of setups of one model, and none of these change. The values are the same as before.
 """
 
 from __future__ import annotations
