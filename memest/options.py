@@ -59,8 +59,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                             panel=MODEL)], None),
     # training
     "micro_batch_size": (Annotated[int, _opt("--micro-batch-size", help="Sequences per device per forward.", panel=TRAIN)], 1),
-    "seq_len": (Annotated[int | None, _opt("--seq-len", help="Tokens per training sequence [default: min(2048, "
-                                          "max_position_embeddings)].", panel=TRAIN)], None),
+    "seq_len": (Annotated[int | None, _opt("--seq-len", help="Tokens per training sequence (default: min(2048, "
+                                          "max_position_embeddings)).", panel=TRAIN)], None),
     "grad_accum_steps": (Annotated[int, _opt("--grad-accum-steps", help="Micro-batches per optimizer step.", panel=TRAIN)], 1),
     "precision": (Annotated[Precision, _opt("--precision", help="Precision recipe: mixed (bf16 + fp32 master), fp16, amp "
                                             "(fp32 params + autocast), fsdp2, bf16 (pure), fp32.", panel=TRAIN,
@@ -84,7 +84,7 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "lora_dropout": (Annotated[float, _opt("--lora-dropout", help="PEFT lora_dropout (each adapted linear keeps a mask "
                                            "and a copy of its input).", panel=TRAIN)], 0.0),
     "target_len": (Annotated[int | None, _opt("--target-len", help="Decoder tokens per sequence of an encoder-decoder "
-                                              "model [default: --seq-len].", panel=TRAIN)], None),
+                                              "model (default: --seq-len).", panel=TRAIN)], None),
     "framework": (Annotated[Framework, _opt("--framework", help="Who runs the step: pytorch (one process: HF Trainer, "
                                             "torchtune, litgpt), ddp, deepspeed, megatron, fsdp; auto picks from "
                                             "--precision and parallelism.", panel=TRAIN, case_sensitive=False)],
@@ -101,7 +101,7 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     # serving
     "batch_size": (Annotated[int, _opt("--batch-size", help="Concurrent sequences, each up to max_model_len.", panel=SERVE)], 1),
     "max_model_len": (Annotated[int | None, _opt("--max-model-len", help="Longest sequence (prompt + output) in tokens "
-                                                 "[default: the model's max_position_embeddings].", panel=SERVE)], None),
+                                                 "(default: the model's max_position_embeddings).", panel=SERVE)], None),
     "dtype": (Annotated[str, _opt("--dtype", help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.", panel=SERVE)], "auto"),
     "quantization": (Annotated[str, _opt("--quantization", help="Weight quantization applied to an unquantized model: "
                                          "none (keep the checkpoint's quantization_config), int8 (bitsandbytes LLM.int8), "
@@ -115,28 +115,28 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
                                       "(transformers generate).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
     "engine_version": (Annotated[str | None, _opt("--engine-version", help="Engine version whose memory arithmetic to "
-                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 [default: the newest].",
+                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 (default: the newest).",
                                                   panel=SERVE)], None),
-    "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence [default: "
-                                              "max_model_len - max_new_tokens].", panel=SERVE)], None),
+    "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence (default: "
+                                              "max_model_len - max_new_tokens).", panel=SERVE)], None),
     "max_new_tokens": (Annotated[int | None, _opt("--max-new-tokens", help="hf: tokens generated per sequence.",
                                                   panel=SERVE)], None),
     "gpu_memory_utilization": (Annotated[float, _opt("--gpu-memory-utilization", help="Share of device memory vLLM may use.",
                                                      panel=SERVE)], 0.9),
     "max_num_batched_tokens": (Annotated[int | None, _opt("--max-num-batched-tokens", help="Tokens per forward in vLLM's "
-                                                          "profiling run [default: vLLM's for the device].", panel=SERVE)], None),
+                                                          "profiling run (default: vLLM's for the device).", panel=SERVE)], None),
     "max_num_seqs": (Annotated[int | None, _opt("--max-num-seqs", help="Sequences per forward in vLLM's profiling run.",
                                                 panel=SERVE)], None),
     "block_size": (Annotated[int, _opt("--block-size", help="Tokens per paged KV block.", panel=SERVE)], 16),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="No CUDA graphs (vLLM).", panel=SERVE)], False),
     # parallelism and devices
-    "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') [default: {DEFAULT_DEVICE}, and list "
-                                       "every device that fits].", panel=PAR)], None),
+    "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
+                                       "every device that fits).", panel=PAR)], None),
     "gpus": (Annotated[int, _opt("--gpus", help="Devices in the job (tp x pp x cp x dp).", panel=PAR)], 1),
-    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) [default: --gpus / (tp x pp x cp)].",
+    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) (default: --gpus / (tp x pp x cp)).",
                                       panel=PAR)], None),
-    "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over [default: "
-                                            "all dp x cp ranks].", panel=PAR)], None),
+    "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over (default: "
+                                            "all dp x cp ranks).", panel=PAR)], None),
     "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree [serving default: --gpus / --pp].", panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
