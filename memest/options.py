@@ -137,7 +137,7 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                       panel=PAR)], None),
     "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over (default: "
                                             "all dp x cp ranks).", panel=PAR)], None),
-    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree [serving default: --gpus / --pp].", panel=PAR)], None),
+    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / --pp).", panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
     "ep": (Annotated[int, _opt("--ep", help="Expert-parallel degree (MoE).", panel=PAR)], 1),
