@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from memest.trace._autocast import active_dtype
 
@@ -53,7 +54,7 @@ def _cpu_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: An
         mask = torch.empty([1] * attn_mask.dim(), dtype=attn_mask.dtype, device="cpu")
     choice = torch._fused_sdp_choice(probe(q), probe(k), probe(v), attn_mask=mask, dropout_p=dropout_p,
                                      is_causal=is_causal, enable_gqa=enable_gqa)
-    return "cpu_flash" if choice == int(torch._C._SDPBackend.flash_attention) else "math"
+    return "cpu_flash" if choice == int(SDPBackend.FLASH_ATTENTION.value) else "math"
 
 
 @contextlib.contextmanager

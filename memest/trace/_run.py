@@ -56,6 +56,8 @@ def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, t
             par = workload.parallelism
             sharded = par.zero_stage >= 2 or workload.precision is Precision.FSDP2
             recipe = _training.sharded_recipe(workload.precision) if sharded else _training.RECIPES[workload.precision]
+            if workload.method.value == "lora":
+                recipe = _training.lora_recipe(recipe)
             eager = workload.attn_implementation == "eager" and workload.recompute is not Recompute.SELECTIVE
             model = _model.build(cfg, recipe.param_dtype, "eager" if eager else "sdpa", trust_remote_code=trust_remote_code)
             if workload.method.value == "lora":
@@ -203,6 +205,8 @@ def _timeline(tracker: StorageTracker, points: int) -> tuple[tuple[TimelinePoint
         while mark_i < len(marks) and marks[mark_i][0] <= i:
             phase = marks[mark_i][1]
             mark_i += 1
+            if phase != "setup" and total > phase_peaks.get(phase, -1):
+                phase_peaks[phase] = total  # what the phase starts with
         rid = e if e >= 0 else ~e
         delta = tracker.block[rid] if e >= 0 else -tracker.block[rid]
         current[tracker.kinds[rid]] += delta

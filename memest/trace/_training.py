@@ -18,6 +18,10 @@ Precision recipes (the names of :class:`memest.workload.Precision`) as concrete 
 | mixed / fp16 | bf16 / fp16 | bf16 / fp16 | bf16 / fp16, made in backward | fp32 flat master + fp32 states | DeepSpeed ZeRO-1/2 ``step`` |
 | fsdp2 | fp32, sharded | bf16 (gathered copies) | fp32, sharded | torch AdamW on the shards | FSDP2 ``MixedPrecisionPolicy`` |
 
+LoRA (PEFT ``get_peft_model``): the frozen base at the recipe's parameter dtype, the adapters as
+PEFT keeps them (fp32 when the base is 16-bit), torch AdamW straight on the adapters — no master
+copy, as with the HF Trainer — and the recipe's autocast, if any.
+
 ``mixed``/``fp16`` follow ``deepspeed/runtime/zero/stage_1_and_2.py`` (``step``) at one device:
 the 16-bit gradients are flattened and cast to one fp32 flat gradient, the 16-bit gradients are
 freed, the optimizer steps the fp32 flat master (its states flat fp32 too), and the master is
@@ -77,6 +81,12 @@ def sharded_recipe(precision: Precision) -> TraceRecipe:
     return r
 
 
+def lora_recipe(recipe: TraceRecipe) -> TraceRecipe:
+    """LoRA as PEFT + the HF Trainer run it: the base at the recipe's dtype, the adapters as PEFT keeps
+    them (fp32 on a 16-bit base), torch AdamW straight on the adapters (no separate master copy)."""
+    return TraceRecipe(recipe.param_dtype, autocast=recipe.autocast, fsdp_param_dtype=recipe.fsdp_param_dtype)
+
+
 def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.optim.Optimizer:
     """The torch optimizer memest's ``--optimizer`` names, with ``foreach=True`` as on a GPU.
 
@@ -89,7 +99,7 @@ def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.op
         InputError: an optimizer whose kernels have no meta implementation (8-bit, Lion).
     """
     if optimizer is Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, weight_decay=0.0, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, foreach=True)
     if optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=1e-3, foreach=True)
     if optimizer is Optimizer.SGD_MOMENTUM:

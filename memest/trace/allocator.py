@@ -158,11 +158,7 @@ class CachingAllocator:
         return block.size
 
     def free(self, handle: int) -> int:
-        """Free ``handle``'s block; returns its size (0 when the handle took no block).
-
-        Raises:
-            KeyError: ``handle`` is not allocated.
-        """
+        """Free ``handle``'s block; returns its size (0 when the handle holds no block: a zero-byte request)."""
         entry = self._live.pop(handle, None)
         if entry is None:
             return 0
