@@ -146,12 +146,21 @@ def apply_lora(model: Any, targets: list[str], rank: int) -> Any:
         return get_peft_model(model, LoraConfig(r=rank, target_modules=targets, task_type="CAUSAL_LM"))
 
 
-def enable_checkpointing(model: Any) -> None:
-    """Activation checkpointing of every decoder layer, through the model's own switch."""
+def enable_checkpointing(model: Any, recompute_context: Any) -> None:
+    """Activation checkpointing of every decoder layer, through the model's own switch.
+
+    Args:
+        model: The transformers model.
+        recompute_context: A context-manager factory entered around each layer's recomputation
+            in backward (``torch.utils.checkpoint``'s ``context_fn``, second element), so the
+            tracker knows the rebuilt tensors are activations. transformers 5 checkpoints
+            ``forward``, inside the module's hooks, so hooks cannot tell.
+    """
+    kwargs = {"use_reentrant": False, "context_fn": lambda: (contextlib.nullcontext(), recompute_context())}
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable()
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 @contextlib.contextmanager

@@ -63,7 +63,7 @@ def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, t
             if workload.method.value == "lora":
                 model = _model.apply_lora(model, _model.lora_targets(spec, workload.lora.targets), workload.lora.rank)
             if workload.recompute is Recompute.FULL:
-                _model.enable_checkpointing(model)
+                _model.enable_checkpointing(model, tracker.recomputing)
             model.train()
             layers, head = _model.decoder_layers(model), _model.lm_head(model)
             input_device = "meta"

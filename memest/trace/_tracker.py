@@ -23,8 +23,9 @@ returns are added by :data:`TRANSIENTS` (flash-attention backward's ``dq_accum``
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from memest.result import Kind
 from memest.trace.allocator import CachingAllocator
 
 _LIVE = -1
+_IGNORED = -2
 
 
 class _Ref(weakref.ref):  # type: ignore[type-arg]
@@ -147,6 +149,8 @@ class StorageTracker(TorchDispatchMode):
         key = st._cdata
         rid = self._live.get(key)
         if rid is not None:
+            if rid == _IGNORED:
+                return
             if st.nbytes() != self.nbytes[rid]:
                 self._resized(key, st, (func, tuple(t.shape), t.dtype))
             return
@@ -171,7 +175,7 @@ class StorageTracker(TorchDispatchMode):
         key = ref.key
         self._refs.pop(key, None)
         rid = self._live.pop(key, None)
-        if rid is not None and not self.closed:
+        if rid is not None and rid != _IGNORED and not self.closed:
             self.release(rid)
 
     # ---- bookkeeping ----
@@ -215,6 +219,16 @@ class StorageTracker(TorchDispatchMode):
         self.phase_marks.append((len(self.events), phase))
         return len(self.events)
 
+    @contextlib.contextmanager
+    def recomputing(self) -> Iterator[None]:
+        """Within the block (activation-checkpoint recomputation), new allocations are activations."""
+        kind = self.kind
+        self.kind = Kind.ACTIVATIONS
+        try:
+            yield
+        finally:
+            self.kind = kind
+
     def reset_peak(self) -> None:
         """Start the peak over from now (``torch.cuda.reset_peak_memory_stats``)."""
         self.peak = self.allocated
@@ -226,7 +240,8 @@ class StorageTracker(TorchDispatchMode):
 
     def record_of(self, t: torch.Tensor) -> int | None:
         """The live record of ``t``'s storage, if tracked."""
-        return self._live.get(t.untyped_storage()._cdata)
+        rid = self._live.get(t.untyped_storage()._cdata)
+        return None if rid == _IGNORED else rid
 
     def adopt(self, tensors: Iterable[torch.Tensor], kind: Kind, label: str) -> None:
         """Track storages that exist already (parameters, buffers) as allocated now."""
@@ -236,11 +251,28 @@ class StorageTracker(TorchDispatchMode):
             if key not in self._live:
                 self._track(key, st, label, kind)
 
+    def ignore(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Stop counting these storages: they are not the device's (an optimizer's CPU step counters
+        when the whole model runs as fake CPU tensors)."""
+        for t in tensors:
+            st = t.untyped_storage()
+            key = st._cdata
+            rid = self._live.get(key)
+            if rid is not None and rid != _IGNORED:
+                self.release(rid)
+            self._live[key] = _IGNORED
+            if key not in self._refs:
+                ref = _Ref(st, self._dead)
+                ref.key = key
+                self._refs[key] = ref
+
     def resync(self, t: torch.Tensor) -> None:
         """Re-read ``t``'s storage size after a ``storage.resize_`` done outside the dispatcher (FSDP2)."""
         st = t.untyped_storage()
         key = st._cdata
         rid = self._live.get(key)
+        if rid == _IGNORED:
+            return
         if rid is None:
             self._track(key, st, "FSDP unsharded parameter", Kind.WORKSPACE)
         elif st.nbytes() != self.nbytes[rid]:
@@ -250,7 +282,7 @@ class StorageTracker(TorchDispatchMode):
         """Settle the kind (and label) of the live storages of ``tensors``."""
         for t in tensors:
             rid = self._live.get(t.untyped_storage()._cdata)
-            if rid is not None:
+            if rid is not None and rid != _IGNORED:
                 self.kinds[rid] = kind
                 if label is not None:
                     self.labels[rid] = label

@@ -162,6 +162,13 @@ def optimizer_state_tensors(opt: Any) -> list[torch.Tensor]:
     return out
 
 
+def step_counters(opt: Any) -> list[torch.Tensor]:
+    """The optimizer's 0-dim ``step`` tensors: CPU scalars on a GPU run (foreach, not capturable)."""
+    inner = opt.inner if isinstance(opt, FlatMasterOptimizer) else opt
+    return [local(v) for state in inner.state.values() for k, v in state.items()
+            if k == "step" and isinstance(v, torch.Tensor)]
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor, else the tensor."""
     to_local = getattr(t, "to_local", None)
@@ -172,9 +179,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
 class StepHooks:
     """Module hooks that tell the tracker what the model is doing, and report progress.
 
-    The first decoder layer's forward pre-hook marks recomputation during backward (activation
-    checkpointing rebuilds a layer's activations); the lm_head's pre-hook marks the logits and
-    loss; a gradient hook on the lm_head's input marks the end of the loss's backward.
+    The lm_head's pre-hook marks the logits and loss; a gradient hook on the lm_head's input marks
+    the end of the loss's backward; decoder layers report forward and backward progress.
+    (Recomputation under activation checkpointing is marked by the checkpoint's own context, see
+    :func:`memest.trace._model.enable_checkpointing`.)
     """
 
     tracker: StorageTracker
@@ -188,15 +196,9 @@ class StepHooks:
         handles = []
 
         def layer_pre(module: Any, args: Any) -> None:
-            if tracker.phase == "backward":
-                tracker.kind = Kind.ACTIVATIONS
-            else:
-                self.tick("forward")
+            self.tick("forward")
 
         def layer_post(module: Any, args: Any, output: Any) -> None:
-            if tracker.phase == "backward":
-                tracker.kind = Kind.WORKSPACE
-                return
             out = output[0] if isinstance(output, tuple) else output
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.register_hook(lambda grad: self.tick("backward"))
@@ -275,6 +277,7 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
         opt.step()
         opt.zero_grad(set_to_none=True)
         tracker.retag(optimizer_state_tensors(opt), Kind.OPTIMIZER_STATES, "optimizer state")
+        tracker.ignore(step_counters(opt))
         tracker.reset_peak()
 
         for _ in range(micro_batches):
