@@ -43,8 +43,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[key]
 
 
-def build(cfg: HFConfig, dtype: torch.dtype, attn_implementation: str, *, trust_remote_code: bool = False) -> Any:
-    """The transformers causal-LM model of ``cfg`` on the meta device.
+def build(cfg: HFConfig, dtype: torch.dtype, attn_implementation: str, *,
+          trust_remote_code: bool = False) -> tuple[Any, str]:
+    """The transformers causal-LM model of ``cfg`` on the meta device, and the attention implementation used.
+
+    A class without SDPA attention is built with ``eager``, as transformers runs it everywhere.
 
     Args:
         cfg: The model's config.json.
@@ -74,15 +77,25 @@ def build(cfg: HFConfig, dtype: torch.dtype, attn_implementation: str, *, trust_
     ):
         cls = AutoModelForCausalLM
     try:
-        with torch.device("meta"):
-            if cls is AutoModelForCausalLM:
-                return cls.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
-                                       trust_remote_code=trust_remote_code)
-            return cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+        return _instantiate(cls, config, dtype, attn_implementation, trust_remote_code), attn_implementation
     except ValueError as exc:
-        raise UnsupportedArchitectureError(
-            f"transformers cannot build {cfg.name!r} ({model_type}) as a causal LM for the trace: {exc}"
-        ) from exc
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise UnsupportedArchitectureError(
+                f"transformers cannot build {cfg.name!r} ({model_type}) as a causal LM for the trace: {exc}"
+            ) from exc
+    # the class has no SDPA attention (bloom's ALiBi, gemma2's soft-capping, gpt-oss's sinks): transformers
+    # runs it with eager attention on a GPU too
+    return _instantiate(cls, config, dtype, "eager", trust_remote_code), "eager"
+
+
+def _instantiate(cls: Any, config: Any, dtype: torch.dtype, attn_implementation: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        if cls is AutoModelForCausalLM:
+            return cls.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                   trust_remote_code=trust_remote_code)
+        return cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
 
 
 def decoder_layers(model: Any) -> list[Any]:

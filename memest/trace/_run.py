@@ -59,7 +59,10 @@ def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, t
             if workload.method.value == "lora":
                 recipe = _training.lora_recipe(recipe)
             eager = workload.attn_implementation == "eager" and workload.recompute is not Recompute.SELECTIVE
-            model = _model.build(cfg, recipe.param_dtype, "eager" if eager else "sdpa", trust_remote_code=trust_remote_code)
+            model, attn = _model.build(cfg, recipe.param_dtype, "eager" if eager else "sdpa",
+                                       trust_remote_code=trust_remote_code)
+            if attn == "eager" and not eager:
+                settings.append(f"{cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
             if workload.method.value == "lora":
                 model = _model.apply_lora(model, _model.lora_targets(spec, workload.lora.targets), workload.lora.rank)
             if workload.recompute is Recompute.FULL:
@@ -90,7 +93,9 @@ def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, t
         elif isinstance(workload, ServingConfig):
             _serving.check_supported(workload)
             dtype = _model.torch_dtype(_serving_dtype(spec, workload))
-            model = _model.build(cfg, dtype, "sdpa", trust_remote_code=trust_remote_code)
+            model, attn = _model.build(cfg, dtype, "sdpa", trust_remote_code=trust_remote_code)
+            if attn == "eager":
+                settings.append(f"{cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
             layers, head = _model.decoder_layers(model), _model.lm_head(model)
             _adopt_model(tracker, model, target, device)
             max_len = workload.max_model_len or spec.max_position_embeddings or 2048

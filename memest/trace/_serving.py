@@ -15,6 +15,7 @@ the cache reaches ``max_model_len`` tokens at the last step. Everything runs und
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,6 +89,8 @@ def run_generate(model: Any, s: ServingConfig, max_model_len: int, tracker: Stor
     if prompt < 1:
         raise InputError(f"--max-model-len {max_model_len} is too short to trace a prompt and {decode_steps} decode steps")
     model.eval()
+    # transformers 5.2x renames past_key_values to cache (the old name warns until 5.40)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with tracker, torch.no_grad(), head_hooks(tracker, layers, head, tick):
         tracker.enter_phase("prefill", Kind.ACTIVATIONS)
         cache = DynamicCache(config=model.config)
@@ -95,7 +98,7 @@ def run_generate(model: Any, s: ServingConfig, max_model_len: int, tracker: Stor
         for step in range(decode_steps + 1):
             if step:
                 tracker.enter_phase("decode", Kind.ACTIVATIONS)
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids, **{cache_arg: cache}, use_cache=True, logits_to_keep=1)
             tracker.retag(cache_tensors(cache), Kind.KV_CACHE, "KV cache")
             tracker.kind = Kind.LOGITS
             next_logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)

@@ -129,7 +129,8 @@ class FlatMasterOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+        # a parameter the step did not reach gets zeros, as DeepSpeed's flat partition does
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         self.master.grad = flat.to(torch.float32)
         del flat
         for p in self.params:
