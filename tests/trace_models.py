@@ -1,7 +1,8 @@
 """Tiny configs made from real catalog configs, for the trace tests (same family, fewer layers and width).
 
 Each keeps its source's model_type, architecture, activation, norms, biases, tying, rope settings,
-window pattern and attention kind; only the sizes shrink (2 layers, width 256, 8 query heads with
+window pattern and attention kind (a checkpoint's ``quantization_config`` is dropped: the trace runs
+unquantized weights); only the sizes shrink (2 layers, width 256, 8 query heads with
 the source's query/KV head ratio, head_dim 32, vocab 1024, 4 routed experts of width 128), so a
 step traces in well under a second while every tensor kind (weights, activations, logits, KV
 cache) stays a visible share.
@@ -66,6 +67,7 @@ _TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_
 def shrink(raw: dict[str, Any]) -> dict[str, Any]:
     """A copy of a config dict (its ``text_config`` for multimodal ones) at the tiny sizes."""
     raw = copy.deepcopy(raw)
+    raw.pop("quantization_config", None)  # a checkpoint's storage format, not the family's architecture
     vision = raw.get("vision_config")
     if isinstance(vision, dict):  # a multimodal checkpoint's vision tower shrinks too
         vision.update(num_hidden_layers=LAYERS, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,

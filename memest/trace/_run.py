@@ -108,6 +108,9 @@ def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, t
         else:
             raise TypeError(f"workload must be a TrainingConfig or ServingConfig, not {type(workload).__name__}")
         tracker.close()
+    if spec.quantization is not None:
+        settings.append(f"the checkpoint's {spec.quantization.method} quantization is not simulated: weights traced "
+                        "unquantized")
     if kernels:
         settings.append("attention kernels: " + ", ".join(sorted(kernels)))
     if target == "cuda":
