@@ -15,13 +15,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from trace_models import TINY_SOURCES, tiny_config  # noqa: E402
+from trace_models import TINY_SOURCES, tiny_config
 
-from memest.devices import get_device  # noqa: E402
-from memest.estimate import estimate, runtime  # noqa: E402
-from memest.sources import spec_from_config  # noqa: E402
-from memest.trace import compare, trace  # noqa: E402
-from memest.workload import Engine, Method, Recompute, ServingConfig, TrainingConfig  # noqa: E402
+from memest.devices import get_device
+from memest.estimate import estimate, runtime
+from memest.sources import spec_from_config
+from memest.trace import compare, trace
+from memest.workload import Engine, Method, Recompute, ServingConfig, TrainingConfig
 
 JOBS = {
     "full": TrainingConfig(micro_batch_size=2, seq_len=256),

@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_models import TINY_SOURCES, tiny_config  # noqa: E402
+from trace_models import TINY_SOURCES, tiny_config
 
-from memest.devices import get_device  # noqa: E402
-from memest.estimate import estimate, runtime  # noqa: E402
-from memest.sources import load_config, spec_from_config  # noqa: E402
-from memest.trace import trace  # noqa: E402
-from memest.workload import Engine, Method, Precision, Recompute, ServingConfig, TrainingConfig  # noqa: E402
+from memest.devices import get_device
+from memest.estimate import estimate, runtime
+from memest.sources import load_config, spec_from_config
+from memest.trace import trace
+from memest.workload import Engine, Method, Precision, Recompute, ServingConfig, TrainingConfig
 
 TOLERANCE = 0.03
 """Largest relative difference of peak allocated, (analytic - traced) / traced."""

@@ -11,13 +11,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_models import tiny_config  # noqa: E402
+from trace_models import tiny_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=300)
+    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV,
+                          timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")

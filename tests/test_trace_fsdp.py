@@ -15,13 +15,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_models import tiny_config  # noqa: E402
+from trace_models import tiny_config
 
-from memest.devices import get_device  # noqa: E402
-from memest.result import Kind  # noqa: E402
-from memest.trace import trace  # noqa: E402
-from memest.trace.allocator import round_size  # noqa: E402
-from memest.workload import Parallelism, Precision, TrainingConfig  # noqa: E402
+from memest.devices import get_device
+from memest.result import Kind
+from memest.trace import trace
+from memest.trace.allocator import round_size
+from memest.workload import Parallelism, Precision, TrainingConfig
 
 L, H, A, K, D, I, V = 2, 256, 8, 2, 32, 704, 1024
 SHAPES = (
@@ -58,3 +58,15 @@ def test_zero2_keeps_parameters_gathered_between_forward_and_backward() -> None:
 
     layer_bf16 = 2 * (2 * H * A * D + 2 * H * K * D + 3 * H * I + 2 * H)
     assert peak(2) - peak(3) >= (L - 1) * layer_bf16 * 3 // 4
+
+
+def test_the_last_rank_holds_no_more_than_rank_0() -> None:
+    # N=3 does not divide the 64-row k/v projections: rank 0 has 22 rows, rank 2 has 20; every rank's
+    # parameter storage is padded to rank 0's size, the optimizer states are not
+    w = TrainingConfig(micro_batch_size=2, seq_len=256, precision=Precision.FSDP2,
+                       parallelism=Parallelism(dp=3, zero_stage=3))
+    first = trace(tiny_config("llama"), w, get_device("h100"), rank=0).per_device
+    last = trace(tiny_config("llama"), w, get_device("h100"), rank=2).per_device
+    assert (first.rank, last.rank) == (0, 2)
+    assert last.by_kind[Kind.WEIGHTS] == first.by_kind[Kind.WEIGHTS] == _rank0_shard_bytes(3) + 2 * 512
+    assert last.by_kind[Kind.OPTIMIZER_STATES] < first.by_kind[Kind.OPTIMIZER_STATES]

@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_models import tiny_config  # noqa: E402
+from trace_models import tiny_config
 
-from memest.trace import trace  # noqa: E402
-from memest.workload import Engine, LoraConfig, Method, Precision, Recompute, ServingConfig, TrainingConfig  # noqa: E402
+from memest.trace import trace
+from memest.workload import Engine, LoraConfig, Method, Precision, Recompute, ServingConfig, TrainingConfig
 
 TOLERANCE = 0.02
 """Relative difference allowed between the measured and the traced peak."""

@@ -4,10 +4,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memest.result import Kind  # noqa: E402
-from memest.trace._attention import routed_attention  # noqa: E402
-from memest.trace._autocast import AutocastEmulation  # noqa: E402
-from memest.trace._tracker import StorageTracker  # noqa: E402
+from memest.result import Kind
+from memest.trace._attention import routed_attention
+from memest.trace._autocast import AutocastEmulation
+from memest.trace._tracker import StorageTracker
 
 MiB = 1024 * 1024
 F = torch.nn.functional

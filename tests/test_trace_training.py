@@ -12,14 +12,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trace_models import tiny_config  # noqa: E402
+from trace_models import tiny_config
 
-from memest.devices import get_device  # noqa: E402
-from memest.errors import InputError  # noqa: E402
-from memest.estimate import runtime  # noqa: E402
-from memest.result import Kind  # noqa: E402
-from memest.trace import trace  # noqa: E402
-from memest.workload import LoraConfig, Method, Optimizer, Parallelism, Precision, TrainingConfig  # noqa: E402
+from memest.devices import get_device
+from memest.errors import InputError
+from memest.estimate import runtime
+from memest.result import Kind
+from memest.trace import trace
+from memest.workload import LoraConfig, Method, Optimizer, Parallelism, Precision, TrainingConfig
 
 DEVICE = get_device("h100")
 CUBLAS = runtime.cublas_workspace_bytes(DEVICE)

@@ -47,6 +47,7 @@ def trace(
     trust_remote_code: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
     decode_steps: int = 2,
+    rank: int = 0,
 ) -> TraceResult:
     """Run ``workload``'s step with the real model code on the meta device and count every storage.
 
@@ -60,6 +61,7 @@ def trace(
         trust_remote_code: Allow a model_type transformers lacks to run the repository's code.
         progress: Called as ``progress(what, done, total)`` after each decoder-layer pass.
         decode_steps: Serving: decode steps after the prefill.
+        rank: Sharded training: the rank of the FSDP2 group to trace (0 holds the largest shards).
 
     Returns:
         The trace: per-rank peak allocated and reserved, live bytes by kind at the peak, the
@@ -88,4 +90,4 @@ def trace(
             f"memest trace needs torch and transformers ({exc}); install with: pip install torch transformers"
         ) from exc
     return _run.run(cfg, spec, workload, device or get_device(DEFAULT_DEVICE), target=target,
-                    trust_remote_code=trust_remote_code, progress=progress, decode_steps=decode_steps)
+                    trust_remote_code=trust_remote_code, progress=progress, decode_steps=decode_steps, rank=rank)

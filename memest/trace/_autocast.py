@@ -72,7 +72,7 @@ class AutocastEmulation(TorchFunctionMode):
         _active.append(self)
         return super().__enter__()  # type: ignore[no-any-return]
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         _active.remove(self)
         self._cache.clear()

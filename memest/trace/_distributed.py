@@ -3,7 +3,9 @@
 ``FakeStore`` + ``init_process_group("fake", world_size=N)`` gives rank 0 of an N-rank job whose
 collectives return at once without moving data; ``init_device_mesh("cpu", (N,))`` and
 ``fully_shard`` (each decoder layer, then the root, as torchtitan and the FSDP2 docs do) shard
-every parameter to ``ceil(numel(dim 0) / N)`` rows on rank 0. FSDP2 refuses meta parameters in
+every parameter along dim 0 (``torch.chunk``: ceil(rows / N) rows on rank 0, fewer or none on the last
+ranks; every rank's parameter storage is padded to rank 0's size, its optimizer states are not, so
+rank 0 is the largest). FSDP2 refuses meta parameters in
 training, so the sharded model is materialised as fake CPU tensors (``FakeTensorMode`` +
 ``to_empty(device="cpu")``: shapes, dtypes and storages without memory). Everything rank 0
 allocates — the all-gather buffers, the unsharded parameters of the unit being computed, the
@@ -36,15 +38,15 @@ from memest.trace._tracker import StorageTracker
 
 
 @contextlib.contextmanager
-def fake_world(world_size: int) -> Iterator[Any]:
-    """Rank 0 of a fake process group of ``world_size`` ranks; yields its 1-D CPU device mesh."""
+def fake_world(world_size: int, rank: int = 0) -> Iterator[Any]:
+    """``rank`` of a fake process group of ``world_size`` ranks; yields its 1-D CPU device mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialized; the trace needs its own fake one")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:

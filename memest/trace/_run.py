@@ -6,11 +6,13 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from memest.devices import Device
+from memest.errors import InputError
 from memest.estimate import runtime
 from memest.result import Kind
 from memest.sources.config import HFConfig
@@ -19,7 +21,7 @@ from memest.trace import _distributed, _model, _serving, _training
 from memest.trace._attention import routed_attention
 from memest.trace._tracker import StorageTracker, describe
 from memest.trace.result import RankTrace, TensorGroup, TimelinePoint, TraceResult
-from memest.workload import Precision, Recompute, ServingConfig, TrainingConfig, Workload
+from memest.workload import Engine, Method, Precision, Recompute, ServingConfig, TrainingConfig, Workload
 
 Progress = Callable[[str, int, int], None]
 
@@ -42,89 +44,119 @@ class _Ticker:
 
 
 def run(cfg: HFConfig, spec: ModelSpec, workload: Workload, device: Device, *, target: str,
-        trust_remote_code: bool, progress: Progress | None, decode_steps: int) -> TraceResult:
+        trust_remote_code: bool, progress: Progress | None, decode_steps: int, rank: int = 0) -> TraceResult:
     """See :func:`memest.trace.trace`."""
     started = time.perf_counter()
-    tracker = StorageTracker(cuda=target == "cuda")
-    settings: list[str] = []
-    kernels: set[str] = set()
-    world_size = 1
+    job = _Job(cfg, spec, device, target, trust_remote_code, progress, StorageTracker(cuda=target == "cuda"))
     with contextlib.ExitStack() as stack:
         stack.enter_context(_model.data_dependent_answers())
         if isinstance(workload, TrainingConfig):
-            _training.check_supported(workload)
-            par = workload.parallelism
-            sharded = par.zero_stage >= 2 or workload.precision is Precision.FSDP2
-            recipe = _training.sharded_recipe(workload.precision) if sharded else _training.RECIPES[workload.precision]
-            if workload.method.value == "lora":
-                recipe = _training.lora_recipe(recipe)
-            eager = workload.attn_implementation == "eager" and workload.recompute is not Recompute.SELECTIVE
-            model, attn = _model.build(cfg, recipe.param_dtype, "eager" if eager else "sdpa",
-                                       trust_remote_code=trust_remote_code)
-            if attn == "eager" and not eager:
-                settings.append(f"{cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
-            if workload.method.value == "lora":
-                model = _model.apply_lora(model, _model.lora_targets(spec, workload.lora.targets), workload.lora.rank)
-            if workload.recompute is Recompute.FULL:
-                _model.enable_checkpointing(model, tracker.recomputing)
-            model.train()
-            layers, head = _model.decoder_layers(model), _model.lm_head(model)
-            input_device = "meta"
-            if sharded:
-                world_size = par.dp * par.cp
-                mesh = stack.enter_context(_distributed.fake_world(world_size))
-                _distributed.shard(model, mesh, param_dtype=recipe.fsdp_param_dtype,
-                                   reshard_after_forward=par.zero_stage != 2)
-                stack.enter_context(_distributed.fake_tensors(model))
-                stack.enter_context(_distributed.storage_resizes_seen(tracker))
-                input_device = "cpu"
-                tracker.devices = ("cpu",)
-                settings.append(f"FSDP2 fully_shard per decoder layer + root at world size {world_size} (fake process "
-                                f"group), reshard_after_forward={par.zero_stage != 2}, param_dtype "
-                                f"{_dtype_name(recipe.fsdp_param_dtype or recipe.param_dtype)}; rank 0 traced")
-            _adopt_model(tracker, model, target, device)
-            micro = min(workload.grad_accum_steps, 2)
-            ticker = _Ticker(progress, micro * 2 * len(layers) + 1)
-            stack.enter_context(routed_attention(target, kernels))
-            settings += _training.run_step(model, workload, tracker, recipe, device=input_device, tick=ticker,
-                                           layers=layers, head=head)
-            settings.insert(0, _recipe_words(workload, recipe))
-            mode = workload.mode
+            world_size = _trace_training(job, workload, stack, rank)
         elif isinstance(workload, ServingConfig):
-            _serving.check_supported(workload)
-            dtype = _model.torch_dtype(_serving_dtype(spec, workload))
-            model, attn = _model.build(cfg, dtype, "sdpa", trust_remote_code=trust_remote_code)
-            if attn == "eager":
-                settings.append(f"{cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
-            layers, head = _model.decoder_layers(model), _model.lm_head(model)
-            _adopt_model(tracker, model, target, device)
-            max_len = workload.max_model_len or spec.max_position_embeddings or 2048
-            ticker = _Ticker(progress, (decode_steps + 1) * len(layers))
-            stack.enter_context(routed_attention(target, kernels))
-            settings += _serving.run_generate(model, workload, max_len, tracker, device="meta", tick=ticker,
-                                              layers=layers, head=head, decode_steps=decode_steps)
-            settings.insert(0, f"weights in {_dtype_name(dtype)}")
-            mode = "serve"
+            world_size = _trace_serving(job, workload, stack, decode_steps)
         else:
             raise TypeError(f"workload must be a TrainingConfig or ServingConfig, not {type(workload).__name__}")
-        tracker.close()
+        job.tracker.close()
     if spec.quantization is not None:
-        settings.append(f"the checkpoint's {spec.quantization.method} quantization is not simulated: weights traced "
-                        "unquantized")
-    if kernels:
-        settings.append("attention kernels: " + ", ".join(sorted(kernels)))
+        job.settings.append(f"the checkpoint's {spec.quantization.method} quantization is not simulated: weights "
+                            "traced unquantized")
+    if job.kernels:
+        job.settings.append("attention kernels: " + ", ".join(sorted(job.kernels)))
     if target == "cuda":
-        settings.append("CUDA caching allocator replayed (512-byte blocks, 2 MiB / 20 MiB segments, best fit, split)")
+        job.settings.append("CUDA caching allocator replayed (512-byte blocks, 2 MiB / 20 MiB segments, best fit, split)")
     return TraceResult(
         model=spec.name,
-        mode=mode,
+        mode=workload.mode,
         target=target,
         world_size=world_size,
-        ranks=(summarize(tracker),),
+        ranks=(summarize(job.tracker, rank=rank if world_size > 1 else 0),),
         seconds=time.perf_counter() - started,
-        num_ops=tracker.num_ops,
-        settings=tuple(settings),
+        num_ops=job.tracker.num_ops,
+        settings=tuple(job.settings),
     )
+
+
+@dataclass
+class _Job:
+    """What a traced run shares between its steps."""
+
+    cfg: HFConfig
+    spec: ModelSpec
+    device: Device
+    target: str
+    trust_remote_code: bool
+    progress: Progress | None
+    tracker: StorageTracker
+    settings: list[str] = field(default_factory=list)
+    kernels: set[str] = field(default_factory=set)
+
+    def build(self, dtype: torch.dtype, attn_implementation: str) -> Any:
+        model, attn = _model.build(self.cfg, dtype, attn_implementation, trust_remote_code=self.trust_remote_code)
+        if attn != attn_implementation:
+            self.settings.append(f"{self.cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
+        return model
+
+
+def _trace_training(job: _Job, t: TrainingConfig, stack: contextlib.ExitStack, rank: int) -> int:
+    """Build, shard (ZeRO-2/3, fsdp2) and trace one training step; returns the world size simulated."""
+    _training.check_supported(t)
+    par, tracker = t.parallelism, job.tracker
+    sharded = par.zero_stage >= 2 or t.precision is Precision.FSDP2
+    recipe = _training.sharded_recipe(t.precision) if sharded else _training.RECIPES[t.precision]
+    if t.method is Method.LORA:
+        recipe = _training.lora_recipe(recipe)
+    eager = t.attn_implementation == "eager" and t.recompute is not Recompute.SELECTIVE
+    model = job.build(recipe.param_dtype, "eager" if eager else "sdpa")
+    if t.method is Method.LORA:
+        model = _model.apply_lora(model, _model.lora_targets(job.spec, t.lora.targets), t.lora.rank)
+    if t.recompute is Recompute.FULL:
+        _model.enable_checkpointing(model, tracker.recomputing)
+    model.train()
+    layers, head = _model.decoder_layers(model), _model.lm_head(model)
+    world_size, input_device = 1, "meta"
+    if sharded:
+        world_size = par.dp * par.cp
+        if not 0 <= rank < world_size:
+            raise InputError(f"rank {rank} is not in the {world_size} ranks of the sharding group")
+        mesh = stack.enter_context(_distributed.fake_world(world_size, rank))
+        _distributed.shard(model, mesh, param_dtype=recipe.fsdp_param_dtype, reshard_after_forward=par.zero_stage != 2)
+        stack.enter_context(_distributed.fake_tensors(model))
+        stack.enter_context(_distributed.storage_resizes_seen(tracker))
+        input_device, tracker.devices = "cpu", ("cpu",)
+        job.settings.append(f"FSDP2 fully_shard per decoder layer + root at world size {world_size} (fake process "
+                            f"group), reshard_after_forward={par.zero_stage != 2}, param_dtype "
+                            f"{_dtype_name(recipe.fsdp_param_dtype or recipe.param_dtype)}; rank {rank} traced")
+    elif par.dp * par.cp > 1:
+        job.settings.append(f"dp {par.dp * par.cp} without ZeRO: one replica traced; DDP's gradient buckets "
+                            "(one more gradient-sized buffer) are not simulated")
+    _adopt_model(tracker, model, job.target, job.device)
+    ticker = _Ticker(job.progress, min(t.grad_accum_steps, 2) * 2 * len(layers) + 1)
+    stack.enter_context(routed_attention(job.target, job.kernels))
+    job.settings += _training.run_step(model, t, tracker, recipe, device=input_device, tick=ticker, layers=layers,
+                                       head=head)
+    job.settings.insert(0, _recipe_words(t, recipe))
+    return world_size
+
+
+def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, decode_steps: int) -> int:
+    """Build and trace transformers generate; returns the world size simulated (1)."""
+    from memest.estimate.serving import weight_dtype
+
+    _serving.check_supported(s)
+    dtype = _model.torch_dtype(weight_dtype(job.spec, s))
+    model = job.build(dtype, "sdpa")
+    layers, head = _model.decoder_layers(model), _model.lm_head(model)
+    _adopt_model(job.tracker, model, job.target, job.device)
+    max_len = s.max_model_len or job.spec.max_position_embeddings or 2048
+    ticker = _Ticker(job.progress, (decode_steps + 1) * len(layers))
+    stack.enter_context(routed_attention(job.target, job.kernels))
+    job.settings += _serving.run_generate(model, s, max_len, job.tracker, device="meta", tick=ticker, layers=layers,
+                                          head=head, decode_steps=decode_steps)
+    job.settings.insert(0, f"weights in {_dtype_name(dtype)}")
+    if s.engine is Engine.VLLM:
+        job.settings.append("the trace runs transformers generate; vLLM's KV pool is a budget, not a trace: compare "
+                            "its weights and activations, or use --engine hf")
+    return 1
 
 
 def _adopt_model(tracker: StorageTracker, model: Any, target: str, device: Device) -> None:
@@ -139,12 +171,6 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _serving_dtype(spec: ModelSpec, s: ServingConfig) -> str:
-    from memest.estimate.serving import weight_dtype
-
-    return weight_dtype(spec, s)
-
-
 def _recipe_words(t: TrainingConfig, recipe: _training.TraceRecipe) -> str:
     words = f"precision {t.precision.value}: parameters {_dtype_name(recipe.param_dtype)}"
     if recipe.autocast:
@@ -154,7 +180,7 @@ def _recipe_words(t: TrainingConfig, recipe: _training.TraceRecipe) -> str:
     return words + f", optimizer torch {t.optimizer.value} (foreach)"
 
 
-def summarize(tracker: StorageTracker, *, top: int = TOP_GROUPS, points: int = TIMELINE_POINTS) -> RankTrace:
+def summarize(tracker: StorageTracker, *, rank: int = 0, top: int = TOP_GROUPS, points: int = TIMELINE_POINTS) -> RankTrace:
     """The peak of a finished trace, what was live then, and the timeline by kind."""
     peak_event = tracker.peak_event
     by_kind: dict[Kind, int] = defaultdict(int)
@@ -175,7 +201,7 @@ def summarize(tracker: StorageTracker, *, top: int = TOP_GROUPS, points: int = T
     allocator = tracker.allocator
     timeline, phase_peaks = _timeline(tracker, points)
     return RankTrace(
-        rank=0,
+        rank=rank,
         peak_allocated_bytes=tracker.peak,
         peak_reserved_bytes=allocator.peak_reserved_bytes if allocator is not None else tracker.peak,
         peak_tensor_bytes=tracker.peak_tensor_bytes,

@@ -105,5 +105,6 @@ def run_generate(model: Any, s: ServingConfig, max_model_len: int, tracker: Stor
             del out
             ids = torch.argmax(next_logits, dim=-1)[:, None]
             del next_logits
-    return [f"transformers generate: DynamicCache, prompt {prompt} tokens x {s.batch_size} sequences, "
-            f"{decode_steps} decode steps to {max_model_len} tokens"]
+    note = (f"transformers generate: DynamicCache, prompt {prompt} tokens x {s.batch_size} sequences, "
+            f"{decode_steps} decode steps to {max_model_len} tokens")
+    return [note]

@@ -197,8 +197,7 @@ class StorageTracker(TorchDispatchMode):
             self.peak = self.allocated
             self.peak_event = len(self.events) - 1
         self.tensor_bytes += nbytes
-        if self.tensor_bytes > self.peak_tensor_bytes:
-            self.peak_tensor_bytes = self.tensor_bytes
+        self.peak_tensor_bytes = max(self.peak_tensor_bytes, self.tensor_bytes)
         return rid
 
     def release(self, rid: int) -> None:

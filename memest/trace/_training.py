@@ -296,6 +296,8 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
         tick("optimizer")
         opt.step()
         tracker.retag(optimizer_state_tensors(opt), Kind.OPTIMIZER_STATES, "optimizer state")
+        # FSDP2's lazy init re-creates padded shards on ranks whose shard is short: settle them as weights
+        tracker.retag([local(p) for p in model.parameters()], Kind.WEIGHTS, "parameter")
         opt.zero_grad(set_to_none=True)
     if t.grad_accum_steps > 2:
         notes.append(f"{t.grad_accum_steps} micro-batches: traced 2 (later ones repeat the second)")

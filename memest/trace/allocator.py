@@ -70,7 +70,7 @@ class _Block:
 class _Pool:
     """Free blocks of one pool, ordered by (size, address) like ``BlockComparatorSize``."""
 
-    __slots__ = ("keys", "blocks")
+    __slots__ = ("blocks", "keys")
 
     def __init__(self) -> None:
         self.keys: list[tuple[int, int]] = []

@@ -39,7 +39,9 @@ def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trus
 
 
 def _rel(row: ComparisonRow) -> str:
-    return f"{row.relative:+.1%}" if row.relative is not None else "—"
+    if row.relative is None or abs(row.diff_bytes) < 1 << 20:  # under 1 MiB either way: no meaningful share
+        return "—" if row.relative is None else "±0"
+    return f"{row.relative:+.1%}"
 
 
 def render(result: TraceResult, comparison: Comparison) -> Any:
@@ -50,7 +52,7 @@ def render(result: TraceResult, comparison: Comparison) -> Any:
 
     per = result.per_device
     table = Table(title=f"trace vs estimate (peak in {comparison.peak_phase}; {result.world_size} device"
-                        f"{'s' if result.world_size > 1 else ''}, rank 0)")
+                        f"{'s' if result.world_size > 1 else ''}, rank {per.rank})")
     for col, justify in (("kind", "left"), ("estimate", "right"), ("trace", "right"), ("trace − estimate", "right"),
                          ("of trace", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
@@ -78,7 +80,7 @@ def to_markdown(result: TraceResult, comparison: Comparison) -> str:
     """The comparison as a Markdown table."""
     lines = [
         "",
-        f"**trace vs estimate** (peak in {comparison.peak_phase}; {result.world_size} device(s), rank 0)",
+        f"**trace vs estimate** (peak in {comparison.peak_phase}; {result.world_size} device(s), rank {result.per_device.rank})",
         "",
         "| kind | estimate GiB | trace GiB | trace − estimate GiB | of trace |",
         "|---|---:|---:|---:|---:|",

@@ -53,7 +53,7 @@ class RankTrace:
     """The trace of one rank.
 
     Attributes:
-        rank: The rank simulated (0 holds the largest shard under FSDP's even chunking).
+        rank: The rank simulated (0 holds the largest shards under FSDP2's chunking).
         peak_allocated_bytes: Peak of the simulated caching allocator's allocated bytes
             (``torch.cuda.max_memory_allocated``); on a CPU target, the peak of tensor bytes.
         peak_reserved_bytes: Peak of its reserved segments (``max_memory_reserved``); equal to
