@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -19,6 +20,10 @@ from memest.devices import DEFAULT_DEVICE, Device, get_device
 from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import (
+    AttnImplementation,
+    Framework,
+    FsdpStrategy,
+    Loss,
     Engine,
     LoraConfig,
     Method,
@@ -70,10 +75,29 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "lora_rank": (Annotated[int, _opt("--lora-rank", help="LoRA rank r.", panel=TRAIN)], 16),
     "lora_targets": (Annotated[str, _opt("--lora-targets", help="attention, all-linear, or module names (q_proj,v_proj).",
                                          panel=TRAIN)], "attention"),
-    "attn_implementation": (Annotated[str, _opt("--attn-implementation", help="sdpa, flash_attention_2 or eager "
-                                                "(eager stores the s x s scores).", panel=TRAIN)], "sdpa"),
-    "loss": (Annotated[str, _opt("--loss", help="default (full fp32 logits) or chunked (fused/chunked cross-entropy).",
-                                 panel=TRAIN)], "default"),
+    "attn_implementation": (Annotated[AttnImplementation, _opt("--attn-implementation", help="sdpa, flash_attention_2 "
+                                                               "or eager (eager stores the s x s scores).", panel=TRAIN,
+                                                               case_sensitive=False)], AttnImplementation.SDPA),
+    "loss": (Annotated[Loss, _opt("--loss", help="default (full logits, fp32 log-softmax), chunked (torchtune "
+                                  "chunked CE) or fused (Liger / Cut Cross-Entropy).", panel=TRAIN, case_sensitive=False)],
+             Loss.DEFAULT),
+    "lora_dropout": (Annotated[float, _opt("--lora-dropout", help="PEFT lora_dropout (each adapted linear keeps a mask "
+                                           "and a copy of its input).", panel=TRAIN)], 0.0),
+    "target_len": (Annotated[int | None, _opt("--target-len", help="Decoder tokens per sequence of an encoder-decoder "
+                                              "model [default: --seq-len].", panel=TRAIN)], None),
+    "framework": (Annotated[Framework, _opt("--framework", help="Who runs the step: pytorch (one process: HF Trainer, "
+                                            "torchtune, litgpt), ddp, deepspeed, megatron, fsdp; auto picks from "
+                                            "--precision and parallelism.", panel=TRAIN, case_sensitive=False)],
+                  Framework.AUTO),
+    "fsdp": (Annotated[FsdpStrategy | None, _opt("--fsdp", help="PyTorch FSDP sharding strategy (sets --framework fsdp "
+                                                 "and the ZeRO stage; hybrid_shard shards within a node).", panel=PAR,
+                                                 case_sensitive=False)], None),
+    "set_grads_to_none": (Annotated[bool, _opt("--set-grads-to-none/--keep-grads", help="zero_grad(set_to_none=True) "
+                                               "frees gradients between steps (PyTorch >= 2.0); --keep-grads for "
+                                               "torch 1.x.", panel=TRAIN)], True),
+    "prepare_kbit_training": (Annotated[bool, _opt("--prepare-kbit-training", help="QLoRA: PEFT "
+                                                   "prepare_model_for_kbit_training upcasts non-quantized weights to "
+                                                   "fp32.", panel=TRAIN)], False),
     # serving
     "batch_size": (Annotated[int, _opt("--batch-size", help="Concurrent sequences, each up to max_model_len.", panel=SERVE)], 1),
     "max_model_len": (Annotated[int | None, _opt("--max-model-len", help="Longest sequence (prompt + output) in tokens "
@@ -109,6 +133,10 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') [default: {DEFAULT_DEVICE}, and list "
                                        "every device that fits].", panel=PAR)], None),
     "gpus": (Annotated[int, _opt("--gpus", help="Devices in the job (tp x pp x cp x dp).", panel=PAR)], 1),
+    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) [default: --gpus / (tp x pp x cp)].",
+                                      panel=PAR)], None),
+    "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over [default: "
+                                            "all dp x cp ranks].", panel=PAR)], None),
     "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree [serving default: --gpus / --pp].", panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
@@ -161,6 +189,30 @@ class JobOptions:
             raise InputError(f"--headroom {h} must be in [0, 1), e.g. 0.1 for 10%")
         return float(h)
 
+    def _training(self, spec: ModelSpec) -> TrainingConfig:
+        """The training workload (``--train`` / ``--finetune``)."""
+        v = self.values
+        par, framework = _training_parallelism(v, self.device)
+        default_len = min(2048, spec.max_position_embeddings or 2048)
+        return TrainingConfig(
+            method=v["finetune"] or Method.FULL,
+            micro_batch_size=v["micro_batch_size"],
+            seq_len=v["seq_len"] if v["seq_len"] is not None else default_len,
+            grad_accum_steps=v["grad_accum_steps"],
+            precision=v["precision"],
+            optimizer=v["optimizer"],
+            recompute=v["recompute"],
+            attn_implementation=v["attn_implementation"],
+            loss=v["loss"],
+            lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"], dropout=v["lora_dropout"]),
+            offload=v["offload"],
+            parallelism=par,
+            framework=framework,
+            set_grads_to_none=v["set_grads_to_none"],
+            target_len=v["target_len"],
+            prepare_kbit_training=v["prepare_kbit_training"],
+        )
+
     def workload(self, spec: ModelSpec) -> Workload:
         """The workload for ``spec``.
 
@@ -178,27 +230,7 @@ class JobOptions:
         if v["tp"] is not None and v["tp"] < 1:
             raise InputError(f"--tp is {v['tp']}; it must be at least 1")
         if modes and modes[0] in ("train", "finetune"):
-            tp = v["tp"] or 1
-            group = tp * pp * cp
-            if gpus % group:
-                raise InputError(f"--gpus {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}")
-            par = Parallelism(tp=tp, pp=pp, cp=cp, dp=gpus // group, ep=v["ep"], zero_stage=v["zero_stage"],
-                              sequence_parallel=v["sequence_parallel"])
-            default_len = min(2048, spec.max_position_embeddings or 2048)
-            return TrainingConfig(
-                method=v["finetune"] or Method.FULL,
-                micro_batch_size=v["micro_batch_size"],
-                seq_len=v["seq_len"] if v["seq_len"] is not None else default_len,
-                grad_accum_steps=v["grad_accum_steps"],
-                precision=v["precision"],
-                optimizer=v["optimizer"],
-                recompute=v["recompute"],
-                attn_implementation=v["attn_implementation"],
-                loss=v["loss"],
-                lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"]),
-                offload=v["offload"],
-                parallelism=par,
-            )
+            return self._training(spec)
         if gpus % (pp * cp):
             raise InputError(f"--gpus {gpus} is not divisible by --pp {pp}; use a multiple of {pp}")
         tp = v["tp"] if v["tp"] is not None else gpus // pp
@@ -231,6 +263,42 @@ class JobOptions:
             checkpoint_params=checkpoint,
             parallelism=par,
         )
+
+
+def _training_parallelism(v: dict[str, Any], device: Device) -> tuple[Parallelism, Framework]:
+    """Parallel degrees and framework from --gpus/--dp, --tp/--pp/--cp/--ep, --zero-stage/--fsdp.
+
+    Raises:
+        InputError: --gpus and --dp disagree, --gpus is not divisible, or --fsdp conflicts with
+            --zero-stage / --framework.
+    """
+    tp, pp, cp = v["tp"] or 1, v["pp"], v["cp"]
+    group = tp * pp * cp
+    gpus, dp = v["gpus"], v["dp"]
+    if dp is not None:
+        if dp < 1:
+            raise InputError(f"--dp is {dp}; it must be at least 1")
+        if gpus not in (1, dp * group):
+            raise InputError(f"--gpus {gpus} is not dp x tp x pp x cp = {dp * group}; drop one of --gpus / --dp")
+    else:
+        if gpus % group:
+            raise InputError(f"--gpus {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}")
+        dp = gpus // group
+    zero, framework, dp_shard = v["zero_stage"], v["framework"], v["dp_shard"]
+    fsdp = v["fsdp"]
+    if fsdp is not None:
+        if framework not in (Framework.AUTO, Framework.FSDP):
+            raise InputError(f"--fsdp {fsdp.value} runs under FSDP; drop --framework {framework.value}")
+        stage = {FsdpStrategy.FULL_SHARD: 3, FsdpStrategy.HYBRID_SHARD: 3, FsdpStrategy.SHARD_GRAD_OP: 2,
+                 FsdpStrategy.NO_SHARD: 0}[fsdp]
+        if zero not in (0, stage):
+            raise InputError(f"--fsdp {fsdp.value} is ZeRO stage {stage}; drop --zero-stage {zero}")
+        zero, framework = stage, Framework.FSDP
+        if fsdp is FsdpStrategy.HYBRID_SHARD and dp_shard is None:
+            dp_shard = math.gcd(dp * cp, max(1, device.per_node // (tp * pp)))
+    par = Parallelism(tp=tp, pp=pp, cp=cp, dp=dp, ep=v["ep"], zero_stage=zero,
+                      sequence_parallel=v["sequence_parallel"], dp_shard=dp_shard)
+    return par, framework
 
 
 def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:

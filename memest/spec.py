@@ -256,6 +256,10 @@ class ModelSpec:
         quantization: The checkpoint's quantization, if any.
         source: Where the config came from (``catalog``, a path, ``hub``).
         notes: What the adapter wants users to know (derived configs, uncounted modules).
+        hidden_dropout: Dropout probability on the residual branches (after the attention output
+            and the MLP) and the embeddings; training keeps a 1-byte mask per element.
+        attention_dropout: Dropout probability on the attention probabilities (eager attention
+            keeps a mask of the s x s matrix).
     """
 
     name: str
@@ -273,6 +277,8 @@ class ModelSpec:
     quantization: QuantizationSpec | None = None
     source: str = "catalog"
     notes: tuple[str, ...] = ()
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
