@@ -68,9 +68,10 @@ class AutocastEmulation(TorchFunctionMode):
         self.dtype = dtype
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def __enter__(self) -> AutocastEmulation:
+    def __enter__(self) -> AutocastEmulation:  # noqa: PYI034 - the mode object itself is what callers use
         _active.append(self)
-        return super().__enter__()  # type: ignore[no-any-return]
+        super().__enter__()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)

@@ -103,8 +103,6 @@ def _trace_training(job: _Job, t: TrainingConfig, stack: contextlib.ExitStack, r
     par, tracker = t.parallelism, job.tracker
     sharded = par.zero_stage >= 2 or t.precision is Precision.FSDP2
     recipe = _training.sharded_recipe(t.precision) if sharded else _training.RECIPES[t.precision]
-    if t.method is Method.LORA:
-        recipe = _training.lora_recipe(recipe)
     eager = t.attn_implementation == "eager" and t.recompute is not Recompute.SELECTIVE
     model = job.build(recipe.param_dtype, "eager" if eager else "sdpa")
     if t.method is Method.LORA:
@@ -175,9 +173,7 @@ def _recipe_words(t: TrainingConfig, recipe: _training.TraceRecipe) -> str:
     words = f"precision {t.precision.value}: parameters {_dtype_name(recipe.param_dtype)}"
     if recipe.autocast:
         words += f", autocast {_dtype_name(recipe.autocast)}"
-    if recipe.flat_master:
-        words += ", fp32 flat master (DeepSpeed ZeRO step)"
-    return words + f", optimizer torch {t.optimizer.value} (foreach)"
+    return words + f", optimizer {t.optimizer.value}"
 
 
 def summarize(tracker: StorageTracker, *, rank: int = 0, top: int = TOP_GROUPS, points: int = TIMELINE_POINTS) -> RankTrace:

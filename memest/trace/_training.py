@@ -8,24 +8,26 @@ with the loss inside the model (``labels=``, as the HF Trainer calls it; the Mod
 logits is dropped before backward, as ``Trainer.compute_loss`` does), backward, then
 ``optimizer.step()`` and ``zero_grad(set_to_none=True)``.
 
-Precision recipes (the names of :class:`memest.workload.Precision`) as concrete code:
+The framework that runs the step is the analytic estimate's (:func:`memest.workload.resolve_framework`):
 
-| recipe | parameters | forward | gradients | optimizer | reference code |
-|---|---|---|---|---|---|
-| fp32 | fp32 | fp32 | fp32, made in backward | torch AdamW (foreach), fp32 states | plain PyTorch |
-| bf16 | bf16 | bf16 | bf16, made in backward | torch AdamW, states in the param dtype | plain PyTorch |
-| amp | fp32 | autocast bf16 | fp32, made in backward | torch AdamW, fp32 states | HF Trainer ``bf16=True`` |
-| mixed / fp16 | bf16 / fp16 | bf16 / fp16 | bf16 / fp16, made in backward | fp32 flat master + fp32 states | DeepSpeed ZeRO-1/2 ``step`` |
-| fsdp2 | fp32, sharded | bf16 (gathered copies) | fp32, sharded | torch AdamW on the shards | FSDP2 ``MixedPrecisionPolicy`` |
+| framework | gradients | optimizer | reference code |
+|---|---|---|---|
+| pytorch | ``param.grad`` made in backward, freed by ``zero_grad(set_to_none=True)`` (kept with ``set_grads_to_none=False``) | torch optimizer on the parameters | HF Trainer, torchtune |
+| ddp | as pytorch, plus bucket buffers covering every trained parameter | as pytorch | ``DistributedDataParallel(gradient_as_bucket_view=False)`` |
+| deepspeed (ZeRO 0) | 16-bit ``param.grad`` (cleared at the next ``backward``), accumulated into a persistent fp32 flat gradient | fused Adam on an fp32 flat master | ``deepspeed/runtime/bf16_optimizer.py`` |
+| fsdp | sharded, at ``reduce_dtype`` | torch optimizer on the shards | FSDP2 ``fully_shard`` (see ``_distributed``) |
+
+Precision recipes (the names of :class:`memest.workload.Precision`): ``fp32`` and ``bf16`` keep
+parameters, gradients and torch optimizer states in that dtype; ``amp`` keeps fp32 parameters and
+runs the forward under (emulated) autocast bf16; ``mixed`` / ``fp16`` keep 16-bit parameters under
+DeepSpeed's fp32 master; ``fsdp2`` (and ZeRO-2/3) shard fp32 parameters with bf16 gathered compute
+copies. ``--optimizer adamw`` is torch AdamW with ``foreach=True`` (one ``exp_avg_sq.sqrt()``
+temporary for all parameters of a dtype), ``adamw_fused`` and DeepSpeed's optimizer the fused
+kernel (no temporary; its step counters on the device).
 
 LoRA (PEFT ``get_peft_model``): the frozen base at the recipe's parameter dtype, the adapters as
-PEFT keeps them (fp32 when the base is 16-bit), torch AdamW straight on the adapters — no master
-copy, as with the HF Trainer — and the recipe's autocast, if any.
-
-``mixed``/``fp16`` follow ``deepspeed/runtime/zero/stage_1_and_2.py`` (``step``) at one device:
-the 16-bit gradients are flattened and cast to one fp32 flat gradient, the 16-bit gradients are
-freed, the optimizer steps the fp32 flat master (its states flat fp32 too), and the master is
-copied back into the 16-bit parameters.
+PEFT keeps them (fp32 when the base is 16-bit); the framework and optimizer as above over the
+adapters.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from memest.errors import InputError
 from memest.result import Kind
 from memest.trace._autocast import AutocastEmulation
 from memest.trace._tracker import StorageTracker
-from memest.workload import Optimizer, Precision, TrainingConfig
+from memest.workload import Framework, Optimizer, Precision, TrainingConfig, resolve_framework
 
 ADAM_BETAS = (0.9, 0.999)
 
@@ -53,7 +55,7 @@ class TraceRecipe:
     Attributes:
         param_dtype: dtype of the model's parameters.
         autocast: Autocast dtype of the forward, or None.
-        flat_master: True for a DeepSpeed-style fp32 flat master copy stepped by the optimizer.
+        flat_master: True for the 16-bit recipes whose fp32 master DeepSpeed keeps.
         fsdp_param_dtype: FSDP2 ``MixedPrecisionPolicy.param_dtype`` when sharded (None: none).
     """
 
@@ -81,25 +83,21 @@ def sharded_recipe(precision: Precision) -> TraceRecipe:
     return r
 
 
-def lora_recipe(recipe: TraceRecipe) -> TraceRecipe:
-    """LoRA as PEFT + the HF Trainer run it: the base at the recipe's dtype, the adapters as PEFT keeps
-    them (fp32 on a 16-bit base), torch AdamW straight on the adapters (no separate master copy)."""
-    return TraceRecipe(recipe.param_dtype, autocast=recipe.autocast, fsdp_param_dtype=recipe.fsdp_param_dtype)
-
-
 def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.optim.Optimizer:
-    """The torch optimizer memest's ``--optimizer`` names, with ``foreach=True`` as on a GPU.
+    """The torch optimizer memest's ``--optimizer`` names.
 
-    torch picks the foreach implementation by default only for CUDA tensors
-    (``torch/optim/optimizer.py`` ``_default_to_fused_or_foreach``); it is forced here so the
-    meta run keeps the same temporaries (e.g. AdamW's ``exp_avg_sq.sqrt()`` for all parameters
-    of a dtype at once).
+    ``adamw`` is forced to ``foreach=True``: torch picks the foreach implementation by default only
+    for CUDA tensors (``torch/optim/optimizer.py`` ``_default_to_fused_or_foreach``), so the meta run
+    keeps the same temporaries as a GPU run. ``adamw_fused`` runs the fused kernel's meta
+    implementation (see :func:`fused_kernels_on_meta`).
 
     Raises:
         InputError: an optimizer whose kernels have no meta implementation (8-bit, Lion).
     """
     if optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, foreach=True)
+    if optimizer is Optimizer.ADAMW_FUSED:
+        return torch.optim.AdamW(params, lr=1e-5, betas=ADAM_BETAS, fused=True)
     if optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=1e-3, foreach=True)
     if optimizer is Optimizer.SGD_MOMENTUM:
@@ -108,66 +106,127 @@ def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.op
         return torch.optim.Adafactor(params, lr=1e-3, foreach=True)
     raise InputError(
         f"--optimizer {optimizer.value} cannot be traced (its kernels come from bitsandbytes or an external "
-        "package with no meta implementation); trace with adamw, adafactor, sgd or sgd_momentum"
+        "package with no meta implementation); trace with adamw, adamw_fused, adafactor, sgd or sgd_momentum"
     )
 
 
-class FlatMasterOptimizer:
-    """DeepSpeed ZeRO-1/2's mixed-precision step at one device (``stage_1_and_2.py``, ``step``).
+@contextlib.contextmanager
+def fused_kernels_on_meta() -> Iterator[None]:
+    """Let ``fused=True`` optimizers run on meta tensors: torch only checks the device type
+    (``torch/optim/adam.py`` ``_device_dtype_check_for_fused``); ``_fused_adamw_`` has a meta kernel."""
+    import torch.optim.adam as adam
 
-    Holds one fp32 flat copy of the trainable 16-bit parameters; ``step`` flattens the 16-bit
-    gradients, casts them to one fp32 flat gradient, frees the 16-bit gradients, steps the inner
-    optimizer on the flat master and copies it back into the parameters.
+    original = adam._device_dtype_check_for_fused
+    adam._device_dtype_check_for_fused = lambda p, cuda_unsupported=False: None
+    try:
+        yield
+    finally:
+        adam._device_dtype_check_for_fused = original
+
+
+class PyTorchLoop:
+    """Plain PyTorch: ``loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad(set_to_none)``.
+
+    With ``ddp_buckets``, DistributedDataParallel's reducer also holds bucket buffers covering every
+    trained parameter at the gradient dtype (``torch/nn/parallel/distributed.py``,
+    ``gradient_as_bucket_view=False``): allocated once, kept for the whole run.
+    """
+
+    def __init__(self, params: list[torch.Tensor], optimizer: Optimizer, *, set_to_none: bool,
+                 ddp_buckets: bool = False) -> None:
+        self.params = params
+        self.inner = make_optimizer(params, optimizer)
+        self.set_to_none = set_to_none
+        self.buckets = [torch.empty(sum(local(p).numel() for p in params if p.dtype == d), dtype=d, device=params[0].device)
+                        for d in {p.dtype for p in params}] if ddp_buckets else []
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad(set_to_none=self.set_to_none)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return _states(self.inner)
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        return [local(p.grad) for p in self.params if p.grad is not None] + self.buckets
+
+    def step_counters(self) -> list[torch.Tensor]:
+        return _step_counters(self.inner)
+
+
+class DeepSpeedBf16Optimizer:
+    """DeepSpeed's 16-bit optimizer at ZeRO stage 0 (``deepspeed/runtime/bf16_optimizer.py``), one device.
+
+    An fp32 flat master of the trained parameters and a persistent fp32 flat gradient
+    (``fp32_groups_gradients_flat``); ``backward`` first drops the 16-bit gradients of the previous
+    step (``clear_lp_grads``), runs autograd, then adds each 16-bit gradient into its fp32 slice
+    (``_update_hp_grad``: ``hp_grad.add_(lp.grad.to(fp32))``); ``step`` runs the fused Adam on the
+    master with the fp32 gradient as its ``.grad``, copies the master back into the 16-bit
+    parameters and zeroes the fp32 gradient. The engine does not zero the 16-bit gradients after
+    the step for bf16 without ZeRO (``engine.py`` ``_take_model_step``), so they live through the
+    next forward. DeepSpeed's FP16_Optimizer (``fp16``) is traced the same way.
     """
 
     def __init__(self, params: list[torch.Tensor], optimizer: Optimizer) -> None:
         self.params = params
         with torch.no_grad():
             self.master = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
+            self.hp_grads = torch.zeros_like(self.master)
         self.master.requires_grad_(True)
-        self.inner = make_optimizer([self.master], optimizer)
+        # DeepSpeed runs its FusedAdam for adamw (no step temporary)
+        self.inner = make_optimizer([self.master], Optimizer.ADAMW_FUSED if optimizer is Optimizer.ADAMW else optimizer)
+
+    def _slices(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            yield p, self.master[offset:offset + n].view_as(p), self.hp_grads[offset:offset + n].view_as(p)
+            offset += n
+
+    def backward(self, loss: torch.Tensor) -> None:
+        for p in self.params:
+            p.grad = None
+        loss.backward()
+        with torch.no_grad():
+            for p, _, hp_grad in self._slices():
+                if p.grad is not None:
+                    hp_grad.add_(p.grad.to(hp_grad.dtype))
 
     @torch.no_grad()
     def step(self) -> None:
-        # a parameter the step did not reach gets zeros, as DeepSpeed's flat partition does
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
-        self.master.grad = flat.to(torch.float32)
-        del flat
-        for p in self.params:
-            p.grad = None
+        self.master.grad = self.hp_grads
         self.inner.step()
-        self.master.grad = None
-        offset = 0
-        for p in self.params:
-            p.copy_(self.master[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, master, _ in self._slices():
+            p.copy_(master)
+        self.hp_grads.zero_()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            p.grad = None
+    def zero_grad(self) -> None:
+        """The engine leaves the 16-bit gradients to the next backward (bf16, ZeRO 0)."""
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """The master copy and the inner optimizer's states."""
-        return [self.master, *optimizer_state_tensors(self.inner)]
+        return [self.master, *_states(self.inner)]
+
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.params if p.grad is not None] + [self.hp_grads]
+
+    def step_counters(self) -> list[torch.Tensor]:
+        return _step_counters(self.inner)
 
 
-def optimizer_state_tensors(opt: Any) -> list[torch.Tensor]:
-    """Every tensor in an optimizer's state (DTensors as their local shards)."""
-    if isinstance(opt, FlatMasterOptimizer):
-        return opt.state_tensors()
-    out = []
-    for state in opt.state.values():
-        for v in state.values():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
-                out.append(local(v))
-    return out
+def _states(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Every non-scalar tensor in an optimizer's state (DTensors as their local shards)."""
+    return [local(v) for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
 
 
-def step_counters(opt: Any) -> list[torch.Tensor]:
-    """The optimizer's 0-dim ``step`` tensors: CPU scalars on a GPU run (foreach, not capturable)."""
-    inner = opt.inner if isinstance(opt, FlatMasterOptimizer) else opt
-    return [local(v) for state in inner.state.values() for k, v in state.items()
-            if k == "step" and isinstance(v, torch.Tensor)]
+def _step_counters(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The 0-dim ``step`` tensors of non-fused, non-capturable groups: CPU scalars on a GPU run."""
+    return [local(state["step"]) for group in opt.param_groups if not (group.get("fused") or group.get("capturable"))
+            for p in group["params"] if isinstance((state := opt.state.get(p, {})).get("step"), torch.Tensor)]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -245,6 +304,9 @@ def check_supported(t: TrainingConfig) -> None:
                              "sharding (FSDP2 / ZeRO-2/3) only; drop --" + name)
     if par.zero_stage == 1:
         raise InputError("--zero-stage 1 cannot be traced: FSDP2 shards gradients too; trace --zero-stage 2 or 3")
+    if resolve_framework(t) is Framework.MEGATRON:
+        raise InputError("--framework megatron cannot be traced (Megatron-LM's model code is not transformers'); "
+                         "trace with --framework deepspeed, pytorch or fsdp")
 
 
 def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: TraceRecipe, *, device: str,
@@ -267,18 +329,24 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
     micro_batches = min(t.grad_accum_steps, 2)
     hooks = StepHooks(tracker, layers, head, tick)
     autocast = (lambda: AutocastEmulation(recipe.autocast)) if recipe.autocast else contextlib.nullcontext
-    with tracker, hooks.installed():
+    framework = resolve_framework(t)
+    with tracker, hooks.installed(), fused_kernels_on_meta():
         tracker.enter_phase("setup", Kind.OPTIMIZER_STATES)
-        if recipe.flat_master:
-            opt: Any = FlatMasterOptimizer(trainable, t.optimizer)
+        if recipe.flat_master and framework is Framework.DEEPSPEED:
+            opt: Any = DeepSpeedBf16Optimizer(trainable, t.optimizer)
+            notes.append("DeepSpeed bf16 optimizer (ZeRO 0): fp32 flat master and gradient, fused Adam")
         else:
-            opt = make_optimizer(trainable, t.optimizer)
+            opt = PyTorchLoop(trainable, t.optimizer, set_to_none=t.set_grads_to_none,
+                              ddp_buckets=framework is Framework.DDP)
+            if framework is Framework.DDP:
+                notes.append("DDP gradient buckets (gradient_as_bucket_view=False) over every trained parameter")
         for p in trainable:
             p.grad = torch.zeros_like(p)
         opt.step()
-        opt.zero_grad(set_to_none=True)
-        tracker.retag(optimizer_state_tensors(opt), Kind.OPTIMIZER_STATES, "optimizer state")
-        tracker.ignore(step_counters(opt))
+        opt.zero_grad()
+        tracker.retag(opt.state_tensors(), Kind.OPTIMIZER_STATES, "optimizer state")
+        tracker.retag(opt.gradient_tensors(), Kind.GRADIENTS, "gradient")
+        tracker.ignore(opt.step_counters())
         tracker.reset_peak()
 
         for _ in range(micro_batches):
@@ -289,16 +357,16 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             tracker.retag_freed_since(start, Kind.ACTIVATIONS, Kind.WORKSPACE)
             tracker.enter_phase("backward", Kind.LOGITS)
-            (loss / t.grad_accum_steps).backward()
+            opt.backward(loss / t.grad_accum_steps)
             del loss
-            tracker.retag([local(p.grad) for p in trainable if p.grad is not None], Kind.GRADIENTS, "gradient")
+            tracker.retag(opt.gradient_tensors(), Kind.GRADIENTS, "gradient")
         tracker.enter_phase("optimizer", Kind.WORKSPACE)
         tick("optimizer")
         opt.step()
-        tracker.retag(optimizer_state_tensors(opt), Kind.OPTIMIZER_STATES, "optimizer state")
+        tracker.retag(opt.state_tensors(), Kind.OPTIMIZER_STATES, "optimizer state")
         # FSDP2's lazy init re-creates padded shards on ranks whose shard is short: settle them as weights
         tracker.retag([local(p) for p in model.parameters()], Kind.WEIGHTS, "parameter")
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
     if t.grad_accum_steps > 2:
         notes.append(f"{t.grad_accum_steps} micro-batches: traced 2 (later ones repeat the second)")
     return notes
