@@ -125,6 +125,9 @@ class AttentionSpec:
             mamba layer); zero for attention layers.
         cross_attention: True for a decoder layer that also attends to encoder outputs (T5).
         causal: False for bidirectional encoder attention (BERT, the T5 encoder).
+        kv_broadcast: True when transformers broadcasts K and V to all num_heads before its cache
+            update (Falcon's ``new_decoder_architecture``), so its cache holds num_heads heads;
+            engines with their own attention (vLLM) cache num_kv_heads.
     """
 
     kind: AttentionKind = "gqa"
@@ -139,6 +142,7 @@ class AttentionSpec:
     state_elements: int = 0
     cross_attention: bool = False
     causal: bool = True
+    kv_broadcast: bool = False
 
     def __post_init__(self) -> None:
         if self.v_head_dim == 0:
@@ -260,6 +264,9 @@ class ModelSpec:
             and the MLP) and the embeddings; training keeps a 1-byte mask per element.
         attention_dropout: Dropout probability on the attention probabilities (eager attention
             keeps a mask of the s x s matrix).
+        sdpa_supported: False for families transformers runs with eager attention only
+            (``attn_implementation="sdpa"`` raises: bloom, gemma2, gpt-oss), which keep the s x s
+            scores.
     """
 
     name: str
@@ -279,6 +286,7 @@ class ModelSpec:
     notes: tuple[str, ...] = ()
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
+    sdpa_supported: bool = True
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
     _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)

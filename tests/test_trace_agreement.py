@@ -51,6 +51,10 @@ EAGER = ("findings §6: transformers has no SDPA attention for this family; eage
          "(fp32 softmax and its cast) where the analytic --attn-implementation sdpa assumes a fused kernel")
 BIGCODE = ("findings §7: GPTBigCode registers a (n_positions x n_positions) bool causal-mask buffer (64 MiB at "
            "8192); transformers 5 keeps it, the analytic estimate counts it only for engine version 4.34")
+SLACK = ("findings §5 (allocator slack, not a formula finding): the analytic prefill equals the traced tensor peak "
+         "to 0.1%; the traced peak allocated adds 1.7 MB of unsplit caching-allocator blocks (gpt-oss's two 1.4 MB "
+         "clamp outputs served from 2.3 MB cached blocks whose < 1 MiB remainders are not split off), which only "
+         "tiny tensors show")
 JAMBA = ("findings §8 (a trace limitation, not a formula finding): without the CUDA-only mamba_ssm/causal_conv1d "
          "kernels transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
          "run with the kernels never stores")
@@ -61,7 +65,7 @@ DISAGREE = {
     "lora": {"qwen3", "mixtral", "gemma2", "gemma3", "phi", "phi3", "deepseek_v3", "gpt_oss", "gpt2", "gpt_bigcode",
              "falcon", "bloom", "opt", "olmo2", "jamba"},
     "lora-recompute": set(TINY_SOURCES) - {"mixtral", "gpt_neox", "falcon"},
-    "serve": set(TINY_SOURCES) - {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3"},
+    "serve": {"gpt_oss", "jamba"},
 }
 """Cases outside the tolerance as of this branch (benchmarks/trace_agreement.py prints the table)."""
 
@@ -71,6 +75,8 @@ def _reason(family: str, job: str) -> str:
         return JAMBA
     if family == "gpt_bigcode":
         return BIGCODE
+    if job == "serve" and family == "gpt_oss":
+        return SLACK
     if family in ("gemma2", "gpt_oss", "bloom"):
         return EAGER
     if job.startswith("lora"):

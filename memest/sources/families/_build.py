@@ -311,6 +311,7 @@ def model_spec(
     max_position_embeddings: int | None,
     task: TaskKind = "causal_lm",
     notes: tuple[str, ...] = (),
+    sdpa_supported: bool = True,
 ) -> ModelSpec:
     """Assemble a ModelSpec with the identity fields every adapter fills the same way."""
     return ModelSpec(
@@ -331,6 +332,7 @@ def model_spec(
         notes=notes,
         hidden_dropout=dropout_of(cfg, HIDDEN_DROPOUT_KEYS),
         attention_dropout=dropout_of(cfg, ATTENTION_DROPOUT_KEYS),
+        sdpa_supported=sdpa_supported,
     )
 
 

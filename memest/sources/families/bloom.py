@@ -53,4 +53,5 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm("transformer.ln_f", h, bias=True), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("seq_length", default=None),  # ALiBi: no fixed limit
+        sdpa_supported=False,  # BloomAttention: ALiBi scores, eager only in transformers
     )

@@ -97,6 +97,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm_tensors, *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
+        sdpa_supported=model_type != "gemma2",  # Gemma2Attention: logit soft-capping, eager only
     )
 
 

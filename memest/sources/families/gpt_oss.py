@@ -101,4 +101,5 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
+        sdpa_supported=False,  # GptOssAttention: attention sinks, eager only in transformers
     )
