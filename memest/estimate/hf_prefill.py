@@ -16,8 +16,11 @@ element, w bytes of a routing weight. Per prefill (for the whole batch):
   keeps the name), learned position embeddings (GPT-2, GPT-BigCode: one (1, p, h) table; OPT:
   (b, p, h)), the rotary cos/sin ((1, p, d) each), the ``input_ids`` and position ids (int64), and
   the attention masks the family materialises: eager attention adds a (b, 1, p, p) mask in the
-  compute dtype per attention type (full, sliding); Falcon builds a (1, 1, p, p) bool mask
-  (``create_causal_mask(..., allow_is_causal_skip=False)``).
+  compute dtype per attention type (full, sliding: ``eager_mask``'s ``torch.where`` over the
+  batch-expanded bool mask); with SDPA the causal mask is skipped (``is_causal``) unless the prompt
+  reaches a sliding window (``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``)
+  or the family forbids the skip (Falcon: ``create_causal_mask(..., allow_is_causal_skip=False)``),
+  and then one (1, 1, p, p) bool mask exists (``sdpa_mask`` expands it over the batch as a view).
 - **attention moment**: the layer's input and its norm output (``held_at_attention`` h-sized
   tensors), then the projections q (a·d), k and v (k·d each) and the three a·d temporaries of
   ``apply_rotary_pos_emb`` on q (``q * cos``, ``rotate_half(q)``, the product with sin) — the
@@ -42,8 +45,8 @@ element, w bytes of a routing weight. Per prefill (for the whole batch):
   sigmoid-gated GLU: 5·i, plus its gathered gate_up bias 2·i), S·c each; or, at the end, the
   gathered rows, the down output, its product with the routing weights and that product permuted
   back (S·h·(2·c + 2·w); w = 4 where the router returns fp32 weights: Mixtral, DeepSeek); the
-  sort's int64 ids and permutation, the top-k ids (8 B each per row), the histogram's int32 input
-  and the routing weights; shared experts (DeepSeek) run after the routed ones, beside their
+  router logits (E·c per token), the top-k ids and weights, the sort's int64 ids and permutation,
+  the histogram's int32 input and the sorted weights; shared experts (DeepSeek) run after the routed ones, beside their
   (T, h) output.
 - **end of prefill**: the final norm, then the logits of the last position only
   (``logits_to_keep=1``: b x V x c) and ``generate``'s fp32 copy (b x V x 4).
@@ -213,11 +216,11 @@ def _model_held(spec: ModelSpec, code: ForwardCode, b: int, p: int, c: float) ->
         held += T * h * c
     rotary = c if code.rotary_bytes is None else code.rotary_bytes
     held += 2 * p * spec.head_dim * rotary
+    windows = {layer.attention.sliding_window for layer, _ in spec.layer_kinds() if layer.attention.kind == "gqa"}
     if not spec.sdpa_supported:
-        windows = {layer.attention.sliding_window for layer, _ in spec.layer_kinds() if layer.attention.kind == "gqa"}
-        held += len(windows) * b * p * p * c
-    if code.bool_mask:
-        held += p * p
+        held += len(windows) * b * p * p * c  # eager_mask: torch.where over the expanded bool mask
+    elif code.bool_mask or any(w is not None and p >= w for w in windows):
+        held += p * p  # one (1, 1, p, p) bool mask, expanded over the batch as a view
     return held
 
 
@@ -236,7 +239,9 @@ def _mlp_bytes(layer: LayerSpec, code: ForwardCode, h: int, T: int, c: float) ->
     w = FP32 if code.routing_fp32 else c
     bias = any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors)
     gate_units = 2 + (code.expert_gate_live if mlp.gated else act - 1) + (2 if bias else 0)
-    rows = S * (3 * INT64 + 4 + w) + T * mlp.num_experts_per_tok * (INT64 + w)  # ids, perm, sort ids, histc, weights
+    # router logits; top-k ids and weights; the sort's expert ids and permutation, histc's int32 input,
+    # the sorted weights
+    rows = T * mlp.num_experts * c + T * mlp.num_experts_per_tok * (INT64 + w) + S * (2 * INT64 + 4 + w)
     gated = S * (h + gate_units * i) * c
     end = S * h * (2 * c + 2 * w) + S * INT64  # + the inverse permutation
     shared = 0.0
