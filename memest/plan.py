@@ -1,7 +1,8 @@
 """Does it fit, and what is the cheapest setup that does — answered by search over the estimator.
 
 The fit rule lives in :mod:`memest.fit` (re-exported here): per-device *device used* at most
-``(1 - headroom)`` x capacity.
+``(1 - headroom)`` x capacity; for vLLM, the engine starts with its gpu_memory_utilization, its KV
+pool holds the batch, and its footprint is within capacity.
 
 The planner
 ===========
@@ -513,7 +514,7 @@ class _Search:
         host RAM. Pruning checks the device alone: offloading more raises host RAM, so only the
         device figure falls along the saving order."""
         result = self.evaluate(device, layout, cfg)
-        if result is None or result[2] > usable_bytes(device, self.headroom):
+        if result is None or not verdict(result[1], device, 0, self.headroom).fits:
             return False
         limit = self.space.host_memory_bytes
         return not host or limit is None or result[1].host_bytes <= limit

@@ -323,6 +323,7 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         largest_max_model_len=largest_tokens(spec, s, device, s.batch_size, spec.max_position_embeddings or total_len),
         largest_max_model_len_one_request=largest_tokens(spec, s, device, 1, spec.max_position_embeddings or total_len),
         largest_concurrency=largest_batch(spec, s, device, total_len),
+        batch_size=s.batch_size,
     )
     assumptions = (
         f"transformers {version} generate, b={s.batch_size}, prompt {lens.prompt} + {lens.new} new tokens",
