@@ -641,7 +641,8 @@ def _largest_line(result: Sweep) -> str:
     q = result.largest
     usable = gib(result.usable_bytes)
     if not result.headroom_applied:
-        usable_words = f"vLLM's pool and {usable} per device; --headroom not applied: gpu_memory_utilization sets its share"
+        usable_words = (f"vLLM's pool and {usable} per device; --headroom not applied: gpu_memory_utilization "
+                        "sets its share")
     else:
         usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
     if q.value is None:

@@ -98,7 +98,8 @@ def test_falcon_caches_kv_broadcast_to_all_heads() -> None:
     est = estimate(spec, hf, H100)
     # transformers caches K and V broadcast to all 128 heads; vLLM caches the 8 KV heads
     assert est.serving.kv_cache_bytes_per_token == 60 * 2 * 128 * 64 * 2 == 1_966_080
-    assert estimate(spec, ServingConfig(max_model_len=2048), H100).serving.kv_cache_bytes_per_token == 60 * 2 * 8 * 64 * 2
+    vllm = estimate(spec, ServingConfig(max_model_len=2048), H100).serving
+    assert vllm.kv_cache_bytes_per_token == 60 * 2 * 8 * 64 * 2
     rank = est.per_device
     assert rank.term("kv_cache").bytes == 100 * 1_966_080
     T, h, c = 100, 8192, 2

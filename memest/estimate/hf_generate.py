@@ -3,23 +3,25 @@
 Symbols: b batch, p prompt tokens, n new tokens, h hidden_size, a heads, i intermediate_size,
 V vocab_size, c bytes per activation element. The peak is the larger of two moments:
 
-- **end of prefill**: weights + the cache of b x p tokens + the larger of the largest layer's
-  transients at b x p tokens and the logits;
+- **prefill**: weights + the largest moment of the prompt's forward with the cache written so far
+  (transformers 5: :mod:`memest.estimate.hf_prefill`, moment by moment, checked against the trace;
+  sliding-window layers hold all p tokens until the first decode step) or, after the last layer,
+  the final norm, the lm_head and ``generate``'s fp32 copy of the last logits;
 - **last decode step**: weights + the cache of b x (p + n - 1) tokens (the last generated token is
-  never fed back) + the copy ``torch.cat`` makes of one layer's cache while it grows
-  (``DynamicCache`` / the legacy tuple cache: old and new tensors of one layer are alive together).
+  never fed back; sliding layers at most the window) + the copy ``torch.cat`` makes of one layer's
+  cache while it grows (``DynamicCache`` / the legacy tuple cache: old and new tensors of one layer
+  are alive together).
 
-Transients of one layer at T = b x p tokens (modules of transformers ``modeling_llama.py``,
-``modeling_gpt_bigcode.py``, no grad): the MLP's intermediates (gated: gate, up, activation and
-product, 4 i; plain: fc output and activation, 2 i) or attention's Q, K, V and output, plus two
-h-sized tensors (residual and normed input); eager attention (transformers 4.34's default) also
-holds the fp32 scores and their cast, b x a x p^2 x (4 + c).
+transformers 4.34 (``--engine-version 4.34``, for the published runs of that era; not traced): the
+largest layer's transients at b x p tokens — the MLP's intermediates (gated: gate, up, activation
+and product, 4 i; plain: fc output and activation, 2 i) or attention's Q, K, V and output, plus two
+h-sized tensors (residual and normed input) — and eager attention's fp32 scores and their cast,
+b x a x p^2 x (4 + c) (eager was 4.34's default); or the logits of every prompt position
+(b x p x V x c), which Llama-family models upcast to fp32 (``logits = logits.float()``).
 
-Logits: transformers 5 computes them for the last prompt position only (``logits_to_keep=1``) and
-``generate`` copies them to fp32 (b x V x (c + 4)); 4.34 computes every prompt position
-(b x p x V x c) and Llama-family models upcast them all to fp32 (``logits = logits.float()``).
-transformers 4.34's GPT-BigCode registers a ``max_positions x max_positions`` boolean causal-mask
-buffer (``GPTBigCodeModel.__init__``), which later versions dropped.
+The weights are counted as the caching allocator holds them (:func:`loaded_weight_bytes`), and
+GPT-BigCode's ``max_positions x max_positions`` bool causal-mask buffer (``GPTBigCodeModel.__init__``)
+in both versions (it is still registered in transformers 5.24: findings §7).
 
 bitsandbytes 4-bit linears dequantize their weight for inputs of more than one token
 (``bnb.matmul_4bit`` -> ``MatMul4Bit``: ``dequantize_4bit(...)`` in the stored dtype, then
@@ -114,6 +116,7 @@ class GeneratePeak:
 
 
 def _layer_transient_per_token(spec: ModelSpec, c: float) -> float:
+    """transformers 4.34: the largest layer's transients per token (bytes; module docstring)."""
     worst = 0.0
     h = spec.hidden_size
     for layer, _ in spec.layer_kinds():
@@ -125,6 +128,7 @@ def _layer_transient_per_token(spec: ModelSpec, c: float) -> float:
 
 
 def _eager_scores(spec: ModelSpec, b: int, p: int, c: float) -> float:
+    """transformers 4.34: eager attention's fp32 scores and their cast (bytes)."""
     a = spec.reference_layer.attention
     window = min(p, a.sliding_window or p)
     return b * a.num_heads * p * window * (4 + c)
