@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
+from memest.commands.calibrate import calibrate_command
 from memest.errors import MemestError
 from memest.options import JobOptions, workload_options
 
@@ -133,6 +134,9 @@ def gpus_command(
         table.add_row(d.name, gib(d.memory_bytes), d.vendor, "measured" if d.measured else "nominal",
                       ", ".join(d.aliases[:4]))
     _console().print(table)
+
+
+app.command("calibrate")(calibrate_command)
 
 
 def main() -> None:

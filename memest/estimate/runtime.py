@@ -1,12 +1,30 @@
 """Memory outside the model's tensors: CUDA context, library workspaces, NCCL, allocator slack.
 
-These are constants per device family, each traceable to a measurement; ``memest calibrate``
-records new ones (calibrate/results/) and the band of every estimate covers their spread.
+These are constants per device family, each traceable to a measurement. Two layers:
+
+- the **defaults** below, each with the published measurement it comes from;
+- **calibrated** values in ``memest/data/calibrated.json``, written by
+  ``calibrate/update_constants.py`` from ``memest calibrate`` records (``calibrate/results/``);
+  each entry names the records it was derived from (``calibrate/results/h100-80gb.jsonl#<id>``).
+  A calibrated value replaces the default for its device family; :func:`constant_source` says
+  which one an estimate used.
+
+CPU devices (``arch="cpu"``, used by ``memest calibrate --device cpu``) have no context, no
+cuBLAS workspace and no caching allocator: all zero. This module reads JSON with the standard
+library only; it never imports torch.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
 from memest.devices import Device
+
+CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.json"
+"""Runtime constants measured by ``memest calibrate`` (see the module docstring)."""
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -22,12 +40,22 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
     "cdna3": round(0.51 * GiB),
     "gaudi": 0,
     "tpu": 0,
+    "cpu": 0,
 }
 """Device memory used before the first tensor. volta/turing: 1343 MiB on a V100 (CUDA 11, no lazy
 module loading; validation case hf_bert_large_vanilla_bs4). Newer GPUs: 0.51 GiB on an H100 with
 CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31_8b_tp1); used for
 the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
-per-process context in device memory that the frameworks report."""
+per-process context in device memory that the frameworks report. A calibrated value (non-torch
+memory of a one-process run: NVML process used - reserved after the steps) replaces these."""
+
+DEFAULT_ALLOCATOR_SLACK = 0.10
+"""Caching-allocator slack (reserved - allocated) as a share of peak allocated in training: 11% in
+the fms-acceleration Mistral-7B full fine-tune on an A100-80GB (case fms_mistral7b_full_1gpu_bs4:
+nvidia-smi 77,256 MiB vs peak allocated 67.46 GiB, less a 0.5 GiB context). A calibrated value per
+device family (median of (peak reserved - peak allocated) / peak allocated over training records)
+replaces it."""
+
 
 NCCL_BYTES = 1 * GiB
 """NCCL communicator buffers per process when the job has more than one device: vLLM 0.19 reports
@@ -41,16 +69,49 @@ def cublas_workspace_bytes(device: Device) -> int:
     PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (getChosenWorkspaceSize): 32 MiB on
     Hopper and newer, 4096 KiB x 2 + 16 KiB x 8 before; none on TPUs.
     """
-    if device.kind == "tpu" or device.vendor == "intel":
+    if device.kind in ("tpu", "cpu") or device.vendor == "intel":
         return 0
     if device.arch in ("hopper", "blackwell"):
         return 32 * MiB
     return 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+@functools.lru_cache(maxsize=1)
+def calibrated() -> dict[str, Any]:
+    """The calibrated constants file (empty sections when it is absent)."""
+    if not CALIBRATED_PATH.is_file():
+        return {}
+    return json.loads(CALIBRATED_PATH.read_text())
+
+
+def _calibrated_entry(name: str, device: Device) -> dict[str, Any] | None:
+    entry = calibrated().get(name, {}).get(device.arch)
+    return entry if isinstance(entry, dict) and "value" in entry else None
+
+
 def cuda_context_bytes(device: Device) -> int:
-    """The CUDA (or ROCm) context of one process on ``device``."""
+    """The CUDA (or ROCm) context of one process on ``device``: calibrated for its family, else the default."""
+    entry = _calibrated_entry("cuda_context_bytes", device)
+    if entry is not None:
+        return int(entry["value"])
     return CUDA_CONTEXT_BYTES.get(device.arch, round(0.51 * GiB))
+
+
+def allocator_slack(device: Device) -> float:
+    """Caching-allocator slack as a share of peak allocated on ``device`` (0 on CPU)."""
+    if device.kind == "cpu":
+        return 0.0
+    entry = _calibrated_entry("allocator_slack", device)
+    return float(entry["value"]) if entry is not None else DEFAULT_ALLOCATOR_SLACK
+
+
+def constant_source(name: str, device: Device) -> str:
+    """Where the value of ``name`` (``cuda_context_bytes`` or ``allocator_slack``) for ``device``
+    comes from: the calibration records, or ``default``."""
+    entry = _calibrated_entry(name, device)
+    if entry is None:
+        return "default"
+    return "calibrated: " + ", ".join(entry.get("records", [])[:3])
 
 
 def nccl_bytes(world_size: int) -> int:

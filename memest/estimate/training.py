@@ -36,10 +36,9 @@ from memest.result import Estimate, Kind, RankEstimate, Term
 from memest.spec import Component, ModelSpec, Split, TensorSpec
 from memest.workload import Method, Offload, Optimizer, Precision, Recompute, TrainingConfig
 
-ALLOCATOR_SLACK = 0.10
-"""Caching-allocator slack (reserved - allocated) as a share of peak allocated in training: 11% in
-the fms-acceleration Mistral-7B full fine-tune on an A100-80GB (case fms_mistral7b_full_1gpu_bs4:
-nvidia-smi 77,256 MiB vs peak allocated 67.46 GiB, less a 0.5 GiB context)."""
+ALLOCATOR_SLACK = runtime.DEFAULT_ALLOCATOR_SLACK
+"""The default caching-allocator slack; per device family it may be calibrated
+(:func:`memest.estimate.runtime.allocator_slack`)."""
 
 ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj", "query_key_value",
                      "dense", "query", "key", "value", "q", "k", "v", "o", "out_proj", "Wqkv", "W_pack")
@@ -197,7 +196,8 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stag
     moment = forward_end if _allocated(forward_end) >= _allocated(optimizer_step) else optimizer_step
     allocated = _allocated(moment)
     moment = [m for m in moment if m.bytes or m.kind in (Kind.WEIGHTS,)]
-    moment.append(Term("allocator", Kind.ALLOCATOR, round(allocated * ALLOCATOR_SLACK), f"{ALLOCATOR_SLACK:.0%} of peak allocated"))
+    slack = runtime.allocator_slack(device)
+    moment.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
     moment.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
     if par.world_size > 1:
         moment.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(par.world_size), "NCCL communicators"))

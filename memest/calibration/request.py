@@ -1,0 +1,193 @@
+"""What one calibration runs, as plain data that crosses process boundaries (torchrun workers).
+
+A :class:`Request` holds the model reference and the workload flags exactly as ``memest hf``
+takes them (:data:`memest.options.WORKLOAD_OPTIONS`), plus how to run: backend, steps, processes,
+weights. :func:`check_supported` says which workloads calibrate can really run and raises an
+:class:`~memest.errors.InputError` naming the flag and the fix for the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from memest.errors import InputError
+from memest.options import WORKLOAD_OPTIONS, JobOptions
+from memest.spec import ModelSpec
+from memest.workload import (
+    Engine,
+    Method,
+    Offload,
+    Optimizer,
+    Precision,
+    Recompute,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+)
+
+BACKENDS = ("auto", "cuda", "cpu")
+DEFAULT_TRAIN_STEPS = 3
+"""Measured training steps after the warm-up (>= 2: the first step creates optimizer states)."""
+DEFAULT_DECODE_STEPS = 8
+"""Decode steps after the prefill when serving."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One calibration run.
+
+    Attributes:
+        model: The model reference (catalog name, Hub id, config path), as ``memest hf`` takes it.
+        flags: Workload flag values by option name (``micro_batch_size``), enums as their values.
+        backend: ``cuda``, ``cpu`` or ``auto`` (CUDA when available).
+        steps: Measured training steps, or decode steps when serving; None = the default.
+        nproc: Processes (one device each).
+        weights: Load the real checkpoint weights (``from_pretrained``) instead of random ones.
+        tag: ``suite/case`` when run from a suite (stored in the record).
+    """
+
+    model: str
+    flags: dict[str, Any] = field(default_factory=dict)
+    backend: str = "auto"
+    steps: int | None = None
+    nproc: int = 1
+    weights: bool = False
+    tag: str | None = None
+
+    def job(self) -> JobOptions:
+        """The workload flags as the CLI would have parsed them (defaults for the missing ones)."""
+        return job_from_flags(self.flags)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Request:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**data)
+
+
+def flags_of(job: JobOptions) -> dict[str, Any]:
+    """The flag values of parsed options, as plain JSON data (enums as their values)."""
+    return {k: (v.value if isinstance(v, Enum) else v) for k, v in job.values.items()}
+
+
+def job_from_flags(flags: dict[str, Any]) -> JobOptions:
+    """Parsed workload options from plain flag values (``{"precision": "bf16"}``); defaults fill the rest.
+
+    Raises:
+        InputError: an unknown flag name, or a value that is not one of the flag's choices.
+    """
+    unknown = sorted(set(flags) - set(WORKLOAD_OPTIONS))
+    if unknown:
+        raise InputError(f"unknown workload flag(s) {', '.join(map(repr, unknown))}; "
+                         f"use names of 'memest hf' options such as 'micro_batch_size'")
+    values: dict[str, Any] = {}
+    for name, (annotation, default) in WORKLOAD_OPTIONS.items():
+        raw = flags.get(name, default)
+        enum = _enum_of(annotation)
+        if enum is not None and raw is not None and not isinstance(raw, enum):
+            try:
+                raw = enum(str(raw).lower())
+            except ValueError:
+                choices = ", ".join(m.value for m in enum)
+                raise InputError(f"--{name.replace('_', '-')} {raw!r} is not one of {choices}") from None
+        values[name] = raw
+    return JobOptions(values)
+
+
+def _enum_of(annotation: Any) -> type[Enum] | None:
+    """The Enum class inside ``Annotated[Enum | None, ...]``, if any."""
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+    for candidate in (base, *typing.get_args(base)):
+        if inspect.isclass(candidate) and issubclass(candidate, Enum):
+            return candidate
+    return None
+
+
+def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int) -> Workload:
+    """The workload calibrate runs and estimates: ``memest hf``'s, with ``--gpus`` = ``--nproc``
+    and serving modelled as transformers ``generate`` (``--engine hf``), which is what runs.
+
+    Raises:
+        InputError: ``--gpus`` differs from ``--nproc``, or the flags are inconsistent.
+    """
+    if nproc < 1:
+        raise InputError(f"--nproc is {nproc}; it must be at least 1")
+    gpus = job.values["gpus"]
+    if gpus not in (1, nproc):
+        raise InputError(f"--gpus {gpus} differs from --nproc {nproc}; calibrate runs one process per device, "
+                         f"so pass --nproc {gpus} (or drop --gpus)")
+    values = dict(job.values, gpus=nproc)
+    workload = JobOptions(values).workload(spec)
+    if isinstance(workload, ServingConfig):
+        workload = workload.replace(engine=Engine.HF)
+    return workload
+
+
+def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:
+    """Refuse workloads calibrate cannot run faithfully, naming the flag and the fix.
+
+    Supported: data parallelism only (one process per device: DDP for ``--zero-stage 0``, DDP +
+    ``ZeroRedundancyOptimizer`` for 1, FSDP2 ``fully_shard`` for 2 and 3); every precision recipe
+    (``--precision mixed``/``fp16`` only without parameter sharding); the optimizers of torch
+    (AdamW, Adafactor, SGD), Lion, and bitsandbytes' 8-bit AdamW on CUDA; LoRA (peft) and QLoRA
+    (peft + bitsandbytes, CUDA); recompute ``none``/``full``; serving unquantized weights with the
+    HF cache.
+
+    Raises:
+        InputError: the workload needs something calibrate does not run.
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"--device {backend!r} is not one of {', '.join(BACKENDS)}")
+    par = workload.parallelism
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(par, name) > 1:
+            raise InputError(f"calibrate runs data parallelism only; --{name} {getattr(par, name)} is not measured "
+                             f"(drop --{name}, or check it with 'memest hf' and the published cases)")
+    if isinstance(workload, ServingConfig):
+        if nproc > 1:
+            raise InputError(f"calibrate serves on one device; --nproc {nproc} with --serve is not measured (use --nproc 1)")
+        if workload.quantization != "none":
+            raise InputError(f"calibrate serves unquantized weights; --quantization {workload.quantization} is not "
+                             "measured (drop it)")
+        if workload.kv_cache_dtype != "auto":
+            raise InputError(f"calibrate uses the HF cache at the weight dtype; --kv-cache-dtype "
+                             f"{workload.kv_cache_dtype} is not measured (drop it)")
+        return
+    _check_training(workload, backend=backend, nproc=nproc)
+
+
+def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
+    z = t.parallelism.zero_stage
+    if t.recompute is Recompute.SELECTIVE:
+        raise InputError("--recompute selective is Megatron's; transformers models checkpoint whole layers: "
+                         "use --recompute full or none")
+    if t.loss != "default":
+        raise InputError(f"--loss {t.loss} is not run by calibrate (it uses the model's own loss); drop --loss")
+    if t.offload is not Offload.NONE:
+        raise InputError(f"--offload {t.offload.value} is not measured by calibrate; drop --offload")
+    if t.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
+        raise InputError(f"--attn-implementation {t.attn_implementation!r} is not one of sdpa, eager, flash_attention_2")
+    if backend == "cpu":
+        if t.attn_implementation == "flash_attention_2":
+            raise InputError("--attn-implementation flash_attention_2 needs CUDA; use sdpa with --device cpu")
+        if t.method is Method.QLORA or t.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+            raise InputError("bitsandbytes (QLoRA, 8-bit optimizers) needs CUDA; drop it or use --device cuda")
+    if nproc > 1 and z >= 2 and t.precision in (Precision.MIXED, Precision.FP16):
+        raise InputError(f"--precision {t.precision.value} keeps a separate fp32 master copy (DeepSpeed style), "
+                         f"which calibrate does not shard; with --zero-stage {z} use --precision fsdp2, bf16 or fp32")
+    if nproc > 1 and t.precision is Precision.FSDP2 and z < 2:
+        raise InputError(f"--precision fsdp2 shards parameters over the {nproc} processes; add --zero-stage 3 "
+                         "(FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+    if nproc > 1 and z == 1 and t.precision in (Precision.MIXED, Precision.FP16):
+        raise InputError(f"--zero-stage 1 wraps a torch optimizer in ZeroRedundancyOptimizer; --precision "
+                         f"{t.precision.value} has its own master copy: use --precision amp, bf16 or fp32")
+    if nproc > 1 and t.method is Method.QLORA:
+        raise InputError("QLoRA is calibrated on one device; use --nproc 1")
