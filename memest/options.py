@@ -79,11 +79,24 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "max_model_len": (Annotated[int | None, _opt("--max-model-len", help="Longest sequence (prompt + output) in tokens "
                                                  "[default: the model's max_position_embeddings].", panel=SERVE)], None),
     "dtype": (Annotated[str, _opt("--dtype", help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.", panel=SERVE)], "auto"),
-    "quantization": (Annotated[str, _opt("--quantization", help="Weight quantization: none, int8, int4 (AWQ-style), nf4, "
-                                         "fp8, gptq, awq.", panel=SERVE)], "none"),
+    "quantization": (Annotated[str, _opt("--quantization", help="Weight quantization applied to an unquantized model: "
+                                         "none (keep the checkpoint's quantization_config), int8 (bitsandbytes LLM.int8), "
+                                         "nf4 (bitsandbytes, double quant), fp4 (bitsandbytes load_in_4bit defaults), "
+                                         "int4/awq, gptq, fp8 (vLLM online), mxfp4.", panel=SERVE)], "none"),
+    "exact_weights": (Annotated[bool, _opt("--exact-weights", help="Read the checkpoint's safetensors headers on the Hub "
+                                           "(parameters per stored dtype, no weights downloaded) and use their exact "
+                                           "total.", panel=SERVE)], False),
     "kv_cache_dtype": (Annotated[str, _opt("--kv-cache-dtype", help="KV-cache dtype: auto (the weight dtype), fp8.",
                                            panel=SERVE)], "auto"),
-    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model.", panel=SERVE, case_sensitive=False)], Engine.VLLM),
+    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
+                                      "(transformers generate).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
+    "engine_version": (Annotated[str | None, _opt("--engine-version", help="Engine version whose memory arithmetic to "
+                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 [default: the newest].",
+                                                  panel=SERVE)], None),
+    "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence [default: "
+                                              "max_model_len - max_new_tokens].", panel=SERVE)], None),
+    "max_new_tokens": (Annotated[int | None, _opt("--max-new-tokens", help="hf: tokens generated per sequence.",
+                                                  panel=SERVE)], None),
     "gpu_memory_utilization": (Annotated[float, _opt("--gpu-memory-utilization", help="Share of device memory vLLM may use.",
                                                      panel=SERVE)], 0.9),
     "max_num_batched_tokens": (Annotated[int | None, _opt("--max-num-batched-tokens", help="Tokens per forward in vLLM's "
@@ -192,20 +205,31 @@ class JobOptions:
         if gpus % (tp * pp):
             raise InputError(f"--gpus {gpus} is not divisible by tp x pp = {tp * pp}; use a multiple of {tp * pp}")
         par = Parallelism(tp=tp, pp=pp, dp=gpus // (tp * pp), ep=v["ep"])
-        extra = {"max_num_seqs": v["max_num_seqs"]} if v["max_num_seqs"] is not None else {}
+        max_len = v["max_model_len"]
+        if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
+            max_len = v["prompt_len"] + v["max_new_tokens"]
+        checkpoint: tuple[tuple[str, int], ...] = ()
+        if v["exact_weights"]:
+            from memest.sources.hub import safetensors_parameter_counts
+
+            checkpoint = safetensors_parameter_counts(spec.name, revision=v["revision"])
         return ServingConfig(
             dtype=v["dtype"],
             quantization=v["quantization"],
             kv_cache_dtype=v["kv_cache_dtype"],
-            max_model_len=v["max_model_len"],
+            max_model_len=max_len,
             batch_size=v["batch_size"],
             engine=v["engine"],
             gpu_memory_utilization=v["gpu_memory_utilization"],
             max_num_batched_tokens=v["max_num_batched_tokens"],
+            max_num_seqs=v["max_num_seqs"],
             block_size=v["block_size"],
             enforce_eager=v["enforce_eager"],
+            engine_version=v["engine_version"],
+            prompt_len=v["prompt_len"],
+            max_new_tokens=v["max_new_tokens"],
+            checkpoint_params=checkpoint,
             parallelism=par,
-            **extra,
         )
 
 

@@ -229,7 +229,45 @@ def to_markdown(a: Assessment) -> str:
         "",
         _verdict_line(a),
     ]
+    lines += [f"  \n{text}" for text, _ in serving_lines(a)]
     return "\n".join(lines) + "\n"
+
+
+def serving_lines(a: Assessment) -> list[tuple[str, str]]:
+    """The serving summary as (text, rich style) lines: the engine's KV arithmetic, its start-up
+    error if it would refuse the job, and the inverse queries (largest length, concurrency, devices)."""
+    from memest.estimate.serving import smallest_parallelism
+
+    s = a.estimate.serving
+    if s is None or not isinstance(a.workload, ServingConfig):
+        return []
+    w = a.workload
+    out: list[tuple[str, str]] = []
+    if s.engine == "vllm":
+        out.append((f"vLLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · available "
+                    f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested (non-KV {gib(s.non_kv_bytes)}) · pool "
+                    f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
+                    f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    else:
+        out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
+                    f"non-KV peak {gib(s.non_kv_bytes)}", ""))
+    if s.engine_error == "no_memory":
+        out.append(("vLLM would refuse to start: no memory left for the KV cache; use more devices (--tp/--pp), "
+                    "a --quantization or a higher --gpu-memory-utilization" if s.engine == "vllm" else
+                    "generate would run out of memory on this device", "bold red"))
+    elif s.engine_error == "max_model_len":
+        hint = (f" Based on the available memory, the estimated maximum model length is "
+                f"{s.largest_max_model_len_one_request:,}." if s.largest_max_model_len_one_request else "")
+        out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
+                    f"{gib(s.request_kv_bytes)} KV cache is needed, more than the available {gib(s.kv_budget_bytes)}."
+                    f"{hint} Increase --gpu-memory-utilization or decrease --max-model-len.", "bold red"))
+    par = smallest_parallelism(a.spec, w, a.verdict.device)
+    fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
+              if par else "none up to tp 64 x pp 16")
+    out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
+                f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,} · "
+                f"fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}", ""))
+    return out
 
 
 def _verdict_line(a: Assessment) -> str:
@@ -266,11 +304,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     parts.append(Text(_verdict_line(a), style=style))
     parts.append(Text(f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device", style="dim"))
     if est.serving is not None:
-        s = est.serving
-        parts.append(Text(
-            f"KV cache {s.kv_cache_bytes_per_token:,} B/token · engine pool {s.kv_cache_tokens:,} tokens "
-            f"({s.kv_cache_blocks:,} blocks) · max concurrency {s.max_concurrency:.2f}x at {s.max_model_len:,} tokens"
-        ))
+        for line, style in serving_lines(a):
+            parts.append(Text(line, style=style))
     if est.host_bytes:
         parts.append(Text(f"host RAM for offloaded states: {gib(est.host_bytes)} per node"))
     if a.recommendation is not None:

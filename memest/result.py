@@ -143,7 +143,21 @@ class ServingSummary:
         kv_cache_tokens: Tokens the engine's KV pool holds per device (vLLM's 'GPU KV cache size').
         kv_cache_blocks: Paged blocks in that pool.
         max_concurrency: kv_cache_tokens / max_model_len (vLLM's 'Maximum concurrency').
-        kv_budget_bytes: Bytes the engine leaves for the KV pool.
+        kv_budget_bytes: Bytes the engine leaves for the KV pool (vLLM's 'Available KV cache memory').
+        engine: ``vllm`` or ``hf``.
+        engine_version: The engine version whose arithmetic was modelled.
+        requested_bytes: vLLM: gpu_memory_utilization x capacity; hf: the device's capacity.
+        non_kv_bytes: vLLM's 'Total non KV cache memory' (weights + activation peak + non-torch).
+        activation_peak_bytes: The profiled (vLLM) or generate (hf) activation peak.
+        non_torch_bytes: Non-torch memory the budget subtracts.
+        request_kv_bytes: KV bytes one request of max_model_len needs on the limiting rank.
+        engine_error: Why the engine would refuse to start: ``no_memory`` (nothing left for KV),
+            ``max_model_len`` (one request of max_model_len does not fit), or None.
+        largest_max_model_len: The longest max_model_len at which the job's batch_size requests fit
+            at once (0: none).
+        largest_max_model_len_one_request: vLLM's 'estimated maximum model length' for one request.
+        largest_concurrency: Requests of max_model_len tokens that fit at once (the floor of
+            max_concurrency for vLLM).
     """
 
     kv_cache_bytes_per_token: int
@@ -152,6 +166,17 @@ class ServingSummary:
     kv_cache_blocks: int
     max_concurrency: float
     kv_budget_bytes: int
+    engine: str = "vllm"
+    engine_version: str = ""
+    requested_bytes: int = 0
+    non_kv_bytes: int = 0
+    activation_peak_bytes: int = 0
+    non_torch_bytes: int = 0
+    request_kv_bytes: int = 0
+    engine_error: str | None = None
+    largest_max_model_len: int = 0
+    largest_max_model_len_one_request: int = 0
+    largest_concurrency: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

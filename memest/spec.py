@@ -88,11 +88,12 @@ class TensorSpec:
         These are the tensors weight quantization (int8, NF4, GPTQ, AWQ, fp8, MXFP4) converts and
         LoRA can target; embeddings, norms, biases and routers keep their 16-bit dtype.
         """
-        return (
-            len(self.shape) >= 2
-            and self.name.endswith("weight")
-            and self.component in (Component.ATTENTION, Component.MLP, Component.EXPERTS)
-        )
+        if len(self.shape) < 2 or self.component not in (Component.ATTENTION, Component.MLP, Component.EXPERTS):
+            return False
+        if self.name.endswith("weight"):
+            return True
+        # transformers >= 5 stores routed experts as bare 3-D parameters (mlp.experts.gate_up_proj)
+        return self.component is Component.EXPERTS and len(self.shape) >= 3
 
     @property
     def module(self) -> str:
@@ -215,6 +216,10 @@ class QuantizationSpec:
         block_shape: Block of a block-wise fp8 scale (DeepSeek-V3: ``(128, 128)``).
         double_quant: bitsandbytes nested quantization of the NF4 absmax scales.
         skip_modules: Module name patterns kept unquantized (``modules_to_not_convert``).
+        strategy: Scale granularity when the config names it (compressed-tensors ``strategy``:
+            ``tensor``, ``channel``, ``group``, ``block``); None = the method's usual one.
+        compute_dtype: bitsandbytes 4-bit ``bnb_4bit_compute_dtype`` (the dtype weights are
+            dequantized to for a matmul); None when not given.
     """
 
     method: str
@@ -223,6 +228,8 @@ class QuantizationSpec:
     block_shape: tuple[int, int] | None = None
     double_quant: bool = False
     skip_modules: tuple[str, ...] = ()
+    strategy: str | None = None
+    compute_dtype: str | None = None
 
 
 TaskKind = Literal["causal_lm", "masked_lm", "seq2seq", "classification"]

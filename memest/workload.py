@@ -96,9 +96,16 @@ class Engine(str, Enum):
     """transformers ``generate``: a contiguous cache for batch x (prompt + new tokens)."""
 
 
-WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16")
-QUANTIZATIONS = ("none", "int8", "int4", "nf4", "fp8", "gptq", "awq")
+WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8", "int4", "nf4", "fp4", "fp8", "gptq", "awq", "mxfp4")
 KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+"""vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
+"""Engine versions whose memory arithmetic memest models, newest (the default) first.
+vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
+Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
+token and registers GPT-BigCode's max_positions^2 causal-mask buffer."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,9 +212,18 @@ class ServingConfig:
         engine: Whose memory behaviour to model.
         gpu_memory_utilization: The share of device memory vLLM may use.
         max_num_batched_tokens: Tokens per forward (vLLM's profiling run); None = vLLM's default.
-        max_num_seqs: Sequences per forward (vLLM; sizes the sampler's logits in profiling).
+        max_num_seqs: Sequences per forward (vLLM; sizes the sampler's logits in profiling);
+            None = the engine's default.
         block_size: Tokens per paged KV block.
         enforce_eager: No CUDA graphs (vLLM ``--enforce-eager``).
+        engine_version: Whose version of the engine's arithmetic to model (see
+            :data:`ENGINE_VERSIONS`); None = the newest.
+        prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
+        max_new_tokens: hf: tokens generated per sequence; None = 0 when max_model_len is the
+            total, else what max_model_len leaves after the prompt.
+        checkpoint_params: Parameters per stored dtype of the checkpoint (safetensors header names:
+            ``BF16``, ``F32``, ``I8``, ``U8``, ``F8_E4M3``, ...), from ``--exact-weights``; scales
+            the analytic weight bytes to the checkpoint's exact total.
         parallelism: TP/PP degrees (and dp replicas).
     """
 
@@ -219,9 +235,13 @@ class ServingConfig:
     engine: Engine = Engine.VLLM
     gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = None
     block_size: int = 16
     enforce_eager: bool = False
+    engine_version: str | None = None
+    prompt_len: int | None = None
+    max_new_tokens: int | None = None
+    checkpoint_params: tuple[tuple[str, int], ...] = ()
     parallelism: Parallelism = field(default_factory=Parallelism)
 
     @property
@@ -275,6 +295,7 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
         _validate_training(workload)
     else:
         _validate_serving(workload)
+        _validate_serving_model(spec, workload)
 
 
 def _positive(flag: str, value: int) -> None:
@@ -302,10 +323,30 @@ def _validate_training(t: TrainingConfig) -> None:
 def _validate_serving(s: ServingConfig) -> None:
     _positive("--batch-size", s.batch_size)
     _positive("--block-size", s.block_size)
+    if s.engine is Engine.VLLM and s.block_size not in BLOCK_SIZES:
+        raise InputError(f"--block-size {s.block_size} is not one vLLM accepts; use one of "
+                         f"{', '.join(map(str, BLOCK_SIZES))}")
     if s.max_model_len is not None:
         _positive("--max-model-len", s.max_model_len)
     if s.max_num_batched_tokens is not None:
         _positive("--max-num-batched-tokens", s.max_num_batched_tokens)
+    if s.max_num_seqs is not None:
+        _positive("--max-num-seqs", s.max_num_seqs)
+    if s.prompt_len is not None:
+        _positive("--prompt-len", s.prompt_len)
+    if s.max_new_tokens is not None and s.max_new_tokens < 0:
+        raise InputError(f"--max-new-tokens is {s.max_new_tokens}; it must be 0 or more")
+    if s.prompt_len is not None and s.max_new_tokens is not None and s.max_model_len is not None \
+            and s.prompt_len + s.max_new_tokens > s.max_model_len:
+        raise InputError(f"--prompt-len {s.prompt_len} + --max-new-tokens {s.max_new_tokens} exceeds --max-model-len "
+                         f"{s.max_model_len}; raise --max-model-len or shorten them")
+    versions = ENGINE_VERSIONS[s.engine.value]
+    if s.engine_version is not None and s.engine_version not in versions:
+        raise InputError(f"--engine-version {s.engine_version!r} is not a {s.engine.value} version memest models; "
+                         f"use one of {', '.join(versions)}")
+    if s.engine is Engine.HF and (s.parallelism.tp > 1 or s.parallelism.pp > 1):
+        raise InputError("--engine hf models one device (generate has no tensor/pipeline parallelism); "
+                         "use --engine vllm for --tp/--pp")
     if not 0 < s.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization is {s.gpu_memory_utilization}; it must be in (0, 1]")
     if s.dtype not in WEIGHT_DTYPES:
@@ -314,3 +355,16 @@ def _validate_serving(s: ServingConfig) -> None:
         raise InputError(f"--quantization {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     if s.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InputError(f"--kv-cache-dtype {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
+    """Checks that need the model: the length.
+
+    Raises:
+        InputError: for vLLM, max_model_len beyond the model's max_position_embeddings (vLLM
+            refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
+    """
+    limit = spec.max_position_embeddings
+    if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
+        raise InputError(f"--max-model-len {s.max_model_len} is more than {spec.name}'s max_position_embeddings "
+                         f"({limit}); use --max-model-len <= {limit}")

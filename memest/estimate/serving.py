@@ -1,43 +1,47 @@
-"""Serving memory per rank: weights as stored, KV cache, the forward's activation peak, runtime.
+"""Serving memory per rank, and the capacity questions serving users ask, answered the engine's way.
 
-KV cache per token on one rank (bytes), summed over the rank's layers:
+Two engines (``--engine``):
 
-- softmax attention: 2 x k_r x d x e (K and V), k_r = k / t, or 1 when t > k (replicated heads);
-  sliding-window layers hold at most the window;
-- MLA (DeepSeek-V2/V3, vLLM): (kv_lora_rank + qk_rope_head_dim) x e, one latent shared by heads
-  and not split by tp;
-- mamba: a fixed state per sequence instead (state_elements x e).
+- ``vllm`` (default): weights, the profiled activation peak and non-torch memory are taken from
+  ``gpu_memory_utilization`` x capacity; the rest becomes paged KV blocks
+  (:mod:`memest.estimate.vllm_engine` for the budget of each vLLM version,
+  :mod:`memest.estimate.kv_cache` for the pages). The terms are what *this job* needs on a rank
+  (``batch_size`` requests of ``max_model_len`` tokens); the summary gives what vLLM itself
+  reports: KV tokens and blocks, the maximum concurrency it logs, and the start-up error it raises
+  when one request of max_model_len does not fit, with the largest max_model_len that would.
+- ``hf``: transformers ``generate`` (:mod:`memest.estimate.hf_generate`).
 
-e = bytes of the KV-cache dtype. vLLM allocates paged blocks of ``block_size`` tokens; its budget
-(vLLM ``gpu_worker.determine_available_memory``) is ``gpu_memory_utilization`` x capacity minus
-the weights, the activation peak of a profiling forward of ``max_num_batched_tokens`` tokens and
-the non-torch memory; what remains becomes KV blocks.
+Inverse queries (the engine's own closed-form arithmetic, no search over estimates):
+:func:`largest_max_model_len`, :func:`largest_concurrency` and :func:`smallest_parallelism`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from memest.devices import Device
-from memest.estimate import runtime
+from memest.estimate import runtime, vllm_engine
 from memest.estimate.dtypes import nbytes
+from memest.estimate.kv_cache import PagedLayout, bytes_per_token, kv_element_bytes, kv_layers, paged_layout
 from memest.estimate.sharding import Stage, stage_tensors, stages
-from memest.estimate.weights import serving_weight_layout, weight_bytes
+from memest.estimate.weights import checkpoint_scale, serving_weight_layout, weight_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
-from memest.spec import LayerSpec, ModelSpec
-from memest.workload import Engine, ServingConfig
+from memest.spec import ModelSpec
+from memest.workload import Engine, Parallelism, ServingConfig
 
 GiB = 1 << 30
-
-CUDA_GRAPH_BYTES = round(0.91 * GiB)
-"""CUDA-graph pool of vLLM 0.19 (51 capture sizes up to 512) for Llama-3.1-8B on one H100
-(case vllm019_llama31_8b_tp1: 0.91 GiB actual)."""
+CUDA_GRAPH_BYTES = vllm_engine.CUDA_GRAPH_BYTES
+_POSITION_TABLES = ("wpe", "position", "pos_emb")
+_NO_ROPE_TYPES = ("bloom", "mpt", "gpt2", "gpt_bigcode", "opt", "bert", "t5", "falcon_alibi")
 
 
 def weight_dtype(spec: ModelSpec, s: ServingConfig) -> str:
     """The dtype unquantized weights are served in: ``--dtype``, else the checkpoint's, fp32 as fp16.
 
-    vLLM's ``dtype="auto"`` serves fp32 checkpoints in fp16 and others in their own dtype.
+    vLLM's ``dtype="auto"`` (``ModelConfig._get_and_verify_dtype``) serves fp32 checkpoints in
+    fp16 and others in their own dtype; transformers loads a checkpoint in its own dtype when asked
+    for ``torch_dtype="auto"``.
     """
     if s.dtype != "auto":
         return s.dtype
@@ -45,126 +49,324 @@ def weight_dtype(spec: ModelSpec, s: ServingConfig) -> str:
     return "float16" if stored in ("float32", "fp32", "float") else stored
 
 
+def compute_bytes(spec: ModelSpec, s: ServingConfig) -> float:
+    """Bytes per activation element: the served dtype (quantized weights compute in 16 bits)."""
+    return nbytes(weight_dtype(spec, s))
+
+
 def kv_dtype_bytes(spec: ModelSpec, s: ServingConfig) -> float:
-    """Bytes per KV-cache element."""
-    return nbytes(weight_dtype(spec, s)) if s.kv_cache_dtype == "auto" else nbytes(s.kv_cache_dtype)
+    """Bytes per KV-cache element (``--kv-cache-dtype``; ``auto`` = the served dtype)."""
+    return kv_element_bytes(s.kv_cache_dtype, weight_dtype(spec, s))
 
 
-def layer_kv_bytes_per_token(layer: LayerSpec, tp: int, e: float) -> float:
-    """KV-cache bytes per token of one layer on one TP rank (0 for state-space layers)."""
-    a = layer.attention
-    if a.kind == "mla":
-        return (a.kv_lora_rank + a.qk_rope_head_dim) * e
-    if a.kind != "gqa":
-        return 0.0
-    k_local = max(1, a.num_kv_heads // tp)
-    per = (k_local * a.head_dim + k_local * a.v_head_dim) * e
-    if a.cross_attention:
-        per *= 2
-    return per
+def max_model_len_of(spec: ModelSpec, s: ServingConfig) -> int:
+    """``--max-model-len``, else the model's max_position_embeddings (vLLM's derived default)."""
+    return s.max_model_len or spec.max_position_embeddings or 2048
 
 
 def kv_bytes_per_token(spec: ModelSpec, s: ServingConfig, stage: Stage | None = None) -> int:
-    """KV-cache bytes one token takes on one rank (full-attention layers; windows ignored)."""
-    e = kv_dtype_bytes(spec, s)
+    """KV-cache bytes one token takes on one rank, over the rank's attention layers (windows ignored)."""
     start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
-    total = sum(layer_kv_bytes_per_token(layer, s.parallelism.tp, e) * n for layer, n in spec.layer_kinds(start, stop))
-    return math.ceil(total)
+    return bytes_per_token(kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s)))
 
 
-def _kv_cache_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage, max_len: int, seqs: int) -> int:
-    """KV bytes for ``seqs`` sequences of ``max_len`` tokens, windows capped, blocks rounded up."""
+def rope_cache_bytes(spec: ModelSpec, c: float) -> int:
+    """vLLM's rotary ``cos_sin_cache`` buffer, one per rank (shared by the layers through
+    ``get_rope``'s cache): max_position_embeddings x rotary dim x c (``RotaryEmbedding.__init__``).
+
+    Counted in vLLM's 'Model loading took'; models with learned or ALiBi positions have none.
+    """
+    if spec.model_type in _NO_ROPE_TYPES or any(p in t.name for t in spec.embedding for p in _POSITION_TABLES):
+        return 0
+    attn = spec.reference_layer.attention
+    rotary = attn.qk_rope_head_dim if attn.kind == "mla" else attn.head_dim
+    return math.ceil((spec.max_position_embeddings or 0) * rotary * c)
+
+
+def stage_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
+    """Weights one rank of ``stage`` holds as served (quantized formats, TP shards, checkpoint
+    scale from ``--exact-weights``)."""
+    c = compute_bytes(spec, s)
+    scheme, skip = serving_weight_layout(spec, s.quantization)
+    w = weight_bytes(stage_tensors(spec, stage), s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
+    if s.checkpoint_params:
+        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
+    return w
+
+
+# ---- vLLM ----
+
+
+def _vllm_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
+    c = compute_bytes(spec, s)
+    scheme, skip = serving_weight_layout(spec, s.quantization)
+    w = vllm_engine.loaded_weight_bytes(stage_tensors(spec, stage), s.parallelism, spec.num_kv_heads,
+                                        dtype_bytes=c, scheme=scheme, skip=skip)
+    if s.checkpoint_params:
+        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
+    return w
+
+
+@dataclass(frozen=True, slots=True)
+class VllmRank:
+    """vLLM's start-up numbers for one pipeline stage's ranks.
+
+    Attributes:
+        stage: The pipeline stage.
+        layout: Its paged KV layout.
+        budget: Its budget arithmetic.
+        peak: The profiled activation peak.
+        num_blocks: Blocks its available memory holds.
+    """
+
+    stage: Stage
+    layout: PagedLayout
+    budget: vllm_engine.Budget
+    peak: vllm_engine.ProfilePeak
+    num_blocks: int
+
+
+def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRank]:
+    """Every pipeline stage's vLLM start-up arithmetic.
+
+    Raises:
+        InputError: unknown ``--engine-version``.
+    """
+    version = vllm_engine.check_version(s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION)
+    par = s.parallelism
+    max_len = max_model_len_of(spec, s)
+    settings = vllm_engine.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs)
+    c = compute_bytes(spec, s)
     e = kv_dtype_bytes(spec, s)
-    block = s.block_size if s.engine is Engine.VLLM else 1
-    total = 0.0
-    for layer, n in spec.layer_kinds(stage.start, stage.stop):
-        window = layer.attention.sliding_window
-        tokens = max_len if window is None else min(max_len, window + (s.max_num_batched_tokens or 0))
-        tokens = math.ceil(tokens / block) * block
-        total += layer_kv_bytes_per_token(layer, s.parallelism.tp, e) * tokens * n
-        if layer.attention.kind == "mamba":
-            total += layer.attention.state_elements * e * n
-    return math.ceil(total * seqs)
+    out = []
+    for stage in stages(spec.num_layers, par.pp):
+        kinds = spec.layer_kinds(stage.start, stage.stop)
+        layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
+        weights = _vllm_weight_bytes(spec, s, stage) + vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, c))
+        peak = vllm_engine.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
+                                        max_model_len=max_len, block_size=s.block_size, version=version,
+                                        device=device)
+        non_torch = vllm_engine.non_torch_bytes(version, par.tp, last=stage.last, pp=par.pp)
+        b = vllm_engine.budget(version, device, s.gpu_memory_utilization, weights, peak.total, non_torch)
+        out.append(VllmRank(stage, layout, b, peak, layout.num_blocks(b.available)))
+    return out
 
 
-def engine_defaults(s: ServingConfig, device: Device) -> ServingConfig:
-    """Fill vLLM's defaults: ``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 1024 on devices
-    of 70 GiB or more, 2048 / 256 below (vLLM ``EngineArgs`` defaults for ``vllm serve``)."""
-    if s.max_num_batched_tokens is not None:
-        return s
-    big = device.memory_bytes >= 70 * GiB
-    return s.replace(max_num_batched_tokens=8192 if big else 2048, max_num_seqs=1024 if big else 256)
+def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, version: str,
+                mnbt: int) -> list[Term]:
+    max_len = max_model_len_of(spec, s)
+    need = s.batch_size * r.layout.request_bytes(max_len, mnbt)
+    scheme, _ = serving_weight_layout(spec, s.quantization)
+    stored = stage_weight_bytes(spec, s, r.stage)
+    rope = vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, compute_bytes(spec, s)))
+    terms = [
+        Term("weights", Kind.WEIGHTS, stored,
+             f"stage parameters / tp at {weight_dtype(spec, s)}" + (f", {scheme.name} linear weights" if scheme else "")),
+    ]
+    if rope:
+        terms.append(Term("weights.rope_cache", Kind.WEIGHTS, rope, "rotary cos/sin cache: max_position x rotary dim x c"))
+    rounding = r.budget.weights - stored - rope
+    if rounding > 0:
+        terms.append(Term("weights.block_rounding", Kind.WEIGHTS, rounding,
+                          "caching-allocator rounding of vLLM's merged weight tensors (2 MiB segments)"))
+    terms += [
+        Term("kv_cache", Kind.KV_CACHE, need,
+             f"{s.batch_size} requests x {max_len} tokens in {r.layout.block_size}-token pages "
+             f"({r.layout.page_bytes:,} B/page, windows capped)"),
+    ]
+    p = r.peak
+    if p.persistent:
+        terms.append(Term("activations.moe_workspace", Kind.ACTIVATIONS, p.persistent,
+                          "fused-experts workspaces T x top_k x (max(i/t, h) + max(2i/t, h)) x c, kept"))
+    if p.sampler > p.forward:
+        terms.append(Term("logits", Kind.LOGITS, p.sampler,
+                          "profiled sampler: hidden T x h + N x V logits, fp32 copy, softmax, noise (> forward peak)"))
+    else:
+        terms.append(Term("activations", Kind.ACTIVATIONS, p.forward,
+                          "profiled forward of max_num_batched_tokens: largest layer's intermediates"))
+    terms.append(Term("workspace.cublas", Kind.WORKSPACE, p.workspace, "cuBLAS workspace"))
+    if version == "0.19":
+        terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
+                          "non-torch memory the forward adds (all-reduce buffers, lazily loaded kernels)"))
+        terms.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device),
+                          f"{device.arch} context (outside vLLM's budget)"))
+        nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+        if nccl:
+            terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators (outside vLLM's budget)"))
+    else:
+        terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
+                          "non-torch memory since start-up: CUDA context, NCCL, allocator cache"))
+    if not s.enforce_eager:
+        terms.append(Term("runtime.cuda_graphs", Kind.RUNTIME, CUDA_GRAPH_BYTES,
+                          "CUDA-graph pool, captured after the KV cache"))
+    return terms
 
 
-def _activation_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage, c: float) -> tuple[int, int]:
-    """(activation peak, logits) of one forward of max_num_batched_tokens tokens on one rank."""
-    tp = s.parallelism.tp
-    tokens = s.max_num_batched_tokens or 8192
+def _estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
+    version = s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION
+    ranks = vllm_ranks(spec, s, device)
+    max_len = max_model_len_of(spec, s)
+    settings = vllm_engine.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs)
+    mnbt = settings.max_num_batched_tokens
+    out = []
+    for r in ranks:
+        label = "all ranks" if len(ranks) == 1 else f"pp stage {r.stage.index}"
+        out.append(RankEstimate(label, tuple(_vllm_terms(spec, s, device, r, version, mnbt)), s.parallelism.tp))
+    summary = _vllm_summary(spec, s, device, ranks, mnbt)
+    assumptions = (
+        f"vLLM {version} start-up budget; max_num_batched_tokens {mnbt}, max_num_seqs {settings.max_num_seqs}",
+        f"weights served in {weight_dtype(spec, s)}" + (f", quantization {s.quantization}" if s.quantization != "none" else ""),
+        f"KV cache in {s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else weight_dtype(spec, s)}",
+        "KV pool = what is left of gpu_memory_utilization x capacity; the terms show what this job's requests need",
+    )
+    return Estimate(ranks=tuple(out), assumptions=assumptions, serving=summary)
+
+
+def _engine_blocks(ranks: list[VllmRank]) -> VllmRank:
+    """The rank that limits the pool: vLLM gives every worker the smallest block count."""
+    return min(ranks, key=lambda r: r.num_blocks)
+
+
+def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list[VllmRank], mnbt: int) -> ServingSummary:
+    max_len = max_model_len_of(spec, s)
+    limiting = _engine_blocks(ranks)
+    blocks = limiting.num_blocks
+    layout = limiting.layout
+    tokens = layout.tokens(blocks)
+    per_token = max(kv_bytes_per_token(spec, s, r.stage) for r in ranks)
+    worst = min(ranks, key=lambda r: r.budget.available - r.layout.request_bytes(max_len, mnbt))
+    needed = worst.layout.request_bytes(max_len, mnbt)
+    available = worst.budget.available
+    error = None
+    largest = worst.layout.largest_max_model_len(max(available, 0), max_len, mnbt)
+    if available <= 0:
+        error = "no_memory"
+    elif needed > available:
+        error = "max_model_len"
+    return ServingSummary(
+        kv_cache_bytes_per_token=per_token,
+        max_model_len=max_len,
+        kv_cache_tokens=tokens,
+        kv_cache_blocks=blocks,
+        max_concurrency=layout.max_concurrency(blocks, max_len, mnbt),
+        kv_budget_bytes=max(0, limiting.budget.available),
+        engine="vllm",
+        engine_version=s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION,
+        requested_bytes=limiting.budget.requested,
+        non_kv_bytes=limiting.budget.non_kv,
+        activation_peak_bytes=limiting.budget.activation,
+        non_torch_bytes=limiting.budget.non_torch,
+        request_kv_bytes=needed,
+        engine_error=error,
+        largest_max_model_len=largest_max_model_len(spec, s, device, s.batch_size, ranks=ranks),
+        largest_max_model_len_one_request=largest,
+        largest_concurrency=largest_concurrency(spec, s, device, max_len, ranks=ranks),
+    )
+
+
+# ---- inverse queries ----
+
+
+def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, concurrency: int,
+                          *, ranks: list[VllmRank] | None = None) -> int:
+    """The longest ``--max-model-len`` at which ``concurrency`` requests of that length fit at once.
+
+    vLLM: the largest L with ``concurrency x blocks_per_request(L) <= num_blocks`` (the scheduler
+    admits a request when its blocks are free), capped at the model's max_position_embeddings;
+    the pool does not depend on L (the profile run is bounded by max_num_batched_tokens).
+    hf: see :func:`memest.estimate.hf_generate.largest_tokens`. 0 when not even one token fits.
+
+    Raises:
+        InputError: concurrency below 1.
+    """
+    from memest.errors import InputError
+
+    if concurrency < 1:
+        raise InputError(f"concurrency {concurrency} must be at least 1")
+    limit = spec.max_position_embeddings or max_model_len_of(spec, s)
     if s.engine is Engine.HF:
-        tokens = s.batch_size * (s.max_model_len or spec.max_position_embeddings or 2048)
-    layer = spec.reference_layer
-    i_local = layer.mlp.intermediate_size / tp
-    width = layer.mlp.num_experts_per_tok or 1
-    mlp = (3 if layer.mlp.gated else 2) * i_local * width
-    act = tokens * (mlp + 3 * spec.hidden_size) * c
-    if not stage.last or spec.task not in ("causal_lm", "seq2seq"):
-        return math.ceil(act), 0
-    seqs = s.max_num_seqs if s.engine is Engine.VLLM else s.batch_size
-    logits = seqs * spec.vocab_size * (c + 4 + 4)
-    return math.ceil(act), math.ceil(logits)
+        from memest.estimate import hf_generate
+
+        return hf_generate.largest_tokens(spec, s, device, concurrency, limit)
+    ranks = ranks or vllm_ranks(spec, s, device)
+    version = s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION
+    mnbt = vllm_engine.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
+                                       s.max_num_seqs).max_num_batched_tokens
+    r = _engine_blocks(ranks)
+    if concurrency * r.layout.blocks_per_request(1, mnbt) > r.num_blocks:
+        return 0
+    lo, hi = 1, limit
+    while lo < hi:  # blocks_per_request is monotone in L: vLLM's own bisection (estimate_max_model_len)
+        mid = (lo + hi + 1) // 2
+        if concurrency * r.layout.blocks_per_request(mid, mnbt) <= r.num_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_model_len: int,
+                        *, ranks: list[VllmRank] | None = None) -> int:
+    """How many requests of ``max_model_len`` tokens fit at once (the floor of vLLM's logged
+    maximum concurrency; for hf, the largest batch)."""
+    if s.engine is Engine.HF:
+        from memest.estimate import hf_generate
+
+        return hf_generate.largest_batch(spec, s, device, max_model_len)
+    ranks = ranks or vllm_ranks(spec, s, device)
+    version = s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION
+    mnbt = vllm_engine.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
+                                       s.max_num_seqs).max_num_batched_tokens
+    r = _engine_blocks(ranks)
+    per = r.layout.blocks_per_request(max_model_len, mnbt)
+    return r.num_blocks // per if per else 0
+
+
+def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
+    a, k = spec.num_heads, spec.num_kv_heads
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= device.per_node and a % t == 0
+           and (k % t == 0 if t <= k else t % k == 0)]
+    pps = [p for p in (1, 2, 4, 8, 16) if p <= spec.num_layers]
+    out = [Parallelism(tp=t, pp=p) for t in tps for p in pps]
+    return sorted(out, key=lambda par: (par.tp * par.pp, par.pp))
+
+
+def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device) -> Parallelism | None:
+    """The fewest devices (tp first, then pp) on which ``batch_size`` requests of max_model_len fit.
+
+    Evaluates the engine's budget for each power-of-two layout that the model's heads allow (tp
+    within one node); None when none up to 16 pipeline stages fits.
+    """
+    max_len = max_model_len_of(spec, s)
+    for par in _parallel_candidates(spec, device):
+        trial = s.replace(parallelism=par)
+        if s.engine is Engine.HF:
+            from memest.estimate import hf_generate
+
+            if par.pp > 1 or par.tp > 1:
+                continue
+            if hf_generate.fits(spec, trial, device):
+                return par
+            continue
+        ranks = vllm_ranks(spec, trial, device)
+        if largest_concurrency(spec, trial, device, max_len, ranks=ranks) >= s.batch_size and all(
+            r.budget.available >= r.layout.request_bytes(max_len, 1) for r in ranks
+        ):
+            return par
+    return None
+
+
+# ---- entry point ----
 
 
 def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
-    """Per-rank serving memory and the engine's KV budget."""
-    s = engine_defaults(s, device)
-    par = s.parallelism
-    max_len = s.max_model_len or spec.max_position_embeddings or 2048
-    dtype = weight_dtype(spec, s)
-    c = nbytes(dtype)
-    scheme, skip = serving_weight_layout(spec, s.quantization)
-    ranks: list[RankEstimate] = []
-    summary: ServingSummary | None = None
-    for stage in stages(spec.num_layers, par.pp):
-        tensors = stage_tensors(spec, stage)
-        w = weight_bytes(tensors, par, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
-        kv = _kv_cache_bytes(spec, s, stage, max_len, s.batch_size)
-        act, logits = _activation_bytes(spec, s, stage, c)
-        context = runtime.cuda_context_bytes(device)
-        nccl = runtime.nccl_bytes(par.tp * par.pp)
-        terms = [
-            Term("weights", Kind.WEIGHTS, w, f"stage parameters / tp at {dtype}" + (f", {scheme.name} linear weights" if scheme else "")),
-            Term("kv_cache", Kind.KV_CACHE, kv, f"{s.batch_size} seqs x {max_len} tokens x KV bytes/token"),
-            Term("activations", Kind.ACTIVATIONS, act, "forward peak: tokens x (MLP intermediates + 3 h) x c"),
-        ]
-        if logits:
-            terms.append(Term("logits", Kind.LOGITS, logits, "seqs x V x (c + 8) sampler logits"))
-        terms.append(Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace"))
-        terms.append(Term("runtime.cuda_context", Kind.RUNTIME, context, f"{device.arch} context"))
-        if nccl:
-            terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
-        if s.engine is Engine.VLLM and not s.enforce_eager:
-            terms.append(Term("runtime.cuda_graphs", Kind.RUNTIME, CUDA_GRAPH_BYTES, "vLLM CUDA-graph pool"))
-        label = "all ranks" if par.pp == 1 else f"pp stage {stage.index}"
-        rank = RankEstimate(label, tuple(terms), par.tp)
-        ranks.append(rank)
-        per_token = kv_bytes_per_token(spec, s, stage)
-        budget = math.floor(s.gpu_memory_utilization * device.memory_bytes) - w - act - logits - nccl
-        block_bytes = per_token * s.block_size
-        blocks = max(0, budget // block_bytes) if block_bytes else 0
-        tokens = blocks * s.block_size
-        stage_summary = ServingSummary(
-            kv_cache_bytes_per_token=per_token,
-            max_model_len=max_len,
-            kv_cache_tokens=tokens,
-            kv_cache_blocks=blocks,
-            max_concurrency=tokens / max_len if max_len else 0.0,
-            kv_budget_bytes=max(0, budget),
-        )
-        if summary is None or stage_summary.kv_cache_tokens < summary.kv_cache_tokens:
-            summary = stage_summary
-    assumptions = [
-        f"weights served in {dtype}" + (f" with {scheme.name} linear weights" if scheme else ""),
-        f"KV cache in {s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else dtype}",
-        f"engine {s.engine.value}: max_num_batched_tokens {s.max_num_batched_tokens}, max_num_seqs {s.max_num_seqs}",
-    ]
-    return Estimate(ranks=tuple(ranks), assumptions=tuple(assumptions), serving=summary)
+    """Per-rank serving memory and the engine's KV arithmetic.
+
+    Raises:
+        InputError: an ``--engine-version`` the engine does not have.
+    """
+    if s.engine is Engine.HF:
+        from memest.estimate import hf_generate
+
+        return hf_generate.estimate_generate(spec, s, device)
+    return _estimate_vllm(spec, s, device)

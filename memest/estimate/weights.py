@@ -2,16 +2,22 @@
 
 Quantization converts the linear weights of the layers (``TensorSpec.is_linear_weight``);
 embeddings, lm_head, norms, biases and routers keep the 16-bit dtype, as bitsandbytes, GPTQ,
-AWQ and vLLM's fp8 leave them. Per-format layouts (bytes per weight + scales):
+AWQ, compressed-tensors and vLLM's fp8 leave them (plus the modules the config skips). A
+quantized ``(out, in)`` weight stores ``ceil(out x in x bits / 8)`` bytes of data plus scales
+(and zero points) at the format's granularity:
 
-| scheme | layout | source |
-|---|---|---|
-| ``int8`` | int8 weight + fp32 scale per output row | bitsandbytes ``Int8Params`` (CB, SCB) |
-| ``nf4`` | 4-bit weight + fp32 absmax per 64 weights; with double quantization an 8-bit absmax per 64 plus an fp32 scale per 256 absmaxes | bitsandbytes ``Params4bit`` / QLoRA paper §2 |
-| ``gptq`` | int32-packed 4-bit weight; per group of g=128 inputs an fp16 scale and a packed 4-bit zero per output; int32 ``g_idx`` per input | AutoGPTQ / transformers ``QuantLinear`` |
-| ``awq`` / ``int4`` | as gptq without ``g_idx`` | AutoAWQ ``WQLinear_GEMM`` |
-| ``fp8`` | fp8 weight + fp32 scale per tensor (vLLM online), or per 128x128 block (DeepSeek-V3) | vLLM ``Fp8LinearMethod`` |
-| ``mxfp4`` | 4-bit weight + 8-bit shared exponent per 32 weights | OCP MX spec; gpt-oss |
+| scheme | bits | scales | zero points / extra | source |
+|---|---|---|---|---|
+| ``int8`` | 8 | fp32 per output row (``SCB``) | | bitsandbytes ``Int8Params`` (LLM.int8) |
+| ``nf4`` / ``fp4`` | 4 | fp32 absmax per 64 weights of the flattened tensor; with double quantization an 8-bit absmax per 64 and an fp32 scale per 256 absmaxes | | bitsandbytes ``Params4bit`` / ``QuantState`` |
+| ``gptq`` | b | fp16 per (group of g inputs, output) | b-bit packed ``qzeros`` per scale; int32 ``g_idx`` per input | AutoGPTQ ``QuantLinear``; vLLM ``GPTQLinearMethod`` |
+| ``awq`` / ``int4`` | b | fp16 per (group, output) | b-bit packed ``qzeros`` per scale | AutoAWQ ``WQLinear_GEMM``; vLLM ``AWQLinearMethod`` |
+| ``fp8`` | 8 | fp32 per tensor (vLLM online ``--quantization fp8``) or per 128x128 block (DeepSeek-V3 ``weight_block_size``) | | vLLM ``Fp8LinearMethod`` |
+| ``mxfp4`` | 4 | one 8-bit shared exponent (E8M0) per 32 inputs | | OCP MX spec; gpt-oss ``*_blocks`` / ``*_scales`` |
+| compressed-tensors | b | per ``strategy``: fp32 per tensor / channel / 128x128 block (W8A8), model-dtype per group (WNA16) | packed zero points when asymmetric | vLLM ``CompressedTensorsW8A8Fp8`` / ``W8A8Int8`` / ``WNA16`` |
+
+Mixed-precision checkpoints are counted exactly with ``--exact-weights``: the safetensors headers
+give the parameters per stored dtype (:func:`checkpoint_scale`).
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memest.errors import InputError
+from memest.estimate.sharding import shard_numel
 from memest.spec import ModelSpec, QuantizationSpec, TensorSpec
 from memest.workload import Parallelism
-from memest.estimate.sharding import shard_numel
+
+Granularity = str
+"""``tensor``, ``channel`` (per output row), ``group`` (per output row and group of inputs),
+``block`` (2-D blocks), ``flat`` (blocks of the flattened tensor, bitsandbytes 4-bit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +41,16 @@ class QuantScheme:
     """How one quantized weight format stores a linear weight.
 
     Attributes:
-        name: ``int8``, ``nf4``, ``gptq``, ``awq``, ``fp8``, ``mxfp4``.
+        name: ``int8``, ``nf4``, ``fp4``, ``gptq``, ``awq``, ``fp8``, ``mxfp4``, ``compressed-tensors``.
         bits: Bits per weight.
-        group_size: Input features sharing a scale (None: per output row or per tensor).
+        group_size: Weights per scale for ``group`` (inputs) and ``flat`` (flattened) granularity.
         double_quant: bitsandbytes nested quantization of the absmax scales.
-        block_shape: fp8 block-wise scales (rows, cols).
+        block_shape: Rows x columns per scale for ``block`` granularity.
+        granularity: What one scale covers (see :data:`Granularity`).
+        scale_bytes: Bytes per scale.
+        zero_bits: Bits of zero point per scale (0: symmetric).
+        g_idx: True when an int32 group index is stored per input feature (GPTQ act-order).
+        compute_dtype: bitsandbytes 4-bit compute dtype (None: the served dtype).
     """
 
     name: str
@@ -43,47 +58,58 @@ class QuantScheme:
     group_size: int | None = None
     double_quant: bool = False
     block_shape: tuple[int, int] | None = None
+    granularity: Granularity = "channel"
+    scale_bytes: float = 4
+    zero_bits: int = 0
+    g_idx: bool = False
+    compute_dtype: str | None = None
+
+    def num_scales(self, shape: tuple[int, ...]) -> int:
+        """Scales of one weight of this shape (``(out, in)`` or ``(experts, out, in)``)."""
+        out_features, in_features = shape[-2], shape[-1]
+        mats = math.prod(shape[:-2])
+        if self.granularity == "tensor":
+            return mats
+        if self.granularity == "channel":
+            return mats * out_features
+        if self.granularity == "group":
+            g = self.group_size if self.group_size and self.group_size > 0 else in_features
+            return mats * out_features * math.ceil(in_features / g)
+        if self.granularity == "block":
+            br, bc = self.block_shape or (128, 128)
+            return mats * math.ceil(out_features / br) * math.ceil(in_features / bc)
+        if self.granularity == "flat":
+            return math.ceil(math.prod(shape) / (self.group_size or 64))
+        raise InputError(f"unknown scale granularity {self.granularity!r}")
 
     def tensor_bytes(self, shape: tuple[int, ...]) -> int:
-        """Bytes of one weight of this shape (``(out, in)`` or ``(experts, out, in)``), scales included."""
-        numel = math.prod(shape)
-        out_features, in_features = shape[-2], shape[-1]
-        rows = numel // in_features  # output rows, all experts together
-        data = math.ceil(numel * self.bits / 8)
-        if self.name == "int8":
-            return data + 4 * rows
-        if self.name == "nf4":
-            blocks = math.ceil(numel / (self.group_size or 64))
-            if self.double_quant:
-                return data + blocks + 4 * math.ceil(blocks / 256)
-            return data + 4 * blocks
-        if self.name in ("gptq", "awq"):
-            groups = math.ceil(in_features / (self.group_size or 128))
-            per_group = rows * groups * (2 + 0.5)
-            g_idx = 4 * in_features * (numel // (out_features * in_features)) if self.name == "gptq" else 0
-            return data + math.ceil(per_group) + g_idx
-        if self.name == "fp8":
-            if self.block_shape:
-                br, bc = self.block_shape
-                blocks = (numel // (out_features * in_features)) * math.ceil(out_features / br) * math.ceil(in_features / bc)
-                return data + 4 * blocks
-            return data + 4 * (numel // (out_features * in_features))
-        if self.name == "mxfp4":
-            return data + math.ceil(numel / (self.group_size or 32))
-        raise InputError(f"unknown quantization scheme {self.name!r}")
+        """Bytes of one weight of this shape, scales and zero points included."""
+        data = math.ceil(math.prod(shape) * self.bits / 8)
+        scales = self.num_scales(shape)
+        if self.double_quant:
+            scale_bytes = scales + 4 * math.ceil(scales / 256)
+        else:
+            scale_bytes = math.ceil(scales * self.scale_bytes)
+        zeros = math.ceil(scales * self.zero_bits / 8)
+        g_idx = 4 * shape[-1] * math.prod(shape[:-2]) if self.g_idx else 0
+        return data + scale_bytes + zeros + g_idx
 
 
 SCHEMES: dict[str, QuantScheme] = {
-    "int8": QuantScheme("int8", 8),
-    "nf4": QuantScheme("nf4", 4, group_size=64, double_quant=True),
-    "int4": QuantScheme("awq", 4, group_size=128),
-    "awq": QuantScheme("awq", 4, group_size=128),
-    "gptq": QuantScheme("gptq", 4, group_size=128),
-    "fp8": QuantScheme("fp8", 8),
+    "int8": QuantScheme("int8", 8, granularity="channel", scale_bytes=4),
+    "nf4": QuantScheme("nf4", 4, group_size=64, double_quant=True, granularity="flat"),
+    "fp4": QuantScheme("fp4", 4, group_size=64, granularity="flat", compute_dtype="float32"),
+    "int4": QuantScheme("awq", 4, group_size=128, granularity="group", scale_bytes=2, zero_bits=4),
+    "awq": QuantScheme("awq", 4, group_size=128, granularity="group", scale_bytes=2, zero_bits=4),
+    "gptq": QuantScheme("gptq", 4, group_size=128, granularity="group", scale_bytes=2, zero_bits=4, g_idx=True),
+    "fp8": QuantScheme("fp8", 8, granularity="tensor", scale_bytes=4),
+    "mxfp4": QuantScheme("mxfp4", 4, group_size=32, granularity="group", scale_bytes=1),
 }
-"""The ``--quantization`` choices. ``int4`` means AWQ-style 4-bit with groups of 128, the format
-vLLM serves most 4-bit checkpoints in; ``nf4`` is bitsandbytes with double quantization (QLoRA's
-default)."""
+"""The ``--quantization`` choices. ``int8`` is bitsandbytes LLM.int8 (``load_in_8bit``); ``nf4`` is
+bitsandbytes NF4 with double quantization (QLoRA's recipe); ``fp4`` is ``load_in_4bit=True`` with
+transformers' defaults (FP4, no double quantization, fp32 compute dtype); ``int4`` means AWQ-style
+4-bit with groups of 128, the format vLLM serves most 4-bit checkpoints in; ``fp8`` is vLLM's
+online dynamic fp8 (per-tensor scales)."""
 
 
 def scheme_of(q: QuantizationSpec) -> QuantScheme:
@@ -93,13 +119,27 @@ def scheme_of(q: QuantizationSpec) -> QuantScheme:
         InputError: a quant_method memest does not model.
     """
     if q.method == "bitsandbytes":
-        return QuantScheme("nf4", 4, group_size=q.group_size or 64, double_quant=q.double_quant) if q.bits == 4 else SCHEMES["int8"]
+        if q.bits == 4:
+            return QuantScheme("nf4", 4, group_size=q.group_size or 64, double_quant=q.double_quant,
+                               granularity="flat", compute_dtype=q.compute_dtype)
+        return SCHEMES["int8"]
     if q.method in ("gptq", "awq"):
-        return QuantScheme(q.method, q.bits, group_size=q.group_size)
+        group = q.group_size if q.group_size and q.group_size > 0 else None
+        return QuantScheme(q.method, q.bits, group_size=group, granularity="group" if group else "channel",
+                           scale_bytes=2, zero_bits=q.bits, g_idx=q.method == "gptq")
     if q.method == "fp8":
-        return QuantScheme("fp8", 8, block_shape=q.block_shape)
+        if q.block_shape:
+            return QuantScheme("fp8", 8, block_shape=q.block_shape, granularity="block", scale_bytes=4)
+        return SCHEMES["fp8"]
     if q.method == "mxfp4":
-        return QuantScheme("mxfp4", 4, group_size=q.group_size or 32)
+        return QuantScheme("mxfp4", 4, group_size=q.group_size or 32, granularity="group", scale_bytes=1)
+    if q.method == "compressed-tensors":
+        strategy = q.strategy or "channel"
+        if q.bits >= 8:  # W8A8 fp8 / int8: fp32 scales (vLLM CompressedTensorsW8A8*)
+            return QuantScheme("compressed-tensors", q.bits, group_size=q.group_size, block_shape=q.block_shape,
+                               granularity=strategy, scale_bytes=4)
+        return QuantScheme("compressed-tensors", q.bits, group_size=q.group_size, block_shape=q.block_shape,
+                           granularity=strategy, scale_bytes=2)
     raise InputError(
         f"quantization method {q.method!r} in the config is not modelled; pass --quantization to choose one "
         f"({', '.join(sorted(SCHEMES))})"
@@ -109,10 +149,22 @@ def scheme_of(q: QuantizationSpec) -> QuantScheme:
 def _skipped(tensor: TensorSpec, skip: tuple[str, ...]) -> bool:
     module = tensor.module
     for pattern in skip:
-        p = pattern.replace("model.layers.*.", "").replace("model.", "")
+        p = pattern.replace("model.layers.*.", "").replace("model.", "").strip(".*")
         if p and (module == p or module.startswith(p + ".") or module.endswith("." + p) or p in module.split(".")):
             return True
     return False
+
+
+def tensor_bytes(t: TensorSpec, par: Parallelism, num_kv_heads: int, *, dtype_bytes: float,
+                 scheme: QuantScheme | None = None, skip: tuple[str, ...] = ()) -> float:
+    """Bytes one rank stores for one tensor (its TP/EP shard, quantized when it is a linear weight
+    the scheme converts)."""
+    local = shard_numel(t, par, num_kv_heads)
+    if scheme is not None and t.is_linear_weight and not _skipped(t, skip):
+        ratio = local / t.numel
+        shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
+        return scheme.tensor_bytes(shape)
+    return local * dtype_bytes
 
 
 def weight_bytes(
@@ -136,13 +188,7 @@ def weight_bytes(
     """
     total = 0.0
     for t, count in tensors:
-        local = shard_numel(t, par, num_kv_heads)
-        if scheme is not None and t.is_linear_weight and not _skipped(t, skip):
-            ratio = local / t.numel
-            shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
-            total += scheme.tensor_bytes(shape) * count
-        else:
-            total += local * dtype_bytes * count
+        total += tensor_bytes(t, par, num_kv_heads, dtype_bytes=dtype_bytes, scheme=scheme, skip=skip) * count
     return math.ceil(total)
 
 
@@ -156,3 +202,47 @@ def serving_weight_layout(spec: ModelSpec, quantization: str) -> tuple[QuantSche
     if spec.quantization is not None:
         return scheme_of(spec.quantization), spec.quantization.skip_modules
     return None, ()
+
+
+SAFETENSORS_DTYPE_BYTES: dict[str, float] = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1, "F4": 0.5,
+}
+"""Bytes per element of the safetensors dtype names (the header's ``dtype`` field)."""
+_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")
+
+
+def checkpoint_bytes(params: Iterable[tuple[str, int]], dtype_bytes: float) -> int:
+    """Bytes a checkpoint occupies once loaded for serving: floating-point parameters converted to the
+    served dtype, integer and fp8 parameters (packed quantized weights, scales) as stored.
+
+    Args:
+        params: (safetensors dtype, parameter count) pairs from the headers.
+        dtype_bytes: Bytes per element of the served dtype.
+
+    Raises:
+        InputError: a dtype name safetensors does not define.
+    """
+    total = 0.0
+    for dtype, count in params:
+        if dtype not in SAFETENSORS_DTYPE_BYTES:
+            raise InputError(f"unknown safetensors dtype {dtype!r} in the checkpoint headers")
+        total += count * (dtype_bytes if dtype in _FLOAT_DTYPES else SAFETENSORS_DTYPE_BYTES[dtype])
+    return math.ceil(total)
+
+
+def checkpoint_scale(spec: ModelSpec, params: Iterable[tuple[str, int]], dtype_bytes: float,
+                     scheme: QuantScheme | None, skip: tuple[str, ...]) -> float:
+    """Exact checkpoint bytes / analytic bytes of the whole model, to scale per-rank analytic weights.
+
+    The headers give the whole checkpoint's bytes exactly (what the analytic layout may miss:
+    mixed-precision layers, extra buffers, multi-token-prediction layers); the analytic layout
+    still says how they split across ranks.
+    """
+    params = list(params)
+    if all(dtype in _FLOAT_DTYPES for dtype, _ in params):
+        scheme, skip = None, ()  # an unquantized checkpoint: compare like with like, quantize after
+    analytic = weight_bytes(spec.tensors(), Parallelism(), spec.num_kv_heads, dtype_bytes=dtype_bytes,
+                            scheme=scheme, skip=skip)
+    exact = checkpoint_bytes(params, dtype_bytes)
+    return exact / analytic if analytic else 1.0

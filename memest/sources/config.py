@@ -65,6 +65,28 @@ class HFConfig:
             raise ConfigError(f"config of {self.name!r} has no {key!r} section; pass the complete config.json")
         return HFConfig(value, name=self.name, source=self.source)
 
+    def with_defaults(self, defaults: Mapping[str, Any], *, aliases: Mapping[str, str] | None = None) -> HFConfig:
+        """A copy in which absent fields take the transformers config class's defaults.
+
+        transformers builds a model from ``ConfigClass(**config_json)``, so a field the JSON omits
+        gets the class default, while a field the JSON sets to ``null`` stays None (and the class's
+        ``__post_init__`` usually derives it, e.g. ``num_key_value_heads = num_attention_heads``);
+        getters treat such a null as missing, so adapters pass that derivation as ``default=``.
+
+        Args:
+            defaults: Field name to class default, for the fields an adapter reads.
+            aliases: The class's ``attribute_map`` (alias to stored field, e.g. ``{"hidden_size":
+                "n_embd"}``): a value under the alias fills the field when the field is absent.
+        """
+        raw = dict(self.raw)
+        for alias, field in (aliases or {}).items():
+            if field not in raw and alias in raw:
+                raw[field] = raw[alias]
+        for key, value in defaults.items():
+            if key not in raw:
+                raw[key] = value
+        return HFConfig(raw, name=self.name, source=self.source, note=self.note)
+
     # ---- typed getters: the first key present wins; aliases cover renamed fields ----
 
     def has(self, *keys: str) -> bool:

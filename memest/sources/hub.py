@@ -81,3 +81,48 @@ def fetch_config(repo_id: str, *, revision: str | None = None) -> dict[str, Any]
     if not isinstance(raw, dict):
         raise UnknownModelError(f"the config.json of {repo_id!r} is not a JSON object")
     return raw
+
+
+def safetensors_parameter_counts(repo_id: str, *, revision: str | None = None) -> tuple[tuple[str, int], ...]:
+    """Parameters per stored dtype of a Hub checkpoint, from its safetensors headers only.
+
+    huggingface_hub ``get_safetensors_metadata`` reads the JSON header of each ``.safetensors``
+    file (or the index of a sharded checkpoint) with HTTP range requests; no weights are
+    downloaded. Returns ``(dtype, count)`` pairs sorted by dtype (``BF16``, ``F32``, ``I8``, ...).
+
+    Raises:
+        UnknownModelError: the repository does not exist, is gated, has no safetensors files, or
+            its headers cannot be parsed.
+        HubUnreachableError: offline (``HF_HUB_OFFLINE`` / ``MEMEST_OFFLINE``) or the Hub cannot be
+            reached.
+        MissingDependencyError: huggingface_hub is not installed.
+    """
+    if hub_offline():
+        raise HubUnreachableError(
+            f"--exact-weights reads the safetensors headers of {repo_id!r} on the Hub, which is offline "
+            "(HF_HUB_OFFLINE / MEMEST_OFFLINE); drop --exact-weights or go online"
+        )
+    try:
+        from huggingface_hub import get_safetensors_metadata
+        from huggingface_hub.errors import (
+            GatedRepoError,
+            NotASafetensorsRepoError,
+            RepositoryNotFoundError,
+            SafetensorsParsingError,
+        )
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise MissingDependencyError("--exact-weights needs huggingface_hub: pip install huggingface_hub") from exc
+    _check_reachable()
+    try:
+        meta = get_safetensors_metadata(repo_id, revision=revision)
+    except GatedRepoError as exc:
+        raise UnknownModelError(f"{repo_id!r} is gated on the Hub; accept its license on huggingface.co and set HF_TOKEN") from exc
+    except RepositoryNotFoundError as exc:
+        raise UnknownModelError(f"no Hub repository {repo_id!r}; check the id (org/name) or drop --exact-weights") from exc
+    except NotASafetensorsRepoError as exc:
+        raise UnknownModelError(f"{repo_id!r} has no safetensors checkpoint; drop --exact-weights") from exc
+    except SafetensorsParsingError as exc:
+        raise UnknownModelError(f"the safetensors headers of {repo_id!r} cannot be parsed ({exc}); drop --exact-weights") from exc
+    except (OSError, ValueError) as exc:  # network errors are OSError subclasses
+        raise UnknownModelError(f"cannot read the safetensors headers of {repo_id!r}: {type(exc).__name__}") from exc
+    return tuple(sorted((str(dtype), int(n)) for dtype, n in meta.parameter_count.items()))

@@ -3,6 +3,13 @@
 ``ADAPTERS`` maps a config's ``model_type`` to the function that builds its ModelSpec. A family
 without an adapter falls back to instantiating the transformers class on the meta device
 (:mod:`memest.meta`), which needs torch and transformers.
+
+Omitted fields take the default of the family's transformers config class (``configuration_<type>.py``),
+as transformers itself would, e.g. ``tie_word_embeddings`` (gemma, gpt2: true; llama: false) or a
+multimodal ``text_config`` without ``vocab_size``. The geometry is the exception: a config without
+its width, depth or number of attention heads (``hidden_size`` / ``num_hidden_layers`` /
+``num_attention_heads`` or the family's names for them) is incomplete, and the adapters raise a
+ConfigError naming the field rather than size the class's default model.
 """
 
 from __future__ import annotations
@@ -10,7 +17,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memest.sources.config import HFConfig
-from memest.sources.families import llama
+from memest.sources.families import (
+    bert,
+    bloom,
+    deepseek,
+    falcon,
+    gemma,
+    gpt2,
+    gpt_oss,
+    jamba,
+    llama,
+    moe,
+    neox,
+    olmo,
+    opt,
+    phi,
+    t5,
+)
 from memest.spec import ModelSpec
 
 Adapter = Callable[[HFConfig], ModelSpec]
@@ -19,6 +42,30 @@ ADAPTERS: dict[str, Adapter] = {
     "llama": llama.build,
     "mistral": llama.build,
     "qwen2": llama.build,
+    "qwen3": llama.build,
+    "mixtral": moe.build,
+    "qwen2_moe": moe.build,
+    "qwen3_moe": moe.build,
+    "gemma": gemma.build,
+    "gemma2": gemma.build,
+    "gemma3": gemma.build,
+    "gemma3_text": gemma.build,
+    "phi": phi.build,
+    "phi3": phi.build,
+    "phimoe": phi.build,
+    "deepseek_v2": deepseek.build,
+    "deepseek_v3": deepseek.build,
+    "gpt_oss": gpt_oss.build,
+    "gpt2": gpt2.build,
+    "gpt_bigcode": gpt2.build,
+    "gpt_neox": neox.build,
+    "falcon": falcon.build,
+    "bloom": bloom.build,
+    "opt": opt.build,
+    "olmo2": olmo.build,
+    "bert": bert.build,
+    "t5": t5.build,
+    "jamba": jamba.build,
 }
 
 

@@ -6,6 +6,8 @@ like the model's ``__init__``. Shapes follow ``nn.Linear``: weight ``(out_featur
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
 from memest.sources.config import HFConfig
 from memest.spec import (
     AttentionSpec,
@@ -21,6 +23,7 @@ from memest.spec import (
 ATTN = Component.ATTENTION
 MLP = Component.MLP
 NORM = Component.NORM
+OTHER = Component.OTHER
 
 
 def linear(
@@ -38,6 +41,27 @@ def linear(
     the all-reduce, so every TP rank keeps all of it (Megatron-LM ``RowParallelLinear``).
     """
     tensors = [TensorSpec(f"{name}.weight", (out_features, in_features), component, split)]
+    if bias:
+        bias_split = split if split in (Split.COL, Split.KV, Split.VOCAB) else Split.NONE
+        tensors.append(TensorSpec(f"{name}.bias", (out_features,), component, bias_split))
+    return tensors
+
+
+def conv1d(
+    name: str,
+    in_features: int,
+    out_features: int,
+    component: Component,
+    split: Split,
+    *,
+    bias: bool = True,
+) -> list[TensorSpec]:
+    """A GPT-2 ``Conv1D(out_features, in_features)`` (transformers ``pytorch_utils.Conv1D``).
+
+    Unlike ``nn.Linear`` it stores its weight transposed, ``(in_features, out_features)``; the
+    shape here is the stored one, so names and shapes match the checkpoint.
+    """
+    tensors = [TensorSpec(f"{name}.weight", (in_features, out_features), component, split)]
     if bias:
         bias_split = split if split in (Split.COL, Split.KV, Split.VOCAB) else Split.NONE
         tensors.append(TensorSpec(f"{name}.bias", (out_features,), component, bias_split))
@@ -107,6 +131,65 @@ def plain_mlp(
     ]
 
 
+def expert_stack(
+    hidden_size: int,
+    intermediate_size: int,
+    num_experts: int,
+    *,
+    prefix: str = "mlp.experts",
+    transposed: bool = False,
+    bias: bool = False,
+) -> list[TensorSpec]:
+    """Routed GLU experts stored as two 3-D tensors, as transformers >= 5 fuses them.
+
+    ``gate_up_proj`` holds each expert's gate and up projections (2i outputs) and ``down_proj``
+    its down projection: ``(E, 2i, h)`` and ``(E, h, i)`` (``nn.Linear`` layout, e.g. transformers
+    ``models/mixtral/modeling_mixtral.py`` ``MixtralExperts``), or ``(E, h, 2i)`` and ``(E, i, h)``
+    with ``transposed`` (``models/gpt_oss/modeling_gpt_oss.py`` ``GptOssExperts``), which also has
+    per-expert biases ``gate_up_proj_bias (E, 2i)`` and ``down_proj_bias (E, h)``.
+    Tensor parallelism splits gate_up by columns and down by rows inside every expert.
+    """
+    e, h, i = num_experts, hidden_size, intermediate_size
+    gate_up = (e, h, 2 * i) if transposed else (e, 2 * i, h)
+    down = (e, i, h) if transposed else (e, h, i)
+    tensors = [
+        TensorSpec(f"{prefix}.gate_up_proj", gate_up, Component.EXPERTS, Split.COL),
+        TensorSpec(f"{prefix}.down_proj", down, Component.EXPERTS, Split.ROW),
+    ]
+    if bias:
+        tensors.insert(1, TensorSpec(f"{prefix}.gate_up_proj_bias", (e, 2 * i), Component.EXPERTS, Split.COL))
+        tensors.append(TensorSpec(f"{prefix}.down_proj_bias", (e, h), Component.EXPERTS, Split.NONE))
+    return tensors
+
+
+def router(name: str, hidden_size: int, num_experts: int, *, bias: bool = False) -> list[TensorSpec]:
+    """The MoE gate scoring ``num_experts`` experts: weight ``(E, h)``, replicated on TP ranks."""
+    return linear(name, hidden_size, num_experts, Component.ROUTER, Split.NONE, bias=bias)
+
+
+def intern(kinds: dict[Hashable, LayerSpec], key: Hashable, make: Callable[[], LayerSpec]) -> LayerSpec:
+    """The one LayerSpec object for ``key``, built by ``make`` the first time.
+
+    Adapters build one object per distinct kind of layer and repeat it, so that estimators that
+    group layers by identity stay fast.
+    """
+    layer = kinds.get(key)
+    if layer is None:
+        layer = kinds[key] = make()
+    return layer
+
+
+def num_labels_of(cfg: HFConfig) -> int:
+    """Classes of a classification head: ``len(id2label)`` when given, else ``num_labels``, else 2.
+
+    As transformers ``PreTrainedConfig.__post_init__`` resolves them.
+    """
+    id2label = cfg.get("id2label", default=None)
+    if isinstance(id2label, dict) and id2label:
+        return len(id2label)
+    return cfg.int("num_labels", default=2)
+
+
 def token_embedding(name: str, vocab_size: int, hidden_size: int) -> TensorSpec:
     """A vocab-parallel token embedding ``(V, h)``."""
     return TensorSpec(name, (vocab_size, hidden_size), Component.EMBEDDING, Split.VOCAB)
@@ -128,7 +211,8 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
     """Each layer's sliding window (None = full attention).
 
     Uses ``layer_types`` when the config lists them (``sliding_attention`` / ``full_attention``),
-    else applies ``window`` to every layer.
+    else applies ``window`` to every layer. A ``sliding_attention`` layer without a window attends
+    fully, as in transformers (whose attention modules then get ``sliding_window=None``).
 
     Raises:
         ConfigError: ``layer_types`` has the wrong length or an unknown entry.
@@ -140,16 +224,13 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
         return [window] * num_layers
     if not isinstance(types, list) or len(types) != num_layers:
         raise ConfigError(
-            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), "
-            f"got {types!r}"
+            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), got {types!r}"
         )
     windows: list[int | None] = []
     for kind in types:
         if kind == "full_attention":
             windows.append(None)
         elif kind == "sliding_attention":
-            if window is None:
-                raise ConfigError(f"config of {cfg.name!r} has sliding_attention layers but no 'sliding_window'")
             windows.append(window)
         else:
             raise ConfigError(f"config of {cfg.name!r}: unknown layer type {kind!r} in 'layer_types'")
@@ -175,11 +256,18 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
             group_size=64 if four else None,
             double_quant=bool(q.get("bnb_4bit_use_double_quant")),
             skip_modules=skip,
+            compute_dtype=str(q["bnb_4bit_compute_dtype"]) if four and q.get("bnb_4bit_compute_dtype") else None,
         )
+    if method == "compressed-tensors":
+        from memest.sources.quantization import compressed_tensors_spec
+
+        return compressed_tensors_spec(q)
     if method in ("gptq", "awq"):
         return QuantizationSpec(
-            method=method, bits=int(q.get("bits", q.get("w_bit", 4))),
-            group_size=int(q.get("group_size", q.get("q_group_size", 128))), skip_modules=skip,
+            method=method,
+            bits=int(q.get("bits", q.get("w_bit", 4))),
+            group_size=int(q.get("group_size", q.get("q_group_size", 128))),
+            skip_modules=skip,
         )
     if method == "fp8":
         block = q.get("weight_block_size")
@@ -236,17 +324,23 @@ __all__ = [
     "ATTN",
     "MLP",
     "NORM",
+    "OTHER",
     "AttentionSpec",
+    "conv1d",
+    "expert_stack",
     "gated_mlp",
     "gqa_projections",
     "head_dim_of",
+    "intern",
     "layer_windows",
     "linear",
     "lm_head",
     "model_spec",
     "norm",
+    "num_labels_of",
     "plain_mlp",
     "quantization_of",
+    "router",
     "token_embedding",
     "torch_dtype_of",
 ]

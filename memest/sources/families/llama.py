@@ -1,9 +1,11 @@
-"""Llama-style decoders: llama, mistral, qwen2.
+"""Llama-style decoders: llama, mistral, qwen2, qwen3.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
-projections, ``mlp_bias``), ``models/mistral`` (no biases, optional sliding window) and
-``models/qwen2`` (bias on Q/K/V only; sliding window only when ``use_sliding_window``).
+projections, ``mlp_bias``), ``models/mistral`` (no biases, one sliding window for every layer),
+``models/qwen2`` (bias on Q/K/V only; sliding window only when ``use_sliding_window``, on layers
+from ``max_window_layers`` on) and ``models/qwen3`` (``attention_bias`` on all four projections,
+RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from memest.sources.families._build import (
     gated_mlp,
     gqa_projections,
     head_dim_of,
+    intern,
     layer_windows,
     lm_head,
     model_spec,
@@ -21,17 +24,70 @@ from memest.sources.families._build import (
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 
-# transformers config-class defaults for fields a config may omit
-_DEFAULTS = {
-    "llama": {"max_position_embeddings": 2048},
-    "mistral": {"max_position_embeddings": 4096 * 32},
-    "qwen2": {"max_position_embeddings": 32768},
+# transformers config-class defaults (configuration_<type>.py) of the fields read here
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "llama": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "mistral": {
+        "vocab_size": 32000,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096 * 32,
+        "tie_word_embeddings": False,
+        "sliding_window": 4096,
+    },
+    "qwen2": {
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
+    "qwen3": {
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_window_layers": 28,
+    },
 }
 
 
+def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
+    """Per-layer sliding windows of qwen2 / qwen3 (``Qwen2Config.__post_init__``).
+
+    Only with ``use_sliding_window``; then ``layer_types`` when given, else layers from
+    ``max_window_layers`` on slide and the first ones attend fully.
+    """
+    window = cfg.int("sliding_window", default=None) if cfg.bool("use_sliding_window") else None
+    if window is not None and not cfg.has("layer_types"):
+        first = cfg.int("max_window_layers", minimum=0)
+        return [window if n >= first else None for n in range(num_layers)]
+    return layer_windows(cfg, num_layers, window)
+
+
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / qwen2 config."""
+    """ModelSpec of a llama / mistral / qwen2 / qwen3 config."""
     model_type = cfg.model_type
+    cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")
     k = cfg.int("num_key_value_heads", default=a)
@@ -40,41 +96,52 @@ def build(cfg: HFConfig) -> ModelSpec:
     vocab = cfg.int("vocab_size")
     num_layers = cfg.int("num_hidden_layers")
 
+    qk_norm = False
     if model_type == "qwen2":
         qkv_bias, o_bias, mlp_bias = True, False, False
-        window = cfg.int("sliding_window", default=4096) if cfg.bool("use_sliding_window", default=False) else None
-        if window is not None and not cfg.has("layer_types"):
-            first = cfg.int("max_window_layers", default=28, minimum=0)
-            windows: list[int | None] = [window if n >= first else None for n in range(num_layers)]
-        else:
-            windows = layer_windows(cfg, num_layers, window)
-    else:
-        bias = cfg.bool("attention_bias", default=False)
-        qkv_bias, o_bias = bias, bias
-        mlp_bias = cfg.bool("mlp_bias", default=False)
-        window = cfg.int("sliding_window", default=None) if model_type == "mistral" else None
-        windows = layer_windows(cfg, num_layers, window)
+        windows = qwen_windows(cfg, num_layers)
+    elif model_type == "qwen3":
+        qkv_bias = o_bias = cfg.bool("attention_bias")
+        mlp_bias, qk_norm = False, True
+        windows = qwen_windows(cfg, num_layers)
+    elif model_type == "mistral":
+        qkv_bias = o_bias = mlp_bias = False
+        windows = [cfg.int("sliding_window", default=None)] * num_layers
+    else:  # llama: full attention everywhere
+        qkv_bias = o_bias = cfg.bool("attention_bias")
+        mlp_bias = cfg.bool("mlp_bias")
+        windows = [None] * num_layers
 
     tensors = (
         *norm("input_layernorm", h),
         *gqa_projections(h, a, k, d, qkv_bias=qkv_bias, o_bias=o_bias),
+        *(norm("self_attn.q_norm", d) + norm("self_attn.k_norm", d) if qk_norm else []),
         *norm("post_attention_layernorm", h),
         *gated_mlp(h, i, bias=mlp_bias),
     )
-    mlp = MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act", default="silu"))
-    kinds: dict[int | None, LayerSpec] = {}
-    for w in set(windows):
-        attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w)
-        kinds[w] = LayerSpec(attention=attention, mlp=mlp, norm="rms", tensors=tensors)
+    mlp = MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act"))
+    kinds: dict[object, LayerSpec] = {}
 
-    tied = cfg.bool("tie_word_embeddings", default=False)
+    def layer(window: int | None) -> LayerSpec:
+        return intern(
+            kinds,
+            window,
+            lambda: LayerSpec(
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
+                mlp=mlp,
+                norm="rms",
+                tensors=tensors,
+            ),
+        )
+
+    tied = cfg.bool("tie_word_embeddings")
     return model_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
-        layers=[kinds[w] for w in windows],
+        layers=[layer(w) for w in windows],
         embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
         head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
-        max_position_embeddings=cfg.int("max_position_embeddings", default=_DEFAULTS[model_type]["max_position_embeddings"]),
+        max_position_embeddings=cfg.int("max_position_embeddings"),
     )

@@ -1,0 +1,336 @@
+"""KV cache of one rank: bytes per token per layer, paged layouts, and the engines' token arithmetic.
+
+Per layer and token on one tensor-parallel rank (e = bytes per KV-cache element):
+
+- softmax attention (MHA/GQA/MQA): ``k_r x (d + d_v) x e`` with ``k_r = max(1, k / t)``: KV heads
+  are split over tp and replicated once tp exceeds k (vLLM ``QKVParallelLinear``; ``num_kv_heads``
+  of ``Attention`` is ``max(1, k // tp)``);
+- MLA (DeepSeek-V2/V3): ``(kv_lora_rank + qk_rope_head_dim) x e``: one latent shared by all heads,
+  the same on every TP rank (vLLM ``MLAAttentionSpec``: ``num_kv_heads=1``, ``head_size=576``);
+- state-space layers (Jamba's mamba): no per-token cache; a fixed state of ``state_elements / t``
+  elements per sequence (vLLM ``MambaSpec``);
+- cross-attention decoders additionally cache the encoder's K and V.
+
+Sliding-window layers keep at most the window. vLLM's paged allocator (``block_size`` tokens per
+page) is followed line by line from ``vllm/v1/core/kv_cache_utils.py`` and
+``vllm/v1/kv_cache_interface.py`` (vLLM 0.19):
+
+- a page of a layer is ``block_size`` x its bytes per token (``AttentionSpec.page_size_bytes``);
+- layers with one spec form one group: ``num_blocks = available // page // num_layers``
+  (``get_num_blocks``), the logged 'GPU KV cache size' is ``num_blocks x block_size``;
+- full-attention layers of different widths share one group whose page is the sum of the layers'
+  pages (``UniformTypeKVCacheSpecs``);
+- hybrid models (full + sliding-window layers, Gemma 2/3, gpt-oss, Mistral with ``layer_types``)
+  use the hybrid allocator: pages unified to the largest by growing block sizes, layers of each
+  type split into groups of ``group_size`` layers (the smallest type's count, or the largest when
+  it is below 1.5x the smallest), ``num_blocks = available // page // group_size`` and the logged
+  size is ``num_blocks // num_groups x min block_size`` (``_get_kv_cache_groups_uniform_page_size``,
+  ``get_kv_cache_config_from_groups``, ``_report_kv_cache_config``);
+- a request of ``max_model_len`` tokens needs ``cdiv(L, block_size)`` pages per full-attention
+  group and ``cdiv(min(W - 1 + max_num_batched_tokens, L), block_size) + 1`` per sliding group
+  (``FullAttentionSpec`` / ``SlidingWindowSpec.max_memory_usage_bytes``); the logged 'Maximum
+  concurrency' is ``num_blocks / cdiv(sum of those, page)``
+  (``get_max_concurrency_for_kv_cache_config``);
+- mamba hybrids grow the attention block size to ``16 x cdiv(mamba page, 16 x attention bytes per
+  token)`` so that one attention page holds a whole mamba state, which is padded to that page
+  (``HybridAttentionMambaModelConfig.verify_and_update_config``); a sequence takes one mamba page.
+
+transformers ``generate`` keeps a contiguous cache instead (``DynamicCache``: every layer holds
+``batch x tokens`` keys and values, sliding layers at most the window; ``StaticCache``
+preallocates ``max_cache_len``): :func:`contiguous_cache_bytes`.
+
+fp8 KV caches (``--kv-cache-dtype fp8``) store one byte per element. vLLM keeps one fp32
+``k_scale`` / ``v_scale`` per layer (``BaseKVCacheMethod``), not per token: a few bytes counted with
+the weights, nothing per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from memest.estimate.dtypes import nbytes
+from memest.spec import LayerSpec
+
+KV_DTYPE_BYTES_AUTO = "auto"
+
+
+def kv_element_bytes(kv_cache_dtype: str, weight_dtype: str) -> float:
+    """Bytes per KV-cache element: the weight dtype for ``auto``, else the named dtype.
+
+    Raises:
+        InputError: unknown dtype name.
+    """
+    return nbytes(weight_dtype if kv_cache_dtype == KV_DTYPE_BYTES_AUTO else kv_cache_dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayer:
+    """What one layer caches on one TP rank.
+
+    Attributes:
+        kind: ``full`` (full attention), ``sliding`` (sliding window), ``mla``, ``mamba``.
+        bytes_per_token: Cache bytes per token (0 for mamba).
+        window: Tokens a sliding layer attends to (None otherwise).
+        state_bytes: Bytes of recurrent state per sequence (mamba only).
+    """
+
+    kind: str
+    bytes_per_token: int
+    window: int | None = None
+    state_bytes: int = 0
+
+    @property
+    def is_attention(self) -> bool:
+        """True for layers with a per-token cache."""
+        return self.kind != "mamba"
+
+
+def kv_layer(layer: LayerSpec, tp: int, e: float) -> KVLayer | None:
+    """The cache of one layer on one TP rank, or None when it caches nothing (encoders).
+
+    Args:
+        layer: The layer.
+        tp: Tensor-parallel degree.
+        e: Bytes per cache element.
+    """
+    a = layer.attention
+    if layer.stack == "encoder" or not a.causal:
+        return None
+    if a.kind == "mla":
+        return KVLayer("mla", math.ceil((a.kv_lora_rank + a.qk_rope_head_dim) * e))
+    if a.kind == "mamba":
+        return KVLayer("mamba", 0, state_bytes=math.ceil(a.state_elements / tp * e))
+    if a.kind != "gqa":
+        return None
+    k_local = max(1, a.num_kv_heads // tp)
+    per = k_local * (a.head_dim + a.v_head_dim) * e
+    if a.cross_attention:
+        per *= 2
+    if a.sliding_window is not None:
+        return KVLayer("sliding", math.ceil(per), window=a.sliding_window)
+    return KVLayer("full", math.ceil(per))
+
+
+def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float) -> list[tuple[KVLayer, int]]:
+    """The distinct caches of some layers (``ModelSpec.layer_kinds`` of a stage) with their counts."""
+    out: dict[KVLayer, int] = {}
+    for layer, n in kinds:
+        kv = kv_layer(layer, tp, e)
+        if kv is not None:
+            out[kv] = out.get(kv, 0) + n
+    return list(out.items())
+
+
+def bytes_per_token(layers: Iterable[tuple[KVLayer, int]]) -> int:
+    """KV-cache bytes one token adds on a rank, over all its attention layers (windows ignored)."""
+    return sum(kv.bytes_per_token * n for kv, n in layers)
+
+
+def contiguous_cache_bytes(layers: Iterable[tuple[KVLayer, int]], batch: int, tokens: int) -> int:
+    """Bytes of a contiguous cache (transformers ``DynamicCache`` / ``StaticCache``) on one rank.
+
+    Every full-attention layer holds ``batch x tokens`` positions, a sliding layer at most its
+    window (transformers ``DynamicSlidingWindowLayer`` / ``SlidingWindowLayer``), a mamba layer
+    its state per sequence.
+
+    Args:
+        layers: The rank's caches with counts.
+        batch: Sequences (b).
+        tokens: Positions cached per sequence (prompt + generated tokens).
+    """
+    total = 0
+    for kv, n in layers:
+        if kv.kind == "mamba":
+            total += kv.state_bytes * batch * n
+            continue
+        kept = tokens if kv.window is None else min(tokens, kv.window)
+        total += kv.bytes_per_token * kept * batch * n
+    return total
+
+
+# ---- vLLM's paged layout ----
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroup:
+    """One KV-cache group of vLLM's allocator (its layers share one block table).
+
+    Attributes:
+        kind: ``full``, ``mla``, ``sliding`` or ``mamba``.
+        block_size: Tokens per page of this group.
+        window: Sliding window (sliding groups).
+        num_layers: Real layers in the group (padding layers excluded).
+    """
+
+    kind: str
+    block_size: int
+    window: int | None
+    num_layers: int
+
+
+@dataclass(frozen=True, slots=True)
+class PagedLayout:
+    """How vLLM pages one rank's KV cache.
+
+    Attributes:
+        groups: The KV-cache groups.
+        page_bytes: Bytes of one page of one layer (the same for every group), or, for a single
+            group of full-attention layers of different widths, of all its layers together.
+        layers_per_page: Layers one block spans: ``group_size`` (the layers that share one memory
+            pool), or 1 when ``page_bytes`` already covers all layers.
+        block_size: ``--block-size`` (the attention groups' tokens per page before mamba growth).
+        page_covers_layers: True when ``page_bytes`` is the page of all the group's layers together
+            (``UniformTypeKVCacheSpecs``), False when it is one layer's.
+    """
+
+    groups: tuple[KVGroup, ...]
+    page_bytes: int
+    layers_per_page: int
+    block_size: int
+    page_covers_layers: bool = False
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block across the layers that share it (``page x group_size``)."""
+        return self.page_bytes * self.layers_per_page
+
+    @property
+    def min_block_size(self) -> int:
+        """Smallest tokens-per-page over the groups."""
+        return min(g.block_size for g in self.groups)
+
+    def num_blocks(self, available_bytes: int) -> int:
+        """Blocks that fit ``available_bytes`` (vLLM ``get_num_blocks``; 0 when none)."""
+        if not self.groups or self.block_bytes == 0:
+            return 0
+        return max(0, available_bytes // self.page_bytes // self.layers_per_page)
+
+    def tokens(self, num_blocks: int) -> int:
+        """The 'GPU KV cache size' vLLM logs for ``num_blocks`` (``_report_kv_cache_config``)."""
+        if not self.groups:
+            return 0
+        return num_blocks // len(self.groups) * self.min_block_size
+
+    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Blocks one request of ``max_model_len`` tokens can occupy, all groups together."""
+        pages = sum(_group_pages(g, max_model_len, max_num_batched_tokens) for g in self.groups)
+        return pages
+
+    def request_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """Bytes one request of ``max_model_len`` tokens needs on this rank, every layer counted
+        (vLLM ``max_memory_usage_bytes`` summed over layers, which ``check_enough_kv_cache_memory``
+        compares with the available memory)."""
+        if self.page_covers_layers:
+            return sum(_group_pages(g, max_model_len, max_num_batched_tokens) for g in self.groups) * self.page_bytes
+        pages = sum(_group_pages(g, max_model_len, max_num_batched_tokens) * g.num_layers for g in self.groups)
+        return pages * self.page_bytes
+
+    def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
+        """vLLM's 'Maximum concurrency for max_model_len tokens per request'."""
+        per_request = self.blocks_per_request(max_model_len, max_num_batched_tokens)
+        return num_blocks / per_request if per_request else 0.0
+
+    def largest_max_model_len(self, available_bytes: int, limit: int, max_num_batched_tokens: int) -> int:
+        """The largest max_model_len whose one request fits ``available_bytes`` (vLLM
+        ``estimate_max_model_len``: the same bisection over ``max_memory_usage_bytes``); 0 if none.
+
+        Args:
+            available_bytes: KV memory of the rank.
+            limit: The longest length to consider (the model's or the user's max_model_len).
+            max_num_batched_tokens: Tokens per step (bounds sliding-window layers).
+        """
+        if self.request_bytes(1, max_num_batched_tokens) > available_bytes:
+            return 0
+        lo, hi = 1, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.request_bytes(mid, max_num_batched_tokens) <= available_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+def _group_pages(g: KVGroup, max_model_len: int, max_num_batched_tokens: int) -> int:
+    if g.kind == "mamba":
+        return 1
+    if g.kind == "sliding" and g.window is not None:
+        tokens = min(g.window - 1 + max_num_batched_tokens, max_model_len)
+        return -(-tokens // g.block_size) + 1
+    return -(-max_model_len // g.block_size)
+
+
+def paged_layout(layers: list[tuple[KVLayer, int]], block_size: int) -> PagedLayout:
+    """vLLM 0.19's KV-cache groups and page size for one rank's layers.
+
+    Args:
+        layers: The rank's caches with counts (:func:`kv_layers`).
+        block_size: ``--block-size`` (tokens per page).
+    """
+    attention = [(kv, n) for kv, n in layers if kv.is_attention]
+    mamba = [(kv, n) for kv, n in layers if not kv.is_attention]
+    if not layers:
+        return PagedLayout((), 0, 1, block_size)
+    if mamba:
+        return _mamba_hybrid_layout(attention, mamba, block_size)
+    if len(attention) == 1:
+        kv, n = attention[0]
+        group = KVGroup(kv.kind, block_size, kv.window, n)
+        return PagedLayout((group,), kv.bytes_per_token * block_size, n, block_size)
+    kinds = {("sliding", kv.window) if kv.kind == "sliding" else ("full", None) for kv, _ in attention}
+    if len(kinds) == 1 and ("full", None) in kinds:
+        # UniformTypeKVCacheSpecs: one group, a page covers every layer
+        page = sum(kv.bytes_per_token * block_size * n for kv, n in attention)
+        group = KVGroup(attention[0][0].kind, block_size, None, sum(n for _, n in attention))
+        return PagedLayout((group,), page, 1, block_size, page_covers_layers=True)
+    return _hybrid_layout(attention, block_size)
+
+
+def _hybrid_layout(attention: list[tuple[KVLayer, int]], block_size: int) -> PagedLayout:
+    pages = {kv: kv.bytes_per_token * block_size for kv, _ in attention}
+    page = max(pages.values())
+    blocks = {}
+    for kv, p in pages.items():
+        if page % p:
+            from memest.errors import InputError
+
+            raise InputError(
+                f"KV pages of {p} and {page} bytes cannot be unified by vLLM (not a multiple); "
+                "this layer mix is not supported by vLLM's hybrid allocator"
+            )
+        blocks[kv] = block_size * (page // p)
+    counts = [n for _, n in attention]
+    group_size = min(counts)
+    if max(counts) < group_size * 1.5:
+        group_size = max(counts)
+    groups: list[KVGroup] = []
+    for kv, n in attention:
+        num_groups = -(-n // group_size)
+        for i in range(num_groups):
+            real = len(range(i, n, num_groups))
+            groups.append(KVGroup(kv.kind, blocks[kv], kv.window, real))
+    return PagedLayout(tuple(groups), page, group_size, block_size)
+
+
+def _mamba_hybrid_layout(
+    attention: list[tuple[KVLayer, int]], mamba: list[tuple[KVLayer, int]], block_size: int
+) -> PagedLayout:
+    attn_bpt = max((kv.bytes_per_token for kv, _ in attention), default=0)
+    mamba_page = max(kv.state_bytes for kv, _ in mamba)
+    attn_block = block_size
+    if attn_bpt and attn_bpt * block_size < mamba_page:
+        attn_block = 16 * -(-mamba_page // (16 * attn_bpt))
+    page = max(attn_bpt * attn_block, mamba_page)
+    counts = [n for _, n in attention + mamba]
+    group_size = min(counts)
+    if max(counts) < group_size * 1.5:
+        group_size = max(counts)
+    groups: list[KVGroup] = []
+    for kv, n in attention + mamba:
+        num_groups = -(-n // group_size)
+        for i in range(num_groups):
+            real = len(range(i, n, num_groups))
+            groups.append(KVGroup(kv.kind, attn_block, kv.window, real))
+    return PagedLayout(tuple(groups), page, group_size, block_size)

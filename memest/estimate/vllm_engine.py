@@ -1,0 +1,352 @@
+"""vLLM's start-up memory budget, version by version: what it profiles and what it leaves for KV.
+
+vLLM sizes its KV cache once, at start-up: it loads the weights, runs one profiling forward of
+``max_num_batched_tokens`` tokens (plus, on the last pipeline stage, the sampler over
+``max_num_seqs`` requests), measures, and gives the KV cache what is left of its share of the
+device. The arithmetic differs by version; ``--engine-version`` picks one:
+
+``0.19`` (V1 engine, the default; ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``,
+``vllm/utils/mem_utils.py`` ``memory_profiling``)::
+
+    requested  = ceil(gpu_memory_utilization x total)            # request_memory()
+    available  = requested - weights - torch_peak_increase - non_torch_increase
+
+  The CUDA context and the NCCL communicators exist before the initial snapshot and are *not*
+  subtracted; only the non-torch memory that the profiling forward adds is (custom all-reduce and
+  NCCL buffers at tp > 1). CUDA graphs are captured after the KV cache is allocated and sit outside
+  the budget (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off, the 0.19 default).
+
+``0.6`` (V0 engine after vLLM PR #10511, Dec 2024; ``vllm/worker/worker.py``)::
+
+    available  = gpu_memory_utilization x total - weights - activation_peak - non_torch
+
+  ``non_torch`` is measured from before the engine existed, so it includes the CUDA context.
+
+``0.2`` (V0 engine, Dec 2023, after vLLM PR #2031; ``vllm/worker/worker.py``
+``profile_num_available_blocks``)::
+
+    num_gpu_blocks = (gpu_memory_utilization x total - (total - free after profiling)) // block
+
+  i.e. everything the process holds after the profiling run (context, NCCL, the allocator's cached
+  segments) is subtracted.
+
+The profiled torch peak (V1) is modelled from the code the profile run executes:
+
+- the sampler on the last stage (``GPUModelRunner._dummy_sampler_run`` + ``Sampler`` +
+  ``TopKTopPSampler.forward_native``): hidden states of T tokens, N = min(max_num_seqs, T) rows
+  of logits in the model dtype, their fp32 copy, the fp32 softmax and the exponential noise of
+  ``random_sample`` (3 x N x V x 4 B), and the Triton top-k/top-p buffer of min(#SMs, N) rows
+  (``apply_top_k_top_p_triton``);
+- the forward: per token of the largest layer ``4 i/t + 3.25 h`` elements for a dense MLP (gate/up
+  output, activation and product, plus hidden, residual and norm buffers — the 3.25 h is fitted
+  to cases vllm019_llama31_8b_pp2 and _fp32, the only runs where the forward, not the sampler,
+  sets the peak); MoE layers use the fused-experts workspaces ``T x top_k x (max(i/t, h) +
+  max(2 i/t, h))`` (``TritonExperts.workspace_shapes``), which the workspace manager keeps for
+  the rest of the run, so they add to every later peak; MLA adds the profile-only dummy tensor
+  of ``chunked_prefill_workspace_size x a/t x (qk_nope_head_dim + v_head_dim)``
+  (``MLAAttention.forward`` when ``attn_metadata is None``);
+- the cuBLAS workspace the first matmul allocates (``memest.estimate.runtime``).
+
+V0's sampler (0.6, 0.2) sorts and scatters full-vocabulary rows (top-k/top-p in fp32 with int64
+indices, then softmax, log-softmax and multinomial noise); its peak is modelled as
+``N x V x (c + 36)`` bytes, the 36 fitted to case vllm065dev_llama3_8b_h100_tp1_tp2 (1.26 GiB at
+N = 256, V = 128,256).
+
+Non-torch memory that the forward adds (custom all-reduce / NCCL buffers, kernels loaded lazily)
+cannot be derived from a model: :data:`NON_TORCH_INCREASE` holds the measured values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memest.devices import Device
+from memest.errors import InputError
+from memest.estimate import runtime
+from memest.estimate.weights import QuantScheme, tensor_bytes
+from memest.spec import LayerSpec, ModelSpec, TensorSpec
+from memest.workload import ENGINE_VERSIONS, Parallelism
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+VLLM_VERSIONS = ENGINE_VERSIONS["vllm"]
+"""Versions whose budget arithmetic memest models (``--engine-version``); the first is the default."""
+DEFAULT_VLLM_VERSION = VLLM_VERSIONS[0]
+
+DENSE_HIDDEN_COEFFICIENT = 3.25
+"""h-sized buffers alive at the MLP of the profiling forward besides the MLP intermediates (hidden
+states, residual, normed input, output), per token. Fitted: vllm019_llama31_8b_pp2 gives 3.09
+(1.10 GiB, stage 0, no sampler), vllm019_llama31_8b_fp32 gives 3.42 (2.21 GiB in fp32)."""
+
+V0_SAMPLER_BYTES_PER_LOGIT = 36
+"""fp32/int64 buffers per logit of V0's sampler beyond the logits themselves (sort values and
+indices, inverse permutation, softmax, log-softmax, noise). Fitted to case
+vllm065dev_llama3_8b_h100_tp1_tp2 (activation peak 1.26 GiB at both tp=1 and tp=2, so set by the
+TP-invariant sampler)."""
+
+NON_TORCH_INCREASE: dict[str, dict[int, int]] = {
+    "0.19": {1: round(0.25 * GiB), 2: round(2.07 * GiB), 4: round(2.13 * GiB)},
+    "0.6": {1: round(1.79 * GiB), 2: round(3.58 * GiB)},
+    "0.2": {1: round(0.77 * GiB), 4: round(13.12 * GiB)},
+}
+"""Non-torch memory per rank that the budget subtracts, by version and tp (H100/A100, CUDA 12).
+
+0.19: what the profiling forward adds ('non-torch forward increase memory'): 0.25 GiB at tp=1
+(cases vllm019_llama31_8b_tp1, 0.24-0.26 over five models), 2.07-2.09 GiB at tp=2 (llama, qwen
+72B, mixtral), 2.13 GiB at tp=4; larger tp uses the tp=4 value. A pipeline stage that is not the
+last one adds only 0.07 GiB (vllm019_llama31_8b_pp2): :data:`NON_TORCH_PP_FIRST`.
+0.6: all non-torch memory since before start-up, CUDA context included: 1.79 GiB at tp=1, 3.58
+GiB at tp=2 (vllm065dev_llama3_8b_h100_tp1_tp2); larger tp uses the tp=2 value.
+0.2: (total - free) after profiling minus the torch peak: 0.77 GiB for Llama-2-7B at tp=1, 13.12
+GiB at tp=4 (NCCL + cupy buffers of that era), from the block counts before and after PR #2031
+(vllm_pr2031_llama2_a100_blocks)."""
+
+NON_TORCH_PP_FIRST = round(0.07 * GiB)
+"""0.19, a pipeline stage that is not the last (no sampler, p2p instead of all-reduce)."""
+
+CUDA_GRAPH_BYTES = round(0.91 * GiB)
+"""CUDA-graph pool captured after the KV cache (outside the budget): 0.91 GiB for Llama-3.1-8B on
+an H100 with vLLM 0.19's 51 capture sizes (vllm019_llama31_8b_tp1; 0.65-1.61 GiB over the 0.19
+cases)."""
+
+NUM_SMS: dict[str, int] = {"hopper": 132, "blackwell": 148, "ampere": 108, "ada": 128, "turing": 40, "volta": 80}
+"""Streaming multiprocessors by architecture (H100 SXM 132, B200 148, A100 108), which size the
+Triton top-k/top-p buffer (one vocabulary row per program)."""
+
+MLA_PREFILL_WORKSPACE_CAP = 64 * 1024
+"""vLLM ``determine_chunked_prefill_workspace_size``: at most 64k tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """The vLLM scheduler settings that size the profiling run.
+
+    Attributes:
+        max_num_batched_tokens: Tokens in the profiling forward (T).
+        max_num_seqs: Requests whose logits the sampler profiles (N = min(max_num_seqs, T)).
+    """
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+def check_version(version: str) -> str:
+    """The version, checked.
+
+    Raises:
+        InputError: not a modelled version.
+    """
+    if version not in VLLM_VERSIONS:
+        raise InputError(f"--engine-version {version!r} is not a vLLM version memest models; use one of "
+                         f"{', '.join(VLLM_VERSIONS)}")
+    return version
+
+
+def engine_settings(version: str, device: Device, max_model_len: int, max_num_batched_tokens: int | None,
+                    max_num_seqs: int | None) -> EngineSettings:
+    """vLLM's defaults for ``vllm serve`` where the user gave none.
+
+    0.19 (``EngineArgs.get_batch_defaults``, chunked prefill on): 8192 tokens / 1024 sequences on
+    devices of 70 GiB or more except A100s, else 2048 / 256; T is capped at
+    max_num_seqs x max_model_len and N at T. V0 (0.6, 0.2; chunked prefill off):
+    T = max(max_model_len, 2048), N = 256.
+    """
+    if version == "0.19":
+        big = device.memory_bytes >= 70 * GiB and not device.name.lower().startswith("a100")
+        seqs = max_num_seqs if max_num_seqs is not None else (1024 if big else 256)
+        if max_num_batched_tokens is None:
+            tokens = min(8192 if big else 2048, seqs * max_model_len)
+        else:
+            tokens = max_num_batched_tokens
+        return EngineSettings(tokens, min(seqs, tokens) if max_num_seqs is None else seqs)
+    seqs = max_num_seqs if max_num_seqs is not None else 256
+    tokens = max_num_batched_tokens if max_num_batched_tokens is not None else max(max_model_len, 2048)
+    return EngineSettings(tokens, seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePeak:
+    """What the profiling run adds to torch's peak allocated bytes on one rank.
+
+    Attributes:
+        forward: Transient peak of the forward pass (largest layer).
+        sampler: Transient peak of the sampler (0 on stages without the head).
+        persistent: Buffers the run allocates and keeps (MoE workspaces).
+        workspace: The cuBLAS workspace allocated by the first matmul.
+    """
+
+    forward: int
+    sampler: int
+    persistent: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        """The torch peak increase: persistent + workspace + the larger transient."""
+        return self.persistent + self.workspace + max(self.forward, self.sampler)
+
+
+def _mlp_width(layer: LayerSpec, tp: int) -> float:
+    mlp = layer.mlp
+    factor = 4 if mlp.gated else 3
+    return factor * mlp.intermediate_size / tp
+
+
+def profile_peak(spec: ModelSpec, layers: tuple[tuple[LayerSpec, int], ...], *, last: bool, tp: int, c: float,
+                 settings: EngineSettings, max_model_len: int, block_size: int, version: str,
+                 device: Device) -> ProfilePeak:
+    """The torch peak increase of vLLM's profiling run on one rank (see the module docstring).
+
+    Args:
+        spec: The model.
+        layers: The rank's distinct layers with counts.
+        last: True on the last pipeline stage (it runs the sampler).
+        tp: Tensor-parallel degree.
+        c: Bytes per activation element (the compute dtype; 2 for fp8/int weights).
+        settings: max_num_batched_tokens and max_num_seqs.
+        max_model_len: For MLA's profile-only workspace.
+        block_size: For MLA's profile-only workspace.
+        version: The vLLM version.
+        device: For the cuBLAS workspace and the SM count.
+    """
+    h = spec.hidden_size
+    T = settings.max_num_batched_tokens
+    forward = 0.0
+    persistent = 0.0
+    for layer, _ in layers:
+        mlp = layer.mlp
+        per_token = DENSE_HIDDEN_COEFFICIENT * h
+        if mlp.is_moe:
+            ws = mlp.num_experts_per_tok * (max(mlp.intermediate_size / tp, h) + max(2 * mlp.intermediate_size / tp, h))
+            if version == "0.19":
+                persistent = max(persistent, ws * T * c)
+            else:
+                per_token += ws
+            if mlp.num_shared_experts:
+                per_token += (4 if mlp.gated else 3) * mlp.shared_intermediate_size / tp
+        else:
+            per_token += _mlp_width(layer, tp)
+        transient = per_token * T * c
+        a = layer.attention
+        if version == "0.19" and a.kind == "mla":
+            size = min(max(8 * max_model_len, 4 * settings.max_num_seqs * block_size), MLA_PREFILL_WORKSPACE_CAP)
+            size = max(size, settings.max_num_seqs * block_size)
+            qk_nope = a.head_dim - a.qk_rope_head_dim
+            transient += size * (a.num_heads // tp) * (qk_nope + a.v_head_dim) * c
+        forward = max(forward, transient)
+    sampler = 0.0
+    if last and spec.task in ("causal_lm", "seq2seq"):
+        V = spec.vocab_size
+        N = min(settings.max_num_seqs, T)
+        if version == "0.19":
+            sms = NUM_SMS.get(device.arch, 132)
+            buffer = min(sms, N) * V * 4 if N >= 8 else 0
+            model_dtype_logits = N * V * c if c != 4 else 0
+            sampler = T * h * c + 2 * N * h * c + model_dtype_logits + 3 * N * V * 4 + buffer
+        else:
+            sampler = T * h * c + N * V * (c + V0_SAMPLER_BYTES_PER_LOGIT)
+    return ProfilePeak(
+        forward=math.ceil(forward),
+        sampler=math.ceil(sampler),
+        persistent=math.ceil(persistent),
+        workspace=runtime.cublas_workspace_bytes(device),
+    )
+
+
+def non_torch_bytes(version: str, tp: int, *, last: bool, pp: int) -> int:
+    """Non-torch memory the budget subtracts on one rank (:data:`NON_TORCH_INCREASE`)."""
+    table = NON_TORCH_INCREASE[version]
+    if version == "0.19" and pp > 1 and not last and tp == 1:
+        return NON_TORCH_PP_FIRST
+    known = [t for t in sorted(table) if t <= tp]
+    return table[known[-1]] if known else table[min(table)]
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """vLLM's start-up arithmetic on one rank (bytes).
+
+    Attributes:
+        requested: gpu_memory_utilization x capacity (what vLLM may use).
+        weights: The loaded weights ('Model loading took').
+        activation: The profiled torch peak increase.
+        non_torch: Non-torch memory subtracted.
+        available: What is left for the KV cache ('Available KV cache memory'); may be negative.
+    """
+
+    requested: int
+    weights: int
+    activation: int
+    non_torch: int
+
+    @property
+    def non_kv(self) -> int:
+        """'Total non KV cache memory'."""
+        return self.weights + self.activation + self.non_torch
+
+    @property
+    def available(self) -> int:
+        """Bytes left for KV blocks."""
+        return self.requested - self.non_kv
+
+
+def budget(version: str, device: Device, gpu_memory_utilization: float, weights: int, activation: int,
+           non_torch: int) -> Budget:
+    """vLLM's KV budget on one rank (see the module docstring for each version's formula)."""
+    if version == "0.19":
+        requested = math.ceil(device.memory_bytes * gpu_memory_utilization)
+    else:
+        requested = math.floor(device.memory_bytes * gpu_memory_utilization)
+    return Budget(requested, weights, activation, non_torch)
+
+
+# ---- weights as vLLM allocates them ----
+
+_MERGED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+           "up_proj": "gate_up_proj", "q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
+"""Projections vLLM allocates as one tensor (``QKVParallelLinear``, ``MergedColumnParallelLinear``;
+DeepSeek's ``fused_qkv_a_proj`` when q_lora_rank is set)."""
+
+SMALL_SIZE = 1 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes PyTorch's CUDA caching allocator counts as allocated for one fresh tensor.
+
+    ``c10/cuda/CUDACachingAllocator.cpp``: sizes round up to 512 B; a request of 10 MiB or more
+    gets its own segment rounded up to 2 MiB (``kRoundLarge``), and the remainder is split off only
+    when it exceeds 1 MiB (``kSmallSize``, ``shouldSplit``) — otherwise the whole segment is the
+    block. vLLM's 'Model loading took' is this sum (``max_memory_allocated`` before and after):
+    e.g. Qwen2.5-7B's 129.5 MiB ``down_proj`` counts as 130 MiB.
+    """
+    size = max(512, -(-nbytes // 512) * 512)
+    if size < MIN_LARGE_ALLOC:
+        return size
+    segment = -(-size // ROUND_LARGE) * ROUND_LARGE
+    return size if segment - size > SMALL_SIZE else segment
+
+
+def _allocation_key(t: TensorSpec) -> str:
+    module, _, param = t.name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    merged = _MERGED.get(leaf)
+    return f"{parent}.{merged}.{param}" if merged else t.name
+
+
+def loaded_weight_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
+                        dtype_bytes: float, scheme: QuantScheme | None, skip: tuple[str, ...]) -> int:
+    """Bytes vLLM's weights take on one rank as the allocator counts them: projections merged as vLLM
+    merges them, each allocation rounded by :func:`cuda_block_bytes`."""
+    groups: dict[tuple[int, str], list[float]] = {}
+    order: list[tuple[int, str]] = []
+    for t, count in tensors:
+        key = (count, _allocation_key(t))
+        if key not in groups:
+            groups[key] = [0.0]
+            order.append(key)
+        groups[key][0] += tensor_bytes(t, par, num_kv_heads, dtype_bytes=dtype_bytes, scheme=scheme, skip=skip)
+    return sum(cuda_block_bytes(math.ceil(groups[k][0])) * k[0] for k in order)

@@ -1,0 +1,978 @@
+"""Parameter counts: the analytic adapters against transformers on the meta device, and published totals.
+
+Ground truth is the transformers (5.x) class named first in a config's ``architectures``, built on
+the meta device (shapes, no storage; shared tensors counted once). Every catalog config must match
+it exactly, tensor by tensor for every layer (names and shapes), so compensating errors cannot hide
+behind an equal total. Hand-made variant configs reach the branches the catalog does not (biases,
+legacy layouts, other task heads), and configs holding nothing but ``model_type`` check that each
+adapter applies the config class's defaults.
+
+Building even DeepSeek-V3 (671B) or Qwen3-235B on the meta device takes well under a second with
+transformers >= 5 (experts are fused 3-D tensors, not 256 modules per layer), so every model is
+built whole; results are cached per config for the session.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is first imported (lazily)
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+from memest import meta
+from memest.errors import ConfigError, UnsupportedArchitectureError
+from memest.sources import catalog, load_model, spec_from_config
+from memest.sources.config import HFConfig
+from memest.sources.families import ADAPTERS, supported_model_types
+from memest.spec import Component, ModelSpec
+
+# Remote-code class names transformers does not define, mapped to the native class of the same
+# model_type (same parameters): the Hub's Phi-3.5-MoE config names its trust_remote_code class
+# "PhiMoEForCausalLM"; transformers 5 ships the port as "PhimoeForCausalLM".
+NATIVE_CLASS = {"PhiMoEForCausalLM": "PhimoeForCausalLM"}
+
+CATALOG = sorted(catalog.entries())
+
+
+def _raw(model_id: str) -> dict:
+    return json.loads(catalog.entries()[model_id].read_text())
+
+
+def _native(raw: dict) -> dict:
+    raw = copy.deepcopy(raw)
+    archs = raw.get("architectures") or []
+    if archs and archs[0] in NATIVE_CLASS:
+        raw["architectures"] = [NATIVE_CLASS[archs[0]], *archs[1:]]
+    return raw
+
+
+@functools.cache
+def _on_meta(raw_json: str) -> tuple[int, ModelSpec]:
+    """(unique parameter count, spec derived from the module tree) of a config on the meta device."""
+    cfg = HFConfig(json.loads(raw_json), name="test", source="test")
+    return meta.count_params_on_meta(cfg), meta.spec_from_meta(cfg, trust_remote_code=False)
+
+
+def _analytic(raw: dict, name: str = "test") -> ModelSpec:
+    return spec_from_config(HFConfig(copy.deepcopy(raw), name=name, source="test"))
+
+
+def _untied_t5_head(raw: dict) -> set[tuple[str, tuple[int, ...]]]:
+    """The lm_head transformers >= 5 ties at construction but from_pretrained unties.
+
+    ``T5Config`` forces ``tie_word_embeddings=True``, so ``T5ForConditionalGeneration(config)``
+    shares lm_head with ``shared`` even for v1.1 / T0 configs that say false; ``from_pretrained``
+    then finds both tensors in the checkpoint with different values and unties them (checked on a
+    tiny saved model). The adapter counts the loaded model, so it has V x d_model more.
+    """
+    arch = (raw.get("architectures") or ["T5ForConditionalGeneration"])[0]
+    if (
+        raw.get("model_type") == "t5"
+        and raw.get("tie_word_embeddings") is False
+        and arch == "T5ForConditionalGeneration"
+    ):
+        return {("lm_head.weight", (raw.get("vocab_size", 32128), raw.get("d_model", 512)))}
+    return set()
+
+
+def _names(tensors) -> set[tuple[str, tuple[int, ...]]]:
+    return {(t.name, t.shape) for t in tensors}
+
+
+def _check_against_meta(raw: dict) -> ModelSpec:
+    """Assert the analytic spec of ``raw`` equals transformers' model, total and tensor by tensor."""
+    raw = _native(raw)
+    spec = _analytic(raw)
+    count, from_meta = _on_meta(json.dumps(raw, sort_keys=True))
+    extra = _untied_t5_head(raw)
+    assert spec.num_params == count + sum(s[0] * s[1] for _, s in extra)
+    assert from_meta.num_params == count, "spec_from_meta must account for every parameter once"
+    assert spec.num_layers == from_meta.num_layers
+    for n, (ours, theirs) in enumerate(zip(spec.layers, from_meta.layers, strict=True)):
+        assert _names(ours.tensors) == _names(theirs.tensors), f"layer {n}"
+        assert ours.stack == theirs.stack, f"layer {n}"
+    assert _names(spec.embedding) | _names(spec.head) == _names(from_meta.embedding) | _names(from_meta.head) | extra
+    # the fallback's name-based component guesses agree with the adapters' on every modelled family
+    expected = spec.params_by_component()
+    for name, shape in extra:
+        expected[Component.LM_HEAD] -= shape[0] * shape[1]
+    assert from_meta.params_by_component() == {c: v for c, v in expected.items() if v}
+    # one object per distinct kind of layer (estimators group layers by identity)
+    assert len({id(layer) for layer in spec.layers}) == len(spec.layer_kinds())
+    return spec
+
+
+# ---- every catalog config ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_id", CATALOG, ids=CATALOG)
+def test_catalog_matches_transformers_on_meta(model_id: str) -> None:
+    spec = _check_against_meta(_raw(model_id))
+    assert spec.model_type in supported_model_types()
+
+
+# model_types whose attention modules record their own sliding window (self.sliding_window) in
+# transformers, so the meta model shows the per-layer pattern; elsewhere the window is read from
+# the config at forward time and the meta model cannot confirm it.
+WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+WINDOWED = [m for m in CATALOG if _raw(m)["model_type"] in WINDOW_ON_MODULE]
+
+
+@pytest.mark.parametrize("model_id", WINDOWED, ids=WINDOWED)
+def test_catalog_sliding_windows_match_transformers(model_id: str) -> None:
+    raw = _native(_raw(model_id))
+    spec = _analytic(raw)
+    _, from_meta = _on_meta(json.dumps(raw, sort_keys=True))
+    assert [layer.attention.sliding_window for layer in spec.layers] == [
+        layer.attention.sliding_window for layer in from_meta.layers
+    ]
+
+
+# ---- class defaults: configs that name nothing but the model type ---------------------------------
+
+DEFAULT_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi": "PhiForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "phimoe": "PhimoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "gpt_bigcode": "GPTBigCodeForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "bloom": "BloomForCausalLM",
+    "opt": "OPTForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "bert": "BertForMaskedLM",
+    "t5": "T5ForConditionalGeneration",
+    "jamba": "JambaForCausalLM",
+}
+# The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
+# of each config class's defaults; every other field is left to the class.
+_GEOMETRY = {
+    "llama": (4096, 32, 32), "mistral": (4096, 32, 32), "qwen2": (4096, 32, 32), "qwen3": (4096, 32, 32),
+    "mixtral": (4096, 32, 32), "qwen2_moe": (2048, 24, 16), "qwen3_moe": (2048, 24, 32), "gemma": (3072, 28, 16),
+    "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
+    "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
+    "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
+    "jamba": (4096, 32, 32), "opt": (768, 12, 12),
+}  # fmt: skip
+DEFAULT_EXTRA: dict[str, dict] = {
+    model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
+    for model_type, (h, n, a) in _GEOMETRY.items()
+}
+DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
+DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
+DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
+DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
+# deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
+DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
+
+
+def test_every_adapter_has_a_defaults_case() -> None:
+    assert set(DEFAULT_CLASSES) == set(ADAPTERS)
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULT_CLASSES), ids=sorted(DEFAULT_CLASSES))
+def test_class_defaults_match_transformers(model_type: str) -> None:
+    raw = {
+        "model_type": model_type,
+        "architectures": [DEFAULT_CLASSES[model_type]],
+        **DEFAULT_EXTRA.get(model_type, {}),
+    }
+    _check_against_meta(raw)
+
+
+# ---- variants: branches the catalog does not reach ------------------------------------------------
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 3, "vocab_size": 97}
+VARIANTS: dict[str, dict] = {
+    "llama-biases-gqa": {
+        **TINY,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+    },
+    "llama-head_dim": {**TINY, "model_type": "llama", "architectures": ["LlamaForCausalLM"], "head_dim": 24},
+    "mistral-kv-default": {
+        **TINY,
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "num_attention_heads": 8,
+    },
+    "qwen2-sliding": {
+        **TINY,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "use_sliding_window": True,
+        "sliding_window": 16,
+        "max_window_layers": 1,
+    },
+    "qwen3-bias-sliding": {
+        **TINY,
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": True,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 2,
+        "head_dim": 16,
+    },
+    "mixtral-tied-window": {
+        **TINY,
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "tie_word_embeddings": True,
+        "sliding_window": 32,
+    },
+    "qwen2_moe-sparse-step": {
+        **TINY,
+        "model_type": "qwen2_moe",
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_hidden_layers": 5,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+        "qkv_bias": False,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 3,
+    },
+    "qwen3_moe-dense-layers": {
+        **TINY,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "mlp_only_layers": [0, 2],
+        "attention_bias": True,
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+    },
+    "gemma-bias": {
+        **TINY,
+        "model_type": "gemma",
+        "architectures": ["GemmaForCausalLM"],
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
+    "gemma2-layer_types": {
+        **TINY,
+        "model_type": "gemma2",
+        "architectures": ["Gemma2ForCausalLM"],
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "sliding_window": 8,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+    },
+    "gemma3_text": {
+        **TINY,
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 7,
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+    },
+    "gemma3-vision-head-untied": {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "tie_word_embeddings": False,
+        "text_config": {
+            **TINY,
+            "model_type": "gemma3_text",
+            "head_dim": 16,
+            "num_key_value_heads": 2,
+            "sliding_window": 8,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "image_size": 28,
+            "patch_size": 14,
+            "vision_use_head": True,
+        },
+    },
+    "phi-qk-layernorm-tied": {
+        **TINY,
+        "model_type": "phi",
+        "architectures": ["PhiForCausalLM"],
+        "qk_layernorm": True,
+        "tie_word_embeddings": True,
+    },
+    # q/k_layernorm are sized hidden_size // num_attention_heads even when head_dim differs
+    "phi-head_dim-qk-layernorm": {
+        **TINY,
+        "model_type": "phi",
+        "architectures": ["PhiForCausalLM"],
+        "qk_layernorm": True,
+        "head_dim": 24,
+        "num_key_value_heads": 2,
+    },
+    "phi3-gqa-window": {
+        **TINY,
+        "model_type": "phi3",
+        "architectures": ["Phi3ForCausalLM"],
+        "num_key_value_heads": 2,
+        "sliding_window": 16,
+        "pad_token_id": 0,
+    },
+    "phimoe-biases": {
+        **TINY,
+        "model_type": "phimoe",
+        "architectures": ["PhimoeForCausalLM"],
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "attention_bias": True,
+        "lm_head_bias": True,
+    },
+    "deepseek_v2-q-lora-biases": {
+        **TINY,
+        "model_type": "deepseek_v2",
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "mlp_bias": True,
+        "attention_bias": True,
+    },
+    "deepseek_v3-no-q-lora": {
+        **TINY,
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "q_lora_rank": None,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "first_k_dense_replace": 2,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "n_group": 2,
+        "topk_group": 1,
+    },
+    "gpt_oss-no-bias-layer_types": {
+        **TINY,
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        "head_dim": 16,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "attention_bias": False,
+        "sliding_window": 8,
+        "layer_types": ["full_attention", "full_attention", "sliding_attention"],
+    },
+    "gpt2-cross-n_inner": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_inner": 100,
+        "n_positions": 32,
+        "vocab_size": 97,
+        "add_cross_attention": True,
+    },
+    "gpt2-untied-hidden_size-alias": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "tie_word_embeddings": False,
+    },
+    "gpt_bigcode-mha-cross": {
+        "model_type": "gpt_bigcode",
+        "architectures": ["GPTBigCodeForCausalLM"],
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_positions": 32,
+        "vocab_size": 97,
+        "multi_query": False,
+        "add_cross_attention": True,
+    },
+    "gpt_neox-sequential-no-bias": {
+        **TINY,
+        "model_type": "gpt_neox",
+        "architectures": ["GPTNeoXForCausalLM"],
+        "use_parallel_residual": False,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    },
+    "falcon-legacy-mha-sequential": {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "multi_query": False,
+        "parallel_attn": False,
+        "bias": True,
+        "alibi": True,
+    },
+    "falcon-new-arch-one-ln": {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 8,
+        "num_kv_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 97,
+        "new_decoder_architecture": True,
+        "num_ln_in_parallel_attn": 1,
+        "ffn_hidden_size": 96,
+        "tie_word_embeddings": False,
+    },
+    "bloom-untied": {
+        "model_type": "bloom",
+        "architectures": ["BloomForCausalLM"],
+        "hidden_size": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "vocab_size": 97,
+        "tie_word_embeddings": False,
+    },
+    "opt-350m-layout": {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "ffn_dim": 128,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+        "word_embed_proj_dim": 32,
+        "do_layer_norm_before": False,
+    },
+    "opt-no-affine-no-bias-untied": {
+        "model_type": "opt",
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "ffn_dim": 128,
+        "vocab_size": 97,
+        "layer_norm_elementwise_affine": False,
+        "enable_bias": False,
+        "tie_word_embeddings": False,
+    },
+    "olmo2-gqa-bias": {
+        **TINY,
+        "model_type": "olmo2",
+        "architectures": ["Olmo2ForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+    },
+    "jamba-small": {
+        **TINY,
+        "model_type": "jamba",
+        "architectures": ["JambaForCausalLM"],
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 2,
+        "num_experts": 4,
+        "attn_layer_period": 3,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 3,
+        "expert_layer_offset": 2,
+        "mamba_dt_rank": 8,
+        "mamba_proj_bias": True,
+        "mamba_conv_bias": False,
+        "mamba_d_state": 4,
+        "mamba_d_conv": 3,
+        "mamba_expand": 3,
+    },
+    "jamba-one-expert": {
+        **TINY,
+        "model_type": "jamba",
+        "architectures": ["JambaForCausalLM"],
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "num_experts": 1,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 0,
+    },
+    "t5-v1_1-gated-untied": {
+        "model_type": "t5",
+        "architectures": ["T5ForConditionalGeneration"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 3,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+        "feed_forward_proj": "gated-gelu",
+        "tie_word_embeddings": False,
+    },
+    "t5-model": {
+        "model_type": "t5",
+        "architectures": ["T5Model"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+    },
+    "t5-encoder": {
+        "model_type": "t5",
+        "architectures": ["T5EncoderModel"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+        "feed_forward_proj": "gated-silu",
+    },
+}
+_BERT = {
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "vocab_size": 97,
+    "max_position_embeddings": 40,
+    "type_vocab_size": 3,
+}
+for _cls in (
+    "BertModel",
+    "BertForSequenceClassification",
+    "BertForPreTraining",
+    "BertForNextSentencePrediction",
+    "BertForMultipleChoice",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+):
+    VARIANTS[f"bert-{_cls}"] = {**_BERT, "architectures": [_cls], "id2label": {"0": "a", "1": "b", "2": "c"}}
+VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
+VARIANTS["bert-lm-head-decoder-cross"] = {
+    **_BERT,
+    "architectures": ["BertLMHeadModel"],
+    "is_decoder": True,
+    "add_cross_attention": True,
+}
+VARIANTS["bert-classification-default-labels"] = {**_BERT, "architectures": ["BertForSequenceClassification"]}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=sorted(VARIANTS))
+def test_variant_matches_transformers_on_meta(variant: str) -> None:
+    _check_against_meta(VARIANTS[variant])
+
+
+def test_variants_cover_every_adapter() -> None:
+    assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS)
+
+
+# ---- published totals, with the arithmetic ---------------------------------------------------------
+
+
+def test_llama2_7b_by_component() -> None:
+    """Llama-2-7B: h 4096, 32 layers, 32 heads (MHA), i 11008, V 32000, untied lm_head."""
+    h, layers, i, vocab = 4096, 32, 11008, 32000
+    embedding = vocab * h  # 131,072,000
+    attention = layers * 4 * h * h  # q, k, v, o: 2,147,483,648
+    mlp = layers * 3 * h * i  # gate, up, down: 4,328,521,728
+    norms = layers * 2 * h + h  # two RMSNorms per layer + final: 266,240
+    lm_head = vocab * h  # 131,072,000
+    assert embedding + attention + mlp + norms + lm_head == 6_738_415_616
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    assert spec.params_by_component() == {
+        Component.EMBEDDING: embedding,
+        Component.ATTENTION: attention,
+        Component.MLP: mlp,
+        Component.NORM: norms,
+        Component.LM_HEAD: lm_head,
+    }
+    assert spec.num_params == 6_738_415_616
+
+
+def test_gpt2_small_total() -> None:
+    """GPT-2 (124M): h 768, 12 layers, V 50257, 1024 positions, tied lm_head, biases everywhere."""
+    h, layers, vocab, positions = 768, 12, 50257, 1024
+    per_layer = (
+        2 * 2 * h  # ln_1, ln_2 (weight + bias)
+        + (h * 3 * h + 3 * h)  # c_attn
+        + (h * h + h)  # attn.c_proj
+        + (h * 4 * h + 4 * h)  # mlp.c_fc
+        + (4 * h * h + h)  # mlp.c_proj
+    )
+    total = vocab * h + positions * h + layers * per_layer + 2 * h  # + ln_f; lm_head tied to wte
+    assert per_layer == 7_087_872
+    assert total == 124_439_808
+    assert load_model("openai-community/gpt2").num_params == total
+
+
+def test_mixtral_8x7b_total() -> None:
+    """Mixtral-8x7B: h 4096, 32 layers, 32 heads / 8 KV heads of 128, 8 experts of i 14336."""
+    h, layers, vocab, kv, i, experts = 4096, 32, 32000, 8 * 128, 14336, 8
+    attention = 2 * h * h + 2 * h * kv  # q, o + k, v: 41,943,040
+    moe = experts * 3 * h * i + experts * h  # experts + router: 1,409,318,912
+    per_layer = attention + moe + 2 * h
+    total = 2 * vocab * h + layers * per_layer + h
+    assert total == 46_702_792_704
+    assert load_model("mistralai/Mixtral-8x7B-v0.1").num_params == total
+
+
+def test_octocoder_total() -> None:
+    """OctoCoder = StarCoder: h 6144, 40 layers, 48 heads with one K/V head (MQA), i 24576, tied."""
+    h, layers, vocab, positions, d, i = 6144, 40, 49152, 8192, 6144 // 48, 24576
+    per_layer = (
+        2 * 2 * h  # ln_1, ln_2
+        + (h + 2 * d) * h
+        + (h + 2 * d)  # c_attn: queries h wide, one key and one value head
+        + h * h
+        + h  # attn.c_proj
+        + i * h
+        + i  # mlp.c_fc
+        + h * i
+        + h  # mlp.c_proj
+    )
+    total = vocab * h + positions * h + layers * per_layer + 2 * h
+    assert total == 15_517_456_384  # "15.5B"; x 2 bytes = 28.90 GiB of bf16 weights
+    assert load_model("bigcode/octocoder").num_params == total
+
+
+def test_t0_3b_total() -> None:
+    """T0_3B = T5 v1.1 XL shapes: d_model 2048, d_ff 5120 gated, 32 heads x 64, 24 + 24 blocks, untied lm_head.
+
+    keras-hub lists t5_1.1_xl at 2,849,757,184 parameters; transformers >= 5 builds the class with
+    the lm_head tied, 2,783,959,040, but loads the checkpoint's own lm_head.
+    """
+    d, ff, inner, vocab, blocks, buckets, heads = 2048, 5120, 32 * 64, 32128, 24, 32, 32
+    attention = 4 * d * inner
+    encoder = blocks * (attention + 3 * d * ff + 2 * d) + buckets * heads + d
+    decoder = blocks * (2 * attention + 3 * d * ff + 3 * d) + buckets * heads + d
+    total = vocab * d + encoder + decoder + vocab * d
+    assert total == 2_849_757_184
+    assert load_model("bigscience/T0_3B").num_params == total
+
+
+@pytest.mark.parametrize(
+    ("model_id", "expected"),
+    [
+        ("meta-llama/Llama-2-70b-hf", 68_976_648_192),  # HF model card / safetensors index
+        ("meta-llama/Llama-3.1-8B", 8_030_261_248),  # safetensors total of the Hub repo
+        ("meta-llama/Llama-3.1-405B", 405_853_388_800),
+        ("openai/gpt-oss-120b", 116_829_156_672),  # OpenAI model card table: 116.83B total
+        ("openai/gpt-oss-20b", 20_914_757_184),  # OpenAI model card table: 20.91B total
+        ("google-bert/bert-base-uncased", 109_514_298),  # BertForMaskedLM (no pooler); "110M"
+    ],
+    ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm"],
+)
+def test_published_totals(model_id: str, expected: int) -> None:
+    assert load_model(model_id).num_params == expected
+
+
+# ---- active parameters of MoE models ----------------------------------------------------------------
+
+ACTIVE_TOLERANCE = 0.02  # published figures are rounded to 2-3 significant digits
+
+
+@pytest.mark.parametrize(
+    ("model_id", "published", "without_embedding"),
+    [
+        ("mistralai/Mixtral-8x7B-v0.1", 12.9e9, False),  # Mistral AI: "12.9B active parameters per token"
+        ("mistralai/Mixtral-8x22B-v0.1", 39e9, False),  # Mistral AI: "39B active parameters out of 141B"
+        ("deepseek-ai/DeepSeek-V3", 37e9, False),  # DeepSeek-V3 report: "671B total, 37B activated for each token"
+        ("Qwen/Qwen3-235B-A22B", 22e9, False),  # model card: "22B activated"
+        ("Qwen/Qwen3-30B-A3B", 3.3e9, False),  # model card: "3.3B activated"
+        ("microsoft/Phi-3.5-MoE-instruct", 6.6e9, False),  # model card: "6.6B active parameters"
+        ("ai21labs/Jamba-v0.1", 12e9, False),  # AI21: "12B active parameters, 52B total"
+        # OpenAI's model card counts active parameters without the (vocab 201088 x 2880) embedding
+        ("openai/gpt-oss-120b", 5.13e9, True),
+        ("openai/gpt-oss-20b", 3.61e9, True),
+    ],
+    ids=[
+        "mixtral-8x7b",
+        "mixtral-8x22b",
+        "deepseek-v3",
+        "qwen3-235b",
+        "qwen3-30b",
+        "phi3.5-moe",
+        "jamba",
+        "gpt-oss-120b",
+        "gpt-oss-20b",
+    ],
+)
+def test_active_params_match_published(model_id: str, published: float, without_embedding: bool) -> None:
+    spec = load_model(model_id)
+    active = spec.num_active_params
+    if without_embedding:
+        active -= sum(t.numel for t in spec.embedding if t.component is Component.EMBEDDING)
+    assert abs(active - published) <= ACTIVE_TOLERANCE * published
+
+
+def test_mixtral_active_exact() -> None:
+    """Two of eight experts: total minus 6/8 of the 32 x 8 x 3 x 4096 x 14336 expert weights."""
+    spec = load_model("mistralai/Mixtral-8x7B-v0.1")
+    assert spec.num_active_params == 46_702_792_704 - 32 * 6 * 3 * 4096 * 14336 == 12_879_925_248
+
+
+# ---- family facts the memory formulas read -----------------------------------------------------------
+
+
+def test_deepseek_v3_mla_and_moe_layout() -> None:
+    spec = load_model("deepseek-ai/DeepSeek-V3")
+    att = spec.reference_layer.attention
+    assert (att.kind, att.q_lora_rank, att.kv_lora_rank, att.qk_rope_head_dim, att.head_dim, att.v_head_dim) == (
+        "mla",
+        1536,
+        512,
+        64,
+        192,
+        128,
+    )
+    assert [layer.mlp.is_moe for layer in spec.layers] == [False] * 3 + [True] * 58
+    moe = spec.layers[3]
+    by_component = {t.name: t.component for t in moe.tensors}
+    assert by_component["mlp.shared_experts.gate_proj.weight"] is Component.MLP
+    assert by_component["mlp.experts.gate_up_proj"] is Component.EXPERTS
+    assert by_component["mlp.gate.weight"] is Component.ROUTER
+    assert (moe.mlp.num_experts, moe.mlp.num_experts_per_tok, moe.mlp.num_shared_experts) == (256, 8, 1)
+    assert any("num_nextn_predict_layers" in note and "not counted" in note for note in spec.notes)
+    assert all(t.is_linear_weight for t in moe.tensors if t.component is Component.EXPERTS)
+
+
+def test_gemma3_multimodal_pattern_and_vision_tower() -> None:
+    spec = load_model("google/gemma-3-27b-it")
+    windows = [layer.attention.sliding_window for layer in spec.layers]
+    assert windows == [None if (n + 1) % 6 == 0 else 1024 for n in range(62)]
+    vision = sum(t.numel for t in spec.embedding if t.component is Component.OTHER)
+    # SigLIP-so400m (27 layers, 1152 wide, 896px / 14px patches) + projector (1152 x 5376 + norm)
+    assert vision == 416_866_032 + 1152 * 5376 + 1152
+    assert len(spec.layer_kinds()) == 2
+
+
+def test_gpt_oss_alternates_sliding_and_full() -> None:
+    spec = load_model("openai/gpt-oss-20b")
+    assert [layer.attention.sliding_window for layer in spec.layers] == [128, None] * 12
+    assert {t.name for t in spec.layers[0].tensors} >= {"self_attn.sinks", "mlp.experts.gate_up_proj_bias"}
+
+
+def test_jamba_layer_kinds() -> None:
+    spec = load_model("ai21labs/Jamba-v0.1")
+    kinds = [layer.attention.kind for layer in spec.layers]
+    assert [n for n, kind in enumerate(kinds) if kind == "gqa"] == [4, 12, 20, 28]
+    mamba = spec.layers[0].attention
+    assert mamba.state_elements == 8192 * 4 + 8192 * 16  # conv state + SSM state, per sequence
+    assert [layer.mlp.is_moe for layer in spec.layers] == [n % 2 == 1 for n in range(32)]
+
+
+def test_t5_stacks_and_relative_bias_layer() -> None:
+    spec = load_model("google-t5/t5-small")
+    assert [layer.stack for layer in spec.layers] == ["encoder"] * 6 + ["decoder"] * 6
+    assert spec.layers[0] is not spec.layers[1] and spec.layers[1] is spec.layers[5]
+    assert all(layer.attention.cross_attention for layer in spec.layers[6:])
+    assert not any(layer.attention.causal for layer in spec.layers[:6])
+    assert spec.task == "seq2seq"
+
+
+def test_bert_mlm_head_and_encoder() -> None:
+    spec = load_model("google-bert/bert-base-uncased")
+    assert spec.task == "masked_lm"
+    assert all(layer.stack == "encoder" and not layer.attention.causal for layer in spec.layers)
+    names = {t.name for t in spec.head}
+    assert "cls.predictions.transform.dense.weight" in names
+    assert not any("pooler" in name for name in names)
+
+
+def test_mistral_defaults_follow_mistral_config() -> None:
+    """MistralConfig defaults num_key_value_heads to 8 and sliding_window to 4096 (not None)."""
+    spec = _analytic(
+        {
+            "model_type": "mistral",
+            "hidden_size": 64,
+            "num_attention_heads": 8,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "vocab_size": 10,
+        }
+    )
+    assert (spec.num_kv_heads, spec.reference_layer.attention.sliding_window) == (8, 4096)
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}, "num_hidden_layers"),
+        ({"model_type": "gpt2", "n_layer": 2, "n_head": 4}, "n_embd"),
+        ({"model_type": "t5", "d_model": 32, "num_layers": 2}, "num_heads"),
+        ({"model_type": "gemma3", "text_config": {"num_hidden_layers": 2, "num_attention_heads": 4}}, "hidden_size"),
+    ],
+    ids=["llama-depth", "gpt2-width", "t5-heads", "gemma3-text-width"],
+)
+def test_missing_geometry_is_an_error(raw: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"lacks '{field}'"):
+        _analytic(raw)
+
+
+def test_bad_field_type_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="'hidden_size' is 'big'"):
+        _analytic({"model_type": "llama", "hidden_size": "big"})
+
+
+def test_bad_layer_types_length() -> None:
+    with pytest.raises(ConfigError, match="'layer_types' must list 3 entries"):
+        _analytic({**VARIANTS["gemma2-layer_types"], "layer_types": ["full_attention"]})
+
+
+def test_unknown_bert_class() -> None:
+    with pytest.raises(ConfigError, match="'BertForSomething' is not a BERT class"):
+        _analytic({**_BERT, "architectures": ["BertForSomething"]})
+
+
+def test_bad_t5_feed_forward_proj() -> None:
+    with pytest.raises(ConfigError, match="'feed_forward_proj' is 'gated-gelu-x'"):
+        _analytic({"model_type": "t5", "d_model": 32, "num_layers": 2, "num_heads": 4, "feed_forward_proj": "gated-gelu-x"})
+
+
+# ---- the meta-device fallback ------------------------------------------------------------------------
+
+FALLBACK = {
+    # GPT-Neo: no adapter; alternating global / local (window 16) attention via attention_types
+    "gpt_neo": {
+        "model_type": "gpt_neo",
+        "architectures": ["GPTNeoForCausalLM"],
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_layers": 4,
+        "vocab_size": 97,
+        "max_position_embeddings": 64,
+        "window_size": 16,
+        "attention_types": [[["global", "local"], 2]],
+    },
+    # StableLM: llama-like with LayerNorms and partial rotary
+    "stablelm": {
+        "model_type": "stablelm",
+        "architectures": ["StableLmForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "vocab_size": 97,
+    },
+    # DistilBERT: a bidirectional encoder
+    "distilbert": {
+        "model_type": "distilbert",
+        "architectures": ["DistilBertForMaskedLM"],
+        "dim": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "hidden_dim": 96,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+    },
+    # BART: encoder-decoder with two stacks
+    "bart": {
+        "model_type": "bart",
+        "architectures": ["BartForConditionalGeneration"],
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 3,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 48,
+        "decoder_ffn_dim": 48,
+        "vocab_size": 97,
+        "max_position_embeddings": 40,
+    },
+}
+
+
+@pytest.mark.parametrize("family", sorted(FALLBACK), ids=sorted(FALLBACK))
+def test_meta_fallback_counts_like_transformers(family: str) -> None:
+    raw = FALLBACK[family]
+    assert raw["model_type"] not in ADAPTERS
+    spec = _analytic(raw)
+    assert spec.num_params == meta.count_params_on_meta(HFConfig(raw, name="t", source="t"))
+    assert any("meta device" in note for note in spec.notes)
+    assert len({id(layer) for layer in spec.layers}) == len(spec.layer_kinds())
+    assert spec.params_by_component()  # every tensor got a component
+
+
+def test_meta_fallback_reads_module_facts() -> None:
+    gpt_neo = _analytic(FALLBACK["gpt_neo"])
+    assert [layer.attention.sliding_window for layer in gpt_neo.layers] == [None, 16, None, 16]
+    distil = _analytic(FALLBACK["distilbert"])
+    assert {layer.stack for layer in distil.layers} == {"encoder"}
+    bart = _analytic(FALLBACK["bart"])
+    assert [layer.stack for layer in bart.layers] == ["encoder"] * 2 + ["decoder"] * 3
+    assert all(layer.attention.cross_attention for layer in bart.layers[2:])
+
+
+def test_remote_code_needs_the_flag() -> None:
+    raw = {
+        "model_type": "my_custom_lm",
+        "architectures": ["MyCustomForCausalLM"],
+        "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"},
+    }
+    with pytest.raises(UnsupportedArchitectureError, match="--trust-remote-code"):
+        _analytic(raw)
+
+
+def test_unknown_model_type_without_remote_code() -> None:
+    with pytest.raises(UnsupportedArchitectureError, match="unknown to transformers"):
+        _analytic({"model_type": "not_a_model"})
+
+
+def test_analytic_path_imports_no_torch() -> None:
+    code = (
+        "import sys; from memest.sources import load_model; "
+        "[load_model(m) for m in ('gpt2', 'deepseek-ai/DeepSeek-V3', 'google/gemma-3-27b-it', 'google-t5/t5-small')]; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

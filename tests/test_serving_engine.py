@@ -1,0 +1,156 @@
+"""vLLM's budget arithmetic, engine defaults, start-up errors, inverse queries; HF generate; CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from memest.cli import app
+from memest.devices import get_device
+from memest.errors import InputError
+from memest.estimate import estimate
+from memest.estimate import vllm_engine
+from memest.estimate.serving import (
+    largest_concurrency,
+    largest_max_model_len,
+    smallest_parallelism,
+    vllm_ranks,
+)
+from memest.sources import load_model
+from memest.workload import Engine, Parallelism, ServingConfig
+
+GiB = 1 << 30
+H100 = get_device("H100-80GB")
+
+
+def test_budget_v019_is_ceil_of_utilization_minus_non_kv() -> None:
+    # request_memory(): ceil(total x util); available = requested - weights - peak - non_torch
+    b = vllm_engine.budget("0.19", H100, 0.95, weights=10 * GiB, activation=2 * GiB, non_torch=GiB // 4)
+    requested = math.ceil(H100.memory_bytes * 0.95)
+    assert b.requested == requested
+    assert b.available == requested - 10 * GiB - 2 * GiB - GiB // 4
+
+
+@pytest.mark.parametrize(
+    ("device", "version", "expected"),
+    [("H100-80GB", "0.19", (8192, 1024)), ("A100-80GB", "0.19", (2048, 256)), ("L4", "0.19", (2048, 256)),
+     ("H100-80GB", "0.6", (8192, 256)), ("H100-80GB", "0.2", (8192, 256))],
+    ids=["h100-v019", "a100-v019", "l4-v019", "v06", "v02"],
+)
+def test_engine_defaults(device: str, version: str, expected: tuple[int, int]) -> None:
+    # vLLM 0.19 EngineArgs.get_batch_defaults for `vllm serve`; V0: max(max_model_len, 2048) / 256
+    s = vllm_engine.engine_settings(version, get_device(device), 8192, None, None)
+    assert (s.max_num_batched_tokens, s.max_num_seqs) == expected
+
+
+def test_sampler_peak_by_hand() -> None:
+    # Llama-3.1-8B, bf16, T = 8192, N = 1024 on an H100 (132 SMs): hidden T*h*2 + 2*N*h*2 + N*V*2
+    # + 3*N*V*4 + 132*V*4, plus the 32 MiB cuBLAS workspace
+    spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    h, V, T, N = 4096, 128256, 8192, 1024
+    sampler = T * h * 2 + 2 * N * h * 2 + N * V * 2 + 3 * N * V * 4 + 132 * V * 4
+    peak = vllm_engine.profile_peak(spec, spec.layer_kinds(), last=True, tp=1, c=2,
+                                    settings=vllm_engine.EngineSettings(T, N), max_model_len=8192, block_size=16,
+                                    version="0.19", device=H100)
+    assert peak.sampler == sampler
+    assert peak.total == sampler + 32 * (1 << 20)
+
+
+def test_one_request_that_does_not_fit_reports_vllms_error() -> None:
+    # Llama-3.1-70B at tp 2 on H100s leaves ~1.5 GiB for KV; one 131072-token request needs
+    # 131072 x 163840 B = 20 GiB per rank
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    s = ServingConfig(max_model_len=131072, parallelism=Parallelism(tp=2))
+    summary = estimate(spec, s, H100).serving
+    assert summary.engine_error == "max_model_len"
+    assert summary.request_kv_bytes == 131072 // 16 * 16 * 2 * 4 * 128 * 2 * 80
+    # the estimated maximum model length fits the available memory and one more token would not
+    per_token = 2 * 4 * 128 * 2 * 80
+    largest = summary.largest_max_model_len_one_request
+    assert -(-largest // 16) * 16 * per_token <= summary.kv_budget_bytes < -(-(largest + 16) // 16) * 16 * per_token
+
+
+def test_no_memory_when_weights_exceed_the_budget() -> None:
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    summary = estimate(spec, ServingConfig(max_model_len=8192), H100).serving
+    assert summary.engine_error == "no_memory"
+    assert summary.kv_cache_blocks == 0 and summary.largest_concurrency == 0
+
+
+def test_inverse_queries_match_the_pool() -> None:
+    spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    s = ServingConfig(max_model_len=8192)
+    ranks = vllm_ranks(spec, s, H100)
+    blocks = ranks[0].num_blocks
+    # uniform layout: C requests of L tokens need C x cdiv(L, 16) blocks
+    assert largest_concurrency(spec, s, H100, 8192) == blocks // 512
+    assert largest_max_model_len(spec, s, H100, 10) == min(blocks // 10 * 16, 131072)
+    assert largest_max_model_len(spec, s, H100, 1) == 131072  # capped at max_position_embeddings
+    with pytest.raises(InputError, match="concurrency 0"):
+        largest_max_model_len(spec, s, H100, 0)
+
+
+def test_smallest_parallelism_for_70b() -> None:
+    # 70B bf16 = 131.5 GiB of weights: tp 2 leaves (0.95 x 79.19 - 65.8 - 1.9 - 2.07) GiB ~ 5.5 GiB,
+    # enough for one 8192-token request (1.25 GiB at 163840 B/token/rank)
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    par = smallest_parallelism(spec, ServingConfig(max_model_len=8192, gpu_memory_utilization=0.95), H100)
+    assert (par.tp, par.pp) == (2, 1)
+
+
+def test_hf_generate_peak_by_hand() -> None:
+    # Llama-3.2-1B, bf16, transformers 5, b = 2, prompt 100 + 50 new tokens
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    s = ServingConfig(engine=Engine.HF, batch_size=2, prompt_len=100, max_new_tokens=50)
+    est = estimate(spec, s, H100)
+    per_token = 2 * 8 * 64 * 2 * 16  # K and V, 8 KV heads x 64, 2 bytes, 16 layers
+    rank = est.per_device
+    assert rank.term("weights").bytes == spec.num_params * 2
+    # end of prefill: cache of 2 x 100 tokens + the largest layer at 200 tokens, (4 i + 2 h) x 2 B
+    # with i = 8192, h = 2048 (14.7 MB), more than the logits (2 x V x 6 + 200 x h x 2 = 2.4 MB);
+    # last decode step: 2 x 149 tokens + one layer's torch.cat copy = 10.4 MB < 21.3 MB
+    prefill_kv, layer = 2 * 100 * per_token, 200 * (4 * 8192 + 2 * 2048) * 2
+    decode = 2 * 149 * per_token + 2 * 149 * per_token // 16
+    assert prefill_kv + layer > decode
+    assert rank.term("kv_cache").bytes == prefill_kv
+    assert rank.term("activations").bytes == layer
+
+
+def test_engine_version_checked() -> None:
+    spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    with pytest.raises(InputError, match=r"--engine-version '0\.5'.*0\.19"):
+        estimate(spec, ServingConfig(engine_version="0.5"), H100)
+    with pytest.raises(InputError, match="--block-size 24"):
+        estimate(spec, ServingConfig(block_size=24), H100)
+    with pytest.raises(InputError, match="max_position_embeddings"):
+        estimate(spec, ServingConfig(max_model_len=200_000), H100)
+
+
+runner = CliRunner()
+
+
+def test_cli_json_keeps_serving_keys_and_prints_capacity() -> None:
+    result = runner.invoke(app, ["hf", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8192", "--gpu", "H100",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    for key in ("kv_cache_bytes_per_token", "kv_cache_tokens", "max_concurrency"):
+        assert key in doc["serving"]
+    assert doc["serving"]["kv_cache_bytes_per_token"] == 131072
+    table = runner.invoke(app, ["hf", "meta-llama/Llama-3.1-8B-Instruct", "--max-model-len", "8192", "--gpu", "H100",
+                                "--engine-version", "0.6"])
+    assert table.exit_code == 0, table.output
+    assert "vLLM 0.6" in table.output and "Capacity:" in table.output
+
+
+def test_cli_bad_engine_version_exits_2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memest.cli import main
+
+    monkeypatch.setattr("sys.argv", ["memest", "hf", "meta-llama/Llama-3.1-8B-Instruct", "--engine", "hf",
+                                     "--engine-version", "0.19"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
