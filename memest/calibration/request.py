@@ -9,6 +9,7 @@ weights. :func:`check_supported` says which workloads calibrate can really run a
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import inspect
 import typing
 from dataclasses import dataclass, field
@@ -111,9 +112,13 @@ def _enum_of(annotation: Any) -> type[Enum] | None:
     return None
 
 
-def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int) -> Workload:
-    """The workload calibrate runs and estimates: ``memest hf``'s, with ``--gpus`` = ``--nproc``
-    and serving modelled as transformers ``generate`` (``--engine hf``), which is what runs.
+def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: int | None = None) -> Workload:
+    """The workload calibrate runs and estimates: ``memest hf``'s, with ``--gpus`` = ``--nproc``.
+
+    Serving is modelled as what runs: transformers ``generate`` (``--engine hf``, the installed
+    transformers' major version), generating ``--max-new-tokens`` tokens, else ``steps``, else 8,
+    after a prompt of the rest of ``--max-model-len`` (:func:`memest.estimate.hf_generate.lengths`
+    turns these into the prompt and generated lengths for both the estimate and the run).
 
     Raises:
         InputError: ``--gpus`` differs from ``--nproc``, or the flags are inconsistent.
@@ -127,8 +132,20 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int) -> Worklo
     values = dict(job.values, gpus=nproc)
     workload = JobOptions(values).workload(spec)
     if isinstance(workload, ServingConfig):
-        workload = workload.replace(engine=Engine.HF)
+        changes: dict[str, Any] = {"engine": Engine.HF, "engine_version": workload.engine_version or _transformers_major()}
+        if workload.prompt_len is None and workload.max_new_tokens is None:
+            changes["max_new_tokens"] = steps if steps is not None else DEFAULT_DECODE_STEPS
+        workload = workload.replace(**changes)
     return workload
+
+
+def _transformers_major() -> str:
+    """``5`` for transformers 5.x (logits of the last prompt token only), else ``4.34``'s arithmetic."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "5"
+    return "5" if int(version.split(".")[0]) >= 5 else "4.34"
 
 
 def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from memest.calibration.request import (
-    DEFAULT_DECODE_STEPS,
     DEFAULT_TRAIN_STEPS,
     Request,
     calibration_workload,
@@ -49,15 +48,18 @@ def resolve_backend(backend: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def default_steps(request: Request, workload: Any) -> int:
-    """The measured steps: the request's, else 3 training steps or 8 decode steps.
+def default_steps(request: Request, workload: Any, spec: Any) -> int:
+    """The measured steps: training steps (the request's, else 3), or the decode steps the serving
+    estimate models (see :func:`~memest.calibration.request.calibration_workload`).
 
     Raises:
         InputError: fewer than 2 steps.
     """
-    steps = request.steps
-    if steps is None:
-        steps = DEFAULT_DECODE_STEPS if isinstance(workload, ServingConfig) else DEFAULT_TRAIN_STEPS
+    if isinstance(workload, ServingConfig):
+        from memest.estimate.hf_generate import lengths  # the decode steps the estimate models
+
+        return lengths(spec, workload).new
+    steps = request.steps if request.steps is not None else DEFAULT_TRAIN_STEPS
     if steps < 2:
         raise InputError(f"--steps {steps}: measure at least 2 steps (the first after warm-up can miss "
                          "steady-state buffers)")
@@ -122,10 +124,10 @@ def measure(request: Request, *, progress: Progress = _quiet, env: Any = None) -
     cfg = load_config(request.model)
     job = request.job()
     spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
-    workload = calibration_workload(job, spec, request.nproc)
+    workload = calibration_workload(job, spec, request.nproc, request.steps)
     backend = resolve_backend(request.backend)
     check_supported(workload, backend=backend, nproc=request.nproc)
-    steps = default_steps(request, workload)
+    steps = default_steps(request, workload, spec)
     rank, world = (env.rank, env.world_size) if env is not None else (0, 1)
     meter: Any = CudaMeter(env.local_rank if env is not None else 0) if backend == "cuda" else CpuMeter()
     device = getattr(meter, "device", torch.device("cpu"))
@@ -183,7 +185,7 @@ def _prepare(cfg: Any, spec: Any, workload: Any, request: Request, *, device: An
 
         model = build_model(cfg, spec, device=device, dtype=torch_dtype(weight_dtype(spec, workload)),
                             attn_implementation="sdpa", weights=request.weights)
-        return prepare_serving(model, spec, workload, device=device, steps=steps, vocab_size=vocab)
+        return prepare_serving(model, spec, workload, device=device, vocab_size=vocab)
     from memest.calibration.training import model_dtype, prepare_training, quantize_nf4
     from memest.workload import Method
 

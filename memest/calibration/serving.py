@@ -1,8 +1,7 @@
 """Serving as transformers ``generate`` runs it: a prefill of the prompt, then decode steps.
 
-What memest estimates with ``--engine hf``: ``batch_size`` sequences, each reaching
-``max_model_len`` tokens (prompt of ``max_model_len - steps`` tokens, then ``steps`` new tokens),
-greedy decoding with the default dynamic cache (``DynamicCache``: per layer, K and V tensors that
+What memest estimates with ``--engine hf`` (:mod:`memest.estimate.hf_generate`): ``batch_size``
+sequences of a prompt then new tokens (:func:`~memest.estimate.hf_generate.lengths`), greedy decoding with the default dynamic cache (``DynamicCache``: per layer, K and V tensors that
 grow by concatenation each step), weights at the serving dtype (``auto`` = the checkpoint's, fp32
 checkpoints in fp16, as :func:`memest.estimate.serving.weight_dtype` says). The warm-up is a
 generate of a short prompt, so kernels and the cuBLAS workspace exist before the baseline.
@@ -79,17 +78,21 @@ class ServingSession:
         return {"weights": parameter_bytes(self.model)}
 
 
-def prepare_serving(model: Any, spec: Any, s: ServingConfig, *, device: Any, steps: int, vocab_size: int) -> ServingSession:
-    """Set up ``model`` (on ``device`` at the serving dtype) to serve ``s``.
+def prepare_serving(model: Any, spec: Any, s: ServingConfig, *, device: Any, vocab_size: int) -> ServingSession:
+    """Set up ``model`` (on ``device`` at the serving dtype) to serve ``s``: the prompt and generated
+    lengths are :func:`memest.estimate.hf_generate.lengths`, the estimate's own.
 
     Raises:
-        InputError: max_model_len leaves no room for the prompt.
+        InputError: nothing to generate for a generating model, or no prompt.
     """
-    max_len = s.max_model_len or spec.max_position_embeddings or 2048
+    from memest.estimate.hf_generate import lengths
+
+    n = lengths(spec, s)
     generates = spec.task in ("causal_lm", "seq2seq")
-    new_tokens = steps if generates else 0
-    if max_len <= new_tokens:
-        raise InputError(f"--max-model-len {max_len} leaves no prompt for {new_tokens} decode steps; "
-                         f"use --max-model-len above {new_tokens} or fewer --steps")
+    if generates and n.new < 2:
+        raise InputError(f"calibrate measures at least 2 decode steps; --max-new-tokens is {n.new} "
+                         "(raise it, or --max-model-len above the prompt)")
+    if n.prompt < 1:
+        raise InputError(f"--max-model-len leaves no prompt before {n.new} new tokens; raise --max-model-len")
     model.eval()
-    return ServingSession(model, s.batch_size, max_len - new_tokens, new_tokens, vocab_size, device)
+    return ServingSession(model, s.batch_size, n.prompt, n.new if generates else 0, vocab_size, device)

@@ -88,11 +88,11 @@ def calibrate_command(
     from memest.sources import load_model
 
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
-    workload = calibration_workload(job, spec, nproc)
+    workload = calibration_workload(job, spec, nproc, steps)
     check_supported(workload, backend=device.value, nproc=nproc)
     request = Request(model=model, flags=flags_of(job), backend=device.value, steps=steps, nproc=nproc, weights=weights,
                       tag=record_tag)
-    n_steps = default_steps(request, workload)
+    n_steps = default_steps(request, workload, spec)
     payloads = run(request, progress=_progress())
     if payloads is None:  # a non-zero rank inside torchrun: rank 0 reports
         return
