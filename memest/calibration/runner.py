@@ -147,7 +147,10 @@ def measure(request: Request, *, progress: Progress = _quiet, env: Any = None) -
             session.warmup()
             _sync(torch, device)
             meter.start(live_bytes=session.live_bytes())
-            for i in range(steps if isinstance(workload, TrainingConfig) else 1):
+            runs = steps if isinstance(workload, TrainingConfig) else 1
+            for i in range(runs):
+                if i:
+                    meter.lap(live_bytes=session.live_bytes())
                 progress(f"measured step {i + 1}/{steps}" if isinstance(workload, TrainingConfig)
                          else f"prefill {session.prompt_len} tokens x {session.batch_size}, decode {session.new_tokens} steps")
                 t0 = time.perf_counter()
