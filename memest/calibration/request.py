@@ -163,14 +163,14 @@ def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:
     """
     if backend not in BACKENDS:
         raise InputError(f"--device {backend!r} is not one of {', '.join(BACKENDS)}")
+    if isinstance(workload, ServingConfig) and nproc > 1:
+        raise InputError(f"calibrate serves on one device; --nproc {nproc} with --serve is not measured (use --nproc 1)")
     par = workload.parallelism
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(par, name) > 1:
             raise InputError(f"calibrate runs data parallelism only; --{name} {getattr(par, name)} is not measured "
                              f"(drop --{name}, or check it with 'memest hf' and the published cases)")
     if isinstance(workload, ServingConfig):
-        if nproc > 1:
-            raise InputError(f"calibrate serves on one device; --nproc {nproc} with --serve is not measured (use --nproc 1)")
         if workload.quantization != "none":
             raise InputError(f"calibrate serves unquantized weights; --quantization {workload.quantization} is not "
                              "measured (drop it)")
