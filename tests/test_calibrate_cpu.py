@@ -74,7 +74,7 @@ def test_timeline_and_allocator_total_agree(fp32_train):
     m = fp32_train[1].ranks[0].measurement
     assert m.peak_method == "timeline"
     assert m.allocations_peak_bytes == pytest.approx(m.peak_allocated_bytes, rel=METHODS_AGREE)
-    assert len(set(m.step_peak_bytes)) == 1  # identical steps after the warm-up
+    assert len(set(m.step_peak_bytes)) == 1  # identical steps after the warm-up, to the byte
 
 
 def _within(result):
@@ -118,7 +118,10 @@ def calibrate_torchrun(tmp_path, *flags):
 
 @pytest.fixture(scope="module")
 def fsdp2_record(tmp_path_factory):
-    return calibrate_torchrun(tmp_path_factory.mktemp("fsdp2"), "--train", "--precision", "fsdp2", "--zero-stage", "3")
+    # gloo frees some all-gather buffers on its own threads, unseen by the profiler, inflating about one
+    # step in three (calibration_findings.md, M2): five steps make the smallest step a clean one
+    return calibrate_torchrun(tmp_path_factory.mktemp("fsdp2"), "--train", "--precision", "fsdp2", "--zero-stage", "3",
+                              "--steps", "5")
 
 
 def test_fsdp2_two_processes_gather_on_rank_0(fsdp2_record):
