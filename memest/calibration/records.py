@@ -62,7 +62,7 @@ def build_record(
         "case": case or None,
         "outcome": "ok" if verdict.measured_fits else "oom",
         "model": {
-            "reference": request.model,
+            "reference": portable_reference(request.model),
             "name": spec.name,
             "model_type": spec.model_type,
             "num_params": spec.num_params,
@@ -99,6 +99,30 @@ def build_record(
             ],
         },
     }
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The source tree memest runs from (records store model paths inside it relative to it)."""
+
+
+def portable_reference(reference: str) -> str:
+    """A model reference as a record stores it: a path inside the memest source tree becomes
+    relative to it (``calibrate/models/tiny-llama``), so records re-estimate on any machine; Hub
+    ids, catalog names and other paths are kept as given."""
+    path = Path(reference).expanduser()
+    if not path.exists():
+        return reference
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return reference
+
+
+def resolve_reference(reference: str) -> str:
+    """Inverse of :func:`portable_reference`: a relative path that exists in the source tree
+    becomes absolute; anything else is returned unchanged."""
+    candidate = REPO_ROOT / reference
+    return str(candidate) if not Path(reference).is_absolute() and candidate.exists() else reference
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
