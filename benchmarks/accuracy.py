@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         if START in text and END in text:
             text = text[:text.index(START)] + section + text[text.index(END) + len(END):]
         else:
-            text = text.rstrip("\n") + "\n\n## Accuracy\n\n" + section + "\n"
+            header = "" if text.rstrip().endswith("## Accuracy") else "\n\n## Accuracy"
+            text = text.rstrip("\n") + header + "\n\n" + section + "\n"
         README.write_text(text)
         print(f"updated {README.relative_to(ROOT)}")
 

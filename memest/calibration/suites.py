@@ -128,15 +128,25 @@ def case_command(suite: Suite, case: Case, *, device: str, steps: int | None, re
     return cmd
 
 
+TIMED_OUT = 124
+"""The exit code :func:`run_suite` reports for a case stopped by its time limit (as ``timeout`` does)."""
+
+
 def run_suite(suite: Suite, *, device: str | None = None, steps: int | None = None, record: bool = True,
-              results_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> list[tuple[Case, int]]:
+              results_dir: Path | None = None, case_timeout: float | None = None,
+              progress: Callable[[str], None] | None = None) -> list[tuple[Case, int]]:
     """Run every case in its own process; (case, exit code) in order. Exit codes are
-    ``memest calibrate``'s: 0 measured, 3 did not fit (recorded), 2 bad input, 1 crash."""
+    ``memest calibrate``'s: 0 measured, 3 did not fit (recorded), 2 bad input, 1 crash, and
+    :data:`TIMED_OUT` when the case ran past ``case_timeout`` seconds (stopped, nothing recorded)."""
     out = []
     for n, case in enumerate(suite.cases, 1):
         if progress is not None:
             progress(f"[{n}/{len(suite.cases)}] {case.id}")
         cmd = case_command(suite, case, device=device or suite.device, steps=steps, record=record,
                            results_dir=results_dir)
-        out.append((case, subprocess.run(cmd, check=False).returncode))
+        try:
+            code = subprocess.run(cmd, check=False, timeout=case_timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = TIMED_OUT
+        out.append((case, code))
     return out

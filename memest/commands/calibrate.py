@@ -50,6 +50,8 @@ ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Folde
                                                     "./calibrate/results; the suite's repository for --suite).",
                                                     show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")]
+CaseTimeoutOpt = Annotated[float | None, typer.Option("--case-timeout", help="With --suite: stop a case after this many "
+                                                      "seconds (nothing is recorded for it).", show_default=False)]
 TagOpt = Annotated[str | None, typer.Option("--record-tag", hidden=True, help="suite/case id stored in the record.")]
 
 
@@ -65,6 +67,7 @@ def calibrate_command(
     record: RecordOpt = True,
     results_dir: ResultsDirOpt = None,
     json_: JsonOpt = False,
+    case_timeout: CaseTimeoutOpt = None,
     record_tag: TagOpt = None,
     job: JobOptions,
 ) -> None:
@@ -77,7 +80,7 @@ def calibrate_command(
     """
     if suite is not None:
         _run_suite(suite, device=None if device is Backend.AUTO else device.value, steps=steps, record=record,
-                   results_dir=results_dir)
+                   results_dir=results_dir, case_timeout=case_timeout)
         return
     if model is None:
         raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
@@ -127,20 +130,23 @@ def _progress() -> Any:
     return show
 
 
-def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool, results_dir: Path | None) -> None:
+def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool, results_dir: Path | None,
+               case_timeout: float | None) -> None:
     from rich.table import Table
 
-    from memest.calibration.suites import load_suite, run_suite
+    from memest.calibration.suites import TIMED_OUT, load_suite, run_suite
 
     s = load_suite(name)
     out_dir = results_dir or s.root / "calibrate" / "results"
     progress = _progress()
     progress(f"suite {s.name}: {len(s.cases)} cases on {device or s.device}" + (f", records in {out_dir}" if record else ""))
-    results = run_suite(s, device=device, steps=steps, record=record, results_dir=out_dir, progress=progress)
+    results = run_suite(s, device=device, steps=steps, record=record, results_dir=out_dir, case_timeout=case_timeout,
+                        progress=progress)
     table = Table(title=f"suite {s.name}")
     table.add_column("case")
     table.add_column("result")
-    labels = {0: "measured", EXIT_NO_FIT: "did not fit (recorded)", 2: "bad input", 130: "interrupted"}
+    labels = {0: "measured", EXIT_NO_FIT: "did not fit (recorded)", 2: "bad input", 130: "interrupted",
+              TIMED_OUT: "timed out (not recorded)"}
     for case, code in results:
         table.add_row(case.id, labels.get(code, f"failed (exit {code})"))
     _console().print(table)
