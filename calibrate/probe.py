@@ -20,9 +20,9 @@ import json
 import sys
 from typing import Any
 
+from memest import measure
 from memest.calibration import distributed, runner
 from memest.calibration.request import Request
-import memest.measure as measure
 
 TOP = 16
 
@@ -120,8 +120,9 @@ def main() -> None:
     payload = runner.measure(Request(model=model, flags=flags, backend="cpu", nproc=nproc), env=env)
     m = payload["measurement"]
     peak, where, rows = live_at_peak(captured[-1])
-    lines = [f"rank {m['rank']}: measured {m['peak_allocated_bytes']:,} B ({m['peak_method']}), steps "
-             f"{m['step_peak_bytes']}; last step's peak {peak:,} B", f"  running: {where}"]
+    head = (f"rank {m['rank']}: measured {m['peak_allocated_bytes']:,} B ({m['peak_method']}), steps "
+            f"{m['step_peak_bytes']}; last step's peak {peak:,} B")
+    lines = [head, f"  running: {where}"]
     lines += [f"  {n:>12,} {c:>4}  {cat:24} {op}" for cat, op, n, c in rows[:TOP]]
     print("\n".join(lines), flush=True)
     if env is not None:

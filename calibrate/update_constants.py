@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memest.calibration.constants import derive  # noqa: E402
-from memest.calibration.records import read_records  # noqa: E402
-from memest.estimate.runtime import CALIBRATED_PATH  # noqa: E402
+from memest.calibration.constants import derive
+from memest.calibration.records import read_records
+from memest.estimate.runtime import CALIBRATED_PATH
 
 
 def main() -> None:

@@ -66,8 +66,8 @@ def local_device(backend: str, device_name: str, total_bytes: int | None, capabi
 
 
 def _catalog_match(device_name: str, total: int) -> Device | None:
-    name = re.sub(r"^(NVIDIA|Tesla|GeForce|AMD|Instinct)\s+", "", device_name.strip(), flags=re.I)
-    name = re.sub(r"^(GeForce|Instinct)\s+", "", name, flags=re.I)
+    name = re.sub(r"^(NVIDIA|Tesla|GeForce|AMD|Instinct)\s+", "", device_name.strip(), flags=re.IGNORECASE)
+    name = re.sub(r"^(GeForce|Instinct)\s+", "", name, flags=re.IGNORECASE)
     tries = [name]
     head = re.split(r"[-\s]", name)[0]
     if total:
