@@ -3,7 +3,7 @@
 Random weights by default: the config is turned into a transformers ``PretrainedConfig`` and the
 model class is instantiated under ``torch.device(device)`` with an explicit dtype, so every
 parameter is created on the device at its final dtype (no fp32 copy, no host round trip, no
-download). ``weights=True`` loads the checkpoint with ``from_pretrained`` instead (network or a
+download). ``checkpoint=`` loads real weights with ``from_pretrained`` instead (network or a
 local folder with safetensors).
 
 The class is the config's first ``architectures`` entry when transformers has it, else the auto
@@ -72,8 +72,8 @@ def model_class(cfg: HFConfig, spec: ModelSpec) -> tuple[Any, Any]:
 
 
 def build_model(cfg: HFConfig, spec: ModelSpec, *, device: Any, dtype: Any, attn_implementation: str,
-                weights: bool = False) -> Any:
-    """The model on ``device`` at ``dtype``, random weights unless ``weights``.
+                checkpoint: str | None = None) -> Any:
+    """The model on ``device`` at ``dtype``, random weights unless ``checkpoint`` is given.
 
     Args:
         cfg: The model's config.
@@ -81,15 +81,15 @@ def build_model(cfg: HFConfig, spec: ModelSpec, *, device: Any, dtype: Any, attn
         device: A ``torch.device``.
         dtype: A torch dtype for every floating parameter.
         attn_implementation: ``sdpa``, ``eager`` or ``flash_attention_2`` (transformers' names).
-        weights: Load the checkpoint named by ``cfg.name`` instead of random weights.
+        checkpoint: A Hub id or local folder to load real weights from (``from_pretrained``).
 
     Raises:
         UnsupportedArchitectureError: transformers cannot build it.
     """
     torch, _ = import_stack()
     config, cls = model_class(cfg, spec)
-    if weights:
-        return cls.from_pretrained(cfg.name, dtype=dtype, device_map=str(device),
+    if checkpoint is not None:
+        return cls.from_pretrained(checkpoint, dtype=dtype, device_map=str(device),
                                    attn_implementation=attn_implementation)
     with torch.device(device):
         if hasattr(cls, "from_config") and cls.__name__.startswith("AutoModel"):

@@ -183,11 +183,12 @@ def _prepare(cfg: Any, spec: Any, workload: Any, request: Request, *, device: An
     from memest.estimate.serving import weight_dtype
 
     vocab = spec.vocab_size
+    checkpoint = request.model if request.weights else None
     if isinstance(workload, ServingConfig):
         from memest.calibration.serving import prepare_serving
 
         model = build_model(cfg, spec, device=device, dtype=torch_dtype(weight_dtype(spec, workload)),
-                            attn_implementation="sdpa", weights=request.weights)
+                            attn_implementation="sdpa", checkpoint=checkpoint)
         return prepare_serving(model, spec, workload, device=device, vocab_size=vocab)
     from memest.calibration.training import model_dtype, prepare_training, quantize_nf4
     from memest.workload import Method
@@ -197,7 +198,7 @@ def _prepare(cfg: Any, spec: Any, workload: Any, request: Request, *, device: An
 
     model = build_model(cfg, spec, device=torch.device("cpu") if qlora else device,
                         dtype=torch_dtype(model_dtype(workload)),
-                        attn_implementation=workload.attn_implementation, weights=request.weights)
+                        attn_implementation=workload.attn_implementation, checkpoint=checkpoint)
     if qlora:
         model = quantize_nf4(model, device)
     return prepare_training(model, spec, workload, device=device, wrap=distributed.wrapper(workload, world, device),
