@@ -23,7 +23,6 @@ from typing import Annotated, Any
 
 import typer
 
-from memest.commands.calibrate import calibrate_command
 from memest.errors import MemestError
 from memest.options import JobOptions, workload_options
 
@@ -136,9 +135,6 @@ def gpus_command(
     _console().print(table)
 
 
-app.command("calibrate")(calibrate_command)
-
-
 def main() -> None:
     """Console entry point: the one error boundary.
 
@@ -161,3 +157,8 @@ def main() -> None:
         typer.echo(f"Error: memest failed unexpectedly: {type(exc).__name__}: {exc}. "
                    "Rerun with MEMEST_DEBUG=1 for the traceback and report it.", err=True)
         sys.exit(EXIT_UNEXPECTED)
+
+
+# Commands kept in their own modules register themselves on `app`; imported last, as they use the
+# option aliases above.
+from memest.commands import calibrate as _calibrate_command, plan as _plan_command, sweep as _sweep_command  # noqa: E402,F401

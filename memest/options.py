@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -19,6 +20,10 @@ from memest.devices import DEFAULT_DEVICE, Device, get_device
 from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import (
+    AttnImplementation,
+    Framework,
+    FsdpStrategy,
+    Loss,
     Engine,
     LoraConfig,
     Method,
@@ -54,8 +59,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                             panel=MODEL)], None),
     # training
     "micro_batch_size": (Annotated[int, _opt("--micro-batch-size", help="Sequences per device per forward.", panel=TRAIN)], 1),
-    "seq_len": (Annotated[int | None, _opt("--seq-len", help="Tokens per training sequence [default: min(2048, "
-                                          "max_position_embeddings)].", panel=TRAIN)], None),
+    "seq_len": (Annotated[int | None, _opt("--seq-len", help="Tokens per training sequence (default: min(2048, "
+                                          "max_position_embeddings)).", panel=TRAIN)], None),
     "grad_accum_steps": (Annotated[int, _opt("--grad-accum-steps", help="Micro-batches per optimizer step.", panel=TRAIN)], 1),
     "precision": (Annotated[Precision, _opt("--precision", help="Precision recipe: mixed (bf16 + fp32 master), fp16, amp "
                                             "(fp32 params + autocast), fsdp2, bf16 (pure), fp32.", panel=TRAIN,
@@ -70,14 +75,33 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "lora_rank": (Annotated[int, _opt("--lora-rank", help="LoRA rank r.", panel=TRAIN)], 16),
     "lora_targets": (Annotated[str, _opt("--lora-targets", help="attention, all-linear, or module names (q_proj,v_proj).",
                                          panel=TRAIN)], "attention"),
-    "attn_implementation": (Annotated[str, _opt("--attn-implementation", help="sdpa, flash_attention_2 or eager "
-                                                "(eager stores the s x s scores).", panel=TRAIN)], "sdpa"),
-    "loss": (Annotated[str, _opt("--loss", help="default (full fp32 logits) or chunked (fused/chunked cross-entropy).",
-                                 panel=TRAIN)], "default"),
+    "attn_implementation": (Annotated[AttnImplementation, _opt("--attn-implementation", help="sdpa, flash_attention_2 "
+                                                               "or eager (eager stores the s x s scores).", panel=TRAIN,
+                                                               case_sensitive=False)], AttnImplementation.SDPA),
+    "loss": (Annotated[Loss, _opt("--loss", help="default (full logits, fp32 log-softmax), chunked (torchtune "
+                                  "chunked CE) or fused (Liger / Cut Cross-Entropy).", panel=TRAIN, case_sensitive=False)],
+             Loss.DEFAULT),
+    "lora_dropout": (Annotated[float, _opt("--lora-dropout", help="PEFT lora_dropout (each adapted linear keeps a mask "
+                                           "and a copy of its input).", panel=TRAIN)], 0.0),
+    "target_len": (Annotated[int | None, _opt("--target-len", help="Decoder tokens per sequence of an encoder-decoder "
+                                              "model (default: --seq-len).", panel=TRAIN)], None),
+    "framework": (Annotated[Framework, _opt("--framework", help="Who runs the step: pytorch (one process: HF Trainer, "
+                                            "torchtune, litgpt), ddp, deepspeed, megatron, fsdp; auto picks from "
+                                            "--precision and parallelism.", panel=TRAIN, case_sensitive=False)],
+                  Framework.AUTO),
+    "fsdp": (Annotated[FsdpStrategy | None, _opt("--fsdp", help="PyTorch FSDP sharding strategy (sets --framework fsdp "
+                                                 "and the ZeRO stage; hybrid_shard shards within a node).", panel=PAR,
+                                                 case_sensitive=False)], None),
+    "set_grads_to_none": (Annotated[bool, _opt("--set-grads-to-none/--keep-grads", help="zero_grad(set_to_none=True) "
+                                               "frees gradients between steps (PyTorch >= 2.0); --keep-grads for "
+                                               "torch 1.x.", panel=TRAIN)], True),
+    "prepare_kbit_training": (Annotated[bool, _opt("--prepare-kbit-training", help="QLoRA: PEFT "
+                                                   "prepare_model_for_kbit_training upcasts non-quantized weights to "
+                                                   "fp32.", panel=TRAIN)], False),
     # serving
     "batch_size": (Annotated[int, _opt("--batch-size", help="Concurrent sequences, each up to max_model_len.", panel=SERVE)], 1),
     "max_model_len": (Annotated[int | None, _opt("--max-model-len", help="Longest sequence (prompt + output) in tokens "
-                                                 "[default: the model's max_position_embeddings].", panel=SERVE)], None),
+                                                 "(default: the model's max_position_embeddings).", panel=SERVE)], None),
     "dtype": (Annotated[str, _opt("--dtype", help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.", panel=SERVE)], "auto"),
     "quantization": (Annotated[str, _opt("--quantization", help="Weight quantization applied to an unquantized model: "
                                          "none (keep the checkpoint's quantization_config), int8 (bitsandbytes LLM.int8), "
@@ -91,25 +115,29 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
                                       "(transformers generate).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
     "engine_version": (Annotated[str | None, _opt("--engine-version", help="Engine version whose memory arithmetic to "
-                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 [default: the newest].",
+                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 (default: the newest).",
                                                   panel=SERVE)], None),
-    "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence [default: "
-                                              "max_model_len - max_new_tokens].", panel=SERVE)], None),
+    "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence (default: "
+                                              "max_model_len - max_new_tokens).", panel=SERVE)], None),
     "max_new_tokens": (Annotated[int | None, _opt("--max-new-tokens", help="hf: tokens generated per sequence.",
                                                   panel=SERVE)], None),
     "gpu_memory_utilization": (Annotated[float, _opt("--gpu-memory-utilization", help="Share of device memory vLLM may use.",
                                                      panel=SERVE)], 0.9),
     "max_num_batched_tokens": (Annotated[int | None, _opt("--max-num-batched-tokens", help="Tokens per forward in vLLM's "
-                                                          "profiling run [default: vLLM's for the device].", panel=SERVE)], None),
+                                                          "profiling run (default: vLLM's for the device).", panel=SERVE)], None),
     "max_num_seqs": (Annotated[int | None, _opt("--max-num-seqs", help="Sequences per forward in vLLM's profiling run.",
                                                 panel=SERVE)], None),
     "block_size": (Annotated[int, _opt("--block-size", help="Tokens per paged KV block.", panel=SERVE)], 16),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="No CUDA graphs (vLLM).", panel=SERVE)], False),
     # parallelism and devices
-    "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') [default: {DEFAULT_DEVICE}, and list "
-                                       "every device that fits].", panel=PAR)], None),
+    "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
+                                       "every device that fits).", panel=PAR)], None),
     "gpus": (Annotated[int, _opt("--gpus", help="Devices in the job (tp x pp x cp x dp).", panel=PAR)], 1),
-    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree [serving default: --gpus / --pp].", panel=PAR)], None),
+    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) (default: --gpus / (tp x pp x cp)).",
+                                      panel=PAR)], None),
+    "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over (default: "
+                                            "all dp x cp ranks).", panel=PAR)], None),
+    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / --pp).", panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
     "ep": (Annotated[int, _opt("--ep", help="Expert-parallel degree (MoE).", panel=PAR)], 1),
@@ -161,6 +189,30 @@ class JobOptions:
             raise InputError(f"--headroom {h} must be in [0, 1), e.g. 0.1 for 10%")
         return float(h)
 
+    def _training(self, spec: ModelSpec) -> TrainingConfig:
+        """The training workload (``--train`` / ``--finetune``)."""
+        v = self.values
+        par, framework = _training_parallelism(v, self.device)
+        default_len = min(2048, spec.max_position_embeddings or 2048)
+        return TrainingConfig(
+            method=v["finetune"] or Method.FULL,
+            micro_batch_size=v["micro_batch_size"],
+            seq_len=v["seq_len"] if v["seq_len"] is not None else default_len,
+            grad_accum_steps=v["grad_accum_steps"],
+            precision=v["precision"],
+            optimizer=v["optimizer"],
+            recompute=v["recompute"],
+            attn_implementation=v["attn_implementation"],
+            loss=v["loss"],
+            lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"], dropout=v["lora_dropout"]),
+            offload=v["offload"],
+            parallelism=par,
+            framework=framework,
+            set_grads_to_none=v["set_grads_to_none"],
+            target_len=v["target_len"],
+            prepare_kbit_training=v["prepare_kbit_training"],
+        )
+
     def workload(self, spec: ModelSpec) -> Workload:
         """The workload for ``spec``.
 
@@ -178,27 +230,7 @@ class JobOptions:
         if v["tp"] is not None and v["tp"] < 1:
             raise InputError(f"--tp is {v['tp']}; it must be at least 1")
         if modes and modes[0] in ("train", "finetune"):
-            tp = v["tp"] or 1
-            group = tp * pp * cp
-            if gpus % group:
-                raise InputError(f"--gpus {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}")
-            par = Parallelism(tp=tp, pp=pp, cp=cp, dp=gpus // group, ep=v["ep"], zero_stage=v["zero_stage"],
-                              sequence_parallel=v["sequence_parallel"])
-            default_len = min(2048, spec.max_position_embeddings or 2048)
-            return TrainingConfig(
-                method=v["finetune"] or Method.FULL,
-                micro_batch_size=v["micro_batch_size"],
-                seq_len=v["seq_len"] if v["seq_len"] is not None else default_len,
-                grad_accum_steps=v["grad_accum_steps"],
-                precision=v["precision"],
-                optimizer=v["optimizer"],
-                recompute=v["recompute"],
-                attn_implementation=v["attn_implementation"],
-                loss=v["loss"],
-                lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"]),
-                offload=v["offload"],
-                parallelism=par,
-            )
+            return self._training(spec)
         if gpus % (pp * cp):
             raise InputError(f"--gpus {gpus} is not divisible by --pp {pp}; use a multiple of {pp}")
         tp = v["tp"] if v["tp"] is not None else gpus // pp
@@ -233,6 +265,42 @@ class JobOptions:
         )
 
 
+def _training_parallelism(v: dict[str, Any], device: Device) -> tuple[Parallelism, Framework]:
+    """Parallel degrees and framework from --gpus/--dp, --tp/--pp/--cp/--ep, --zero-stage/--fsdp.
+
+    Raises:
+        InputError: --gpus and --dp disagree, --gpus is not divisible, or --fsdp conflicts with
+            --zero-stage / --framework.
+    """
+    tp, pp, cp = v["tp"] or 1, v["pp"], v["cp"]
+    group = tp * pp * cp
+    gpus, dp = v["gpus"], v["dp"]
+    if dp is not None:
+        if dp < 1:
+            raise InputError(f"--dp is {dp}; it must be at least 1")
+        if gpus not in (1, dp * group):
+            raise InputError(f"--gpus {gpus} is not dp x tp x pp x cp = {dp * group}; drop one of --gpus / --dp")
+    else:
+        if gpus % group:
+            raise InputError(f"--gpus {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}")
+        dp = gpus // group
+    zero, framework, dp_shard = v["zero_stage"], v["framework"], v["dp_shard"]
+    fsdp = v["fsdp"]
+    if fsdp is not None:
+        if framework not in (Framework.AUTO, Framework.FSDP):
+            raise InputError(f"--fsdp {fsdp.value} runs under FSDP; drop --framework {framework.value}")
+        stage = {FsdpStrategy.FULL_SHARD: 3, FsdpStrategy.HYBRID_SHARD: 3, FsdpStrategy.SHARD_GRAD_OP: 2,
+                 FsdpStrategy.NO_SHARD: 0}[fsdp]
+        if zero not in (0, stage):
+            raise InputError(f"--fsdp {fsdp.value} is ZeRO stage {stage}; drop --zero-stage {zero}")
+        zero, framework = stage, Framework.FSDP
+        if fsdp is FsdpStrategy.HYBRID_SHARD and dp_shard is None:
+            dp_shard = math.gcd(dp * cp, max(1, device.per_node // (tp * pp)))
+    par = Parallelism(tp=tp, pp=pp, cp=cp, dp=dp, ep=v["ep"], zero_stage=zero,
+                      sequence_parallel=v["sequence_parallel"], dp_shard=dp_shard)
+    return par, framework
+
+
 def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Give a typer command every workload flag; it receives them as ``job: JobOptions``.
 
@@ -255,3 +323,36 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
     wrapper.__signature__ = sig.replace(parameters=[*params, *shared])  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in (*params, *shared)}
     return wrapper
+
+
+RANGE_HELP = "A sweep: A..B (powers of two), A..B:+STEP, A..B:xFACTOR or a list A,B,C; k = 1024 (1k..128k)."
+
+
+def ranged_workload_options(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """As :func:`workload_options`, with the flags ``names`` taken as strings that may hold a range
+    (``memest sweep --seq-len 1k..128k``). ``job.values`` holds each such string, or None when the
+    flag was not given; the command parses them.
+
+    Raises:
+        ValueError: a name is not a workload option (a programming error).
+    """
+    from typing import get_args
+
+    for name in names:
+        if name not in WORKLOAD_OPTIONS:
+            raise ValueError(f"ranged flag {name!r} is not a workload option")
+
+    def ranged(param: inspect.Parameter) -> inspect.Parameter:
+        info = get_args(WORKLOAD_OPTIONS[param.name][0])[1]
+        option = _opt("--" + param.name.replace("_", "-"), help=f"{info.help} {RANGE_HELP}", panel=info.rich_help_panel)
+        return param.replace(annotation=Annotated[str | None, option], default=None)
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        wrapper = workload_options(func)
+        sig = inspect.signature(wrapper)
+        params = [ranged(p) if p.name in names else p for p in sig.parameters.values()]
+        wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate

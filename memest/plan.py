@@ -1,44 +1,86 @@
-"""Does it fit, and what is the cheapest change that makes it fit.
+"""Does it fit, and what is the cheapest setup that does — answered by search over the estimator.
 
-A setup fits when the per-device ``device used`` figure (what nvidia-smi would show) is at most
-``(1 - headroom)`` x the device's memory.
+The fit rule lives in :mod:`memest.fit` (re-exported here): per-device *device used* at most
+``(1 - headroom)`` x capacity.
 
-The recommendation is found by search, never by rule: every combination of the changes below is
-re-estimated, and the fitting one with the lowest cost wins. Cost is money first (each doubling of
-the device count costs more than any change on the same devices), then disruption, in this
-documented order (cheapest first):
+The planner
+===========
 
-| change | cost | why |
-|---|---|---|
-| ``--kv-cache-dtype fp8`` | 2 | halves the KV cache; small accuracy cost on most models |
-| ``--zero-stage 1`` / ``2`` / ``3`` (dp > 1) | 1 / 2 / 4 | more communication (stage 3 re-gathers weights) |
-| ``--recompute selective`` | 1 | recomputes the attention core only (~2% more compute) |
-| halve ``--micro-batch-size``, double ``--grad-accum-steps`` | 3 each | same global batch, lower throughput |
-| ``--recompute full`` | 5 | one extra forward per step (~33% more compute) |
-| ``--optimizer adamw8bit`` | 6 | 8-bit optimizer states; usually matches AdamW |
-| ``--quantization int8`` | 5 | weights at 1 B/param; small quality cost |
-| ``--quantization int4`` | 8 | weights at ~0.5 B/param; measurable quality cost |
-| ``--offload optimizer`` | 10 | the optimizer step runs on the CPU; much slower |
-| halve ``--max-model-len`` / ``--batch-size`` | 10 each | serves less than asked |
-| ``--finetune lora`` | 20 | trains adapters instead of all weights |
-| ``--finetune qlora`` | 30 | adapters on an NF4 base (10 from LoRA) |
-| double the devices | 1000 each | money |
+:func:`plan` enumerates setups, estimates them and returns, for each device type, the cheapest
+setup that fits, all ranked by :class:`memest.costs.Cost`: **money** (devices x the per-device
+price), then **communication** (tensor parallel within a node; pipeline and data parallel across
+nodes; ZeRO-3's re-gathers), then **disruption** (recompute, accumulation, 8-bit optimizer,
+offload; LoRA/QLoRA only when the method may change; quantized weights and an fp8 KV cache for
+serving only when quantization is allowed), then the fewest changed settings. The weights are
+data, in :mod:`memest.costs` (its docstring has the table).
 
-Besides the cheapest change, the search reports the cheapest *lossless* one: the cheapest fit that
-changes only parallelism, sharding, recompute, batching or device count — never the model's
-numerics or the job's method.
+Search space
+------------
+
+- **device type**: the ones the user lists (``--gpu``, ``--gpus-available``), else the catalog;
+- **device count** N: powers of two and whole nodes (multiples of ``per_node``), up to a maximum;
+- **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica):
+
+  - tp divides ``per_node`` (tensor parallelism stays within a node) and passes
+    :func:`memest.workload.validate` (tp divides the heads; the KV-head rules);
+  - pp divides ``num_layers``. Megatron-LM asserts ``num_layers % pipeline_model_parallel_size
+    == 0`` (``megatron/core/transformer/transformer_block.py``, ``get_num_layers_to_build``) unless
+    first/last stage sizes are given; even stages are what people run, and an uneven split only
+    adds layers to the first stage, which already holds the embedding and needs the most memory;
+  - cp and ep are the user's (a layout they do not divide is skipped). Expert parallelism is not
+    searched: the estimator divides routed experts by ep and then by tp, and ZeRO by all of
+    dp x cp, which undercounts experts (replicated over dp / ep, not dp) and vLLM's expert
+    parallelism (which replaces tp for the experts); searching ep would exploit that;
+
+- **settings**, each from the user's value towards less memory (never the other way):
+  ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
+  ``micro_batch_size`` (divisors of the one asked, with ``grad_accum_steps`` raised to hold the
+  global batch: ``--global-batch-size`` when given, else the per-replica batch
+  micro_batch_size x grad_accum_steps), ``optimizer`` (adamw, adamw_fused -> adamw8bit), ``offload``,
+  ``method`` (full -> lora -> qlora, with ``allow_method_change``); serving: ``quantization``
+  (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
+
+Search order and pruning
+------------------------
+
+A setup fits when the device fits (:mod:`memest.fit`) and, with offload, the host RAM it needs
+per server (``Estimate.host_bytes``) is within ``Space.host_memory_bytes``.
+
+Per device type, counts are visited in increasing order and the visit stops once a count's money
+exceeds the best fit found (so a zero price searches every count). Within a count, setups are
+estimated in cost order and the first that fits is that count's best: nothing cheaper is skipped.
+
+To avoid estimating every setup of a layout that cannot fit, each layout is first probed with its
+*floor setups*, and skipped when none of them fits. Each setting's values are ordered from most to
+least memory; its *floor values* are the most-saving value plus every value from which one more
+step towards saving may *raise* memory (:data:`FLOOR_VALUES`: all ZeRO stages, since ZeRO-3 adds a
+gather buffer and other frameworks change buffers with the stage; selective recompute, since full
+recompute rebuilds a whole layer; LoRA, since QLoRA upcasts the weights it does not quantize to
+fp32; a micro-batch with no accumulation, since accumulating keeps gradients alive through the next
+forward; every quantization format). The floor setups are the combinations of floor values; one
+the estimator rejects (offload without ZeRO, say) is replaced by the most-saving valid setups below
+it, found by stepping settings down one value at a time, never onto a floor value.
+
+This is exact when every step from a non-floor value towards saving does not raise memory
+(``tests/test_plan_search.py`` checks those steps on the catalog, and compares the planner with a
+brute-force search over small spaces); ``prune=False`` turns pruning off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
+from memest.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import DEVICES, Device
-from memest.errors import MemestError
+from memest.errors import InputError
 from memest.estimate import estimate
+from memest.fit import Verdict, usable_bytes, verdict
+from memest.maxfit import Largest, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
@@ -50,55 +92,557 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    validate,
 )
 
-DEVICE_DOUBLING_COST = 1000
+__all__ = [
+    "Assessment", "Candidate", "Change", "DeviceChoice", "Fit", "Plan", "Recommendation", "Setup", "Space",
+    "Verdict", "assess", "device_counts", "fitting_devices", "plan", "recommend", "rules_of_thumb", "setup_flags",
+    "verdict",
+]
+
 MAX_DEVICE_DOUBLINGS = 6
+"""``memest hf`` recommendations try up to 2^6 = 64 times the devices asked for."""
+
+DEFAULT_MAX_DEVICES = 1024
+"""Devices per type the planner tries when the user gives no maximum."""
+
+DEFAULT_HOST_MEMORY_BYTES = 1024 << 30
+"""Host RAM per server that offloaded states may use, unless the user says otherwise: 1 TiB, about
+what 8-GPU cloud servers carry (1.1 TiB on AWS p4d, 2 TiB on p5)."""
+
+FLOOR_VALUES: dict[str, frozenset[Any] | None] = {
+    "zero_stage": None,
+    "quantization": None,
+    "recompute": frozenset({"selective"}),
+    "method": frozenset({"lora"}),
+}
+"""Floor values besides each setting's most-saving one (None: every value). A step towards saving
+*from* one of these may raise memory: ZeRO-3's gather buffer of two unsharded layers can exceed
+what it saves when dp is small and layers are few, and the framework a ZeRO stage selects changes
+the gradient buffers; full recompute rebuilds one whole layer in backward, more than selective keeps
+for a one-layer pipeline stage; QLoRA upcasts the weights it does not quantize (embeddings) to fp32;
+int8 keeps a scale per row where fp8 keeps one per tensor. The micro-batch knob adds its value with
+no accumulation (see :func:`_batch_knob`)."""
+
+RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER, Offload.PARAMS)
+METHOD_ORDER = (Method.FULL, Method.LORA, Method.QLORA)
+QUANTIZATION_ORDER = ("none", "fp8", "int8", "int4")
+ADAM_32BIT = tuple(o for o in Optimizer if o.value in ("adamw", "adamw_fused"))
+"""Optimizers the planner may swap for 8-bit AdamW (same algorithm, 8-bit states)."""
+_PAR_FIELDS = ("zero_stage", "sequence_parallel")
+
+
+# ---- what the planner may change, and what it found ----
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    """Whether an estimate fits a device.
+class DeviceChoice:
+    """A device type the planner may use.
+
+    Attributes:
+        device: The accelerator.
+        max_count: Most devices of this type (``--gpus-available 8xH100`` gives 8).
+        min_count: Fewest devices (``memest hf`` recommendations start at the count asked).
+    """
+
+    device: Device
+    max_count: int = DEFAULT_MAX_DEVICES
+    min_count: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Space:
+    """What the planner may change.
+
+    Attributes:
+        devices: Device types with their count limits.
+        prices: USD per device-hour.
+        allow_method_change: Training: LoRA / QLoRA instead of the method asked.
+        allow_quantization: Serving: quantized weights and an fp8 KV cache.
+        lossless_only: Only settings that change neither numerics nor method (no 8-bit
+            optimizer, no method change, no quantization).
+        global_batch_size: Training: sequences per optimizer step to hold (micro_batch_size x
+            grad_accum_steps x dp); None holds the per-replica batch instead.
+        host_memory_bytes: Host RAM per server for offloaded states (``Estimate.host_bytes``); a
+            setup that needs more does not fit. None: not checked.
+    """
+
+    devices: tuple[DeviceChoice, ...]
+    prices: PriceTable = field(default_factory=PriceTable.catalog)
+    allow_method_change: bool = False
+    allow_quantization: bool = False
+    lossless_only: bool = False
+    global_batch_size: int | None = None
+    host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One point of the search space.
 
     Attributes:
         device: The accelerator.
         count: Devices in the job.
-        headroom: Share of memory kept free.
-        needed_bytes: Per-device device-used estimate.
-        high_bytes: Upper edge of its band.
+        workload: The workload as it would run (parallelism and settings filled in).
+        cost: Its rank key.
+        notes: Why it costs what it costs, one line per penalty paid.
+        lossless: True when it changes neither numerics nor method.
     """
 
     device: Device
     count: int
+    workload: Workload
+    cost: Cost
+    notes: tuple[str, ...]
+    lossless: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """A setup that fits, with its estimate and the max queries on it.
+
+    Attributes:
+        setup: The setup.
+        estimate: Its per-device estimate.
+        verdict: Its fit verdict (peak per device, margin).
+        limits: Largest micro-batch / seq_len (training) or batch_size / max_model_len (serving)
+            that still fit this setup, the other settings held.
+    """
+
+    setup: Setup
+    estimate: Estimate
+    verdict: Verdict
+    limits: tuple[Largest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's answer.
+
+    Attributes:
+        spec: The model.
+        workload: The workload asked for (the search's starting point).
+        space: What the search could change.
+        headroom: Share of memory kept free.
+        fits: The cheapest fitting setup of each device type, cheapest first.
+        no_fit: Device types on which nothing fits within their count limit.
+        evaluated: Estimates computed.
+        setups: Setups decided at the counts visited: estimated, skipped by pruning, or ruled out
+            because a cheaper one fitted.
+    """
+
+    spec: ModelSpec
+    workload: Workload
+    space: Space
     headroom: float
-    needed_bytes: int
-    high_bytes: int
+    fits: tuple[Fit, ...]
+    no_fit: tuple[DeviceChoice, ...]
+    evaluated: int
+    setups: int
 
     @property
-    def usable_bytes(self) -> int:
-        """Memory the job may use: capacity x (1 - headroom)."""
-        return math.floor(self.device.memory_bytes * (1 - self.headroom))
+    def best(self) -> Fit | None:
+        """The cheapest fit overall."""
+        return self.fits[0] if self.fits else None
+
+
+# ---- the search ----
+
+
+@dataclass(frozen=True, slots=True)
+class _Knob:
+    """One setting's values, least saving first, with their cost parts."""
+
+    name: str
+    values: tuple[Any, ...]
+    communication: tuple[float, ...]
+    disruption: tuple[float, ...]
+    changed: tuple[int, ...]
+    lossless: tuple[bool, ...]
+    why: tuple[str, ...]
+    floor: tuple[int, ...]
+
+
+def _knob(name: str, values: Iterable[Any]) -> _Knob:
+    vals = tuple(dict.fromkeys(values))
+    pens = [penalty(name, v) for v in vals]
+    extras = FLOOR_VALUES.get(name, frozenset())
+    floor = sorted({len(vals) - 1} | {i for i, v in enumerate(vals) if extras is None or getattr(v, "value", v) in extras})
+    return _Knob(name, vals, tuple(p.communication for p in pens), tuple(p.disruption for p in pens),
+                 tuple(int(p is not NO_PENALTY) for p in pens), tuple(p.lossless for p in pens),
+                 tuple(p.why for p in pens), tuple(floor))
+
+
+def _batch_knob(asked: int, options: list[tuple[int, int]]) -> _Knob:
+    """Micro-batch / accumulation pairs, largest micro-batch first; penalty per halving.
+
+    Floor values: the smallest micro-batch, and the pair without accumulation (one micro-batch per
+    step lets plain PyTorch free the gradients before the forward; accumulating keeps them alive
+    through the next micro-batch's forward, so the first halving can raise memory).
+    """
+    parts = [doubling_penalty("micro_batch", asked // b) for b, _ in options]
+    why = tuple("" if b == asked else f"micro_batch_size {b} x grad_accum_steps {g}" for b, g in options)
+    floor = sorted({len(options) - 1} | {i for i, (_, g) in enumerate(options) if g == 1})
+    return _Knob("batch", tuple(options), tuple(c for c, _ in parts), tuple(d for _, d in parts),
+                 tuple(int(b != asked) for b, _ in options), (True,) * len(options), why, tuple(floor))
+
+
+@dataclass(slots=True)
+class _Layout:
+    """Parallel degrees for one count, with the settings that may vary on them."""
+
+    par: Parallelism
+    knobs: tuple[_Knob, ...]
+    communication: float
+    changes: int
+    why: tuple[str, ...]
+    valid: dict[tuple[int, ...], bool] = field(default_factory=dict)
+    workloads: dict[tuple[int, ...], Workload] = field(default_factory=dict)
+    results: dict[tuple[int, ...], tuple[Workload, Estimate, int] | None] = field(default_factory=dict)
+    parallelisms: dict[tuple[Any, ...], Parallelism] = field(default_factory=dict)
 
     @property
-    def fits(self) -> bool:
-        """True when the estimate is within the usable memory."""
-        return self.needed_bytes <= self.usable_bytes
-
-    @property
-    def fits_with_band(self) -> bool:
-        """True when even the band's upper edge fits the device's full capacity."""
-        return self.high_bytes <= self.device.memory_bytes
-
-    @property
-    def margin_bytes(self) -> int:
-        """Usable minus needed (negative when it does not fit)."""
-        return self.usable_bytes - self.needed_bytes
+    def size(self) -> int:
+        return math.prod(len(k.values) for k in self.knobs)
 
 
-def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdict:
-    """The fit verdict of an estimate on ``count`` x ``device``."""
-    rank = est.per_device
-    return Verdict(device, count, headroom, rank.device_used_bytes, rank.high_bytes)
+def _onwards(order: tuple[Any, ...], asked: Any) -> list[Any]:
+    """The values of ``order`` from the one asked on (towards less memory); a value the order does
+    not know stays as asked."""
+    return list(order[order.index(asked):]) if asked in order else [asked]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def device_counts(device: Device, max_count: int, min_count: int = 1) -> list[int]:
+    """Counts the planner tries: powers of two and whole nodes (multiples of per_node) in
+    [min_count, max_count], plus min_count itself, ascending."""
+    counts = {min_count} if min_count <= max_count else set()
+    n = 1
+    while n <= max_count:
+        counts.add(n)
+        n *= 2
+    k = 1
+    while device.per_node * k <= max_count:
+        counts.add(device.per_node * k)
+        k *= 2
+    return sorted(c for c in counts if c >= min_count)
+
+
+class _Search:
+    """One planning run: the layouts and settings of each count, and the estimates made."""
+
+    def __init__(self, spec: ModelSpec, workload: Workload, space: Space, headroom: float, prune: bool) -> None:
+        self.spec = spec
+        self.base = workload
+        self.base_fields = {f.name: getattr(workload, f.name) for f in dataclasses.fields(workload)}
+        self.space = space
+        self.headroom = headroom
+        self.prune = prune
+        self.training = isinstance(workload, TrainingConfig)
+        self.evaluated = 0
+        self.setups = 0
+
+    # -- layouts --
+
+    def layouts(self, device: Device, n: int) -> list[_Layout]:
+        """Every valid layout of ``n`` devices with its settings."""
+        out = []
+        for par in self._parallelisms(device, n):
+            try:
+                validate(self.spec, self.base.replace(parallelism=par))
+            except InputError:
+                continue
+            knobs = self._training_knobs(par) if self.training else self._serving_knobs(device)
+            if knobs is None:
+                continue
+            comm = 0.0
+            why = []
+            for name in ("tp", "pp", "ep"):
+                degree = getattr(par, name)
+                comm += doubling_penalty(name, degree)[0]
+                if degree > 1:
+                    why.append(f"{name} {degree}")
+            out.append(_Layout(par, knobs, comm, len(why), tuple(why)))
+        return out
+
+    def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
+        user = self.base.parallelism
+        cp = user.cp if self.training else 1  # serving: one replica of tp x pp
+        for tp in _divisors(device.per_node):
+            if n % (tp * cp):
+                continue
+            rest = n // (tp * cp)
+            for pp in _divisors(rest):
+                if self.spec.num_layers % pp:
+                    continue
+                dp = rest // pp if self.training else 1
+                if not self.training and pp * tp != n:
+                    continue
+                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp,
+                                          zero_stage=user.zero_stage if dp * cp > 1 else 0)
+
+    # -- settings --
+
+    def _training_knobs(self, par: Parallelism) -> tuple[_Knob, ...] | None:
+        w = self.base
+        assert isinstance(w, TrainingConfig)
+        lossy = not self.space.lossless_only
+        zero = [par.zero_stage] + (list(range(par.zero_stage + 1, 4)) if par.dp * par.cp > 1 else [])
+        sp = [par.sequence_parallel] + ([True] if par.tp > 1 else [])  # settings only move towards less memory
+        g = self.space.global_batch_size
+        if g is None:
+            per_replica = w.micro_batch_size * w.grad_accum_steps
+        elif g % par.dp:
+            return None
+        else:
+            per_replica = g // par.dp
+        batch = [(b, per_replica // b) for b in reversed(_divisors(w.micro_batch_size)) if per_replica % b == 0]
+        recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
+        optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer in ADAM_32BIT else [])
+        offload = _onwards(OFFLOAD_ORDER, w.offload)
+        method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
+        return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
+                _batch_knob(w.micro_batch_size, batch), _knob("optimizer", optimizer), _knob("offload", offload),
+                _knob("method", method))
+
+    def _serving_knobs(self, device: Device) -> tuple[_Knob, ...]:
+        w = self.base
+        assert isinstance(w, ServingConfig)
+        allowed = self.space.allow_quantization and not self.space.lossless_only
+        quant: list[str] = [w.quantization]
+        if allowed and w.quantization == "none" and self.spec.quantization is None:
+            quant = [q for q in QUANTIZATION_ORDER if q != "fp8" or device.fp8]
+        kv = [w.kv_cache_dtype] + (["fp8"] if allowed and w.kv_cache_dtype in ("auto", "fp16", "bf16") else [])
+        return _knob("quantization", quant), _knob("kv_cache_dtype", kv)
+
+    def valid(self, layout: _Layout, cfg: tuple[int, ...]) -> bool:
+        """True when :func:`memest.workload.validate` accepts the setup (memoised per layout)."""
+        ok = layout.valid.get(cfg)
+        if ok is None:
+            try:
+                validate(self.spec, self.workload(layout, cfg))
+                ok = True
+            except InputError:
+                ok = False
+            layout.valid[cfg] = ok
+        return ok
+
+    def floor_setups(self, layout: _Layout) -> set[tuple[int, ...]]:
+        """The layout's floor setups (see the module docstring). A rejected combination of floor
+        values gives way to the valid setups found by stepping settings down one value at a time
+        (never onto a floor value), keeping those no other found setup dominates."""
+        floors = [set(k.floor) for k in layout.knobs]
+        out: set[tuple[int, ...]] = set()
+        for combo in itertools.product(*floors):
+            queue, seen, found = [combo], {combo}, []
+            while queue:
+                cfg = queue.pop(0)
+                if self.valid(layout, cfg):
+                    found.append(cfg)
+                    continue
+                for j, i in enumerate(cfg):
+                    if i > 0 and i - 1 not in floors[j]:
+                        lower = cfg[:j] + (i - 1,) + cfg[j + 1:]
+                        if lower not in seen:
+                            seen.add(lower)
+                            queue.append(lower)
+            out.update(c for c in found
+                       if not any(d != c and all(x >= y for x, y in zip(d, c)) for d in found))
+        return out
+
+    # -- evaluation --
+
+    def cost(self, usd: float, layout: _Layout, cfg: tuple[int, ...]) -> Cost:
+        comm, dis, changes = layout.communication, 0.0, layout.changes
+        for knob, i in zip(layout.knobs, cfg):
+            comm += knob.communication[i]
+            dis += knob.disruption[i]
+            changes += knob.changed[i]
+        return Cost(usd, comm, dis, changes)
+
+    def workload(self, layout: _Layout, cfg: tuple[int, ...]) -> Workload:
+        """The workload of a setup (memoised per layout; built with the constructor, which is
+        several times faster than ``dataclasses.replace``)."""
+        w = layout.workloads.get(cfg)
+        if w is not None:
+            return w
+        fields: dict[str, Any] = dict(self.base_fields)
+        par: dict[str, Any] = {}
+        for knob, i in zip(layout.knobs, cfg):
+            value = knob.values[i]
+            if knob.name in _PAR_FIELDS:
+                par[knob.name] = value
+            elif knob.name == "batch":
+                fields["micro_batch_size"], fields["grad_accum_steps"] = value
+            else:
+                fields[knob.name] = value
+        key = tuple(par.values())
+        parallelism = layout.parallelisms.get(key)
+        if parallelism is None:
+            parallelism = layout.parallelisms[key] = dataclasses.replace(layout.par, **par)
+        fields["parallelism"] = parallelism
+        w = layout.workloads[cfg] = type(self.base)(**fields)
+        return w
+
+    def evaluate(self, device: Device, layout: _Layout, cfg: tuple[int, ...]) -> tuple[Workload, Estimate, int] | None:
+        """Estimate one setup (memoised per layout): (workload, estimate, per-device device-used
+        bytes), or None when the estimator rejects the setup."""
+        if cfg in layout.results:
+            return layout.results[cfg]
+        if layout.valid.get(cfg) is False:
+            return None
+        w = self.workload(layout, cfg)
+        try:
+            est = estimate(self.spec, w, device)
+        except InputError:
+            result = None
+            layout.valid[cfg] = False
+        else:
+            self.evaluated += 1
+            result = (w, est, est.per_device.device_used_bytes)
+        layout.results[cfg] = result
+        return result
+
+    def fits(self, device: Device, layout: _Layout, cfg: tuple[int, ...], *, host: bool = True) -> bool:
+        """True when the setup fits the device and, with ``host``, its offloaded states fit the
+        host RAM. Pruning checks the device alone: offloading more raises host RAM, so only the
+        device figure falls along the saving order."""
+        result = self.evaluate(device, layout, cfg)
+        if result is None or result[2] > usable_bytes(device, self.headroom):
+            return False
+        limit = self.space.host_memory_bytes
+        return not host or limit is None or result[1].host_bytes <= limit
+
+    def best_for(self, choice: DeviceChoice) -> Fit | None:
+        """The cheapest fitting setup on one device type (None when nothing fits)."""
+        device = choice.device
+        price = self.space.prices.price(device)
+        best: tuple[Cost, _Layout, tuple[int, ...], int] | None = None
+        for n in device_counts(device, choice.max_count, choice.min_count):
+            usd = n * price
+            if best is not None and usd > best[0].usd_per_hour:
+                break
+            ranked = []
+            for layout in self.layouts(device, n):
+                self.setups += layout.size
+                if self.prune and not any(self.fits(device, layout, c, host=False) for c in self.floor_setups(layout)):
+                    continue
+                for cfg in itertools.product(*(range(len(k.values)) for k in layout.knobs)):
+                    ranked.append((self.cost(usd, layout, cfg), len(ranked), layout, cfg))
+            ranked.sort(key=lambda r: (r[0], r[1]))
+            for cost, _, layout, cfg in ranked:
+                if best is not None and cost >= best[0]:
+                    break
+                if self.fits(device, layout, cfg):
+                    best = (cost, layout, cfg, n)
+                    break
+        if best is None:
+            return None
+        cost, layout, cfg, n = best
+        result = layout.results[cfg]
+        assert result is not None
+        w, est, _ = result
+        v = verdict(est, device, n, self.headroom)
+        notes = layout.why + tuple(k.why[i] for k, i in zip(layout.knobs, cfg) if k.why[i])
+        lossless = all(k.lossless[i] for k, i in zip(layout.knobs, cfg))
+        return Fit(Setup(device, n, w, cost, notes, lossless), est, v)
+
+
+def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float = 0.10, max_queries: bool = True,
+         prune: bool = True) -> Plan:
+    """The cheapest fitting setup of each device type in ``space``, ranked by cost.
+
+    Args:
+        spec: The model.
+        workload: The job asked for; its settings are the search's starting point (see the module
+            docstring for what may change).
+        space: Device types, prices and what may change.
+        headroom: Share of each device's memory to keep free.
+        max_queries: Also find the largest micro-batch / seq_len (serving: batch_size /
+            max_model_len) that fits each answer.
+        prune: Skip layouts whose floor setups do not fit (exact under the documented
+            monotonicity; False estimates every setup cheaper than the answer).
+
+    Raises:
+        InputError: no device type, a non-positive count or global batch, or a workload that is
+            invalid whatever the parallelism (a non-positive seq_len, ...).
+    """
+    if not space.devices:
+        raise InputError("no device type to plan for; pass --gpu NAME or --gpus-available SPEC")
+    for choice in space.devices:
+        if choice.max_count < 1 or choice.min_count < 1:
+            raise InputError(f"device count limits for {choice.device.name} must be at least 1 "
+                             f"(got {choice.min_count}..{choice.max_count})")
+    if space.global_batch_size is not None and space.global_batch_size < 1:
+        raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
+    if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
+        raise InputError(f"--host-memory is {space.host_memory_bytes} bytes; it must not be negative")
+    plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
+    validate(spec, workload.replace(parallelism=plain))
+    search = _Search(spec, workload, space, headroom, prune)
+    found: list[Fit] = []
+    no_fit: list[DeviceChoice] = []
+    for choice in space.devices:
+        fit = search.best_for(choice)
+        if fit is None:
+            no_fit.append(choice)
+        else:
+            found.append(fit)
+    found.sort(key=lambda f: f.setup.cost)
+    if max_queries:
+        found = [dataclasses.replace(f, limits=limits(spec, f.setup.workload, f.setup.device, headroom=headroom))
+                 for f in found]
+    return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups)
+
+
+# ---- flags ----
+
+
+def _flag_items(w: Workload, count: int) -> dict[str, str]:
+    """The planner-controlled settings of a workload as ``memest hf`` flags (flag -> value)."""
+    par = w.parallelism
+    items = {"--gpus": str(count), "--tp": str(par.tp), "--pp": str(par.pp), "--ep": str(par.ep)}
+    if isinstance(w, TrainingConfig):
+        items |= {
+            "--dp": str(par.dp),
+            "--zero-stage": str(par.zero_stage),
+            "--sequence-parallel": "on" if par.sequence_parallel else "",
+            "--recompute": w.recompute.value,
+            "--micro-batch-size": str(w.micro_batch_size),
+            "--grad-accum-steps": str(w.grad_accum_steps),
+            "--optimizer": w.optimizer.value,
+            "--offload": w.offload.value,
+            "--finetune": "" if w.method is Method.FULL else w.method.value,
+        }
+    else:
+        items |= {"--quantization": w.quantization, "--kv-cache-dtype": w.kv_cache_dtype}
+    return items
+
+
+def _render(items: dict[str, str]) -> list[str]:
+    return [flag if value == "on" else f"{flag} {value}" for flag, value in items.items() if value]
+
+
+def setup_flags(workload: Workload, count: int, asked: Workload, device: Device | None = None) -> str:
+    """The ``memest hf`` flags that turn the job asked for into a setup: the device, the count
+    and parallel degrees always, and every planner setting whose value differs from ``asked``
+    (the user's other flags stay as they were)."""
+    base = _flag_items(asked, asked.parallelism.world_size)
+    items = _flag_items(workload, count)
+    keep = {"--gpus", "--dp", "--tp", "--pp"}
+    parts = [f"--gpu {device.name}"] if device is not None else []
+    for flag, value in items.items():
+        if flag in keep or value != base[flag]:
+            parts += _render({flag: value})
+    return " ".join(parts)
+
+
+# ---- memest hf: the cheapest change to the user's own setup ----
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,18 +651,18 @@ class Change:
 
     Attributes:
         flags: The CLI flags that apply it (``--recompute full``).
-        cost: Its place in the cost order (see the module docstring).
+        cost: Communication + disruption units of the new value (USD per hour for ``--gpus``).
         lossless: True when it changes neither numerics nor method.
     """
 
     flags: str
-    cost: int
+    cost: float
     lossless: bool
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A setup the search evaluated."""
+    """A fitting setup, as changes to the user's."""
 
     changes: tuple[Change, ...]
     workload: Workload
@@ -127,7 +671,7 @@ class Candidate:
     verdict: Verdict
 
     @property
-    def cost(self) -> int:
+    def cost(self) -> float:
         """Sum of the changes' costs."""
         return sum(c.cost for c in self.changes)
 
@@ -144,7 +688,7 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """The search's answer.
+    """The search's answer for ``memest hf``.
 
     Attributes:
         cheapest: The lowest-cost fitting setup.
@@ -158,162 +702,52 @@ class Recommendation:
     evaluated: int
 
 
-Option = tuple[Change | None, dict[str, object]]
+_FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
+                 "--optimizer": "optimizer", "--offload": "offload", "--finetune": "method",
+                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype"}
+_PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 
-def _training_options(w: TrainingConfig) -> list[list[Option]]:
-    par = w.parallelism
-    dims: list[list[Option]] = []
-    rec: list[Option] = [(None, {})]
-    if w.recompute is Recompute.NONE:
-        rec.append((Change("--recompute selective", 1, True), {"recompute": Recompute.SELECTIVE}))
-    if w.recompute is not Recompute.FULL:
-        rec.append((Change("--recompute full", 5, True), {"recompute": Recompute.FULL}))
-    dims.append(rec)
-    zero: list[Option] = [(None, {})]
-    for stage, cost in ((1, 1), (2, 2), (3, 4)):
-        if stage > par.zero_stage:
-            zero.append((Change(f"--zero-stage {stage}", cost, True), {"zero_stage": stage}))
-    dims.append(zero)
-    mbs: list[Option] = [(None, {})]
-    b, accum, n = w.micro_batch_size, w.grad_accum_steps, 0
-    while b > 1:
-        b, accum, n = b // 2, accum * 2, n + 1
-        mbs.append((Change(f"--micro-batch-size {b} --grad-accum-steps {accum}", 3 * n, True),
-                    {"micro_batch_size": b, "grad_accum_steps": accum}))
-    dims.append(mbs)
-    opt: list[Option] = [(None, {})]
-    if w.optimizer is Optimizer.ADAMW:
-        opt.append((Change("--optimizer adamw8bit", 6, False), {"optimizer": Optimizer.ADAMW8BIT}))
-    dims.append(opt)
-    off: list[Option] = [(None, {})]
-    if w.offload is Offload.NONE:
-        off.append((Change("--offload optimizer", 10, True), {"offload": Offload.OPTIMIZER}))
-    dims.append(off)
-    meth: list[Option] = [(None, {})]
-    if w.method is Method.FULL:
-        meth.append((Change("--finetune lora", 20, False), {"method": Method.LORA}))
-        meth.append((Change("--finetune qlora", 30, False), {"method": Method.QLORA}))
-    elif w.method is Method.LORA:
-        meth.append((Change("--finetune qlora", 10, False), {"method": Method.QLORA}))
-    dims.append(meth)
-    return dims
+def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
+    """A fit as changes to the workload asked (one Change per flag group that differs)."""
+    old = _flag_items(asked, asked.parallelism.world_size)
+    new = _flag_items(fit.setup.workload, fit.setup.count)
+    out = []
+    par_diff = [f for f in _PARALLEL_FLAGS if f in new and new[f] != old[f]]
+    if par_diff:
+        added = (fit.setup.count - asked.parallelism.world_size) * price
+        comm = sum(doubling_penalty(n, getattr(fit.setup.workload.parallelism, n))[0] for n in ("tp", "pp", "ep"))
+        out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")})),
+                          round(added + comm, 6), True))
+    if new.get("--micro-batch-size") != old.get("--micro-batch-size") or new.get("--grad-accum-steps") != old.get("--grad-accum-steps"):
+        ratio = asked.micro_batch_size // fit.setup.workload.micro_batch_size  # type: ignore[union-attr]
+        out.append(Change(f"--micro-batch-size {new['--micro-batch-size']} --grad-accum-steps {new['--grad-accum-steps']}",
+                          doubling_penalty("micro_batch", ratio)[1], True))
+    for flag, setting in _FLAG_SETTING.items():
+        if flag in new and new[flag] != old[flag]:
+            value = getattr(fit.setup.workload.parallelism if setting in _PAR_FIELDS else fit.setup.workload, setting)
+            p = penalty(setting, value)
+            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless))
+    return tuple(out)
 
 
-def _serving_options(w: ServingConfig, max_len: int) -> list[list[Option]]:
-    dims: list[list[Option]] = []
-    kv: list[Option] = [(None, {})]
-    if w.kv_cache_dtype in ("auto", "fp16", "bf16"):
-        kv.append((Change("--kv-cache-dtype fp8", 2, False), {"kv_cache_dtype": "fp8"}))
-    dims.append(kv)
-    quant: list[Option] = [(None, {})]
-    if w.quantization == "none":
-        quant.append((Change("--quantization int8", 5, False), {"quantization": "int8"}))
-        quant.append((Change("--quantization int4", 8, False), {"quantization": "int4"}))
-    dims.append(quant)
-    length: list[Option] = [(None, {})]
-    n, m = 0, max_len
-    while m > 2048 and n < 6:
-        m, n = m // 2, n + 1
-        length.append((Change(f"--max-model-len {m}", 10 * n, False), {"max_model_len": m}))
-    dims.append(length)
-    seqs: list[Option] = [(None, {})]
-    n, bsz = 0, w.batch_size
-    while bsz > 1:
-        bsz, n = bsz // 2, n + 1
-        seqs.append((Change(f"--batch-size {bsz}", 10 * n, False), {"batch_size": bsz}))
-    dims.append(seqs)
-    return dims
+def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float) -> Recommendation:
+    """The cheapest fitting setup on ``device`` (from the count asked up to 64 times it), and the
+    cheapest lossless one, found by :func:`plan`."""
+    count = workload.parallelism.world_size
+    choice = DeviceChoice(device, max_count=count << MAX_DEVICE_DOUBLINGS, min_count=count)
+    price = PriceTable.catalog().price(device)
+    any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True),
+                      headroom=headroom, max_queries=False)
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True), headroom=headroom, max_queries=False)
 
-
-def _scaled_parallelism(spec: ModelSpec, w: Workload, device: Device, factor: int) -> tuple[Parallelism, str] | None:
-    """The parallelism with ``factor`` times the devices, or None when it cannot grow so."""
-    par = w.parallelism
-    if isinstance(w, TrainingConfig):
-        new = Parallelism(tp=par.tp, pp=par.pp, dp=par.dp * factor, cp=par.cp, ep=par.ep,
-                          zero_stage=par.zero_stage, sequence_parallel=par.sequence_parallel)
-        return new, f"--gpus {new.world_size}"
-    tp, pp = par.tp, par.pp
-    for _ in range(int(math.log2(factor))):
-        if tp * 2 <= device.per_node and spec.num_heads % (tp * 2) == 0:
-            tp *= 2
-        elif pp * 2 <= spec.num_layers:
-            pp *= 2
-        else:
+    def candidate(p: Plan) -> Candidate | None:
+        fit = p.best
+        if fit is None:
             return None
-    new = Parallelism(tp=tp, pp=pp, dp=par.dp, cp=par.cp, ep=par.ep)
-    flags = f"--tp {tp}" + (f" --pp {pp}" if pp != par.pp else "") + f" --gpus {new.world_size}"
-    return new, flags
+        return Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count, fit.estimate, fit.verdict)
 
-
-def candidates(spec: ModelSpec, workload: Workload, device: Device) -> Iterator[tuple[tuple[Change, ...], Workload, int]]:
-    """Every setup the search considers, cheapest first (the user's own setup has cost 0)."""
-    if isinstance(workload, TrainingConfig):
-        dims = _training_options(workload)
-    else:
-        dims = _serving_options(workload, workload.max_model_len or spec.max_position_embeddings or 2048)
-    combos = []
-    for picks in itertools.product(*dims):
-        changes = tuple(c for c, _ in picks if c is not None)
-        fields: dict[str, object] = {}
-        for _, f in picks:
-            fields.update(f)
-        combos.append((sum(c.cost for c in changes), changes, fields))
-    scales = []
-    for doublings in range(MAX_DEVICE_DOUBLINGS + 1):
-        scaled = _scaled_parallelism(spec, workload, device, 2**doublings) if doublings else (workload.parallelism, "")
-        if scaled is None:
-            break
-        scales.append((doublings, scaled))
-    order = sorted(
-        ((doublings * DEVICE_DOUBLING_COST + cost, doublings, changes, fields, scaled)
-         for cost, changes, fields in combos for doublings, scaled in scales),
-        key=lambda x: x[0],
-    )
-    for _, doublings, changes, fields, (par, flags) in order:
-        par_fields = dict(fields)
-        zero = par_fields.pop("zero_stage", None)
-        if zero is not None:
-            par = Parallelism(**{**_par_dict(par), "zero_stage": zero})
-        if zero is not None and par.dp == 1:
-            continue
-        if par_fields.get("offload") is not None and par.zero_stage == 0:
-            continue
-        w = workload.replace(**par_fields, parallelism=par)
-        extra = (Change(flags, DEVICE_DOUBLING_COST * doublings, True),) if doublings else ()
-        yield changes + extra, w, par.world_size
-
-
-def _par_dict(par: Parallelism) -> dict[str, object]:
-    return {f: getattr(par, f) for f in ("tp", "pp", "dp", "cp", "ep", "zero_stage", "sequence_parallel")}
-
-
-def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *, limit: int = 20000) -> Recommendation:
-    """The cheapest fitting setup, and the cheapest lossless one, by re-estimating candidates."""
-    cheapest = lossless = None
-    evaluated = 0
-    for changes, w, count in candidates(spec, workload, device):
-        if cheapest is not None and lossless is not None:
-            break
-        if evaluated >= limit:
-            break
-        all_lossless = all(c.lossless for c in changes)
-        if cheapest is not None and not all_lossless:
-            continue
-        try:
-            est = estimate(spec, w, device)
-        except MemestError:
-            continue
-        evaluated += 1
-        v = verdict(est, device, count, headroom)
-        if not v.fits:
-            continue
-        cand = Candidate(changes, w, count, est, v)
-        if cheapest is None:
-            cheapest = cand
-        if lossless is None and all_lossless:
-            lossless = cand
-    return Recommendation(cheapest, lossless, evaluated)
+    return Recommendation(candidate(any_change), candidate(lossless), any_change.evaluated + lossless.evaluated)
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:

@@ -11,10 +11,12 @@ from enum import Enum
 from typing import Any
 
 from memest import __version__
-from memest.plan import Assessment, Candidate
+from memest.maxfit import Largest
+from memest.plan import Assessment, Candidate, Fit, Plan, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
-from memest.workload import ServingConfig, TrainingConfig, Workload
+from memest.sweep import Sweep
+from memest.workload import Parallelism, ServingConfig, TrainingConfig, Workload
 
 GiB = 1 << 30
 
@@ -383,4 +385,314 @@ def workload_dict(w: Workload) -> dict[str, Any]:
     return _plain(w)
 
 
-__all__ = ["CONFIRM", "count", "gib", "render", "rows", "to_dict", "to_markdown", "ServingConfig"]
+# ---- memest plan ----
+
+
+def size_label(n: int) -> str:
+    """A token or batch count the way people write it: 131072 -> ``128k``, 1000 -> ``1,000``."""
+    for suffix, unit in (("M", 1 << 20), ("k", 1 << 10)):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{suffix}"
+    return f"{n:,}"
+
+
+def describe_layout(w: Workload) -> str:
+    """Parallel degrees of a setup (``tp 2 · pp 1 · dp 4``; ep and cp only when above 1)."""
+    par = w.parallelism
+    parts = [f"tp {par.tp}", f"pp {par.pp}"]
+    if isinstance(w, TrainingConfig):
+        parts.append(f"dp {par.dp}")
+    parts += [f"{n} {getattr(par, n)}" for n in ("cp", "ep") if getattr(par, n) > 1]
+    return " · ".join(parts)
+
+
+def describe_settings(w: Workload, host_bytes: int = 0) -> str:
+    """The settings a planner varies, where they are not plain (``zero 3 · recompute full · ...``)."""
+    parts: list[str] = []
+    if isinstance(w, TrainingConfig):
+        if w.parallelism.zero_stage:
+            parts.append(f"zero {w.parallelism.zero_stage}")
+        if w.parallelism.sequence_parallel:
+            parts.append("sequence parallel")
+        if w.recompute.value != "none":
+            parts.append(f"recompute {w.recompute.value}")
+        parts.append(f"mbs {w.micro_batch_size} x accum {w.grad_accum_steps}")
+        if w.optimizer.value != "adamw":
+            parts.append(w.optimizer.value)
+        if w.offload.value != "none":
+            parts.append(f"offload {w.offload.value}" + (f" (host {gib(host_bytes)}/node)" if host_bytes else ""))
+        if w.method.value != "full":
+            parts.append(w.method.value)
+    else:
+        if w.quantization != "none":
+            parts.append(f"{w.quantization} weights")
+        if w.kv_cache_dtype != "auto":
+            parts.append(f"kv {w.kv_cache_dtype}")
+    return " · ".join(parts) or "-"
+
+
+_LIMIT_WORDS = {"micro_batch_size": "mbs", "seq_len": "seq", "batch_size": "seqs", "max_model_len": "len"}
+
+
+def describe_limits(limits: tuple[Largest, ...]) -> str:
+    """The max queries of a fit (``mbs ≤ 3 · seq ≤ 6,415``)."""
+    parts = []
+    for q in limits:
+        word = _LIMIT_WORDS.get(q.setting, q.setting)
+        if q.value is None:
+            parts.append(f"{word} none")
+        elif q.limit != "memory":
+            parts.append(f"{word} ≤ {q.value:,} (model limit)")
+        else:
+            parts.append(f"{word} {'≥' if q.capped else '≤'} {q.value:,}")
+    return " · ".join(parts) or "-"
+
+
+def _largest_dict(q: Largest) -> dict[str, Any]:
+    return {"setting": q.setting, "value": q.value, "step": q.step, "capped": q.capped, "limit": q.limit,
+            "evaluated": q.evaluated}
+
+
+def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
+    s, v = f.setup, f.verdict
+    per = f.estimate.per_device
+    return {
+        "rank": rank,
+        "device": s.device.name,
+        "count": s.count,
+        "usd_per_hour": s.cost.usd_per_hour,
+        "cost": {"usd_per_hour": s.cost.usd_per_hour, "communication": s.cost.communication,
+                 "disruption": s.cost.disruption, "changes": s.cost.changes},
+        "lossless": s.lossless,
+        "notes": list(s.notes),
+        "flags": setup_flags(s.workload, s.count, p.workload, s.device),
+        "parallelism": _plain(s.workload.parallelism),
+        "workload": _plain(s.workload),
+        "memory_bytes": s.device.memory_bytes,
+        "allocated_bytes": per.allocated_bytes,
+        "reserved_bytes": per.reserved_bytes,
+        "device_used_bytes": v.needed_bytes,
+        "high_bytes": v.high_bytes,
+        "usable_bytes": v.usable_bytes,
+        "free_bytes": v.free_bytes,
+        "margin_bytes": v.margin_bytes,
+        "host_bytes_per_node": f.estimate.host_bytes,
+        "largest": {q.setting: _largest_dict(q) for q in f.limits},
+    }
+
+
+def plan_to_dict(p: Plan) -> dict[str, Any]:
+    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top)."""
+    return {
+        "memest_version": __version__,
+        "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
+                  "max_position_embeddings": p.spec.max_position_embeddings},
+        "mode": p.workload.mode,
+        "workload": _plain(p.workload),
+        "headroom": p.headroom,
+        "ranking": ["usd_per_hour", "communication", "disruption", "changes"],
+        "allow_method_change": p.space.allow_method_change,
+        "allow_quantization": p.space.allow_quantization,
+        "global_batch_size": p.space.global_batch_size,
+        "host_memory_bytes": p.space.host_memory_bytes,
+        "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
+        "evaluated": p.evaluated,
+        "setups": p.setups,
+        "fits": [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)],
+        "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
+        "confirm": CONFIRM,
+    }
+
+
+def _plan_rows(p: Plan, top: int) -> list[list[str]]:
+    out = []
+    for i, f in enumerate(p.fits[:top]):
+        s, v = f.setup, f.verdict
+        out.append([
+            str(i + 1),
+            f"{s.count} × {s.device.name}",
+            f"{s.cost.usd_per_hour:,.2f}",
+            describe_layout(s.workload),
+            describe_settings(s.workload, f.estimate.host_bytes),
+            f"{v.needed_bytes / GiB:,.2f}",
+            f"{v.free_bytes / GiB:,.2f} ({v.free_bytes / s.device.memory_bytes:.0%})",
+            describe_limits(f.limits),
+        ])
+    return out
+
+
+_PLAN_COLUMNS = ("#", "devices", "$/h", "parallelism", "settings", "peak GiB/device", "free GiB", "largest that fits")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _plan_header(p: Plan) -> list[str]:
+    par = p.workload.parallelism
+    # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
+    job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
+    return [
+        f"{p.spec.name} — {describe_model(p.spec)}",
+        f"{describe_workload(job)} · {p.headroom:.0%} headroom kept",
+        f"{_plural(len(p.space.devices), 'device type')} searched · {_plural(p.evaluated, 'setup')} estimated, "
+        f"{p.setups:,} decided · ranked by $/h, then communication, then disruption",
+    ]
+
+
+def render_plan(p: Plan, *, top: int = 10) -> Any:
+    """A rich renderable of a plan: the fitting setups, cheapest first."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = _plan_header(p)
+    parts: list[Any] = [
+        Text.assemble(("Model   ", "bold"), head[0]),
+        Text.assemble(("Job     ", "bold"), head[1]),
+        Text(head[2], style="dim"),
+    ]
+    if not p.fits:
+        parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
+                          "--allow-method-change or --allow-quantization.", style="bold red"))
+    else:
+        table = Table(show_lines=False)
+        for col in _PLAN_COLUMNS:
+            table.add_column(col, justify="right" if col in ("#", "$/h", "peak GiB/device", "free GiB") else "left")
+        for row in _plan_rows(p, top):
+            table.add_row(*row)
+        parts.append(table)
+        best = p.fits[0]
+        parts.append(Text.assemble(("Cheapest: ", "bold green"), "memest hf ", p.spec.name, " <your flags> ",
+                                   (setup_flags(best.setup.workload, best.setup.count, p.workload, best.setup.device), "cyan")))
+        if len(p.fits) > top:
+            parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
+        ctx = p.spec.max_position_embeddings
+        if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits if q.setting == "seq_len"):
+            parts.append(Text(f"'largest that fits' counts memory only: training sequences beyond the model's "
+                              f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
+    if p.no_fit:
+        names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
+        parts.append(Text(f"Nothing fits on: {names}", style="dim"))
+    parts.append(Text(CONFIRM, style="dim"))
+    return Group(*parts)
+
+
+def plan_to_markdown(p: Plan, *, top: int = 10) -> str:
+    """The plan table as GitHub Markdown."""
+    lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
+    lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
+    for row, f in zip(_plan_rows(p, top), p.fits):
+        flags = setup_flags(f.setup.workload, f.setup.count, p.workload, f.setup.device)
+        lines.append("| " + " | ".join(row) + f" | `{flags}` |")
+    if not p.fits:
+        lines.append("| | nothing fits | | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- memest sweep ----
+
+
+def _sweep_terms(result: Sweep) -> list[tuple[str, str]]:
+    """(name, kind) of every term at any point, in first-appearance order."""
+    seen: dict[str, str] = {}
+    for point in result.points:
+        if point.estimate is not None:
+            for t in point.estimate.per_device.terms:
+                seen.setdefault(t.name, t.kind.value)
+    return list(seen.items())
+
+
+def _sweep_grid(result: Sweep) -> tuple[list[str], list[list[str]]]:
+    """Column labels (one per point) and rows (one per term, then the totals and the verdict)."""
+    labels = [size_label(p.value) for p in result.points]
+    rows: list[list[str]] = []
+    for name, kind in _sweep_terms(result):
+        row = [name, kind]
+        for p in result.points:
+            n = next((t.bytes for t in p.estimate.per_device.terms if t.name == name), 0) if p.estimate else None
+            row.append("-" if n is None else f"{n / GiB:,.2f}")
+        rows.append(row)
+    for label, attr in (("peak allocated", "allocated_bytes"), ("peak reserved", "reserved_bytes"),
+                        ("device used", "device_used_bytes")):
+        rows.append([label, ""] + [f"{getattr(p.estimate.per_device, attr) / GiB:,.2f}" if p.estimate else "-"
+                                   for p in result.points])
+    rows.append(["fits", ""] + [("yes" if p.verdict.fits else "NO") if p.verdict else "error" for p in result.points])
+    return labels, rows
+
+
+def _largest_line(result: Sweep) -> str:
+    q = result.largest
+    usable = gib(result.usable_bytes)
+    if q.value is None:
+        return f"Nothing fits: even {result.flag} {q.step} needs more than {usable} usable per device."
+    if q.limit != "memory":
+        return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
+    more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
+    return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable} usable per device, {result.headroom:.0%} headroom)."
+
+
+def render_sweep(result: Sweep) -> Any:
+    """A rich renderable of a sweep: GiB per term (rows) at each point (columns)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    labels, rows = _sweep_grid(result)
+    table = Table(title=f"{result.spec.name} on {result.count} × {result.device.name} "
+                        f"({gib(result.device.memory_bytes)}) — GiB per device by {result.flag}")
+    table.add_column("term")
+    table.add_column("kind", style="dim")
+    for label in labels:
+        table.add_column(label, justify="right")
+    n_terms = len(rows) - 4
+    for i, row in enumerate(rows):
+        if i == n_terms:
+            table.add_section()
+        table.add_row(*row)
+    parts: list[Any] = [Text(describe_workload(result.points[0].workload), style="dim"), table,
+                        Text(_largest_line(result), style="bold")]
+    for p in result.points:
+        if p.error:
+            parts.append(Text(f"{result.flag} {p.value:,}: {p.error}", style="yellow"))
+    return Group(*parts)
+
+
+def sweep_to_markdown(result: Sweep) -> str:
+    """The sweep table as GitHub Markdown."""
+    labels, rows = _sweep_grid(result)
+    lines = [f"**{result.spec.name}** on {result.count} × {result.device.name} — GiB per device by {result.flag}", "",
+             "| term | kind | " + " | ".join(labels) + " |", "|---|---|" + "---:|" * len(labels)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["", _largest_line(result)]
+    return "\n".join(lines) + "\n"
+
+
+def sweep_to_dict(result: Sweep) -> dict[str, Any]:
+    """The JSON document of ``memest sweep --json``."""
+    return {
+        "memest_version": __version__,
+        "model": result.spec.name,
+        "device": {"name": result.device.name, "memory_bytes": result.device.memory_bytes, "count": result.count},
+        "setting": result.setting,
+        "headroom": result.headroom,
+        "usable_bytes": result.usable_bytes,
+        "largest": _largest_dict(result.largest),
+        "points": [
+            {
+                "value": p.value,
+                "fits": p.verdict.fits if p.verdict else None,
+                "error": p.error,
+                "allocated_bytes": p.estimate.per_device.allocated_bytes if p.estimate else None,
+                "reserved_bytes": p.estimate.per_device.reserved_bytes if p.estimate else None,
+                "device_used_bytes": p.estimate.per_device.device_used_bytes if p.estimate else None,
+                "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes}
+                          for t in (p.estimate.per_device.terms if p.estimate else ())],
+            }
+            for p in result.points
+        ],
+    }
+
+
+__all__ = ["CONFIRM", "count", "gib", "plan_to_dict", "plan_to_markdown", "render", "render_plan", "render_sweep",
+           "rows", "size_label", "sweep_to_dict", "sweep_to_markdown", "to_dict", "to_markdown", "ServingConfig"]

@@ -256,6 +256,10 @@ class ModelSpec:
         quantization: The checkpoint's quantization, if any.
         source: Where the config came from (``catalog``, a path, ``hub``).
         notes: What the adapter wants users to know (derived configs, uncounted modules).
+        hidden_dropout: Dropout probability on the residual branches (after the attention output
+            and the MLP) and the embeddings; training keeps a 1-byte mask per element.
+        attention_dropout: Dropout probability on the attention probabilities (eager attention
+            keeps a mask of the s x s matrix).
     """
 
     name: str
@@ -273,7 +277,11 @@ class ModelSpec:
     quantization: QuantizationSpec | None = None
     source: str = "catalog"
     notes: tuple[str, ...] = ()
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
+    _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_kinds", group_layers(self.layers))
@@ -326,10 +334,17 @@ class ModelSpec:
     # ---- parameters ----
 
     def layer_kinds(self, start: int = 0, stop: int | None = None) -> tuple[tuple[LayerSpec, int], ...]:
-        """Distinct layers in ``layers[start:stop]`` with how many times each occurs."""
+        """Distinct layers in ``layers[start:stop]`` with how many times each occurs.
+
+        Slices are grouped once and remembered (the planner asks for the same pipeline stages
+        thousands of times).
+        """
         if start == 0 and stop is None:
             return self._kinds
-        return group_layers(self.layers[start:stop])
+        kinds = self._slice_kinds.get((start, stop))
+        if kinds is None:
+            kinds = self._slice_kinds[(start, stop)] = group_layers(self.layers[start:stop])
+        return kinds
 
     def tensors(self) -> Iterator[tuple[TensorSpec, int]]:
         """Every distinct parameter tensor with its multiplicity (tied tensors listed once)."""

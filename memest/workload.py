@@ -51,9 +51,16 @@ class Optimizer(str, Enum):
     """Optimizers, named as the HF Trainer's ``optim`` values name them where one exists."""
 
     ADAMW = "adamw"
-    """torch.optim.AdamW: two states (exp_avg, exp_avg_sq) per parameter."""
+    """torch.optim.AdamW with its default ``foreach`` kernels (HF ``adamw_torch`` before torch
+    2.8, torchtune, torchtitan): two states (exp_avg, exp_avg_sq) per parameter, and one
+    state-sized temporary (``_foreach_sqrt`` of exp_avg_sq) during the step. DeepSpeed and
+    Megatron-LM run their fused Adam instead (no temporary)."""
+    ADAMW_FUSED = "adamw_fused"
+    """torch.optim.AdamW(fused=True) (HF ``adamw_torch_fused``, the Trainer default from torch
+    2.8): the same states, no step temporary."""
     ADAMW8BIT = "adamw8bit"
-    """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 2048-value block."""
+    """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 256-value block
+    (tensors under 4096 elements keep fp32 states)."""
     PAGED_ADAMW8BIT = "paged_adamw8bit"
     """As adamw8bit, states in CUDA unified memory that pages to host under pressure."""
     ADAFACTOR = "adafactor"
@@ -71,9 +78,82 @@ class Recompute(str, Enum):
 
     NONE = "none"
     SELECTIVE = "selective"
-    """Recompute the attention core (scores, softmax, dropout) in backward; keep the rest."""
+    """Recompute the attention core (scores, softmax, dropout) in backward; keep the rest
+    (Megatron-LM ``--recompute-granularity selective``)."""
+    SELECTIVE_OP = "selective_op"
+    """torchtitan ``selective_ac_option = "op"``: keep each layer's input and the outputs of every
+    other matmul and of the attention kernel; recompute the rest one layer at a time."""
     FULL = "full"
-    """Keep only each layer's input; rebuild one layer's activations at a time in backward."""
+    """Keep only each layer's input; rebuild one layer's activations at a time in backward
+    (HF ``gradient_checkpointing``, Megatron ``--recompute-granularity full``)."""
+
+
+class Framework(str, Enum):
+    """Who runs the training step: it decides where gradients live and which buffers exist.
+
+    ``auto`` picks one from the precision recipe and the parallelism (see
+    :func:`resolve_framework`).
+    """
+
+    AUTO = "auto"
+    PYTORCH = "pytorch"
+    """Plain PyTorch autograd in one process (HF Trainer on one device, torchtune and litgpt
+    single-device recipes): gradients appear during backward and are freed by
+    ``zero_grad(set_to_none=True)``; optimizer states appear at the first step."""
+    DDP = "ddp"
+    """torch DistributedDataParallel: as ``pytorch`` plus gradient buckets covering every
+    parameter (``gradient_as_bucket_view=False``, the default)."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed ZeRO 0-3 with its FusedAdam: contiguous gradient buffers, reduce buckets, fp32
+    master and gradient partitions."""
+    MEGATRON = "megatron"
+    """Megatron-LM: an fp32 ``main_grad`` buffer for every parameter, the distributed optimizer
+    sharding fp32 master weights and Adam states over dp when ``zero_stage`` >= 1, fused norms."""
+    FSDP = "fsdp"
+    """PyTorch FSDP (``fully_shard``, torchtitan): sharded parameters gathered one unit at a time,
+    sharded gradients reduced in ``reduce_dtype``."""
+
+
+class FsdpStrategy(str, Enum):
+    """PyTorch FSDP sharding strategies (``torch.distributed.fsdp.ShardingStrategy``), as ZeRO
+    stages over a sharding group."""
+
+    FULL_SHARD = "full_shard"
+    """Parameters, gradients and optimizer states sharded (ZeRO-3)."""
+    SHARD_GRAD_OP = "shard_grad_op"
+    """Gradients and optimizer states sharded; parameters stay gathered from forward to backward
+    (ZeRO-2)."""
+    HYBRID_SHARD = "hybrid_shard"
+    """FULL_SHARD inside each node, replicated across nodes."""
+    NO_SHARD = "no_shard"
+    """Replicas, like DDP (ZeRO-0)."""
+
+
+class AttnImplementation(str, Enum):
+    """Attention kernels, named as transformers' ``attn_implementation`` names them."""
+
+    SDPA = "sdpa"
+    """torch scaled_dot_product_attention (flash / memory-efficient kernels): keeps Q, K, V, the
+    output and an fp32 logsumexp; K and V are not repeated to num_heads (transformers >= 4.5x
+    passes ``enable_gqa``)."""
+    FLASH_ATTENTION_2 = "flash_attention_2"
+    """The flash-attn package: as ``sdpa``."""
+    EAGER = "eager"
+    """Matmul + softmax: K and V repeated to num_heads, the s x s scores' fp32 softmax and its
+    16-bit copy stored."""
+
+
+class Loss(str, Enum):
+    """How the cross-entropy over the vocabulary is computed."""
+
+    DEFAULT = "default"
+    """Full logits, upcast to fp32 (transformers ``ForCausalLMLoss``, torchtune, torchtitan)."""
+    CHUNKED = "chunked"
+    """torchtune ``CEWithChunkedOutputLoss``: 8 chunks, each upcast separately; the fp32
+    log-probabilities of all chunks are still kept for backward."""
+    FUSED = "fused"
+    """A fused linear cross-entropy (Liger, Cut Cross-Entropy, unsloth) that never materializes
+    the logits of more than one chunk of tokens."""
 
 
 class Offload(str, Enum):
@@ -122,6 +202,8 @@ class Parallelism:
             sharded, 2 + gradients, 3 + parameters (FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2).
         sequence_parallel: Megatron sequence parallelism: with tp > 1, the activations outside the
             tensor-parallel regions are split over tp too.
+        dp_shard: Ranks the ZeRO / FSDP states are sharded over (torchtitan ``dp_shard``; FSDP
+            HYBRID_SHARD shards inside a node and replicates across nodes). None: all dp x cp ranks.
     """
 
     tp: int = 1
@@ -131,11 +213,17 @@ class Parallelism:
     ep: int = 1
     zero_stage: int = 0
     sequence_parallel: bool = False
+    dp_shard: int | None = None
 
     @property
     def world_size(self) -> int:
         """Devices in the job."""
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def shard_degree(self) -> int:
+        """N: ranks that share one copy of the sharded states (dp_shard, else dp x cp)."""
+        return self.dp_shard if self.dp_shard is not None else self.dp * self.cp
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,10 +235,13 @@ class LoraConfig:
         targets: ``attention`` (the attention projections), ``all-linear`` (every linear layer of
             the decoder, as PEFT's ``target_modules="all-linear"``), or a comma-separated list of
             module names (``q_proj,v_proj``).
+        dropout: PEFT ``lora_dropout``: above 0 each adapted linear keeps a dropout mask and its
+            own copy of the input.
     """
 
     rank: int = 16
     targets: str = "attention"
+    dropout: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,11 +257,17 @@ class TrainingConfig:
         optimizer: The optimizer.
         recompute: Activation checkpointing.
         attn_implementation: ``sdpa`` / ``flash_attention_2`` (no s x s scores kept) or ``eager``.
-        loss: ``default`` (full logits, fp32 upcast) or ``chunked`` (fused/chunked cross-entropy
-            that never holds the full logits).
+        loss: ``default`` (full logits, fp32 upcast), ``chunked`` or ``fused`` (see :class:`Loss`).
         lora: Adapter settings (LoRA and QLoRA only).
         offload: CPU offload.
         parallelism: TP/PP/DP/CP/EP degrees and the ZeRO stage.
+        framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
+        set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
+            gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
+            HF Trainer before torch 2.0). Only the ``pytorch`` and ``ddp`` frameworks free them.
+        target_len: Decoder tokens per sequence of an encoder-decoder model (T5); None = seq_len.
+        prepare_kbit_training: QLoRA only: PEFT ``prepare_model_for_kbit_training`` was called,
+            which upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
     """
 
     method: Method = Method.FULL
@@ -180,11 +277,15 @@ class TrainingConfig:
     precision: Precision = Precision.MIXED
     optimizer: Optimizer = Optimizer.ADAMW
     recompute: Recompute = Recompute.NONE
-    attn_implementation: str = "sdpa"
-    loss: str = "default"
+    attn_implementation: AttnImplementation = AttnImplementation.SDPA
+    loss: Loss = Loss.DEFAULT
     lora: LoraConfig = field(default_factory=LoraConfig)
     offload: Offload = Offload.NONE
     parallelism: Parallelism = field(default_factory=Parallelism)
+    framework: Framework = Framework.AUTO
+    set_grads_to_none: bool = True
+    target_len: int | None = None
+    prepare_kbit_training: bool = False
 
     @property
     def mode(self) -> str:
@@ -303,21 +404,83 @@ def _positive(flag: str, value: int) -> None:
         raise InputError(f"{flag} is {value}; it must be a positive integer")
 
 
+def resolve_framework(t: TrainingConfig) -> Framework:
+    """The framework ``auto`` stands for, from the precision recipe and the parallelism.
+
+    - ``fsdp2`` precision: FSDP (torchtitan, FSDP2 mixed precision);
+    - tp or pp > 1: FSDP with ZeRO stage 2-3 (torchtitan's FSDP + TP/PP; DeepSpeed's pipeline
+      engine supports only stage 1), else Megatron-LM;
+    - ``mixed`` / ``fp16``: DeepSpeed (its bf16 / fp16 modes keep fp32 master weights);
+    - any other precision with ZeRO stage >= 1: FSDP (HF Trainer / accelerate ``--fsdp``);
+    - more than one data-parallel rank: DDP;
+    - else plain PyTorch in one process (HF Trainer, torchtune, litgpt).
+    """
+    if t.framework is not Framework.AUTO:
+        return t.framework
+    par = t.parallelism
+    if t.precision is Precision.FSDP2:
+        return Framework.FSDP
+    if par.tp > 1 or par.pp > 1:
+        return Framework.FSDP if par.zero_stage >= 2 else Framework.MEGATRON
+    if t.precision in (Precision.MIXED, Precision.FP16):
+        return Framework.DEEPSPEED
+    if par.zero_stage >= 1:
+        return Framework.FSDP
+    if par.dp * par.cp > 1:
+        return Framework.DDP
+    return Framework.PYTORCH
+
+
 def _validate_training(t: TrainingConfig) -> None:
     _positive("--micro-batch-size", t.micro_batch_size)
     _positive("--seq-len", t.seq_len)
     _positive("--grad-accum-steps", t.grad_accum_steps)
+    if t.target_len is not None:
+        _positive("--target-len", t.target_len)
+    for flag, value, enum in (("--attn-implementation", t.attn_implementation, AttnImplementation),
+                              ("--loss", t.loss, Loss)):
+        if value not in {e.value for e in enum}:
+            raise InputError(f"{flag} {value!r} is not one of {', '.join(e.value for e in enum)}")
     if t.method is not Method.FULL:
         _positive("--lora-rank", t.lora.rank)
+        if not 0 <= t.lora.dropout < 1:
+            raise InputError(f"--lora-dropout {t.lora.dropout} must be in [0, 1)")
     par = t.parallelism
     if par.cp > 1 and t.seq_len % (2 * par.cp):
         raise InputError(f"--seq-len {t.seq_len} must be divisible by 2 x cp ({2 * par.cp}) for context parallelism")
+    if par.dp_shard is not None:
+        group = par.dp * par.cp
+        if par.dp_shard < 1 or group % par.dp_shard:
+            raise InputError(f"--dp-shard {par.dp_shard} must divide the dp x cp ranks ({group}); use a divisor of {group}")
     if t.offload is not Offload.NONE and par.zero_stage == 0:
         raise InputError(f"--offload {t.offload.value} needs ZeRO (--zero-stage 1-3 or FSDP); add --zero-stage 3")
     if t.offload is Offload.PARAMS and par.zero_stage != 3:
         raise InputError("--offload params needs --zero-stage 3 (parameters are only offloaded when sharded)")
     if t.method is Method.QLORA and t.precision is Precision.FP32:
         raise InputError("--finetune qlora computes in 16-bit; use --precision bf16 or fp16 instead of fp32")
+    _validate_framework(t, resolve_framework(t))
+
+
+def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
+    par = t.parallelism
+    name = fw.value
+    if fw is Framework.PYTORCH and par.world_size > 1:
+        raise InputError(f"--framework pytorch runs one process, but the job has {par.world_size} devices; "
+                         "use --framework ddp, fsdp, deepspeed or megatron")
+    if fw in (Framework.PYTORCH, Framework.DDP) and par.zero_stage:
+        raise InputError(f"--framework {name} does not shard states; drop --zero-stage {par.zero_stage} "
+                         "or use --framework deepspeed / fsdp")
+    if fw in (Framework.PYTORCH, Framework.DDP) and (par.tp > 1 or par.pp > 1):
+        raise InputError(f"--framework {name} has no tensor or pipeline parallelism; use --framework megatron")
+    if fw is Framework.MEGATRON and par.zero_stage > 1:
+        raise InputError(f"--framework megatron shards only optimizer states (distributed optimizer = "
+                         f"--zero-stage 1), not --zero-stage {par.zero_stage}")
+    if fw is Framework.FSDP and par.zero_stage == 1:
+        raise InputError("FSDP has no ZeRO-1; use --zero-stage 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)")
+    if t.precision is Precision.FSDP2 and fw is not Framework.FSDP:
+        raise InputError(f"--precision fsdp2 is FSDP's mixed precision; it cannot run under --framework {name}")
+    if t.offload is not Offload.NONE and fw not in (Framework.DEEPSPEED, Framework.FSDP):
+        raise InputError(f"--offload {t.offload.value} is a DeepSpeed / FSDP feature; use --framework deepspeed or fsdp")
 
 
 def _validate_serving(s: ServingConfig) -> None:

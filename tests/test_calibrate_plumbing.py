@@ -231,7 +231,7 @@ def test_runtime_uses_a_calibrated_value_and_says_where_it_came_from(tmp_path, m
         assert runtime.constant_source("cuda_context_bytes", h100) == "calibrated: r.jsonl#x"
         # other families keep the documented defaults
         assert runtime.cuda_context_bytes(a100) == round(0.51 * 2**30)
-        assert runtime.allocator_slack(a100) == runtime.DEFAULT_ALLOCATOR_SLACK == 0.10
+        assert runtime.allocator_slack(a100) == runtime.ALLOCATOR_SLACK == 0.12
         assert runtime.constant_source("allocator_slack", a100) == "default"
     finally:
         runtime.calibrated.cache_clear()

@@ -1,14 +1,14 @@
 """``memest calibrate``: run a few real steps of the job and print predicted versus measured.
 
 The command parses flags, hands the run to :mod:`memest.calibration`, appends the record and
-renders the comparison. It imports no torch itself: the measurement happens in
-:func:`memest.calibration.runner.run` (this process, or torchrun workers).
+renders the comparison. It registers itself on :data:`memest.cli.app` when imported and imports no
+torch itself: the measurement happens in :func:`memest.calibration.runner.run` (this process, or
+torchrun workers).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from enum import Enum
 from pathlib import Path
@@ -16,10 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
+from memest.cli import EXIT_NO_FIT, JsonOpt, _console, app
 from memest.errors import InputError
 from memest.options import JobOptions, workload_options
-
-EXIT_NO_FIT = 3
 
 ModelArg = Annotated[str | None, typer.Argument(
     help="Hub id or catalog name, a model folder or a config.json (as for 'memest hf'); omit with --suite.",
@@ -49,12 +48,12 @@ RecordOpt = Annotated[bool, typer.Option("--record/--no-record", help="Append th
 ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Folder of the records (default: "
                                                     "./calibrate/results; the suite's repository for --suite).",
                                                     show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the record as JSON instead of tables.")]
 CaseTimeoutOpt = Annotated[float | None, typer.Option("--case-timeout", help="With --suite: stop a case after this many "
                                                       "seconds (nothing is recorded for it).", show_default=False)]
 TagOpt = Annotated[str | None, typer.Option("--record-tag", hidden=True, help="suite/case id stored in the record.")]
 
 
+@app.command("calibrate")
 @workload_options
 def calibrate_command(
     model: ModelArg = None,
@@ -112,12 +111,6 @@ def calibrate_command(
         _console().print(render(spec, workload, result, rec, where))
     if not result.fits:
         raise typer.Exit(EXIT_NO_FIT)
-
-
-def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else 140)
 
 
 def _progress() -> Any:

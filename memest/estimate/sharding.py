@@ -5,11 +5,17 @@ tp; KV projections by min(tp, num_kv_heads) (replicated beyond, vLLM ``QKVParall
 vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-parallel biases
 are replicated. Routed experts are divided by ep, then by tp along their split. Pipeline stages
 take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
+
+Stage splits, each stage's tensor list and each tensor's shard size are computed once and
+remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, k)): the planner estimates
+thousands of setups of one model, and none of these change. The values are the same as before.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
@@ -40,7 +46,8 @@ class Stage:
         return self.stop - self.start
 
 
-def stages(num_layers: int, pp: int) -> list[Stage]:
+@functools.lru_cache(maxsize=4096)
+def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     """Split ``num_layers`` into ``pp`` contiguous stages; the first stages take the remainder."""
     base, extra = divmod(num_layers, pp)
     out, start = [], 0
@@ -48,21 +55,39 @@ def stages(num_layers: int, pp: int) -> list[Stage]:
         n = base + (1 if i < extra else 0)
         out.append(Stage(i, start, start + n, i == 0, i == pp - 1))
         start += n
-    return out
+    return tuple(out)
+
+
+_SHARDS: dict[tuple[int, int, int, int], tuple[TensorSpec, int]] = {}
+"""(id(tensor), tp, ep, k) -> (tensor, elements): shard sizes already computed. The entry keeps its
+tensor alive, so the id cannot be reused while the entry exists (and a hit checks the identity)."""
+
+_SHARDS_LIMIT = 1 << 16
 
 
 def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
-    """Elements of ``tensor`` one rank holds.
+    """Elements of ``tensor`` one rank holds (remembered per tensor, tp, ep and k).
 
     Args:
         tensor: The full tensor.
         par: The parallel degrees (tp and ep are used).
         num_kv_heads: k, to split KV projections by min(tp, k).
     """
+    key = (id(tensor), par.tp, par.ep, num_kv_heads)
+    hit = _SHARDS.get(key)
+    if hit is not None and hit[0] is tensor:
+        return hit[1]
+    numel = _shard_numel(tensor, par.tp, par.ep, num_kv_heads)
+    if len(_SHARDS) >= _SHARDS_LIMIT:
+        _SHARDS.clear()
+    _SHARDS[key] = (tensor, numel)
+    return numel
+
+
+def _shard_numel(tensor: TensorSpec, tp: int, ep: int, num_kv_heads: int) -> int:
     numel = tensor.numel
-    if tensor.component is Component.EXPERTS and par.ep > 1:
-        numel //= par.ep
-    tp = par.tp
+    if tensor.component is Component.EXPERTS and ep > 1:
+        numel //= ep
     if tp == 1 or tensor.split is Split.NONE:
         return numel
     if tensor.split is Split.KV:
@@ -70,16 +95,27 @@ def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
     return math.ceil(numel / tp)
 
 
-def stage_tensors(spec: ModelSpec, stage: Stage) -> list[tuple[TensorSpec, int]]:
-    """Distinct tensors of a stage with their multiplicity."""
-    out: list[tuple[TensorSpec, int]] = []
-    if stage.first:
-        out.extend((t, 1) for t in spec.embedding)
-    for layer, count in spec.layer_kinds(stage.start, stage.stop):
-        out.extend((t, count) for t in layer.tensors)
-    if stage.last:
-        out.extend((t, 1) for t in spec.head)
-    return out
+_STAGE_TENSORS: dict[int, dict[Stage, tuple[tuple[TensorSpec, int], ...]]] = {}
+"""id(spec) -> stage -> tensors; an entry is dropped when its spec is garbage-collected."""
+
+
+def stage_tensors(spec: ModelSpec, stage: Stage) -> tuple[tuple[TensorSpec, int], ...]:
+    """Distinct tensors of a stage with their multiplicity (computed once per spec and stage)."""
+    per_spec = _STAGE_TENSORS.get(id(spec))
+    if per_spec is None:
+        per_spec = _STAGE_TENSORS[id(spec)] = {}
+        weakref.finalize(spec, _STAGE_TENSORS.pop, id(spec), None)
+    cached = per_spec.get(stage)
+    if cached is None:
+        out: list[tuple[TensorSpec, int]] = []
+        if stage.first:
+            out.extend((t, 1) for t in spec.embedding)
+        for layer, count in spec.layer_kinds(stage.start, stage.stop):
+            out.extend((t, count) for t in layer.tensors)
+        if stage.last:
+            out.extend((t, 1) for t in spec.head)
+        cached = per_spec[stage] = tuple(out)
+    return cached
 
 
 def layer_shard_numel(layer: LayerSpec, par: Parallelism) -> int:

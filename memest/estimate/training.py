@@ -1,52 +1,124 @@
-"""Training memory per rank: model states, activations and logits at the step's peak moment.
+"""Training memory per rank: model states, activations and logits at the moment of the step's peak.
 
-Bytes per parameter of each precision recipe (before sharding; P = parameters a rank holds):
+**Precision recipes**, bytes per parameter (before sharding; P = parameters a rank holds):
 
-| recipe | weights | gradients | master | optimizer state element | source |
-|---|---|---|---|---|---|
-| mixed | 2 (bf16) | 2 (bf16) | 4 (fp32) | 4 (fp32) | ZeRO paper §3.1 (K = 12 with Adam: 16 B/param) |
-| fp16  | 2 (fp16) | 2 | 4 | 4 | as mixed, DeepSpeed ``fp16`` |
-| amp   | 4 (fp32) | 4 | 0 | 4 | torch.autocast over fp32 params (HF Trainer ``bf16=True``) |
-| fsdp2 | 4 (fp32, sharded) | 4 | 0 | 4 | FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16)`` |
-| bf16  | 2 | 2 | 0 | 2 (bf16) | torch AdamW keeps states in the param dtype |
-| fp32  | 4 | 4 | 0 | 4 | |
+| recipe | weights | param.grad | fp32 master | optimizer state element | compute | source |
+|---|---|---|---|---|---|---|
+| mixed | 2 (bf16) | 2 | 4 | 4 | bf16 | ZeRO paper §3.1 (K = 12 with Adam), DeepSpeed ``bf16``, Megatron ``--bf16`` |
+| fp16  | 2 (fp16) | 2 | 4 | 4 | fp16 | DeepSpeed ``fp16`` (loss scaling) |
+| amp   | 4 (fp32) | 4 | 0 | 4 | bf16 autocast | HF Trainer ``bf16=True``: torch.autocast over fp32 params |
+| fsdp2 | 4 (fp32, sharded) | 4 (sharded, ``reduce_dtype`` fp32) | 0 | 4 | bf16 gathered copies | FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, torchtitan |
+| bf16  | 2 | 2 | 0 | 2 | bf16 | torch AdamW keeps states in the param dtype (torchtune, HF ``torch_dtype=bf16``) |
+| fp32  | 4 | 4 | 0 | 4 | fp32 | |
 
-Optimizer states per trainable parameter: AdamW 2 elements; Lion and SGD-momentum 1; SGD 0;
-Adafactor rows + columns of each matrix (factored second moment, no first moment); 8-bit AdamW
-2 bytes + an fp32 absmax per 2048-value block of each state (bitsandbytes blockwise 8-bit).
+**Frameworks** add their own gradient buffers (see :class:`memest.workload.Framework`):
 
-Sharding over the N = dp x cp ranks of a ZeRO group: stage 1 divides optimizer states and master
-weights by N, stage 2 also gradients, stage 3 also weights, plus a gather buffer of one layer
-unsharded (twice, with prefetch). The peak is the larger of two moments: the end of the forward
-pass (activations and logits all alive) and the optimizer step (activations freed, a state-sized
-temporary of the foreach AdamW kernels alive).
+- ``pytorch``: param.grad appears during backward (the last layer's first) and is freed by
+  ``zero_grad(set_to_none=True)``; with grad_accum_steps > 1 or ``set_to_none=False`` it lives
+  through the forward too.
+- ``ddp``: plus bucket buffers covering every trained parameter at the gradient dtype
+  (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
+- ``deepspeed`` (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``, ``bf16_optimizer.py``):
+  stage 0 with bf16 keeps an fp32 gradient buffer of every parameter (BF16_Optimizer,
+  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1;
+  stage 1 keeps full bf16 grads, stage 2 a bf16 partition of them (``grads_in_partition``, P/N);
+  both hold one reduce bucket of ``reduce_bucket_size`` = 5e8 elements during backward
+  (``ipg_buffer``, allocated by ``backward()`` whenever ``contiguous_gradients`` is on, the
+  default; ``overlap_comm``, off by default, would double it);
+  stage 3 the bucket permanently, a bf16 gradient partition (``grad_partitions_flat_buffer``) and
+  sharded bf16 weights. At the step stages 1-3 flatten the partition's grads (P/N x 2 B) and cast
+  them to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam needs no temporary.
+- ``megatron``: an fp32 ``main_grad`` buffer of every parameter (``--accumulate-allreduce-grads-in-fp32``,
+  forced with bf16), fp32 master + Adam sharded over dp with the distributed optimizer
+  (``zero_stage`` 1): 6 + 12/N B/param (``megatron/core/optimizer/distrib_optimizer.py``).
+- ``fsdp``: sharded parameters and gradients; the compute copy of the root unit (embeddings, final
+  norm, lm_head: not resharded after forward) and of two layer units (current + prefetched) gathered
+  at the compute dtype; during a unit's backward its unsharded gradients and their ``reduce_dtype``
+  copy (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
+
+**Optimizers**: AdamW 2 states; Lion, SGD-momentum 1; SGD 0; Adafactor a row and a column vector
+per matrix (factored second moment, ``beta1=None``); 8-bit AdamW 2 x (1 B + 4 B per 256-element
+block) (``bitsandbytes/optim/optimizer.py``, ``blocksize = 256``; tensors under 4096 elements keep
+32-bit states). Step temporaries: torch ``foreach`` AdamW one state-sized tensor
+(``torch/optim/adamw.py``, ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt``);
+Adafactor and Lion two resp. one copy of the largest tensor; fused kernels none.
+
+**The peak is a moment, not a sum of maxima.** Four moments of a steady-state step are built, each
+from the tensors alive at that time; the largest sets the peak and its terms are reported (the
+moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
+
+1. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
+   the fp32 log-probabilities and two fp32 gradients of the logits;
+2. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute), logits freed,
+   the head's gradients allocated;
+3. ``last_layer_backward``: the first layer's backward: every gradient allocated, one layer's
+   activations left;
+4. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memest.devices import Device
 from memest.estimate import runtime
-from memest.estimate.activations import layer_activations
+from memest.estimate.activations import (
+    Execution,
+    LayerActivations,
+    LoraActivations,
+    backward_transient,
+    embedding_bytes,
+    layer_activations,
+    norm_bytes,
+    selective_op_bytes,
+)
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, weight_bytes
-from memest.result import Estimate, Kind, RankEstimate, Term
-from memest.spec import Component, ModelSpec, Split, TensorSpec
-from memest.workload import Method, Offload, Optimizer, Precision, Recompute, TrainingConfig
+from memest.result import ALLOCATED_KINDS, Estimate, Kind, RankEstimate, Term
+from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
+from memest.workload import (
+    AttnImplementation,
+    Framework,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Recompute,
+    TrainingConfig,
+    resolve_framework,
+)
 
-ALLOCATOR_SLACK = runtime.DEFAULT_ALLOCATOR_SLACK
-"""The default caching-allocator slack; per device family it may be calibrated
-(:func:`memest.estimate.runtime.allocator_slack`)."""
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
 
-ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "c_attn", "c_proj", "query_key_value",
-                     "dense", "query", "key", "value", "q", "k", "v", "o", "out_proj", "Wqkv", "W_pack")
+ADAPTER_BYTES = 4
+"""PEFT keeps LoRA adapters in fp32 over a 16-bit base (``autocast_adapter_dtype=True``, PEFT >= 0.12):
+4 B weights, 4 B gradients, fp32 Adam states."""
+
+BNB_BLOCK = 256
+"""bitsandbytes 8-bit optimizers: one fp32 absmax per 256 state values."""
+
+BNB_MIN_8BIT_SIZE = 4096
+"""bitsandbytes keeps 32-bit states for tensors smaller than this (``min_8bit_size``)."""
+
+LOSS_CHUNKS = 8
+"""torchtune ``CEWithChunkedOutputLoss.num_output_chunks``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
-    """Bytes per element of a precision recipe (see the module table)."""
+    """Bytes per element of a precision recipe (see the module table).
+
+    Attributes:
+        weight: Stored parameters.
+        grad: param.grad (FSDP: the sharded gradient at ``reduce_dtype``).
+        master: fp32 master copy kept by the optimizer wrapper (0: none).
+        state: One optimizer-state element.
+        compute: Activations and matmul outputs.
+    """
 
     weight: int
     grad: int
@@ -68,30 +140,52 @@ RECIPES: dict[Precision, Recipe] = {
 def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Estimate:
     """Per-rank training memory; one RankEstimate per distinct pipeline stage."""
     par = t.parallelism
+    fw = resolve_framework(t)
     ranks: list[RankEstimate] = []
+    peaks: list[str] = []
     for stage in stages(spec.num_layers, par.pp):
-        terms = _stage_terms(spec, t, device, stage)
+        terms, moment = _stage_terms(spec, t, fw, device, stage)
         label = "all ranks" if par.pp == 1 else f"pp stage {stage.index}" + (
             " (first)" if stage.first else " (last)" if stage.last else "")
         if ranks and par.pp > 2 and not stage.first and not stage.last and ranks[-1].terms == terms:
             ranks[-1] = RankEstimate(ranks[-1].label + f"..{stage.index}", terms, ranks[-1].count + 1)
             continue
         ranks.append(RankEstimate(label, terms, 1))
-    return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t), host_bytes=_host_bytes(spec, t))
+        peaks.append(moment)
+    worst = max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
+    extra = {"peak_moment": peaks[worst], "framework": fw.value}
+    return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t, fw, peaks[worst]),
+                    host_bytes=_host_bytes(spec, t, device), extra=extra)
 
 
-# ---- model states ----
+# ---- what trains ----
+
+
+def targets_of(targets: str) -> tuple[frozenset[str], bool]:
+    """(module names, all-linear) of a ``--lora-targets`` value; ``attention`` names no module (it
+    selects by component, see :func:`attention_targets`)."""
+    if targets == "all-linear":
+        return frozenset(), True
+    if targets == "attention":
+        return frozenset(), False
+    return frozenset(x.strip() for x in targets.split(",") if x.strip()), False
+
+
+def attention_targets(spec: ModelSpec) -> frozenset[str]:
+    """The module names of every attention projection of ``spec`` (``--lora-targets attention``)."""
+    return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
+                     if tn.component is Component.ATTENTION and tn.is_linear_weight)
 
 
 def _targeted(tensor: TensorSpec, targets: str) -> bool:
     if not (tensor.is_linear_weight and len(tensor.shape) == 2):
         return False
-    name = tensor.module.rsplit(".", 1)[-1]
-    if targets == "all-linear":
+    names, all_linear = targets_of(targets)
+    if all_linear:
         return True
     if targets == "attention":
         return tensor.component is Component.ATTENTION
-    return name in {x.strip() for x in targets.split(",")}
+    return tensor.module.rsplit(".", 1)[-1] in names
 
 
 def lora_adapter_numel(tensor: TensorSpec, rank: int, tp: int) -> int:
@@ -107,167 +201,479 @@ def lora_adapter_numel(tensor: TensorSpec, rank: int, tp: int) -> int:
     return rank * (in_f + out_f)
 
 
-def _state_bytes_per_param(opt: Optimizer, state: int) -> float:
-    if opt is Optimizer.ADAMW:
+def state_bytes_per_param(opt: Optimizer, state: int, numel: int = BNB_MIN_8BIT_SIZE) -> float:
+    """Optimizer-state bytes per trainable element of a tensor of ``numel`` elements (not Adafactor)."""
+    if opt in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED):
         return 2 * state
     if opt in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-        return 2 * (1 + 4 / 2048)
+        return 2 * (1 + 4 / BNB_BLOCK) if numel >= BNB_MIN_8BIT_SIZE else 2 * 4
     if opt in (Optimizer.LION, Optimizer.SGD_MOMENTUM):
         return state
     if opt is Optimizer.SGD:
         return 0
-    raise ValueError(opt)
+    raise ValueError(f"no per-element state size for {opt.value}")
 
 
-def _optimizer_bytes(trainable: list[tuple[TensorSpec, int, int]], opt: Optimizer, state: int) -> int:
+def optimizer_bytes(trainable: list[tuple[TensorSpec, int, int]], opt: Optimizer, state: int) -> int:
     """Optimizer-state bytes for (tensor, local numel, count) triples."""
     if opt is Optimizer.ADAFACTOR:
         total = 0
         for tensor, local, count in trainable:
             if len(tensor.shape) >= 2:
                 ratio = local / tensor.numel
-                rows, cols = math.prod(tensor.shape[:-1]), tensor.shape[-1]
+                # HF Adafactor: exp_avg_sq_row over shape[:-1], exp_avg_sq_col over shape[:-2] + shape[-1:]
+                rows, cols = math.prod(tensor.shape[:-1]), math.prod(tensor.shape[:-2]) * tensor.shape[-1]
                 total += count * 4 * math.ceil((rows + cols) * ratio)
             else:
                 total += count * 4 * local
         return total
-    per = _state_bytes_per_param(opt, state)
-    return math.ceil(sum(local * count for _, local, count in trainable) * per)
+    return math.ceil(sum(local * count * state_bytes_per_param(opt, state, local) for _, local, count in trainable))
 
 
-def _stage_terms(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage) -> tuple[Term, ...]:
+@dataclass(slots=True)
+class _States:
+    """Model-state sizes of one rank, in bytes (``ZeRO`` sharding applied)."""
+
+    weights: int = 0
+    weights_formula: str = ""
+    master: int = 0
+    moments: int = 0
+    lazy_grads: int = 0
+    lazy_formula: str = ""
+    head_grads: int = 0
+    persistent: list[Term] = field(default_factory=list)
+    backward_buffers: list[Term] = field(default_factory=list)
+    gathered: list[Term] = field(default_factory=list)
+    step: list[Term] = field(default_factory=list)
+    trainable_numel: int = 0
+
+
+def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage) -> _States:
     par = t.parallelism
     recipe = RECIPES[t.precision]
     k = spec.num_kv_heads
-    n = par.dp * par.cp  # ZeRO sharding group
+    n = par.shard_degree
     z = par.zero_stage
     tensors = stage_tensors(spec, stage)
+    st = _States()
 
-    # trainable tensors and the frozen base
     if t.method is Method.FULL:
         trainable = [(tn, shard_numel(tn, par, k), c) for tn, c in tensors]
         weights = sum(local * c for _, local, c in trainable) * recipe.weight
-        weight_formula = f"P_stage x {recipe.weight} B"
+        st.weights_formula = f"P_stage x {recipe.weight} B"
+        wb, gb = recipe.weight, recipe.grad
+        master_b, state_b = recipe.master, recipe.state
     else:
-        r = t.lora.rank
-        adapters = [(tn, lora_adapter_numel(tn, r, par.tp), c) for tn, c in tensors if _targeted(tn, t.lora.targets)]
+        adapters = [(tn, lora_adapter_numel(tn, t.lora.rank, par.tp), c) for tn, c in tensors
+                    if _targeted(tn, t.lora.targets)]
         trainable = adapters
-        base_dtype = recipe.weight if t.method is Method.LORA else 4
-        scheme = SCHEMES["nf4"] if t.method is Method.QLORA else None
-        weights = weight_bytes(tensors, par, k, dtype_bytes=base_dtype, scheme=scheme)
-        weights += sum(local * c for _, local, c in adapters) * recipe.weight
-        weight_formula = (
-            "frozen base at the compute dtype + adapters" if t.method is Method.LORA
-            else "NF4 linear weights (double quant) + other weights upcast to fp32 + adapters"
-        )
-    trainable_numel = sum(local * c for _, local, c in trainable)
+        if t.method is Method.LORA:
+            weights = weight_bytes(tensors, par, k, dtype_bytes=recipe.weight)
+            st.weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
+        else:
+            other = 4 if t.prepare_kbit_training else recipe.compute
+            weights = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
+            st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + other weights x {other} B"
+                                  + " (prepare_model_for_kbit_training)" * t.prepare_kbit_training + " + fp32 adapters")
+        weights += sum(local * c for _, local, c in adapters) * ADAPTER_BYTES
+        wb = gb = ADAPTER_BYTES
+        master_b, state_b = 0, 4
+    numel = sum(local * c for _, local, c in trainable)
+    st.trainable_numel = numel
+    opt_b = optimizer_bytes(trainable, t.optimizer, state_b)
+    head_numel = sum(local for tn, local, _ in trainable if tn in set(spec.head)) if stage.last else 0
 
-    shard_w = n if z >= 3 else 1
-    shard_g = n if z >= 2 else 1
-    shard_o = n if z >= 1 else 1
-    weights_b = math.ceil(weights / shard_w)
-    grads_b = math.ceil(trainable_numel * recipe.grad / shard_g)
-    master_b = math.ceil(trainable_numel * recipe.master / shard_o)
-    states_b = math.ceil(_optimizer_bytes(trainable, t.optimizer, recipe.state) / shard_o)
-    if t.offload is not Offload.NONE:
-        master_b = states_b = 0
-        if t.offload is Offload.PARAMS:
-            weights_b = 0
-
+    shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
+    # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
+    bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
+    shard_o = n if z >= 1 or bf16_optimizer else 1
+    offloaded = t.offload is not Offload.NONE
+    st.weights = 0 if t.offload is Offload.PARAMS else math.ceil(weights / shard_w)
+    if shard_w > 1:
+        st.weights_formula += f" / {n} (sharded)"
+    st.master = 0 if offloaded else math.ceil(numel * master_b / shard_o)
+    st.moments = 0 if offloaded else math.ceil(opt_b / shard_o)
     c = recipe.compute
-    terms: list[Term] = [Term("weights", Kind.WEIGHTS, weights_b, weight_formula + (f" / {n} (ZeRO-3)" if shard_w > 1 else ""))]
-    if z >= 3 or t.precision is Precision.FSDP2:
-        largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
-        terms.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * c,
-                          "2 x largest layer unsharded x c (current + prefetched unit)"))
-    grads = Term("gradients", Kind.GRADIENTS, grads_b, f"P_trainable x {recipe.grad} B" + (f" / {n}" if shard_g > 1 else ""))
-    opt_terms = [
-        Term("optimizer_states.master", Kind.OPTIMIZER_STATES, master_b, f"P_trainable x {recipe.master} B" + (f" / {n}" if shard_o > 1 else "")),
-        Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, states_b, f"{t.optimizer.value} states" + (f" / {n}" if shard_o > 1 else "")),
-    ]
-    cublas = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")
 
-    acts = _activation_terms(spec, t, stage, c)
-    forward_end = [*terms, grads, *opt_terms, *acts, cublas]
-    step_temp = Term("workspace.optimizer_step", Kind.WORKSPACE,
-                     0 if t.offload is not Offload.NONE else math.ceil(trainable_numel * recipe.state / shard_o),
-                     "one state-sized temporary of the foreach optimizer kernels")
-    optimizer_step = [*terms, grads, *opt_terms, step_temp, cublas]
-    moment = forward_end if _allocated(forward_end) >= _allocated(optimizer_step) else optimizer_step
-    allocated = _allocated(moment)
-    moment = [m for m in moment if m.bytes or m.kind in (Kind.WEIGHTS,)]
+    if fw in (Framework.PYTORCH, Framework.DDP):
+        st.lazy_grads = numel * gb
+        st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
+        st.head_grads = head_numel * gb
+        if fw is Framework.DDP:
+            st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, numel * gb,
+                                      f"P_trainable x {gb} B DDP gradient buckets"))
+        st.step += _step_temporaries(spec, t, trainable, state_b, 1, fused=False)
+    elif fw is Framework.MEGATRON:
+        st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, numel * 4, "P_trainable x 4 B fp32 main_grad buffer"))
+    elif fw is Framework.DEEPSPEED:
+        _deepspeed_states(st, t, numel, n, z, gb, head_numel)
+        if z >= 3:
+            largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+            st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
+                                    f"2 x largest layer unsharded x {recipe.weight} B (current + prefetched)"))
+    elif fw is Framework.FSDP:
+        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b)
+    return st
+
+
+def _deepspeed_states(st: _States, t: TrainingConfig, numel: int, n: int, z: int, gb: int, head_numel: int) -> None:
+    """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
+    offloaded = t.offload is not Offload.NONE
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, DEEPSPEED_REDUCE_BUCKET * gb,
+                  f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
+    if z == 0:
+        if t.precision is Precision.MIXED:
+            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, numel * 4,
+                                      "P_trainable x 4 B (BF16_Optimizer fp32 gradient buffer)"))
+        st.lazy_grads = numel * gb
+        st.lazy_formula = f"P_trainable x {gb} B (param.grad before accumulation)"
+        st.head_grads = head_numel * gb
+        return
+    if z == 1:
+        st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
+        st.lazy_grads = numel * gb
+        st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
+        st.head_grads = head_numel * gb
+    elif z == 2:
+        st.backward_buffers.append(bucket)
+        if not offloaded:
+            # allocated whole at the first reduction, once the bucket has filled; until then the
+            # bucket (counted) holds the first gradients
+            st.lazy_grads = math.ceil(numel * gb / n)
+            st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
+    else:
+        st.persistent.append(bucket)
+        if not offloaded:
+            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, math.ceil(numel * gb / n),
+                                      f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"))
+    if not offloaded:
+        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, math.ceil(numel * gb / n),
+                            f"P_trainable x {gb} B / {n} (flattened partition)"))
+        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, math.ceil(numel * 4 / n),
+                            f"P_trainable x 4 B / {n} (single_grad_partition)"))
+
+
+def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, numel: int, n: int, z: int,
+                 wb: int, gb: int, c: int, head_numel: int, trainable: list[tuple[TensorSpec, int, int]],
+                 state_b: int) -> None:
+    """FSDP gathered units, sharded gradients and their reduce copies (module docstring, ``fsdp``)."""
+    par = t.parallelism
+    shard_g = n if z >= 2 else 1
+    st.lazy_grads = math.ceil(numel * gb / shard_g)
+    st.lazy_formula = f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else "")
+    st.head_grads = math.ceil(head_numel * gb / shard_g)
+    gather_b = c if t.precision is Precision.FSDP2 else wb
+    largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+    if z >= 3:
+        root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
+                   if tn in set(spec.embedding) or tn in set(spec.head))
+        st.gathered.append(Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
+                                f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"))
+        st.gathered.append(Term("workspace.gathered_layers", Kind.WORKSPACE, 2 * largest * gather_b,
+                                f"2 x largest layer unsharded x {gather_b} B (current + prefetched unit)"))
+    elif z == 2:
+        total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
+        st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,
+                                f"P_stage unsharded x {gather_b} B (SHARD_GRAD_OP keeps them from forward to backward)"))
+    if z >= 2:
+        unit = largest if t.method is Method.FULL else 0
+        st.backward_buffers.append(Term("workspace.unsharded_grads", Kind.WORKSPACE, unit * (gather_b + gb),
+                                        f"largest layer x ({gather_b} + {gb}) B (its gradients and their reduce copy)"))
+    st.step += _step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)
+
+
+def _step_temporaries(spec: ModelSpec, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]],
+                      state_b: int, shard: int, *, fused: bool) -> list[Term]:
+    """Temporaries of torch optimizers during their step."""
+    if fused or t.offload is not Offload.NONE or not trainable:
+        return []
+    numel = sum(local * c for _, local, c in trainable)
+    largest = max(local for _, local, _ in trainable)
+    if t.optimizer is Optimizer.ADAMW:
+        return [Term("workspace.optimizer_step", Kind.WORKSPACE, math.ceil(numel * state_b / shard),
+                     f"P_trainable x {state_b} B" + (f" / {shard}" if shard > 1 else "") + " (foreach sqrt of exp_avg_sq)")]
+    if t.optimizer is Optimizer.ADAFACTOR:
+        return [Term("workspace.optimizer_step", Kind.WORKSPACE, 2 * largest * 4,
+                     "2 x largest tensor x 4 B (fp32 update and squared gradient)")]
+    if t.optimizer is Optimizer.LION:
+        return [Term("workspace.optimizer_step", Kind.WORKSPACE, largest * state_b, f"largest tensor x {state_b} B (update)")]
+    return []
+
+
+# ---- activations ----
+
+
+def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
+    """How the forward runs under ``t`` (bytes of the compute and residual dtypes, kernels, adapters)."""
+    recipe = RECIPES[t.precision]
+    c = recipe.compute
+    if t.method is Method.QLORA:
+        r = 4 if t.prepare_kbit_training else c
+        autocast = False
+    elif t.precision is Precision.AMP:
+        r, autocast = 4, True
+    else:
+        r, autocast = c, False
+    lora = None
+    if t.method is not Method.FULL:
+        names, all_linear = targets_of(t.lora.targets)
+        if t.lora.targets == "attention":
+            names = attention_targets(spec)
+        lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
+                               dropout=t.lora.dropout)
+    eager = t.attn_implementation == AttnImplementation.EAGER
+    return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
+                     fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
+                     attention_dropout=spec.attention_dropout)
+
+
+@dataclass(frozen=True, slots=True)
+class _Activations:
+    """Activation bytes of one rank at the moments of the step."""
+
+    stored: Term            # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
+    head: Term | None       # embeddings, final norm and lm_head input
+    logits: Term | None     # at the loss backward
+    rebuilt: Term | None    # one layer rebuilt under recompute (during its backward)
+    transient: Term         # one layer's backward gradients
+    first_layer: Term       # what one layer (layer 0 of the stage) keeps, for the last_layer_backward moment
+    other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
+    autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
+    autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
+
+
+def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
+    if layer.stack == "decoder" and t.target_len is not None:
+        return t.target_len
+    return t.seq_len
+
+
+def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage) -> _Activations:
+    par = t.parallelism
+    x = execution(spec, t, fw)
+    tp, sp = par.tp, par.sequence_parallel
+    b = t.micro_batch_size
+    in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
+    h = spec.hidden_size
+    selective = t.recompute is Recompute.SELECTIVE
+
+    stored = 0.0
+    rebuilt = 0.0
+    transient = 0.0
+    first = 0.0
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+    first_layer = spec.layers[stage.start]
+    for layer, count in kinds:
+        s = _seq_for(layer, t) // par.cp
+        tokens = b * s
+        full = layer_activations(layer, hidden=h, seq_len=s * par.cp if x.eager else s, x=x, selective=selective)
+        per_layer = full.per_rank(tp, sp) * tokens
+        back = backward_transient(layer, seq_len=s * par.cp, x=x).per_rank(tp, sp) * tokens
+        if t.recompute is Recompute.FULL:
+            kept = x.stream_bytes * h / (tp if sp else 1) * tokens
+        elif t.recompute is Recompute.SELECTIVE_OP:
+            kept = selective_op_bytes(layer, hidden=h, x=x).per_rank(tp, sp) * tokens
+        else:
+            kept = per_layer
+        stored += kept * count
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            rebuilt = max(rebuilt, per_layer)
+        transient = max(transient, back)
+        if layer == first_layer:
+            first = kept
+    micro = "" if in_flight == 1 else f" x {in_flight} in flight"
+    if t.recompute is Recompute.FULL:
+        stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"L_stage x b x s x h x {x.stream_bytes} B (layer inputs){micro}")
+    elif t.recompute is Recompute.SELECTIVE_OP:
+        stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"L_stage x b x s x (layer input + every other matmul output + attention output){micro}")
+    else:
+        stored_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"sum over layers of saved bytes/token x b x s{micro}")
+    rebuilt_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(rebuilt),
+                        "one layer's saved tensors, rebuilt in backward") if rebuilt else None
+    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient),
+                          "one layer's backward gradients: max(MLP (2 gated | 1) x i x c, eager (c + 4) x a x s) x b x s")
+    first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
+    others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
+                  f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
+
+    head_bytes = 0.0
+    head_parts: list[str] = []
+    tokens_first = b * t.seq_len // par.cp
+    if stage.first:
+        has_norm = any(tn.component is Component.NORM for tn in spec.embedding)
+        emb = embedding_bytes(has_norm, h, x) / (tp if sp else 1) * tokens_first
+        if emb:
+            head_bytes += emb
+            head_parts.append("embedding norm/dropout")
+    logits_term = None
+    if stage.last:
+        lm = spec.task in ("causal_lm", "seq2seq", "masked_lm")
+        out_len = t.target_len if spec.task == "seq2seq" and t.target_len is not None else t.seq_len
+        tokens_out = b * out_len // par.cp
+        if any(tn.component is Component.NORM for tn in spec.head):
+            head_trains = x.lora is None and lm
+            head_bytes += norm_bytes(spec.reference_layer.norm, h, x, readers=1 if head_trains else 0,
+                                     weight_trains=x.lora is None) / (tp if sp else 1) * tokens_out
+            head_parts.append("final norm and lm_head input")
+        if lm:
+            logits_term = _logits(spec, t, fw, x, tokens_out)
+    head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
+                     " + ".join(head_parts) + " x b x s") if head_bytes else None
+    cast_all = cast_layer = None
+    if x.autocast:
+        def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
+            return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
+
+        head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
+        one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+        else:
+            layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
+            total, what = cast_bytes(layers + head), "every linear weight's"
+        cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
+                        f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
+        cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
+    return _Activations(stored_term, head_term, logits_term, rebuilt_term, transient_term, first_term, others,
+                        cast_all, cast_layer)
+
+
+def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
+    """The logits at the start of their backward, on one rank (vocabulary split over tp)."""
+    v = math.ceil(spec.vocab_size / t.parallelism.tp)
+    c = x.compute_bytes
+    if t.loss == Loss.FUSED:
+        per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
+    elif t.loss == Loss.CHUNKED:
+        per = 4 * v + (8 + c) * v / LOSS_CHUNKS
+        formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
+    elif fw is Framework.MEGATRON:
+        per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
+    else:
+        per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
+    return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+# ---- moments ----
+
+
+def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | None = None) -> dict[str, list[Term]]:
+    """Every candidate moment of the step on one rank (the last pipeline stage by default): the
+    allocated terms alive then, by moment name (see the module docstring).
+
+    Raises:
+        InputError: the workload does not fit the model.
+    """
+    from memest.workload import validate
+
+    validate(spec, t)
+    stage = stage or stages(spec.num_layers, t.parallelism.pp)[-1]
+    return _moments(spec, t, resolve_framework(t), device, stage)
+
+
+def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
+    st = _model_states(spec, t, fw, stage)
+    acts = _activations(spec, t, fw, stage)
+    par = t.parallelism
+
+    base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
+            Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
+            Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments, f"{t.optimizer.value} states" + _div(par)),
+            *st.persistent,
+            Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")]
+    matmul = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)] if t.method is Method.QLORA else []
+    grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
+    all_grads = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
+    fwd_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
+    head_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, st.head_grads,
+                                                         "the head's gradients, the first computed")
+    casts = [acts.autocast_weights] if acts.autocast_weights else []
+    head = [acts.head] if acts.head else []
+    rebuilt = [acts.rebuilt] if acts.rebuilt else []
+    last = [acts.first_layer] if not acts.rebuilt else rebuilt
+    out = {
+        "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
+                          *([acts.logits] if acts.logits else [])],
+        "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
+                                 acts.transient, *matmul, *casts],
+        "last_layer_backward": [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
+                                *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
+        "optimizer_step": [*base, all_grads, *st.step],
+    }
+    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}
+
+
+def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
+    """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
+    candidates = _moments(spec, t, fw, device, stage)
+    name = max(candidates, key=lambda m: _allocated(candidates[m]))
+    chosen = list(candidates[name])
+    allocated = _allocated(chosen)
     slack = runtime.allocator_slack(device)
-    moment.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
-    moment.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
-    if par.world_size > 1:
-        moment.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(par.world_size), "NCCL communicators"))
-    return tuple(moment)
+    chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
+    chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
+    if t.parallelism.world_size > 1:
+        chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
+    return tuple(chosen), name
+
+
+def _div(par: Parallelism) -> str:
+    n = par.shard_degree
+    return f" / {n} (sharded)" if n > 1 else ""
+
+
+def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Term:
+    """bitsandbytes dequantizes one NF4 weight to the compute dtype for each matmul."""
+    largest = max((shard_numel(tn, par, spec.num_kv_heads) for layer, _ in spec.layer_kinds(stage.start, stage.stop)
+                   for tn in layer.tensors if tn.is_linear_weight), default=0)
+    return Term("workspace.dequantized_weight", Kind.WORKSPACE, largest * c,
+                f"largest linear weight x {c} B (bitsandbytes dequantize_4bit for the matmul)")
 
 
 def _allocated(terms: list[Term]) -> int:
-    return sum(x.bytes for x in terms if x.kind not in (Kind.ALLOCATOR, Kind.RUNTIME))
+    return sum(x.bytes for x in terms if x.kind in ALLOCATED_KINDS)
 
 
-# ---- activations and logits ----
-
-
-def _activation_terms(spec: ModelSpec, t: TrainingConfig, stage: Stage, c: int) -> list[Term]:
-    par = t.parallelism
-    tokens = t.micro_batch_size * t.seq_len // par.cp
-    in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
-    eager = t.attn_implementation == "eager" and t.recompute is not Recompute.SELECTIVE
-    per_layer: list[tuple[float, int]] = []
-    for layer, count in spec.layer_kinds(stage.start, stage.stop):
-        acts = layer_activations(layer, hidden=spec.hidden_size, c=c, seq_len=t.seq_len // par.cp, eager=eager)
-        per_layer.append((acts.per_rank(par.tp, par.sequence_parallel), count))
-    h_local = spec.hidden_size * c / (par.tp if par.sequence_parallel else 1)
-    out: list[Term] = []
-    if t.recompute is Recompute.FULL:
-        kept = sum(count for _, count in per_layer) * h_local * tokens * in_flight
-        rebuilt = max(b for b, _ in per_layer) * tokens
-        out.append(Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(kept),
-                        f"L_stage x h x c x b x s{' / t' if par.sequence_parallel else ''} x {in_flight} in flight"))
-        out.append(Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(rebuilt), "one layer rebuilt in backward"))
-    else:
-        total = sum(b * count for b, count in per_layer) * tokens * in_flight
-        out.append(Term("activations.layers", Kind.ACTIVATIONS, math.ceil(total),
-                        f"sum over layers of per-token bytes x b x s x {in_flight} in flight"))
-    if stage.last and spec.task in ("causal_lm", "seq2seq"):
-        v_local = math.ceil(spec.vocab_size / par.tp)
-        head_in = 2 * tokens * spec.hidden_size * c / (par.tp if par.sequence_parallel else 1)
-        if t.loss == "chunked":
-            logits = tokens * v_local * (4 + 4) / 8
-            formula = "b x s x V/t x 8 B / 8 chunks"
-        else:
-            logits = tokens * v_local * (c + 4 + 4)
-            formula = f"b x s x V/t x ({c} logits + 4 fp32 upcast + 4 log-softmax)"
-        out.append(Term("activations.final_norm", Kind.ACTIVATIONS, math.ceil(head_in), "2 x b x s x h x c"))
-        out.append(Term("logits", Kind.LOGITS, math.ceil(logits), formula))
-    return out
-
-
-def _host_bytes(spec: ModelSpec, t: TrainingConfig) -> int:
-    """Host RAM per node for offloaded states (8 ranks per node assumed)."""
+def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
+    """Host RAM per node for offloaded states: fp32 master, optimizer states and fp32 gradients
+    (and 16-bit parameters with ``--offload params``), for the ranks of one node."""
     if t.offload is Offload.NONE:
         return 0
     recipe = RECIPES[t.precision]
-    per_param = recipe.master + _state_bytes_per_param(t.optimizer, recipe.state) if t.optimizer is not Optimizer.ADAFACTOR else recipe.master + 4
+    p = spec.num_params if t.method is Method.FULL else 0
+    if t.method is not Method.FULL:
+        p = sum(lora_adapter_numel(tn, t.lora.rank, 1) * c for tn, c in spec.tensors() if _targeted(tn, t.lora.targets))
+    if t.optimizer is Optimizer.ADAFACTOR:
+        states = 4.0
+    else:
+        states = state_bytes_per_param(t.optimizer, recipe.state)
+    per_param = recipe.master + states + 4
     if t.offload is Offload.PARAMS:
         per_param += recipe.weight
-    ranks_per_node = min(8, t.parallelism.world_size)
-    return math.ceil(spec.num_params * per_param / t.parallelism.world_size * ranks_per_node)
+    par = t.parallelism
+    ranks_per_node = min(device.per_node, par.world_size)
+    return math.ceil(p * per_param / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
 
 
-def _assumptions(spec: ModelSpec, t: TrainingConfig) -> tuple[str, ...]:
+def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
     out = [
-        f"precision recipe {t.precision.value}: {RECIPES[t.precision]}",
-        "gradients are allocated before backward (DeepSpeed / Megatron / DDP buffers); plain single-GPU "
-        "PyTorch grows them during backward, so its peak can be lower",
+        f"peak moment: {moment} (of loss_backward, first_layer_backward, last_layer_backward, optimizer_step)",
+        f"framework {fw.value}" + (" (auto)" if t.framework is Framework.AUTO else "")
+        + f"; precision recipe {t.precision.value}: {RECIPES[t.precision]}",
+        "steady state (step >= 2): optimizer states allocated",
     ]
-    if t.attn_implementation != "eager":
-        out.append("flash / SDPA attention: no s x s scores stored")
+    if t.attn_implementation != AttnImplementation.EAGER:
+        out.append("flash / SDPA attention: no s x s scores stored; K and V kept at num_kv_heads")
     if spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings:
         out.append(f"seq_len {t.seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
+    if t.method is not Method.FULL:
+        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states")
     if t.method is Method.QLORA:
-        out.append("QLoRA base prepared with peft.prepare_model_for_kbit_training: non-quantized weights upcast to fp32")
+        out.append("QLoRA base: NF4 linear weights (double quantization); other weights "
+                   + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))
+    if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
+        out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
     return tuple(out)

@@ -287,6 +287,18 @@ def torch_dtype_of(cfg: HFConfig) -> str | None:
     return str(value) if value is not None else None
 
 
+HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "hidden_dropout", "resid_pdrop", "dropout_rate", "dropout")
+"""Config keys of the residual-branch dropout, by family: BERT, Falcon/BLOOM, GPT-2/GPT-J, T5, OPT."""
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop")
+"""Config keys of the attention-probability dropout: BERT, Llama-style/OPT/Falcon, GPT-2."""
+
+
+def dropout_of(cfg: HFConfig, keys: tuple[str, ...]) -> float:
+    """The first dropout probability the config gives under ``keys`` (0.0 when none)."""
+    value = cfg.get(*keys, default=0.0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
 def model_spec(
     cfg: HFConfig,
     *,
@@ -317,6 +329,8 @@ def model_spec(
         quantization=quantization_of(cfg),
         source=cfg.source,
         notes=notes,
+        hidden_dropout=dropout_of(cfg, HIDDEN_DROPOUT_KEYS),
+        attention_dropout=dropout_of(cfg, ATTENTION_DROPOUT_KEYS),
     )
 
 

@@ -1,0 +1,218 @@
+"""What a setup costs: money per hour, then communication, then disruption — as data.
+
+``memest plan`` ranks the setups that fit by a :class:`Cost`, compared in this order:
+
+1. **usd_per_hour** — devices x the per-device price (:class:`PriceTable`: the catalog's
+   ``Device.hourly_usd``, overridden by ``--cost NAME=USD`` or ``--costs FILE``). Money first:
+   no amount of communication or disruption outweighs a cheaper bill.
+2. **communication** — the sum of :data:`PER_DOUBLING` over the parallel degrees (log2 of each)
+   and of :data:`PENALTIES` for the ZeRO stage. Tensor parallelism stays within a node (NVLink);
+   pipeline and data parallelism cross nodes.
+3. **disruption** — what the job gives up to fit: recompute, accumulation instead of a larger
+   micro-batch, an 8-bit optimizer, CPU offload; LoRA/QLoRA instead of the method asked (only with
+   ``--allow-method-change``); quantized weights and an fp8 KV cache when serving (only with
+   ``--allow-quantization``).
+4. **changes** — how many settings differ from the plain default (no ZeRO, no recompute, ...): of
+   two setups equal in everything else, the simpler one.
+
+| setting | communication | disruption | lossless | why |
+|---|---:|---:|:-:|---|
+| tp (per doubling) | 1 | | yes | all-reduces activations twice per layer, forward and backward; NVLink within a node |
+| pp (per doubling) | 2 | | yes | pipeline bubble (pp - 1) / (m + pp - 1) of the step; point-to-point across nodes |
+| ep (per doubling) | 1 | | yes | two all-to-alls per MoE layer |
+| zero_stage 1 | 0 | | yes | reduce-scatter + all-gather: the same volume as DDP's all-reduce (ZeRO paper §7.2.1) |
+| zero_stage 2 | 0 | | yes | likewise |
+| zero_stage 3 | 1 | | yes | parameters re-gathered in forward and backward: 1.5x DDP's volume (ZeRO paper §7.2.2) |
+| sequence_parallel True | 0 | | yes | all-gather + reduce-scatter replace the all-reduce: the same volume (Korthikanti §4.2.2) |
+| micro-batch halved, accumulation doubled (per halving) | | 1 | yes | same global batch, smaller matmuls |
+| recompute selective | | 1 | yes | the attention core is recomputed in backward (a few % compute) |
+| recompute full | | 4 | yes | one extra forward per step (~33% compute) |
+| optimizer adamw8bit | | 3 | no | 8-bit states (bitsandbytes); usually matches AdamW |
+| offload optimizer | | 6 | yes | the optimizer step runs on the CPU over PCIe |
+| offload params | | 10 | yes | parameters stream from host memory every step |
+| method lora | | 20 | no | trains adapters instead of every weight |
+| method qlora | | 30 | no | adapters on an NF4 base |
+| kv_cache_dtype fp8 | | 2 | no | halves the KV cache; small accuracy cost on most models |
+| quantization fp8 | | 3 | no | 8-bit float weights (fp8 devices only) |
+| quantization int8 | | 5 | no | 8-bit integer weights |
+| quantization int4 | | 8 | no | 4-bit weights (AWQ-style groups of 128); measurable quality cost |
+
+The weights are judgement, kept in one place so they can be argued with and changed; throughput is
+not modelled (a faster device that finishes sooner is not credited for it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from memest.devices import DEVICES, Device, get_device
+from memest.errors import InputError
+
+
+class Cost(NamedTuple):
+    """A setup's cost; tuples compare in field order (see the module docstring).
+
+    Attributes:
+        usd_per_hour: Devices x price per device-hour.
+        communication: Sum of communication penalties.
+        disruption: Sum of disruption penalties.
+        changes: Settings that differ from the plain default.
+    """
+
+    usd_per_hour: float
+    communication: float
+    disruption: float
+    changes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Penalty:
+    """What one setting costs besides money.
+
+    Attributes:
+        communication: Communication units (see the module table).
+        disruption: Disruption units.
+        lossless: False when it changes the model's numerics or the training method.
+        why: One line for the table and the JSON.
+    """
+
+    communication: float = 0.0
+    disruption: float = 0.0
+    lossless: bool = True
+    why: str = ""
+
+
+NO_PENALTY = Penalty()
+
+PER_DOUBLING: dict[str, Penalty] = {
+    "tp": Penalty(communication=1, why="tensor parallel: activations all-reduced per layer within a node"),
+    "pp": Penalty(communication=2, why="pipeline parallel: bubble and point-to-point across nodes"),
+    "ep": Penalty(communication=1, why="expert parallel: all-to-all per MoE layer"),
+    "micro_batch": Penalty(disruption=1, why="smaller micro-batch, more accumulation steps"),
+}
+"""Penalties paid once per doubling of a degree (log2 of it), or per halving of the micro-batch."""
+
+PENALTIES: dict[str, dict[Any, Penalty]] = {
+    "zero_stage": {
+        1: Penalty(why="ZeRO-1: optimizer states sharded"),
+        2: Penalty(why="ZeRO-2: + gradients sharded"),
+        3: Penalty(communication=1, why="ZeRO-3 / FSDP: + parameters sharded, re-gathered every step"),
+    },
+    "sequence_parallel": {True: Penalty(why="sequence parallel: norms and dropout split over tp")},
+    "recompute": {
+        "selective": Penalty(disruption=1, why="selective recompute of the attention core"),
+        "full": Penalty(disruption=4, why="full recompute: one extra forward per step"),
+    },
+    "optimizer": {"adamw8bit": Penalty(disruption=3, lossless=False, why="8-bit AdamW states")},
+    "offload": {
+        "optimizer": Penalty(disruption=6, why="optimizer states and step on the CPU"),
+        "params": Penalty(disruption=10, why="parameters and optimizer on the CPU"),
+    },
+    "method": {
+        "lora": Penalty(disruption=20, lossless=False, why="LoRA adapters instead of a full fine-tune"),
+        "qlora": Penalty(disruption=30, lossless=False, why="QLoRA: adapters on an NF4 base"),
+    },
+    "kv_cache_dtype": {"fp8": Penalty(disruption=2, lossless=False, why="fp8 KV cache")},
+    "quantization": {
+        "fp8": Penalty(disruption=3, lossless=False, why="fp8 weights"),
+        "int8": Penalty(disruption=5, lossless=False, why="int8 weights"),
+        "int4": Penalty(disruption=8, lossless=False, why="4-bit weights"),
+    },
+}
+"""Penalties of a setting's value, by setting name and value; values not listed cost nothing."""
+
+
+def penalty(setting: str, value: Any) -> Penalty:
+    """The penalty of one setting's value (:data:`NO_PENALTY` for unlisted values).
+
+    Enum values are looked up by their ``.value`` (``Recompute.FULL`` as ``"full"``).
+    """
+    key = getattr(value, "value", value)
+    return PENALTIES.get(setting, {}).get(key, NO_PENALTY)
+
+
+def doubling_penalty(setting: str, factor: int) -> tuple[float, float]:
+    """(communication, disruption) of ``factor`` = a degree, or the micro-batch reduction ratio.
+
+    Each doubling pays :data:`PER_DOUBLING`; a factor that is not a power of two pays log2 of it.
+    """
+    if factor <= 1:
+        return 0.0, 0.0
+    p = PER_DOUBLING[setting]
+    n = math.log2(factor)
+    return p.communication * n, p.disruption * n
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """Price per device-hour in USD, by canonical device name.
+
+    Attributes:
+        usd_per_hour: Name -> price. Built from the catalog, then the user's overrides.
+    """
+
+    usd_per_hour: Mapping[str, float]
+
+    def price(self, device: Device) -> float:
+        """USD per hour of one ``device``."""
+        return self.usd_per_hour.get(device.name, device.hourly_usd)
+
+    @classmethod
+    def catalog(cls) -> PriceTable:
+        """The catalog's typical on-demand prices (``Device.hourly_usd``)."""
+        return cls({d.name: d.hourly_usd for d in DEVICES})
+
+    def with_overrides(self, overrides: Mapping[str, float]) -> PriceTable:
+        """A copy with some prices replaced; names may be any alias.
+
+        Raises:
+            UnknownDeviceError: a name is not in the catalog.
+            InputError: a price is negative or not finite.
+        """
+        table = dict(self.usd_per_hour)
+        for name, usd in overrides.items():
+            if not math.isfinite(usd) or usd < 0:
+                raise InputError(f"price {usd!r} for {name!r} must be a non-negative number of USD per device-hour")
+            table[get_device(name).name] = float(usd)
+        return PriceTable(table)
+
+
+def parse_cost_flags(values: Iterable[str]) -> dict[str, float]:
+    """``--cost NAME=USD`` values as a name -> price mapping.
+
+    Raises:
+        InputError: a value is not ``NAME=USD`` with a number after the ``=``.
+    """
+    out: dict[str, float] = {}
+    for item in values:
+        name, sep, usd = item.partition("=")
+        if not sep or not name.strip():
+            raise InputError(f"--cost {item!r} must be NAME=USD, e.g. --cost H100=2.49")
+        try:
+            out[name.strip()] = float(usd)
+        except ValueError:
+            raise InputError(f"--cost {item!r}: {usd!r} is not a number of USD per device-hour") from None
+    return out
+
+
+def read_cost_file(path: str | Path) -> dict[str, float]:
+    """A ``--costs FILE``: a JSON object of device name -> USD per device-hour.
+
+    Raises:
+        InputError: the file is missing, not JSON, or not an object of numbers.
+    """
+    p = Path(path).expanduser()
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"--costs {str(path)!r}: no such file; pass a JSON object like {{\"H100\": 2.49}}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--costs {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw.values()):
+        raise InputError(f"--costs {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}")
+    return {str(k): float(v) for k, v in raw.items()}

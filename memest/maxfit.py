@@ -1,0 +1,146 @@
+"""Max queries: the largest micro-batch, seq_len, concurrency or context that fits a given setup.
+
+Found by search over the estimator, not by inverting a formula, so it stays right whatever the
+terms become: an exponential search doubles the value until it stops fitting, then a bisection
+narrows the gap to one step. The answer is exact at the boundary — the answer fits and
+answer + step does not — provided memory does not decrease as the value grows (every term of the
+estimator grows or stays flat with micro-batch, tokens and sequences; ``tests/test_plan_maxfit.py``
+checks it on the catalog).
+
+A value the estimator rejects (vLLM refuses a max_model_len beyond max_position_embeddings) is a
+boundary too: the answer then says why (:attr:`Largest.limit`) instead of "memory".
+
+The serving estimator may also offer closed-form vLLM inverses (KV blocks -> concurrency); this
+module is the generic one and works for any setting and engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memest.devices import Device
+from memest.errors import InputError
+from memest.estimate import estimate
+from memest.fit import verdict
+from memest.spec import ModelSpec
+from memest.workload import TrainingConfig, Workload
+
+QUERIES: dict[str, tuple[str, ...]] = {
+    "train": ("micro_batch_size", "seq_len"),
+    "serve": ("batch_size", "max_model_len"),
+}
+"""The settings queried per mode: training asks for the largest micro-batch and sequence; serving
+for the largest number of concurrent sequences (``--batch-size``) and context (``--max-model-len``)."""
+
+CAPS: dict[str, int] = {
+    "micro_batch_size": 1 << 16,
+    "seq_len": 1 << 24,
+    "batch_size": 1 << 20,
+    "max_model_len": 1 << 24,
+}
+"""Where the search stops: an answer equal to the cap is reported as ``capped`` (larger may fit)."""
+
+FLAGS: dict[str, str] = {
+    "micro_batch_size": "--micro-batch-size",
+    "seq_len": "--seq-len",
+    "batch_size": "--batch-size",
+    "max_model_len": "--max-model-len",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Largest:
+    """The answer to one max query.
+
+    Attributes:
+        setting: The workload field searched (``seq_len``, ...).
+        value: The largest value that fits; None when not even the smallest (one step) fits.
+        step: Values searched are multiples of this (2 x cp for seq_len under context parallelism).
+        capped: True when ``value`` is the search cap; larger values may fit too.
+        evaluated: Estimates computed.
+        limit: What stops value + step: ``"memory"``, or the estimator's reason for rejecting it
+            (an InputError's message, e.g. the model's max_position_embeddings).
+    """
+
+    setting: str
+    value: int | None
+    step: int
+    capped: bool
+    evaluated: int
+    limit: str = "memory"
+
+
+def query_step(workload: Workload, setting: str) -> int:
+    """The granularity of a setting: seq_len under context parallelism moves in steps of 2 x cp."""
+    if setting == "seq_len" and isinstance(workload, TrainingConfig) and workload.parallelism.cp > 1:
+        return 2 * workload.parallelism.cp
+    return 1
+
+
+def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *, headroom: float,
+            cap: int | None = None) -> Largest:
+    """The largest value of ``setting`` for which ``workload`` still fits ``device``.
+
+    Args:
+        spec: The model.
+        workload: The setup; every field but ``setting`` is held.
+        device: The accelerator.
+        setting: A field of :data:`QUERIES` for the workload's mode.
+        headroom: Share of device memory kept free (the fit rule of :mod:`memest.fit`).
+        cap: The largest value tried (default :data:`CAPS`).
+
+    Raises:
+        InputError: ``setting`` does not belong to the workload's mode, or the workload is invalid
+            even at the smallest value (one step).
+    """
+    if setting not in QUERIES[_mode(workload)]:
+        allowed = ", ".join(FLAGS[s] for s in QUERIES[_mode(workload)])
+        raise InputError(f"{FLAGS.get(setting, setting)} cannot be searched for a {workload.mode} job; use one of {allowed}")
+    step = query_step(workload, setting)
+    limit = (cap or CAPS[setting]) // step * step
+    count = workload.parallelism.world_size
+    evaluated = 0
+
+    rejected: dict[int, str] = {}
+
+    def fits(value: int) -> bool:
+        nonlocal evaluated
+        evaluated += 1
+        w = workload.replace(**{setting: value})
+        if value == step:
+            est = estimate(spec, w, device)  # rejected here: invalid whatever the value, so raise
+        else:
+            try:
+                est = estimate(spec, w, device)
+            except InputError as exc:
+                rejected[value] = str(exc)
+                return False
+        return verdict(est, device, count, headroom).fits
+
+    if not fits(step):
+        return Largest(setting, None, step, False, evaluated)
+    good = step
+    while True:  # exponential search: fits(good) holds
+        nxt = min(good * 2, limit)
+        if nxt == good:
+            return Largest(setting, good, step, True, evaluated)
+        if not fits(nxt):
+            bad = nxt
+            break
+        good = nxt
+    while bad - good > step:  # bisection: fits(good), not fits(bad)
+        mid = good + (bad - good) // step // 2 * step
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return Largest(setting, good, step, False, evaluated, rejected.get(bad, "memory"))
+
+
+def limits(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float) -> tuple[Largest, ...]:
+    """Every max query of the workload's mode (:data:`QUERIES`), each holding the other settings."""
+    return tuple(largest(spec, workload, device, s, headroom=headroom) for s in QUERIES[_mode(workload)])
+
+
+def _mode(workload: Workload) -> str:
+    return "train" if isinstance(workload, TrainingConfig) else "serve"

@@ -1,0 +1,192 @@
+"""`memest plan` and `memest sweep` as a user meets them: tables, JSON, flags that reproduce, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from memest.cli import app
+from memest.errors import InputError
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
+GiB = 1 << 30
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+
+
+SERVE = ("meta-llama/Llama-2-70b-hf", "--serve", "--max-model-len", "4096", "--batch-size", "4")
+TRAIN = ("meta-llama/Llama-2-7b-hf", "--train", "--micro-batch-size", "4", "--seq-len", "4096")
+
+
+def test_plan_json_lists_fits_cheapest_first_with_peak_and_headroom():
+    out = invoke("plan", *SERVE, "--gpus-available", "8xH100,8xA100-80GB,8xL40S", "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["mode"] == "serve" and doc["ranking"] == ["usd_per_hour", "communication", "disruption", "changes"]
+    fits = doc["fits"]
+    assert [f["rank"] for f in fits] == list(range(1, len(fits) + 1))
+    keys = [(f["cost"]["usd_per_hour"], f["cost"]["communication"], f["cost"]["disruption"], f["cost"]["changes"])
+            for f in fits]
+    assert keys == sorted(keys)
+    for f in fits:
+        assert f["device_used_bytes"] <= f["usable_bytes"] == int(f["memory_bytes"] * 0.9)
+        assert f["free_bytes"] == f["memory_bytes"] - f["device_used_bytes"]
+        assert set(f["largest"]) == {"batch_size", "max_model_len"}
+        assert f["largest"]["batch_size"]["value"] >= 4  # the asked batch fits, so the largest is at least it
+    assert doc["prices_usd_per_hour"] == {"H100-80GB": 3.0, "A100-80GB": 1.8, "L40S": 1.5}
+
+
+@pytest.mark.parametrize("job", [SERVE, TRAIN], ids=["serve", "train"])
+def test_the_printed_flags_reproduce_a_fit_with_memest_hf(job):
+    doc = json.loads(invoke("plan", *job, "--gpus-available", "8xL4,4xA100-80GB", "--json").stdout)
+    assert doc["fits"]
+    for f in doc["fits"]:
+        hf = invoke("hf", *job, *shlex.split(f["flags"]), "--json")
+        assert hf.exit_code == 0, hf.output
+        again = json.loads(hf.stdout)
+        assert again["fits"] is True
+        assert again["per_device"]["device_used_bytes"] == f["device_used_bytes"]
+        assert again["device"]["count"] == f["count"]
+
+
+def test_plan_table():
+    out = invoke("plan", *TRAIN, "--gpu", "A100-80GB")
+    assert out.exit_code == 0, out.output
+    for text in ("A100-80GB", "$/h", "peak GiB/device", "free GiB", "largest that fits", "Cheapest: memest hf"):
+        assert text in out.stdout
+    assert "1 device type searched" in out.stdout
+
+
+def test_plan_markdown_has_a_flags_column():
+    out = invoke("plan", *SERVE, "--gpus-available", "8xH100", "--markdown")
+    assert out.exit_code == 0, out.output
+    assert "| # | devices | $/h |" in out.stdout and "`--gpu H100-80GB --gpus" in out.stdout
+
+
+def test_cost_overrides_on_the_command_line_and_in_a_file(tmp_path):
+    first = lambda out: json.loads(out.stdout)["fits"][0]["device"]  # noqa: E731
+    base = ("plan", *SERVE, "--gpus-available", "8xH100,8xL40S", "--json")
+    assert first(invoke(*base)) == "L40S"
+    assert first(invoke(*base, "--cost", "L40S=9.5")) == "H100-80GB"
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"h100": 0.1}))
+    doc = json.loads(invoke(*base, "--costs", str(prices)).stdout)
+    assert doc["fits"][0]["device"] == "H100-80GB" and doc["prices_usd_per_hour"]["H100-80GB"] == 0.1
+
+
+def test_method_change_and_quantization_are_opt_in():
+    plain = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--json").stdout)
+    assert all(f["workload"]["method"] == "full" for f in plain["fits"])
+    allowed = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--allow-method-change", "--json").stdout)
+    assert allowed["fits"][0]["workload"]["method"] in ("lora", "qlora")
+    served = json.loads(invoke("plan", *SERVE, "--gpu", "L4", "--max-gpus", "8", "--allow-quantization", "--json").stdout)
+    assert served["fits"][0]["workload"]["quantization"] != "none"
+
+
+def test_global_batch_size_flag_is_held():
+    doc = json.loads(invoke("plan", *TRAIN, "--gpus-available", "16xH100", "--global-batch-size", "32", "--json").stdout)
+    w = doc["fits"][0]["workload"]
+    assert w["micro_batch_size"] * w["grad_accum_steps"] * w["parallelism"]["dp"] == 32
+
+
+def test_searched_flags_are_noted_as_ignored():
+    out = invoke("plan", *SERVE, "--gpu", "H100", "--gpus", "4", "--tp", "2")
+    assert out.exit_code == 0
+    assert "plan searches --gpus, --tp; the values given are ignored" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--gpu", "H100", "--gpus-available", "8xH100"), "pass either --gpu NAME or --gpus-available SPEC"),
+    (("--gpus-available", "8xH100,4xh100"), "--gpus-available lists H100-80GB twice"),
+    (("--gpus-available", "0xH100"), "the count must be at least 1"),
+    (("--max-gpus", "0",), "--max-gpus is 0"),
+    (("--cost", "H100"), "--cost 'H100' must be NAME=USD"),
+])
+def test_plan_input_errors(args, message):
+    out = invoke("plan", *SERVE, *args)
+    assert isinstance(out.exception, InputError) and message in str(out.exception)
+
+
+def test_hybrid_sharding_needs_its_group_size_when_the_count_is_searched():
+    out = invoke("plan", *TRAIN, "--fsdp", "hybrid_shard", "--gpu", "H100")
+    message = "plan with --fsdp hybrid_shard needs --dp-shard N"
+    assert isinstance(out.exception, InputError) and message in str(out.exception)
+
+
+def test_plan_errors_exit_2_with_one_line():
+    out = run("plan", *SERVE, "--gpus-available", "8xH1000")
+    assert out.returncode == 2
+    assert out.stderr.startswith("Error: unknown device 'H1000'") and out.stderr.count("\n") == 1
+
+
+def test_sweep_infers_training_from_seq_len_and_reports_the_boundary():
+    out = invoke("sweep", "meta-llama/Llama-2-7b-hf", "--seq-len", "1k..128k", "--gpu", "H100", "--gpus", "8",
+                 "--zero-stage", "3", "--recompute", "full", "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["setting"] == "seq_len" and [p["value"] for p in doc["points"]] == [1024 << i for i in range(8)]
+    fits = [p["fits"] for p in doc["points"]]
+    largest = doc["largest"]["value"]
+    assert fits == [p["value"] <= largest for p in doc["points"]]
+    for p in doc["points"]:
+        allocated = sum(t["bytes"] for t in p["terms"] if t["kind"] not in ("allocator", "runtime"))
+        assert allocated == p["allocated_bytes"] and sum(t["bytes"] for t in p["terms"]) == p["device_used_bytes"]
+
+
+def test_sweep_table_has_a_column_per_point_and_a_row_per_term():
+    out = invoke("sweep", "meta-llama/Llama-2-70b-hf", "--batch-size", "1,8,64", "--max-model-len", "4096",
+                 "--gpu", "H100", "--gpus", "4")
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.stdout.splitlines() if "term" in line and "kind" in line)
+    for label in ("1", "8", "64"):
+        assert f" {label} " in header
+    for row in ("weights", "kv_cache", "device used", "fits"):
+        assert row in out.stdout
+    assert "Largest --batch-size that fits:" in out.stdout
+
+
+def test_sweep_plot_file(tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "seq.png"
+    out = invoke("sweep", "meta-llama/Llama-3.2-1B", "--seq-len", "1k..64k", "--gpu", "L4", "--plot", str(target))
+    assert out.exit_code == 0, out.output
+    assert target.read_bytes().startswith(b"\x89PNG")
+    assert f"Plot written to {target}" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "give one setting a range, e.g. --seq-len 1k..128k"),
+    (("--seq-len", "1k..4k", "--micro-batch-size", "1..4"), "sweep one setting at a time"),
+    (("--serve", "--seq-len", "1k..4k"), "--seq-len cannot be swept for a serve job"),
+    (("--seq-len", "4k..1k"), "the range ends below its start"),
+])
+def test_sweep_input_errors(args, message):
+    out = invoke("sweep", "meta-llama/Llama-2-7b-hf", *args)
+    assert isinstance(out.exception, InputError) and message in str(out.exception)
+
+
+def test_plan_and_sweep_import_no_plotting_or_heavy_module():
+    code = (
+        "import sys, io, contextlib\n"
+        "from typer.testing import CliRunner\n"
+        "from memest.cli import app\n"
+        "r = CliRunner()\n"
+        "r.invoke(app, ['plan', 'meta-llama/Llama-2-7b-hf', '--gpu', 'H100'])\n"
+        "r.invoke(app, ['sweep', 'meta-llama/Llama-2-7b-hf', '--seq-len', '1k..4k'])\n"
+        "print(' '.join(m for m in ('matplotlib', 'torch', 'transformers', 'huggingface_hub') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""

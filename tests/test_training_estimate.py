@@ -1,0 +1,223 @@
+"""Hand-computed training terms of the tiny llama (see test_estimate_basics.py).
+
+h=64, a=4 heads, k=2 KV heads, d=16, i=128, L=2, V=1000, untied lm_head, P = 202,048 parameters:
+embed 64,000; per layer q 4096, k 2048, v 2048, o 4096, gate/up/down 8192 each, two norms 64 each
+(36,992); final norm 64; lm_head 64,000.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memest.devices import get_device
+from memest.estimate import estimate
+from memest.estimate.activations import Execution, layer_activations
+from memest.estimate.training import moments
+from memest.result import Kind, RankEstimate
+from memest.sources import spec_from_config
+from memest.sources.config import HFConfig
+from memest.workload import (
+    AttnImplementation,
+    Framework,
+    LoraConfig,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Recompute,
+    TrainingConfig,
+)
+
+TINY = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
+    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}
+P = 202_048
+LAYER = 36_992
+H100 = get_device("H100-80GB")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return spec_from_config(HFConfig(TINY, name="tiny", source="test"))
+
+
+def _kinds(terms) -> dict[Kind, int]:
+    return RankEstimate("r", tuple(terms)).by_kind()
+
+
+def test_layer_activations_bf16_sdpa(tiny):
+    # two RMSNorms: fp32 input 4h + rstd 4 + normalized 2h + output 2h = 8 x 64 + 4 = 516 each -> 1032
+    # attention: q 2ad 128 + k 2kd 64 + v 64 + output 128 + logsumexp 4a 16 = 400; gated MLP 4 x 2i = 1024
+    x = Execution(compute_bytes=2, stream_bytes=2)
+    assert layer_activations(tiny.layers[0], hidden=64, seq_len=32, x=x).per_rank(1, False) == 1032 + 400 + 1024
+
+
+def test_layer_activations_bf16_eager(tiny):
+    # eager at s=32: q, K and V repeated to 4 heads (3 x 128), fp32 softmax 4 a s = 512, its bf16 copy
+    # 2 a s = 256, the contiguous output copy read by o_proj 128 -> 1280; norms 1032; MLP 1024
+    x = Execution(compute_bytes=2, stream_bytes=2, eager=True, repeat_kv=True)
+    assert layer_activations(tiny.layers[0], hidden=64, seq_len=32, x=x).per_rank(1, False) == 1032 + 1280 + 1024
+
+
+def test_layer_activations_tensor_parallel_split(tiny):
+    # tp=2 without sequence parallelism: attention and MLP (400 + 1024) halve, norms (1032) stay
+    x = Execution(compute_bytes=2, stream_bytes=2)
+    layer = layer_activations(tiny.layers[0], hidden=64, seq_len=32, x=x)
+    assert layer.per_rank(2, False) == 1032 + (400 + 1024) / 2
+    assert layer.per_rank(2, True) == (1032 + 400 + 1024) / 2
+
+
+def test_pytorch_bf16_foreach_adamw_step(tiny):
+    # one process, bf16 params, grads and AdamW states (2 x 2 B), one state-sized foreach temporary
+    step = _kinds(moments(tiny, TrainingConfig(seq_len=16, precision=Precision.BF16), H100)["optimizer_step"])
+    assert step[Kind.WEIGHTS] == 2 * P
+    assert step[Kind.GRADIENTS] == 2 * P
+    assert step[Kind.OPTIMIZER_STATES] == 4 * P
+    assert step[Kind.WORKSPACE] == 2 * P + 32 * 1024 * 1024  # the temporary + H100's 32 MiB cuBLAS workspace
+
+
+def test_fused_adamw_has_no_step_temporary(tiny):
+    w = TrainingConfig(seq_len=16, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED)
+    assert _kinds(moments(tiny, w, H100)["optimizer_step"])[Kind.WORKSPACE] == 32 * 1024 * 1024
+
+
+def test_gradients_live_through_the_forward_only_when_kept(tiny):
+    base = TrainingConfig(seq_len=16, precision=Precision.BF16)
+    assert Kind.GRADIENTS not in _kinds(moments(tiny, base, H100)["loss_backward"])
+    for kept in (base.replace(grad_accum_steps=2), base.replace(set_grads_to_none=False)):
+        assert _kinds(moments(tiny, kept, H100)["loss_backward"])[Kind.GRADIENTS] == 2 * P
+
+
+def test_ddp_buckets_double_the_gradients(tiny):
+    # amp: fp32 grads 4P in param.grad plus DDP's buckets 4P
+    w = TrainingConfig(seq_len=16, precision=Precision.AMP, parallelism=Parallelism(dp=2))
+    step = _kinds(moments(tiny, w, H100)["optimizer_step"])
+    assert step[Kind.GRADIENTS] == 4 * P + 4 * P
+
+
+def test_megatron_distributed_optimizer(tiny):
+    # 2 (bf16) + 4 (fp32 main_grad) + 12/N (master + Adam) B/param, N = 4
+    w = TrainingConfig(seq_len=16, framework=Framework.MEGATRON, parallelism=Parallelism(dp=4, zero_stage=1))
+    step = _kinds(moments(tiny, w, H100)["optimizer_step"])
+    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (2 * P, 4 * P, 12 * P // 4)
+
+
+def test_fsdp2_full_shard(tiny):
+    # fp32 sharded params 4P/N, Adam 8P/N, sharded fp32 grads 4P/N and the foreach temporary 4P/N (N = 4);
+    # at the loss backward the root unit (embed + final norm + lm_head = 128,064) and two layers are
+    # gathered in bf16
+    w = TrainingConfig(seq_len=16, precision=Precision.FSDP2, parallelism=Parallelism(dp=4, zero_stage=3))
+    m = moments(tiny, w, H100)
+    step = _kinds(m["optimizer_step"])
+    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (P, P, 2 * P)
+    loss = {t.name: t.bytes for t in m["loss_backward"]}
+    assert loss["workspace.gathered_root"] == 128_064 * 2
+    assert loss["workspace.gathered_layers"] == 2 * LAYER * 2
+
+
+def test_deepspeed_zero2_step_casts_the_partition_to_fp32(tiny):
+    # bf16 grads_in_partition 2P/N, its flattened copy 2P/N and the fp32 copy 4P/N (N = 8)
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=2))
+    step = {t.name: t.bytes for t in moments(tiny, w, H100)["optimizer_step"]}
+    assert (step["gradients"], step["workspace.flat_gradients"], step["workspace.fp32_gradients"]) == (
+        2 * P // 8, 2 * P // 8, 4 * P // 8)
+    backward = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}
+    assert backward["workspace.reduce_bucket"] == 500_000_000 * 2
+
+
+def test_adamw8bit_states(tiny):
+    # tensors of >= 4096 elements: 2 x (1 B + 4 B / 256) per element; smaller ones keep fp32 states (8 B)
+    big = 2 * 64_000 + 2 * (2 * 4096 + 3 * 8192)      # embed, lm_head, q, o, gate, up, down: 193,536
+    small = P - big                                     # k, v, norms: 8,512
+    w = TrainingConfig(seq_len=16, precision=Precision.BF16, optimizer=Optimizer.ADAMW8BIT)
+    states = _kinds(moments(tiny, w, H100)["optimizer_step"])[Kind.OPTIMIZER_STATES]
+    assert states == big * 2 + big * 2 * 4 // 256 + small * 8 == 461_216
+
+
+def test_adafactor_factored_states(tiny):
+    # one row and one column vector per matrix, fp32; vectors keep a full fp32 second moment
+    matrices = 2 * (1000 + 64) + 2 * ((64 + 64) + 2 * (32 + 64) + (64 + 64) + 2 * (128 + 64) + (64 + 128))
+    vectors = 2 * 2 * 64 + 64
+    w = TrainingConfig(seq_len=16, precision=Precision.FP32, optimizer=Optimizer.ADAFACTOR)
+    assert _kinds(moments(tiny, w, H100)["optimizer_step"])[Kind.OPTIMIZER_STATES] == 4 * (matrices + vectors)
+
+
+@pytest.mark.parametrize(("loss", "expected"), [
+    (Loss.DEFAULT, 12 * 32 * 1000),                # fp32 log-probs + nll grad + log-softmax grad
+    (Loss.CHUNKED, 32 * 1000 * 4 + 32 * 1000 * 10 // 8),  # all chunks' log-probs + one chunk's grads
+    (Loss.FUSED, 32 * 64 * (2 * 2 + 8)),           # one b x s x h / V chunk of logits
+], ids=["default", "chunked", "fused"])
+def test_logits_by_loss(tiny, loss, expected):
+    w = TrainingConfig(micro_batch_size=2, seq_len=16, precision=Precision.BF16, loss=loss)
+    assert {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}["logits"] == expected
+
+
+def test_qlora_weights(tiny):
+    # NF4 linear weights: 0.5 B each + per tensor one byte per 64-block + 4 B per 256 blocks;
+    # blocks per layer: q 64, k 32, v 32, o 64, gate/up/down 128 -> 604 B of scales per layer
+    nf4 = 2 * (36_864 // 2 + 604)
+    other = (64_000 + 2 * 2 * 64 + 64 + 64_000) * 2      # embeddings, norms, lm_head in bf16
+    adapters = 2 * 16 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64)) * 4  # r=16 on q,k,v,o, fp32
+    w = TrainingConfig(method=Method.QLORA, seq_len=16, precision=Precision.BF16, lora=LoraConfig(rank=16))
+    assert _kinds(moments(tiny, w, H100)["optimizer_step"])[Kind.WEIGHTS] == nf4 + other + adapters == 352_056
+    upcast = w.replace(prepare_kbit_training=True)
+    assert _kinds(moments(tiny, upcast, H100)["optimizer_step"])[Kind.WEIGHTS] == nf4 + 2 * other + adapters
+
+
+def test_offload_host_ram_per_node(tiny):
+    # DeepSpeed ZeRO-2, optimizer offloaded, 8 ranks on one node: fp32 master 4 + Adam 8 + fp32 grads 4
+    # per parameter, each rank a 1/8 shard -> 16 P bytes per node
+    w = TrainingConfig(seq_len=16, offload=Offload.OPTIMIZER, parallelism=Parallelism(dp=8, zero_stage=2))
+    est = estimate(tiny, w, H100)
+    assert est.host_bytes == 16 * P
+    assert Kind.OPTIMIZER_STATES not in est.per_device.by_kind()
+
+
+def test_pipeline_first_stage_keeps_in_flight_microbatches(tiny):
+    # pp=2, 4 micro-batches: stage 0 holds min(pp, 4) = 2 micro-batches of its one layer; stage 1 one
+    w = TrainingConfig(micro_batch_size=1, seq_len=64, precision=Precision.BF16, grad_accum_steps=4,
+                       framework=Framework.MEGATRON, parallelism=Parallelism(pp=2))
+    first, _ = estimate(tiny, w, H100).ranks
+    # Megatron's fused norms keep input 2h + rstd 4 + output 2h = 260 each: 520 + 400 + 1024 = 1944 per token
+    assert first.term("activations.layers").bytes == 2 * 64 * 1944
+    last = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}  # the last stage by default
+    assert last["activations.layers"] == 1 * 64 * 1944
+
+
+def test_peak_moment_is_reported(tiny):
+    short = estimate(tiny, TrainingConfig(seq_len=16, precision=Precision.BF16), H100)
+    long = estimate(tiny, TrainingConfig(seq_len=256, micro_batch_size=8, precision=Precision.BF16), H100)
+    assert short.extra["peak_moment"] == "optimizer_step"
+    assert long.extra["peak_moment"] == "loss_backward"
+    assert any("peak moment: loss_backward" in a for a in long.assumptions)
+
+
+def test_full_recompute_keeps_layer_inputs(tiny):
+    # checkpoints: one b x s x h bf16 input per layer: 2 layers x 4 x 64 tokens x 64 x 2 B
+    w = TrainingConfig(micro_batch_size=4, seq_len=64, precision=Precision.BF16, recompute=Recompute.FULL,
+                       attn_implementation=AttnImplementation.FLASH_ATTENTION_2)
+    terms = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}
+    assert terms["activations.checkpoints"] == 2 * 4 * 64 * 64 * 2
+
+
+def test_cli_hybrid_shard_and_dp_flags():
+    from memest.options import WORKLOAD_OPTIONS, JobOptions
+    from memest.sources import load_model
+
+    spec = load_model("meta-llama/Llama-3.1-8B")
+    values = {name: default for name, (_, default) in WORKLOAD_OPTIONS.items()}
+    values.update(train=True, gpus=32, fsdp="hybrid_shard", gpu="H100-80GB")
+    from memest.workload import FsdpStrategy
+
+    values["fsdp"] = FsdpStrategy.HYBRID_SHARD
+    w = JobOptions(values).workload(spec)
+    # 32 ranks, 8 per H100 node: FULL_SHARD inside the node, replicas across 4 nodes
+    assert (w.parallelism.dp, w.parallelism.zero_stage, w.parallelism.shard_degree, w.framework) == (
+        32, 3, 8, Framework.FSDP)
+    values.update(fsdp=None, gpus=1, dp=4, tp=2)
+    w = JobOptions(values).workload(spec)
+    assert (w.parallelism.dp, w.parallelism.tp, w.parallelism.world_size) == (4, 2, 8)

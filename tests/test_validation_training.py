@@ -1,0 +1,62 @@
+"""Every training case of ../shared/validation/cases.json (kinds train_full, train_multi_gpu, lora,
+qlora) against memest, like with like.
+
+The mapping from each case's published settings to memest's inputs, and the metric compared, live
+in ``benchmarks/training_cases.py`` (which also writes the report ``benchmarks/training_cases.md``).
+Expected values are the published figures. Tolerances: HIGH_TOLERANCE (10%) for tensor-byte figures
+of high-confidence cases, DEVICE_TOLERANCE (15%) for reserved / nvidia-smi figures (allocator slack
+is a fixed share in memest), MEDIUM_TOLERANCE (25%) for medium-confidence cases, which are sanity
+checks. Cases memest does not yet reproduce are marked xfail with the reason; the report lists their
+errors too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import training_cases as tc  # noqa: E402
+
+KNOWN_GAPS = {
+    "fms_mistral7b_qlora_bnb_1gpu_bs4": "measured peak is 4.0 GiB above the LoRA run's activations, exactly a second "
+    "copy of the bf16 layer checkpoints (an fp32 residual stream?); not found in the sources read",
+    "fms_mistral7b_qlora_bnb_1gpu_bs4@nvidia": "as the allocated figure, plus 30% allocator slack in this run",
+    "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: the gist's ZeRO-2 figures fit a first-iteration reading "
+    "(steady 19.4 GB = 2P + 4P/N + 2P/N + bucket, before the lazily created Adam states); memest is steady state",
+    "torchtitan_llama31_70b_fsdp32_tp8": "torch.compile + float8 + TP with DTensor sequence parallel: 17 GiB above "
+    "memest's terms are unaccounted for",
+}
+
+ROWS = tc.rows()
+
+
+def test_every_training_case_is_compared():
+    published = {c["id"] for c in json.loads(tc.CASES_JSON.read_text()) if c["kind"] in tc.KINDS}
+    compared = {r.case.id.split("@")[0] for r in ROWS}
+    assert compared == published
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.case.id for r in ROWS])
+def test_case_within_tolerance(row):
+    if row.case.id in KNOWN_GAPS and abs(row.error) > row.case.tolerance:
+        pytest.xfail(KNOWN_GAPS[row.case.id])
+    assert abs(row.error) <= row.case.tolerance, (
+        f"{row.case.id}: memest {row.predicted_bytes / tc.GiB:.2f} GiB vs measured "
+        f"{row.case.measured_bytes / tc.GiB:.2f} GiB ({row.error:+.1%}, moment {row.estimate.extra['peak_moment']})"
+    )
+
+
+def test_median_error_goal():
+    """The issue's goal: median |error| <= 5% over the published training cases."""
+    assert tc.summary(ROWS)["median_abs_error"] <= 0.05
+
+
+def test_report_is_current():
+    """benchmarks/training_cases.md is what the script generates now."""
+    report = Path(tc.__file__).with_suffix(".md").read_text()
+    assert report.startswith(tc.markdown(ROWS))
