@@ -6,8 +6,8 @@ rewrites the accuracy section of README.md (between ``<!-- accuracy:start -->`` 
 
 Two sources, compared like with like, error = (predicted - measured) / measured:
 
-- **calibration records** (``calibrate/results/*.jsonl``, written by ``memest calibrate``): each
-  record is re-estimated with the formulas of this checkout — its model, flags and device as
+- **calibration records** (``calibrate/results/*.jsonl``, written by ``memest calibrate``): the
+  newest record of each case is re-estimated with the formulas of this checkout — its model, flags and device as
   recorded — and compared with what was measured: peak allocated (CPU: the profiler timeline;
   CUDA: ``max_memory_allocated``), and on CUDA peak reserved and device used (NVML). The largest
   rank's figure is used (what must fit). Out-of-memory records are listed with the verdict.
@@ -91,9 +91,19 @@ class Skipped:
 # ---- calibration records ----
 
 
-def record_rows(paths: Iterable[Path]) -> Iterator[AccuracyRow | Skipped]:
-    """Every calibration record re-estimated with this checkout's formulas."""
+def latest_records(paths: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """The newest record of each suite case (older ones are history), and every untagged record."""
+    latest: dict[tuple[str, str], tuple[Path, dict[str, Any]]] = {}
     for path, rec in read_records(paths):
+        key = (path.stem, f"{rec['suite']}/{rec['case']}" if rec.get("case") else rec["id"])
+        if key not in latest or rec["id"] > latest[key][1]["id"]:
+            latest[key] = (path, rec)
+    return list(latest.values())
+
+
+def record_rows(paths: Iterable[Path]) -> Iterator[AccuracyRow | Skipped]:
+    """The newest record of every case re-estimated with this checkout's formulas."""
+    for path, rec in latest_records(paths):
         source = f"calibrate/{path.stem}"
         name = f"{rec['suite']}/{rec['case']}" if rec.get("case") else rec["id"]
         measured = rec["measured"]

@@ -21,6 +21,7 @@ from memest.options import WORKLOAD_OPTIONS, JobOptions
 from memest.spec import ModelSpec
 from memest.workload import (
     Engine,
+    Framework,
     Method,
     Offload,
     Optimizer,
@@ -72,6 +73,11 @@ class Request:
     def from_dict(cls, data: dict[str, Any]) -> Request:
         """Inverse of :meth:`to_dict`."""
         return cls(**data)
+
+
+def _value(x: Any) -> Any:
+    """An enum's value, anything else as is."""
+    return x.value if isinstance(x, Enum) else x
 
 
 def flags_of(job: JobOptions) -> dict[str, Any]:
@@ -131,12 +137,27 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: in
                          f"so pass --nproc {gpus} (or drop --gpus)")
     values = dict(job.values, gpus=nproc)
     workload = JobOptions(values).workload(spec)
+    if isinstance(workload, TrainingConfig):
+        runs = framework_that_runs(workload, nproc)
+        asked = job.values.get("framework", Framework.AUTO)
+        if asked not in (Framework.AUTO, runs):
+            raise InputError(f"calibrate runs this job under {runs.value} (plain PyTorch in one process, DDP for "
+                             f"--zero-stage 0/1, FSDP2 for 2/3 or --precision fsdp2); drop --framework {asked.value}")
+        workload = workload.replace(framework=runs)
     if isinstance(workload, ServingConfig):
         changes: dict[str, Any] = {"engine": Engine.HF, "engine_version": workload.engine_version or _transformers_major()}
         if workload.prompt_len is None and workload.max_new_tokens is None:
             changes["max_new_tokens"] = steps if steps is not None else DEFAULT_DECODE_STEPS
         workload = workload.replace(**changes)
     return workload
+
+
+def framework_that_runs(t: TrainingConfig, nproc: int) -> Framework:
+    """What calibrate runs ``t`` under: FSDP2 for ``--precision fsdp2`` or ZeRO stage 2-3, DDP for
+    more than one process, else plain PyTorch (the estimate is made for the same framework)."""
+    if t.precision is Precision.FSDP2 or t.parallelism.zero_stage >= 2:
+        return Framework.FSDP
+    return Framework.DDP if nproc > 1 else Framework.PYTORCH
 
 
 def _transformers_major() -> str:
@@ -183,17 +204,22 @@ def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:
 
 def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
     z = t.parallelism.zero_stage
+    shard = t.parallelism.dp_shard
+    if shard not in (None, t.parallelism.dp * t.parallelism.cp):
+        raise InputError(f"--dp-shard {shard} (hybrid sharding) is not calibrated; calibrate shards over all "
+                         f"{nproc} processes: drop --dp-shard / --fsdp hybrid_shard")
     if t.recompute is Recompute.SELECTIVE:
         raise InputError("--recompute selective is Megatron's; transformers models checkpoint whole layers: "
                          "use --recompute full or none")
-    if t.loss != "default":
-        raise InputError(f"--loss {t.loss} is not run by calibrate (it uses the model's own loss); drop --loss")
+    if _value(t.loss) != "default":
+        raise InputError(f"--loss {_value(t.loss)} is not run by calibrate (it uses the model's own loss); drop --loss")
     if t.offload is not Offload.NONE:
         raise InputError(f"--offload {t.offload.value} is not measured by calibrate; drop --offload")
-    if t.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
-        raise InputError(f"--attn-implementation {t.attn_implementation!r} is not one of sdpa, eager, flash_attention_2")
+    if _value(t.attn_implementation) not in ("sdpa", "eager", "flash_attention_2"):
+        raise InputError(f"--attn-implementation {_value(t.attn_implementation)!r} is not one of sdpa, eager, "
+                         "flash_attention_2")
     if backend == "cpu":
-        if t.attn_implementation == "flash_attention_2":
+        if _value(t.attn_implementation) == "flash_attention_2":
             raise InputError("--attn-implementation flash_attention_2 needs CUDA; use sdpa with --device cpu")
         if t.method is Method.QLORA or t.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
             raise InputError("bitsandbytes (QLoRA, 8-bit optimizers) needs CUDA; drop it or use --device cuda")

@@ -198,7 +198,8 @@ def _prepare(cfg: Any, spec: Any, workload: Any, request: Request, *, device: An
 
     model = build_model(cfg, spec, device=torch.device("cpu") if qlora else device,
                         dtype=torch_dtype(model_dtype(workload)),
-                        attn_implementation=workload.attn_implementation, checkpoint=checkpoint)
+                        attn_implementation=getattr(workload.attn_implementation, "value", workload.attn_implementation),
+                        checkpoint=checkpoint)
     if qlora:
         model = quantize_nf4(model, device)
     return prepare_training(model, spec, workload, device=device, wrap=distributed.wrapper(workload, world, device),

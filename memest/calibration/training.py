@@ -13,10 +13,11 @@ Each recipe of :mod:`memest.estimate.training` is run as its table says:
 Optimizers are the torch ones with their defaults on the device (foreach kernels on CUDA, the
 per-tensor loop on CPU), bitsandbytes' ``AdamW8bit`` / ``PagedAdamW8bit``, and :class:`Lion`
 (lion-pytorch's update, one momentum state). LoRA goes through peft (``get_peft_model``) on the
-modules memest's estimator targets, adapters at the recipe's weight dtype
-(``autocast_adapter_dtype=False``); QLoRA quantizes the decoder's linear weights to bitsandbytes
-NF4 with double quantization, then ``peft.prepare_model_for_kbit_training`` (non-quantized
-weights upcast to fp32) as the QLoRA examples do.
+modules memest's estimator targets, with PEFT's defaults: on a 16-bit base the adapters are fp32
+(``autocast_adapter_dtype=True``) and are trained directly, without a master copy; QLoRA quantizes the decoder's linear weights to bitsandbytes
+NF4 with double quantization, then — with ``--prepare-kbit-training`` —
+``peft.prepare_model_for_kbit_training`` (non-quantized weights upcast to fp32), as the QLoRA
+examples do. ``--lora-dropout``, ``--keep-grads`` and ``--target-len`` (seq2seq decoders) are honoured.
 
 The batch is ``micro_batch_size`` sequences of ``seq_len`` random token ids, no padding (no
 attention mask is materialised), labels = inputs (the model's own shifted cross-entropy).
@@ -88,9 +89,12 @@ class Lion:
                 exp_avg.mul_(b2).add_(p.grad, alpha=1 - b2)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the gradients."""
+        """Drop (or zero) the gradients."""
         for p in self.params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
 
 
 def make_optimizer(params: list[Any], optimizer: Optimizer, *, device_type: str) -> Any:
@@ -161,9 +165,12 @@ class MasterWeightsOptimizer:
                 p.copy_(m)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop the 16-bit gradients."""
+        """Drop (or zero) the 16-bit gradients."""
         for p, _ in self.pairs:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
 
     def state_tensors(self) -> Iterator[Any]:
         """Master copies and every inner optimizer's state tensors."""
@@ -226,9 +233,9 @@ def apply_lora(model: Any, spec: Any, t: TrainingConfig) -> Any:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise MissingDependencyError("--finetune lora needs peft: pip install peft") from exc
-    config = LoraConfig(r=t.lora.rank, lora_alpha=2 * t.lora.rank, lora_dropout=0.0, bias="none",
+    config = LoraConfig(r=t.lora.rank, lora_alpha=2 * t.lora.rank, lora_dropout=t.lora.dropout, bias="none",
                         target_modules=lora_target_modules(spec, t.lora.targets))
-    return get_peft_model(model, config, autocast_adapter_dtype=False)
+    return get_peft_model(model, config)  # PEFT's default autocast_adapter_dtype: fp32 adapters on a 16-bit base
 
 
 def quantize_nf4(model: Any, device: Any) -> Any:
@@ -280,6 +287,7 @@ class TrainingSession:
         optimizer: The optimizer.
         batch: Keyword arguments of the forward.
         grad_accum_steps: Micro-batches per optimizer step.
+        set_grads_to_none: ``zero_grad(set_to_none=...)`` after the step (``--keep-grads`` keeps them).
         autocast: torch dtype name for ``torch.autocast``, or None.
         device_type: ``cuda`` or ``cpu``.
         weights_module: The module whose parameters are the weights (before wrappers).
@@ -289,6 +297,7 @@ class TrainingSession:
     optimizer: Any
     batch: dict[str, Any]
     grad_accum_steps: int
+    set_grads_to_none: bool
     autocast: str | None
     device_type: str
     weights_module: Any
@@ -313,7 +322,7 @@ class TrainingSession:
             (loss / self.grad_accum_steps).backward()
             del loss
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=self.set_grads_to_none)
 
     def live_bytes(self) -> int:
         """Bytes of every tensor the job holds between steps: parameters, buffers, optimizer
@@ -348,8 +357,10 @@ def training_batch(spec: Any, t: TrainingConfig, vocab_size: int, device: Any) -
     ids = torch.randint(0, vocab_size, shape, generator=g).to(device)
     if spec.task == "classification":
         return {"input_ids": ids, "labels": torch.zeros(t.micro_batch_size, dtype=torch.long, device=device)}
-    if spec.task == "seq2seq":
-        return {"input_ids": ids, "labels": ids.clone()}
+    if spec.task == "seq2seq":  # the decoder gets --target-len tokens (default: --seq-len)
+        target = t.target_len or t.seq_len
+        labels = torch.randint(0, vocab_size, (t.micro_batch_size, target), generator=g).to(device)
+        return {"input_ids": ids, "labels": labels}
     return {"input_ids": ids, "labels": ids}
 
 
@@ -370,7 +381,7 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = False
-    if t.method is Method.QLORA:
+    if t.method is Method.QLORA and t.prepare_kbit_training:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=t.recompute is Recompute.FULL,
@@ -384,21 +395,22 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
     if not params:
         raise InputError(f"{spec.name} has no trainable parameter under --finetune {t.method.value}; "
                          "check --lora-targets")
-    if recipe.master:
+    import torch
+
+    if recipe.master and any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
         opt: Any = MasterWeightsOptimizer(params, lambda ms: make_optimizer(ms, t.optimizer, device_type=device.type))
     elif t.parallelism.zero_stage == 1 and t.parallelism.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         if t.optimizer is not Optimizer.ADAMW:
             raise InputError("--zero-stage 1 is calibrated with AdamW only; use --optimizer adamw")
-        import torch
-
         opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE)
     else:
         opt = make_optimizer(params, t.optimizer, device_type=device.type)
     batch = training_batch(spec, t, vocab_size, device)
     autocast = "bfloat16" if t.method is Method.QLORA else recipe.autocast  # QLoRA computes in bf16 (Trainer bf16=True)
-    return TrainingSession(runnable, opt, batch, t.grad_accum_steps, autocast, device.type, weights_module)
+    return TrainingSession(runnable, opt, batch, t.grad_accum_steps, t.set_grads_to_none, autocast, device.type,
+                           weights_module)
 
 
 def model_dtype(t: TrainingConfig) -> str:
