@@ -353,7 +353,7 @@ class CudaMeter:
         torch.cuda.synchronize(self.index)
         stats = torch.cuda.memory_stats(self.index)
         self._step_peaks.append(int(stats.get("allocated_bytes.all.peak", 0)))
-        self._maxima = {key: max(self._maxima.get(key, 0), int(stats.get(key, 0))) for key in _PEAK_KEYS}
+        self._maxima = {key: max(self._maxima.get(key, 0), int(stats[key])) for key in _PEAK_KEYS if key in stats}
         torch.cuda.reset_peak_memory_stats(self.index)
 
     def stop(self, steps: int, *, step_seconds: tuple[float, ...] = (), error: str | None = None,

@@ -47,6 +47,24 @@ def test_nproc_sets_the_data_parallel_degree():
     assert (w.parallelism.dp, w.parallelism.world_size) == (2, 2)
 
 
+@pytest.mark.parametrize(("flags", "nproc", "framework"), [
+    ({"train": True, "precision": "mixed"}, 1, "pytorch"),
+    ({"train": True, "precision": "bf16"}, 2, "ddp"),
+    ({"train": True, "precision": "amp", "zero_stage": 1}, 2, "ddp"),
+    ({"train": True, "precision": "fsdp2", "zero_stage": 3}, 2, "fsdp"),
+    ({"train": True, "precision": "fsdp2"}, 1, "fsdp"),
+], ids=["one-process", "ddp", "zero1", "fsdp2", "fsdp2-one-process"])
+def test_the_estimate_is_made_for_the_framework_that_runs(flags, nproc, framework):
+    # `memest hf` would pick DeepSpeed for mixed precision; calibrate runs plain PyTorch, so it says so
+    w = calibration_workload(job_from_flags(flags), load_model(TINY), nproc)
+    assert w.framework.value == framework
+
+
+def test_a_framework_calibrate_does_not_run_is_refused():
+    with pytest.raises(InputError, match="calibrate runs this job under pytorch .* drop --framework deepspeed"):
+        calibration_workload(job_from_flags({"train": True, "framework": "deepspeed"}), load_model(TINY), 1)
+
+
 def test_serving_is_estimated_as_the_hf_generate_that_runs():
     w = calibration_workload(job_from_flags({"serve": True, "max_model_len": 256}), load_model(TINY), 1, steps=5)
     assert isinstance(w, ServingConfig)
@@ -295,3 +313,42 @@ def test_committed_records_are_complete_and_consistent(path):
             total = next(r for r in row_set["rows"] if r["name"] == "peak allocated")
             assert total["measured"] == m["peak_allocated_bytes"]
             assert total["predicted"] == rec["predicted"]["ranks"][0]["allocated_bytes"]
+
+
+# ---- the CUDA meter's bookkeeping, with a stand-in for torch.cuda (no GPU needed) ----
+
+
+def test_cuda_meter_carries_peaks_across_steps_and_reads_the_context(monkeypatch):
+    import sys
+    import types
+
+    from memest import measure
+
+    stats = iter([
+        # baseline (start): what the warm-up left
+        {"allocated_bytes.all.current": 50, "reserved_bytes.all.current": 120},
+        # step 1 (lap), then the peaks are reset
+        {"allocated_bytes.all.peak": 300, "reserved_bytes.all.peak": 400, "active_bytes.all.peak": 350},
+        # step 2 (stop): a lower allocated peak; reserved never shrinks
+        {"allocated_bytes.all.peak": 250, "reserved_bytes.all.peak": 400, "active_bytes.all.peak": 260,
+         "reserved_bytes.all.current": 400, "num_alloc_retries": 2, "num_ooms": 0},
+    ])
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, device_count=lambda: 1, set_device=lambda i: None, init=lambda: None,
+        synchronize=lambda i=None: None, mem_get_info=lambda i=None: (900, 1000),
+        get_device_name=lambda i=None: "NVIDIA H100 80GB HBM3", get_device_capability=lambda i=None: (9, 0),
+        empty_cache=lambda: None, reset_peak_memory_stats=lambda i=None: None,
+        reset_accumulated_memory_stats=lambda i=None: None, memory_stats=lambda i=None: next(stats))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda, device=lambda *a: a, __version__="x"))
+    monkeypatch.setattr(measure.Nvml, "open", classmethod(lambda cls, index: None))  # no nvidia-ml-py
+    meter = measure.CudaMeter(0)
+    meter.start()
+    meter.lap()
+    m = meter.stop(2)
+    assert m.step_peak_bytes == (300, 250)
+    assert (m.peak_allocated_bytes, m.peak_reserved_bytes, m.peak_active_bytes) == (300, 400, 350)
+    assert m.peak_requested_bytes is None  # not reported by this allocator
+    assert (m.baseline_allocated_bytes, m.baseline_reserved_bytes, m.num_alloc_retries) == (50, 120, 2)
+    # without NVML the context is what mem_get_info says the device uses: total 1000 - free 900
+    assert (m.context_method, m.cuda_context_bytes) == ("mem_get_info", 100)
+    assert m.non_torch_bytes is None and m.device_used_bytes is None
