@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -46,6 +47,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
 CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit.")]
+TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code on PyTorch's meta device, count every "
+                                        "tensor, and print the traced peak beside the estimate (needs torch).")]
+PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "
+                                              ".pdf; implies --trace; needs matplotlib).", metavar="FILE")]
 
 
 def _console(stderr: bool = False) -> Any:
@@ -63,22 +68,36 @@ def hf_command(
     markdown: MarkdownOpt = False,
     explain: ExplainOpt = False,
     check: CheckOpt = False,
+    trace: TraceOpt = False,
+    plot: PlotOpt = None,
     job: JobOptions,
 ) -> None:
     """Estimate per-device memory for MODEL: terms, fit verdict and the cheapest change that fits."""
     from memest.plan import assess
     from memest.report import render, to_dict, to_markdown
-    from memest.sources import load_model
+    from memest.sources import load_config, spec_from_config
 
-    spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
+    cfg = load_config(model, revision=job.revision)
+    spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
     workload = job.workload(spec)
     result = assess(spec, workload, job.device, headroom=job.headroom, device_given=job.device_given)
+    traced = None
+    if trace or plot is not None:
+        from memest.trace import console
+
+        traced = console.trace_for_cli(cfg, workload, job.device, result.estimate,
+                                       trust_remote_code=job.trust_remote_code, plot=plot)
     if json_:
-        typer.echo(json.dumps(to_dict(result), indent=2))
+        doc = to_dict(result)
+        if traced is not None:
+            doc["trace"] = console.to_dict(*traced)
+        typer.echo(json.dumps(doc, indent=2))
     elif markdown:
-        typer.echo(to_markdown(result), nl=False)
+        typer.echo(to_markdown(result) + (console.to_markdown(*traced) if traced else ""), nl=False)
     else:
         _console().print(render(result, explain=explain))
+        if traced is not None:
+            _console().print(console.render(*traced))
     if check and not result.verdict.fits:
         raise typer.Exit(EXIT_NO_FIT)
 

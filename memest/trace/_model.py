@@ -1,0 +1,196 @@
+"""The transformers model a trace runs: built from the config on the meta device, adapted to the job.
+
+Building follows :mod:`memest.meta` (the families' builder): ``AutoConfig.for_model`` on the raw
+config, the class its ``architectures`` names (else ``AutoModelForCausalLM``), instantiated under
+``torch.device("meta")`` with an explicit dtype, and remote code only when the user allows it.
+LoRA goes through PEFT's ``get_peft_model`` exactly as a fine-tuning script calls it; activation
+checkpointing through the model's own ``activation_checkpointing_enable`` (transformers 5;
+``gradient_checkpointing_enable`` before), which wraps every decoder layer in
+``torch.utils.checkpoint`` with ``use_reentrant=False``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from memest.errors import InputError, MissingDependencyError, UnsupportedArchitectureError
+from memest.sources.config import HFConfig
+from memest.spec import ModelSpec
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a memest dtype name.
+
+    Raises:
+        InputError: not a floating dtype the trace can build a model in.
+    """
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise InputError(f"the trace builds models in fp32, fp16 or bf16, not {name!r}")
+    return DTYPES[key]
+
+
+def build(cfg: HFConfig, dtype: torch.dtype, attn_implementation: str, *,
+          trust_remote_code: bool = False) -> tuple[Any, str]:
+    """The transformers causal-LM model of ``cfg`` on the meta device, and the attention implementation used.
+
+    A class without SDPA attention is built with ``eager``, as transformers runs it everywhere.
+
+    Args:
+        cfg: The model's config.json.
+        dtype: Parameter dtype.
+        attn_implementation: ``sdpa`` or ``eager`` (transformers' names).
+        trust_remote_code: Allow a model_type transformers does not know to run its own code.
+
+    Raises:
+        UnsupportedArchitectureError: transformers cannot build this config.
+    """
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = cfg.model_type
+    if model_type not in CONFIG_MAPPING:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} of {cfg.name!r} is unknown to transformers {transformers.__version__}; "
+            "the trace runs transformers' own model classes only"
+        )
+    raw = {k: v for k, v in cfg.raw.items() if k not in ("model_type", "auto_map")}
+    config = AutoConfig.for_model(model_type, **raw)
+    arch = cfg.architecture
+    cls = getattr(transformers, arch, None) if arch else None
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)) or not arch.endswith(
+        ("ForCausalLM", "LMHeadModel")
+    ):
+        cls = AutoModelForCausalLM
+    try:
+        return _instantiate(cls, config, dtype, attn_implementation, trust_remote_code), attn_implementation
+    except ValueError as exc:
+        if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise UnsupportedArchitectureError(
+                f"transformers cannot build {cfg.name!r} ({model_type}) as a causal LM for the trace: {exc}"
+            ) from exc
+    # the class has no SDPA attention (bloom's ALiBi, gemma2's soft-capping, gpt-oss's sinks): transformers
+    # runs it with eager attention on a GPU too
+    return _instantiate(cls, config, dtype, "eager", trust_remote_code), "eager"
+
+
+def _instantiate(cls: Any, config: Any, dtype: torch.dtype, attn_implementation: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        if cls is AutoModelForCausalLM:
+            return cls.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                   trust_remote_code=trust_remote_code)
+        return cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The repeated decoder blocks of a transformers model (the biggest ModuleList of blocks)."""
+    best: list[Any] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best):
+            best = list(module)
+    return best
+
+
+def lm_head(model: Any) -> Any:
+    """The output projection module (``get_output_embeddings``)."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise UnsupportedArchitectureError(f"{type(model).__name__} has no output embeddings to trace the logits of")
+    return head
+
+
+def lora_targets(spec: ModelSpec, targets: str) -> list[str]:
+    """The module names PEFT should target for memest's ``--lora-targets``.
+
+    ``attention``: the attention projections of the spec's layers; ``all-linear``: every linear
+    projection of a layer (PEFT's own ``all-linear`` would also take none other); otherwise the
+    comma-separated names as given.
+    """
+    from memest.spec import Component
+
+    names: list[str] = []
+    for layer, _ in spec.layer_kinds():
+        for t in layer.tensors:
+            if not (t.is_linear_weight and len(t.shape) == 2):
+                continue
+            if targets == "attention" and t.component is not Component.ATTENTION:
+                continue
+            short = t.module.rsplit(".", 1)[-1]
+            if short not in names:
+                names.append(short)
+    if targets not in ("attention", "all-linear"):
+        names = [x.strip() for x in targets.split(",") if x.strip()]
+    if not names:
+        raise InputError(f"--lora-targets {targets!r} matches no linear layer of {spec.name}")
+    return names
+
+
+def apply_lora(model: Any, targets: list[str], rank: int) -> Any:
+    """``peft.get_peft_model`` with a LoRA adapter of ``rank`` on ``targets`` (PEFT defaults otherwise).
+
+    PEFT's defaults matter for memory: ``lora_alpha`` 8, ``lora_dropout`` 0 (no dropout module),
+    and ``autocast_adapter_dtype=True``, which keeps the adapters in float32 when the base
+    model is bf16/fp16 (peft ``tuners_utils.BaseTuner._cast_adapter_dtype``).
+
+    Raises:
+        MissingDependencyError: peft is not installed.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise MissingDependencyError("tracing LoRA needs peft; install with: pip install peft") from exc
+    with torch.device("meta"):
+        return get_peft_model(model, LoraConfig(r=rank, target_modules=targets, task_type="CAUSAL_LM"))
+
+
+def enable_checkpointing(model: Any, recompute_context: Any) -> None:
+    """Activation checkpointing of every decoder layer, through the model's own switch.
+
+    Args:
+        model: The transformers model.
+        recompute_context: A context-manager factory entered around each layer's recomputation
+            in backward (``torch.utils.checkpoint``'s ``context_fn``, second element), so the
+            tracker knows the rebuilt tensors are activations. transformers 5 checkpoints
+            ``forward``, inside the module's hooks, so hooks cannot tell.
+    """
+    kwargs = {"use_reentrant": False, "context_fn": lambda: (contextlib.nullcontext(), recompute_context())}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers < 5
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def data_dependent_answers() -> Iterator[None]:
+    """Answer the data-dependent questions transformers asks of real tensors, as real inputs would.
+
+    Meta tensors have no values, so ``bool(tensor)`` fails. The questions and the answers a real
+    batch of unpacked sequences gives:
+
+    - ``masking_utils.find_packed_sequence_indices`` (are several sequences packed in one row?
+      asked when training without a cache or an attention mask): no, ``None``.
+    """
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original

@@ -1,0 +1,127 @@
+"""``memest hf --trace`` / ``--plot``: run the trace with progress on stderr, and render it beside the estimate.
+
+Bytes become GiB through :func:`memest.report.gib`, as everywhere else. The JSON form keeps ints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memest.devices import Device
+from memest.report import GiB, gib
+from memest.result import Estimate
+from memest.sources.config import HFConfig
+from memest.trace.compare import Comparison, ComparisonRow, compare
+from memest.trace.result import TraceResult
+from memest.workload import Workload
+
+
+def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trust_remote_code: bool,
+                      show_progress: bool = True) -> TraceResult:
+    """:func:`memest.trace.trace` with a rich progress bar on stderr (decoder-layer passes)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memest.trace import trace
+
+    console = Console(stderr=True)
+    if not show_progress or not console.is_terminal:
+        return trace(cfg, workload, device, trust_remote_code=trust_remote_code)
+    with Progress(TextColumn("tracing {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("model build", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        return trace(cfg, workload, device, trust_remote_code=trust_remote_code, progress=progress)
+
+
+def _rel(row: ComparisonRow) -> str:
+    if row.relative is None or abs(row.diff_bytes) < 1 << 20:  # under 1 MiB either way: no meaningful share
+        return "—" if row.relative is None else "±0"
+    return f"{row.relative:+.1%}"
+
+
+def render(result: TraceResult, comparison: Comparison) -> Any:
+    """A rich renderable: the traced peak by kind beside the analytic terms, with each difference."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    per = result.per_device
+    table = Table(title=f"trace vs estimate (peak in {comparison.peak_phase}; {result.world_size} device"
+                        f"{'s' if result.world_size > 1 else ''}, rank {per.rank})")
+    for col, justify in (("kind", "left"), ("estimate", "right"), ("trace", "right"), ("trace − estimate", "right"),
+                         ("of trace", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for row in comparison.kinds:
+        table.add_row(row.name, gib(row.analytic_bytes), gib(row.traced_bytes), gib(row.diff_bytes), _rel(row))
+    table.add_section()
+    for row in (comparison.allocated, comparison.reserved):
+        table.add_row(f"[bold]{row.name}[/bold]", gib(row.analytic_bytes), gib(row.traced_bytes), gib(row.diff_bytes),
+                      _rel(row))
+    parts: list[Any] = [table]
+    phases = " · ".join(f"{name} {gib(n)}" for name, n in per.phase_peaks.items())
+    parts.append(Text(f"traced peak by phase: {phases}", style="dim"))
+    largest = Table(title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
+    for col, justify in (("kind", "left"), ("origin", "left"), ("count", "right"), ("size", "right")):
+        largest.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for g in per.groups[:8]:
+        largest.add_row(g.kind.value, g.label, str(g.count), gib(g.bytes))
+    parts.append(largest)
+    parts.append(Text(f"traced in {result.seconds:.1f} s ({result.num_ops:,} operators): " + "; ".join(result.settings),
+                      style="dim"))
+    return Group(*parts)
+
+
+def to_markdown(result: TraceResult, comparison: Comparison) -> str:
+    """The comparison as a Markdown table."""
+    lines = [
+        "",
+        f"**trace vs estimate** (peak in {comparison.peak_phase}; {result.world_size} device(s), rank {result.per_device.rank})",
+        "",
+        "| kind | estimate GiB | trace GiB | trace − estimate GiB | of trace |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in (*comparison.kinds, comparison.allocated, comparison.reserved):
+        lines.append(f"| {row.name} | {row.analytic_bytes / GiB:,.2f} | {row.traced_bytes / GiB:,.2f} | "
+                     f"{row.diff_bytes / GiB:,.2f} | {_rel(row)} |")
+    lines += ["", "trace settings: " + "; ".join(result.settings)]
+    return "\n".join(lines) + "\n"
+
+
+def to_dict(result: TraceResult, comparison: Comparison) -> dict[str, Any]:
+    """The ``trace`` section of ``memest hf --trace --json`` (integer bytes)."""
+    per = result.per_device
+    return {
+        "target": result.target,
+        "world_size": result.world_size,
+        "seconds": round(result.seconds, 3),
+        "num_ops": result.num_ops,
+        "settings": list(result.settings),
+        "peak_allocated_bytes": per.peak_allocated_bytes,
+        "peak_reserved_bytes": per.peak_reserved_bytes,
+        "peak_tensor_bytes": per.peak_tensor_bytes,
+        "peak_phase": per.peak_phase,
+        "phase_peaks": dict(per.phase_peaks),
+        "by_kind": {k.value: v for k, v in per.by_kind.items()},
+        "largest": [{"kind": g.kind.value, "origin": g.label, "count": g.count, "bytes": g.bytes} for g in per.groups],
+        "comparison": [
+            {"name": r.name, "estimate_bytes": r.analytic_bytes, "trace_bytes": r.traced_bytes, "diff_bytes": r.diff_bytes}
+            for r in (*comparison.kinds, comparison.allocated, comparison.reserved)
+        ],
+    }
+
+
+def trace_for_cli(cfg: HFConfig, workload: Workload, device: Device, estimate: Estimate, *, trust_remote_code: bool,
+                  plot: Path | None) -> tuple[TraceResult, Comparison]:
+    """Trace, compare with ``estimate``, and write the timeline plot when asked."""
+    result = run_with_progress(cfg, workload, device, trust_remote_code=trust_remote_code)
+    comparison = compare(result, estimate)
+    if plot is not None:
+        from memest.trace.plot import plot_timeline
+
+        plot_timeline(result, plot, estimate_allocated_bytes=comparison.allocated.analytic_bytes)
+    return result, comparison
