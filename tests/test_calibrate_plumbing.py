@@ -50,10 +50,9 @@ def test_nproc_sets_the_data_parallel_degree():
 @pytest.mark.parametrize(("flags", "nproc", "framework"), [
     ({"train": True, "precision": "mixed"}, 1, "pytorch"),
     ({"train": True, "precision": "bf16"}, 2, "ddp"),
-    ({"train": True, "precision": "amp", "zero_stage": 1}, 2, "ddp"),
     ({"train": True, "precision": "fsdp2", "zero_stage": 3}, 2, "fsdp"),
     ({"train": True, "precision": "fsdp2"}, 1, "fsdp"),
-], ids=["one-process", "ddp", "zero1", "fsdp2", "fsdp2-one-process"])
+], ids=["one-process", "ddp", "fsdp2", "fsdp2-one-process"])
 def test_the_estimate_is_made_for_the_framework_that_runs(flags, nproc, framework):
     # `memest hf` would pick DeepSpeed for mixed precision; calibrate runs plain PyTorch, so it says so
     w = calibration_workload(job_from_flags(flags), load_model(TINY), nproc)
@@ -78,10 +77,11 @@ def test_serving_is_estimated_as_the_hf_generate_that_runs():
     ({"train": True, "precision": "fsdp2"}, 2, "cpu", "--precision fsdp2 shards parameters over the 2 processes"),
     ({"train": True, "zero_stage": 3}, 2, "cpu", "--precision mixed keeps a separate fp32 master copy"),
     ({"finetune": "qlora"}, 1, "cpu", "bitsandbytes \\(QLoRA, 8-bit optimizers\\) needs CUDA"),
+    ({"train": True, "precision": "amp", "zero_stage": 1}, 2, "cpu", "--zero-stage 1 .* is DeepSpeed's"),
     ({"serve": True, "quantization": "int8"}, 1, "cuda", "calibrate serves unquantized weights"),
     ({"serve": True}, 2, "cuda", "calibrate serves on one device"),
-], ids=["gpus-vs-nproc", "tp", "selective", "fsdp2-unsharded", "mixed-zero3", "qlora-cpu", "quantized-serve",
-        "serve-nproc"])
+], ids=["gpus-vs-nproc", "tp", "selective", "fsdp2-unsharded", "mixed-zero3", "qlora-cpu", "zero1",
+        "quantized-serve", "serve-nproc"])
 def test_unsupported_workloads_name_the_flag_and_the_fix(flags, nproc, backend, message):
     with pytest.raises(InputError, match=message):
         w = calibration_workload(job_from_flags(flags), load_model(TINY), nproc)

@@ -8,7 +8,8 @@ The pieces, each with one job:
   weights directly on the device (real weights only on request);
 - :mod:`~memest.calibration.training` / :mod:`~memest.calibration.serving` — the workloads: a
   training step with the precision recipe, optimizer and LoRA; prefill plus decode with the HF cache;
-- :mod:`~memest.calibration.distributed` — torchrun, DDP / FSDP2, gathering per-rank figures;
+- :mod:`~memest.calibration.distributed` — torchrun, DDP / FSDP2, gathering per-rank figures
+  (:mod:`~memest.calibration.worker` is each torchrun worker's entry point);
 - :mod:`~memest.calibration.runner` — the protocol around the steps (warm-up, baseline,
   out-of-memory as a result, releasing the device) on one process;
 - :mod:`~memest.calibration.compare` — predicted versus measured, per term and in total; no torch;

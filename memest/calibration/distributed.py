@@ -8,8 +8,7 @@ records. Run inside ``torchrun`` or ``accelerate launch`` (``RANK``/``WORLD_SIZE
 set), ``memest calibrate`` measures in place and rank 0 reports.
 
 Backends: NCCL on CUDA (one device per process, ``cuda:LOCAL_RANK``), gloo on CPU. Wrapping
-follows the ZeRO stage: 0 -> ``DistributedDataParallel`` (default buckets); 1 -> DDP +
-``ZeroRedundancyOptimizer``; 2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``
+follows the ZeRO stage: 0 -> ``DistributedDataParallel`` (default buckets); 2 -> FSDP2 ``fully_shard(reshard_after_forward=False)``
 (SHARD_GRAD_OP); 3, or ``--precision fsdp2`` -> ``fully_shard`` on every decoder layer, then on the
 model (FULL_SHARD; torchtitan's and accelerate's wrapping).
 
@@ -151,10 +150,13 @@ def launch(request: dict[str, Any], nproc: int, *, progress: Any = None) -> list
             progress(f"launching {nproc} processes: torchrun --nproc-per-node {nproc}")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         tail: list[str] = []
+        worker_error = None
         for line in proc.stdout or ():
             line = line.rstrip()
             tail = (tail + [line])[-20:]
-            if progress is not None and line.startswith("[memest]"):
+            if line.startswith("[memest] Error: "):
+                worker_error = line.removeprefix("[memest] Error: ")
+            elif progress is not None and line.startswith("[memest]"):
                 progress(line.removeprefix("[memest]").strip())
         code = proc.wait()
         result = run_dir / "result.json"
@@ -163,5 +165,7 @@ def launch(request: dict[str, Any], nproc: int, *, progress: Any = None) -> list
         failed = sorted(run_dir.glob("rank-*.json"))
         if failed:
             return [json.loads(p.read_text()) for p in failed]
+        if worker_error is not None:
+            raise LaunchError(worker_error)
         raise LaunchError(f"torchrun exited with code {code} and no measurement; last output: "
                           + " | ".join(tail[-6:]))

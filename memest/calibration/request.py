@@ -30,6 +30,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    validate,
 )
 
 BACKENDS = ("auto", "cuda", "cpu")
@@ -142,7 +143,7 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: in
         asked = job.values.get("framework", Framework.AUTO)
         if asked not in (Framework.AUTO, runs):
             raise InputError(f"calibrate runs this job under {runs.value} (plain PyTorch in one process, DDP for "
-                             f"--zero-stage 0/1, FSDP2 for 2/3 or --precision fsdp2); drop --framework {asked.value}")
+                             f"--zero-stage 0, FSDP2 for 2/3 or --precision fsdp2); drop --framework {asked.value}")
         workload = workload.replace(framework=runs)
     if isinstance(workload, ServingConfig):
         changes: dict[str, Any] = {"engine": Engine.HF, "engine_version": workload.engine_version or _transformers_major()}
@@ -169,18 +170,21 @@ def _transformers_major() -> str:
     return "5" if int(version.split(".")[0]) >= 5 else "4.34"
 
 
-def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:
+def check_supported(workload: Workload, *, backend: str, nproc: int, spec: ModelSpec | None = None) -> None:
     """Refuse workloads calibrate cannot run faithfully, naming the flag and the fix.
 
-    Supported: data parallelism only (one process per device: DDP for ``--zero-stage 0``, DDP +
-    ``ZeroRedundancyOptimizer`` for 1, FSDP2 ``fully_shard`` for 2 and 3); every precision recipe
+    Supported: data parallelism only (one process per device: DDP for ``--zero-stage 0``, FSDP2
+    ``fully_shard`` for 2 and 3); every precision recipe
     (``--precision mixed``/``fp16`` only without parameter sharding); the optimizers of torch
     (AdamW, Adafactor, SGD), Lion, and bitsandbytes' 8-bit AdamW on CUDA; LoRA (peft) and QLoRA
     (peft + bitsandbytes, CUDA); recompute ``none``/``full``; serving unquantized weights with the
     HF cache.
 
+    With ``spec``, the estimate's own checks (:func:`memest.workload.validate`) run too, so a
+    workload memest cannot estimate is refused before anything runs.
+
     Raises:
-        InputError: the workload needs something calibrate does not run.
+        InputError: the workload needs something calibrate does not run, or memest cannot estimate.
     """
     if backend not in BACKENDS:
         raise InputError(f"--device {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -198,8 +202,10 @@ def check_supported(workload: Workload, *, backend: str, nproc: int) -> None:
         if workload.kv_cache_dtype != "auto":
             raise InputError(f"calibrate uses the HF cache at the weight dtype; --kv-cache-dtype "
                              f"{workload.kv_cache_dtype} is not measured (drop it)")
-        return
-    _check_training(workload, backend=backend, nproc=nproc)
+    else:
+        _check_training(workload, backend=backend, nproc=nproc)
+    if spec is not None:
+        validate(spec, workload)
 
 
 def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
@@ -229,8 +235,8 @@ def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
     if nproc > 1 and t.precision is Precision.FSDP2 and z < 2:
         raise InputError(f"--precision fsdp2 shards parameters over the {nproc} processes; add --zero-stage 3 "
                          "(FULL_SHARD) or 2 (SHARD_GRAD_OP)")
-    if nproc > 1 and z == 1 and t.precision in (Precision.MIXED, Precision.FP16):
-        raise InputError(f"--zero-stage 1 wraps a torch optimizer in ZeroRedundancyOptimizer; --precision "
-                         f"{t.precision.value} has its own master copy: use --precision amp, bf16 or fp32")
+    if z == 1:
+        raise InputError("--zero-stage 1 (optimizer states sharded, gradients not) is DeepSpeed's; calibrate runs "
+                         "DDP (--zero-stage 0), FSDP2 SHARD_GRAD_OP (2) or FULL_SHARD (3)")
     if nproc > 1 and t.method is Method.QLORA:
         raise InputError("QLoRA is calibrated on one device; use --nproc 1")

@@ -126,7 +126,7 @@ def measure(request: Request, *, progress: Progress = _quiet, env: Any = None) -
     spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
     workload = calibration_workload(job, spec, request.nproc, request.steps)
     backend = resolve_backend(request.backend)
-    check_supported(workload, backend=backend, nproc=request.nproc)
+    check_supported(workload, backend=backend, nproc=request.nproc, spec=spec)
     steps = default_steps(request, workload, spec)
     rank, world = (env.rank, env.world_size) if env is not None else (0, 1)
     meter: Any = CudaMeter(env.local_rank if env is not None else 0) if backend == "cuda" else CpuMeter()

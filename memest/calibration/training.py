@@ -187,8 +187,7 @@ def optimizer_state_tensors(opt: Any) -> Iterator[Any]:
     if isinstance(opt, MasterWeightsOptimizer):
         yield from opt.state_tensors()
         return
-    inner = getattr(opt, "optim", None)  # ZeroRedundancyOptimizer keeps the local optimizer here
-    state = getattr(inner if inner is not None else opt, "state", {})
+    state = getattr(opt, "state", {})
     for per_param in state.values():
         for value in per_param.values():
             if isinstance(value, torch.Tensor):
@@ -399,12 +398,6 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
 
     if recipe.master and any(p.dtype in (torch.bfloat16, torch.float16) for p in params):
         opt: Any = MasterWeightsOptimizer(params, lambda ms: make_optimizer(ms, t.optimizer, device_type=device.type))
-    elif t.parallelism.zero_stage == 1 and t.parallelism.dp > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        if t.optimizer is not Optimizer.ADAMW:
-            raise InputError("--zero-stage 1 is calibrated with AdamW only; use --optimizer adamw")
-        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=LEARNING_RATE)
     else:
         opt = make_optimizer(params, t.optimizer, device_type=device.type)
     batch = training_batch(spec, t, vocab_size, device)

@@ -37,7 +37,7 @@ StepsOpt = Annotated[int | None, typer.Option("--steps", help="Measured steps af
                                               "(default 3), or decode steps when serving (default 8).",
                                               show_default=False)]
 NprocOpt = Annotated[int, typer.Option("--nproc", help="Processes, one device each, launched under torchrun "
-                                       "(DDP for --zero-stage 0/1, FSDP2 for 2/3 or --precision fsdp2). Inside "
+                                       "(DDP for --zero-stage 0, FSDP2 for 2/3 or --precision fsdp2). Inside "
                                        "torchrun or accelerate launch the job's world size is used.")]
 SuiteOpt = Annotated[str | None, typer.Option("--suite", help="Run every case of calibrate/suites/NAME.json (or a "
                                               "suite file) instead of one MODEL, each in its own process.")]
@@ -91,7 +91,7 @@ def calibrate_command(
 
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     workload = calibration_workload(job, spec, nproc, steps)
-    check_supported(workload, backend=device.value, nproc=nproc)
+    check_supported(workload, backend=device.value, nproc=nproc, spec=spec)
     request = Request(model=model, flags=flags_of(job), backend=device.value, steps=steps, nproc=nproc, weights=weights,
                       tag=record_tag)
     n_steps = default_steps(request, workload, spec)
