@@ -31,6 +31,13 @@ def gib(n: int | float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
+def size(n: int | float) -> str:
+    """Bytes in GiB from 1 GiB up, else in MiB (tiny models on CPU), two decimals, unit shown."""
+    if abs(n) >= GiB:
+        return gib(n)
+    return f"{n / (1 << 20):,.2f} MiB"
+
+
 def count(n: int) -> str:
     """A parameter count with a decimal suffix (B = 10^9, M = 10^6)."""
     if n >= 10**9:

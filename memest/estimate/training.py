@@ -612,8 +612,8 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     name = max(candidates, key=lambda m: _allocated(candidates[m]))
     chosen = list(candidates[name])
     allocated = _allocated(chosen)
-    chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
-                       f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
+    slack = runtime.allocator_slack(device)
+    chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
     if t.parallelism.world_size > 1:
         chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
