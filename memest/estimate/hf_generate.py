@@ -174,7 +174,7 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
     c = compute_bytes(spec, s)
     e = kv_dtype_bytes(spec, s)
     scheme, skip = serving_weight_layout(spec, s.quantization)
-    w = loaded_weight_bytes(spec, s, c, scheme, skip)
+    w = loaded_weight_bytes(spec, s, c, scheme, skip, caching_allocator=device.vendor in ("nvidia", "amd"))
     buffers = causal_mask_buffer_bytes(spec)
     layers = cache_layers(spec, e)
     p = lens.prompt
@@ -199,21 +199,22 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
 
 
 def loaded_weight_bytes(spec: ModelSpec, s: ServingConfig, c: float, scheme: QuantScheme | None,
-                        skip: tuple[str, ...]) -> int:
+                        skip: tuple[str, ...], *, caching_allocator: bool = True) -> int:
     """The weights as the caching allocator counts them once transformers has loaded them: every
     parameter is its own allocation (``from_pretrained`` materialises one tensor per checkpoint key),
     rounded by :func:`memest.estimate.vllm_engine.cuda_block_bytes` (512 B; a tensor of 10 MiB or more
     gets a segment rounded to 2 MiB and keeps a remainder of up to 1 MiB). bitsandbytes makes its
     linears by quantizing a 16-bit copy on the device (``Int8Params.cuda`` / ``Params4bit.cuda``:
     packed weight and scales are new allocations while that copy is alive), so where their blocks
-    fall is not modelled: quantized linears count their stored bytes.
+    fall is not modelled: quantized linears count their stored bytes. Without PyTorch's CUDA
+    caching allocator (``caching_allocator=False``: CPU, TPU, Gaudi) the tensors' own bytes.
     Scaled to the checkpoint's exact bytes with ``--exact-weights``."""
     stage = stages(spec.num_layers, 1)[0]
     w = 0.0
     for t, count in stage_tensors(spec, stage):
         stored = tensor_bytes(t, s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
         quantized = scheme is not None and t.is_linear_weight and not _skipped(t, skip)
-        w += (stored if quantized else cuda_block_bytes(math.ceil(stored))) * count
+        w += (stored if quantized or not caching_allocator else cuda_block_bytes(math.ceil(stored))) * count
     w = math.ceil(w)
     if s.checkpoint_params:
         w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))

@@ -13,9 +13,10 @@ i intermediate_size (one expert's for MoE), S = T x top-k routed rows, c bytes p
 element, w bytes of a routing weight. Per prefill (for the whole batch):
 
 - **held by the model** through every layer: ``inputs_embeds`` (T·h·c; the model's ``forward``
-  keeps the name), learned position embeddings (GPT-2, GPT-BigCode: one (1, p, h) table; OPT:
-  (b, p, h)), the rotary cos/sin ((1, p, d) each), the ``input_ids`` and position ids (int64), and
-  the attention masks the family materialises: eager attention adds a (b, 1, p, p) mask in the
+  keeps the name), the learned position embeddings (GPT-2, GPT-BigCode, OPT: T·h·c) or the rotary
+  cos/sin ((b, p, d) each) — ``generate`` passes (b, p) position ids made from the attention mask —,
+  ``generate``'s int64 inputs (attention mask, position ids, input ids: 4 x 8·T), and the attention
+  masks the family materialises: eager attention adds a (b, 1, p, p) mask in the
   compute dtype per attention type (full, sliding: ``eager_mask``'s ``torch.where`` over the
   batch-expanded bool mask); with SDPA the causal mask is skipped (``is_causal``) unless the prompt
   reaches a sliding window (``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``)
@@ -65,8 +66,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
-
 from memest.estimate.kv_cache import kv_layer
 from memest.spec import LayerSpec, ModelSpec
 
@@ -77,6 +76,11 @@ RMS_NORM_BYTES_PER_H = 8
 fp32 product and its cast back)."""
 RMS_NORM_STAT_BYTES = 4
 """RMSNorm's fp32 variance, per token."""
+GENERATE_INT64_INPUTS = 4
+"""(b, p) int64 tensors ``generate`` keeps through the prefill (``generation/utils.py``): the
+attention mask (``torch.ones`` when none is given), the position ids made from it
+(``_prepare_position_ids_for_generation``: ``cumsum - 1``, then ``masked_fill``), and the sliced and
+cloned input ids its loop feeds the model."""
 ROTARY_TEMPS = 3
 """a·d-sized temporaries of ``apply_rotary_pos_emb`` alive at once on q: ``q * cos``,
 ``rotate_half(q)`` (its ``torch.cat``) and ``rotate_half(q) * sin``."""
@@ -105,8 +109,8 @@ class ForwardCode:
             the norm output).
         held_at_norm: h-sized tensors of the layer alive while its largest RMSNorm runs.
         held_at_mlp: h-sized tensors of the layer alive while the MLP runs.
-        position_table: Learned position embeddings kept by the model's forward: ``sequence``
-            (one (1, p, h) lookup), ``token`` ((b, p, h)) or ``none``.
+        position_table: Learned position embeddings, looked up at ``generate``'s (b, p) position
+            ids, kept by the model's forward.
         rotary_bytes: Bytes per element of the rotary cos/sin (None: c; 0: no rotary).
         activation_live: i-sized tensors of the MLP's activation (overrides the config's name).
         routing_fp32: The router returns fp32 weights, so the weighted expert outputs are fp32.
@@ -123,7 +127,7 @@ class ForwardCode:
     held_at_attention: int = 2
     held_at_norm: int = 2
     held_at_mlp: int = 3
-    position_table: Literal["none", "sequence", "token"] = "none"
+    position_table: bool = False
     rotary_bytes: float | None = None
     activation_live: int | None = None
     routing_fp32: bool = False
@@ -142,11 +146,11 @@ output beside the input and the attention output) and the MoE families."""
 FORWARD_CODE: dict[str, ForwardCode] = {
     # Olmo2DecoderLayer is post-norm: the MLP reads the residual itself; the rotary cos/sin stay fp32
     "olmo2": ForwardCode(held_at_attention=1, held_at_norm=3, held_at_mlp=2, rotary_bytes=FP32),
-    # OPTDecoderLayer: fc1/activation inline, so the final_layer_norm output is dropped; (b, p, h) positions
-    "opt": ForwardCode(held_at_mlp=2, position_table="token", rotary_bytes=0),
-    # GPT2Block keeps ``attn_output`` beside the residual and ln_2's output; wpe gives (1, p, h)
-    "gpt2": ForwardCode(held_at_mlp=4, position_table="sequence", rotary_bytes=0),
-    "gpt_bigcode": ForwardCode(held_at_mlp=4, position_table="sequence", rotary_bytes=0),
+    # OPTDecoderLayer: fc1/activation inline, so the final_layer_norm output is dropped
+    "opt": ForwardCode(held_at_mlp=2, position_table=True, rotary_bytes=0),
+    # GPT2Block keeps ``attn_output`` beside the residual and ln_2's output
+    "gpt2": ForwardCode(held_at_mlp=4, position_table=True, rotary_bytes=0),
+    "gpt_bigcode": ForwardCode(held_at_mlp=4, position_table=True, rotary_bytes=0),
     # FalconModel materialises a bool mask for every forward; two parallel norms: see forward_code
     "falcon": ForwardCode(bool_mask=True),
     # BloomBlock returns its attention probabilities, which BloomModel's ``outputs`` keeps through the
@@ -209,13 +213,11 @@ def layer_cache_bytes(layer: LayerSpec, b: int, p: int, e: float) -> int:
 def _model_held(spec: ModelSpec, code: ForwardCode, b: int, p: int, c: float) -> float:
     """Bytes the model's forward holds through all layers."""
     T, h = b * p, spec.hidden_size
-    held = T * h * c + INT64 * (T + p)  # inputs_embeds, input_ids, position ids
-    if code.position_table == "sequence":
-        held += p * h * c
-    elif code.position_table == "token":
+    held = T * h * c + GENERATE_INT64_INPUTS * INT64 * T  # inputs_embeds; generate's int64 (b, p) inputs
+    if code.position_table:
         held += T * h * c
     rotary = c if code.rotary_bytes is None else code.rotary_bytes
-    held += 2 * p * spec.head_dim * rotary
+    held += 2 * T * spec.head_dim * rotary  # cos and sin at generate's (b, p) position ids
     windows = {layer.attention.sliding_window for layer, _ in spec.layer_kinds() if layer.attention.kind == "gqa"}
     if not spec.sdpa_supported:
         held += len(windows) * b * p * p * c  # eager_mask: torch.where over the expanded bool mask
