@@ -6,7 +6,8 @@ therefore the largest of a few moments of one decoder layer, with the KV cache o
 far, plus what the model's ``forward`` holds for the whole pass. Followed in transformers 5.24
 (``models/<family>/modeling_<family>.py``, ``cache_utils.py``, ``integrations/moe.py``,
 ``activations.py``) and checked tensor by tensor against :mod:`memest.trace`
-(``tests/test_trace_agreement.py``; ``benchmarks/trace_findings.md`` §5-§7).
+(``tests/test_trace_agreement.py``; ``benchmarks/trace_findings.md`` §5-§7) and against
+``model.generate`` run for real on the CPU (``tests/test_serving_hf_prefill.py``).
 
 Symbols: b sequences, p prompt tokens, T = b x p, h hidden_size, a heads, k KV heads, d head_dim,
 i intermediate_size (one expert's for MoE), S = T x top-k routed rows, c bytes per activation
@@ -47,8 +48,8 @@ element, w bytes of a routing weight. Per prefill (for the whole batch):
   gathered rows, the down output, its product with the routing weights and that product permuted
   back (S·h·(2·c + 2·w); w = 4 where the router returns fp32 weights: Mixtral, DeepSeek); the
   router logits (E·c per token), the top-k ids and weights, the sort's int64 ids and permutation,
-  the histogram's int32 input and the sorted weights; shared experts (DeepSeek) run after the routed ones, beside their
-  (T, h) output.
+  the histogram's int32 input and the sorted weights; shared experts (DeepSeek) run after the
+  routed ones, beside their (T, h) output.
 - **end of prefill**: the final norm, then the logits of the last position only
   (``logits_to_keep=1``: b x V x c) and ``generate``'s fp32 copy (b x V x 4).
 
@@ -58,14 +59,15 @@ K/V, so sliding-window layers hold all p tokens until the first decode step.
 
 Limitations: index tensors of fewer than T elements, partial rotary (cos/sin counted at d), the
 q/k RMSNorms of Qwen3/OLMo2/Gemma3 inside attention, and MLA's expanded K/V inside attention are
-left out (each below 1 % of the traced prefill peaks); Jamba's mamba mixer runs CUDA kernels the
-trace cannot (findings §8).
+left out (each below 1 % of the traced prefill peaks); Jamba's mamba mixer is not modelled (its
+CUDA kernels cannot be traced: findings §8); encoder-decoder models are treated as one stack.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 from memest.estimate.kv_cache import kv_layer
 from memest.spec import LayerSpec, ModelSpec
 
