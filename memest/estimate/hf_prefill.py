@@ -202,6 +202,11 @@ class PrefillMoment:
         return self.activations + self.logits + self.kv_cache
 
 
+def uses_sdpa(spec: ModelSpec) -> bool:
+    """False for families transformers runs with eager attention only (:attr:`ModelSpec.sdpa_supported`)."""
+    return spec.sdpa_supported
+
+
 def layer_cache_bytes(layer: LayerSpec, b: int, p: int, e: float) -> int:
     """Bytes of one layer's transformers cache after the prefill of b prompts of p tokens (0 for
     layers without a cache). Sliding-window layers count every token: the cache keeps a view of the
@@ -221,7 +226,7 @@ def _model_held(spec: ModelSpec, code: ForwardCode, b: int, p: int, c: float) ->
     rotary = c if code.rotary_bytes is None else code.rotary_bytes
     held += 2 * T * spec.head_dim * rotary  # cos and sin at generate's (b, p) position ids
     windows = {layer.attention.sliding_window for layer, _ in spec.layer_kinds() if layer.attention.kind == "gqa"}
-    if not spec.sdpa_supported:
+    if not uses_sdpa(spec):
         held += len(windows) * b * p * p * c  # eager_mask: torch.where over the expanded bool mask
     elif code.bool_mask or any(w is not None and p >= w for w in windows):
         held += p * p  # one (1, 1, p, p) bool mask, expanded over the batch as a view
@@ -260,7 +265,8 @@ def _attention_bytes(spec: ModelSpec, layer: LayerSpec, code: ForwardCode, b: in
     T = b * p
     q = a.num_heads * a.head_dim
     kv_proj = a.num_kv_heads * (a.head_dim + a.v_head_dim)
-    if not spec.sdpa_supported:
+    sdpa = uses_sdpa(spec)
+    if not sdpa:
         extra = q  # the queries after rotary
         if a.num_kv_heads < a.num_heads:
             extra += a.num_heads * (a.head_dim + a.v_head_dim)  # repeat_kv's expanded K and V
@@ -287,7 +293,8 @@ def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float) -> Prefill
     code = forward_code(spec)
     h, T = spec.hidden_size, b * p
     model = _model_held(spec, code, b, p, c)
-    eager_held = 0 if spec.sdpa_supported else code.held_scores * b * spec.num_heads * p * p * c
+    sdpa = uses_sdpa(spec)
+    eager_held = 0 if sdpa else code.held_scores * b * spec.num_heads * p * p * c
     best = PrefillMoment("", 0, 0, 0)
     cache = 0.0
     seen: dict[int, tuple[float, float, float, str]] = {}
@@ -304,7 +311,7 @@ def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float) -> Prefill
         attn, norm, mlp, what = seen[id(layer)]
         held_attn = code.held_at_attention * h * T * c
         moments = (
-            (f"attention of layer {index + 1}", model + held_attn + attn, before if spec.sdpa_supported else cache),
+            (f"attention of layer {index + 1}", model + held_attn + attn, before if sdpa else cache),
             (f"RMSNorm of layer {index + 1}", model + norm + eager_held, cache),
             (f"{what} of layer {index + 1}", model + mlp + eager_held, cache),
         )
