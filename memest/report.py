@@ -337,7 +337,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         parts.extend(_recommendation_lines(a))
     if not a.device_given:
         names = ", ".join(d.name for d in a.fits_on) or "none"
-        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {v.headroom:.0%} headroom): {names}"))
+        rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"))
     thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     thumbs.add_column("rule")
     thumbs.add_column("per device", justify="right")
