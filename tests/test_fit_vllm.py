@@ -3,7 +3,7 @@ holds batch_size requests of max_model_len, and what it holds on the device stay
 --headroom is not applied to vLLM and the output says so. Training and transformers generate keep
 the headroom rule.
 
-The vLLM expectations come from case vllm019_llama31_8b_tp1 of ../shared/validation/cases.json
+The vLLM expectations come from case vllm019_llama31_8b_tp1 of benchmarks/data/validation_cases.json
 (vLLM 0.19 on one H100, 79.19 GiB visible, gpu_memory_utilization 0.95, max_model_len 8192): it
 logged a requested budget of 75.23 GiB, 0.51 GiB of initial non-torch memory (the CUDA context,
 outside the budget), 0.91 GiB of CUDA graphs (captured after the KV cache, outside the budget) and a

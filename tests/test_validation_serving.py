@@ -1,4 +1,4 @@
-"""Every serve case of ../shared/validation/cases.json against memest, figure by figure.
+"""Every serve case of benchmarks/data/validation_cases.json against memest, figure by figure.
 
 Expected values are the published measurements (vLLM start-up logs, the transformers docs); the
 predictions come from benchmarks/serving_cases.py, which also writes benchmarks/serving_cases.md.

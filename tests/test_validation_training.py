@@ -1,4 +1,4 @@
-"""Every training case of ../shared/validation/cases.json (kinds train_full, train_multi_gpu, lora,
+"""Every training case of benchmarks/data/validation_cases.json (kinds train_full, train_multi_gpu, lora,
 qlora) against memest, like with like.
 
 The mapping from each case's published settings to memest's inputs, and the metric compared, live
