@@ -31,7 +31,7 @@ MiB = 1 << 20
 
 CUDA_CONTEXT_BYTES: dict[str, int] = {
     "volta": 1343 * MiB,
-    "turing": 1343 * MiB,
+    "turing": round(0.51 * GiB),
     "ampere": round(0.51 * GiB),
     "ada": round(0.51 * GiB),
     "hopper": round(0.51 * GiB),
@@ -41,8 +41,9 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
     "gaudi": 0,
     "tpu": 0,
 }
-"""Device memory used before the first tensor. volta/turing: 1343 MiB on a V100 (CUDA 11, no lazy
-module loading; validation case hf_bert_large_vanilla_bs4). Newer GPUs: 0.51 GiB on an H100 with
+"""Device memory used before the first tensor. volta: 1343 MiB on a V100 (CUDA 11, no lazy module
+loading; validation case hf_bert_large_vanilla_bs4) — V100 stacks are often that old; a V100 on CUDA
+12 uses less, so the figure errs high. Turing (T4) and newer GPUs: 0.51 GiB on an H100 with
 CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31_8b_tp1); used for
 the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
 per-process context in device memory that the frameworks report. A calibrated value (non-torch

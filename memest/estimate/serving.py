@@ -31,7 +31,6 @@ from memest.spec import ModelSpec
 from memest.workload import Engine, Parallelism, ServingConfig
 
 GiB = 1 << 30
-CUDA_GRAPH_BYTES = vllm_engine.CUDA_GRAPH_BYTES
 _POSITION_TABLES = ("wpe", "position", "pos_emb")
 _NO_ROPE_TYPES = ("bloom", "mpt", "gpt2", "gpt_bigcode", "opt", "bert", "t5", "falcon_alibi")
 
@@ -196,18 +195,27 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     else:
         terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
                           "non-torch memory since start-up: CUDA context, NCCL, allocator cache"))
-    if not s.enforce_eager:
-        terms.append(Term("runtime.cuda_graphs", Kind.RUNTIME, CUDA_GRAPH_BYTES,
-                          "CUDA-graph pool, captured after the KV cache"))
+    graphs = cuda_graph_bytes(s, device, r.stage.num_layers)
+    if graphs:
+        terms.append(Term("runtime.cuda_graphs", Kind.RUNTIME, graphs,
+                          "CUDA-graph pool, captured after the KV cache: 0.39 GiB + 16.6 MiB x layers of the stage"))
     return terms
 
 
-def outside_budget_bytes(s: ServingConfig, device: Device, version: str) -> int:
+def cuda_graph_bytes(s: ServingConfig, device: Device, num_layers: int) -> int:
+    """vLLM's CUDA-graph pool on one rank: none with ``--enforce-eager`` or on devices without CUDA /
+    HIP graphs (TPU, Gaudi)."""
+    if s.enforce_eager or device.kind == "tpu" or device.vendor == "intel":
+        return 0
+    return vllm_engine.cuda_graph_bytes(num_layers)
+
+
+def outside_budget_bytes(s: ServingConfig, device: Device, version: str, num_layers: int) -> int:
     """What a vLLM process holds on one device beyond gpu_memory_utilization x capacity: the CUDA
-    graphs captured after the KV cache (not with ``--enforce-eager``), and for 0.19, whose budget
-    starts after them (see :mod:`memest.estimate.vllm_engine`), the CUDA context and the NCCL
-    communicators."""
-    out = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
+    graphs captured after the KV cache (not with ``--enforce-eager``) for a stage of
+    ``num_layers`` layers, and for 0.19, whose budget starts after them (see
+    :mod:`memest.estimate.vllm_engine`), the CUDA context and the NCCL communicators."""
+    out = cuda_graph_bytes(s, device, num_layers)
     if version == "0.19":
         out += runtime.cuda_context_bytes(device) + runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
     return out
@@ -274,7 +282,7 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
         largest_concurrency=largest_concurrency(spec, s, device, max_len, ranks=ranks),
         batch_size=s.batch_size,
         device_bytes=limiting.budget.requested + outside_budget_bytes(
-            s, device, s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION),
+            s, device, s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION, max(r.stage.num_layers for r in ranks)),
     )
 
 

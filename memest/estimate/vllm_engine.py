@@ -106,10 +106,21 @@ GiB at tp=4 (NCCL + cupy buffers of that era), from the block counts before and 
 NON_TORCH_PP_FIRST = round(0.07 * GiB)
 """0.19, a pipeline stage that is not the last (no sampler, p2p instead of all-reduce)."""
 
-CUDA_GRAPH_BYTES = round(0.91 * GiB)
-"""CUDA-graph pool captured after the KV cache (outside the budget): 0.91 GiB for Llama-3.1-8B on
-an H100 with vLLM 0.19's 51 capture sizes (vllm019_llama31_8b_tp1; 0.65-1.61 GiB over the 0.19
-cases)."""
+CUDA_GRAPH_BASE_BYTES = round(0.39 * GiB)
+CUDA_GRAPH_PER_LAYER_BYTES = round(0.01625 * GiB)
+"""vLLM 0.19's CUDA-graph pool (captured after the KV cache, outside the budget), per device, as
+base + per layer of the stage: 51 capture sizes x the layers' kernel nodes. Fitted to Llama-3.1-8B
+on an H100: 0.91 GiB with 32 layers (vllm019_llama31_8b_tp1), 0.65 GiB with 16 layers per stage
+(vllm019_llama31_8b_pp2) -> 16.6 MiB per layer + 0.39 GiB. Against the other 0.19 cases: Qwen2.5-7B
+28 layers 0.845 vs 0.87 GiB, Qwen2.5-72B 80 layers 1.69 vs 1.61, Mixtral 32 layers 0.91 vs 0.93,
+Llama tp=2/tp=4 0.91 vs 0.76/0.67 (tensor parallelism shrinks it), DeepSeek-V2-Lite (MLA) 0.83 vs
+1.57 — the spread the band's runtime uncertainty covers."""
+
+
+def cuda_graph_bytes(num_layers: int) -> int:
+    """CUDA-graph pool of a vLLM rank whose stage has ``num_layers`` layers (see the constants)."""
+    return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * num_layers
+
 
 NUM_SMS: dict[str, int] = {"hopper": 132, "blackwell": 148, "ampere": 108, "ada": 128, "turing": 40, "volta": 80}
 """Streaming multiprocessors by architecture (H100 SXM 132, B200 148, A100 108), which size the
