@@ -74,12 +74,14 @@ from memest.estimate.activations import (
     selective_op_bytes,
 )
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
-from memest.estimate.weights import SCHEMES, weight_bytes
+from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
 from memest.result import ALLOCATED_KINDS, Estimate, Kind, RankEstimate, Term
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import (
     AttnImplementation,
     Framework,
+    LoraConfig,
     Loss,
     Method,
     Offload,
@@ -161,6 +163,25 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
 # ---- what trains ----
 
 
+def _blocks(items: list[tuple[TensorSpec, int, int]], itemsize: int, shard: int = 1) -> int:
+    """Bytes of one tensor per (tensor, local elements, count) item at ``itemsize`` B per element (each
+    ``shard``-th of it), as the CUDA caching allocator counts them (:func:`runtime.cuda_block_bytes`)."""
+    return sum(cuda_block_bytes(math.ceil(local * itemsize / shard)) * count for _, local, count in items)
+
+
+_HEADS: dict[int, tuple[ModelSpec, frozenset[int]]] = {}
+
+
+def _head_tensors(spec: ModelSpec) -> frozenset[int]:
+    """ids of the head's tensors (final norm, lm_head), remembered per spec."""
+    hit = _HEADS.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_HEADS) > 256:
+            _HEADS.clear()
+        hit = _HEADS[id(spec)] = (spec, frozenset(id(tn) for tn in spec.head))
+    return hit[1]
+
+
 def targets_of(targets: str) -> tuple[frozenset[str], bool]:
     """(module names, all-linear) of a ``--lora-targets`` value; ``attention`` names no module (it
     selects by component, see :func:`attention_targets`)."""
@@ -177,15 +198,46 @@ def attention_targets(spec: ModelSpec) -> frozenset[str]:
                      if tn.component is Component.ATTENTION and tn.is_linear_weight)
 
 
-def _targeted(tensor: TensorSpec, targets: str) -> bool:
-    if not (tensor.is_linear_weight and len(tensor.shape) == 2):
-        return False
+def target_names(spec: ModelSpec, targets: str) -> frozenset[str]:
+    """Module names (the last component) LoRA adapts for ``--lora-targets``: the named ones, the
+    attention projections (``attention``) or every linear of the layers (``all-linear``)."""
     names, all_linear = targets_of(targets)
-    if all_linear:
-        return True
     if targets == "attention":
-        return tensor.component is Component.ATTENTION
-    return tensor.module.rsplit(".", 1)[-1] in names
+        return attention_targets(spec)
+    if all_linear:
+        return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
+                         if tn.is_linear_weight and len(tn.shape) == 2)
+    return names
+
+
+_ADAPTERS: dict[tuple, tuple[ModelSpec, tuple[tuple[TensorSpec, int, int], ...]]] = {}
+
+
+def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> list[tuple[TensorSpec, int, int]]:
+    """(targeted weight, adapter elements on one rank, count) of a pipeline stage (remembered).
+
+    PEFT matches ``target_modules`` by module name anywhere in the model: besides the layers' linears
+    it adapts same-named linears outside them (a multimodal checkpoint's vision tower ``q_proj``),
+    whose adapters are trained (they get optimizer states and fp32 gradient buffers) though a
+    text-only step never runs them. ``all-linear`` takes the layers' linears.
+    """
+    key = (id(spec), stage, lora.rank, lora.targets, tp)
+    hit = _ADAPTERS.get(key)
+    if hit is not None and hit[0] is spec:
+        return list(hit[1])
+    names = target_names(spec, lora.targets)
+    out: list[tuple[TensorSpec, int, int]] = []
+    for tn, count in stage_tensors(spec, stage):
+        if len(tn.shape) != 2 or not tn.name.endswith("weight"):
+            continue
+        layer_linear = tn.is_linear_weight
+        outside = tn.component is Component.OTHER and lora.targets != "all-linear"
+        if (layer_linear or outside) and tn.module.rsplit(".", 1)[-1] in names:
+            out.append((tn, lora_adapter_numel(tn, lora.rank, tp), count))
+    if len(_ADAPTERS) > 4096:
+        _ADAPTERS.clear()
+    _ADAPTERS[key] = (spec, tuple(out))
+    return out
 
 
 def lora_adapter_numel(tensor: TensorSpec, rank: int, tp: int) -> int:
@@ -241,6 +293,7 @@ class _States:
     lazy_grads: int = 0
     lazy_formula: str = ""
     head_grads: int = 0
+    grads_through_forward: bool = False
     persistent: list[Term] = field(default_factory=list)
     backward_buffers: list[Term] = field(default_factory=list)
     gathered: list[Term] = field(default_factory=list)
@@ -256,47 +309,62 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     z = par.zero_stage
     tensors = stage_tensors(spec, stage)
     st = _States()
+    shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
+    offloaded = t.offload is not Offload.NONE
+    # DeepSpeed's optimizers keep an fp32 master (one flat tensor per partition) of whatever trains,
+    # and its FusedAdam two flat states: BF16_Optimizer at ZeRO 0 (bf16), the ZeRO optimizers at 1-3
+    flat = fw in (Framework.DEEPSPEED, Framework.MEGATRON)
 
     if t.method is Method.FULL:
         trainable = [(tn, shard_numel(tn, par, k), c) for tn, c in tensors]
-        weights = sum(local * c for _, local, c in trainable) * recipe.weight
+        if shard_w == 1:
+            weights = _blocks(trainable, recipe.weight)
+        elif fw is Framework.FSDP:  # FSDP2 shards every parameter on its own
+            weights = _blocks(trainable, recipe.weight, shard_w)
+        else:  # DeepSpeed ZeRO-3: one flat partition
+            weights = cuda_block_bytes(math.ceil(sum(local * c for _, local, c in trainable) * recipe.weight / shard_w))
         st.weights_formula = f"P_stage x {recipe.weight} B"
         wb, gb = recipe.weight, recipe.grad
         master_b, state_b = recipe.master, recipe.state
     else:
-        adapters = [(tn, lora_adapter_numel(tn, t.lora.rank, par.tp), c) for tn, c in tensors
-                    if _targeted(tn, t.lora.targets)]
-        trainable = adapters
+        trainable = lora_adapters(spec, stage, t.lora, par.tp)
         if t.method is Method.LORA:
-            weights = weight_bytes(tensors, par, k, dtype_bytes=recipe.weight)
+            base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c
+                       for tn, c in tensors)
             st.weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
         else:
             other = 4 if t.prepare_kbit_training else recipe.compute
-            weights = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
+            base = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
             st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + other weights x {other} B"
                                   + " (prepare_model_for_kbit_training)" * t.prepare_kbit_training + " + fp32 adapters")
-        weights += sum(local * c for _, local, c in adapters) * ADAPTER_BYTES
+        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ADAPTER_BYTES) / shard_w)
         wb = gb = ADAPTER_BYTES
-        master_b, state_b = 0, 4
+        # the DeepSpeed optimizers' fp32 master copies the (fp32) adapters too
+        master_b, state_b = (4 if flat and recipe.master else 0), 4
     numel = sum(local * c for _, local, c in trainable)
     st.trainable_numel = numel
-    opt_b = optimizer_bytes(trainable, t.optimizer, state_b)
-    head_numel = sum(local for tn, local, _ in trainable if tn in set(spec.head)) if stage.last else 0
+    head = _head_tensors(spec)
+    head_numel = sum(local for tn, local, _ in trainable if id(tn) in head) if stage.last else 0
 
-    shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
     # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
     bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
     shard_o = n if z >= 1 or bf16_optimizer else 1
-    offloaded = t.offload is not Offload.NONE
-    st.weights = 0 if t.offload is Offload.PARAMS else math.ceil(weights / shard_w)
+    st.weights = 0 if t.offload is Offload.PARAMS else weights
     if shard_w > 1:
         st.weights_formula += f" / {n} (sharded)"
-    st.master = 0 if offloaded else math.ceil(numel * master_b / shard_o)
-    st.moments = 0 if offloaded else math.ceil(opt_b / shard_o)
+    st.master = 0 if offloaded else cuda_block_bytes(math.ceil(numel * master_b / shard_o))
+    if offloaded:
+        st.moments = 0
+    elif flat and t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED):  # FusedAdam on the flat master
+        st.moments = 2 * cuda_block_bytes(math.ceil(numel * state_b / shard_o))
+    elif t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED) and t.method is Method.FULL and shard_o == 1:
+        st.moments = 2 * _blocks(trainable, state_b)  # exp_avg and exp_avg_sq of every parameter
+    else:
+        st.moments = math.ceil(optimizer_bytes(trainable, t.optimizer, state_b) / shard_o)
     c = recipe.compute
 
     if fw in (Framework.PYTORCH, Framework.DDP):
-        st.lazy_grads = numel * gb
+        st.lazy_grads = _blocks(trainable, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
         st.head_grads = head_numel * gb
         if fw is Framework.DDP:
@@ -306,7 +374,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     elif fw is Framework.MEGATRON:
         st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, numel * 4, "P_trainable x 4 B fp32 main_grad buffer"))
     elif fw is Framework.DEEPSPEED:
-        _deepspeed_states(st, t, numel, n, z, gb, head_numel)
+        _deepspeed_states(st, t, trainable, n, z, gb, head_numel)
         if z >= 3:
             largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
             st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
@@ -316,22 +384,27 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     return st
 
 
-def _deepspeed_states(st: _States, t: TrainingConfig, numel: int, n: int, z: int, gb: int, head_numel: int) -> None:
+def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]], n: int, z: int,
+                      gb: int, head_numel: int) -> None:
     """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
+    numel = sum(local * c for _, local, c in trainable)
     offloaded = t.offload is not Offload.NONE
     bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, DEEPSPEED_REDUCE_BUCKET * gb,
                   f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
     if z == 0:
         if t.precision is Precision.MIXED:
-            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, numel * 4,
+            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
                                       "P_trainable x 4 B (BF16_Optimizer fp32 gradient buffer)"))
-        st.lazy_grads = numel * gb
+            # the engine does not zero bf16 grads after the step at ZeRO 0 (engine.py _take_model_step:
+            # ``pass``); BF16_Optimizer.backward clears them (clear_lp_grads) only when the next backward starts
+            st.grads_through_forward = True
+        st.lazy_grads = _blocks(trainable, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad before accumulation)"
         st.head_grads = head_numel * gb
         return
     if z == 1:
         st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
-        st.lazy_grads = numel * gb
+        st.lazy_grads = _blocks(trainable, gb)
         st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
         st.head_grads = head_numel * gb
     elif z == 2:
@@ -434,6 +507,7 @@ class _Activations:
     stored: Term            # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
     head: Term | None       # embeddings, final norm and lm_head input
     logits: Term | None     # at the loss backward
+    logits_forward: Term | None  # inside the forward's loss
     rebuilt: Term | None    # one layer rebuilt under recompute (during its backward)
     transient: Term         # one layer's backward gradients
     first_layer: Term       # what one layer (layer 0 of the stage) keeps, for the last_layer_backward moment
@@ -508,7 +582,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         if emb:
             head_bytes += emb
             head_parts.append("embedding norm/dropout")
-    logits_term = None
+    logits_term = logits_fwd = None
     if stage.last:
         lm = spec.task in ("causal_lm", "seq2seq", "masked_lm")
         out_len = t.target_len if spec.task == "seq2seq" and t.target_len is not None else t.seq_len
@@ -520,6 +594,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
             head_parts.append("final norm and lm_head input")
         if lm:
             logits_term = _logits(spec, t, fw, x, tokens_out)
+            logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
     head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
     cast_all = cast_layer = None
@@ -537,7 +612,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
                         f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
         cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
-    return _Activations(stored_term, head_term, logits_term, rebuilt_term, transient_term, first_term, others,
+    return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term, others,
                         cast_all, cast_layer)
 
 
@@ -555,6 +630,22 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     else:
         per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
     return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term | None:
+    """The logits inside the forward's loss, on one rank, where they differ from the backward's.
+
+    transformers ``ForCausalLMLoss`` (``loss/loss_utils.py``): the c-byte logits, ``logits.float()``
+    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. None for the other
+    losses (their backward term is used).
+    """
+    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
+        return None
+    v = math.ceil(spec.vocab_size / t.parallelism.tp)
+    c = x.compute_bytes
+    per = c + (4 if c < 4 else 0) + 4
+    return Term("logits", Kind.LOGITS, tokens * per * v,
+                f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")
 
 
 # ---- moments ----
@@ -583,6 +674,9 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
             Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
             Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments, f"{t.optimizer.value} states" + _div(par)),
             *st.persistent,
+            *([Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
+                    " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
+                    + " (registered buffers)")] if spec.buffers else []),
             Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")]
     matmul = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)] if t.method is Method.QLORA else []
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
@@ -595,6 +689,8 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
     out = {
+        "loss_forward": [*base, all_grads if grads_in_forward or st.grads_through_forward else fwd_grads,
+                         *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
         "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
         "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
@@ -645,7 +741,7 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     recipe = RECIPES[t.precision]
     p = spec.num_params if t.method is Method.FULL else 0
     if t.method is not Method.FULL:
-        p = sum(lora_adapter_numel(tn, t.lora.rank, 1) * c for tn, c in spec.tensors() if _targeted(tn, t.lora.targets))
+        p = sum(local * c for stage in stages(spec.num_layers, 1) for _, local, c in lora_adapters(spec, stage, t.lora, 1))
     if t.optimizer is Optimizer.ADAFACTOR:
         states = 4.0
     else:

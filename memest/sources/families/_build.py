@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable
 from memest.sources.config import HFConfig
 from memest.spec import (
     AttentionSpec,
+    BufferSpec,
     Component,
     LayerSpec,
     ModelSpec,
@@ -311,6 +312,8 @@ def model_spec(
     max_position_embeddings: int | None,
     task: TaskKind = "causal_lm",
     notes: tuple[str, ...] = (),
+    buffers: tuple[BufferSpec, ...] = (),
+    final_logit_softcapping: bool = False,
 ) -> ModelSpec:
     """Assemble a ModelSpec with the identity fields every adapter fills the same way."""
     return ModelSpec(
@@ -331,6 +334,8 @@ def model_spec(
         notes=notes,
         hidden_dropout=dropout_of(cfg, HIDDEN_DROPOUT_KEYS),
         attention_dropout=dropout_of(cfg, ATTENTION_DROPOUT_KEYS),
+        buffers=buffers,
+        final_logit_softcapping=final_logit_softcapping,
     )
 
 
