@@ -144,6 +144,8 @@ class AttentionSpec:
             ``attn_logit_softcapping``), whose output is kept for backward.
         sinks: Learned attention sinks (gpt-oss): eager softmax over s + 1 columns in the compute
             dtype, no fp32 copy.
+        alibi: ALiBi position biases added to the scores (BLOOM ``alibi.baddbmm``); BLOOM's attention
+            keeps the biased raw scores and the fused QKV output in locals through the softmax.
     """
 
     kind: AttentionKind = "gqa"
@@ -163,6 +165,7 @@ class AttentionSpec:
     sdpa: bool = True
     logit_softcapping: bool = False
     sinks: bool = False
+    alibi: bool = False
 
     def __post_init__(self) -> None:
         if self.v_head_dim == 0:

@@ -153,11 +153,13 @@ class Saved:
         width: Bytes per token (per sequence position of each sequence), on one unsplit rank.
         inside: True inside a tensor-parallel region (divided by tp), else divided by tp only with
             sequence parallelism.
+        block: ``attention`` or ``mlp`` for the tensors those blocks make, else empty.
     """
 
     what: str
     width: float
     inside: bool = True
+    block: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +170,22 @@ class LayerActivations:
         inside: Bytes inside tensor-parallel regions (divided by tp).
         outside: Bytes outside them (divided by tp only with sequence parallelism).
         tensors: The saved tensors they add up from.
+        forward_extra: Eager attention: bytes per token alive at the forward's softmax that autograd
+            does not keep (the masked scores it reads, in the compute dtype, and their fp32 copy:
+            ``softmax(x, dtype=float32)`` converts first for bf16, ``aten/src/ATen/native/SoftMax.cpp``).
+        after_scores: Eager attention: saved bytes per token the layer makes after that softmax
+            (its cast included).
+        forward_working: Bytes per token a checkpointed forward of the layer (whose saved tensors are
+            dropped) holds at its peak: the larger block's tensors (the MLP's intermediates, or the
+            attention's up to its softmax with the eager extras), beside the layer's input.
     """
 
     inside: float
     outside: float
     tensors: tuple[Saved, ...] = field(default=(), compare=False)
+    forward_extra: float = 0.0
+    after_scores: float = 0.0
+    forward_working: float = 0.0
 
     def per_rank(self, tp: int, sequence_parallel: bool) -> float:
         """Bytes per token on one TP rank."""
@@ -188,11 +201,18 @@ class LayerActivations:
         return total
 
 
-def _total(tensors: Iterable[Saved]) -> LayerActivations:
+def _total(tensors: Iterable[Saved], forward_extra: float = 0.0) -> LayerActivations:
     tensors = tuple(t for t in tensors if t.width)
     inside = sum(t.width for t in tensors if t.inside)
     outside = sum(t.width for t in tensors if not t.inside)
-    return LayerActivations(inside=inside, outside=outside, tensors=tensors)
+    # the forward's softmax: the first of the scores' tensors (its cast and dropout come after)
+    scores = [n for n, t in enumerate(tensors) if t.what.startswith(SCORES)]
+    after = sum(t.width for t in tensors[scores[0] + 1:]) if scores and forward_extra else 0.0
+    # a checkpointed forward holds the attention's tensors through the softmax's cast (in locals)
+    attention = sum(t.width for t in (tensors[:scores[-1] + 1] if scores else tensors) if t.block == "attention")
+    mlp = sum(t.width for t in tensors if t.block == "mlp")
+    return LayerActivations(inside=inside, outside=outside, tensors=tensors, forward_extra=forward_extra,
+                            after_scores=after, forward_working=max(attention + forward_extra, mlp))
 
 
 # ---- norms and the tensors linears read ----
@@ -283,12 +303,17 @@ def _routers(layer: LayerSpec) -> list[TensorSpec]:
 
 
 def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, input_readers: list[TensorSpec],
-               input_what: str, input_width: int) -> list[Saved]:
-    """The attention block's saved tensors, its input as its projections keep it included."""
+               input_what: str, input_width: int, active: bool = True) -> list[Saved]:
+    """The attention block's saved tensors, its input as its projections keep it included; when
+    nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
     attn = layer.attention
     c = x.compute_bytes
     trains = x.lora is None
     attn_in, attn_out = _linears(layer, Component.ATTENTION)
+    if not active:
+        return (_read(input_what, input_width, input_readers, x)
+                + _read("attention output", attn.num_heads * attn.v_head_dim, attn_out, x, trains=False, inside=True,
+                        itemsize=c))
     if attn.kind == "mla":
         return _read(input_what, input_width, input_readers, x) + _mla(layer, x, attn_in, attn_out)
     if attn.kind == "mamba":
@@ -332,19 +357,36 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
     return out
 
 
+SCORES = "scores: "
+"""The name prefix of eager attention's s x s tensors."""
+
+
 def _eager_scores(attn, s: int, x: Execution) -> list[Saved]:
     """Eager attention's s x s tensors per token: the softmax (and its copies), soft-capping, dropout."""
     a, c = attn.num_heads, x.compute_bytes
     if attn.sinks:  # GptOss eager_attention_forward: softmax in the scores' dtype over s + 1 columns
-        return [Saved("softmax with sinks", c * a * (s + 1)), Saved("max indices (int64)", 8 * a)]
-    out = [Saved("softmax (fp32)", 4 * a * s)]
+        return [Saved(SCORES + "softmax with sinks", c * a * (s + 1)), Saved(SCORES + "max indices (int64)", 8 * a)]
+    out = [Saved(SCORES + "softmax (fp32)", 4 * a * s)]
     if attn.logit_softcapping:
-        out.append(Saved("soft-capping tanh", c * a * s))
+        out.append(Saved(SCORES + "soft-capping tanh", c * a * s))
     if x.attention_dropout > 0:
-        out += [Saved("attention dropout mask", x.mask_bytes * a * s), Saved("attention dropout output", c * a * s)]
+        out += [Saved(SCORES + "attention dropout mask", x.mask_bytes * a * s),
+                Saved(SCORES + "attention dropout output", c * a * s)]
     elif c < 4:
-        out.append(Saved("softmax cast to the compute dtype", c * a * s))
+        out.append(Saved(SCORES + "softmax cast to the compute dtype", c * a * s))
     return out
+
+
+def _eager_forward_extra(attn, s: int, x: Execution) -> float:
+    """Bytes per token eager attention holds at its forward softmax beyond what it saves: the masked
+    scores (c·a·s) and, below fp32, the fp32 copy the softmax converts them to (4·a·s); BLOOM's
+    ``BloomAttention.forward`` also keeps the raw ALiBi scores (c·a·s) and the fused QKV output in
+    locals (``attention_scores``, ``fused_qkv``)."""
+    c, a = x.compute_bytes, attn.num_heads
+    extra = (c + (4 if c < 4 else 0)) * a * (s + (1 if attn.sinks else 0))
+    if attn.alibi:
+        extra += c * a * s + (a * attn.head_dim + 2 * attn.num_kv_heads * attn.head_dim) * c
+    return extra
 
 
 def _mla(layer: LayerSpec, x: Execution, attn_in: list[TensorSpec], attn_out: list[TensorSpec]) -> list[Saved]:
@@ -389,17 +431,22 @@ def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product
 
 
 def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_what: str,
-         input_width: int) -> list[Saved]:
-    """The MLP block's saved tensors, its input as its projections (and router) keep it included."""
+         input_width: int, active: bool = True) -> list[Saved]:
+    """The MLP block's saved tensors, its input as its projections (and router) keep it included; when
+    nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
     mlp = layer.mlp
     c = x.compute_bytes
     trains = x.lora is None
     dense_in, dense_out = _linears(layer, Component.MLP)
     out: list[Saved] = []
+    if not active:
+        width = mlp.shared_intermediate_size if mlp.is_moe else mlp.intermediate_size
+        return (_read(input_what, input_width, input_readers, x)
+                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=c))
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
         out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
-                              keep_product=trains or any(x.lora.adapts(t) for t in dense_out))
+                              keep_product=trains)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=c)
         return out
     experts_in, experts_out = _linears(layer, Component.EXPERTS)
@@ -410,12 +457,12 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
     for s in _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
-                            keep_product=trains or any(x.lora.adapts(t) for t in experts_out)):
+                            keep_product=trains):
         out.append(Saved(f"{s.what} x topk", topk * s.width))
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
         out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
-                              keep_product=trains or any(x.lora.adapts(t) for t in dense_out))
+                              keep_product=trains)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
                      inside=True, itemsize=c)
     return out
@@ -429,7 +476,7 @@ _CACHE_LIMIT = 1 << 14
 
 
 def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Execution,
-                      selective: bool = False) -> LayerActivations:
+                      selective: bool = False, input_grad: bool = True) -> LayerActivations:
     """Bytes per token one layer keeps for backward, without recompute (remembered per arguments).
 
     Args:
@@ -438,62 +485,86 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
         seq_len: s, the tokens each token attends to (eager attention stores s scores per head).
         x: The execution.
         selective: Megatron selective recompute: the eager s x s tensors are recomputed.
+        input_grad: The layer's input needs a gradient (False for the first layer under LoRA).
     """
     eager = x.eager or not layer.attention.sdpa
-    key = (id(layer), hidden, seq_len if eager else 0, x, selective)
+    key = (id(layer), hidden, seq_len if eager else 0, x, selective, input_grad)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is layer:
         return hit[1]
-    result = _total(_layer(layer, hidden, seq_len, x, selective))
+    extra = _eager_forward_extra(layer.attention, seq_len, x) if eager and layer.attention.kind == "gqa" else 0.0
+    result = _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra)
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[key] = (layer, result)
     return result
 
 
-def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool) -> list[Saved]:
+def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool, input_grad: bool) -> list[Saved]:
+    """The layer's saved tensors in the order its forward makes them.
+
+    A block keeps its internals only when something in it needs a gradient: its input does, or one of
+    its input projections carries an adapter. Under LoRA the first layer's input does not (PEFT calls
+    ``enable_input_require_grads`` only on a model whose gradient checkpointing is already on), so
+    its input norm keeps nothing and a block without adapters reading it keeps nothing either.
+    """
     trains = x.lora is None
+    lora = x.lora
     out: list[Saved] = []
     if x.hidden_dropout > 0:
         out += [Saved("attention dropout mask", x.mask_bytes * h, False), Saved("MLP dropout mask", x.mask_bytes * h, False)]
-    attn_in, _ = _linears(layer, Component.ATTENTION)
-    mlp_in, _ = _linears(layer, Component.MLP)  # the dense MLP's, or an MoE layer's shared experts' (plus its router)
-    kind = layer.norm
+    attn_in, attn_out = _linears(layer, Component.ATTENTION)
+    mlp_in, mlp_out = _linears(layer, Component.MLP)  # the dense MLP's, or an MoE layer's shared experts' (plus its router)
 
+    def adapted(weights: list[TensorSpec]) -> bool:
+        return lora is not None and any(lora.adapts(t) for t in weights)
+
+    def norm(what: str, grad: bool, **kw: object) -> list[Saved]:
+        return _norm(layer.norm, h, x, weight_trains=trains, what=what, **kw) if grad or trains else []
+
+    grad = input_grad or trains
+    attn_active = grad or adapted(attn_in)
+    after_attn = grad or adapted(attn_in) or adapted(attn_out)  # the residual after attention needs a gradient
     if layer.norm_position == "post":  # the blocks read the residual stream; their outputs are normed
-        out += _attention(layer, x, seq_len, selective, attn_in, "layer input", h)
-        out += _norm(kind, h, x, weight_trains=trains, what="post-attention norm")
-        out += _mlp(layer, x, mlp_in, "residual after attention", h)
-        out += _norm(kind, h, x, weight_trains=trains, what="post-MLP norm")
+        out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "layer input", h, attn_active))
+        out += norm("post-attention norm", after_attn)
+        mlp_active = after_attn or adapted(mlp_in)
+        out += _tag("mlp", _mlp(layer, x, mlp_in, "residual after attention", h, mlp_active))
+        out += norm("post-MLP norm", mlp_active or adapted(mlp_out))
         return out
 
     if layer.parallel_residual:
-        out += _norm(kind, h, x, weight_trains=trains, what="input norm")
+        out += norm("input norm", grad)
+        mlp_active = grad or adapted(mlp_in)
         if layer.parallel_norms == 2:
-            out += _norm(kind, h, x, weight_trains=trains, what="MLP input norm", keep_input=False)
-            out += _attention(layer, x, seq_len, selective, attn_in, "input norm output", h)
-            out += _mlp(layer, x, mlp_in, "MLP input norm output", h)
+            out += norm("MLP input norm", grad, keep_input=False)
+            out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
+            out += _tag("mlp", _mlp(layer, x, mlp_in, "MLP input norm output", h, mlp_active))
         else:  # one norm output, read by both blocks: kept once unless under autocast or LoRA
-            shared = _read("input norm output", h, [*attn_in, *mlp_in], x)
-            out += shared
-            out += _attention(layer, x, seq_len, selective, [], "", h)
-            out += _mlp(layer, x, [], "", h)
+            out += _read("input norm output", h, [*attn_in, *mlp_in], x)
+            out += _tag("attention", _attention(layer, x, seq_len, selective, [], "", h, attn_active))
+            out += _tag("mlp", _mlp(layer, x, [], "", h, mlp_active))
         return out
 
-    out += _norm(kind, h, x, weight_trains=trains, what="input norm")
-    out += _attention(layer, x, seq_len, selective, attn_in, "input norm output", h)
+    out += norm("input norm", grad)
+    out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
     if layer.attention.cross_attention:
-        out += _norm(kind, h, x, weight_trains=trains, what="cross-attention norm")
+        out += norm("cross-attention norm", after_attn)
         out += _read("cross-attention norm output", h, attn_in[:1], x)
+    mlp_active = after_attn or adapted(mlp_in)
     if layer.norm_position == "sandwich":
-        out += _norm(kind, h, x, weight_trains=trains, what="post-attention norm")
-        out += _norm(kind, h, x, weight_trains=trains, what="pre-MLP norm")
-        out += _mlp(layer, x, mlp_in, "pre-MLP norm output", h)
-        out += _norm(kind, h, x, weight_trains=trains, what="post-MLP norm")
+        out += norm("post-attention norm", after_attn)
+        out += norm("pre-MLP norm", after_attn)
+        out += _tag("mlp", _mlp(layer, x, mlp_in, "pre-MLP norm output", h, mlp_active))
+        out += norm("post-MLP norm", mlp_active or adapted(mlp_out))
         return out
-    out += _norm(kind, h, x, weight_trains=trains, what="post-attention norm")
-    out += _mlp(layer, x, mlp_in, "post-attention norm output", h)
+    out += norm("post-attention norm", after_attn)
+    out += _tag("mlp", _mlp(layer, x, mlp_in, "post-attention norm output", h, mlp_active))
     return out
+
+
+def _tag(block: str, tensors: list[Saved]) -> list[Saved]:
+    return [Saved(t.what, t.width, t.inside, block) for t in tensors]
 
 
 def norm_bytes(kind: str, h: int, x: Execution, *, readers: int, weight_trains: bool) -> float:
@@ -531,28 +602,54 @@ def selective_op_bytes(layer: LayerSpec, *, hidden: int, x: Execution) -> LayerA
                    Saved("layer input", x.stream_bytes * hidden, False)])
 
 
-def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution) -> LayerActivations:
-    """Bytes per token of the gradients one layer's backward holds beyond its saved tensors.
+NORM_BACKWARD_COPIES = 5
+"""fp32 h-wide temporaries an RMSNorm's backward (autograd over its decomposed forward: the cast, pow,
+mean, rsqrt and products) holds at its peak, by which time the normalized input it saved for the
+weight's gradient is freed: traced in the post-norms of OLMo-2 (LoRA: 5 x 4h) and Gemma 3 (full
+fine-tune: 5 x 4h with the 4h normalized input freed)."""
 
-    The MLP's: the product's gradient and the two gradients of its inputs while the activation's
-    input and output and the up output are still alive: 2·i·c net of a gated MLP whose down
-    projection kept the product (freed by then), 3·i·c when it kept none (a frozen down projection
-    under LoRA); a plain MLP: one i-sized gradient. Eager
-    attention's: the gradients of the probabilities and the fp32 scores, less what is freed by then
-    ((4 + c)/2·a·s net; measured 4·a·s in fp32 and 2.7·a·s in bf16). The larger of the two sets the layer's backward peak (measured on the CPU within 3%,
-    ``tests/test_training_cpu_measured.py``).
+
+def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: int = 0) -> LayerActivations:
+    """Bytes per token one layer's backward holds beyond its saved tensors, at its peak.
+
+    The gradient of the layer's output (r·h, alive through the layer's backward) plus the largest of:
+
+    - the MLP's, which runs first: the product's gradient and the two gradients of its inputs while
+      the activation's input and output and the up output are still alive: 2·i·c net of a gated MLP
+      whose down projection kept the product (freed by then), 3·i·c when it kept none (a frozen down
+      projection under LoRA); a plain MLP one i-sized gradient, two for a composite GELU, one more
+      when the product was not kept; topk x for routed experts, or, when larger, the routed
+      outputs' gradient, its weighted copy and the gathered inputs' gradient (3·topk·h·c);
+    - a post-norm's (OLMo-2, Gemma 2/3: it runs before the MLP's, with everything alive):
+      :data:`NORM_BACKWARD_COPIES` fp32 copies of h, less its normalized input (freed by then);
+    - eager attention's: the gradients of the probabilities and the fp32 scores, less what is
+      freed by then ((4 + c)/2·a·s net; measured 4·a·s in fp32 and 2.7·a·s in bf16).
+
+    Measured on the CPU within 3% (``tests/test_training_cpu_measured.py``) and against the traced
+    rebuilt layer of every family (``tests/test_trace_agreement.py``).
     """
     c = x.compute_bytes
     mlp = layer.mlp
     width = mlp.intermediate_size * (mlp.num_experts_per_tok or 1)
     _, down = _linears(layer, Component.EXPERTS if mlp.is_moe else Component.MLP)
-    product_kept = x.lora is None or any(x.lora.adapts(t) for t in down)
-    mlp_part = ((2 if product_kept else 3) if mlp.gated else 1) * width * c
+    product_kept = x.lora is None
+    if mlp.gated:
+        grads = 2 if product_kept else 3
+    else:
+        grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
+    mlp_part = grads * width * c
+    if mlp.is_moe:  # the routed outputs' gradient, its weighted copy and the gathered inputs' gradient
+        mlp_part = max(mlp_part, 3 * mlp.num_experts_per_tok * hidden * c)
+    norm_part = 0.0
+    if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
+        normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0
+        norm_part = NORM_BACKWARD_COPIES * 4 * hidden - normalized
     attn = layer.attention
     eager = x.eager or not attn.sdpa
     attn_part = (4 + c) / 2 * attn.num_heads * seq_len if eager and attn.kind == "gqa" else 0.0
-    return LayerActivations(inside=max(mlp_part, attn_part), outside=0.0,
-                            tensors=(Saved("backward gradients", max(mlp_part, attn_part)),))
+    tensors = (Saved("output gradient", x.stream_bytes * hidden, False),
+               Saved("backward gradients", max(mlp_part, norm_part, attn_part)))
+    return _total(tensors)
 
 
 def embedding_bytes(has_norm: bool, hidden: int, x: Execution) -> float:

@@ -163,6 +163,51 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
 # ---- what trains ----
 
 
+@dataclass(frozen=True, slots=True)
+class _GradGroups:
+    """The trained tensors of a stage, as backward produces their gradients.
+
+    Attributes:
+        used: Those the step computes a gradient for: all but a multimodal checkpoint's vision
+            tower and projector (component ``other`` before the first layer), which a text-only
+            step never runs (their optimizer states and flat buffers still exist).
+        head: Made first, by the lm_head's backward: the final norm, lm_head, and the embedding when
+            tied to it.
+        first: The stage's first layer (one of its kind), made last but the embedding's.
+        embedding: The untied embeddings (first stage), made last.
+    """
+
+    used: list[tuple[TensorSpec, int, int]]
+    head: list[tuple[TensorSpec, int, int]]
+    first: list[tuple[TensorSpec, int, int]]
+    embedding: list[tuple[TensorSpec, int, int]]
+
+
+def _grad_groups(spec: ModelSpec, stage: Stage, trainable: list[tuple[TensorSpec, int, int]]) -> _GradGroups:
+    unused = {id(tn) for tn in spec.embedding if tn.component is Component.OTHER} if stage.first else set()
+    head = {id(tn) for tn in spec.head} if stage.last else set()
+    embedding = {id(tn) for tn in spec.embedding if tn.component is not Component.OTHER} if stage.first else set()
+    if spec.tie_word_embeddings and stage.last:
+        head |= embedding
+        embedding = set()
+    first = {id(tn) for tn in spec.layers[stage.start].tensors}
+    used = [item for item in trainable if id(item[0]) not in unused]
+    return _GradGroups(
+        used=used,
+        head=[item for item in used if id(item[0]) in head],
+        first=[(tn, local, 1) for tn, local, _ in used if id(tn) in first],
+        embedding=[item for item in used if id(item[0]) in embedding],
+    )
+
+
+def _param_grads(st: _States, groups: _GradGroups, gb: int) -> None:
+    """param.grad of every used tensor (one block each), of the head's, and of all but the first layer's
+    and the embeddings' (what exists when the backward reaches the stage's first layer)."""
+    st.lazy_grads = _blocks(groups.used, gb)
+    st.head_grads = _blocks(groups.head, gb)
+    st.grads_before_first_layer = st.lazy_grads - _blocks(groups.first, gb) - _blocks(groups.embedding, gb)
+
+
 def _blocks(items: list[tuple[TensorSpec, int, int]], itemsize: int, shard: int = 1) -> int:
     """Bytes of one tensor per (tensor, local elements, count) item at ``itemsize`` B per element (each
     ``shard``-th of it), as the CUDA caching allocator counts them (:func:`runtime.cuda_block_bytes`)."""
@@ -293,6 +338,7 @@ class _States:
     lazy_grads: int = 0
     lazy_formula: str = ""
     head_grads: int = 0
+    grads_before_first_layer: int = 0
     grads_through_forward: bool = False
     persistent: list[Term] = field(default_factory=list)
     backward_buffers: list[Term] = field(default_factory=list)
@@ -343,8 +389,8 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
         master_b, state_b = (4 if flat and recipe.master else 0), 4
     numel = sum(local * c for _, local, c in trainable)
     st.trainable_numel = numel
-    head = _head_tensors(spec)
-    head_numel = sum(local for tn, local, _ in trainable if id(tn) in head) if stage.last else 0
+    groups = _grad_groups(spec, stage, trainable)
+    head_numel = sum(local * c for _, local, c in groups.head)
 
     # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
     bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
@@ -364,9 +410,8 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     c = recipe.compute
 
     if fw in (Framework.PYTORCH, Framework.DDP):
-        st.lazy_grads = _blocks(trainable, gb)
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
-        st.head_grads = head_numel * gb
         if fw is Framework.DDP:
             st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, numel * gb,
                                       f"P_trainable x {gb} B DDP gradient buckets"))
@@ -374,7 +419,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     elif fw is Framework.MEGATRON:
         st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, numel * 4, "P_trainable x 4 B fp32 main_grad buffer"))
     elif fw is Framework.DEEPSPEED:
-        _deepspeed_states(st, t, trainable, n, z, gb, head_numel)
+        _deepspeed_states(st, t, trainable, groups, n, z, gb)
         if z >= 3:
             largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
             st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
@@ -384,8 +429,8 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     return st
 
 
-def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]], n: int, z: int,
-                      gb: int, head_numel: int) -> None:
+def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]],
+                      groups: _GradGroups, n: int, z: int, gb: int) -> None:
     """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
     numel = sum(local * c for _, local, c in trainable)
     offloaded = t.offload is not Offload.NONE
@@ -398,21 +443,19 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
             # the engine does not zero bf16 grads after the step at ZeRO 0 (engine.py _take_model_step:
             # ``pass``); BF16_Optimizer.backward clears them (clear_lp_grads) only when the next backward starts
             st.grads_through_forward = True
-        st.lazy_grads = _blocks(trainable, gb)
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad before accumulation)"
-        st.head_grads = head_numel * gb
         return
     if z == 1:
         st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
-        st.lazy_grads = _blocks(trainable, gb)
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
-        st.head_grads = head_numel * gb
     elif z == 2:
         st.backward_buffers.append(bucket)
         if not offloaded:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
-            st.lazy_grads = math.ceil(numel * gb / n)
+            st.lazy_grads = st.grads_before_first_layer = math.ceil(numel * gb / n)
             st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
     else:
         st.persistent.append(bucket)
@@ -435,6 +478,8 @@ def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, 
     st.lazy_grads = math.ceil(numel * gb / shard_g)
     st.lazy_formula = f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else "")
     st.head_grads = math.ceil(head_numel * gb / shard_g)
+    later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
+    st.grads_before_first_layer = math.ceil(later * gb / shard_g)  # units reduce-scatter as their backward ends
     gather_b = c if t.precision is Precision.FSDP2 else wb
     largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
     if z >= 3:
@@ -514,6 +559,8 @@ class _Activations:
     other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
     autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
     autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
+    layer_forward: Term | None       # a layer's forward beyond the stored activations (recompute, eager softmax)
+    embedding: Term | None           # the embeddings' part of ``head`` (what exists before the final norm)
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
@@ -535,26 +582,39 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     rebuilt = 0.0
     transient = 0.0
     first = 0.0
+    forward = 0.0
     kinds = spec.layer_kinds(stage.start, stage.stop)
     first_layer = spec.layers[stage.start]
+    # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
+    frozen_input = stage.first and x.lora is not None
     for layer, count in kinds:
         s = _seq_for(layer, t) // par.cp
         tokens = b * s
-        full = layer_activations(layer, hidden=h, seq_len=s * par.cp if x.eager else s, x=x, selective=selective)
-        per_layer = full.per_rank(tp, sp) * tokens
-        back = backward_transient(layer, seq_len=s * par.cp, x=x).per_rank(tp, sp) * tokens
+        eager_len = s * par.cp if x.eager or not layer.attention.sdpa else s
+        full = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective)
+        per_layer = full.block_bytes(tokens, tp, sp)
+        back = backward_transient(layer, seq_len=s * par.cp, x=x, hidden=h).block_bytes(tokens, tp, sp)
         if t.recompute is Recompute.FULL:
-            kept = x.stream_bytes * h / (tp if sp else 1) * tokens
+            kept = cuda_block_bytes(math.ceil(x.stream_bytes * h / (tp if sp else 1) * tokens))
         elif t.recompute is Recompute.SELECTIVE_OP:
-            kept = selective_op_bytes(layer, hidden=h, x=x).per_rank(tp, sp) * tokens
+            kept = selective_op_bytes(layer, hidden=h, x=x).block_bytes(tokens, tp, sp)
         else:
             kept = per_layer
         stored += kept * count
+        if layer is first_layer:
+            first = kept
+            if frozen_input and t.recompute is Recompute.NONE:
+                first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
+                                          input_grad=False).block_bytes(tokens, tp, sp)
+                stored += first - kept
+        extra = full.forward_extra * tokens / (tp if sp else 1)
         if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
             rebuilt = max(rebuilt, per_layer)
+            # a checkpointed layer's forward drops what it would save; its largest block is alive at once
+            forward = max(forward, (full.forward_working + x.stream_bytes * h) * tokens / (tp if sp else 1))
+        elif extra:  # eager attention's softmax in the stage's last layer, its later tensors not made yet
+            forward = max(forward, extra - full.after_scores * tokens / (tp if sp else 1))
         transient = max(transient, back)
-        if layer == first_layer:
-            first = kept
     micro = "" if in_flight == 1 else f" x {in_flight} in flight"
     if t.recompute is Recompute.FULL:
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
@@ -573,7 +633,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
                   f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
 
-    head_bytes = 0.0
+    head_bytes = emb_bytes = 0.0
     head_parts: list[str] = []
     tokens_first = b * t.seq_len // par.cp
     if stage.first:
@@ -581,6 +641,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         emb = embedding_bytes(has_norm, h, x) / (tp if sp else 1) * tokens_first
         if emb:
             head_bytes += emb
+            emb_bytes = emb
             head_parts.append("embedding norm/dropout")
     logits_term = logits_fwd = None
     if stage.last:
@@ -597,6 +658,8 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
             logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
     head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
+    embedding_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(emb_bytes * in_flight),
+                          "embedding norm/dropout x b x s") if emb_bytes else None
     cast_all = cast_layer = None
     if x.autocast:
         def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
@@ -612,8 +675,11 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
                         f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
         cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
+    forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
+                        "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
+                        "scores and their fp32 copy at the softmax") if forward > 0 else None
     return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term, others,
-                        cast_all, cast_layer)
+                        cast_all, cast_layer, forward_term, embedding_term)
 
 
 def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
@@ -681,6 +747,8 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
     matmul = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)] if t.method is Method.QLORA else []
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
     all_grads = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
+    later_grads = all_grads if grads_in_forward else Term(
+        "gradients", Kind.GRADIENTS, st.grads_before_first_layer, st.lazy_formula + " but the first layer's and embeddings'")
     fwd_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
     head_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, st.head_grads,
                                                          "the head's gradients, the first computed")
@@ -688,14 +756,17 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
     head = [acts.head] if acts.head else []
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
+    fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
     out = {
-        "loss_forward": [*base, all_grads if grads_in_forward or st.grads_through_forward else fwd_grads,
-                         *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
+        "layer_forward": [*base, fwd_all, *st.gathered, acts.stored, *([acts.embedding] if acts.embedding else []),
+                          *casts,
+                          *([acts.layer_forward] if acts.layer_forward else [])],
+        "loss_forward": [*base, fwd_all, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
         "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
         "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
                                  acts.transient, *matmul, *casts],
-        "last_layer_backward": [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
+        "last_layer_backward": [*base, later_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
