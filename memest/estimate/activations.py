@@ -154,12 +154,15 @@ class Saved:
         inside: True inside a tensor-parallel region (divided by tp), else divided by tp only with
             sequence parallelism.
         block: ``attention`` or ``mlp`` for the tensors those blocks make, else empty.
+        kept: False for a forward temporary autograd does not keep (counted in a checkpointed
+            forward's working set only).
     """
 
     what: str
     width: float
     inside: bool = True
     block: str = ""
+    kept: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,9 @@ class LayerActivations:
         forward_working: Bytes per token a checkpointed forward of the layer (whose saved tensors are
             dropped) holds at its peak: the larger block's tensors (the MLP's intermediates, or the
             attention's up to its softmax with the eager extras), beside the layer's input.
+        recompute_extra: Bytes per token the recomputation of the layer in backward holds beyond
+            what it rebuilds (its forward temporaries: the eager extras at the softmax, before the
+            rest of the layer is rebuilt; gpt-oss's per-route biases).
     """
 
     inside: float
@@ -186,6 +192,7 @@ class LayerActivations:
     forward_extra: float = 0.0
     after_scores: float = 0.0
     forward_working: float = 0.0
+    recompute_extra: float = 0.0
 
     def per_rank(self, tp: int, sequence_parallel: bool) -> float:
         """Bytes per token on one TP rank."""
@@ -202,7 +209,9 @@ class LayerActivations:
 
 
 def _total(tensors: Iterable[Saved], forward_extra: float = 0.0) -> LayerActivations:
-    tensors = tuple(t for t in tensors if t.width)
+    everything = tuple(t for t in tensors if t.width)
+    temporaries = sum(t.width for t in everything if not t.kept)
+    tensors = tuple(t for t in everything if t.kept)
     inside = sum(t.width for t in tensors if t.inside)
     outside = sum(t.width for t in tensors if not t.inside)
     # the forward's softmax: the first of the scores' tensors (its cast and dropout come after)
@@ -210,9 +219,10 @@ def _total(tensors: Iterable[Saved], forward_extra: float = 0.0) -> LayerActivat
     after = sum(t.width for t in tensors[scores[0] + 1:]) if scores and forward_extra else 0.0
     # a checkpointed forward holds the attention's tensors through the softmax's cast (in locals)
     attention = sum(t.width for t in (tensors[:scores[-1] + 1] if scores else tensors) if t.block == "attention")
-    mlp = sum(t.width for t in tensors if t.block == "mlp")
+    mlp = sum(t.width for t in tensors if t.block == "mlp") + temporaries
     return LayerActivations(inside=inside, outside=outside, tensors=tensors, forward_extra=forward_extra,
-                            after_scores=after, forward_working=max(attention + forward_extra, mlp))
+                            after_scores=after, forward_working=max(attention + forward_extra, mlp),
+                            recompute_extra=max(forward_extra - after, temporaries))
 
 
 # ---- norms and the tensors linears read ----
@@ -460,6 +470,8 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
                             keep_product=trains):
         out.append(Saved(f"{s.what} x topk", topk * s.width))
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
+    if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):  # GptOssExperts: bias[expert_ids]
+        out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
         out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
                               keep_product=trains)
@@ -564,7 +576,7 @@ def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool
 
 
 def _tag(block: str, tensors: list[Saved]) -> list[Saved]:
-    return [Saved(t.what, t.width, t.inside, block) for t in tensors]
+    return [Saved(t.what, t.width, t.inside, block, t.kept) for t in tensors]
 
 
 def norm_bytes(kind: str, h: int, x: Execution, *, readers: int, weight_trains: bool) -> float:
@@ -618,8 +630,10 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
       the activation's input and output and the up output are still alive: 2·i·c net of a gated MLP
       whose down projection kept the product (freed by then), 3·i·c when it kept none (a frozen down
       projection under LoRA); a plain MLP one i-sized gradient, two for a composite GELU, one more
-      when the product was not kept; topk x for routed experts, or, when larger, the routed
-      outputs' gradient, its weighted copy and the gathered inputs' gradient (3·topk·h·c);
+      when the product was not kept; topk x for routed experts, less the expert outputs (topk·h·c,
+      freed by then), or, when larger, four h-wide tensors per route before the experts' backward
+      (the gradients of the weighted and of the expert outputs and of the gathered inputs, and the
+      re-gathered inputs: 4·topk·h·c);
     - a post-norm's (OLMo-2, Gemma 2/3: it runs before the MLP's, with everything alive):
       :data:`NORM_BACKWARD_COPIES` fp32 copies of h, less its normalized input (freed by then);
     - eager attention's: the gradients of the probabilities and the fp32 scores, less what is
@@ -638,8 +652,12 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
     else:
         grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
     mlp_part = grads * width * c
-    if mlp.is_moe:  # the routed outputs' gradient, its weighted copy and the gathered inputs' gradient
-        mlp_part = max(mlp_part, 3 * mlp.num_experts_per_tok * hidden * c)
+    if mlp.is_moe:
+        # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
+        # before that, the gradients of the weighted outputs, of the expert outputs and of the gathered
+        # inputs, beside the re-gathered inputs, are h-wide per route
+        routed = mlp.num_experts_per_tok * hidden * c
+        mlp_part = max(mlp_part - routed, 4 * routed)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0

@@ -341,8 +341,12 @@ class _States:
     grads_before_first_layer: int = 0
     grads_through_forward: bool = False
     persistent: list[Term] = field(default_factory=list)
-    backward_buffers: list[Term] = field(default_factory=list)
+    backward_buffers: list[Term] = field(default_factory=list)  # from backward's start (DeepSpeed's reduce bucket)
+    layer_buffers: list[Term] = field(default_factory=list)  # while a layer runs its backward (FSDP's grads)
+    reduce_input: list[Term] = field(default_factory=list)  # FSDP: the previous unit's reduce-scatter input
     gathered: list[Term] = field(default_factory=list)
+    gathered_unit: int = 0  # FSDP: one layer unit gathered at the compute dtype (how many are alive: per moment)
+    gathered_formula: str = ""
     step: list[Term] = field(default_factory=list)
     trainable_numel: int = 0
 
@@ -425,7 +429,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
             st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
                                     f"2 x largest layer unsharded x {recipe.weight} B (current + prefetched)"))
     elif fw is Framework.FSDP:
-        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b)
+        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b, groups)
     return st
 
 
@@ -471,7 +475,7 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
 
 def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, numel: int, n: int, z: int,
                  wb: int, gb: int, c: int, head_numel: int, trainable: list[tuple[TensorSpec, int, int]],
-                 state_b: int) -> None:
+                 state_b: int, groups: _GradGroups) -> None:
     """FSDP gathered units, sharded gradients and their reduce copies (module docstring, ``fsdp``)."""
     par = t.parallelism
     shard_g = n if z >= 2 else 1
@@ -487,16 +491,20 @@ def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, 
                    if tn in set(spec.embedding) or tn in set(spec.head))
         st.gathered.append(Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
                                 f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"))
-        st.gathered.append(Term("workspace.gathered_layers", Kind.WORKSPACE, 2 * largest * gather_b,
-                                f"2 x largest layer unsharded x {gather_b} B (current + prefetched unit)"))
+        st.gathered_unit = largest * gather_b
+        st.gathered_formula = f"largest layer unsharded x {gather_b} B"
     elif z == 2:
         total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
         st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,
                                 f"P_stage unsharded x {gather_b} B (SHARD_GRAD_OP keeps them from forward to backward)"))
     if z >= 2:
         unit = largest if t.method is Method.FULL else 0
-        st.backward_buffers.append(Term("workspace.unsharded_grads", Kind.WORKSPACE, unit * (gather_b + gb),
-                                        f"largest layer x ({gather_b} + {gb}) B (its gradients and their reduce copy)"))
+        st.layer_buffers.append(Term("workspace.unsharded_grads", Kind.WORKSPACE, unit * gather_b,
+                                     f"largest layer x {gather_b} B (the unit's unsharded gradients)"))
+        # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
+        # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+        st.reduce_input.append(Term("workspace.reduce_scatter_input", Kind.WORKSPACE, unit * gb,
+                                    f"largest layer x {gb} B (the previous unit's reduce-scatter input)"))
     st.step += _step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)
 
 
@@ -561,6 +569,8 @@ class _Activations:
     autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
     layer_forward: Term | None       # a layer's forward beyond the stored activations (recompute, eager softmax)
     embedding: Term | None           # the embeddings' part of ``head`` (what exists before the final norm)
+    masks: Term | None               # eager attention's materialized causal masks (during the forward, and
+                                     # through the backward under recompute: the checkpoints keep them)
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
@@ -610,6 +620,8 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         extra = full.forward_extra * tokens / (tp if sp else 1)
         if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
             rebuilt = max(rebuilt, per_layer)
+            # the recomputation's own temporaries, before the layer's backward proper
+            back = max(back, full.recompute_extra * tokens / (tp if sp else 1))
             # a checkpointed layer's forward drops what it would save; its largest block is alive at once
             forward = max(forward, (full.forward_working + x.stream_bytes * h) * tokens / (tp if sp else 1))
         elif extra:  # eager attention's softmax in the stage's last layer, its later tensors not made yet
@@ -679,7 +691,22 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
                         "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
                         "scores and their fp32 copy at the softmax") if forward > 0 else None
     return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term, others,
-                        cast_all, cast_layer, forward_term, embedding_term)
+                        cast_all, cast_layer, forward_term, embedding_term, _eager_masks(kinds, x, t, par))
+
+
+def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: TrainingConfig,
+                 par: Parallelism) -> Term | None:
+    """transformers' eager attention reads a materialized (b, 1, s, s) additive mask in the compute
+    dtype, one per kind of attention (full, sliding window): ``masking_utils.create_causal_mask`` /
+    ``create_sliding_window_causal_mask`` in the model's forward."""
+    windows = {layer.attention.sliding_window for layer, _ in kinds
+               if layer.attention.kind == "gqa" and (x.eager or not layer.attention.sdpa)}
+    if not windows:
+        return None
+    s = t.seq_len // par.cp
+    nbytes = len(windows) * cuda_block_bytes(t.micro_batch_size * s * t.seq_len * x.compute_bytes)
+    return Term("activations.attention_masks", Kind.ACTIVATIONS, nbytes,
+                f"{len(windows)} x b x s x s x {x.compute_bytes} B (eager attention's causal masks)")
 
 
 def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
@@ -757,16 +784,33 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
     fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
+
+    def gathered(units: int, why: str) -> list[Term]:
+        """FSDP2's gathered layer units alive at a moment (``units`` of them)."""
+        if not st.gathered_unit or not units:
+            return []
+        return [Term("workspace.gathered_layers", Kind.WORKSPACE, units * st.gathered_unit,
+                     f"{units} x {st.gathered_formula} ({why})")]
+
+    running = gathered(2, "the unit computed + the one prefetched")
+    masks = [acts.masks] if acts.masks else []
+    rebuilt_masks = masks if acts.rebuilt else []
     out = {
-        "layer_forward": [*base, fwd_all, *st.gathered, acts.stored, *([acts.embedding] if acts.embedding else []),
-                          *casts,
+        "layer_forward": [*base, fwd_all, *st.gathered, *running, acts.stored, *([acts.embedding] if acts.embedding else []),
+                          *casts, *masks,
                           *([acts.layer_forward] if acts.layer_forward else [])],
         "loss_forward": [*base, fwd_all, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
-        "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
+        "loss_backward": [*base, fwd_grads, *st.gathered, *gathered(1, "the last layer's, prefetched for its backward"),
+                          *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
-        "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
+        "first_layer_backward": [*base, head_grads, *st.gathered, *running, *st.backward_buffers, *st.layer_buffers,
+                                 acts.stored, *rebuilt,
+                                 *rebuilt_masks,
                                  acts.transient, *matmul, *casts],
-        "last_layer_backward": [*base, later_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
+        "last_layer_backward": [*base, later_grads, *st.gathered, *gathered(1, "the unit computed; none left to prefetch"),
+                                *st.backward_buffers, *st.layer_buffers, *st.reduce_input, *last,
+                                *rebuilt_masks,
+                                acts.transient, *matmul,
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
