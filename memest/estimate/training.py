@@ -347,6 +347,8 @@ class _States:
     gathered: list[Term] = field(default_factory=list)
     gathered_unit: int = 0  # FSDP: one layer unit gathered at the compute dtype (how many are alive: per moment)
     gathered_formula: str = ""
+    stream_pool: int = 0  # reserved, never allocated on the compute stream (FSDP's all-gather outputs)
+    stream_pool_formula: str = ""
     step: list[Term] = field(default_factory=list)
     trainable_numel: int = 0
 
@@ -407,8 +409,9 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
         st.moments = 0
     elif flat and t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED):  # FusedAdam on the flat master
         st.moments = 2 * cuda_block_bytes(math.ceil(numel * state_b / shard_o))
-    elif t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED) and t.method is Method.FULL and shard_o == 1:
-        st.moments = 2 * _blocks(trainable, state_b)  # exp_avg and exp_avg_sq of every parameter
+    elif t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED) and (shard_o == 1 or fw is Framework.FSDP):
+        # torch AdamW: exp_avg and exp_avg_sq of every parameter (FSDP2: of every parameter's shard)
+        st.moments = 2 * _blocks(trainable, state_b, shard_o)
     else:
         st.moments = math.ceil(optimizer_bytes(trainable, t.optimizer, state_b) / shard_o)
     c = recipe.compute
@@ -417,11 +420,12 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
         _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
         if fw is Framework.DDP:
-            st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, numel * gb,
+            st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, cuda_block_bytes(numel * gb),
                                       f"P_trainable x {gb} B DDP gradient buckets"))
         st.step += _step_temporaries(spec, t, trainable, state_b, 1, fused=False)
     elif fw is Framework.MEGATRON:
-        st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, numel * 4, "P_trainable x 4 B fp32 main_grad buffer"))
+        st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
+                                  "P_trainable x 4 B fp32 main_grad buffer"))
     elif fw is Framework.DEEPSPEED:
         _deepspeed_states(st, t, trainable, groups, n, z, gb)
         if z >= 3:
@@ -438,7 +442,7 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
     """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
     numel = sum(local * c for _, local, c in trainable)
     offloaded = t.offload is not Offload.NONE
-    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, DEEPSPEED_REDUCE_BUCKET * gb,
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
                   f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
     if z == 0:
         if t.precision is Precision.MIXED:
@@ -459,17 +463,17 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
         if not offloaded:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
-            st.lazy_grads = st.grads_before_first_layer = math.ceil(numel * gb / n)
+            st.lazy_grads = st.grads_before_first_layer = cuda_block_bytes(math.ceil(numel * gb / n))
             st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
     else:
         st.persistent.append(bucket)
         if not offloaded:
-            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, math.ceil(numel * gb / n),
+            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(numel * gb / n)),
                                       f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"))
     if not offloaded:
-        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, math.ceil(numel * gb / n),
+        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * gb / n)),
                             f"P_trainable x {gb} B / {n} (flattened partition)"))
-        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, math.ceil(numel * 4 / n),
+        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * 4 / n)),
                             f"P_trainable x 4 B / {n} (single_grad_partition)"))
 
 
@@ -479,16 +483,25 @@ def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, 
     """FSDP gathered units, sharded gradients and their reduce copies (module docstring, ``fsdp``)."""
     par = t.parallelism
     shard_g = n if z >= 2 else 1
-    st.lazy_grads = math.ceil(numel * gb / shard_g)
+    st.lazy_grads = _blocks(groups.used, gb, shard_g)  # FSDP2 shards each parameter's gradient
     st.lazy_formula = f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else "")
     st.head_grads = math.ceil(head_numel * gb / shard_g)
     later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
     st.grads_before_first_layer = math.ceil(later * gb / shard_g)  # units reduce-scatter as their backward ends
     gather_b = c if t.precision is Precision.FSDP2 else wb
     largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+    root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
+    root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
+               if id(tn) in root_ids)
+    if z >= 2:
+        # FSDP2 allocates each unit's all-gather output on its all-gather copy-in stream (implicit prefetch,
+        # _fsdp_collectives.py foreach_all_gather) and keeps it until the next unit's copy-out; the CUDA
+        # caching allocator reuses a stream's cached blocks only for that stream, so that pool stays
+        # reserved beside the compute stream's: the root's output and a layer's, at the gather dtype
+        st.stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(largest * gather_b)
+        st.stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
+                                  "in the all-gather stream's pool")
     if z >= 3:
-        root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
-                   if tn in set(spec.embedding) or tn in set(spec.head))
         st.gathered.append(Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
                                 f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"))
         st.gathered_unit = largest * gather_b
@@ -513,10 +526,9 @@ def _step_temporaries(spec: ModelSpec, t: TrainingConfig, trainable: list[tuple[
     """Temporaries of torch optimizers during their step."""
     if fused or t.offload is not Offload.NONE or not trainable:
         return []
-    numel = sum(local * c for _, local, c in trainable)
     largest = max(local for _, local, _ in trainable)
     if t.optimizer is Optimizer.ADAMW:
-        return [Term("workspace.optimizer_step", Kind.WORKSPACE, math.ceil(numel * state_b / shard),
+        return [Term("workspace.optimizer_step", Kind.WORKSPACE, _blocks(trainable, state_b, shard),
                      f"P_trainable x {state_b} B" + (f" / {shard}" if shard > 1 else "") + " (foreach sqrt of exp_avg_sq)")]
     if t.optimizer is Optimizer.ADAFACTOR:
         return [Term("workspace.optimizer_step", Kind.WORKSPACE, 2 * largest * 4,
@@ -759,6 +771,12 @@ def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | N
 
 
 def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
+    return _build_moments(spec, t, fw, device, stage)[0]
+
+
+def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
+                   stage: Stage) -> tuple[dict[str, list[Term]], _States]:
+    """Every moment's allocated terms, and the model states they were built from."""
     st = _model_states(spec, t, fw, stage)
     acts = _activations(spec, t, fw, stage)
     par = t.parallelism
@@ -814,17 +832,19 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
-    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}
+    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}, st
 
 
 def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
     """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
-    candidates = _moments(spec, t, fw, device, stage)
+    candidates, st = _build_moments(spec, t, fw, device, stage)
     name = max(candidates, key=lambda m: _allocated(candidates[m]))
     chosen = list(candidates[name])
     allocated = _allocated(chosen)
     chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
                        f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
+    if st.stream_pool:
+        chosen.append(Term("allocator.all_gather_stream", Kind.ALLOCATOR, st.stream_pool, st.stream_pool_formula))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
     if t.parallelism.world_size > 1:
         chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
