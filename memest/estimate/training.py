@@ -488,7 +488,8 @@ def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, 
     st.head_grads = math.ceil(head_numel * gb / shard_g)
     later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
     st.grads_before_first_layer = math.ceil(later * gb / shard_g)  # units reduce-scatter as their backward ends
-    gather_b = c if t.precision is Precision.FSDP2 else wb
+    # the compute copies gathered: every weight (a LoRA base too) at its dtype, or FSDP2's param_dtype
+    gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
     largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
     root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
     root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
