@@ -38,29 +38,32 @@ TINY_JOBS = {
     "serve": ServingConfig(engine=Engine.HF, max_model_len=256, batch_size=2),
 }
 
-FULL = ("findings §1: DeepSpeed bf16 at ZeRO 0 leaves the previous step's bf16 gradients alive through the forward "
-        "(cleared when the next backward starts), and the forward's loss holds the bf16 logits, their fp32 upcast and "
-        "the log-softmax at once; the analytic loss_backward moment has neither")
-RECOMPUTE = ("findings §1 and §4: with recompute the traced peak is the forward's loss moment (§1) or the rebuilt "
-             "layer; see the appendix row of this family")
-LORA = ("findings §3: LoRA activations per family (norms before frozen projections, PEFT's fp32 input casts), and "
-        "--precision mixed resolves to DeepSpeed, whose fp32 master of the adapters the analytic LoRA estimate omits")
 SERVE = ("findings §5: the prefill peak per family (hidden-size tensors held besides the MLP's, GELU-tanh "
          "temporaries, MoE routed copies, Falcon's K/V cached at num_heads)")
 EAGER = ("findings §6: transformers has no SDPA attention for this family; eager keeps the s x s scores "
-         "(fp32 softmax and its cast) where the analytic --attn-implementation sdpa assumes a fused kernel")
+         "(fp32 softmax and its cast) where the serving estimate assumes a fused kernel")
 BIGCODE = ("findings §7: GPTBigCode registers a (n_positions x n_positions) bool causal-mask buffer (64 MiB at "
-           "8192); transformers 5 keeps it, the analytic estimate counts it only for engine version 4.34")
-JAMBA = ("findings §8 (a trace limitation, not a formula finding): without the CUDA-only mamba_ssm/causal_conv1d "
-         "kernels transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
-         "run with the kernels never stores")
+           "8192); transformers 5 keeps it, the serving estimate counts it only for engine version 4.34")
+JAMBA = ("findings §8, a trace limitation, not a formula gap: without the CUDA-only mamba_ssm / causal_conv1d "
+         "packages transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
+         "run with the fused kernels never stores (the traced peaks are 2-6x the analytic ones on this config); "
+         "the analytic mamba term is a seed for the fused kernels, which no trace here can check")
+WARMUP = ("findings §1, a trace artifact: the trace's warm-up step gives every parameter a zero gradient and "
+          "DeepSpeed bf16 at ZeRO 0 drops 16-bit gradients only when the next backward starts, so the first "
+          "traced forward still holds the never-run SigLIP vision tower's (2.5 M of this tiny config's 4.3 M "
+          "parameters); a steady-state step, and the analytic estimate, have none")
+GPT_OSS = ("findings §12: the analytic tensors match the traced live tensors (LoRA: -1.4% of the traced tensor "
+           "bytes), but this tiny config's 1-10 MiB activations (the clamped SwiGLU's (1024, 704) tensors, the "
+           "sinks softmax, the logits) take cached blocks up to 1 MiB larger unsplit, +4 MB (+8%) of CUDA "
+           "caching-allocator slack counted as allocated that depends on the allocation history; under recompute "
+           "the experts' recomputation also holds per-route intermediates the rebuilt-layer transient does not "
+           "itemize")
 
 DISAGREE = {
-    "full": set(TINY_SOURCES),
-    "full-recompute": {"qwen3_moe", "gemma2", "gpt_oss", "gpt_bigcode", "gpt_neox", "falcon", "bloom", "opt", "jamba"},
-    "lora": {"qwen3", "mixtral", "gemma2", "gemma3", "phi", "phi3", "deepseek_v3", "gpt_oss", "gpt2", "gpt_bigcode",
-             "falcon", "bloom", "opt", "olmo2", "jamba"},
-    "lora-recompute": set(TINY_SOURCES) - {"mixtral", "gpt_neox", "falcon"},
+    "full": {"gemma3", "jamba"},
+    "full-recompute": {"jamba"},
+    "lora": {"gpt_oss", "jamba"},
+    "lora-recompute": {"gpt_oss", "jamba"},
     "serve": set(TINY_SOURCES) - {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3"},
 }
 """Cases outside the tolerance as of this branch (benchmarks/trace_agreement.py prints the table)."""
@@ -69,15 +72,9 @@ DISAGREE = {
 def _reason(family: str, job: str) -> str:
     if family == "jamba":
         return JAMBA
-    if family == "gpt_bigcode":
-        return BIGCODE
-    if family in ("gemma2", "gpt_oss", "bloom"):
-        return EAGER
-    if job.startswith("lora"):
-        return LORA
     if job == "serve":
-        return SERVE
-    return FULL if job == "full" else RECOMPUTE
+        return BIGCODE if family == "gpt_bigcode" else EAGER if family in ("gemma2", "gpt_oss", "bloom") else SERVE
+    return WARMUP if family == "gemma3" else GPT_OSS
 
 
 KNOWN = {(family, job): _reason(family, job) for job, families in DISAGREE.items() for family in families}
@@ -115,9 +112,7 @@ FULL_SIZE_JOBS = {
         "serve": ServingConfig(engine=Engine.HF, max_model_len=8192, batch_size=1),
     },
 }
-FULL_SIZE_KNOWN = {
-    ("meta-llama/Llama-2-7b-hf", "full-mixed"): FULL,
-}
+FULL_SIZE_KNOWN: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize(
