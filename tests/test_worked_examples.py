@@ -4,7 +4,6 @@ Parameter counts are the published totals of the checkpoints (safetensors index 
 for the bf16/fp16 files): Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192.
 """
 
-import pytest
 
 from memest.devices import get_device
 from memest.estimate import estimate

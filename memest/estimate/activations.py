@@ -447,7 +447,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     mlp = layer.mlp
     c = x.compute_bytes
     trains = x.lora is None
-    dense_in, dense_out = _linears(layer, Component.MLP)
+    _, dense_out = _linears(layer, Component.MLP)
     out: list[Saved] = []
     if not active:
         width = mlp.shared_intermediate_size if mlp.is_moe else mlp.intermediate_size
@@ -459,7 +459,6 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
                               keep_product=trains)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=c)
         return out
-    experts_in, experts_out = _linears(layer, Component.EXPERTS)
     routers = _routers(layer)
     topk, e = mlp.num_experts_per_tok, mlp.num_experts
     out += _read(input_what, input_width, [*input_readers, *routers], x)
@@ -645,7 +644,6 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
     c = x.compute_bytes
     mlp = layer.mlp
     width = mlp.intermediate_size * (mlp.num_experts_per_tok or 1)
-    _, down = _linears(layer, Component.EXPERTS if mlp.is_moe else Component.MLP)
     product_kept = x.lora is None
     if mlp.gated:
         grads = 2 if product_kept else 3

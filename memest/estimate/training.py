@@ -59,13 +59,14 @@ moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from memest.devices import Device
 from memest.estimate import runtime
 from memest.estimate.activations import (
     Execution,
-    LayerActivations,
     LoraActivations,
     backward_transient,
     embedding_bytes,
@@ -73,10 +74,10 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
-from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
-from memest.result import ALLOCATED_KINDS, Estimate, Kind, RankEstimate, Term
+from memest.result import Estimate, Kind, RankEstimate, Term
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import (
     AttnImplementation,
@@ -349,6 +350,15 @@ class _States:
     gathered_formula: str = ""
     stream_pool: int = 0  # reserved, never allocated on the compute stream (FSDP's all-gather outputs)
     stream_pool_formula: str = ""
+    # the terms built once from the sizes above (_finish_states): the moments assemble them
+    base: list[Term] = field(default_factory=list)
+    dequantized: list[Term] = field(default_factory=list)
+    grads_all: Term | None = None
+    grads_later: Term | None = None
+    grads_head: Term | None = None
+    gathered_running: list[Term] = field(default_factory=list)
+    gathered_loss: list[Term] = field(default_factory=list)
+    gathered_first: list[Term] = field(default_factory=list)
     step: list[Term] = field(default_factory=list)
     trainable_numel: int = 0
 
@@ -434,7 +444,55 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
                                     f"2 x largest layer unsharded x {recipe.weight} B (current + prefetched)"))
     elif fw is Framework.FSDP:
         _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b, groups)
+    _finish_states(st, spec, t, stage)
     return st
+
+
+_NO_GRADS = Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
+
+
+def _finish_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage) -> None:
+    """The states' terms, built once (the states are remembered across setups)."""
+    par = t.parallelism
+    st.base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
+               Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
+               Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments,
+                    f"{t.optimizer.value} states" + _div(par)),
+               *st.persistent]
+    if spec.buffers:
+        st.base.append(Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
+                            " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
+                            + " (registered buffers)"))
+    if t.method is Method.QLORA:
+        st.dequantized = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)]
+    st.grads_all = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
+    st.grads_later = Term("gradients", Kind.GRADIENTS, st.grads_before_first_layer,
+                          st.lazy_formula + " but the first layer's and embeddings'")
+    st.grads_head = Term("gradients", Kind.GRADIENTS, st.head_grads, "the head's gradients, the first computed")
+
+    def gathered(units: int, why: str) -> list[Term]:
+        """FSDP2's gathered layer units alive at a moment (``units`` of them)."""
+        if not st.gathered_unit:
+            return []
+        return [Term("workspace.gathered_layers", Kind.WORKSPACE, units * st.gathered_unit,
+                     f"{units} x {st.gathered_formula} ({why})")]
+
+    st.gathered_running = [*st.gathered, *gathered(2, "the unit computed + the one prefetched")]
+    st.gathered_loss = [*st.gathered, *gathered(1, "the last layer's, prefetched for its backward")]
+    st.gathered_first = [*st.gathered, *gathered(1, "the unit computed; none left to prefetch")]
+
+
+_CUBLAS: dict[tuple[str, str, str], Term] = {}
+
+
+def _cublas(device: Device) -> Term:
+    """The cuBLAS workspace term of ``device`` (remembered per device kind)."""
+    key = (device.kind, device.vendor, device.arch)
+    term = _CUBLAS.get(key)
+    if term is None:
+        term = _CUBLAS[key] = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device),
+                                   "cuBLAS workspace")
+    return term
 
 
 def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]],
@@ -771,6 +829,26 @@ def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | N
     return _moments(spec, t, resolve_framework(t), device, stage)
 
 
+_STATES: dict[tuple, tuple[ModelSpec, _States]] = {}
+_ACTIVATIONS: dict[tuple, tuple[ModelSpec, _Activations]] = {}
+_REMEMBERED_LIMIT = 1 << 14
+
+
+def _remembered(cache: dict, spec: ModelSpec, key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``, remembered per (spec, key): the planner estimates thousands of setups of one model, most of
+    which share their model states or their activations. The entry keeps its spec alive, so its id cannot
+    be reused while the entry exists (and a hit checks the identity). The values are never mutated."""
+    full = (id(spec), *key)
+    hit = cache.get(full)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    value = make()
+    if len(cache) >= _REMEMBERED_LIMIT:
+        cache.clear()
+    cache[full] = (spec, value)
+    return value
+
+
 def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
     return _build_moments(spec, t, fw, device, stage)[0]
 
@@ -778,55 +856,45 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
 def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
                    stage: Stage) -> tuple[dict[str, list[Term]], _States]:
     """Every moment's allocated terms, and the model states they were built from."""
-    st = _model_states(spec, t, fw, stage)
-    acts = _activations(spec, t, fw, stage)
+    trains_adapters = t.method is not Method.FULL
+    # the model states do not depend on the batch, the sequence or recompute; the activations not on the
+    # optimizer, offload or the ZeRO sharding: each is remembered per what it depends on
+    st = _remembered(_STATES, spec, (stage, fw, t.method, t.precision, t.optimizer, t.offload, t.parallelism,
+                                     t.lora if trains_adapters else None, t.prepare_kbit_training),
+                     lambda: _model_states(spec, t, fw, stage))
     par = t.parallelism
-
-    base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
-            Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
-            Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments, f"{t.optimizer.value} states" + _div(par)),
-            *st.persistent,
-            *([Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
-                    " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
-                    + " (registered buffers)")] if spec.buffers else []),
-            Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")]
-    matmul = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)] if t.method is Method.QLORA else []
+    acts = _remembered(_ACTIVATIONS, spec, (stage, fw, t.method, t.precision, t.micro_batch_size, t.seq_len,
+                                            t.target_len, t.grad_accum_steps, t.recompute, t.attn_implementation,
+                                            t.loss, t.lora if trains_adapters else None, t.prepare_kbit_training,
+                                            par.tp, par.pp, par.cp, par.sequence_parallel),
+                       lambda: _activations(spec, t, fw, stage))
+    base = [*st.base, _cublas(device)]
+    matmul = st.dequantized
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
-    all_grads = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
-    later_grads = all_grads if grads_in_forward else Term(
-        "gradients", Kind.GRADIENTS, st.grads_before_first_layer, st.lazy_formula + " but the first layer's and embeddings'")
-    fwd_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
-    head_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, st.head_grads,
-                                                         "the head's gradients, the first computed")
+    all_grads = st.grads_all
+    later_grads = all_grads if grads_in_forward else st.grads_later
+    fwd_grads = all_grads if grads_in_forward else _NO_GRADS
+    head_grads = all_grads if grads_in_forward else st.grads_head
     casts = [acts.autocast_weights] if acts.autocast_weights else []
     head = [acts.head] if acts.head else []
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     last = [acts.first_layer] if not acts.rebuilt else rebuilt
     fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
-
-    def gathered(units: int, why: str) -> list[Term]:
-        """FSDP2's gathered layer units alive at a moment (``units`` of them)."""
-        if not st.gathered_unit or not units:
-            return []
-        return [Term("workspace.gathered_layers", Kind.WORKSPACE, units * st.gathered_unit,
-                     f"{units} x {st.gathered_formula} ({why})")]
-
-    running = gathered(2, "the unit computed + the one prefetched")
     masks = [acts.masks] if acts.masks else []
     rebuilt_masks = masks if acts.rebuilt else []
     out = {
-        "layer_forward": [*base, fwd_all, *st.gathered, *running, acts.stored, *([acts.embedding] if acts.embedding else []),
+        "layer_forward": [*base, fwd_all, *st.gathered_running, acts.stored, *([acts.embedding] if acts.embedding else []),
                           *casts, *masks,
                           *([acts.layer_forward] if acts.layer_forward else [])],
         "loss_forward": [*base, fwd_all, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
-        "loss_backward": [*base, fwd_grads, *st.gathered, *gathered(1, "the last layer's, prefetched for its backward"),
+        "loss_backward": [*base, fwd_grads, *st.gathered_loss,
                           *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
-        "first_layer_backward": [*base, head_grads, *st.gathered, *running, *st.backward_buffers, *st.layer_buffers,
+        "first_layer_backward": [*base, head_grads, *st.gathered_running, *st.backward_buffers, *st.layer_buffers,
                                  acts.stored, *rebuilt,
                                  *rebuilt_masks,
                                  acts.transient, *matmul, *casts],
-        "last_layer_backward": [*base, later_grads, *st.gathered, *gathered(1, "the unit computed; none left to prefetch"),
+        "last_layer_backward": [*base, later_grads, *st.gathered_first,
                                 *st.backward_buffers, *st.layer_buffers, *st.reduce_input, *last,
                                 *rebuilt_masks,
                                 acts.transient, *matmul,
@@ -839,9 +907,10 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
 def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
     """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
     candidates, st = _build_moments(spec, t, fw, device, stage)
-    name = max(candidates, key=lambda m: _allocated(candidates[m]))
+    # a moment holds allocated kinds only: its bytes are its peak allocated
+    name = max(candidates, key=lambda m: sum(x.bytes for x in candidates[m]))
     chosen = list(candidates[name])
-    allocated = _allocated(chosen)
+    allocated = sum(x.bytes for x in chosen)
     chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
                        f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
     if st.stream_pool:
@@ -863,10 +932,6 @@ def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Ter
                    for tn in layer.tensors if tn.is_linear_weight), default=0)
     return Term("workspace.dequantized_weight", Kind.WORKSPACE, largest * c,
                 f"largest linear weight x {c} B (bitsandbytes dequantize_4bit for the matmul)")
-
-
-def _allocated(terms: list[Term]) -> int:
-    return sum(x.bytes for x in terms if x.kind in ALLOCATED_KINDS)
 
 
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
