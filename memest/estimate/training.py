@@ -59,6 +59,7 @@ moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -448,6 +449,10 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     return st
 
 
+_BYTES = operator.attrgetter("bytes")
+MOMENTS = ("layer_forward", "loss_forward", "loss_backward", "first_layer_backward", "last_layer_backward",
+           "optimizer_step")
+"""The moments of a step whose allocated bytes the estimate compares (module docstring)."""
 _NO_GRADS = Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
 
 
@@ -850,7 +855,7 @@ def _remembered(cache: dict, spec: ModelSpec, key: tuple, make: Callable[[], Any
 
 
 def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
-    return _build_moments(spec, t, fw, device, stage)[0]
+    return {name: _kept(terms) for name, terms in _build_moments(spec, t, fw, device, stage)[0].items()}
 
 
 def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
@@ -901,16 +906,21 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
-    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}, st
+    return out, st
+
+
+def _kept(terms: list[Term]) -> list[Term]:
+    """A moment's terms without the empty ones (the weights are always shown)."""
+    return [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS]
 
 
 def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
     """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
     candidates, st = _build_moments(spec, t, fw, device, stage)
     # a moment holds allocated kinds only: its bytes are its peak allocated
-    name = max(candidates, key=lambda m: sum(x.bytes for x in candidates[m]))
-    chosen = list(candidates[name])
-    allocated = sum(x.bytes for x in chosen)
+    name = max(candidates, key=lambda m: sum(map(_BYTES, candidates[m])))
+    chosen = _kept(candidates[name])
+    allocated = sum(map(_BYTES, chosen))
     chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
                        f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
     if st.stream_pool:
@@ -955,22 +965,45 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     return math.ceil(p * per_param / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
 
 
+_ASSUMPTIONS: dict[tuple, tuple[str, ...]] = {}
+
+
 def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
+    """What the estimate assumed (remembered per the settings the sentences depend on)."""
+    too_long = bool(spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings)
+    key = (spec.model_type, spec.sdpa_supported, too_long and t.seq_len, spec.max_position_embeddings, moment, fw,
+           t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
+           t.optimizer)
+    hit = _ASSUMPTIONS.get(key)
+    if hit is not None:
+        return hit
     out = [
-        f"peak moment: {moment} (of loss_backward, first_layer_backward, last_layer_backward, optimizer_step)",
+        f"peak moment: {moment} (of {', '.join(MOMENTS)})",
         f"framework {fw.value}" + (" (auto)" if t.framework is Framework.AUTO else "")
         + f"; precision recipe {t.precision.value}: {RECIPES[t.precision]}",
         "steady state (step >= 2): optimizer states allocated",
+        ("each tensor in its own CUDA caching-allocator block (512 B multiples; 2 MiB segments of tensors from "
+         "10 MiB on, unsplit when 1 MiB or less is left)"),
     ]
-    if t.attn_implementation != AttnImplementation.EAGER:
+    if not spec.sdpa_supported:
+        out.append(f"eager attention: transformers has no SDPA path for {spec.model_type}; the s x s scores are stored")
+    elif t.attn_implementation != AttnImplementation.EAGER:
         out.append("flash / SDPA attention: no s x s scores stored; K and V kept at num_kv_heads")
-    if spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings:
+    if too_long:
         out.append(f"seq_len {t.seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
     if t.method is not Method.FULL:
-        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states")
+        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
+                   "the first layer's input needs no gradient (PEFT enables input gradients only under "
+                   "gradient checkpointing turned on before get_peft_model)")
+        if fw is Framework.DEEPSPEED:
+            out.append("DeepSpeed keeps an fp32 master of the fp32 adapters (a real engine casts the module to "
+                       "16 bits first: adapters, their gradients and input copies then halve)")
     if t.method is Method.QLORA:
         out.append("QLoRA base: NF4 linear weights (double quantization); other weights "
                    + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))
     if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
-    return tuple(out)
+    if len(_ASSUMPTIONS) > 4096:
+        _ASSUMPTIONS.clear()
+    result = _ASSUMPTIONS[key] = tuple(out)
+    return result
