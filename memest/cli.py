@@ -180,4 +180,4 @@ def main() -> None:
 
 # Commands kept in their own modules register themselves on `app`; imported last, as they use the
 # option aliases above.
-from memest.commands import plan as _plan_command, sweep as _sweep_command  # noqa: E402,F401
+from memest.commands import calibrate as _calibrate_command, plan as _plan_command, sweep as _sweep_command  # noqa: E402,F401

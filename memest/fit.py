@@ -1,17 +1,41 @@
-"""The fit rule: a setup fits when its per-device *device used* figure (what nvidia-smi would show)
-is at most ``(1 - headroom)`` x the device's memory.
+"""The fit rule: whether a job fits a device. One rule, used by ``memest hf``, the planner
+(:mod:`memest.plan`), the max queries (:mod:`memest.maxfit`) and sweeps (:mod:`memest.sweep`).
 
-One rule, used by ``memest hf``, the planner (:mod:`memest.plan`), the max queries
-(:mod:`memest.maxfit`) and sweeps (:mod:`memest.sweep`).
+**Training and transformers generate** (``--engine hf``): the per-device *device used* figure
+(what nvidia-smi would show: peak reserved + CUDA context + library workspaces) is at most
+``(1 - headroom)`` x the device's memory.
+
+**vLLM** (``--engine vllm``) takes its memory up front, so what matters is whether it starts and
+then holds the job, not how much the job's own tensors take. The job fits when
+
+1. vLLM starts with the requested ``gpu_memory_utilization``: the weights, the profiled activation
+   peak and the non-torch memory leave room for KV blocks, at least one request of max_model_len
+   (otherwise vLLM raises at start-up; :attr:`ServingSummary.engine_error`);
+2. its KV pool holds ``batch_size`` sequences of ``max_model_len`` tokens at once
+   (:attr:`ServingSummary.largest_concurrency`; with fewer, vLLM would queue the rest);
+3. what the process holds on the device stays within the device's capacity: the budget
+   ``gpu_memory_utilization x capacity`` plus what sits outside it — the CUDA graphs captured after
+   the KV cache and, for vLLM 0.19, the CUDA context and NCCL communicators
+   (:attr:`ServingSummary.device_bytes`). vLLM 0.19 refuses to start when the budget exceeds the
+   memory free after the context; the graphs would fail to capture.
+
+``--headroom`` is not applied to vLLM: ``gpu_memory_utilization`` already is vLLM's share of the
+device (1 - gpu_memory_utilization its headroom), so the verdict compares against the whole
+capacity and says so (:attr:`Verdict.headroom_applied`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from memest.devices import Device
 from memest.result import Estimate
+
+Blocker = Literal["no_memory", "max_model_len", "concurrency"]
+"""Why vLLM would not serve the job although its memory fits: nothing left for KV blocks, one
+request of max_model_len does not fit the pool, or the pool holds fewer than batch_size requests."""
 
 
 def usable_bytes(device: Device, headroom: float) -> int:
@@ -26,9 +50,12 @@ class Verdict:
     Attributes:
         device: The accelerator.
         count: Devices in the job.
-        headroom: Share of memory kept free.
-        needed_bytes: Per-device device-used estimate (the rank that needs the most).
+        headroom: Share of memory kept free (``--headroom``).
+        needed_bytes: Per-device device-used estimate (the rank that needs the most); for vLLM,
+            what the started engine holds.
         high_bytes: Upper edge of its band.
+        headroom_applied: False for vLLM, whose gpu_memory_utilization sets its share instead.
+        blocker: For vLLM, why it would not serve the job although its memory fits; None otherwise.
     """
 
     device: Device
@@ -36,21 +63,23 @@ class Verdict:
     headroom: float
     needed_bytes: int
     high_bytes: int
+    headroom_applied: bool = True
+    blocker: Blocker | None = None
 
     @property
     def usable_bytes(self) -> int:
-        """Memory the job may use: capacity x (1 - headroom)."""
-        return usable_bytes(self.device, self.headroom)
+        """Memory the job may use: capacity x (1 - headroom), or the whole capacity for vLLM."""
+        return usable_bytes(self.device, self.headroom if self.headroom_applied else 0.0)
 
     @property
     def fits(self) -> bool:
-        """True when the estimate is within the usable memory."""
-        return self.needed_bytes <= self.usable_bytes
+        """True when the estimate is within the usable memory (and, for vLLM, it serves the job)."""
+        return self.needed_bytes <= self.usable_bytes and self.blocker is None
 
     @property
     def fits_with_band(self) -> bool:
         """True when even the band's upper edge fits the device's full capacity."""
-        return self.high_bytes <= self.device.memory_bytes
+        return self.high_bytes <= self.device.memory_bytes and self.blocker is None
 
     @property
     def margin_bytes(self) -> int:
@@ -64,6 +93,17 @@ class Verdict:
 
 
 def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdict:
-    """The fit verdict of an estimate on ``count`` x ``device``."""
+    """The fit verdict of an estimate on ``count`` x ``device`` (see the module docstring)."""
+    s = est.serving
+    if s is not None and s.engine == "vllm":
+        blocker: Blocker | None = None
+        if s.engine_error == "no_memory":
+            blocker = "no_memory"
+        elif s.engine_error == "max_model_len":
+            blocker = "max_model_len"
+        elif s.largest_concurrency < s.batch_size:
+            blocker = "concurrency"
+        return Verdict(device, count, headroom, s.device_bytes, s.device_bytes, headroom_applied=False,
+                       blocker=blocker)
     rank = est.per_device
     return Verdict(device, count, headroom, rank.device_used_bytes, rank.high_bytes)

@@ -143,7 +143,8 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "ep": (Annotated[int, _opt("--ep", help="Expert-parallel degree (MoE).", panel=PAR)], 1),
     "sequence_parallel": (Annotated[bool, _opt("--sequence-parallel", help="Megatron sequence parallelism with --tp.",
                                                panel=PAR)], False),
-    "headroom": (Annotated[float, _opt("--headroom", help="Share of device memory to keep free.", panel=PAR)], 0.10),
+    "headroom": (Annotated[float, _opt("--headroom", help="Share of device memory to keep free (not applied to vLLM: "
+                                       "--gpu-memory-utilization sets its share).", panel=PAR)], 0.10),
 }
 
 

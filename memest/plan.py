@@ -1,7 +1,8 @@
 """Does it fit, and what is the cheapest setup that does — answered by search over the estimator.
 
 The fit rule lives in :mod:`memest.fit` (re-exported here): per-device *device used* at most
-``(1 - headroom)`` x capacity.
+``(1 - headroom)`` x capacity; for vLLM, the engine starts with its gpu_memory_utilization, its KV
+pool holds the batch, and its footprint is within capacity.
 
 The planner
 ===========
@@ -165,6 +166,9 @@ class Space:
         prices: USD per device-hour.
         allow_method_change: Training: LoRA / QLoRA instead of the method asked.
         allow_quantization: Serving: quantized weights and an fp8 KV cache.
+        allow_offload: Training: CPU offload of optimizer states / parameters. Off by default:
+            the ranking has no throughput model, and offloading slows a step several-fold, so a
+            plan that offloads is cheaper per hour only on paper.
         lossless_only: Only settings that change neither numerics nor method (no 8-bit
             optimizer, no method change, no quantization).
         global_batch_size: Training: sequences per optimizer step to hold (micro_batch_size x
@@ -177,6 +181,7 @@ class Space:
     prices: PriceTable = field(default_factory=PriceTable.catalog)
     allow_method_change: bool = False
     allow_quantization: bool = False
+    allow_offload: bool = False
     lossless_only: bool = False
     global_batch_size: int | None = None
     host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
@@ -408,7 +413,7 @@ class _Search:
         batch = [(b, per_replica // b) for b in reversed(_divisors(w.micro_batch_size)) if per_replica % b == 0]
         recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer in ADAM_32BIT else [])
-        offload = _onwards(OFFLOAD_ORDER, w.offload)
+        offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
                 _batch_knob(w.micro_batch_size, batch), _knob("optimizer", optimizer), _knob("offload", offload),
@@ -517,7 +522,7 @@ class _Search:
         host RAM. Pruning checks the device alone: offloading more raises host RAM, so only the
         device figure falls along the saving order."""
         result = self.evaluate(device, layout, cfg)
-        if result is None or result[2] > usable_bytes(device, self.headroom):
+        if result is None or not verdict(result[1], device, 0, self.headroom).fits:
             return False
         limit = self.space.host_memory_bytes
         return not host or limit is None or result[1].host_bytes <= limit

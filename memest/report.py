@@ -31,6 +31,13 @@ def gib(n: int | float) -> str:
     return f"{n / GiB:,.2f} GiB"
 
 
+def size(n: int | float) -> str:
+    """Bytes in GiB from 1 GiB up, else in MiB (tiny models on CPU), two decimals, unit shown."""
+    if abs(n) >= GiB:
+        return gib(n)
+    return f"{n / (1 << 20):,.2f} MiB"
+
+
 def count(n: int) -> str:
     """A parameter count with a decimal suffix (B = 10^9, M = 10^6)."""
     if n >= 10**9:
@@ -181,6 +188,9 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "ranks": [_rank_dict(r) for r in est.ranks],
         "fits": v.fits,
         "headroom": v.headroom,
+        "headroom_applied": v.headroom_applied,
+        "fit_blocker": v.blocker,
+        "needed_bytes": v.needed_bytes,
         "usable_bytes": v.usable_bytes,
         "margin_bytes": v.margin_bytes,
         "fits_on": [d.name for d in a.fits_on] if not a.device_given else None,
@@ -265,8 +275,28 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     return out
 
 
+def _vllm_verdict_line(a: Assessment) -> str:
+    """The vLLM fit rule of :mod:`memest.fit` in words."""
+    v, s = a.verdict, a.estimate.serving
+    assert s is not None and isinstance(a.workload, ServingConfig)
+    util = a.workload.gpu_memory_utilization
+    held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
+            f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
+    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
+    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    if v.fits:
+        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+    if v.blocker in ("no_memory", "max_model_len"):
+        return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
+    if v.blocker == "concurrency":
+        return (f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}")
+    return f"DOES NOT FIT: {held}, over by {gib(-v.margin_bytes)}: lower --gpu-memory-utilization; {note}"
+
+
 def _verdict_line(a: Assessment) -> str:
     v = a.verdict
+    if not v.headroom_applied:
+        return _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
         return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {gib(v.margin_bytes)}"
@@ -307,7 +337,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         parts.extend(_recommendation_lines(a))
     if not a.device_given:
         names = ", ".join(d.name for d in a.fits_on) or "none"
-        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {v.headroom:.0%} headroom): {names}"))
+        rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"))
     thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     thumbs.add_column("rule")
     thumbs.add_column("per device", justify="right")
@@ -617,12 +648,17 @@ def _sweep_grid(result: Sweep) -> tuple[list[str], list[list[str]]]:
 def _largest_line(result: Sweep) -> str:
     q = result.largest
     usable = gib(result.usable_bytes)
+    if not result.headroom_applied:
+        usable_words = (f"vLLM's pool and {usable} per device; --headroom not applied: gpu_memory_utilization "
+                        "sets its share")
+    else:
+        usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
     if q.value is None:
-        return f"Nothing fits: even {result.flag} {q.step} needs more than {usable} usable per device."
+        return f"Nothing fits: even {result.flag} {q.step} does not fit ({usable_words})."
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
-    return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable} usable per device, {result.headroom:.0%} headroom)."
+    return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable_words})."
 
 
 def render_sweep(result: Sweep) -> Any:

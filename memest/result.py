@@ -158,6 +158,10 @@ class ServingSummary:
         largest_max_model_len_one_request: vLLM's 'estimated maximum model length' for one request.
         largest_concurrency: Requests of max_model_len tokens that fit at once (the floor of
             max_concurrency for vLLM).
+        batch_size: Requests the job serves at once (``--batch-size``).
+        device_bytes: vLLM: what the started engine holds on one device (nvidia-smi): the budget
+            gpu_memory_utilization x capacity plus what sits outside it (CUDA graphs; for 0.19
+            also the CUDA context and NCCL communicators). 0 for hf.
     """
 
     kv_cache_bytes_per_token: int
@@ -177,6 +181,8 @@ class ServingSummary:
     largest_max_model_len: int = 0
     largest_max_model_len_one_request: int = 0
     largest_concurrency: int = 0
+    batch_size: int = 0
+    device_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

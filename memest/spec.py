@@ -137,15 +137,15 @@ class AttentionSpec:
         causal: False for bidirectional encoder attention (BERT, the T5 encoder).
         rope: How Q and K get their positions (see :data:`RopeKind`).
         qk_norm: Norms on Q and K (see :data:`QKNormKind`); their kind is the layer's ``norm``.
-        sdpa: transformers has a ``scaled_dot_product_attention`` path for this attention (False:
-            it always runs eager attention, on a GPU too: BLOOM's ALiBi, Gemma 2's soft-capping,
-            gpt-oss's sinks in transformers 5.24, where ``attn_implementation="sdpa"`` raises).
         logit_softcapping: Eager scores pass through ``tanh`` soft-capping (Gemma 2
             ``attn_logit_softcapping``), whose output is kept for backward.
         sinks: Learned attention sinks (gpt-oss): eager softmax over s + 1 columns in the compute
             dtype, no fp32 copy.
         alibi: ALiBi position biases added to the scores (BLOOM ``alibi.baddbmm``); BLOOM's attention
             keeps the biased raw scores and the fused QKV output in locals through the softmax.
+        kv_broadcast: True when transformers broadcasts K and V to all num_heads before its cache
+            update (Falcon's ``new_decoder_architecture``), so its cache holds num_heads heads;
+            engines with their own attention (vLLM) cache num_kv_heads.
     """
 
     kind: AttentionKind = "gqa"
@@ -162,10 +162,10 @@ class AttentionSpec:
     causal: bool = True
     rope: RopeKind = "rotate"
     qk_norm: QKNormKind = "none"
-    sdpa: bool = True
     logit_softcapping: bool = False
     sinks: bool = False
     alibi: bool = False
+    kv_broadcast: bool = False
 
     def __post_init__(self) -> None:
         if self.v_head_dim == 0:
@@ -329,6 +329,9 @@ class ModelSpec:
             (GPT-BigCode's causal mask); rotary ``inv_freq`` tables are left out (a few KiB).
         final_logit_softcapping: The logits pass through ``tanh`` soft-capping (Gemma 2
             ``final_logit_softcapping``), whose output is kept for backward.
+        sdpa_supported: False for families transformers runs with eager attention only
+            (``attn_implementation="sdpa"`` raises: bloom, gemma2, gpt-oss), which keep the s x s
+            scores.
     """
 
     name: str
@@ -350,6 +353,7 @@ class ModelSpec:
     attention_dropout: float = 0.0
     buffers: tuple[BufferSpec, ...] = ()
     final_logit_softcapping: bool = False
+    sdpa_supported: bool = True
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
     _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -391,12 +395,6 @@ class ModelSpec:
     def intermediate_size(self) -> int:
         """i: dense MLP width (or per-expert width for MoE layers)."""
         return self.reference_layer.mlp.intermediate_size
-
-    @property
-    def sdpa_supported(self) -> bool:
-        """True when transformers runs every attention layer through SDPA on request (see
-        :attr:`AttentionSpec.sdpa`); False for the families it runs with eager attention only."""
-        return all(layer.attention.sdpa for layer, _ in self._kinds)
 
     @property
     def buffer_bytes(self) -> int:

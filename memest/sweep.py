@@ -140,9 +140,14 @@ class Sweep:
         return FLAGS[self.setting]
 
     @property
+    def headroom_applied(self) -> bool:
+        """False for vLLM, whose gpu_memory_utilization sets its share (:mod:`memest.fit`)."""
+        return all(p.verdict.headroom_applied for p in self.points if p.verdict is not None)
+
+    @property
     def usable_bytes(self) -> int:
-        """Memory the job may use per device: capacity x (1 - headroom)."""
-        return usable_bytes(self.device, self.headroom)
+        """Memory the job may use per device: capacity x (1 - headroom), or the capacity for vLLM."""
+        return usable_bytes(self.device, self.headroom if self.headroom_applied else 0.0)
 
 
 def sweep(spec: ModelSpec, workload: Workload, device: Device, setting: str, values: tuple[int, ...], *,

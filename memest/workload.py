@@ -185,7 +185,7 @@ ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
 vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
-token and registers GPT-BigCode's max_positions^2 causal-mask buffer."""
+token (and runs eager attention by default)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

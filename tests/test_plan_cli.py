@@ -41,7 +41,8 @@ def test_plan_json_lists_fits_cheapest_first_with_peak_and_headroom():
             for f in fits]
     assert keys == sorted(keys)
     for f in fits:
-        assert f["device_used_bytes"] <= f["usable_bytes"] == int(f["memory_bytes"] * 0.9)
+        # vLLM (memest.fit): what the engine holds against the whole device, --headroom not applied
+        assert f["device_used_bytes"] <= f["usable_bytes"] == f["memory_bytes"]
         assert f["free_bytes"] == f["memory_bytes"] - f["device_used_bytes"]
         assert set(f["largest"]) == {"batch_size", "max_model_len"}
         assert f["largest"]["batch_size"]["value"] >= 4  # the asked batch fits, so the largest is at least it
@@ -57,7 +58,7 @@ def test_the_printed_flags_reproduce_a_fit_with_memest_hf(job):
         assert hf.exit_code == 0, hf.output
         again = json.loads(hf.stdout)
         assert again["fits"] is True
-        assert again["per_device"]["device_used_bytes"] == f["device_used_bytes"]
+        assert again["needed_bytes"] == f["device_used_bytes"]
         assert again["device"]["count"] == f["count"]
 
 
@@ -78,12 +79,14 @@ def test_plan_markdown_has_a_flags_column():
 def test_cost_overrides_on_the_command_line_and_in_a_file(tmp_path):
     first = lambda out: json.loads(out.stdout)["fits"][0]["device"]  # noqa: E731
     base = ("plan", *SERVE, "--gpus-available", "8xH100,8xL40S", "--json")
-    assert first(invoke(*base)) == "L40S"
-    assert first(invoke(*base, "--cost", "L40S=9.5")) == "H100-80GB"
+    # catalog prices: 2 x H100 at tp 2 (2 x 3.0 $/h) ties with 4 x L40S at tp 4 (4 x 1.5 $/h); tp 2
+    # communicates less. vLLM's 0.9 x 79.19 GiB budget leaves 3.65 GiB of KV on each H100, 5 requests.
+    assert first(invoke(*base)) == "H100-80GB"
+    assert first(invoke(*base, "--cost", "H100=4.0")) == "L40S"  # 8.0 $/h against 6.0
     prices = tmp_path / "prices.json"
-    prices.write_text(json.dumps({"h100": 0.1}))
+    prices.write_text(json.dumps({"l40s": 0.5}))
     doc = json.loads(invoke(*base, "--costs", str(prices)).stdout)
-    assert doc["fits"][0]["device"] == "H100-80GB" and doc["prices_usd_per_hour"]["H100-80GB"] == 0.1
+    assert doc["fits"][0]["device"] == "L40S" and doc["prices_usd_per_hour"]["L40S"] == 0.5
 
 
 def test_method_change_and_quantization_are_opt_in():
@@ -91,7 +94,10 @@ def test_method_change_and_quantization_are_opt_in():
     assert all(f["workload"]["method"] == "full" for f in plain["fits"])
     allowed = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--allow-method-change", "--json").stdout)
     assert allowed["fits"][0]["workload"]["method"] in ("lora", "qlora")
-    served = json.loads(invoke("plan", *SERVE, "--gpu", "L4", "--max-gpus", "8", "--allow-quantization", "--json").stdout)
+    # vLLM on an L4 (24 GiB) at tp > 1 holds 0.9 x 24 + 2.42 GiB (CUDA graphs, context, NCCL outside its
+    # budget) > 24 GiB: the job asks for a smaller gpu_memory_utilization
+    served = json.loads(invoke("plan", *SERVE, "--gpu-memory-utilization", "0.85", "--gpu", "L4", "--max-gpus", "8",
+                               "--allow-quantization", "--json").stdout)
     assert served["fits"][0]["workload"]["quantization"] != "none"
 
 

@@ -108,15 +108,22 @@ def test_hf_generate_peak_by_hand() -> None:
     est = estimate(spec, s, H100)
     per_token = 2 * 8 * 64 * 2 * 16  # K and V, 8 KV heads x 64, 2 bytes, 16 layers
     rank = est.per_device
-    assert rank.term("weights").bytes == spec.num_params * 2
-    # end of prefill: cache of 2 x 100 tokens + the largest layer at 200 tokens, (4 i + 2 h) x 2 B
-    # with i = 8192, h = 2048 (14.7 MB), more than the logits (2 x V x 6 + 200 x h x 2 = 2.4 MB);
-    # last decode step: 2 x 149 tokens + one layer's torch.cat copy = 10.4 MB < 21.3 MB
-    prefill_kv, layer = 2 * 100 * per_token, 200 * (4 * 8192 + 2 * 2048) * 2
+    # each parameter its own caching-allocator block: the tied embedding (128256 x 2048 x 2 B = 501 MiB)
+    # gets a 502 MiB segment whose 1 MiB remainder is not split off; every other tensor is a multiple
+    # of 512 B below 10 MiB or of 2 MiB above (the trace's parameters: 2,472,677,376 B)
+    assert rank.term("weights").bytes == spec.num_params * 2 + (1 << 20)
+    # prefill, MLP of the last layer, T = 200 tokens, h = 2048, i = 8192 (LlamaModel / LlamaDecoderLayer):
+    # inputs_embeds 200 x h x 2, generate's int64 attention mask, position ids and input ids (4 x 8 x 200),
+    # rotary cos and sin at (b, p) positions 2 x 200 x 64 x 2, layer input + residual + norm output
+    # 3 x 200 x h x 2, act(gate) + up + product 3 x 200 x i x 2 = 13.2 MB (the trace, whose loop passes
+    # (1, p) positions and one int64 input: 13,135,872 B in 512-B blocks); last decode step: 2 x 149
+    # tokens + one layer's torch.cat copy = 10.4 MB, less than the prefill's 19.7 MB
+    prefill_kv = 2 * 100 * per_token
+    layer = 200 * 2048 * 2 + 4 * 8 * 200 + 2 * 200 * 64 * 2 + 3 * 200 * 2048 * 2 + 3 * 200 * 8192 * 2
     decode = 2 * 149 * per_token + 2 * 149 * per_token // 16
     assert prefill_kv + layer > decode
     assert rank.term("kv_cache").bytes == prefill_kv
-    assert rank.term("activations").bytes == layer
+    assert rank.term("activations").bytes == layer == 13_164_800
 
 
 def test_engine_version_checked() -> None:

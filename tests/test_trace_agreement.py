@@ -38,12 +38,10 @@ TINY_JOBS = {
     "serve": ServingConfig(engine=Engine.HF, max_model_len=256, batch_size=2),
 }
 
-SERVE = ("findings §5: the prefill peak per family (hidden-size tensors held besides the MLP's, GELU-tanh "
-         "temporaries, MoE routed copies, Falcon's K/V cached at num_heads)")
-EAGER = ("findings §6: transformers has no SDPA attention for this family; eager keeps the s x s scores "
-         "(fp32 softmax and its cast) where the serving estimate assumes a fused kernel")
-BIGCODE = ("findings §7: GPTBigCode registers a (n_positions x n_positions) bool causal-mask buffer (64 MiB at "
-           "8192); transformers 5 keeps it, the serving estimate counts it only for engine version 4.34")
+SLACK = ("findings §5 (allocator slack, not a formula finding): the analytic prefill equals the traced tensor peak "
+         "to 0.1%; the traced peak allocated adds 1.7 MB of unsplit caching-allocator blocks (gpt-oss's two 1.4 MB "
+         "clamp outputs served from 2.3 MB cached blocks whose < 1 MiB remainders are not split off), which only "
+         "tiny tensors show")
 JAMBA = ("findings §8, a trace limitation, not a formula gap: without the CUDA-only mamba_ssm / causal_conv1d "
          "packages transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
          "run with the fused kernels never stores (the traced peaks are 2-6x the analytic ones on this config); "
@@ -64,7 +62,7 @@ DISAGREE = {
     "full-recompute": {"jamba"},
     "lora": {"gpt_oss", "jamba"},
     "lora-recompute": {"gpt_oss", "jamba"},
-    "serve": set(TINY_SOURCES) - {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma3"},
+    "serve": {"gpt_oss", "jamba"},
 }
 """Cases outside the tolerance as of this branch (benchmarks/trace_agreement.py prints the table)."""
 
@@ -73,7 +71,7 @@ def _reason(family: str, job: str) -> str:
     if family == "jamba":
         return JAMBA
     if job == "serve":
-        return BIGCODE if family == "gpt_bigcode" else EAGER if family in ("gemma2", "gpt_oss", "bloom") else SERVE
+        return SLACK
     return WARMUP if family == "gemma3" else GPT_OSS
 
 

@@ -33,6 +33,9 @@ AllowMethodOpt = Annotated[bool, typer.Option("--allow-method-change", rich_help
                                               help="Training: consider LoRA / QLoRA instead of the method asked.")]
 AllowQuantOpt = Annotated[bool, typer.Option("--allow-quantization", rich_help_panel=SEARCH,
                                              help="Serving: consider int8/int4/fp8 weights and an fp8 KV cache.")]
+AllowOffloadOpt = Annotated[bool, typer.Option("--allow-offload", rich_help_panel=SEARCH,
+                                               help="Training: consider CPU offload of optimizer states and "
+                                                    "parameters (slow: the ranking has no throughput model).")]
 CostOpt = Annotated[list[str] | None, typer.Option(
     "--cost", rich_help_panel=SEARCH, show_default=False,
     help="Price of a device in USD per device-hour, NAME=USD (repeatable), e.g. --cost H100=2.49.")]
@@ -98,6 +101,7 @@ def plan_command(
     global_batch_size: GlobalBatchOpt = None,
     allow_method_change: AllowMethodOpt = False,
     allow_quantization: AllowQuantOpt = False,
+    allow_offload: AllowOffloadOpt = False,
     cost: CostOpt = None,
     costs: CostsOpt = None,
     top: TopOpt = 10,
@@ -108,8 +112,8 @@ def plan_command(
 ) -> None:
     """The cheapest setups that fit MODEL, ranked by $/h, then communication, then disruption.
 
-    Searches device type and count, TP/PP/DP, ZeRO, recompute, micro-batch with accumulation, offload and
-    the 8-bit optimizer (LoRA/QLoRA and quantization only when allowed). --gpus, --dp, --tp and --pp are
+    Searches device type and count, TP/PP/DP, ZeRO, recompute, micro-batch with accumulation and the 8-bit
+    optimizer (LoRA/QLoRA, quantization and CPU offload only when allowed). --gpus, --dp, --tp and --pp are
     searched, not taken (--ep and --cp are kept); the other workload flags are the job and the starting
     point of each setting.
     """
@@ -119,7 +123,7 @@ def plan_command(
 
     space = Space(devices=device_choices(gpus_available, job.values["gpu"], max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,
-                  global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
+                  allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
     ignored = [f"--{n}" for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "

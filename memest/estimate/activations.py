@@ -32,7 +32,8 @@ for Llama, of a real CPU step (``tests/test_training_cpu_measured.py``). Per tok
   of it. With ``rope="concat"`` Q is laid out head-major, so flash's output (laid out like Q) is
   copied by ``transpose(1, 2).contiguous()`` (a·d·c) for the output projection; the
   memory-efficient kernel (head dims of Q and V differ: MLA) returns sequence-major memory.
-  **Eager** (``--attn-implementation eager``, or a family without SDPA): Q, K and V at a heads
+  **Eager** (``--attn-implementation eager``, or a family transformers runs eagerly only,
+  ``ModelSpec.sdpa_supported``): Q, K and V at a heads
   (3·a·d·c: ``repeat_kv`` and the matmuls' copies), the fp32 softmax of the s x s scores (4·a·s)
   and its c-byte copy (none in fp32), the soft-capping ``tanh`` (c·a·s, Gemma 2), or with sinks a
   c-byte softmax over s + 1 columns and its int64 max indices (gpt-oss), the dropout mask and
@@ -123,7 +124,8 @@ class Execution:
         compute_bytes: c, bytes of matmul outputs.
         stream_bytes: r, bytes of the residual stream and norms (the parameters' dtype).
         autocast: torch.autocast over higher-precision parameters: each linear casts its input.
-        eager: Eager attention (the s x s scores are stored).
+        eager: Eager attention (the s x s scores are stored): asked for, or the only path transformers
+            has for the family (``ModelSpec.sdpa_supported``).
         repeat_kv: K and V are repeated to num_heads before the attention kernel saves them.
         fused_norms: Norms save only their input and statistics (Megatron / Transformer Engine).
         lora: Adapters on a frozen base, or None when every weight trains.
@@ -339,7 +341,7 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
             out += _norm(layer.norm, heads * d, x, weight_trains=trains, rows=heads if attn.qk_norm == "head" else 1,
                          what=norm_name, inside=True)
     out_readers = attn_out
-    if x.eager or not attn.sdpa:
+    if x.eager:
         for _ in range(blocks):
             out += [Saved("q (scores matmul copy)", a * d * c), Saved("K at num_heads", a * d * c),
                     Saved("V at num_heads", a * dv * c)]
@@ -498,7 +500,7 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
         selective: Megatron selective recompute: the eager s x s tensors are recomputed.
         input_grad: The layer's input needs a gradient (False for the first layer under LoRA).
     """
-    eager = x.eager or not layer.attention.sdpa
+    eager = x.eager
     key = (id(layer), hidden, seq_len if eager else 0, x, selective, input_grad)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is layer:
@@ -661,7 +663,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0
         norm_part = NORM_BACKWARD_COPIES * 4 * hidden - normalized
     attn = layer.attention
-    eager = x.eager or not attn.sdpa
+    eager = x.eager
     attn_part = (4 + c) / 2 * attn.num_heads * seq_len if eager and attn.kind == "gqa" else 0.0
     tensors = (Saved("output gradient", x.stream_bytes * hidden, False),
                Saved("backward gradients", max(mlp_part, norm_part, attn_part)))

@@ -3,23 +3,25 @@
 Symbols: b batch, p prompt tokens, n new tokens, h hidden_size, a heads, i intermediate_size,
 V vocab_size, c bytes per activation element. The peak is the larger of two moments:
 
-- **end of prefill**: weights + the cache of b x p tokens + the larger of the largest layer's
-  transients at b x p tokens and the logits;
+- **prefill**: weights + the largest moment of the prompt's forward with the cache written so far
+  (transformers 5: :mod:`memest.estimate.hf_prefill`, moment by moment, checked against the trace;
+  sliding-window layers hold all p tokens until the first decode step) or, after the last layer,
+  the final norm, the lm_head and ``generate``'s fp32 copy of the last logits;
 - **last decode step**: weights + the cache of b x (p + n - 1) tokens (the last generated token is
-  never fed back) + the copy ``torch.cat`` makes of one layer's cache while it grows
-  (``DynamicCache`` / the legacy tuple cache: old and new tensors of one layer are alive together).
+  never fed back; sliding layers at most the window) + the copy ``torch.cat`` makes of one layer's
+  cache while it grows (``DynamicCache`` / the legacy tuple cache: old and new tensors of one layer
+  are alive together).
 
-Transients of one layer at T = b x p tokens (modules of transformers ``modeling_llama.py``,
-``modeling_gpt_bigcode.py``, no grad): the MLP's intermediates (gated: gate, up, activation and
-product, 4 i; plain: fc output and activation, 2 i) or attention's Q, K, V and output, plus two
-h-sized tensors (residual and normed input); eager attention (transformers 4.34's default) also
-holds the fp32 scores and their cast, b x a x p^2 x (4 + c).
+transformers 4.34 (``--engine-version 4.34``, for the published runs of that era; not traced): the
+largest layer's transients at b x p tokens — the MLP's intermediates (gated: gate, up, activation
+and product, 4 i; plain: fc output and activation, 2 i) or attention's Q, K, V and output, plus two
+h-sized tensors (residual and normed input) — and eager attention's fp32 scores and their cast,
+b x a x p^2 x (4 + c) (eager was 4.34's default); or the logits of every prompt position
+(b x p x V x c), which Llama-family models upcast to fp32 (``logits = logits.float()``).
 
-Logits: transformers 5 computes them for the last prompt position only (``logits_to_keep=1``) and
-``generate`` copies them to fp32 (b x V x (c + 4)); 4.34 computes every prompt position
-(b x p x V x c) and Llama-family models upcast them all to fp32 (``logits = logits.float()``).
-transformers 4.34's GPT-BigCode registers a ``max_positions x max_positions`` boolean causal-mask
-buffer (``GPTBigCodeModel.__init__``), which later versions dropped.
+The weights are counted as the caching allocator holds them (:func:`loaded_weight_bytes`), and
+GPT-BigCode's ``max_positions x max_positions`` bool causal-mask buffer (``GPTBigCodeModel.__init__``)
+in both versions (it is still registered in transformers 5.24: findings §7).
 
 bitsandbytes 4-bit linears dequantize their weight for inputs of more than one token
 (``bnb.matmul_4bit`` -> ``MatMul4Bit``: ``dequantize_4bit(...)`` in the stored dtype, then
@@ -34,12 +36,13 @@ import math
 from dataclasses import dataclass
 
 from memest.devices import Device
-from memest.estimate import runtime
+from memest.estimate import hf_prefill, runtime
 from memest.estimate.dtypes import nbytes
-from memest.estimate.kv_cache import bytes_per_token, contiguous_cache_bytes, kv_layers
+from memest.estimate.kv_cache import KVLayer, bytes_per_token, contiguous_cache_bytes, kv_layers
 from memest.estimate.serving import compute_bytes, kv_dtype_bytes, max_model_len_of, weight_dtype
 from memest.estimate.sharding import stage_tensors, stages
-from memest.estimate.weights import QuantScheme, checkpoint_scale, serving_weight_layout, weight_bytes, _skipped
+from memest.estimate.vllm_engine import cuda_block_bytes
+from memest.estimate.weights import QuantScheme, _skipped, checkpoint_scale, serving_weight_layout, tensor_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
@@ -92,7 +95,8 @@ class GeneratePeak:
         logits: Logits at the peak moment (0 when a layer sets it).
         dequant: bitsandbytes' dequantized weight copy.
         workspace: cuBLAS workspace.
-        prefill: True when the peak is at the end of prefill.
+        prefill: True when the peak is in the prefill.
+        where: The moment of the peak in words.
     """
 
     weights: int
@@ -103,6 +107,7 @@ class GeneratePeak:
     dequant: int
     workspace: int
     prefill: bool
+    where: str = ""
 
     @property
     def total(self) -> int:
@@ -111,6 +116,7 @@ class GeneratePeak:
 
 
 def _layer_transient_per_token(spec: ModelSpec, c: float) -> float:
+    """transformers 4.34: the largest layer's transients per token (bytes; module docstring)."""
     worst = 0.0
     h = spec.hidden_size
     for layer, _ in spec.layer_kinds():
@@ -122,6 +128,7 @@ def _layer_transient_per_token(spec: ModelSpec, c: float) -> float:
 
 
 def _eager_scores(spec: ModelSpec, b: int, p: int, c: float) -> float:
+    """transformers 4.34: eager attention's fp32 scores and their cast (bytes)."""
     a = spec.reference_layer.attention
     window = min(p, a.sliding_window or p)
     return b * a.num_heads * p * window * (4 + c)
@@ -136,6 +143,18 @@ def _dequant_bytes(spec: ModelSpec, scheme: QuantScheme | None, skip: tuple[str,
         return largest  # one weight in the tiled int8 layout while the row-major copy is alive
     compute = nbytes(scheme.compute_dtype) if scheme.compute_dtype else stored
     return math.ceil(largest * (stored + (compute if compute != stored else 0)))
+
+
+def _legacy_prefill(spec: ModelSpec, b: int, p: int, c: float, kv_prefill: int) -> hf_prefill.PrefillMoment:
+    """transformers 4.34's prefill: the largest layer's transients at b x p tokens with eager scores,
+    or every prompt position's logits (see the module docstring)."""
+    T = b * p
+    act = _layer_transient_per_token(spec, c) * T + _eager_scores(spec, b, p, c)
+    upcast = 4 if spec.model_type in UPCAST_LOGITS_434 else 0
+    logits = T * spec.vocab_size * (c + upcast) + T * spec.hidden_size * c
+    if act >= logits:
+        return hf_prefill.PrefillMoment("largest layer's transients at b x p", math.ceil(act), 0, kv_prefill)
+    return hf_prefill.PrefillMoment("logits of every prompt position", 0, math.ceil(logits), kv_prefill)
 
 
 def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int | None = None,
@@ -153,35 +172,67 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
     lens = lens or lengths(spec, s)
     version = s.engine_version or DEFAULT_HF_VERSION
     c = compute_bytes(spec, s)
+    e = kv_dtype_bytes(spec, s)
     scheme, skip = serving_weight_layout(spec, s.quantization)
-    stage = stages(spec.num_layers, 1)[0]
-    w = weight_bytes(stage_tensors(spec, stage), s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
-    if s.checkpoint_params:
-        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
-    buffers = 0
-    if version == "4.34" and spec.model_type == "gpt_bigcode":
-        buffers = (spec.max_position_embeddings or 0) ** 2
-    layers = kv_layers(spec.layer_kinds(), 1, kv_dtype_bytes(spec, s))
+    w = loaded_weight_bytes(spec, s, c, scheme, skip, caching_allocator=device.vendor in ("nvidia", "amd"))
+    buffers = causal_mask_buffer_bytes(spec)
+    layers = cache_layers(spec, e)
     p = lens.prompt
-    T = b * p
-    act = _layer_transient_per_token(spec, c) * T
+    kv_prefill = sum(hf_prefill.layer_cache_bytes(layer, b, p, e) for layer in spec.layers)
     if version == "4.34":
-        act += _eager_scores(spec, b, p, c)
-        upcast = 4 if spec.model_type in UPCAST_LOGITS_434 else 0
-        logits = T * spec.vocab_size * (c + upcast) + T * spec.hidden_size * c
+        prefill = _legacy_prefill(spec, b, p, c, contiguous_cache_bytes(layers, b, p))
     else:
-        logits = b * spec.vocab_size * (c + 4) + T * spec.hidden_size * c
-    kv_prefill = contiguous_cache_bytes(layers, b, p)
-    prefill_peak = kv_prefill + max(act, logits)
+        end = hf_prefill.end_of_prefill(spec, b, p, c)
+        end = hf_prefill.PrefillMoment(end.where, end.activations, end.logits, kv_prefill)
+        prefill = max(hf_prefill.prefill_peak(spec, b, p, c, e), end, key=lambda m: m.total)
     kv_end = contiguous_cache_bytes(layers, b, lens.cached)
-    per_layer_growth = max((kv.bytes_per_token * b * lens.cached for kv, _ in layers), default=0)
+    per_layer_growth = max((kv.bytes_per_token * b * (lens.cached if kv.window is None else min(lens.cached, kv.window))
+                            for kv, _ in layers), default=0)
     decode_peak = kv_end + per_layer_growth
     dequant = _dequant_bytes(spec, scheme, skip, c, p, b)
     workspace = runtime.cublas_workspace_bytes(device)
-    if prefill_peak >= decode_peak:
-        return GeneratePeak(w, buffers, kv_prefill, math.ceil(act) if act >= logits else 0,
-                            math.ceil(logits) if logits > act else 0, dequant, workspace, True)
-    return GeneratePeak(w, buffers, kv_end, per_layer_growth, 0, dequant, workspace, False)
+    if prefill.total >= decode_peak:
+        return GeneratePeak(w, buffers, prefill.kv_cache, prefill.activations, prefill.logits, dequant, workspace, True,
+                            prefill.where)
+    return GeneratePeak(w, buffers, kv_end, per_layer_growth, 0, dequant, workspace, False,
+                        "torch.cat copy of one layer's cache")
+
+
+def loaded_weight_bytes(spec: ModelSpec, s: ServingConfig, c: float, scheme: QuantScheme | None,
+                        skip: tuple[str, ...], *, caching_allocator: bool = True) -> int:
+    """The weights as the caching allocator counts them once transformers has loaded them: every
+    parameter is its own allocation (``from_pretrained`` materialises one tensor per checkpoint key),
+    rounded by :func:`memest.estimate.vllm_engine.cuda_block_bytes` (512 B; a tensor of 10 MiB or more
+    gets a segment rounded to 2 MiB and keeps a remainder of up to 1 MiB). bitsandbytes makes its
+    linears by quantizing a 16-bit copy on the device (``Int8Params.cuda`` / ``Params4bit.cuda``:
+    packed weight and scales are new allocations while that copy is alive), so where their blocks
+    fall is not modelled: quantized linears count their stored bytes. Without PyTorch's CUDA
+    caching allocator (``caching_allocator=False``: CPU, TPU, Gaudi) the tensors' own bytes.
+    Scaled to the checkpoint's exact bytes with ``--exact-weights``."""
+    stage = stages(spec.num_layers, 1)[0]
+    w = 0.0
+    for t, count in stage_tensors(spec, stage):
+        stored = tensor_bytes(t, s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
+        quantized = scheme is not None and t.is_linear_weight and not _skipped(t, skip)
+        w += (stored if quantized or not caching_allocator else cuda_block_bytes(math.ceil(stored))) * count
+    w = math.ceil(w)
+    if s.checkpoint_params:
+        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
+    return w
+
+
+def causal_mask_buffer_bytes(spec: ModelSpec) -> int:
+    """GPT-BigCode's ``max_positions x max_positions`` bool causal-mask buffer
+    (``GPTBigCodeModel.__init__``: ``self.bias = nn.Buffer(torch.tril(...))``, non-persistent), built
+    with the model in transformers 4.34 and 5.24 alike (findings §7); 0 for other families."""
+    if spec.model_type != "gpt_bigcode":
+        return 0
+    return (spec.max_position_embeddings or 0) ** 2
+
+
+def cache_layers(spec: ModelSpec, e: float) -> list[tuple[KVLayer, int]]:
+    """The model's layers as transformers caches them (one rank; Falcon's broadcast heads)."""
+    return kv_layers(spec.layer_kinds(), 1, e, transformers=True)
 
 
 def usable_bytes(device: Device) -> int:
@@ -239,16 +290,16 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
     lens = lengths(spec, s)
     peak = generate_peak(spec, s, device)
     scheme, _ = serving_weight_layout(spec, s.quantization)
-    moment = "end of prefill" if peak.prefill else "last decode step"
+    moment = f"prefill ({peak.where})" if peak.prefill else "last decode step"
     terms = [Term("weights", Kind.WEIGHTS, peak.weights,
                   f"parameters at {weight_dtype(spec, s)}" + (f", {scheme.name} linear weights" if scheme else ""))]
     if peak.buffers:
-        terms.append(Term("weights.buffers", Kind.WEIGHTS, peak.buffers, "GPT-BigCode causal-mask buffer (transformers 4.34)"))
+        terms.append(Term("weights.buffers", Kind.WEIGHTS, peak.buffers,
+                          "GPT-BigCode causal-mask buffer: max_position_embeddings^2 bool"))
     cached = lens.prompt if peak.prefill else lens.cached
     terms.append(Term("kv_cache", Kind.KV_CACHE, peak.kv_cache, f"{s.batch_size} seqs x {cached} tokens ({moment})"))
     if peak.activations:
-        what = "largest layer's transients at b x p" if peak.prefill else "torch.cat copy of one layer's cache"
-        terms.append(Term("activations", Kind.ACTIVATIONS, peak.activations, what))
+        terms.append(Term("activations", Kind.ACTIVATIONS, peak.activations, peak.where))
     if peak.logits:
         what = "all prompt positions" if version == "4.34" else "last prompt position, fp32 copy"
         terms.append(Term("logits", Kind.LOGITS, peak.logits, f"prefill logits: {what}"))
@@ -256,7 +307,7 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         terms.append(Term("workspace.dequant", Kind.WORKSPACE, peak.dequant, "bitsandbytes dequantized weight copy"))
     terms.append(Term("workspace.cublas", Kind.WORKSPACE, peak.workspace, "cuBLAS workspace"))
     terms.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
-    layers = kv_layers(spec.layer_kinds(), 1, kv_dtype_bytes(spec, s))
+    layers = cache_layers(spec, kv_dtype_bytes(spec, s))
     total_len = lens.prompt + lens.new
     per_token = bytes_per_token(layers)
     usable = usable_bytes(device)
@@ -277,6 +328,7 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         largest_max_model_len=largest_tokens(spec, s, device, s.batch_size, spec.max_position_embeddings or total_len),
         largest_max_model_len_one_request=largest_tokens(spec, s, device, 1, spec.max_position_embeddings or total_len),
         largest_concurrency=largest_batch(spec, s, device, total_len),
+        batch_size=s.batch_size,
     )
     assumptions = (
         f"transformers {version} generate, b={s.batch_size}, prompt {lens.prompt} + {lens.new} new tokens",

@@ -37,7 +37,9 @@ page) is followed line by line from ``vllm/v1/core/kv_cache_utils.py`` and
 
 transformers ``generate`` keeps a contiguous cache instead (``DynamicCache``: every layer holds
 ``batch x tokens`` keys and values, sliding layers at most the window; ``StaticCache``
-preallocates ``max_cache_len``): :func:`contiguous_cache_bytes`.
+preallocates ``max_cache_len``): :func:`contiguous_cache_bytes`. Its heads are the model code's:
+Falcon's ``new_decoder_architecture`` caches K and V broadcast to all num_heads
+(``kv_layer(..., transformers=True)``).
 
 fp8 KV caches (``--kv-cache-dtype fp8``) store one byte per element. vLLM keeps one fp32
 ``k_scale`` / ``v_scale`` per layer (``BaseKVCacheMethod``), not per token: a few bytes counted with
@@ -87,13 +89,17 @@ class KVLayer:
         return self.kind != "mamba"
 
 
-def kv_layer(layer: LayerSpec, tp: int, e: float) -> KVLayer | None:
+def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False) -> KVLayer | None:
     """The cache of one layer on one TP rank, or None when it caches nothing (encoders).
 
     Args:
         layer: The layer.
         tp: Tensor-parallel degree.
         e: Bytes per cache element.
+        transformers: The layout of transformers' own cache (``--engine hf``): layers whose
+            attention broadcasts K and V to all query heads before the cache update
+            (:attr:`AttentionSpec.kv_broadcast`, Falcon's ``new_decoder_architecture``) cache
+            num_heads heads.
     """
     a = layer.attention
     if layer.stack == "encoder" or not a.causal:
@@ -104,7 +110,8 @@ def kv_layer(layer: LayerSpec, tp: int, e: float) -> KVLayer | None:
         return KVLayer("mamba", 0, state_bytes=math.ceil(a.state_elements / tp * e))
     if a.kind != "gqa":
         return None
-    k_local = max(1, a.num_kv_heads // tp)
+    heads = a.num_heads if transformers and a.kv_broadcast else a.num_kv_heads
+    k_local = max(1, heads // tp)
     per = k_local * (a.head_dim + a.v_head_dim) * e
     if a.cross_attention:
         per *= 2
@@ -113,11 +120,13 @@ def kv_layer(layer: LayerSpec, tp: int, e: float) -> KVLayer | None:
     return KVLayer("full", math.ceil(per))
 
 
-def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float) -> list[tuple[KVLayer, int]]:
-    """The distinct caches of some layers (``ModelSpec.layer_kinds`` of a stage) with their counts."""
+def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float, *,
+              transformers: bool = False) -> list[tuple[KVLayer, int]]:
+    """The distinct caches of some layers (``ModelSpec.layer_kinds`` of a stage) with their counts
+    (``transformers``: see :func:`kv_layer`)."""
     out: dict[KVLayer, int] = {}
     for layer, n in kinds:
-        kv = kv_layer(layer, tp, e)
+        kv = kv_layer(layer, tp, e, transformers=transformers)
         if kv is not None:
             out[kv] = out.get(kv, 0) + n
     return list(out.items())

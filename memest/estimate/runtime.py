@@ -1,13 +1,31 @@
 """Memory outside the model's tensors: CUDA context, library workspaces, NCCL, allocator slack, and the
 caching allocator's block rounding of each tensor.
 
-The constants are per device family, each traceable to a measurement; ``memest calibrate`` records
-new ones (calibrate/results/) and the band of every estimate covers their spread.
+These are constants per device family, each traceable to a measurement. Two layers:
+
+- the **defaults** below, each with the published measurement it comes from;
+- **calibrated** values in ``memest/data/calibrated.json``, written by
+  ``calibrate/update_constants.py`` from ``memest calibrate`` records (``calibrate/results/``);
+  each entry names the records it was derived from (``calibrate/results/h100-80gb.jsonl#<id>``).
+  A calibrated value replaces the default for its device family; :func:`constant_source` says
+  which one an estimate used.
+
+CPU devices (``kind="cpu"``, used by ``memest calibrate --device cpu``) have no context, no
+cuBLAS workspace and no caching allocator: all zero. This module reads JSON with the standard
+library only; it never imports torch.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
 from memest.devices import Device
+
+CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.json"
+"""Runtime constants measured by ``memest calibrate`` (see the module docstring)."""
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -44,6 +62,7 @@ def cuda_block_bytes(nbytes: int) -> int:
     segment = -(-size // ROUND_LARGE) * ROUND_LARGE
     return size if segment - size > SMALL_SIZE else segment
 
+
 CUDA_CONTEXT_BYTES: dict[str, int] = {
     "volta": 1343 * MiB,
     "turing": 1343 * MiB,
@@ -60,7 +79,8 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
 module loading; validation case hf_bert_large_vanilla_bs4). Newer GPUs: 0.51 GiB on an H100 with
 CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31_8b_tp1); used for
 the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
-per-process context in device memory that the frameworks report."""
+per-process context in device memory that the frameworks report. A calibrated value (non-torch
+memory of a one-process run: NVML process used - reserved after the steps) replaces these."""
 
 NCCL_BYTES = 1 * GiB
 """NCCL communicator buffers per process when the job has more than one device: vLLM 0.19 reports
@@ -73,7 +93,9 @@ ALLOCATOR_SLACK = 0.12
 training. Measured: 11% (Mistral-7B full fine-tune), 14% (LoRA), 30% (QLoRA) on an A100-80GB in
 fms-acceleration's runs (cases fms_mistral7b_*_1gpu_bs4: nvidia-smi less a 0.5 GiB context, over
 torch peak allocated). The QLoRA figure is the outlier (bitsandbytes' dequantized weights of many
-sizes fragment the pool); the band of the ``allocator`` kind covers it."""
+sizes fragment the pool); the band of the ``allocator`` kind covers it. The default of
+:func:`allocator_slack`; a calibrated value per device family (median over training records)
+replaces it."""
 
 
 def cublas_workspace_bytes(device: Device) -> int:
@@ -89,11 +111,46 @@ def cublas_workspace_bytes(device: Device) -> int:
     return 4096 * 1024 * 2 + 16 * 1024 * 8
 
 
+@functools.lru_cache(maxsize=1)
+def calibrated() -> dict[str, Any]:
+    """The calibrated constants file (empty when it is absent)."""
+    if not CALIBRATED_PATH.is_file():
+        return {}
+    return json.loads(CALIBRATED_PATH.read_text())
+
+
+def _calibrated_entry(name: str, device: Device) -> dict[str, Any] | None:
+    entry = calibrated().get(name, {}).get(device.arch)
+    return entry if isinstance(entry, dict) and "value" in entry else None
+
+
 def cuda_context_bytes(device: Device) -> int:
-    """The CUDA (or ROCm) context of one process on ``device`` (0 for a CPU)."""
+    """The CUDA (or ROCm) context of one process on ``device``: 0 for a CPU, else calibrated for
+    its family, else the default."""
     if device.kind == "cpu":
         return 0
+    entry = _calibrated_entry("cuda_context_bytes", device)
+    if entry is not None:
+        return int(entry["value"])
     return CUDA_CONTEXT_BYTES.get(device.arch, round(0.51 * GiB))
+
+
+def allocator_slack(device: Device) -> float:
+    """Caching-allocator slack as a share of peak allocated on ``device``: 0 for a CPU, else
+    calibrated for its family, else :data:`ALLOCATOR_SLACK`."""
+    if device.kind == "cpu":
+        return 0.0
+    entry = _calibrated_entry("allocator_slack", device)
+    return float(entry["value"]) if entry is not None else ALLOCATOR_SLACK
+
+
+def constant_source(name: str, device: Device) -> str:
+    """Where the value of ``name`` (``cuda_context_bytes`` or ``allocator_slack``) for ``device``
+    comes from: the calibration records, or ``default``."""
+    entry = _calibrated_entry(name, device)
+    if entry is None:
+        return "default"
+    return "calibrated: " + ", ".join(entry.get("records", [])[:3])
 
 
 def nccl_bytes(world_size: int) -> int:

@@ -202,6 +202,17 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     return terms
 
 
+def outside_budget_bytes(s: ServingConfig, device: Device, version: str) -> int:
+    """What a vLLM process holds on one device beyond gpu_memory_utilization x capacity: the CUDA
+    graphs captured after the KV cache (not with ``--enforce-eager``), and for 0.19, whose budget
+    starts after them (see :mod:`memest.estimate.vllm_engine`), the CUDA context and the NCCL
+    communicators."""
+    out = 0 if s.enforce_eager else CUDA_GRAPH_BYTES
+    if version == "0.19":
+        out += runtime.cuda_context_bytes(device) + runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+    return out
+
+
 def _estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
     version = s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION
     ranks = vllm_ranks(spec, s, device)
@@ -261,6 +272,9 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
         largest_max_model_len=largest_max_model_len(spec, s, device, s.batch_size, ranks=ranks),
         largest_max_model_len_one_request=largest,
         largest_concurrency=largest_concurrency(spec, s, device, max_len, ranks=ranks),
+        batch_size=s.batch_size,
+        device_bytes=limiting.budget.requested + outside_budget_bytes(
+            s, device, s.engine_version or vllm_engine.DEFAULT_VLLM_VERSION),
     )
 
 

@@ -245,6 +245,22 @@ def attention_targets(spec: ModelSpec) -> frozenset[str]:
                      if tn.component is Component.ATTENTION and tn.is_linear_weight)
 
 
+def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
+    """True when ``--lora-targets`` puts an adapter on this layer tensor: a 2-D linear weight of the
+    attention (``attention``), of any block (``all-linear``), or of a named module."""
+    if not (tensor.is_linear_weight and len(tensor.shape) == 2):
+        return False
+    names, all_linear = targets_of(targets)
+    if all_linear:
+        return True
+    if targets == "attention":
+        return tensor.component is Component.ATTENTION
+    return tensor.module.rsplit(".", 1)[-1] in names
+
+
+_targeted = lora_targets_tensor  # the name memest.calibration imports
+
+
 def target_names(spec: ModelSpec, targets: str) -> frozenset[str]:
     """Module names (the last component) LoRA adapts for ``--lora-targets``: the named ones, the
     attention projections (``attention``) or every linear of the layers (``all-linear``)."""
@@ -623,7 +639,8 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
             names = attention_targets(spec)
         lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
                                dropout=t.lora.dropout)
-    eager = t.attn_implementation == AttnImplementation.EAGER
+    # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
+    eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
@@ -676,7 +693,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     for layer, count in kinds:
         s = _seq_for(layer, t) // par.cp
         tokens = b * s
-        eager_len = s * par.cp if x.eager or not layer.attention.sdpa else s
+        eager_len = s * par.cp if x.eager else s
         full = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective)
         per_layer = full.block_bytes(tokens, tp, sp)
         back = backward_transient(layer, seq_len=s * par.cp, x=x, hidden=h).block_bytes(tokens, tp, sp)
@@ -776,7 +793,7 @@ def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: Trai
     dtype, one per kind of attention (full, sliding window): ``masking_utils.create_causal_mask`` /
     ``create_sliding_window_causal_mask`` in the model's forward."""
     windows = {layer.attention.sliding_window for layer, _ in kinds
-               if layer.attention.kind == "gqa" and (x.eager or not layer.attention.sdpa)}
+               if layer.attention.kind == "gqa" and x.eager}
     if not windows:
         return None
     s = t.seq_len // par.cp
@@ -921,8 +938,8 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     name = max(candidates, key=lambda m: sum(map(_BYTES, candidates[m])))
     chosen = _kept(candidates[name])
     allocated = sum(map(_BYTES, chosen))
-    chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * runtime.ALLOCATOR_SLACK),
-                       f"{runtime.ALLOCATOR_SLACK:.0%} of peak allocated"))
+    slack = runtime.allocator_slack(device)
+    chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
     if st.stream_pool:
         chosen.append(Term("allocator.all_gather_stream", Kind.ALLOCATOR, st.stream_pool, st.stream_pool_formula))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))

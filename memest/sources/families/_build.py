@@ -314,6 +314,7 @@ def model_spec(
     notes: tuple[str, ...] = (),
     buffers: tuple[BufferSpec, ...] = (),
     final_logit_softcapping: bool = False,
+    sdpa_supported: bool = True,
 ) -> ModelSpec:
     """Assemble a ModelSpec with the identity fields every adapter fills the same way."""
     return ModelSpec(
@@ -336,6 +337,7 @@ def model_spec(
         attention_dropout=dropout_of(cfg, ATTENTION_DROPOUT_KEYS),
         buffers=buffers,
         final_logit_softcapping=final_logit_softcapping,
+        sdpa_supported=sdpa_supported,
     )
 
 

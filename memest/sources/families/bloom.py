@@ -35,7 +35,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         *plain_mlp(h, 4 * h, names=("dense_h_to_4h", "dense_4h_to_h")),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d, rope="none", sdpa=False, alibi=True),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d, rope="none", alibi=True),
         mlp=MLPSpec(gated=False, intermediate_size=4 * h, activation="gelu"),
         norm="layer",
         tensors=tensors,
@@ -53,4 +53,5 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm("transformer.ln_f", h, bias=True), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("seq_length", default=None),  # ALiBi: no fixed limit
+        sdpa_supported=False,  # BloomAttention: ALiBi scores, eager only in transformers
     )

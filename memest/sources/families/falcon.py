@@ -5,7 +5,8 @@ Follows transformers ``models/falcon/modeling_falcon.py``. One fused
 
 - ``new_decoder_architecture`` (40B, 180B): grouped-query, ``(a + 2 k) d`` with k = num_kv_heads;
   two LayerNorms ``ln_attn``/``ln_mlp`` (``num_ln_in_parallel_attn``, default 2) feeding
-  attention and MLP in parallel;
+  attention and MLP in parallel; ``_split_heads`` broadcasts K and V to all a heads, so
+  transformers' cache holds a heads (``kv_broadcast``);
 - legacy ``multi_query`` (7B): one K/V head, ``h + 2d``;
 - legacy multi-head: ``3h``;
 
@@ -75,7 +76,8 @@ def build(cfg: HFConfig) -> ModelSpec:
         *norms,
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, rope="none" if cfg.bool("alibi") else "rotate"),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, kv_broadcast=new_arch,
+                                rope="none" if cfg.bool("alibi") else "rotate"),
         mlp=MLPSpec(gated=False, intermediate_size=ffn, activation=cfg.str("activation")),
         norm="layer",
         parallel_residual=new_arch or parallel,

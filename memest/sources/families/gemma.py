@@ -102,6 +102,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
         final_logit_softcapping=_softcapped(cfg, "final_logit_softcapping"),
+        sdpa_supported=model_type != "gemma2",  # Gemma2Attention: logit soft-capping, eager only
     )
 
 
@@ -158,8 +159,6 @@ def _text_model(
                 attention=AttentionSpec(
                     num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, causal=not bidirectional,
                     qk_norm="head" if model_type == "gemma3_text" else "none",
-                    # transformers 5.24 has no SDPA path for Gemma 2 (its soft-capping needs the scores)
-                    sdpa=model_type != "gemma2",
                     logit_softcapping=_softcapped(cfg, "attn_logit_softcapping"),
                 ),
                 mlp=mlp,

@@ -84,9 +84,9 @@ def build(cfg: HFConfig) -> ModelSpec:
             kinds,
             w,
             lambda: LayerSpec(
-                # no SDPA path in transformers 5.24 (the sinks join the softmax); rotary by chunk + cat
+                # rotary by chunk + cat; the sinks join an eager softmax (no SDPA path: sdpa_supported)
                 attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w, rope="concat",
-                                        sdpa=False, sinks=True),
+                                        sinks=True),
                 mlp=mlp,
                 norm="rms",
                 tensors=tensors,
@@ -103,4 +103,5 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
+        sdpa_supported=False,  # GptOssAttention: attention sinks, eager only in transformers
     )

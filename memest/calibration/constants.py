@@ -1,0 +1,67 @@
+"""Runtime constants from calibration records, each traceable to the runs it came from.
+
+Two constants per device family (``arch``), the ones :mod:`memest.estimate.runtime` reads from
+``memest/data/calibrated.json``:
+
+- ``cuda_context_bytes``: the non-torch memory of a one-process CUDA run after its steps (NVML
+  process used - reserved; the CUDA context plus lazily loaded kernels and library handles): what
+  the estimate's ``runtime.cuda_context`` term must cover for *device used*. Median over records.
+- ``allocator_slack``: (peak reserved - peak allocated) / peak allocated of one-process CUDA
+  training runs. Median over records.
+
+Only successful runs count (an out-of-memory run's reserved figure is the allocator giving up).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from memest.calibration.records import record_ref
+from memest.measure import Measurement
+
+SCHEMA = 1
+ABOUT = ("Runtime constants measured by `memest calibrate`, per device family (arch). Written by "
+         "calibrate/update_constants.py from calibrate/results/*.jsonl; each entry names the records it comes from. "
+         "An empty section means the defaults in memest/estimate/runtime.py (with their published sources) apply.")
+
+
+def derive(records: Iterable[tuple[Path, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
+    """The contents of ``calibrated.json`` from ``(file, record)`` pairs."""
+    context: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    slack: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for path, rec in records:
+        device = rec.get("device", {})
+        if device.get("backend") != "cuda" or rec.get("outcome") != "ok" or rec["inputs"].get("nproc") != 1:
+            continue
+        arch = device.get("arch") or "unknown"
+        m = Measurement.from_dict(rec["measured"][0])
+        ref = record_ref(path, rec, root)
+        if m.non_torch_bytes is not None and m.non_torch_bytes > 0:
+            context[arch].append((m.non_torch_bytes, ref))
+        if rec["inputs"]["mode"] != "serve" and m.peak_allocated_bytes and m.peak_reserved_bytes is not None:
+            slack[arch].append(((m.peak_reserved_bytes - m.peak_allocated_bytes) / m.peak_allocated_bytes, ref))
+    return {
+        "schema": SCHEMA,
+        "about": ABOUT,
+        "cuda_context_bytes": {a: _entry(v, "NVML process used - reserved after the steps (one process)", integer=True)
+                               for a, v in sorted(context.items())},
+        "allocator_slack": {a: _entry(v, "(peak reserved - peak allocated) / peak allocated, training")
+                            for a, v in sorted(slack.items())},
+    }
+
+
+def _entry(values: list[tuple[Any, str]], measured: str, *, integer: bool = False) -> dict[str, Any]:
+    numbers = [v for v, _ in values]
+    median = statistics.median(numbers)
+    return {
+        "value": round(median) if integer else round(median, 4),
+        "n": len(numbers),
+        "min": min(numbers) if integer else round(min(numbers), 4),
+        "max": max(numbers) if integer else round(max(numbers), 4),
+        "measured": measured,
+        "records": [ref for _, ref in values],
+    }
