@@ -20,7 +20,11 @@
   (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
 - ``deepspeed`` (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``, ``bf16_optimizer.py``):
   stage 0 with bf16 keeps an fp32 gradient buffer of every parameter (BF16_Optimizer,
-  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1;
+  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1; its
+  16-bit param.grad live through the next forward (the engine does not zero them after the step
+  at ZeRO 0, ``engine.py`` ``_take_model_step``; ``BF16_Optimizer.backward`` drops them with
+  ``clear_lp_grads`` when the next backward starts). Its fp32 master copies whatever trains, LoRA's
+  fp32 adapters included;
   stage 1 keeps full bf16 grads, stage 2 a bf16 partition of them (``grads_in_partition``, P/N);
   both hold one reduce bucket of ``reduce_bucket_size`` = 5e8 elements during backward
   (``ipg_buffer``, allocated by ``backward()`` whenever ``contiguous_gradients`` is on, the
@@ -31,10 +35,16 @@
 - ``megatron``: an fp32 ``main_grad`` buffer of every parameter (``--accumulate-allreduce-grads-in-fp32``,
   forced with bf16), fp32 master + Adam sharded over dp with the distributed optimizer
   (``zero_stage`` 1): 6 + 12/N B/param (``megatron/core/optimizer/distrib_optimizer.py``).
-- ``fsdp``: sharded parameters and gradients; the compute copy of the root unit (embeddings, final
-  norm, lm_head: not resharded after forward) and of two layer units (current + prefetched) gathered
-  at the compute dtype; during a unit's backward its unsharded gradients and their ``reduce_dtype``
-  copy (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
+- ``fsdp``: parameters, gradients and optimizer states sharded per parameter (FSDP2); gathered at
+  the compute dtype, moment by moment (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``):
+  the root unit (embeddings, final norm, lm_head: not resharded after forward) always; besides it
+  two layer units while layers run (the one computed and the one prefetched), one at the loss
+  backward (the last layer's, prefetched by the root's pre-backward hook) and one at the first
+  layer's backward (nothing left to prefetch). During a unit's backward its unsharded gradients;
+  from the second unit on, the previous unit's ``reduce_dtype`` reduce-scatter input
+  (``_fsdp_collectives.py`` ``foreach_reduce``). The all-gather outputs are allocated on their own
+  stream, whose cached blocks the compute stream cannot reuse: the root's and a layer's are reserved
+  beside the peak allocated (term ``allocator.all_gather_stream``).
 
 **Optimizers**: AdamW 2 states; Lion, SGD-momentum 1; SGD 0; Adafactor a row and a column vector
 per matrix (factored second moment, ``beta1=None``); 8-bit AdamW 2 x (1 B + 4 B per 256-element
@@ -43,17 +53,33 @@ block) (``bitsandbytes/optim/optimizer.py``, ``blocksize = 256``; tensors under 
 (``torch/optim/adamw.py``, ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt``);
 Adafactor and Lion two resp. one copy of the largest tensor; fused kernels none.
 
-**The peak is a moment, not a sum of maxima.** Four moments of a steady-state step are built, each
-from the tensors alive at that time; the largest sets the peak and its terms are reported (the
-moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
+**The peak is a moment, not a sum of maxima.** Six moments of a steady-state step are built, each
+from the tensors alive at that time (:data:`MOMENTS`); the largest sets the peak and its terms are
+reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
 
-1. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
+1. ``layer_forward``: inside a layer's forward: the stored activations of the layers before it and
+   what the layer holds then (eager attention's masked scores and their fp32 copy at its softmax;
+   under recompute the whole working set of one checkpointed layer, whose saved tensors are
+   dropped); eager attention's materialized causal masks;
+2. ``loss_forward``: inside the forward's cross-entropy: every layer's saved tensors, the logits,
+   their fp32 upcast and the fp32 log-softmax (transformers ``ForCausalLMLoss``), and gradients
+   that live through the forward (accumulation, ``set_to_none=False``, DeepSpeed bf16 at ZeRO 0);
+3. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
    the fp32 log-probabilities and two fp32 gradients of the logits;
-2. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute), logits freed,
-   the head's gradients allocated;
-3. ``last_layer_backward``: the first layer's backward: every gradient allocated, one layer's
-   activations left;
-4. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
+4. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute, with its
+   recomputation's temporaries), logits freed, the head's gradients allocated;
+5. ``last_layer_backward``: the first layer's backward: one layer's activations left, the
+   gradients of everything but that layer and the (untied) embeddings allocated;
+6. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
+
+A multimodal checkpoint's vision tower (component ``other`` before the first layer) has optimizer
+states and flat-buffer space but no gradient in a text-only step. **Allocator blocks**: every
+tensor is counted as the CUDA caching allocator's block for it (:func:`runtime.cuda_block_bytes`:
+512-B multiples; tensors of 10 MiB or more in 2-MiB segments, unsplit when 1 MiB or less would be
+left over): per parameter for weights, param.grad and torch optimizer states, once for each flat
+buffer (DeepSpeed's and Megatron's masters, states and gradient buffers), per saved tensor for
+activations. These model states and activations are remembered per what they depend on
+(:func:`_remembered`): the planner estimates thousands of setups of one model.
 """
 
 from __future__ import annotations
