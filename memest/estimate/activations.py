@@ -132,6 +132,8 @@ class Execution:
         hidden_dropout: Residual-branch dropout probability.
         attention_dropout: Attention-probability dropout probability.
         mask_bytes: m, bytes of one dropout-mask element.
+        routing_bytes: Bytes of an MoE routing weight, and so of the weighted expert outputs and their
+            gradients (4 where the router returns fp32 weights: Mixtral, DeepSeek; else c).
     """
 
     compute_bytes: int
@@ -144,6 +146,7 @@ class Execution:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     mask_bytes: int = 1
+    routing_bytes: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,7 +330,11 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
                 + _read("attention output", attn.num_heads * attn.v_head_dim, attn_out, x, trains=False, inside=True,
                         itemsize=c))
     if attn.kind == "mla":
-        return _read(input_what, input_width, input_readers, x) + _mla(layer, x, attn_in, attn_out)
+        # the compressing projections read the block's input; q_b / kv_b read their latents' norms
+        by_name = {t.module.rsplit(".", 1)[-1]: t for t in layer.tensors
+                   if t.component is Component.ATTENTION and t.is_linear_weight}
+        readers = [by_name[n] for n in ("q_proj", "q_a_proj", "kv_a_proj_with_mqa") if n in by_name]
+        return _read(input_what, input_width, readers if input_readers else [], x) + _mla(layer, x, by_name, attn_out)
     if attn.kind == "mamba":
         # seed: the mixer's in_proj output (2 x d_inner = 4h), conv and SSM inputs; not yet traced
         return _read(input_what, input_width, input_readers, x) + [Saved("mamba mixer", 6 * input_width * c)]
@@ -401,12 +408,12 @@ def _eager_forward_extra(attn, s: int, x: Execution) -> float:
     return extra
 
 
-def _mla(layer: LayerSpec, x: Execution, attn_in: list[TensorSpec], attn_out: list[TensorSpec]) -> list[Saved]:
-    """DeepSeek multi-head latent attention (transformers ``DeepseekV3Attention``), efficient kernel."""
+def _mla(layer: LayerSpec, x: Execution, by_name: dict[str, TensorSpec], attn_out: list[TensorSpec]) -> list[Saved]:
+    """DeepSeek multi-head latent attention (transformers ``DeepseekV3Attention``), efficient kernel;
+    ``by_name``: the attention's linear weights by module name."""
     attn = layer.attention
     a, d, dv, c = attn.num_heads, attn.head_dim, attn.v_head_dim, x.compute_bytes
     trains = x.lora is None
-    by_name = {t.module.rsplit(".", 1)[-1]: t for t in attn_in}
     out: list[Saved] = []
     if attn.q_lora_rank:
         q = attn.q_lora_rank
@@ -634,7 +641,8 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
       when the product was not kept; topk x for routed experts, less the expert outputs (topk·h·c,
       freed by then), or, when larger, four h-wide tensors per route before the experts' backward
       (the gradients of the weighted and of the expert outputs and of the gathered inputs, and the
-      re-gathered inputs: 4·topk·h·c);
+      re-gathered inputs: 4·topk·h at the routing weights' dtype, fp32 for Mixtral and DeepSeek), less
+      the shared experts' tensors (they run after the routed experts, so their backward is done);
     - a post-norm's (OLMo-2, Gemma 2/3: it runs before the MLP's, with everything alive):
       :data:`NORM_BACKWARD_COPIES` fp32 copies of h, less its normalized input (freed by then);
     - eager attention's: the gradients of the probabilities and the fp32 scores, less what is
@@ -656,8 +664,11 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
         # before that, the gradients of the weighted outputs, of the expert outputs and of the gathered
         # inputs, beside the re-gathered inputs, are h-wide per route
-        routed = mlp.num_experts_per_tok * hidden * c
-        mlp_part = max(mlp_part - routed, 4 * routed)
+        routed = mlp.num_experts_per_tok * hidden
+        mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
+        if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
+            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
+                                                            keep_product=product_kept))
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0

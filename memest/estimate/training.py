@@ -101,6 +101,7 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
+from memest.estimate.hf_prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
@@ -667,7 +668,10 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
                                dropout=t.lora.dropout)
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
+    # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
+    routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
+                     routing_bytes=routing,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 
@@ -681,8 +685,9 @@ class _Activations:
     logits: Term | None     # at the loss backward
     logits_forward: Term | None  # inside the forward's loss
     rebuilt: Term | None    # one layer rebuilt under recompute (during its backward)
-    transient: Term         # one layer's backward gradients
-    first_layer: Term       # what one layer (layer 0 of the stage) keeps, for the last_layer_backward moment
+    transient: Term         # one layer's backward gradients (the layer the first_layer_backward moment is in)
+    first_layer: Term       # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
+    first_transient: Term   # that layer's backward gradients
     other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
     autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
     autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
@@ -708,12 +713,11 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     selective = t.recompute is Recompute.SELECTIVE
 
     stored = 0.0
-    rebuilt = 0.0
-    transient = 0.0
-    first = 0.0
+    rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
+    first = first_rebuilt = first_back = last_back = 0.0
     forward = 0.0
     kinds = spec.layer_kinds(stage.start, stage.stop)
-    first_layer = spec.layers[stage.start]
+    first_layer, last_layer = spec.layers[stage.start], spec.layers[stage.stop - 1]
     # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
     frozen_input = stage.first and x.lora is not None
     for layer, count in kinds:
@@ -738,14 +742,20 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
                 stored += first - kept
         extra = full.forward_extra * tokens / (tp if sp else 1)
         if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-            rebuilt = max(rebuilt, per_layer)
             # the recomputation's own temporaries, before the layer's backward proper
             back = max(back, full.recompute_extra * tokens / (tp if sp else 1))
+            if per_layer + back > rebuilt + transient:
+                rebuilt, transient = per_layer, back
             # a checkpointed layer's forward drops what it would save; its largest block is alive at once
             forward = max(forward, (full.forward_working + x.stream_bytes * h) * tokens / (tp if sp else 1))
         elif extra:  # eager attention's softmax in the stage's last layer, its later tensors not made yet
             forward = max(forward, extra - full.after_scores * tokens / (tp if sp else 1))
-        transient = max(transient, back)
+        if layer is first_layer:
+            first_rebuilt, first_back = per_layer, back
+        if layer is last_layer:
+            last_back = back
+    if t.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        transient = last_back  # the backward starts with the stage's last layer
     micro = "" if in_flight == 1 else f" x {in_flight} in flight"
     if t.recompute is Recompute.FULL:
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
@@ -758,9 +768,14 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
                            f"sum over layers of saved bytes/token x b x s{micro}")
     rebuilt_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(rebuilt),
                         "one layer's saved tensors, rebuilt in backward") if rebuilt else None
-    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient),
-                          "one layer's backward gradients: max(MLP (2 gated | 1) x i x c, eager (c + 4) x a x s) x b x s")
-    first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
+    back_formula = "one layer's backward gradients: output gradient + max(MLP, post-norm, eager scores) x b x s"
+    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient), back_formula)
+    first_back_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(first_back), back_formula)
+    if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        first_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(first_rebuilt),
+                          "the stage's first layer's saved tensors, rebuilt in backward")
+    else:
+        first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
     others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
                   f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
 
@@ -809,7 +824,8 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
                         "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
                         "scores and their fp32 copy at the softmax") if forward > 0 else None
-    return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term, others,
+    return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term,
+                        first_back_term, others,
                         cast_all, cast_layer, forward_term, embedding_term, _eager_masks(kinds, x, t, par))
 
 
@@ -926,7 +942,7 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
     casts = [acts.autocast_weights] if acts.autocast_weights else []
     head = [acts.head] if acts.head else []
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
-    last = [acts.first_layer] if not acts.rebuilt else rebuilt
+    last = [acts.first_layer]
     fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
     masks = [acts.masks] if acts.masks else []
     rebuilt_masks = masks if acts.rebuilt else []
@@ -945,7 +961,7 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
         "last_layer_backward": [*base, later_grads, *st.gathered_first,
                                 *st.backward_buffers, *st.layer_buffers, *st.reduce_input, *last,
                                 *rebuilt_masks,
-                                acts.transient, *matmul,
+                                acts.first_transient, *matmul,
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
