@@ -783,15 +783,27 @@ class RuleOfThumb:
 
 
 def rules_of_thumb(spec: ModelSpec, workload: Workload) -> list[RuleOfThumb]:
-    """The popular shortcuts, per device, for comparison with the estimate."""
+    """The popular shortcuts, per device, for comparison with the estimate.
+
+    Each is split the way the job splits weights: over tp x pp, and over the data-parallel ranks too
+    only when ZeRO-3 / FSDP shards the parameters.
+    """
     p = spec.num_params
-    n = workload.parallelism.world_size
+    par = workload.parallelism
+    shards = par.tp * par.pp
     if isinstance(workload, TrainingConfig):
+        if par.zero_stage >= 3:
+            shards *= par.dp * par.cp
+        if workload.method is Method.FULL:
+            return [
+                RuleOfThumb("16 B/param (mixed-precision Adam model states, no activations)", 16 * p // shards),
+                RuleOfThumb("params x 2 B x 6 ('training overhead')", 12 * p // shards),
+            ]
+        base, what = (2.0, "16-bit") if workload.method is Method.LORA else (0.5, "4-bit")
         return [
-            RuleOfThumb("16 B/param (mixed-precision Adam model states, no activations)", 16 * p // n),
-            RuleOfThumb("params x 2 B x 6 ('training overhead')", 12 * p // n),
+            RuleOfThumb(f"params x {base:g} B (the frozen {what} base only)", math.ceil(base * p / shards)),
+            RuleOfThumb(f"params x {base:g} B x 1.2 ('20% overhead')", math.ceil(1.2 * base * p / shards)),
         ]
-    shards = workload.parallelism.tp * workload.parallelism.pp
     return [
         RuleOfThumb("params x 2 B (16-bit weights only)", 2 * p // shards),
         RuleOfThumb("params x 2 B x 1.2 ('20% overhead')", math.ceil(2.4 * p / shards)),
