@@ -91,6 +91,24 @@ def test_gpt_oss_clamped_swiglu_per_route():
     assert per_route == 2 * 7 * 1408
 
 
+def test_gpt_oss_lora_recompute_holds_the_experts_locals():
+    # Non-reentrant checkpointing rebuilds an MoE layer when its backward first unpacks a saved tensor: the index
+    # by the inverse permutation in grouped_mm_experts_forward (transformers/integrations/moe.py), after the
+    # output gradient (r h = 512) and the contiguous gradient of weighted_out.view(tokens, topk, h).sum(1)
+    # (topk h c = 1024, bf16 routing weights) exist. Its forward then reaches _apply_gate holding, beyond what
+    # autograd keeps, with frozen experts: the post-attention norm output (h c = 512) and the gathered tokens
+    # (topk h c = 1024), selected_biases = gate_up_proj_bias[expert_ids] (topk 2i c = 2 x 1408 x 2 = 5632),
+    # the clamped up and the gated output (2 x topk i c = 2 x 2816); the expert outputs (topk h c = 1024) are
+    # not made yet. The traced peak of tiny gpt-oss LoRA + full recompute holds exactly these among its live
+    # tensors (benchmarks/trace_agreement.py --details gpt_oss/lora-recompute lists the largest): index
+    # (1024, 1408), clamp x2 and mul x2 (1024, 704), index (1024, 256), clone (512, 2, 256), all bf16.
+    spec = spec_from_config(tiny_config("gpt_oss"))
+    lora = LoraActivations(targets=frozenset({"q_proj", "k_proj", "v_proj", "o_proj"}), all_linear=False, rank=16)
+    x = Execution(compute_bytes=2, stream_bytes=2, eager=True, repeat_kv=True, lora=lora, routing_bytes=2)
+    acts = layer_activations(spec.reference_layer, hidden=256, seq_len=256, x=x)
+    assert acts.recompute_extra == 512 + 1024 + (512 + 1024 + 5632 + 2 * 2816 - 1024)
+
+
 def test_gpt_bigcode_mask_buffer_is_weights_not_parameters():
     # GPTBigCodeModel keeps a (n_positions x n_positions) bool tril buffer: 8192^2 B = 64 MiB for OctoCoder
     spec = load_model("bigcode/octocoder")

@@ -44,7 +44,8 @@ for Llama, of a real CPU step (``tests/test_training_cpu_measured.py``). Per tok
   only when the down projection trains); ``relu`` keeps only its output; composite GELUs written in
   Python (``gelu_new``) keep four i-sized tensors in place of the gate; gpt-oss's clamped SwiGLU
   (``swiglu_limit``) keeps gate_up (2i), the clamped gate, the sigmoid, ``up + 1`` and the GLU (6i)
-  besides the product. Plain: the activation's input and output (2·i·c), ``relu`` its output only.
+  besides the product, and holds the clamped up and the gated output (when not kept) in locals, with
+  the per-route gathered bias (2i, a forward temporary: under recompute, rebuilt layer + these). Plain: the activation's input and output (2·i·c), ``relu`` its output only.
 - **MoE** (transformers' grouped_mm experts): the router's fp32 softmax (4·E), routing bookkeeping
   (top-k indices, the sort permutation, ``perm // topk``, the inverse permutation: 4 x 8·topk; the
   routing weights and their gathered copy: 2 x 4·topk; their normalizer: 4), the gathered inputs
@@ -213,9 +214,12 @@ class LayerActivations:
         return total
 
 
-def _total(tensors: Iterable[Saved], forward_extra: float = 0.0) -> LayerActivations:
+def _total(tensors: Iterable[Saved], forward_extra: float = 0.0, recompute_grads: float = 0.0) -> LayerActivations:
     everything = tuple(t for t in tensors if t.width)
     temporaries = sum(t.width for t in everything if not t.kept)
+    # the temporaries are alive before the kept tensors listed after the last of them are made
+    last = max((n for n, t in enumerate(everything) if not t.kept), default=len(everything))
+    not_yet = sum(t.width for t in everything[last + 1:] if t.kept)
     tensors = tuple(t for t in everything if t.kept)
     inside = sum(t.width for t in tensors if t.inside)
     outside = sum(t.width for t in tensors if not t.inside)
@@ -227,7 +231,7 @@ def _total(tensors: Iterable[Saved], forward_extra: float = 0.0) -> LayerActivat
     mlp = sum(t.width for t in tensors if t.block == "mlp") + temporaries
     return LayerActivations(inside=inside, outside=outside, tensors=tensors, forward_extra=forward_extra,
                             after_scores=after, forward_working=max(attention + forward_extra, mlp),
-                            recompute_extra=max(forward_extra - after, temporaries))
+                            recompute_extra=recompute_grads + max(forward_extra - after, temporaries - not_yet, 0.0))
 
 
 # ---- norms and the tensors linears read ----
@@ -437,8 +441,13 @@ def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product
     """Bytes per token of one MLP's intermediates (see the module docstring)."""
     product = [Saved("MLP product (down input)", i * c)] if keep_product else []
     if activation == "swiglu_limit":
+        # GptOssExperts._apply_gate holds the clamped up and the gated output in locals until it returns:
+        # forward temporaries when autograd does not keep them
+        locals_ = [Saved("clamped up (a local of the gate)", i * c, kept=False)]
+        if not keep_product:
+            locals_.append(Saved("gated output (until the down projection)", i * c, kept=False))
         return [Saved("gate_up output", 2 * i * c), Saved("clamped gate", i * c), Saved("sigmoid", i * c),
-                Saved("up + 1", i * c), Saved("glu", i * c), *product]
+                Saved("up + 1", i * c), Saved("glu", i * c), *product, *locals_]
     if activation == "relu":  # relu keeps its output, which is also what the down projection reads
         kept = [Saved("relu output", i * c)]
         return [*kept, Saved("up output", i * c), *product] if gated else kept
@@ -471,15 +480,19 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     routers = _routers(layer)
     topk, e = mlp.num_experts_per_tok, mlp.num_experts
     out += _read(input_what, input_width, [*input_readers, *routers], x)
+    if not trains:  # frozen experts keep neither, but the experts' forward holds both in locals
+        out += [Saved(f"{input_what} (a local through the experts)", input_width * c, kept=False),
+                Saved("tokens gathered for their experts (a local)", topk * input_width * c, kept=False)]
     out += [Saved("router softmax (fp32)", 4 * e, False), Saved("routing bookkeeping", ROUTE_BYTES * topk + 4, False)]
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
     for s in _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
                             keep_product=trains):
-        out.append(Saved(f"{s.what} x topk", topk * s.width))
-    out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
-    if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):  # GptOssExperts: bias[expert_ids]
+        out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
+    if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
+        # grouped_mm_experts_forward's selected_biases = bias[expert_ids]: a local until the down projection
         out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
+    out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
         out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
                               keep_product=trains)
@@ -513,7 +526,13 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
     if hit is not None and hit[0] is layer:
         return hit[1]
     extra = _eager_forward_extra(layer.attention, seq_len, x) if eager and layer.attention.kind == "gqa" else 0.0
-    result = _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra)
+    # non-reentrant checkpointing rebuilds the layer when its backward first unpacks a saved tensor: the
+    # output gradient is alive, and in an MoE layer the gradient of the routes' sum, made contiguous
+    # (``weighted_out.view(tokens, topk, h).sum(1)``; the index by the inverse permutation unpacks first)
+    grads = x.stream_bytes * hidden
+    if layer.mlp.is_moe:
+        grads += layer.mlp.num_experts_per_tok * hidden * x.routing_bytes
+    result = _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra, grads)
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
     _CACHE[key] = (layer, result)
@@ -668,7 +687,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
             mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
-                                                            keep_product=product_kept))
+                                                            keep_product=product_kept) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0
