@@ -49,13 +49,12 @@ JAMBA = ("findings §8, a trace limitation, not a formula gap: without the CUDA-
 WARMUP = ("findings §1, a trace artifact: the trace's warm-up step gives every parameter a zero gradient and "
           "DeepSpeed bf16 at ZeRO 0 drops 16-bit gradients only when the next backward starts, so the first "
           "traced forward still holds the never-run SigLIP vision tower's (2.5 M of this tiny config's 4.3 M "
-          "parameters); a steady-state step, and the analytic estimate, have none")
-GPT_OSS = ("findings §12: the analytic tensors match the traced live tensors (LoRA: -1.4% of the traced tensor "
-           "bytes), but this tiny config's 1-10 MiB activations (the clamped SwiGLU's (1024, 704) tensors, the "
-           "sinks softmax, the logits) take cached blocks up to 1 MiB larger unsplit, +4 MB (+8%) of CUDA "
-           "caching-allocator slack counted as allocated that depends on the allocation history; under recompute "
-           "the experts' recomputation also holds per-route intermediates the rebuilt-layer transient does not "
-           "itemize")
+          "parameters: 5,033,984 B of the 5,132,800 B gap); a steady-state step, and the analytic estimate, have none")
+GPT_OSS = ("findings §12 (allocator history, not a formula gap): this tiny config's 1-10 MiB tensors (the clamped "
+           "SwiGLU's (1024, 704) outputs, the sinks softmax, the loss's (512, 1024) fp32 gradients) are served from "
+           "freed cached blocks up to 1 MiB larger, which the caching allocator does not split; less that slack "
+           "(LoRA 4,046,848 B, LoRA + recompute 1,564,672 B) the analytic peak is +0.01% and -0.8% of the traced "
+           "one (the rest: the residual stream, a local of the rebuilt layer)")
 
 DISAGREE = {
     "full": {"gemma3", "jamba"},
