@@ -183,7 +183,7 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
             continue
         ranks.append(RankEstimate(label, terms, 1))
         peaks.append(moment)
-    worst = max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
+    worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t, fw, peaks[worst]),
                     host_bytes=_host_bytes(spec, t, device), extra=extra)
