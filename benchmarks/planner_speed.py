@@ -1,9 +1,13 @@
 """How fast the planner evaluates setups on the analytic path (no torch), for benchmarks/planner_speed.md.
 
-Two figures:
+Three figures:
 
 - **estimates/s**: ``memest.estimate.estimate`` calls per second over a fixed mix of setups (the
   raw estimator, what each candidate costs);
+- **Llama-2-70B training estimates/s**: the same over a grid of distinct training setups of
+  Llama-2-70B (parallel layouts, ZeRO stages, micro-batches, recompute, LoRA), each estimated once on
+  a freshly loaded spec, so that nothing is remembered from an earlier pass: what a plan of that
+  model pays per candidate;
 - **planner**: ``memest.plan.plan`` over the whole catalog of devices, counting the setups it
   estimated (``Plan.evaluated``) and the setups it decided (``Plan.setups``: estimated, pruned, or
   ruled out by a cheaper fit) per second of wall time. Max queries are timed separately.
@@ -72,6 +76,44 @@ def estimator_rate(repeat: int, n: int = 300) -> float:
     return n * len(jobs) / median_time(run, repeat)
 
 
+def training_grid() -> list[TrainingConfig]:
+    """Distinct Llama-2-70B training setups, as a planner enumerates them (valid ones only)."""
+    from memest.errors import InputError
+    from memest.workload import Method, validate
+
+    spec = load_model("meta-llama/Llama-2-70b-hf")
+    grid = []
+    for tp, pp in ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2), (8, 4), (4, 4)):
+        for dp in (1, 4, 16):
+            for zero in (0, 1, 2, 3):
+                for method in (Method.FULL, Method.LORA):
+                    for recompute in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
+                        for mbs in (1, 4):
+                            w = TrainingConfig(method=method, micro_batch_size=mbs, seq_len=4096, recompute=recompute,
+                                               grad_accum_steps=8 // mbs,
+                                               parallelism=Parallelism(tp=tp, pp=pp, dp=dp, zero_stage=zero))
+                            try:
+                                validate(spec, w)
+                            except InputError:  # an invalid combination: the planner skips it too
+                                continue
+                            grid.append(w)
+    return grid
+
+
+def training_grid_rate(repeat: int) -> tuple[float, int]:
+    """(estimates per CPU second, setups) over :func:`training_grid`, each pass on a fresh spec."""
+    device = get_device("H100")
+    grid = training_grid()
+    times = []
+    for _ in range(repeat):
+        spec = load_model("meta-llama/Llama-2-70b-hf")  # a new object: no remembered stage or layer results
+        start = time.process_time()
+        for w in grid:
+            estimate(spec, w, device)
+        times.append(time.process_time() - start)
+    return len(grid) / statistics.median(times), len(grid)
+
+
 def planner_rows(repeat: int) -> list[tuple[str, int, int, float, float, float]]:
     from memest.plan import DeviceChoice, Space, plan
 
@@ -93,6 +135,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"python {platform.python_version()} · {platform.machine()} · torch imported: {'torch' in sys.modules}")
     print(f"estimator: {estimator_rate(args.repeat):,.0f} estimates per CPU second over {len(ESTIMATOR_MIX)} setups "
+          f"(median of {args.repeat})")
+    rate, setups = training_grid_rate(args.repeat)
+    print(f"Llama-2-70B training: {rate:,.0f} estimates per CPU second over {setups} distinct setups, fresh spec "
           f"(median of {args.repeat})")
     if args.estimator_only:
         return

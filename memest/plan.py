@@ -56,8 +56,9 @@ To avoid estimating every setup of a layout that cannot fit, each layout is firs
 least memory; its *floor values* are the most-saving value plus every value from which one more
 step towards saving may *raise* memory (:data:`FLOOR_VALUES`: all ZeRO stages, since ZeRO-3 adds a
 gather buffer and other frameworks change buffers with the stage; selective recompute, since full
-recompute rebuilds a whole layer; LoRA, since QLoRA upcasts the weights it does not quantize to
-fp32; a micro-batch with no accumulation, since accumulating keeps gradients alive through the next
+recompute rebuilds a whole layer; every method, since QLoRA upcasts the weights it does not quantize
+to fp32 and LoRA keeps an fp32 copy of each adapted projection's input, replicated on every
+tensor-parallel rank; a micro-batch with no accumulation, since accumulating keeps gradients alive through the next
 forward; every quantization format). The floor setups are the combinations of floor values; one
 the estimator rejects (offload without ZeRO, say) is replaced by the most-saving valid setups below
 it, found by stepping settings down one value at a time, never onto a floor value.
@@ -116,13 +117,16 @@ FLOOR_VALUES: dict[str, frozenset[Any] | None] = {
     "zero_stage": None,
     "quantization": None,
     "recompute": frozenset({"selective"}),
-    "method": frozenset({"lora"}),
+    "method": None,
 }
 """Floor values besides each setting's most-saving one (None: every value). A step towards saving
 *from* one of these may raise memory: ZeRO-3's gather buffer of two unsharded layers can exceed
 what it saves when dp is small and layers are few, and the framework a ZeRO stage selects changes
 the gradient buffers; full recompute rebuilds one whole layer in backward, more than selective keeps
-for a one-layer pipeline stage; QLoRA upcasts the weights it does not quantize (embeddings) to fp32;
+for a one-layer pipeline stage; QLoRA upcasts the weights it does not quantize (embeddings) to fp32,
+and LoRA's fp32 copies of each adapted projection's input (PEFT ``_cast_input_dtype``) are replicated on
+every tensor-parallel rank without sequence parallelism, where a full fine-tune's activations are split:
+at tp 8 they outweigh the states LoRA saves (Llama-2-7B, mbs 4, seq 2048: +2.8 GB per device);
 int8 keeps a scale per row where fp8 keeps one per tensor. The micro-batch knob adds its value with
 no accumulation (see :func:`_batch_knob`)."""
 

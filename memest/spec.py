@@ -105,6 +105,16 @@ AttentionKind = Literal["gqa", "mla", "mamba", "none"]
 """``gqa``: softmax attention over cached K and V (MHA when num_kv_heads = num_heads, MQA when 1);
 ``mla``: DeepSeek multi-head latent attention; ``mamba``: a state-space mixer with a fixed state per
 sequence; ``none``: no token mixing."""
+RopeKind = Literal["none", "rotate", "concat"]
+"""How queries and keys get their positions: ``none`` (learned or ALiBi positions: Q and K are the
+projection's outputs, or views of them), ``rotate`` (a rotary embedding over the whole head:
+``q * cos + rotate_half(q) * sin`` makes new tensors laid out like the projection's output),
+``concat`` (the rotary part and the pass-through part are concatenated, ``torch.cat``: partial
+rotary (Phi, GPT-NeoX), Phi-3's rotary code, MLA's q_nope/q_pe; the new Q and K are contiguous in
+head-major order, so a flash kernel's output, laid out like Q, needs a contiguous copy)."""
+QKNormKind = Literal["none", "head", "full"]
+"""Norms on the queries and keys before the rotary embedding: ``head`` (per head over head_dim:
+Qwen3, Gemma 3), ``full`` (over all heads of the projection: OLMo-2), ``none``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +135,14 @@ class AttentionSpec:
             mamba layer); zero for attention layers.
         cross_attention: True for a decoder layer that also attends to encoder outputs (T5).
         causal: False for bidirectional encoder attention (BERT, the T5 encoder).
+        rope: How Q and K get their positions (see :data:`RopeKind`).
+        qk_norm: Norms on Q and K (see :data:`QKNormKind`); their kind is the layer's ``norm``.
+        logit_softcapping: Eager scores pass through ``tanh`` soft-capping (Gemma 2
+            ``attn_logit_softcapping``), whose output is kept for backward.
+        sinks: Learned attention sinks (gpt-oss): eager softmax over s + 1 columns in the compute
+            dtype, no fp32 copy.
+        alibi: ALiBi position biases added to the scores (BLOOM ``alibi.baddbmm``); BLOOM's attention
+            keeps the biased raw scores and the fused QKV output in locals through the softmax.
         kv_broadcast: True when transformers broadcasts K and V to all num_heads before its cache
             update (Falcon's ``new_decoder_architecture``), so its cache holds num_heads heads;
             engines with their own attention (vLLM) cache num_kv_heads.
@@ -142,6 +160,11 @@ class AttentionSpec:
     state_elements: int = 0
     cross_attention: bool = False
     causal: bool = True
+    rope: RopeKind = "rotate"
+    qk_norm: QKNormKind = "none"
+    logit_softcapping: bool = False
+    sinks: bool = False
+    alibi: bool = False
     kv_broadcast: bool = False
 
     def __post_init__(self) -> None:
@@ -156,7 +179,10 @@ class MLPSpec:
     Attributes:
         gated: True for GLU variants (SwiGLU, GeGLU: gate and up projections, i wide each).
         intermediate_size: Width i of the dense MLP, or of one routed expert in an MoE layer.
-        activation: The activation function name as the config writes it (``silu``, ``gelu``, ...).
+        activation: The activation function name as the config writes it (``silu``, ``gelu``, ...),
+            or memest's name for one a module hard-codes: ``swiglu_limit`` (gpt-oss
+            ``GptOssExperts._apply_gate``: clamped gate and up, ``gate * sigmoid(alpha * gate) *
+            (up + 1)``).
         num_experts: Routed experts; 0 for a dense layer.
         num_experts_per_tok: Experts each token is routed to (top-k).
         num_shared_experts: Experts every token goes through (DeepSeek, Qwen2-MoE).
@@ -177,7 +203,35 @@ class MLPSpec:
         return self.num_experts > 0
 
 
-NormKind = Literal["rms", "layer"]
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """A registered buffer the model allocates with its parameters (not a parameter: not trained,
+    not counted in ``num_params``).
+
+    Attributes:
+        name: Its name as in the transformers module (``transformer.bias``).
+        shape: Its shape in elements.
+        itemsize: Bytes per element (1 for bool).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    itemsize: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes it takes."""
+        return math.prod(self.shape) * self.itemsize
+
+
+NormKind = Literal["rms", "rms_fp32", "layer"]
+"""``rms``: RMSNorm that casts the normalized input back to the input dtype before the weight
+(Llama ``LlamaRMSNorm``, T5); ``rms_fp32``: RMSNorm that multiplies the fp32 normalized input by the
+weight and casts the product (Gemma ``(1 + w)``, OLMo-2); ``layer``: LayerNorm."""
+NormPosition = Literal["pre", "post", "sandwich"]
+"""Where a layer's norms sit: ``pre`` (the blocks read the normed residual: Llama, GPT-2), ``post``
+(the blocks read the residual; their outputs are normed before the residual add: OLMo-2),
+``sandwich`` (both: Gemma 2 and 3)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,9 +241,14 @@ class LayerSpec:
     Attributes:
         attention: Its token mixer.
         mlp: Its feed-forward block.
-        norm: RMSNorm or LayerNorm (the norms' inputs are kept for backward).
+        norm: The norms' kind (see :data:`NormKind`; the norms' inputs are kept for backward).
+        norm_position: Where the norms sit (see :data:`NormPosition`).
         parallel_residual: True when attention and MLP read the same input (GPT-J, NeoX, Falcon,
-            Phi), so the block has one input norm instead of two.
+            Phi).
+        parallel_norms: With ``parallel_residual``: 1 when attention and MLP read one norm's
+            output (Phi, GPT-J, Falcon-7B), 2 when each has its own norm of the shared input
+            (GPT-NeoX ``input_layernorm`` / ``post_attention_layernorm``, Falcon
+            ``new_decoder_architecture`` ``ln_attn`` / ``ln_mlp``).
         tensors: Its parameter tensors, names relative to the layer.
         stack: ``decoder`` for causal-LM and seq2seq decoder layers, ``encoder`` otherwise.
     """
@@ -197,7 +256,9 @@ class LayerSpec:
     attention: AttentionSpec
     mlp: MLPSpec
     norm: NormKind = "rms"
+    norm_position: NormPosition = "pre"
     parallel_residual: bool = False
+    parallel_norms: int = 1
     tensors: tuple[TensorSpec, ...] = ()
     stack: Literal["decoder", "encoder"] = "decoder"
 
@@ -264,6 +325,10 @@ class ModelSpec:
             and the MLP) and the embeddings; training keeps a 1-byte mask per element.
         attention_dropout: Dropout probability on the attention probabilities (eager attention
             keeps a mask of the s x s matrix).
+        buffers: Registered buffers transformers allocates with the model and keeps on the device
+            (GPT-BigCode's causal mask); rotary ``inv_freq`` tables are left out (a few KiB).
+        final_logit_softcapping: The logits pass through ``tanh`` soft-capping (Gemma 2
+            ``final_logit_softcapping``), whose output is kept for backward.
         sdpa_supported: False for families transformers runs with eager attention only
             (``attn_implementation="sdpa"`` raises: bloom, gemma2, gpt-oss), which keep the s x s
             scores.
@@ -286,6 +351,8 @@ class ModelSpec:
     notes: tuple[str, ...] = ()
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
+    buffers: tuple[BufferSpec, ...] = ()
+    final_logit_softcapping: bool = False
     sdpa_supported: bool = True
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
     _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
@@ -328,6 +395,11 @@ class ModelSpec:
     def intermediate_size(self) -> int:
         """i: dense MLP width (or per-expert width for MoE layers)."""
         return self.reference_layer.mlp.intermediate_size
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of the registered buffers (:attr:`buffers`)."""
+        return sum(b.nbytes for b in self.buffers)
 
     @property
     def num_experts(self) -> int:

@@ -431,15 +431,19 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     return Framework.PYTORCH
 
 
+_ATTN_VALUES = frozenset(e.value for e in AttnImplementation)
+_LOSS_VALUES = frozenset(e.value for e in Loss)
+
+
 def _validate_training(t: TrainingConfig) -> None:
     _positive("--micro-batch-size", t.micro_batch_size)
     _positive("--seq-len", t.seq_len)
     _positive("--grad-accum-steps", t.grad_accum_steps)
     if t.target_len is not None:
         _positive("--target-len", t.target_len)
-    for flag, value, enum in (("--attn-implementation", t.attn_implementation, AttnImplementation),
-                              ("--loss", t.loss, Loss)):
-        if value not in {e.value for e in enum}:
+    for flag, value, enum, values in (("--attn-implementation", t.attn_implementation, AttnImplementation, _ATTN_VALUES),
+                                      ("--loss", t.loss, Loss, _LOSS_VALUES)):
+        if value not in values:
             raise InputError(f"{flag} {value!r} is not one of {', '.join(e.value for e in enum)}")
     if t.method is not Method.FULL:
         _positive("--lora-rank", t.lora.rank)

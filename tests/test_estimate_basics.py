@@ -58,14 +58,30 @@ def _states(per):
     return {k: v for k, v in per.by_kind().items() if k in (Kind.WEIGHTS, Kind.GRADIENTS, Kind.OPTIMIZER_STATES)}
 
 
+def _block(nbytes: int) -> int:
+    """The CUDA caching allocator's block for a tensor under 10 MiB: a multiple of 512 B."""
+    return -(-nbytes // 512) * 512
+
+
+NORMS = 5
+"""Tensors of the tiny llama whose 16-bit bytes are not a multiple of 512: its five 64-element norm
+weights (128 B, a 512-B block each); every other tensor is (64,000 x 2 B = 250 x 512 B, ...)."""
+PER_TENSOR_16BIT = 2 * TINY_PARAMS + NORMS * (512 - 128)
+
+
 @pytest.mark.parametrize(("zero", "weights", "grads", "optimizer"), [
-    # mixed precision AdamW (DeepSpeed), N = 4 ranks: weights 2P, grads 2P, master 4P + moments 8P.
+    # mixed precision AdamW (DeepSpeed), N = 4 ranks: weights 2P, grads 2P, master 4P + moments 8P, each
+    # tensor in a 512-B block: the 16-bit weights and gradients per parameter, DeepSpeed's flat fp32
+    # master and the two FusedAdam states as one tensor each of P/N elements (4P/4 = 202,048 B -> 202,240).
     # Without ZeRO, DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) adds an fp32
-    # gradient buffer of every parameter (4P) and partitions master and moments over dp anyway.
-    (0, 2 * TINY_PARAMS, 2 * TINY_PARAMS + 4 * TINY_PARAMS, 12 * TINY_PARAMS // 4),
-    (1, 2 * TINY_PARAMS, 2 * TINY_PARAMS, 12 * TINY_PARAMS // 4),
-    (2, 2 * TINY_PARAMS, 2 * TINY_PARAMS // 4, 12 * TINY_PARAMS // 4),
-    (3, 2 * TINY_PARAMS // 4, 2 * TINY_PARAMS // 4, 12 * TINY_PARAMS // 4),
+    # gradient buffer of every parameter (4P = 808,192 B -> 808,448, one flat tensor) and partitions master
+    # and moments over dp anyway.
+    (0, PER_TENSOR_16BIT, PER_TENSOR_16BIT + _block(4 * TINY_PARAMS), 3 * _block(4 * TINY_PARAMS // 4)),
+    (1, PER_TENSOR_16BIT, PER_TENSOR_16BIT, 3 * _block(4 * TINY_PARAMS // 4)),
+    # ZeRO-2: one flat bf16 gradient partition (grads_in_partition), 2P/4 = 101,024 B -> 101,376
+    (2, PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
+    # ZeRO-3: one flat bf16 weight partition and one gradient partition, 2P/4 each
+    (3, _block(2 * TINY_PARAMS // 4), _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
 ])
 def test_zero_stages_shard_model_states(tiny, zero, weights, grads, optimizer):
     # the optimizer step is the moment every gradient buffer is alive (training.moments)

@@ -369,7 +369,8 @@ def test_steps_from_non_floor_values_do_not_raise_memory(model, tp, pp, dp):
             [base, base.replace(micro_batch_size=2, grad_accum_steps=4), base.replace(micro_batch_size=1, grad_accum_steps=8)],
             [base, base.replace(optimizer=Optimizer.ADAMW8BIT)],
             [base, base.replace(recompute=Recompute.SELECTIVE)],
-            [base, base.replace(method=Method.LORA)],
+            # no method step: every method is a floor value (plan.FLOOR_VALUES; LoRA's fp32 input copies are
+            # replicated on tensor-parallel ranks and can outweigh what it saves)
             [base, base.replace(offload=Offload.OPTIMIZER), base.replace(offload=Offload.PARAMS)],
         ]
         if tp > 1:

@@ -38,33 +38,29 @@ TINY_JOBS = {
     "serve": ServingConfig(engine=Engine.HF, max_model_len=256, batch_size=2),
 }
 
-FULL = ("findings §1: DeepSpeed bf16 at ZeRO 0 leaves the previous step's bf16 gradients alive through the forward "
-        "(cleared when the next backward starts), and the forward's loss holds the bf16 logits, their fp32 upcast and "
-        "the log-softmax at once; the analytic loss_backward moment has neither")
-RECOMPUTE = ("findings §1 and §4: with recompute the traced peak is the forward's loss moment (§1) or the rebuilt "
-             "layer; see the appendix row of this family")
-LORA = ("findings §3: LoRA activations per family (norms before frozen projections, PEFT's fp32 input casts), and "
-        "--precision mixed resolves to DeepSpeed, whose fp32 master of the adapters the analytic LoRA estimate omits")
-SERVE = ("findings §5: the prefill peak per family (hidden-size tensors held besides the MLP's, GELU-tanh "
-         "temporaries, MoE routed copies, Falcon's K/V cached at num_heads)")
-EAGER = ("findings §6: transformers has no SDPA attention for this family; eager keeps the s x s scores "
-         "(fp32 softmax and its cast) where the analytic --attn-implementation sdpa assumes a fused kernel")
-BIGCODE = ("findings §7: GPTBigCode registers a (n_positions x n_positions) bool causal-mask buffer (64 MiB at "
-           "8192); transformers 5 keeps it, the analytic estimate counts it only for engine version 4.34")
 SLACK = ("findings §5 (allocator slack, not a formula finding): the analytic prefill equals the traced tensor peak "
          "to 0.1%; the traced peak allocated adds 1.7 MB of unsplit caching-allocator blocks (gpt-oss's two 1.4 MB "
          "clamp outputs served from 2.3 MB cached blocks whose < 1 MiB remainders are not split off), which only "
          "tiny tensors show")
-JAMBA = ("findings §8 (a trace limitation, not a formula finding): without the CUDA-only mamba_ssm/causal_conv1d "
-         "kernels transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
-         "run with the kernels never stores")
+JAMBA = ("findings §8, a trace limitation, not a formula gap: without the CUDA-only mamba_ssm / causal_conv1d "
+         "packages transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
+         "run with the fused kernels never stores (the traced peaks are 2-6x the analytic ones on this config); "
+         "the analytic mamba term is a seed for the fused kernels, which no trace here can check")
+WARMUP = ("findings §1, a trace artifact: the trace's warm-up step gives every parameter a zero gradient and "
+          "DeepSpeed bf16 at ZeRO 0 drops 16-bit gradients only when the next backward starts, so the first "
+          "traced forward still holds the never-run SigLIP vision tower's (2.5 M of this tiny config's 4.3 M "
+          "parameters: 5,033,984 B of the 5,132,800 B gap); a steady-state step, and the analytic estimate, have none")
+GPT_OSS = ("findings §12 (allocator history, not a formula gap): this tiny config's 1-10 MiB tensors (the clamped "
+           "SwiGLU's (1024, 704) outputs, the sinks softmax, the loss's (512, 1024) fp32 gradients) are served from "
+           "freed cached blocks up to 1 MiB larger, which the caching allocator does not split; less that slack "
+           "(LoRA 4,046,848 B, LoRA + recompute 1,564,672 B) the analytic peak is +0.01% and -0.8% of the traced "
+           "one (the rest: the residual stream, a local of the rebuilt layer)")
 
 DISAGREE = {
-    "full": set(TINY_SOURCES),
-    "full-recompute": {"qwen3_moe", "gemma2", "gpt_oss", "gpt_bigcode", "gpt_neox", "falcon", "bloom", "opt", "jamba"},
-    "lora": {"qwen3", "mixtral", "gemma2", "gemma3", "phi", "phi3", "deepseek_v3", "gpt_oss", "gpt2", "gpt_bigcode",
-             "falcon", "bloom", "opt", "olmo2", "jamba"},
-    "lora-recompute": set(TINY_SOURCES) - {"mixtral", "gpt_neox", "falcon"},
+    "full": {"gemma3", "jamba"},
+    "full-recompute": {"jamba"},
+    "lora": {"gpt_oss", "jamba"},
+    "lora-recompute": {"gpt_oss", "jamba"},
     "serve": {"gpt_oss", "jamba"},
 }
 """Cases outside the tolerance as of this branch (benchmarks/trace_agreement.py prints the table)."""
@@ -73,17 +69,9 @@ DISAGREE = {
 def _reason(family: str, job: str) -> str:
     if family == "jamba":
         return JAMBA
-    if family == "gpt_bigcode":
-        return BIGCODE
-    if job == "serve" and family == "gpt_oss":
-        return SLACK
-    if family in ("gemma2", "gpt_oss", "bloom"):
-        return EAGER
-    if job.startswith("lora"):
-        return LORA
     if job == "serve":
-        return SERVE
-    return FULL if job == "full" else RECOMPUTE
+        return SLACK
+    return WARMUP if family == "gemma3" else GPT_OSS
 
 
 KNOWN = {(family, job): _reason(family, job) for job, families in DISAGREE.items() for family in families}
@@ -121,9 +109,7 @@ FULL_SIZE_JOBS = {
         "serve": ServingConfig(engine=Engine.HF, max_model_len=8192, batch_size=1),
     },
 }
-FULL_SIZE_KNOWN = {
-    ("meta-llama/Llama-2-7b-hf", "full-mixed"): FULL,
-}
+FULL_SIZE_KNOWN: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,13 @@ TINY = {
 }
 P = 202_048
 LAYER = 36_992
+NORMS = 5
+"""The tiny llama's 64-element norm weights (2 per layer, the final one): the only tensors whose bytes are
+not a multiple of 512, the CUDA caching allocator's block (runtime.cuda_block_bytes): at 2 B (128 B),
+4 B (256 B) or sharded 4 ways at 4 B (64 B) each takes a 512-B block."""
+BF16_TENSORS = 2 * P + NORMS * (512 - 128)   # every parameter's own bf16 tensor, in blocks
+FP32_TENSORS = 4 * P + NORMS * (512 - 256)
+FP32_SHARDS_4 = P + NORMS * (512 - 64)        # 4P/4 over 4 ranks, each parameter sharded on its own (FSDP2)
 H100 = get_device("H100-80GB")
 
 
@@ -72,12 +79,13 @@ def test_layer_activations_tensor_parallel_split(tiny):
 
 
 def test_pytorch_bf16_foreach_adamw_step(tiny):
-    # one process, bf16 params, grads and AdamW states (2 x 2 B), one state-sized foreach temporary
+    # one process, bf16 params, grads and AdamW states (2 x 2 B), one state-sized foreach temporary, one
+    # tensor per parameter each
     step = _kinds(moments(tiny, TrainingConfig(seq_len=16, precision=Precision.BF16), H100)["optimizer_step"])
-    assert step[Kind.WEIGHTS] == 2 * P
-    assert step[Kind.GRADIENTS] == 2 * P
-    assert step[Kind.OPTIMIZER_STATES] == 4 * P
-    assert step[Kind.WORKSPACE] == 2 * P + 32 * 1024 * 1024  # the temporary + H100's 32 MiB cuBLAS workspace
+    assert step[Kind.WEIGHTS] == BF16_TENSORS == 2 * P + 1920
+    assert step[Kind.GRADIENTS] == BF16_TENSORS
+    assert step[Kind.OPTIMIZER_STATES] == 2 * BF16_TENSORS
+    assert step[Kind.WORKSPACE] == BF16_TENSORS + 32 * 1024 * 1024  # the temporary + H100's 32 MiB cuBLAS workspace
 
 
 def test_fused_adamw_has_no_step_temporary(tiny):
@@ -89,44 +97,64 @@ def test_gradients_live_through_the_forward_only_when_kept(tiny):
     base = TrainingConfig(seq_len=16, precision=Precision.BF16)
     assert Kind.GRADIENTS not in _kinds(moments(tiny, base, H100)["loss_backward"])
     for kept in (base.replace(grad_accum_steps=2), base.replace(set_grads_to_none=False)):
-        assert _kinds(moments(tiny, kept, H100)["loss_backward"])[Kind.GRADIENTS] == 2 * P
+        assert _kinds(moments(tiny, kept, H100)["loss_backward"])[Kind.GRADIENTS] == BF16_TENSORS
 
 
 def test_ddp_buckets_double_the_gradients(tiny):
-    # amp: fp32 grads 4P in param.grad plus DDP's buckets 4P
+    # amp: fp32 grads 4P in param.grad (one tensor each) plus DDP's buckets 4P (one flat buffer:
+    # 808,192 B -> 1579 blocks of 512 B = 808,448)
     w = TrainingConfig(seq_len=16, precision=Precision.AMP, parallelism=Parallelism(dp=2))
     step = _kinds(moments(tiny, w, H100)["optimizer_step"])
-    assert step[Kind.GRADIENTS] == 4 * P + 4 * P
+    assert step[Kind.GRADIENTS] == FP32_TENSORS + 808_448
 
 
 def test_megatron_distributed_optimizer(tiny):
-    # 2 (bf16) + 4 (fp32 main_grad) + 12/N (master + Adam) B/param, N = 4
+    # 2 (bf16, one tensor per parameter) + 4 (one fp32 main_grad buffer: 808,192 B -> 808,448) + 12/N
+    # (master + two Adam states, a flat 4P/4 = 202,048 B -> 202,240 each) B/param, N = 4
     w = TrainingConfig(seq_len=16, framework=Framework.MEGATRON, parallelism=Parallelism(dp=4, zero_stage=1))
     step = _kinds(moments(tiny, w, H100)["optimizer_step"])
-    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (2 * P, 4 * P, 12 * P // 4)
+    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (
+        BF16_TENSORS, 808_448, 3 * 202_240)
 
 
 def test_fsdp2_full_shard(tiny):
-    # fp32 sharded params 4P/N, Adam 8P/N, sharded fp32 grads 4P/N and the foreach temporary 4P/N (N = 4);
-    # at the loss backward the root unit (embed + final norm + lm_head = 128,064) and two layers are
-    # gathered in bf16
+    # fp32 sharded params 4P/N, Adam 8P/N, sharded fp32 grads 4P/N and the foreach temporary 4P/N (N = 4),
+    # each parameter's shard its own tensor
     w = TrainingConfig(seq_len=16, precision=Precision.FSDP2, parallelism=Parallelism(dp=4, zero_stage=3))
     m = moments(tiny, w, H100)
     step = _kinds(m["optimizer_step"])
-    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (P, P, 2 * P)
+    assert (step[Kind.WEIGHTS], step[Kind.GRADIENTS], step[Kind.OPTIMIZER_STATES]) == (
+        FP32_SHARDS_4, FP32_SHARDS_4, 2 * FP32_SHARDS_4)
+    # gathered in bf16 (FSDP2 fsdp_param_group.py): the root unit (embed + final norm + lm_head = 128,064)
+    # from the forward on; at the loss backward one layer besides (the last, prefetched by the root's
+    # pre-backward hook); in a layer's backward two (the unit computed and the one prefetched) and the
+    # unit's unsharded gradients (bf16); in the first layer's, one unit and the previous unit's fp32
+    # reduce-scatter input
     loss = {t.name: t.bytes for t in m["loss_backward"]}
     assert loss["workspace.gathered_root"] == 128_064 * 2
-    assert loss["workspace.gathered_layers"] == 2 * LAYER * 2
+    assert loss["workspace.gathered_layers"] == 1 * LAYER * 2
+    assert "workspace.unsharded_grads" not in loss
+    last_layer = {t.name: t.bytes for t in m["first_layer_backward"]}
+    assert last_layer["workspace.gathered_layers"] == 2 * LAYER * 2
+    assert last_layer["workspace.unsharded_grads"] == LAYER * 2
+    first_layer = {t.name: t.bytes for t in m["last_layer_backward"]}
+    assert first_layer["workspace.gathered_layers"] == 1 * LAYER * 2
+    assert (first_layer["workspace.unsharded_grads"], first_layer["workspace.reduce_scatter_input"]) == (
+        LAYER * 2, LAYER * 4)
+    assert not any(t.name.startswith("workspace.gathered") for t in m["optimizer_step"])
 
 
 def test_deepspeed_zero2_step_casts_the_partition_to_fp32(tiny):
-    # bf16 grads_in_partition 2P/N, its flattened copy 2P/N and the fp32 copy 4P/N (N = 8)
+    # bf16 grads_in_partition 2P/N, its flattened copy 2P/N and the fp32 copy 4P/N (N = 8), one flat tensor
+    # each in 512-B blocks: 50,512 B -> 99 blocks = 50,688; 101,024 B -> 198 blocks = 101,376
     w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=2))
     step = {t.name: t.bytes for t in moments(tiny, w, H100)["optimizer_step"]}
     assert (step["gradients"], step["workspace.flat_gradients"], step["workspace.fp32_gradients"]) == (
-        2 * P // 8, 2 * P // 8, 4 * P // 8)
+        50_688, 50_688, 101_376)
+    # the reduce bucket, 5e8 bf16 elements = 1e9 B, gets a segment of its own rounded up to 2 MiB
+    # (477 x 2 MiB = 1,000,341,504 B); the 341,504 B left (under 1 MiB) are not split off
     backward = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}
-    assert backward["workspace.reduce_bucket"] == 500_000_000 * 2
+    assert backward["workspace.reduce_bucket"] == 477 * 2 * 1024 * 1024
 
 
 def test_adamw8bit_states(tiny):
@@ -182,10 +210,13 @@ def test_pipeline_first_stage_keeps_in_flight_microbatches(tiny):
     w = TrainingConfig(micro_batch_size=1, seq_len=64, precision=Precision.BF16, grad_accum_steps=4,
                        framework=Framework.MEGATRON, parallelism=Parallelism(pp=2))
     first, _ = estimate(tiny, w, H100).ranks
-    # Megatron's fused norms keep input 2h + rstd 4 + output 2h = 260 each: 520 + 400 + 1024 = 1944 per token
-    assert first.term("activations.layers").bytes == 2 * 64 * 1944
+    # Megatron's fused norms keep input 2h + rstd 4 + output 2h = 260 each: 520 + 400 + 1024 = 1944 per token;
+    # per micro-batch of 64 tokens each tensor is a multiple of 512 B but the two norms' rstd (4 x 64 = 256 B,
+    # a 512-B block each: +2 x 256 B)
+    per_microbatch = 64 * 1944 + 2 * 256
+    assert first.term("activations.layers").bytes == 2 * per_microbatch
     last = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}  # the last stage by default
-    assert last["activations.layers"] == 1 * 64 * 1944
+    assert last["activations.layers"] == 1 * per_microbatch
 
 
 def test_peak_moment_is_reported(tiny):

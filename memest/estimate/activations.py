@@ -1,39 +1,57 @@
-"""Activation memory of training: the tensors autograd keeps for backward, per token.
+"""Activation memory of training: the tensors autograd keeps for backward, listed one by one.
 
 Symbols (see ``memest.estimate``): b micro-batch, s seq_len, h hidden_size, a heads, k KV heads,
-d head_dim, i intermediate_size, V vocab, t tp. Byte sizes:
+d head_dim, i intermediate_size, V vocab, t tp, E experts, topk experts per token. Byte sizes:
 
     c  the compute dtype (matmul outputs): 2 under bf16/fp16 and autocast, 4 in fp32
     r  the residual stream and the norms: the parameters' dtype (4 under autocast over fp32
        parameters, which is what ``amp`` means)
-    m  a dropout mask element: 1 (CUDA ``native_dropout`` keeps a bool mask)
+    m  a dropout-mask element: 1 (CUDA ``native_dropout`` keeps a bool mask)
 
-Every count below was read off autograd's saved tensors of the transformers 5.24 modules (the
-``saved_tensors_hooks`` of a real forward; ``tests/test_training_cpu_measured.py`` re-measures
-them) and, where noted, from the framework's source. What one layer keeps, per token:
+A layer's saved tensors are a list of :class:`Saved` entries (bytes per token each), built from the
+layer's facts (:class:`~memest.spec.LayerSpec`: norm kind and position, attention kind, rotary and
+QK-norm, MLP activation, experts) by following the transformers 5.24 module code; every count was
+read off the saved tensors of a traced step (``memest.trace``, ``benchmarks/trace_findings.md``) and,
+for Llama, of a real CPU step (``tests/test_training_cpu_measured.py``). Per token and layer:
 
-- **RMSNorm** (transformers ``LlamaRMSNorm``, torchtune and torchtitan ``RMSNorm``): the fp32 copy
-  of its input (4h, the input itself when r = 4), the fp32 rstd (4), and, when its weight trains,
-  the normalized input at dtype r (r·h). **LayerNorm** (``native_layer_norm``): its input (r·h)
-  and fp32 mean and rstd (8). Fused norms (Megatron / Transformer Engine): input and rstd only.
-- **A norm's output** is kept by the linears that read it when they train: once (r·h) when they
-  share it, once per linear (c·h each) under autocast, where every linear casts its own copy.
-- **Attention**, flash / SDPA (``_scaled_dot_product_flash_attention``, flash-attn): Q and K after
-  rotary, V ((a·d + 2·k·d)·c; K and V at a heads when repeated), the output (a·d·c; the output
-  projection reads it as a view) and the fp32 logsumexp (4·a). **Eager**: Q, K and V repeated to
-  a heads (3·a·d·c), the fp32 softmax of the s x s scores (4·a·s) and its c-byte copy (c·a·s,
-  none in fp32), the dropout mask and output (m·a·s + c·a·s) when attention dropout > 0, and the
-  contiguous copy the output projection reads (a·d·c).
-- **Gated MLP** (SwiGLU, GeGLU): gate and up outputs, the activation's output, their product
-  (4·i·c; the product only when the down projection trains). **Plain MLP**: the activation's input
-  and output (2·i·c). Composite GELUs written in Python (``gelu_new``, ``gelu_fast``) keep four
-  i-sized intermediates instead of one.
+- **Norms.** RMSNorm ``rms`` (``LlamaRMSNorm``): the fp32 copy of its input (4w; the input itself
+  when r = 4), the fp32 rstd (4 per row) and, when its weight trains, the normalized input cast
+  back to dtype r (r·w). ``rms_fp32`` (Gemma ``(1 + w)``, OLMo-2): the normalized input stays fp32
+  (4w) until the product with the weight is cast. LayerNorm (``native_layer_norm``): its input
+  (r·w, the residual stream itself, shared by two norms of the same input) and fp32 mean and rstd
+  (8). Fused norms (Megatron / Transformer Engine): input and rstd. A norm's output is kept by the
+  linears that read it (below); a post-norm's output (OLMo-2, Gemma 2/3 ``post_*``) is only added.
+- **A tensor read by linears** is kept once (r·w) when a reader's weight trains; under autocast
+  every reader keeps its own c·w cast. A frozen linear keeps nothing; a LoRA-adapted one keeps
+  its input cast to the adapter dtype (PEFT ``_cast_input_dtype``: a 4·w fp32 copy per adapter,
+  or the input itself when it already is fp32; c·w under autocast), A's output (4·r) and, with
+  ``lora_dropout``, the mask.
+- **Attention**, flash / SDPA: Q and K as the kernel reads them (after the rotary embedding or
+  QK-norm: new tensors; without rotary views of the projection), V, the output (a·d·c) and the
+  fp32 logsumexp (4a). A fused QKV projection stays alive whole ((a + 2k)·d·c) while V is a view
+  of it. With ``rope="concat"`` Q is laid out head-major, so flash's output (laid out like Q) is
+  copied by ``transpose(1, 2).contiguous()`` (a·d·c) for the output projection; the
+  memory-efficient kernel (head dims of Q and V differ: MLA) returns sequence-major memory.
+  **Eager** (``--attn-implementation eager``, or a family transformers runs eagerly only,
+  ``ModelSpec.sdpa_supported``): Q, K and V at a heads
+  (3·a·d·c: ``repeat_kv`` and the matmuls' copies), the fp32 softmax of the s x s scores (4·a·s)
+  and its c-byte copy (none in fp32), the soft-capping ``tanh`` (c·a·s, Gemma 2), or with sinks a
+  c-byte softmax over s + 1 columns and its int64 max indices (gpt-oss), the dropout mask and
+  output (m·a·s + c·a·s) when attention dropout > 0, and the contiguous output copy (a·d·c).
+  **MLA**: the q_a / kv_a norms, kv_b's output (a·(d_nope + d_v)·c, alive through V), Q and K
+  (a·d·c each), the output and logsumexp.
+- **MLP**, gated: gate and up outputs, the activation's output and the product (4·i·c; the product
+  only when the down projection trains); ``relu`` keeps only its output; composite GELUs written in
+  Python (``gelu_new``) keep four i-sized tensors in place of the gate; gpt-oss's clamped SwiGLU
+  (``swiglu_limit``) keeps gate_up (2i), the clamped gate, the sigmoid, ``up + 1`` and the GLU (6i)
+  besides the product, and holds the clamped up and the gated output (when not kept) in locals, with
+  the per-route gathered bias (2i, a forward temporary: under recompute, rebuilt layer + these). Plain: the activation's input and output (2·i·c), ``relu`` its output only.
+- **MoE** (transformers' grouped_mm experts): the router's fp32 softmax (4·E), routing bookkeeping
+  (top-k indices, the sort permutation, ``perm // topk``, the inverse permutation: 4 x 8·topk; the
+  routing weights and their gathered copy: 2 x 4·topk; their normalizer: 4), the gathered inputs
+  (topk·h·c, when the experts train), topk x the gated MLP above, the expert outputs weighted by
+  the routing weights (topk·h·c), and the shared experts as a dense MLP.
 - **Dropout** on the residual branches: one mask per branch (2·m·h).
-- **LoRA** (PEFT): a frozen linear keeps nothing; each adapted linear keeps its input cast to the
-  adapter dtype (PEFT keeps adapters in fp32: 4 x its input width), the dropout mask when
-  ``lora_dropout`` > 0, and A's output (4·r).
-- **MoE**: the router's fp32 scores (4·E), each token's copies dispatched to and gathered from its
-  top-k experts (2·topk·h·c) and the MLP tensors of top-k experts.
 
 Tensors inside the tensor-parallel regions (Q/K/V, attention output, MLP intermediates) are divided
 by t; norm inputs and outputs and dropout masks by t only with sequence parallelism (Korthikanti et
@@ -45,12 +63,18 @@ Recompute: ``full`` keeps each layer's input (r·h) and rebuilds one layer at a 
 (torchtitan) keeps the layer input and the outputs of every other matmul and of the attention
 kernel (``torchtitan/models/llama/parallelize_llama.py``, ``_save_list`` and its "every second
 mm" rule).
+
+The lists are built once per (layer, execution, s) and remembered: the planner asks for the same
+layers thousands of times.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
+from memest.estimate.runtime import cuda_block_bytes
 from memest.spec import Component, LayerSpec, Split, TensorSpec
 
 COMPOSITE_GELUS = frozenset({"gelu_new", "gelu_fast", "quick_gelu", "gelu_accurate"})
@@ -59,6 +83,11 @@ four i-sized intermediates of each (input, tanh output, and two products) instea
 
 LSE_BYTES = 4
 """The flash kernels' logsumexp: one fp32 per head and token."""
+
+ROUTE_BYTES = 4 * 8 + 2 * 4
+"""MoE bookkeeping per token and routed expert (transformers 5.24 ``grouped_mm`` experts): int64 top-k
+indices, sort permutation, ``perm // topk`` and inverse permutation; fp32 routing weights and their
+gathered copy."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,13 +125,16 @@ class Execution:
         compute_bytes: c, bytes of matmul outputs.
         stream_bytes: r, bytes of the residual stream and norms (the parameters' dtype).
         autocast: torch.autocast over higher-precision parameters: each linear casts its input.
-        eager: Eager attention (the s x s scores are stored).
+        eager: Eager attention (the s x s scores are stored): asked for, or the only path transformers
+            has for the family (``ModelSpec.sdpa_supported``).
         repeat_kv: K and V are repeated to num_heads before the attention kernel saves them.
         fused_norms: Norms save only their input and statistics (Megatron / Transformer Engine).
         lora: Adapters on a frozen base, or None when every weight trains.
         hidden_dropout: Residual-branch dropout probability.
         attention_dropout: Attention-probability dropout probability.
         mask_bytes: m, bytes of one dropout-mask element.
+        routing_bytes: Bytes of an MoE routing weight, and so of the weighted expert outputs and their
+            gradients (4 where the router returns fp32 weights: Mixtral, DeepSeek; else c).
     """
 
     compute_bytes: int
@@ -115,73 +147,370 @@ class Execution:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     mask_bytes: int = 1
+    routing_bytes: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One tensor autograd keeps for backward, per token.
+
+    Attributes:
+        what: What it is (``"q after rotary"``).
+        width: Bytes per token (per sequence position of each sequence), on one unsplit rank.
+        inside: True inside a tensor-parallel region (divided by tp), else divided by tp only with
+            sequence parallelism.
+        block: ``attention`` or ``mlp`` for the tensors those blocks make, else empty.
+        kept: False for a forward temporary autograd does not keep (counted in a checkpointed
+            forward's working set only).
+    """
+
+    what: str
+    width: float
+    inside: bool = True
+    block: str = ""
+    kept: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class LayerActivations:
-    """Bytes per token one layer keeps, split by how tensor parallelism divides them.
+    """What one layer keeps, per token, split by how tensor parallelism divides it.
 
     Attributes:
         inside: Bytes inside tensor-parallel regions (divided by tp).
         outside: Bytes outside them (divided by tp only with sequence parallelism).
+        tensors: The saved tensors they add up from.
+        forward_extra: Eager attention: bytes per token alive at the forward's softmax that autograd
+            does not keep (the masked scores it reads, in the compute dtype, and their fp32 copy:
+            ``softmax(x, dtype=float32)`` converts first for bf16, ``aten/src/ATen/native/SoftMax.cpp``).
+        after_scores: Eager attention: saved bytes per token the layer makes after that softmax
+            (its cast included).
+        forward_working: Bytes per token a checkpointed forward of the layer (whose saved tensors are
+            dropped) holds at its peak: the larger block's tensors (the MLP's intermediates, or the
+            attention's up to its softmax with the eager extras), beside the layer's input.
+        recompute_extra: Bytes per token the recomputation of the layer in backward holds beyond
+            what it rebuilds (its forward temporaries: the eager extras at the softmax, before the
+            rest of the layer is rebuilt; gpt-oss's per-route biases).
     """
 
     inside: float
     outside: float
+    tensors: tuple[Saved, ...] = field(default=(), compare=False)
+    forward_extra: float = 0.0
+    after_scores: float = 0.0
+    forward_working: float = 0.0
+    recompute_extra: float = 0.0
 
     def per_rank(self, tp: int, sequence_parallel: bool) -> float:
         """Bytes per token on one TP rank."""
         return self.inside / tp + (self.outside / tp if sequence_parallel else self.outside)
 
+    def block_bytes(self, tokens: int, tp: int, sequence_parallel: bool) -> int:
+        """Bytes on one TP rank for ``tokens`` tokens as the CUDA caching allocator counts them: each
+        tensor in its own block (:func:`memest.estimate.runtime.cuda_block_bytes`)."""
+        total = 0
+        for t in self.tensors:
+            div = tp if t.inside or sequence_parallel else 1
+            total += cuda_block_bytes(math.ceil(t.width * tokens / div))
+        return total
 
-def norm_bytes(kind: str, h: int, x: Execution, *, readers: int, weight_trains: bool) -> float:
-    """Bytes per token one norm keeps, its output included when ``readers`` linears keep it.
+
+def _total(tensors: Iterable[Saved], forward_extra: float = 0.0, recompute_grads: float = 0.0) -> LayerActivations:
+    everything = tuple(t for t in tensors if t.width)
+    temporaries = sum(t.width for t in everything if not t.kept)
+    # the temporaries are alive before the kept tensors listed after the last of them are made
+    last = max((n for n, t in enumerate(everything) if not t.kept), default=len(everything))
+    not_yet = sum(t.width for t in everything[last + 1:] if t.kept)
+    tensors = tuple(t for t in everything if t.kept)
+    inside = sum(t.width for t in tensors if t.inside)
+    outside = sum(t.width for t in tensors if not t.inside)
+    # the forward's softmax: the first of the scores' tensors (its cast and dropout come after)
+    scores = [n for n, t in enumerate(tensors) if t.what.startswith(SCORES)]
+    after = sum(t.width for t in tensors[scores[0] + 1:]) if scores and forward_extra else 0.0
+    # a checkpointed forward holds the attention's tensors through the softmax's cast (in locals)
+    attention = sum(t.width for t in (tensors[:scores[-1] + 1] if scores else tensors) if t.block == "attention")
+    mlp = sum(t.width for t in tensors if t.block == "mlp") + temporaries
+    return LayerActivations(inside=inside, outside=outside, tensors=tensors, forward_extra=forward_extra,
+                            after_scores=after, forward_working=max(attention + forward_extra, mlp),
+                            recompute_extra=recompute_grads + max(forward_extra - after, temporaries - not_yet, 0.0))
+
+
+# ---- norms and the tensors linears read ----
+
+
+def _norm(kind: str, width: int, x: Execution, *, weight_trains: bool, rows: int = 1, what: str = "norm",
+          inside: bool = False, keep_input: bool = True) -> list[Saved]:
+    """What one norm over ``width`` features keeps besides its output (see the module docstring).
 
     Args:
-        kind: ``rms`` or ``layer``.
-        h: Features normalized.
+        kind: ``rms``, ``rms_fp32`` or ``layer``.
+        width: Features normalized per token (all ``rows`` together).
         x: The execution.
-        readers: Linears that read the output and keep it for backward.
-        weight_trains: The norm's own weight trains (it then keeps the normalized input).
+        weight_trains: The norm's weight trains (it then keeps the normalized input).
+        rows: Normalized rows per token (heads, for a per-head QK-norm): one statistic each.
+        what: Its name.
+        inside: Inside a tensor-parallel region.
+        keep_input: False for a LayerNorm whose input another norm already keeps.
     """
-    r, c = x.stream_bytes, x.compute_bytes
-    stats = 4 if kind == "rms" else 8
-    if x.fused_norms or kind != "rms":
-        kept = r * h + stats
-    else:
-        kept = 4 * h + stats + (r * h if weight_trains else 0)
-    if readers:
-        kept += readers * c * h if x.autocast else r * h
-    return kept
+    r = x.stream_bytes
+    if x.fused_norms or kind == "layer":
+        stats = 8 if kind == "layer" else 4
+        return [*([Saved(f"{what} input", r * width, inside)] if keep_input else []),
+                Saved(f"{what} mean/rstd", stats * rows, inside)]
+    out = [Saved(f"{what} fp32 input", 4 * width, inside), Saved(f"{what} rstd", 4 * rows, inside)]
+    if weight_trains:
+        out.append(Saved(f"{what} normalized", (4 if kind == "rms_fp32" else r) * width, inside))
+    return out
 
 
-def _input_bytes(readers: list[TensorSpec], width: int, x: Execution) -> tuple[int, float]:
-    """(trained readers of a tensor, bytes per token the adapted ones add) for linears reading it."""
+def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, trains: bool = True,
+          inside: bool = False, itemsize: int | None = None) -> list[Saved]:
+    """What the linears ``readers`` keep of a ``width``-wide input (the module docstring's rule).
+
+    Args:
+        what: The input's name.
+        width: Its features per token.
+        readers: The linear weights that read it.
+        x: The execution.
+        trains: False when none of the readers' weights trains (besides LoRA adapters).
+        inside: The input is inside a tensor-parallel region.
+        itemsize: Bytes of its elements; None = r (a norm's output, the residual stream).
+    """
+    if not readers:
+        return []
     lora = x.lora
+    size = x.stream_bytes if itemsize is None else itemsize
+    cast = x.autocast and size != x.compute_bytes  # autocast casts an fp32 input for every linear
     if lora is None:
-        return len(readers), 0.0
-    extra = 0.0
-    kept = x.compute_bytes if x.autocast else lora.adapter_bytes  # autocast: lora_A reads a 16-bit cast
+        if not trains:
+            return []
+        if cast:
+            return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
+        return [Saved(what, size * width, inside)]
+    out: list[Saved] = []
+    shared = not cast and size == (x.compute_bytes if x.autocast else lora.adapter_bytes) and lora.dropout == 0
     for t in readers:
-        if lora.adapts(t):
-            extra += kept * width + kept * lora.rank
+        if not lora.adapts(t):
+            continue
+        if shared:
+            if not any(s.what == what for s in out):
+                out.append(Saved(what, size * width, inside))
+        elif x.autocast:
+            out.append(Saved(f"{what} ({t.module} lora_A autocast copy)", x.compute_bytes * width, inside))
+        else:
+            out.append(Saved(f"{what} ({t.module} adapter-dtype copy)", lora.adapter_bytes * width, inside))
             if lora.dropout > 0:
-                extra += x.mask_bytes * width
-    return 0, extra
+                out.append(Saved(f"{what} ({t.module} lora dropout mask)", x.mask_bytes * width, inside))
+        out.append(Saved(f"{t.module} lora_A output", lora.adapter_bytes * lora.rank, inside))
+    return out
 
 
 def _linears(layer: LayerSpec, component: Component, prefix: str = "") -> tuple[list[TensorSpec], list[TensorSpec]]:
-    """(input projections, output projections) of one block: column/KV-split vs row-split linears."""
-    weights = [t for t in layer.tensors if t.component is component and t.is_linear_weight and len(t.shape) == 2
-               and t.name.startswith(prefix)]
+    """(input projections, output projections) of one block: column/KV-split vs row-split linears
+    (2-D weights and 3-D expert stacks)."""
+    weights = [t for t in layer.tensors if t.component is component and t.is_linear_weight and t.name.startswith(prefix)]
     ins = [t for t in weights if t.split in (Split.COL, Split.KV, Split.VOCAB)]
     outs = [t for t in weights if t.split is Split.ROW]
     return ins, outs
 
 
+def _routers(layer: LayerSpec) -> list[TensorSpec]:
+    return [t for t in layer.tensors if t.component is Component.ROUTER and len(t.shape) == 2
+            and t.name.endswith("weight") and t.shape[0] == layer.mlp.num_experts]
+
+
+# ---- attention ----
+
+
+def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, input_readers: list[TensorSpec],
+               input_what: str, input_width: int, active: bool = True) -> list[Saved]:
+    """The attention block's saved tensors, its input as its projections keep it included; when
+    nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
+    attn = layer.attention
+    c = x.compute_bytes
+    trains = x.lora is None
+    attn_in, attn_out = _linears(layer, Component.ATTENTION)
+    if not active:
+        return (_read(input_what, input_width, input_readers, x)
+                + _read("attention output", attn.num_heads * attn.v_head_dim, attn_out, x, trains=False, inside=True,
+                        itemsize=c))
+    if attn.kind == "mla":
+        # the compressing projections read the block's input; q_b / kv_b read their latents' norms
+        by_name = {t.module.rsplit(".", 1)[-1]: t for t in layer.tensors
+                   if t.component is Component.ATTENTION and t.is_linear_weight}
+        readers = [by_name[n] for n in ("q_proj", "q_a_proj", "kv_a_proj_with_mqa") if n in by_name]
+        return _read(input_what, input_width, readers if input_readers else [], x) + _mla(layer, x, by_name, attn_out)
+    if attn.kind == "mamba":
+        # seed: the mixer's in_proj output (2 x d_inner = 4h), conv and SSM inputs; not yet traced
+        return _read(input_what, input_width, input_readers, x) + [Saved("mamba mixer", 6 * input_width * c)]
+    if attn.kind != "gqa":
+        return _read(input_what, input_width, input_readers, x)
+    a, k, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
+    out = _read(input_what, input_width, input_readers, x)
+    blocks = 2 if attn.cross_attention else 1
+    for norm_name, heads in (("q_norm", a), ("k_norm", k)):
+        if attn.qk_norm != "none":
+            out += _norm(layer.norm, heads * d, x, weight_trains=trains, rows=heads if attn.qk_norm == "head" else 1,
+                         what=norm_name, inside=True)
+    out_readers = attn_out
+    if x.eager:
+        for _ in range(blocks):
+            out += [Saved("q (scores matmul copy)", a * d * c), Saved("K at num_heads", a * d * c),
+                    Saved("V at num_heads", a * dv * c)]
+            if not selective:
+                out += _eager_scores(attn, seq_len, x)
+            out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
+        return out
+    kv = a if x.repeat_kv else k
+    fused = len(attn_in) == 1
+    for _ in range(blocks):
+        if fused and attn.rope == "none" and attn.qk_norm == "none":
+            out.append(Saved("fused QKV output (Q, K, V are views)", (a * d + kv * d + kv * dv) * c))
+        else:
+            if fused:
+                out.append(Saved("fused QKV output (alive through the V view)", (a * d + 2 * k * d) * c))
+            out += [Saved("q after rotary / QK-norm", a * d * c), Saved("k after rotary / QK-norm", kv * d * c)]
+            if not fused:
+                out.append(Saved("v", kv * dv * c))
+        out += [Saved("attention output", a * dv * c), Saved("logsumexp (fp32)", LSE_BYTES * a)]
+        flash = d == dv and c < 4
+        if attn.rope == "concat" and flash:
+            out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
+        else:  # the output projection reads the kernel's output as a view (kept above) or adapts it
+            out += _read("attention output", a * dv, out_readers, x, trains=False, inside=True, itemsize=c)
+    return out
+
+
+SCORES = "scores: "
+"""The name prefix of eager attention's s x s tensors."""
+
+
+def _eager_scores(attn, s: int, x: Execution) -> list[Saved]:
+    """Eager attention's s x s tensors per token: the softmax (and its copies), soft-capping, dropout."""
+    a, c = attn.num_heads, x.compute_bytes
+    if attn.sinks:  # GptOss eager_attention_forward: softmax in the scores' dtype over s + 1 columns
+        return [Saved(SCORES + "softmax with sinks", c * a * (s + 1)), Saved(SCORES + "max indices (int64)", 8 * a)]
+    out = [Saved(SCORES + "softmax (fp32)", 4 * a * s)]
+    if attn.logit_softcapping:
+        out.append(Saved(SCORES + "soft-capping tanh", c * a * s))
+    if x.attention_dropout > 0:
+        out += [Saved(SCORES + "attention dropout mask", x.mask_bytes * a * s),
+                Saved(SCORES + "attention dropout output", c * a * s)]
+    elif c < 4:
+        out.append(Saved(SCORES + "softmax cast to the compute dtype", c * a * s))
+    return out
+
+
+def _eager_forward_extra(attn, s: int, x: Execution) -> float:
+    """Bytes per token eager attention holds at its forward softmax beyond what it saves: the masked
+    scores (c·a·s) and, below fp32, the fp32 copy the softmax converts them to (4·a·s); BLOOM's
+    ``BloomAttention.forward`` also keeps the raw ALiBi scores (c·a·s) and the fused QKV output in
+    locals (``attention_scores``, ``fused_qkv``)."""
+    c, a = x.compute_bytes, attn.num_heads
+    extra = (c + (4 if c < 4 else 0)) * a * (s + (1 if attn.sinks else 0))
+    if attn.alibi:
+        extra += c * a * s + (a * attn.head_dim + 2 * attn.num_kv_heads * attn.head_dim) * c
+    return extra
+
+
+def _mla(layer: LayerSpec, x: Execution, by_name: dict[str, TensorSpec], attn_out: list[TensorSpec]) -> list[Saved]:
+    """DeepSeek multi-head latent attention (transformers ``DeepseekV3Attention``), efficient kernel;
+    ``by_name``: the attention's linear weights by module name."""
+    attn = layer.attention
+    a, d, dv, c = attn.num_heads, attn.head_dim, attn.v_head_dim, x.compute_bytes
+    trains = x.lora is None
+    out: list[Saved] = []
+    if attn.q_lora_rank:
+        q = attn.q_lora_rank
+        out += _norm(layer.norm, q, x, weight_trains=trains, what="q_a_layernorm")
+        out += _read("q_a_layernorm output", q, [t for n, t in by_name.items() if n == "q_b_proj"], x)
+    rank = attn.kv_lora_rank
+    out += _norm(layer.norm, rank, x, weight_trains=trains, what="kv_a_layernorm")
+    out += _read("kv_a_layernorm output", rank, [t for n, t in by_name.items() if n == "kv_b_proj"], x)
+    nope = d - attn.qk_rope_head_dim
+    out += [Saved("kv_b output (alive through the V view)", a * (nope + dv) * c),
+            Saved("q (cat of q_nope, q_pe)", a * d * c), Saved("k (k_nope, k_pe)", a * d * c),
+            Saved("attention output", a * dv * c), Saved("logsumexp (fp32)", LSE_BYTES * a)]
+    out += _read("attention output", a * dv, attn_out, x, trains=False, inside=True, itemsize=c)
+    return out
+
+
+# ---- MLP ----
+
+
+def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product: bool) -> list[Saved]:
+    """Bytes per token of one MLP's intermediates (see the module docstring)."""
+    product = [Saved("MLP product (down input)", i * c)] if keep_product else []
+    if activation == "swiglu_limit":
+        # GptOssExperts._apply_gate holds the clamped up and the gated output in locals until it returns:
+        # forward temporaries when autograd does not keep them
+        locals_ = [Saved("clamped up (a local of the gate)", i * c, kept=False)]
+        if not keep_product:
+            locals_.append(Saved("gated output (until the down projection)", i * c, kept=False))
+        return [Saved("gate_up output", 2 * i * c), Saved("clamped gate", i * c), Saved("sigmoid", i * c),
+                Saved("up + 1", i * c), Saved("glu", i * c), *product, *locals_]
+    if activation == "relu":  # relu keeps its output, which is also what the down projection reads
+        kept = [Saved("relu output", i * c)]
+        return [*kept, Saved("up output", i * c), *product] if gated else kept
+    act = ([Saved("composite GELU intermediates", 4 * i * c)] if activation in COMPOSITE_GELUS
+           else [Saved("activation input", i * c)])
+    if gated:
+        return [*act, Saved("activation output", i * c), Saved("up output", i * c), *product]
+    return [*act, *product]
+
+
+def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_what: str,
+         input_width: int, active: bool = True) -> list[Saved]:
+    """The MLP block's saved tensors, its input as its projections (and router) keep it included; when
+    nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
+    mlp = layer.mlp
+    c = x.compute_bytes
+    trains = x.lora is None
+    _, dense_out = _linears(layer, Component.MLP)
+    out: list[Saved] = []
+    if not active:
+        width = mlp.shared_intermediate_size if mlp.is_moe else mlp.intermediate_size
+        return (_read(input_what, input_width, input_readers, x)
+                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=c))
+    if not mlp.is_moe:
+        out += _read(input_what, input_width, input_readers, x)
+        out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
+                              keep_product=trains)
+        out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=c)
+        return out
+    routers = _routers(layer)
+    topk, e = mlp.num_experts_per_tok, mlp.num_experts
+    out += _read(input_what, input_width, [*input_readers, *routers], x)
+    if not trains:  # frozen experts keep neither, but the experts' forward holds both in locals
+        out += [Saved(f"{input_what} (a local through the experts)", input_width * c, kept=False),
+                Saved("tokens gathered for their experts (a local)", topk * input_width * c, kept=False)]
+    out += [Saved("router softmax (fp32)", 4 * e, False), Saved("routing bookkeeping", ROUTE_BYTES * topk + 4, False)]
+    if trains:
+        out.append(Saved("tokens gathered for their experts", topk * input_width * c))
+    for s in _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
+                            keep_product=trains):
+        out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
+    if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
+        # grouped_mm_experts_forward's selected_biases = bias[expert_ids]: a local until the down projection
+        out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
+    out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
+    if mlp.num_shared_experts and mlp.shared_intermediate_size:
+        out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
+                              keep_product=trains)
+        out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
+                     inside=True, itemsize=c)
+    return out
+
+
+# ---- one layer ----
+
+
+_CACHE: dict[tuple, tuple[LayerSpec, LayerActivations]] = {}
+_CACHE_LIMIT = 1 << 14
+
+
 def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Execution,
-                      selective: bool = False) -> LayerActivations:
-    """Bytes per token one layer keeps for backward, without recompute.
+                      selective: bool = False, input_grad: bool = True) -> LayerActivations:
+    """Bytes per token one layer keeps for backward, without recompute (remembered per arguments).
 
     Args:
         layer: The layer.
@@ -189,76 +518,108 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
         seq_len: s, the tokens each token attends to (eager attention stores s scores per head).
         x: The execution.
         selective: Megatron selective recompute: the eager s x s tensors are recomputed.
+        input_grad: The layer's input needs a gradient (False for the first layer under LoRA).
     """
-    attn, mlp = layer.attention, layer.mlp
-    c, h = x.compute_bytes, hidden
-    inside = 0.0
-    outside = 2 * x.mask_bytes * h if x.hidden_dropout > 0 else 0.0
+    eager = x.eager
+    key = (id(layer), hidden, seq_len if eager else 0, x, selective, input_grad)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is layer:
+        return hit[1]
+    extra = _eager_forward_extra(layer.attention, seq_len, x) if eager and layer.attention.kind == "gqa" else 0.0
+    # non-reentrant checkpointing rebuilds the layer when its backward first unpacks a saved tensor: the
+    # output gradient is alive, and in an MoE layer the gradient of the routes' sum, made contiguous
+    # (``weighted_out.view(tokens, topk, h).sum(1)``; the index by the inverse permutation unpacks first)
+    grads = x.stream_bytes * hidden
+    if layer.mlp.is_moe:
+        grads += layer.mlp.num_experts_per_tok * hidden * x.routing_bytes
+    result = _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra, grads)
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    _CACHE[key] = (layer, result)
+    return result
 
+
+def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool, input_grad: bool) -> list[Saved]:
+    """The layer's saved tensors in the order its forward makes them.
+
+    A block keeps its internals only when something in it needs a gradient: its input does, or one of
+    its input projections carries an adapter. Under LoRA the first layer's input does not (PEFT calls
+    ``enable_input_require_grads`` only on a model whose gradient checkpointing is already on), so
+    its input norm keeps nothing and a block without adapters reading it keeps nothing either.
+    """
+    trains = x.lora is None
+    lora = x.lora
+    out: list[Saved] = []
+    if x.hidden_dropout > 0:
+        out += [Saved("attention dropout mask", x.mask_bytes * h, False), Saved("MLP dropout mask", x.mask_bytes * h, False)]
     attn_in, attn_out = _linears(layer, Component.ATTENTION)
-    mlp_component = Component.EXPERTS if mlp.is_moe and not _linears(layer, Component.MLP)[0] else Component.MLP
-    mlp_in, mlp_out = _linears(layer, mlp_component)
-    norm_trains = x.lora is None
-    attn_readers, attn_extra = _input_bytes(attn_in, hidden, x)
-    mlp_readers, mlp_extra = _input_bytes(mlp_in, hidden, x)
+    mlp_in, mlp_out = _linears(layer, Component.MLP)  # the dense MLP's, or an MoE layer's shared experts' (plus its router)
+
+    def adapted(weights: list[TensorSpec]) -> bool:
+        return lora is not None and any(lora.adapts(t) for t in weights)
+
+    def norm(what: str, grad: bool, **kw: object) -> list[Saved]:
+        return _norm(layer.norm, h, x, weight_trains=trains, what=what, **kw) if grad or trains else []
+
+    grad = input_grad or trains
+    attn_active = grad or adapted(attn_in)
+    after_attn = grad or adapted(attn_in) or adapted(attn_out)  # the residual after attention needs a gradient
+    if layer.norm_position == "post":  # the blocks read the residual stream; their outputs are normed
+        out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "layer input", h, attn_active))
+        out += norm("post-attention norm", after_attn)
+        mlp_active = after_attn or adapted(mlp_in)
+        out += _tag("mlp", _mlp(layer, x, mlp_in, "residual after attention", h, mlp_active))
+        out += norm("post-MLP norm", mlp_active or adapted(mlp_out))
+        return out
+
     if layer.parallel_residual:
-        outside += norm_bytes(layer.norm, h, x, readers=attn_readers + mlp_readers, weight_trains=norm_trains)
-    else:
-        outside += norm_bytes(layer.norm, h, x, readers=attn_readers, weight_trains=norm_trains)
-        outside += norm_bytes(layer.norm, h, x, readers=mlp_readers, weight_trains=norm_trains)
-    inside += attn_extra + mlp_extra
+        out += norm("input norm", grad)
+        mlp_active = grad or adapted(mlp_in)
+        if layer.parallel_norms == 2:
+            out += norm("MLP input norm", grad, keep_input=False)
+            out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
+            out += _tag("mlp", _mlp(layer, x, mlp_in, "MLP input norm output", h, mlp_active))
+        else:  # one norm output, read by both blocks: kept once unless under autocast or LoRA
+            out += _read("input norm output", h, [*attn_in, *mlp_in], x)
+            out += _tag("attention", _attention(layer, x, seq_len, selective, [], "", h, attn_active))
+            out += _tag("mlp", _mlp(layer, x, [], "", h, mlp_active))
+        return out
 
-    if attn.kind in ("gqa", "mla"):
-        a, k, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
-        if attn.kind == "mla":
-            # compressed q/kv latents read by the up-projections, then full-width q, k, v
-            inside += ((attn.q_lora_rank or 0) + attn.kv_lora_rank + attn.qk_rope_head_dim) * c
-            k = a
-        out_readers, out_extra = _input_bytes(attn_out, a * dv, x)
-        inside += out_extra
-        blocks = 2 if attn.cross_attention else 1
-        if x.eager:
-            probs = 0.0 if selective else _eager_probs(a, seq_len, x)
-            inside += blocks * ((2 * a * d + a * dv) * c + probs + (a * dv * c if out_readers else 0))
-        else:
-            kv = a if x.repeat_kv else k
-            inside += blocks * ((a * d + kv * d + kv * dv + a * dv) * c + LSE_BYTES * a)
-        if attn.cross_attention:
-            outside += norm_bytes(layer.norm, h, x, readers=1 if x.lora is None else 0, weight_trains=norm_trains)
-    elif attn.kind == "mamba":
-        # seed: the mixer's in_proj output (2 x d_inner = 4h), conv and SSM inputs; not yet traced
-        inside += 6 * h * c
-
-    down_readers, down_extra = _input_bytes(mlp_out, mlp.intermediate_size, x)
-    per_mlp = _mlp_bytes(mlp.gated, mlp.activation, mlp.intermediate_size, c, keep_product=down_readers > 0) + down_extra
-    if mlp.is_moe:
-        inside += mlp.num_experts_per_tok * per_mlp
-        outside += 4 * mlp.num_experts + 2 * mlp.num_experts_per_tok * h * c
-        if mlp.num_shared_experts:
-            inside += _mlp_bytes(mlp.gated, mlp.activation, mlp.shared_intermediate_size, c, keep_product=down_readers > 0)
-    else:
-        inside += per_mlp
-    return LayerActivations(inside=inside, outside=outside)
+    out += norm("input norm", grad)
+    out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
+    if layer.attention.cross_attention:
+        out += norm("cross-attention norm", after_attn)
+        out += _read("cross-attention norm output", h, attn_in[:1], x)
+    mlp_active = after_attn or adapted(mlp_in)
+    if layer.norm_position == "sandwich":
+        out += norm("post-attention norm", after_attn)
+        out += norm("pre-MLP norm", after_attn)
+        out += _tag("mlp", _mlp(layer, x, mlp_in, "pre-MLP norm output", h, mlp_active))
+        out += norm("post-MLP norm", mlp_active or adapted(mlp_out))
+        return out
+    out += norm("post-attention norm", after_attn)
+    out += _tag("mlp", _mlp(layer, x, mlp_in, "post-attention norm output", h, mlp_active))
+    return out
 
 
-def _eager_probs(a: int, s: int, x: Execution) -> float:
-    """Bytes per token of eager attention's s x s tensors: fp32 softmax, its cast, dropout."""
-    c = x.compute_bytes
-    kept = 4 * a * s
-    if x.attention_dropout > 0:
-        kept += x.mask_bytes * a * s + c * a * s
-    elif c < 4:
-        kept += c * a * s
+def _tag(block: str, tensors: list[Saved]) -> list[Saved]:
+    return [Saved(t.what, t.width, t.inside, block, t.kept) for t in tensors]
+
+
+def norm_bytes(kind: str, h: int, x: Execution, *, readers: int, weight_trains: bool) -> float:
+    """Bytes per token one norm keeps, its output included when ``readers`` linears keep it.
+
+    Args:
+        kind: ``rms``, ``rms_fp32`` or ``layer``.
+        h: Features normalized.
+        x: The execution.
+        readers: Linears that read the output and keep it for backward.
+        weight_trains: The norm's own weight trains (it then keeps the normalized input).
+    """
+    kept = sum(t.width for t in _norm(kind, h, x, weight_trains=weight_trains))
+    if readers:
+        kept += readers * x.compute_bytes * h if x.autocast else x.stream_bytes * h
     return kept
-
-
-def _mlp_bytes(gated: bool, activation: str, i: int, c: int, *, keep_product: bool) -> float:
-    """Bytes per token of one MLP's intermediates (see the module docstring)."""
-    act_inputs = 4 if activation in COMPOSITE_GELUS else 1
-    if gated:
-        # gate output (activation input), activation output, up output, product (read by down)
-        return (act_inputs + 2 + (1 if keep_product else 0)) * i * c
-    return (act_inputs + (1 if keep_product else 0)) * i * c
 
 
 def selective_op_bytes(layer: LayerSpec, *, hidden: int, x: Execution) -> LayerActivations:
@@ -275,37 +636,75 @@ def selective_op_bytes(layer: LayerSpec, *, hidden: int, x: Execution) -> LayerA
     # call order of a Llama block: wq, wk, wv, wo, then w2(silu(w1(x)) * w3(x)) runs w1, w3, w2
     matmuls = [*attn_in, *attn_out, *mlp_in, *mlp_out]
     saved = sum(t.shape[0] for n, t in enumerate(matmuls) if n % 2 == 0)  # the 1st, 3rd, 5th, ...
-    inside = saved * c + attn.num_heads * attn.v_head_dim * c + LSE_BYTES * attn.num_heads
-    return LayerActivations(inside=inside, outside=x.stream_bytes * hidden)
+    return _total([Saved("every other matmul output", saved * c),
+                   Saved("attention output and logsumexp", attn.num_heads * attn.v_head_dim * c + LSE_BYTES * attn.num_heads),
+                   Saved("layer input", x.stream_bytes * hidden, False)])
 
 
-def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution) -> LayerActivations:
-    """Bytes per token of the gradients one layer's backward holds beyond its saved tensors.
+NORM_BACKWARD_COPIES = 5
+"""fp32 h-wide temporaries an RMSNorm's backward (autograd over its decomposed forward: the cast, pow,
+mean, rsqrt and products) holds at its peak, by which time the normalized input it saved for the
+weight's gradient is freed: traced in the post-norms of OLMo-2 (LoRA: 5 x 4h) and Gemma 3 (full
+fine-tune: 5 x 4h with the 4h normalized input freed)."""
 
-    The MLP's: the product's gradient and the two gradients of its inputs while the activation's
-    input and output and the up output are still alive: 2·i·c net of a gated MLP whose down
-    projection kept the product (freed by then), 3·i·c when it kept none (a frozen down projection
-    under LoRA); a plain MLP: one i-sized gradient. Eager
-    attention's: the gradients of the probabilities and the fp32 scores, less what is freed by then
-    ((4 + c)/2·a·s net; measured 4·a·s in fp32 and 2.7·a·s in bf16). The larger of the two sets the layer's backward peak (measured on the CPU within 3%,
-    ``tests/test_training_cpu_measured.py``).
+
+def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: int = 0) -> LayerActivations:
+    """Bytes per token one layer's backward holds beyond its saved tensors, at its peak.
+
+    The gradient of the layer's output (r·h, alive through the layer's backward) plus the largest of:
+
+    - the MLP's, which runs first: the product's gradient and the two gradients of its inputs while
+      the activation's input and output and the up output are still alive: 2·i·c net of a gated MLP
+      whose down projection kept the product (freed by then), 3·i·c when it kept none (a frozen down
+      projection under LoRA); a plain MLP one i-sized gradient, two for a composite GELU, one more
+      when the product was not kept; topk x for routed experts, less the expert outputs (topk·h·c,
+      freed by then), or, when larger, four h-wide tensors per route before the experts' backward
+      (the gradients of the weighted and of the expert outputs and of the gathered inputs, and the
+      re-gathered inputs: 4·topk·h at the routing weights' dtype, fp32 for Mixtral and DeepSeek), less
+      the shared experts' tensors (they run after the routed experts, so their backward is done);
+    - a post-norm's (OLMo-2, Gemma 2/3: it runs before the MLP's, with everything alive):
+      :data:`NORM_BACKWARD_COPIES` fp32 copies of h, less its normalized input (freed by then);
+    - eager attention's: the gradients of the probabilities and the fp32 scores, less what is
+      freed by then ((4 + c)/2·a·s net; measured 4·a·s in fp32 and 2.7·a·s in bf16).
+
+    Measured on the CPU within 3% (``tests/test_training_cpu_measured.py``) and against the traced
+    rebuilt layer of every family (``tests/test_trace_agreement.py``).
     """
     c = x.compute_bytes
     mlp = layer.mlp
     width = mlp.intermediate_size * (mlp.num_experts_per_tok or 1)
-    _, down = _linears(layer, Component.EXPERTS if mlp.is_moe and not _linears(layer, Component.MLP)[0] else Component.MLP)
-    product_kept = x.lora is None or any(x.lora.adapts(t) for t in down)
-    mlp_part = ((2 if product_kept else 3) if mlp.gated else 1) * width * c
+    product_kept = x.lora is None
+    if mlp.gated:
+        grads = 2 if product_kept else 3
+    else:
+        grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
+    mlp_part = grads * width * c
+    if mlp.is_moe:
+        # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
+        # before that, the gradients of the weighted outputs, of the expert outputs and of the gathered
+        # inputs, beside the re-gathered inputs, are h-wide per route
+        routed = mlp.num_experts_per_tok * hidden
+        mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
+        if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
+            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
+                                                            keep_product=product_kept) if t.kept)
+    norm_part = 0.0
+    if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
+        normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0
+        norm_part = NORM_BACKWARD_COPIES * 4 * hidden - normalized
     attn = layer.attention
-    attn_part = (4 + c) / 2 * attn.num_heads * seq_len if x.eager and attn.kind == "gqa" else 0.0
-    return LayerActivations(inside=max(mlp_part, attn_part), outside=0.0)
+    eager = x.eager
+    attn_part = (4 + c) / 2 * attn.num_heads * seq_len if eager and attn.kind == "gqa" else 0.0
+    tensors = (Saved("output gradient", x.stream_bytes * hidden, False),
+               Saved("backward gradients", max(mlp_part, norm_part, attn_part)))
+    return _total(tensors)
 
 
 def embedding_bytes(has_norm: bool, hidden: int, x: Execution) -> float:
-    """Bytes per token the embeddings keep: their LayerNorm (BERT) and dropout mask."""
+    """Bytes per token the embeddings keep: their LayerNorm (BERT, BLOOM) and dropout mask."""
     kept = 0.0
     if has_norm:
-        kept += norm_bytes("layer", hidden, x, readers=0, weight_trains=x.lora is None)
+        kept += sum(t.width for t in _norm("layer", hidden, x, weight_trains=x.lora is None))
     if x.hidden_dropout > 0:
         kept += x.mask_bytes * hidden
     return kept

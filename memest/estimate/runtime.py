@@ -1,4 +1,5 @@
-"""Memory outside the model's tensors: CUDA context, library workspaces, NCCL, allocator slack.
+"""Memory outside the model's tensors: CUDA context, library workspaces, NCCL, allocator slack, and the
+caching allocator's block rounding of each tensor.
 
 These are constants per device family, each traceable to a measurement. Two layers:
 
@@ -28,6 +29,39 @@ CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.
 
 GiB = 1 << 30
 MiB = 1 << 20
+
+MIN_BLOCK_SIZE = 512
+"""``kMinBlockSize``: every allocation is rounded up to a multiple of this many bytes."""
+SMALL_SIZE = 1 << 20
+"""``kSmallSize``: requests up to 1 MiB come from the small pool; a large block is split only when more
+than this would remain."""
+MIN_LARGE_ALLOC = 10 << 20
+"""``kMinLargeAlloc``: requests of this size or more get a segment of their own."""
+ROUND_LARGE = 2 << 20
+"""``kRoundLarge``: such segments are rounded up to 2 MiB."""
+
+
+def cuda_block_bytes(nbytes: int) -> int:
+    """Bytes PyTorch's CUDA caching allocator counts as allocated for one tensor of ``nbytes``.
+
+    ``c10/cuda/CUDACachingAllocator.cpp``: sizes round up to 512 B (``round_size``); a request of
+    10 MiB or more gets its own segment rounded up to 2 MiB (``get_allocation_size``), and the
+    remainder is split off only when it exceeds 1 MiB (``shouldSplit``) — otherwise the whole
+    segment is the block, and ``torch.cuda.memory_allocated`` counts it whole. So a 21.5 MiB shard
+    takes 22 MiB and a 43 MiB (2048, 11008) bf16 activation 44 MiB, while a 20.6 MiB one keeps its
+    size. Requests between 1 and 10 MiB share 20 MiB segments and are split (their reuse of cached
+    blocks can leave up to 1 MiB unsplit too, which depends on the history and is not modelled).
+    vLLM's 'Model loading took' is the sum over weights (Qwen2.5-7B's 129.5 MiB ``down_proj`` counts
+    as 130 MiB). 0 bytes take no block.
+    """
+    if nbytes <= 0:
+        return 0
+    size = -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+    if size < MIN_LARGE_ALLOC:
+        return size
+    segment = -(-size // ROUND_LARGE) * ROUND_LARGE
+    return size if segment - size > SMALL_SIZE else segment
+
 
 CUDA_CONTEXT_BYTES: dict[str, int] = {
     "volta": 1343 * MiB,

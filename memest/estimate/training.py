@@ -20,7 +20,11 @@
   (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
 - ``deepspeed`` (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``, ``bf16_optimizer.py``):
   stage 0 with bf16 keeps an fp32 gradient buffer of every parameter (BF16_Optimizer,
-  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1;
+  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1; its
+  16-bit param.grad live through the next forward (the engine does not zero them after the step
+  at ZeRO 0, ``engine.py`` ``_take_model_step``; ``BF16_Optimizer.backward`` drops them with
+  ``clear_lp_grads`` when the next backward starts). Its fp32 master copies whatever trains, LoRA's
+  fp32 adapters included;
   stage 1 keeps full bf16 grads, stage 2 a bf16 partition of them (``grads_in_partition``, P/N);
   both hold one reduce bucket of ``reduce_bucket_size`` = 5e8 elements during backward
   (``ipg_buffer``, allocated by ``backward()`` whenever ``contiguous_gradients`` is on, the
@@ -31,10 +35,16 @@
 - ``megatron``: an fp32 ``main_grad`` buffer of every parameter (``--accumulate-allreduce-grads-in-fp32``,
   forced with bf16), fp32 master + Adam sharded over dp with the distributed optimizer
   (``zero_stage`` 1): 6 + 12/N B/param (``megatron/core/optimizer/distrib_optimizer.py``).
-- ``fsdp``: sharded parameters and gradients; the compute copy of the root unit (embeddings, final
-  norm, lm_head: not resharded after forward) and of two layer units (current + prefetched) gathered
-  at the compute dtype; during a unit's backward its unsharded gradients and their ``reduce_dtype``
-  copy (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``).
+- ``fsdp``: parameters, gradients and optimizer states sharded per parameter (FSDP2); gathered at
+  the compute dtype, moment by moment (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``):
+  the root unit (embeddings, final norm, lm_head: not resharded after forward) always; besides it
+  two layer units while layers run (the one computed and the one prefetched), one at the loss
+  backward (the last layer's, prefetched by the root's pre-backward hook) and one at the first
+  layer's backward (nothing left to prefetch). During a unit's backward its unsharded gradients;
+  from the second unit on, the previous unit's ``reduce_dtype`` reduce-scatter input
+  (``_fsdp_collectives.py`` ``foreach_reduce``). The all-gather outputs are allocated on their own
+  stream, whose cached blocks the compute stream cannot reuse: the root's and a layer's are reserved
+  beside the peak allocated (term ``allocator.all_gather_stream``).
 
 **Optimizers**: AdamW 2 states; Lion, SGD-momentum 1; SGD 0; Adafactor a row and a column vector
 per matrix (factored second moment, ``beta1=None``); 8-bit AdamW 2 x (1 B + 4 B per 256-element
@@ -43,29 +53,47 @@ block) (``bitsandbytes/optim/optimizer.py``, ``blocksize = 256``; tensors under 
 (``torch/optim/adamw.py``, ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt``);
 Adafactor and Lion two resp. one copy of the largest tensor; fused kernels none.
 
-**The peak is a moment, not a sum of maxima.** Four moments of a steady-state step are built, each
-from the tensors alive at that time; the largest sets the peak and its terms are reported (the
-moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
+**The peak is a moment, not a sum of maxima.** Six moments of a steady-state step are built, each
+from the tensors alive at that time (:data:`MOMENTS`); the largest sets the peak and its terms are
+reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
 
-1. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
+1. ``layer_forward``: inside a layer's forward: the stored activations of the layers before it and
+   what the layer holds then (eager attention's masked scores and their fp32 copy at its softmax;
+   under recompute the whole working set of one checkpointed layer, whose saved tensors are
+   dropped); eager attention's materialized causal masks;
+2. ``loss_forward``: inside the forward's cross-entropy: every layer's saved tensors, the logits,
+   their fp32 upcast and the fp32 log-softmax (transformers ``ForCausalLMLoss``), and gradients
+   that live through the forward (accumulation, ``set_to_none=False``, DeepSpeed bf16 at ZeRO 0);
+3. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
    the fp32 log-probabilities and two fp32 gradients of the logits;
-2. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute), logits freed,
-   the head's gradients allocated;
-3. ``last_layer_backward``: the first layer's backward: every gradient allocated, one layer's
-   activations left;
-4. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
+4. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute, with its
+   recomputation's temporaries), logits freed, the head's gradients allocated;
+5. ``last_layer_backward``: the first layer's backward: one layer's activations left, the
+   gradients of everything but that layer and the (untied) embeddings allocated;
+6. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
+
+A multimodal checkpoint's vision tower (component ``other`` before the first layer) has optimizer
+states and flat-buffer space but no gradient in a text-only step. **Allocator blocks**: every
+tensor is counted as the CUDA caching allocator's block for it (:func:`runtime.cuda_block_bytes`:
+512-B multiples; tensors of 10 MiB or more in 2-MiB segments, unsplit when 1 MiB or less would be
+left over): per parameter for weights, param.grad and torch optimizer states, once for each flat
+buffer (DeepSpeed's and Megatron's masters, states and gradient buffers), per saved tensor for
+activations. These model states and activations are remembered per what they depend on
+(:func:`_remembered`): the planner estimates thousands of setups of one model.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from memest.devices import Device
 from memest.estimate import runtime
 from memest.estimate.activations import (
     Execution,
-    LayerActivations,
     LoraActivations,
     backward_transient,
     embedding_bytes,
@@ -73,13 +101,16 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
+from memest.estimate.hf_prefill import DEFAULT_CODE, FORWARD_CODE
+from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
-from memest.estimate.weights import SCHEMES, weight_bytes
-from memest.result import ALLOCATED_KINDS, Estimate, Kind, RankEstimate, Term
+from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
+from memest.result import Estimate, Kind, RankEstimate, Term
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import (
     AttnImplementation,
     Framework,
+    LoraConfig,
     Loss,
     Method,
     Offload,
@@ -152,13 +183,77 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
             continue
         ranks.append(RankEstimate(label, terms, 1))
         peaks.append(moment)
-    worst = max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
+    worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=_assumptions(spec, t, fw, peaks[worst]),
                     host_bytes=_host_bytes(spec, t, device), extra=extra)
 
 
 # ---- what trains ----
+
+
+@dataclass(frozen=True, slots=True)
+class _GradGroups:
+    """The trained tensors of a stage, as backward produces their gradients.
+
+    Attributes:
+        used: Those the step computes a gradient for: all but a multimodal checkpoint's vision
+            tower and projector (component ``other`` before the first layer), which a text-only
+            step never runs (their optimizer states and flat buffers still exist).
+        head: Made first, by the lm_head's backward: the final norm, lm_head, and the embedding when
+            tied to it.
+        first: The stage's first layer (one of its kind), made last but the embedding's.
+        embedding: The untied embeddings (first stage), made last.
+    """
+
+    used: list[tuple[TensorSpec, int, int]]
+    head: list[tuple[TensorSpec, int, int]]
+    first: list[tuple[TensorSpec, int, int]]
+    embedding: list[tuple[TensorSpec, int, int]]
+
+
+def _grad_groups(spec: ModelSpec, stage: Stage, trainable: list[tuple[TensorSpec, int, int]]) -> _GradGroups:
+    unused = {id(tn) for tn in spec.embedding if tn.component is Component.OTHER} if stage.first else set()
+    head = {id(tn) for tn in spec.head} if stage.last else set()
+    embedding = {id(tn) for tn in spec.embedding if tn.component is not Component.OTHER} if stage.first else set()
+    if spec.tie_word_embeddings and stage.last:
+        head |= embedding
+        embedding = set()
+    first = {id(tn) for tn in spec.layers[stage.start].tensors}
+    used = [item for item in trainable if id(item[0]) not in unused]
+    return _GradGroups(
+        used=used,
+        head=[item for item in used if id(item[0]) in head],
+        first=[(tn, local, 1) for tn, local, _ in used if id(tn) in first],
+        embedding=[item for item in used if id(item[0]) in embedding],
+    )
+
+
+def _param_grads(st: _States, groups: _GradGroups, gb: int) -> None:
+    """param.grad of every used tensor (one block each), of the head's, and of all but the first layer's
+    and the embeddings' (what exists when the backward reaches the stage's first layer)."""
+    st.lazy_grads = _blocks(groups.used, gb)
+    st.head_grads = _blocks(groups.head, gb)
+    st.grads_before_first_layer = st.lazy_grads - _blocks(groups.first, gb) - _blocks(groups.embedding, gb)
+
+
+def _blocks(items: list[tuple[TensorSpec, int, int]], itemsize: int, shard: int = 1) -> int:
+    """Bytes of one tensor per (tensor, local elements, count) item at ``itemsize`` B per element (each
+    ``shard``-th of it), as the CUDA caching allocator counts them (:func:`runtime.cuda_block_bytes`)."""
+    return sum(cuda_block_bytes(math.ceil(local * itemsize / shard)) * count for _, local, count in items)
+
+
+_HEADS: dict[int, tuple[ModelSpec, frozenset[int]]] = {}
+
+
+def _head_tensors(spec: ModelSpec) -> frozenset[int]:
+    """ids of the head's tensors (final norm, lm_head), remembered per spec."""
+    hit = _HEADS.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_HEADS) > 256:
+            _HEADS.clear()
+        hit = _HEADS[id(spec)] = (spec, frozenset(id(tn) for tn in spec.head))
+    return hit[1]
 
 
 def targets_of(targets: str) -> tuple[frozenset[str], bool]:
@@ -177,7 +272,9 @@ def attention_targets(spec: ModelSpec) -> frozenset[str]:
                      if tn.component is Component.ATTENTION and tn.is_linear_weight)
 
 
-def _targeted(tensor: TensorSpec, targets: str) -> bool:
+def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
+    """True when ``--lora-targets`` puts an adapter on this layer tensor: a 2-D linear weight of the
+    attention (``attention``), of any block (``all-linear``), or of a named module."""
     if not (tensor.is_linear_weight and len(tensor.shape) == 2):
         return False
     names, all_linear = targets_of(targets)
@@ -186,6 +283,51 @@ def _targeted(tensor: TensorSpec, targets: str) -> bool:
     if targets == "attention":
         return tensor.component is Component.ATTENTION
     return tensor.module.rsplit(".", 1)[-1] in names
+
+
+_targeted = lora_targets_tensor  # the name memest.calibration imports
+
+
+def target_names(spec: ModelSpec, targets: str) -> frozenset[str]:
+    """Module names (the last component) LoRA adapts for ``--lora-targets``: the named ones, the
+    attention projections (``attention``) or every linear of the layers (``all-linear``)."""
+    names, all_linear = targets_of(targets)
+    if targets == "attention":
+        return attention_targets(spec)
+    if all_linear:
+        return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
+                         if tn.is_linear_weight and len(tn.shape) == 2)
+    return names
+
+
+_ADAPTERS: dict[tuple, tuple[ModelSpec, tuple[tuple[TensorSpec, int, int], ...]]] = {}
+
+
+def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> list[tuple[TensorSpec, int, int]]:
+    """(targeted weight, adapter elements on one rank, count) of a pipeline stage (remembered).
+
+    PEFT matches ``target_modules`` by module name anywhere in the model: besides the layers' linears
+    it adapts same-named linears outside them (a multimodal checkpoint's vision tower ``q_proj``),
+    whose adapters are trained (they get optimizer states and fp32 gradient buffers) though a
+    text-only step never runs them. ``all-linear`` takes the layers' linears.
+    """
+    key = (id(spec), stage, lora.rank, lora.targets, tp)
+    hit = _ADAPTERS.get(key)
+    if hit is not None and hit[0] is spec:
+        return list(hit[1])
+    names = target_names(spec, lora.targets)
+    out: list[tuple[TensorSpec, int, int]] = []
+    for tn, count in stage_tensors(spec, stage):
+        if len(tn.shape) != 2 or not tn.name.endswith("weight"):
+            continue
+        layer_linear = tn.is_linear_weight
+        outside = tn.component is Component.OTHER and lora.targets != "all-linear"
+        if (layer_linear or outside) and tn.module.rsplit(".", 1)[-1] in names:
+            out.append((tn, lora_adapter_numel(tn, lora.rank, tp), count))
+    if len(_ADAPTERS) > 4096:
+        _ADAPTERS.clear()
+    _ADAPTERS[key] = (spec, tuple(out))
+    return out
 
 
 def lora_adapter_numel(tensor: TensorSpec, rank: int, tp: int) -> int:
@@ -241,9 +383,26 @@ class _States:
     lazy_grads: int = 0
     lazy_formula: str = ""
     head_grads: int = 0
+    grads_before_first_layer: int = 0
+    grads_through_forward: bool = False
     persistent: list[Term] = field(default_factory=list)
-    backward_buffers: list[Term] = field(default_factory=list)
+    backward_buffers: list[Term] = field(default_factory=list)  # from backward's start (DeepSpeed's reduce bucket)
+    layer_buffers: list[Term] = field(default_factory=list)  # while a layer runs its backward (FSDP's grads)
+    reduce_input: list[Term] = field(default_factory=list)  # FSDP: the previous unit's reduce-scatter input
     gathered: list[Term] = field(default_factory=list)
+    gathered_unit: int = 0  # FSDP: one layer unit gathered at the compute dtype (how many are alive: per moment)
+    gathered_formula: str = ""
+    stream_pool: int = 0  # reserved, never allocated on the compute stream (FSDP's all-gather outputs)
+    stream_pool_formula: str = ""
+    # the terms built once from the sizes above (_finish_states): the moments assemble them
+    base: list[Term] = field(default_factory=list)
+    dequantized: list[Term] = field(default_factory=list)
+    grads_all: Term | None = None
+    grads_later: Term | None = None
+    grads_head: Term | None = None
+    gathered_running: list[Term] = field(default_factory=list)
+    gathered_loss: list[Term] = field(default_factory=list)
+    gathered_first: list[Term] = field(default_factory=list)
     step: list[Term] = field(default_factory=list)
     trainable_numel: int = 0
 
@@ -256,129 +415,216 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     z = par.zero_stage
     tensors = stage_tensors(spec, stage)
     st = _States()
+    shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
+    offloaded = t.offload is not Offload.NONE
+    # DeepSpeed's optimizers keep an fp32 master (one flat tensor per partition) of whatever trains,
+    # and its FusedAdam two flat states: BF16_Optimizer at ZeRO 0 (bf16), the ZeRO optimizers at 1-3
+    flat = fw in (Framework.DEEPSPEED, Framework.MEGATRON)
 
     if t.method is Method.FULL:
         trainable = [(tn, shard_numel(tn, par, k), c) for tn, c in tensors]
-        weights = sum(local * c for _, local, c in trainable) * recipe.weight
+        if shard_w == 1:
+            weights = _blocks(trainable, recipe.weight)
+        elif fw is Framework.FSDP:  # FSDP2 shards every parameter on its own
+            weights = _blocks(trainable, recipe.weight, shard_w)
+        else:  # DeepSpeed ZeRO-3: one flat partition
+            weights = cuda_block_bytes(math.ceil(sum(local * c for _, local, c in trainable) * recipe.weight / shard_w))
         st.weights_formula = f"P_stage x {recipe.weight} B"
         wb, gb = recipe.weight, recipe.grad
         master_b, state_b = recipe.master, recipe.state
     else:
-        adapters = [(tn, lora_adapter_numel(tn, t.lora.rank, par.tp), c) for tn, c in tensors
-                    if _targeted(tn, t.lora.targets)]
-        trainable = adapters
+        trainable = lora_adapters(spec, stage, t.lora, par.tp)
         if t.method is Method.LORA:
-            weights = weight_bytes(tensors, par, k, dtype_bytes=recipe.weight)
+            base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c
+                       for tn, c in tensors)
             st.weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
         else:
             other = 4 if t.prepare_kbit_training else recipe.compute
-            weights = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
+            base = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
             st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + other weights x {other} B"
                                   + " (prepare_model_for_kbit_training)" * t.prepare_kbit_training + " + fp32 adapters")
-        weights += sum(local * c for _, local, c in adapters) * ADAPTER_BYTES
+        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ADAPTER_BYTES) / shard_w)
         wb = gb = ADAPTER_BYTES
-        master_b, state_b = 0, 4
+        # the DeepSpeed optimizers' fp32 master copies the (fp32) adapters too
+        master_b, state_b = (4 if flat and recipe.master else 0), 4
     numel = sum(local * c for _, local, c in trainable)
     st.trainable_numel = numel
-    opt_b = optimizer_bytes(trainable, t.optimizer, state_b)
-    head_numel = sum(local for tn, local, _ in trainable if tn in set(spec.head)) if stage.last else 0
+    groups = _grad_groups(spec, stage, trainable)
+    head_numel = sum(local * c for _, local, c in groups.head)
 
-    shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
     # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
     bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
     shard_o = n if z >= 1 or bf16_optimizer else 1
-    offloaded = t.offload is not Offload.NONE
-    st.weights = 0 if t.offload is Offload.PARAMS else math.ceil(weights / shard_w)
+    st.weights = 0 if t.offload is Offload.PARAMS else weights
     if shard_w > 1:
         st.weights_formula += f" / {n} (sharded)"
-    st.master = 0 if offloaded else math.ceil(numel * master_b / shard_o)
-    st.moments = 0 if offloaded else math.ceil(opt_b / shard_o)
+    st.master = 0 if offloaded else cuda_block_bytes(math.ceil(numel * master_b / shard_o))
+    if offloaded:
+        st.moments = 0
+    elif flat and t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED):  # FusedAdam on the flat master
+        st.moments = 2 * cuda_block_bytes(math.ceil(numel * state_b / shard_o))
+    elif t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED) and (shard_o == 1 or fw is Framework.FSDP):
+        # torch AdamW: exp_avg and exp_avg_sq of every parameter (FSDP2: of every parameter's shard)
+        st.moments = 2 * _blocks(trainable, state_b, shard_o)
+    else:
+        st.moments = math.ceil(optimizer_bytes(trainable, t.optimizer, state_b) / shard_o)
     c = recipe.compute
 
     if fw in (Framework.PYTORCH, Framework.DDP):
-        st.lazy_grads = numel * gb
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
-        st.head_grads = head_numel * gb
         if fw is Framework.DDP:
-            st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, numel * gb,
+            st.persistent.append(Term("gradients.ddp_buckets", Kind.GRADIENTS, cuda_block_bytes(numel * gb),
                                       f"P_trainable x {gb} B DDP gradient buckets"))
         st.step += _step_temporaries(spec, t, trainable, state_b, 1, fused=False)
     elif fw is Framework.MEGATRON:
-        st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, numel * 4, "P_trainable x 4 B fp32 main_grad buffer"))
+        st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
+                                  "P_trainable x 4 B fp32 main_grad buffer"))
     elif fw is Framework.DEEPSPEED:
-        _deepspeed_states(st, t, numel, n, z, gb, head_numel)
+        _deepspeed_states(st, t, trainable, groups, n, z, gb)
         if z >= 3:
             largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
             st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
                                     f"2 x largest layer unsharded x {recipe.weight} B (current + prefetched)"))
     elif fw is Framework.FSDP:
-        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b)
+        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b, groups)
+    _finish_states(st, spec, t, stage)
     return st
 
 
-def _deepspeed_states(st: _States, t: TrainingConfig, numel: int, n: int, z: int, gb: int, head_numel: int) -> None:
+_BYTES = operator.attrgetter("bytes")
+MOMENTS = ("layer_forward", "loss_forward", "loss_backward", "first_layer_backward", "last_layer_backward",
+           "optimizer_step")
+"""The moments of a step whose allocated bytes the estimate compares (module docstring)."""
+_NO_GRADS = Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
+
+
+def _finish_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage) -> None:
+    """The states' terms, built once (the states are remembered across setups)."""
+    par = t.parallelism
+    st.base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
+               Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
+               Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments,
+                    f"{t.optimizer.value} states" + _div(par)),
+               *st.persistent]
+    if spec.buffers:
+        st.base.append(Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
+                            " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
+                            + " (registered buffers)"))
+    if t.method is Method.QLORA:
+        st.dequantized = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)]
+    st.grads_all = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
+    st.grads_later = Term("gradients", Kind.GRADIENTS, st.grads_before_first_layer,
+                          st.lazy_formula + " but the first layer's and embeddings'")
+    st.grads_head = Term("gradients", Kind.GRADIENTS, st.head_grads, "the head's gradients, the first computed")
+
+    def gathered(units: int, why: str) -> list[Term]:
+        """FSDP2's gathered layer units alive at a moment (``units`` of them)."""
+        if not st.gathered_unit:
+            return []
+        return [Term("workspace.gathered_layers", Kind.WORKSPACE, units * st.gathered_unit,
+                     f"{units} x {st.gathered_formula} ({why})")]
+
+    st.gathered_running = [*st.gathered, *gathered(2, "the unit computed + the one prefetched")]
+    st.gathered_loss = [*st.gathered, *gathered(1, "the last layer's, prefetched for its backward")]
+    st.gathered_first = [*st.gathered, *gathered(1, "the unit computed; none left to prefetch")]
+
+
+_CUBLAS: dict[tuple[str, str, str], Term] = {}
+
+
+def _cublas(device: Device) -> Term:
+    """The cuBLAS workspace term of ``device`` (remembered per device kind)."""
+    key = (device.kind, device.vendor, device.arch)
+    term = _CUBLAS.get(key)
+    if term is None:
+        term = _CUBLAS[key] = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device),
+                                   "cuBLAS workspace")
+    return term
+
+
+def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]],
+                      groups: _GradGroups, n: int, z: int, gb: int) -> None:
     """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
+    numel = sum(local * c for _, local, c in trainable)
     offloaded = t.offload is not Offload.NONE
-    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, DEEPSPEED_REDUCE_BUCKET * gb,
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
                   f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
     if z == 0:
         if t.precision is Precision.MIXED:
-            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, numel * 4,
+            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
                                       "P_trainable x 4 B (BF16_Optimizer fp32 gradient buffer)"))
-        st.lazy_grads = numel * gb
+            # the engine does not zero bf16 grads after the step at ZeRO 0 (engine.py _take_model_step:
+            # ``pass``); BF16_Optimizer.backward clears them (clear_lp_grads) only when the next backward starts
+            st.grads_through_forward = True
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (param.grad before accumulation)"
-        st.head_grads = head_numel * gb
         return
     if z == 1:
         st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
-        st.lazy_grads = numel * gb
+        _param_grads(st, groups, gb)
         st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
-        st.head_grads = head_numel * gb
     elif z == 2:
         st.backward_buffers.append(bucket)
         if not offloaded:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
-            st.lazy_grads = math.ceil(numel * gb / n)
+            st.lazy_grads = st.grads_before_first_layer = cuda_block_bytes(math.ceil(numel * gb / n))
             st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
     else:
         st.persistent.append(bucket)
         if not offloaded:
-            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, math.ceil(numel * gb / n),
+            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(numel * gb / n)),
                                       f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"))
     if not offloaded:
-        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, math.ceil(numel * gb / n),
+        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * gb / n)),
                             f"P_trainable x {gb} B / {n} (flattened partition)"))
-        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, math.ceil(numel * 4 / n),
+        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * 4 / n)),
                             f"P_trainable x 4 B / {n} (single_grad_partition)"))
 
 
 def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, numel: int, n: int, z: int,
                  wb: int, gb: int, c: int, head_numel: int, trainable: list[tuple[TensorSpec, int, int]],
-                 state_b: int) -> None:
+                 state_b: int, groups: _GradGroups) -> None:
     """FSDP gathered units, sharded gradients and their reduce copies (module docstring, ``fsdp``)."""
     par = t.parallelism
     shard_g = n if z >= 2 else 1
-    st.lazy_grads = math.ceil(numel * gb / shard_g)
+    st.lazy_grads = _blocks(groups.used, gb, shard_g)  # FSDP2 shards each parameter's gradient
     st.lazy_formula = f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else "")
     st.head_grads = math.ceil(head_numel * gb / shard_g)
-    gather_b = c if t.precision is Precision.FSDP2 else wb
+    later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
+    st.grads_before_first_layer = math.ceil(later * gb / shard_g)  # units reduce-scatter as their backward ends
+    # the compute copies gathered: every weight (a LoRA base too) at its dtype, or FSDP2's param_dtype
+    gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
     largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+    root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
+    root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
+               if id(tn) in root_ids)
+    if z >= 2:
+        # FSDP2 allocates each unit's all-gather output on its all-gather copy-in stream (implicit prefetch,
+        # _fsdp_collectives.py foreach_all_gather) and keeps it until the next unit's copy-out; the CUDA
+        # caching allocator reuses a stream's cached blocks only for that stream, so that pool stays
+        # reserved beside the compute stream's: the root's output and a layer's, at the gather dtype
+        st.stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(largest * gather_b)
+        st.stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
+                                  "in the all-gather stream's pool")
     if z >= 3:
-        root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
-                   if tn in set(spec.embedding) or tn in set(spec.head))
         st.gathered.append(Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
                                 f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"))
-        st.gathered.append(Term("workspace.gathered_layers", Kind.WORKSPACE, 2 * largest * gather_b,
-                                f"2 x largest layer unsharded x {gather_b} B (current + prefetched unit)"))
+        st.gathered_unit = largest * gather_b
+        st.gathered_formula = f"largest layer unsharded x {gather_b} B"
     elif z == 2:
         total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
         st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,
                                 f"P_stage unsharded x {gather_b} B (SHARD_GRAD_OP keeps them from forward to backward)"))
     if z >= 2:
         unit = largest if t.method is Method.FULL else 0
-        st.backward_buffers.append(Term("workspace.unsharded_grads", Kind.WORKSPACE, unit * (gather_b + gb),
-                                        f"largest layer x ({gather_b} + {gb}) B (its gradients and their reduce copy)"))
+        st.layer_buffers.append(Term("workspace.unsharded_grads", Kind.WORKSPACE, unit * gather_b,
+                                     f"largest layer x {gather_b} B (the unit's unsharded gradients)"))
+        # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
+        # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+        st.reduce_input.append(Term("workspace.reduce_scatter_input", Kind.WORKSPACE, unit * gb,
+                                    f"largest layer x {gb} B (the previous unit's reduce-scatter input)"))
     st.step += _step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)
 
 
@@ -387,10 +633,9 @@ def _step_temporaries(spec: ModelSpec, t: TrainingConfig, trainable: list[tuple[
     """Temporaries of torch optimizers during their step."""
     if fused or t.offload is not Offload.NONE or not trainable:
         return []
-    numel = sum(local * c for _, local, c in trainable)
     largest = max(local for _, local, _ in trainable)
     if t.optimizer is Optimizer.ADAMW:
-        return [Term("workspace.optimizer_step", Kind.WORKSPACE, math.ceil(numel * state_b / shard),
+        return [Term("workspace.optimizer_step", Kind.WORKSPACE, _blocks(trainable, state_b, shard),
                      f"P_trainable x {state_b} B" + (f" / {shard}" if shard > 1 else "") + " (foreach sqrt of exp_avg_sq)")]
     if t.optimizer is Optimizer.ADAFACTOR:
         return [Term("workspace.optimizer_step", Kind.WORKSPACE, 2 * largest * 4,
@@ -421,8 +666,12 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
             names = attention_targets(spec)
         lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
                                dropout=t.lora.dropout)
-    eager = t.attn_implementation == AttnImplementation.EAGER
+    # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
+    eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
+    # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
+    routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
+                     routing_bytes=routing,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 
@@ -434,12 +683,18 @@ class _Activations:
     stored: Term            # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
     head: Term | None       # embeddings, final norm and lm_head input
     logits: Term | None     # at the loss backward
+    logits_forward: Term | None  # inside the forward's loss
     rebuilt: Term | None    # one layer rebuilt under recompute (during its backward)
-    transient: Term         # one layer's backward gradients
-    first_layer: Term       # what one layer (layer 0 of the stage) keeps, for the last_layer_backward moment
+    transient: Term         # one layer's backward gradients (the layer the first_layer_backward moment is in)
+    first_layer: Term       # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
+    first_transient: Term   # that layer's backward gradients
     other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
     autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
     autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
+    layer_forward: Term | None       # a layer's forward beyond the stored activations (recompute, eager softmax)
+    embedding: Term | None           # the embeddings' part of ``head`` (what exists before the final norm)
+    masks: Term | None               # eager attention's materialized causal masks (during the forward, and
+                                     # through the backward under recompute: the checkpoints keep them)
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
@@ -458,29 +713,49 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     selective = t.recompute is Recompute.SELECTIVE
 
     stored = 0.0
-    rebuilt = 0.0
-    transient = 0.0
-    first = 0.0
+    rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
+    first = first_rebuilt = first_back = last_back = 0.0
+    forward = 0.0
     kinds = spec.layer_kinds(stage.start, stage.stop)
-    first_layer = spec.layers[stage.start]
+    first_layer, last_layer = spec.layers[stage.start], spec.layers[stage.stop - 1]
+    # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
+    frozen_input = stage.first and x.lora is not None
     for layer, count in kinds:
         s = _seq_for(layer, t) // par.cp
         tokens = b * s
-        full = layer_activations(layer, hidden=h, seq_len=s * par.cp if x.eager else s, x=x, selective=selective)
-        per_layer = full.per_rank(tp, sp) * tokens
-        back = backward_transient(layer, seq_len=s * par.cp, x=x).per_rank(tp, sp) * tokens
+        eager_len = s * par.cp if x.eager else s
+        full = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective)
+        per_layer = full.block_bytes(tokens, tp, sp)
+        back = backward_transient(layer, seq_len=s * par.cp, x=x, hidden=h).block_bytes(tokens, tp, sp)
         if t.recompute is Recompute.FULL:
-            kept = x.stream_bytes * h / (tp if sp else 1) * tokens
+            kept = cuda_block_bytes(math.ceil(x.stream_bytes * h / (tp if sp else 1) * tokens))
         elif t.recompute is Recompute.SELECTIVE_OP:
-            kept = selective_op_bytes(layer, hidden=h, x=x).per_rank(tp, sp) * tokens
+            kept = selective_op_bytes(layer, hidden=h, x=x).block_bytes(tokens, tp, sp)
         else:
             kept = per_layer
         stored += kept * count
-        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-            rebuilt = max(rebuilt, per_layer)
-        transient = max(transient, back)
-        if layer == first_layer:
+        if layer is first_layer:
             first = kept
+            if frozen_input and t.recompute is Recompute.NONE:
+                first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
+                                          input_grad=False).block_bytes(tokens, tp, sp)
+                stored += first - kept
+        extra = full.forward_extra * tokens / (tp if sp else 1)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            # the recomputation's own temporaries, before the layer's backward proper
+            back = max(back, full.recompute_extra * tokens / (tp if sp else 1))
+            if per_layer + back > rebuilt + transient:
+                rebuilt, transient = per_layer, back
+            # a checkpointed layer's forward drops what it would save; its largest block is alive at once
+            forward = max(forward, (full.forward_working + x.stream_bytes * h) * tokens / (tp if sp else 1))
+        elif extra:  # eager attention's softmax in the stage's last layer, its later tensors not made yet
+            forward = max(forward, extra - full.after_scores * tokens / (tp if sp else 1))
+        if layer is first_layer:
+            first_rebuilt, first_back = per_layer, back
+        if layer is last_layer:
+            last_back = back
+    if t.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        transient = last_back  # the backward starts with the stage's last layer
     micro = "" if in_flight == 1 else f" x {in_flight} in flight"
     if t.recompute is Recompute.FULL:
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
@@ -493,13 +768,18 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
                            f"sum over layers of saved bytes/token x b x s{micro}")
     rebuilt_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(rebuilt),
                         "one layer's saved tensors, rebuilt in backward") if rebuilt else None
-    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient),
-                          "one layer's backward gradients: max(MLP (2 gated | 1) x i x c, eager (c + 4) x a x s) x b x s")
-    first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
+    back_formula = "one layer's backward gradients: output gradient + max(MLP, post-norm, eager scores) x b x s"
+    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient), back_formula)
+    first_back_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(first_back), back_formula)
+    if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        first_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(first_rebuilt),
+                          "the stage's first layer's saved tensors, rebuilt in backward")
+    else:
+        first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
     others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
                   f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
 
-    head_bytes = 0.0
+    head_bytes = emb_bytes = 0.0
     head_parts: list[str] = []
     tokens_first = b * t.seq_len // par.cp
     if stage.first:
@@ -507,8 +787,9 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         emb = embedding_bytes(has_norm, h, x) / (tp if sp else 1) * tokens_first
         if emb:
             head_bytes += emb
+            emb_bytes = emb
             head_parts.append("embedding norm/dropout")
-    logits_term = None
+    logits_term = logits_fwd = None
     if stage.last:
         lm = spec.task in ("causal_lm", "seq2seq", "masked_lm")
         out_len = t.target_len if spec.task == "seq2seq" and t.target_len is not None else t.seq_len
@@ -520,8 +801,11 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
             head_parts.append("final norm and lm_head input")
         if lm:
             logits_term = _logits(spec, t, fw, x, tokens_out)
+            logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
     head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
+    embedding_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(emb_bytes * in_flight),
+                          "embedding norm/dropout x b x s") if emb_bytes else None
     cast_all = cast_layer = None
     if x.autocast:
         def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
@@ -537,8 +821,27 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
                         f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
         cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
-    return _Activations(stored_term, head_term, logits_term, rebuilt_term, transient_term, first_term, others,
-                        cast_all, cast_layer)
+    forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
+                        "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
+                        "scores and their fp32 copy at the softmax") if forward > 0 else None
+    return _Activations(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term,
+                        first_back_term, others,
+                        cast_all, cast_layer, forward_term, embedding_term, _eager_masks(kinds, x, t, par))
+
+
+def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: TrainingConfig,
+                 par: Parallelism) -> Term | None:
+    """transformers' eager attention reads a materialized (b, 1, s, s) additive mask in the compute
+    dtype, one per kind of attention (full, sliding window): ``masking_utils.create_causal_mask`` /
+    ``create_sliding_window_causal_mask`` in the model's forward."""
+    windows = {layer.attention.sliding_window for layer, _ in kinds
+               if layer.attention.kind == "gqa" and x.eager}
+    if not windows:
+        return None
+    s = t.seq_len // par.cp
+    nbytes = len(windows) * cuda_block_bytes(t.micro_batch_size * s * t.seq_len * x.compute_bytes)
+    return Term("activations.attention_masks", Kind.ACTIVATIONS, nbytes,
+                f"{len(windows)} x b x s x s x {x.compute_bytes} B (eager attention's causal masks)")
 
 
 def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
@@ -555,6 +858,22 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     else:
         per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
     return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term | None:
+    """The logits inside the forward's loss, on one rank, where they differ from the backward's.
+
+    transformers ``ForCausalLMLoss`` (``loss/loss_utils.py``): the c-byte logits, ``logits.float()``
+    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. None for the other
+    losses (their backward term is used).
+    """
+    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
+        return None
+    v = math.ceil(spec.vocab_size / t.parallelism.tp)
+    c = x.compute_bytes
+    per = c + (4 if c < 4 else 0) + 4
+    return Term("logits", Kind.LOGITS, tokens * per * v,
+                f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")
 
 
 # ---- moments ----
@@ -574,46 +893,97 @@ def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | N
     return _moments(spec, t, resolve_framework(t), device, stage)
 
 
-def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
-    st = _model_states(spec, t, fw, stage)
-    acts = _activations(spec, t, fw, stage)
-    par = t.parallelism
+_STATES: dict[tuple, tuple[ModelSpec, _States]] = {}
+_ACTIVATIONS: dict[tuple, tuple[ModelSpec, _Activations]] = {}
+_REMEMBERED_LIMIT = 1 << 14
 
-    base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
-            Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
-            Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments, f"{t.optimizer.value} states" + _div(par)),
-            *st.persistent,
-            Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")]
-    matmul = [_dequantized(spec, stage, par, RECIPES[t.precision].compute)] if t.method is Method.QLORA else []
+
+def _remembered(cache: dict, spec: ModelSpec, key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``, remembered per (spec, key): the planner estimates thousands of setups of one model, most of
+    which share their model states or their activations. The entry keeps its spec alive, so its id cannot
+    be reused while the entry exists (and a hit checks the identity). The values are never mutated."""
+    full = (id(spec), *key)
+    hit = cache.get(full)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    value = make()
+    if len(cache) >= _REMEMBERED_LIMIT:
+        cache.clear()
+    cache[full] = (spec, value)
+    return value
+
+
+def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
+    return {name: _kept(terms) for name, terms in _build_moments(spec, t, fw, device, stage)[0].items()}
+
+
+def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
+                   stage: Stage) -> tuple[dict[str, list[Term]], _States]:
+    """Every moment's allocated terms, and the model states they were built from."""
+    trains_adapters = t.method is not Method.FULL
+    # the model states do not depend on the batch, the sequence or recompute; the activations not on the
+    # optimizer, offload or the ZeRO sharding: each is remembered per what it depends on
+    st = _remembered(_STATES, spec, (stage, fw, t.method, t.precision, t.optimizer, t.offload, t.parallelism,
+                                     t.lora if trains_adapters else None, t.prepare_kbit_training),
+                     lambda: _model_states(spec, t, fw, stage))
+    par = t.parallelism
+    acts = _remembered(_ACTIVATIONS, spec, (stage, fw, t.method, t.precision, t.micro_batch_size, t.seq_len,
+                                            t.target_len, t.grad_accum_steps, t.recompute, t.attn_implementation,
+                                            t.loss, t.lora if trains_adapters else None, t.prepare_kbit_training,
+                                            par.tp, par.pp, par.cp, par.sequence_parallel),
+                       lambda: _activations(spec, t, fw, stage))
+    base = [*st.base, _cublas(device)]
+    matmul = st.dequantized
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
-    all_grads = Term("gradients", Kind.GRADIENTS, st.lazy_grads, st.lazy_formula)
-    fwd_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
-    head_grads = all_grads if grads_in_forward else Term("gradients", Kind.GRADIENTS, st.head_grads,
-                                                         "the head's gradients, the first computed")
+    all_grads = st.grads_all
+    later_grads = all_grads if grads_in_forward else st.grads_later
+    fwd_grads = all_grads if grads_in_forward else _NO_GRADS
+    head_grads = all_grads if grads_in_forward else st.grads_head
     casts = [acts.autocast_weights] if acts.autocast_weights else []
     head = [acts.head] if acts.head else []
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
-    last = [acts.first_layer] if not acts.rebuilt else rebuilt
+    last = [acts.first_layer]
+    fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
+    masks = [acts.masks] if acts.masks else []
+    rebuilt_masks = masks if acts.rebuilt else []
     out = {
-        "loss_backward": [*base, fwd_grads, *st.gathered, *st.backward_buffers, acts.stored, *head, *casts,
+        "layer_forward": [*base, fwd_all, *st.gathered_running, acts.stored, *([acts.embedding] if acts.embedding else []),
+                          *casts, *masks,
+                          *([acts.layer_forward] if acts.layer_forward else [])],
+        "loss_forward": [*base, fwd_all, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
+        "loss_backward": [*base, fwd_grads, *st.gathered_loss,
+                          *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
-        "first_layer_backward": [*base, head_grads, *st.gathered, *st.backward_buffers, acts.stored, *rebuilt,
+        "first_layer_backward": [*base, head_grads, *st.gathered_running, *st.backward_buffers, *st.layer_buffers,
+                                 acts.stored, *rebuilt,
+                                 *rebuilt_masks,
                                  acts.transient, *matmul, *casts],
-        "last_layer_backward": [*base, all_grads, *st.gathered, *st.backward_buffers, *last, acts.transient, *matmul,
+        "last_layer_backward": [*base, later_grads, *st.gathered_first,
+                                *st.backward_buffers, *st.layer_buffers, *st.reduce_input, *last,
+                                *rebuilt_masks,
+                                acts.first_transient, *matmul,
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
         "optimizer_step": [*base, all_grads, *st.step],
     }
-    return {name: [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS] for name, terms in out.items()}
+    return out, st
+
+
+def _kept(terms: list[Term]) -> list[Term]:
+    """A moment's terms without the empty ones (the weights are always shown)."""
+    return [m for m in terms if m.bytes or m.kind is Kind.WEIGHTS]
 
 
 def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> tuple[tuple[Term, ...], str]:
     """The terms of the moment that sets the peak, with the allocator and runtime terms, and its name."""
-    candidates = _moments(spec, t, fw, device, stage)
-    name = max(candidates, key=lambda m: _allocated(candidates[m]))
-    chosen = list(candidates[name])
-    allocated = _allocated(chosen)
+    candidates, st = _build_moments(spec, t, fw, device, stage)
+    # a moment holds allocated kinds only: its bytes are its peak allocated
+    name = max(candidates, key=lambda m: sum(map(_BYTES, candidates[m])))
+    chosen = _kept(candidates[name])
+    allocated = sum(map(_BYTES, chosen))
     slack = runtime.allocator_slack(device)
     chosen.append(Term("allocator", Kind.ALLOCATOR, round(allocated * slack), f"{slack:.0%} of peak allocated"))
+    if st.stream_pool:
+        chosen.append(Term("allocator.all_gather_stream", Kind.ALLOCATOR, st.stream_pool, st.stream_pool_formula))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
     if t.parallelism.world_size > 1:
         chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
@@ -633,10 +1003,6 @@ def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Ter
                 f"largest linear weight x {c} B (bitsandbytes dequantize_4bit for the matmul)")
 
 
-def _allocated(terms: list[Term]) -> int:
-    return sum(x.bytes for x in terms if x.kind in ALLOCATED_KINDS)
-
-
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     """Host RAM per node for offloaded states: fp32 master, optimizer states and fp32 gradients
     (and 16-bit parameters with ``--offload params``), for the ranks of one node."""
@@ -645,7 +1011,7 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     recipe = RECIPES[t.precision]
     p = spec.num_params if t.method is Method.FULL else 0
     if t.method is not Method.FULL:
-        p = sum(lora_adapter_numel(tn, t.lora.rank, 1) * c for tn, c in spec.tensors() if _targeted(tn, t.lora.targets))
+        p = sum(local * c for stage in stages(spec.num_layers, 1) for _, local, c in lora_adapters(spec, stage, t.lora, 1))
     if t.optimizer is Optimizer.ADAFACTOR:
         states = 4.0
     else:
@@ -658,22 +1024,45 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     return math.ceil(p * per_param / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
 
 
+_ASSUMPTIONS: dict[tuple, tuple[str, ...]] = {}
+
+
 def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
+    """What the estimate assumed (remembered per the settings the sentences depend on)."""
+    too_long = bool(spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings)
+    key = (spec.model_type, spec.sdpa_supported, too_long and t.seq_len, spec.max_position_embeddings, moment, fw,
+           t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
+           t.optimizer)
+    hit = _ASSUMPTIONS.get(key)
+    if hit is not None:
+        return hit
     out = [
-        f"peak moment: {moment} (of loss_backward, first_layer_backward, last_layer_backward, optimizer_step)",
+        f"peak moment: {moment} (of {', '.join(MOMENTS)})",
         f"framework {fw.value}" + (" (auto)" if t.framework is Framework.AUTO else "")
         + f"; precision recipe {t.precision.value}: {RECIPES[t.precision]}",
         "steady state (step >= 2): optimizer states allocated",
+        ("each tensor in its own CUDA caching-allocator block (512 B multiples; 2 MiB segments of tensors from "
+         "10 MiB on, unsplit when 1 MiB or less is left)"),
     ]
-    if t.attn_implementation != AttnImplementation.EAGER:
+    if not spec.sdpa_supported:
+        out.append(f"eager attention: transformers has no SDPA path for {spec.model_type}; the s x s scores are stored")
+    elif t.attn_implementation != AttnImplementation.EAGER:
         out.append("flash / SDPA attention: no s x s scores stored; K and V kept at num_kv_heads")
-    if spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings:
+    if too_long:
         out.append(f"seq_len {t.seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
     if t.method is not Method.FULL:
-        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states")
+        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
+                   "the first layer's input needs no gradient (PEFT enables input gradients only under "
+                   "gradient checkpointing turned on before get_peft_model)")
+        if fw is Framework.DEEPSPEED:
+            out.append("DeepSpeed keeps an fp32 master of the fp32 adapters (a real engine casts the module to "
+                       "16 bits first: adapters, their gradients and input copies then halve)")
     if t.method is Method.QLORA:
         out.append("QLoRA base: NF4 linear weights (double quantization); other weights "
                    + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))
     if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
-    return tuple(out)
+    if len(_ASSUMPTIONS) > 4096:
+        _ASSUMPTIONS.clear()
+    result = _ASSUMPTIONS[key] = tuple(out)
+    return result

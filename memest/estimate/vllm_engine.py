@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import runtime
+from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.weights import QuantScheme, tensor_bytes
 from memest.spec import LayerSpec, ModelSpec, TensorSpec
 from memest.workload import ENGINE_VERSIONS, Parallelism
@@ -319,27 +320,6 @@ _MERGED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "ga
            "up_proj": "gate_up_proj", "q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
 """Projections vLLM allocates as one tensor (``QKVParallelLinear``, ``MergedColumnParallelLinear``;
 DeepSeek's ``fused_qkv_a_proj`` when q_lora_rank is set)."""
-
-SMALL_SIZE = 1 << 20
-MIN_LARGE_ALLOC = 10 << 20
-ROUND_LARGE = 2 << 20
-
-
-def cuda_block_bytes(nbytes: int) -> int:
-    """Bytes PyTorch's CUDA caching allocator counts as allocated for one fresh tensor.
-
-    ``c10/cuda/CUDACachingAllocator.cpp``: sizes round up to 512 B; a request of 10 MiB or more
-    gets its own segment rounded up to 2 MiB (``kRoundLarge``), and the remainder is split off only
-    when it exceeds 1 MiB (``kSmallSize``, ``shouldSplit``) — otherwise the whole segment is the
-    block. vLLM's 'Model loading took' is this sum (``max_memory_allocated`` before and after):
-    e.g. Qwen2.5-7B's 129.5 MiB ``down_proj`` counts as 130 MiB.
-    """
-    size = max(512, -(-nbytes // 512) * 512)
-    if size < MIN_LARGE_ALLOC:
-        return size
-    segment = -(-size // ROUND_LARGE) * ROUND_LARGE
-    return size if segment - size > SMALL_SIZE else segment
-
 
 def _allocation_key(t: TensorSpec) -> str:
     module, _, param = t.name.rpartition(".")

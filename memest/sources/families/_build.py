@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable
 from memest.sources.config import HFConfig
 from memest.spec import (
     AttentionSpec,
+    BufferSpec,
     Component,
     LayerSpec,
     ModelSpec,
@@ -311,6 +312,8 @@ def model_spec(
     max_position_embeddings: int | None,
     task: TaskKind = "causal_lm",
     notes: tuple[str, ...] = (),
+    buffers: tuple[BufferSpec, ...] = (),
+    final_logit_softcapping: bool = False,
     sdpa_supported: bool = True,
 ) -> ModelSpec:
     """Assemble a ModelSpec with the identity fields every adapter fills the same way."""
@@ -332,6 +335,8 @@ def model_spec(
         notes=notes,
         hidden_dropout=dropout_of(cfg, HIDDEN_DROPOUT_KEYS),
         attention_dropout=dropout_of(cfg, ATTENTION_DROPOUT_KEYS),
+        buffers=buffers,
+        final_logit_softcapping=final_logit_softcapping,
         sdpa_supported=sdpa_supported,
     )
 

@@ -35,7 +35,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         *plain_mlp(h, 4 * h, names=("dense_h_to_4h", "dense_4h_to_h")),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d, rope="none", alibi=True),
         mlp=MLPSpec(gated=False, intermediate_size=4 * h, activation="gelu"),
         norm="layer",
         tensors=tensors,

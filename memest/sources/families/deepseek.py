@@ -132,6 +132,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         q_lora_rank=q_lora_rank,
         kv_lora_rank=kv_lora_rank,
         qk_rope_head_dim=rope,
+        rope="concat",
     )
     attention_tensors = mla_tensors(
         h,

@@ -37,6 +37,7 @@ _DEFAULTS: dict[str, object] = {
     "ffn_hidden_size": None,
     "activation": "gelu",
     "tie_word_embeddings": True,
+    "alibi": False,
 }
 _LEGACY = {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers"}
 
@@ -75,10 +76,12 @@ def build(cfg: HFConfig) -> ModelSpec:
         *norms,
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, kv_broadcast=new_arch),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, kv_broadcast=new_arch,
+                                rope="none" if cfg.bool("alibi") else "rotate"),
         mlp=MLPSpec(gated=False, intermediate_size=ffn, activation=cfg.str("activation")),
         norm="layer",
         parallel_residual=new_arch or parallel,
+        parallel_norms=2 if parallel and num_ln == 2 else 1,
         tensors=tensors,
     )
     tied = cfg.bool("tie_word_embeddings")

@@ -53,6 +53,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "num_key_value_heads": 4,
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
     },
     "gemma3_text": {
         **_TEXT_DEFAULTS,
@@ -64,6 +66,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
         "use_bidirectional_attention": False,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
     },
 }
 _GEMMA3_DEFAULTS: dict[str, object] = {"tie_word_embeddings": True}
@@ -97,8 +101,14 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm_tensors, *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
+        final_logit_softcapping=_softcapped(cfg, "final_logit_softcapping"),
         sdpa_supported=model_type != "gemma2",  # Gemma2Attention: logit soft-capping, eager only
     )
+
+
+def _softcapped(cfg: HFConfig, key: str) -> bool:
+    """True when the config sets a soft-capping value under ``key`` (gemma has none)."""
+    return cfg.get(key, default=None) is not None
 
 
 def _text_model(
@@ -147,10 +157,13 @@ def _text_model(
             window,
             lambda: LayerSpec(
                 attention=AttentionSpec(
-                    num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, causal=not bidirectional
+                    num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, causal=not bidirectional,
+                    qk_norm="head" if model_type == "gemma3_text" else "none",
+                    logit_softcapping=_softcapped(cfg, "attn_logit_softcapping"),
                 ),
                 mlp=mlp,
-                norm="rms",
+                norm="rms_fp32",
+                norm_position="sandwich" if four_norms else "pre",
                 tensors=tensors,
             ),
         )
@@ -184,6 +197,7 @@ def _build_gemma3(cfg: HFConfig) -> ModelSpec:
         head=[*norm_tensors, *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=text.int("max_position_embeddings"),
+        final_logit_softcapping=_softcapped(text, "final_logit_softcapping"),
         notes=("the SigLIP vision tower and multimodal projector are counted in 'embedding' (component other)",),
     )
 

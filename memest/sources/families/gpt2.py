@@ -25,7 +25,7 @@ from memest.sources.families._build import (
     norm,
     token_embedding,
 )
-from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
+from memest.spec import AttentionSpec, BufferSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 _ALIASES = {
     "hidden_size": "n_embd",
@@ -42,6 +42,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "activation_function": "gelu_new",
         "add_cross_attention": False,
         "tie_word_embeddings": True,
+        "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1,
     },
     "gpt_bigcode": {
         "vocab_size": 50257,
@@ -51,6 +53,8 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "multi_query": True,
         "add_cross_attention": False,
         "tie_word_embeddings": True,
+        "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1,
     },
 }
 
@@ -95,7 +99,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         *proj("mlp.c_proj", inner, h, MLP, Split.ROW),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, cross_attention=cross),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, cross_attention=cross, rope="none"),
         mlp=MLPSpec(gated=False, intermediate_size=inner, activation=cfg.str("activation_function")),
         norm="layer",
         tensors=tensors,
@@ -113,7 +117,17 @@ def build(cfg: HFConfig) -> ModelSpec:
         head=[*norm("transformer.ln_f", h, bias=True), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
         max_position_embeddings=positions,
+        buffers=_buffers(model_type, positions),
     )
+
+
+def _buffers(model_type: str, positions: int) -> tuple[BufferSpec, ...]:
+    """GPT-BigCode's causal mask: ``GPTBigCodeModel.__init__`` keeps ``self.bias = nn.Buffer(torch.tril(
+    torch.ones((n_positions, n_positions), dtype=torch.bool)), persistent=False)`` (transformers 5.24
+    ``modeling_gpt_bigcode.py``): allocated with the model on every device, 64 MiB at 8192 positions."""
+    if model_type != "gpt_bigcode":
+        return ()
+    return (BufferSpec("transformer.bias", (positions, positions), itemsize=1),)
 
 
 def _linear(name: str, in_features: int, out_features: int, component: Component, split: Split) -> list[TensorSpec]:

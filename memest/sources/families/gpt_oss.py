@@ -73,7 +73,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     mlp = MLPSpec(
         gated=True,
         intermediate_size=i,
-        activation=cfg.str("hidden_act"),
+        activation="swiglu_limit",  # GptOssExperts._apply_gate hard-codes it (hidden_act is unused)
         num_experts=num_experts,
         num_experts_per_tok=cfg.int("num_experts_per_tok"),
     )
@@ -84,7 +84,9 @@ def build(cfg: HFConfig) -> ModelSpec:
             kinds,
             w,
             lambda: LayerSpec(
-                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w),
+                # rotary by chunk + cat; the sinks join an eager softmax (no SDPA path: sdpa_supported)
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=w, rope="concat",
+                                        sinks=True),
                 mlp=mlp,
                 norm="rms",
                 tensors=tensors,

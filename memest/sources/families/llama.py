@@ -127,7 +127,8 @@ def build(cfg: HFConfig) -> ModelSpec:
             kinds,
             window,
             lambda: LayerSpec(
-                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window,
+                                        qk_norm="head" if qk_norm else "none"),
                 mlp=mlp,
                 norm="rms",
                 tensors=tensors,

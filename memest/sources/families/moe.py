@@ -169,7 +169,8 @@ def build(cfg: HFConfig) -> ModelSpec:
             kinds,
             (moe, window),
             lambda: LayerSpec(
-                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window),
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window,
+                                        qk_norm="head" if qk_norm else "none"),
                 mlp=moe_mlp if moe else dense_mlp,
                 norm="rms",
                 tensors=(*attention_tensors, *(moe_tensors if moe else gated_mlp(h, dense_i)), *norms),

@@ -42,10 +42,11 @@ def build(cfg: HFConfig) -> ModelSpec:
         *plain_mlp(h, i, names=("dense_h_to_4h", "dense_4h_to_h")),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d, rope="concat"),
         mlp=MLPSpec(gated=False, intermediate_size=i, activation=cfg.str("hidden_act")),
         norm="layer",
         parallel_residual=cfg.bool("use_parallel_residual"),
+        parallel_norms=2,
         tensors=tensors,
     )
     tied = cfg.bool("tie_word_embeddings")

@@ -50,9 +50,10 @@ def build(cfg: HFConfig) -> ModelSpec:
         *norm("post_feedforward_layernorm", h),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, qk_norm="full"),
         mlp=MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act")),
-        norm="rms",
+        norm="rms_fp32",
+        norm_position="post",
         tensors=tensors,
     )
     tied = cfg.bool("tie_word_embeddings")

@@ -28,6 +28,8 @@ _DEFAULTS: dict[str, object] = {
     "enable_bias": True,
     "layer_norm_elementwise_affine": True,
     "tie_word_embeddings": True,
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
 }
 
 
@@ -58,7 +60,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         *layer_norm("final_layer_norm"),
     )
     layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d),
+        attention=AttentionSpec(num_heads=a, num_kv_heads=a, head_dim=d, rope="none"),
         mlp=MLPSpec(gated=False, intermediate_size=ffn, activation=cfg.str("activation_function")),
         norm="layer",
         tensors=tensors,

@@ -81,7 +81,11 @@ def build(cfg: HFConfig) -> ModelSpec:
     num_layers = cfg.int("num_hidden_layers")
     activation = cfg.str("hidden_act")
     window = None if model_type == "phi" else cfg.int("sliding_window", default=None)
-    attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window)
+    # phi (partial rotary) and phi3 (Phi3's apply_rotary_pos_emb) concatenate the rotated and passed parts
+    rope = "rotate" if model_type == "phimoe" else "concat"
+    qk_norm = "head" if model_type == "phi" and cfg.bool("qk_layernorm") else "none"
+    attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window, rope=rope,
+                              qk_norm=qk_norm)
     tied = cfg.bool("tie_word_embeddings")
 
     if model_type == "phi":
