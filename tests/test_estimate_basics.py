@@ -132,3 +132,35 @@ def test_weights_served_as_the_checkpoint_dtype_and_quantized(tiny):
     linear, rows = 2 * 36_864, 2 * 512
     int8 = estimate(tiny, ServingConfig(max_model_len=64, quantization="int8"), H100).per_device.term("weights").bytes
     assert int8 == linear * 1 + rows * 4 + (TINY_PARAMS - linear) * 2
+
+
+TINY_MOE = {
+    "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}
+# routed experts per layer: gate_up (4 experts x 2*128 x 64) + down (4 x 64 x 128) = 65,536 + 32,768 = 98,304
+EXPERTS_PER_LAYER = 4 * 256 * 64 + 4 * 64 * 128
+
+
+@pytest.mark.parametrize(("par", "expected"), [
+    (Parallelism(), EXPERTS_PER_LAYER),
+    (Parallelism(tp=2), EXPERTS_PER_LAYER // 2),  # each expert split column/row-wise
+    # EP over data-parallel ranks (Megatron): 4 experts / ep 4 = 1 whole expert per rank
+    (Parallelism(dp=4, ep=4), EXPERTS_PER_LAYER // 4),
+    # ep 2 over dp 2, each of the 2 experts split by tp 2: a quarter per rank
+    (Parallelism(tp=2, dp=2, ep=2), EXPERTS_PER_LAYER // 4),
+    # vLLM's EP = TP x DP: ep 4 across the 4 tensor-parallel ranks, whole experts, not split again by tp
+    (Parallelism(tp=4, ep=4), EXPERTS_PER_LAYER // 4),
+    # ep 2 reaching into tp 4 (ep > dp): the experts are spread over all 4 ranks, not divided by 2 x 4
+    (Parallelism(tp=4, ep=2), EXPERTS_PER_LAYER // 4),
+], ids=["none", "tp2", "dp4-ep4", "tp2-dp2-ep2", "tp4-ep4", "tp4-ep2"])
+def test_expert_parallel_shards(par, expected):
+    from memest.estimate.sharding import shard_numel
+    from memest.spec import Component
+
+    spec = spec_from_config(HFConfig(TINY_MOE, name="tiny-moe", source="test"))
+    layer = spec.layers[0]
+    experts = [t for t in layer.tensors if t.component is Component.EXPERTS]
+    assert sum(t.numel for t in experts) == EXPERTS_PER_LAYER
+    assert sum(shard_numel(t, par, spec.num_kv_heads) for t in experts) == expected

@@ -3,11 +3,13 @@
 Tensor parallelism follows Megatron-LM / vLLM: column- and row-parallel weights are divided by
 tp; KV projections by min(tp, num_kv_heads) (replicated beyond, vLLM ``QKVParallelLinear``);
 vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-parallel biases
-are replicated. Routed experts are divided by ep, then by tp along their split. Pipeline stages
+are replicated. Routed experts: with ep <= dp x cp (expert parallelism over data-parallel ranks,
+Megatron-LM) each rank holds E/ep experts, each split by tp along its split; with ep > dp x cp
+(vLLM's EP = TP x DP) whole experts are spread over all tp x dp x cp ranks. Pipeline stages
 take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
 
 Stage splits, each stage's tensor list and each tensor's shard size are computed once and
-remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, k)): the planner estimates
+remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, dp x cp, k)): the planner estimates
 thousands of setups of one model, and none of these change. The values are the same as before.
 """
 
@@ -73,21 +75,27 @@ def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
         par: The parallel degrees (tp and ep are used).
         num_kv_heads: k, to split KV projections by min(tp, k).
     """
-    key = (id(tensor), par.tp, par.ep, num_kv_heads)
+    data = par.dp * par.cp
+    key = (id(tensor), par.tp, par.ep, data, num_kv_heads)
     hit = _SHARDS.get(key)
     if hit is not None and hit[0] is tensor:
         return hit[1]
-    numel = _shard_numel(tensor, par.tp, par.ep, num_kv_heads)
+    numel = _shard_numel(tensor, par.tp, par.ep, data, num_kv_heads)
     if len(_SHARDS) >= _SHARDS_LIMIT:
         _SHARDS.clear()
     _SHARDS[key] = (tensor, numel)
     return numel
 
 
-def _shard_numel(tensor: TensorSpec, tp: int, ep: int, num_kv_heads: int) -> int:
+def _shard_numel(tensor: TensorSpec, tp: int, ep: int, data: int, num_kv_heads: int) -> int:
     numel = tensor.numel
     if tensor.component is Component.EXPERTS and ep > 1:
-        numel //= ep
+        if ep > data:
+            # expert parallelism reaches into the tensor-parallel ranks (vLLM's EP = TP x DP; Megatron-core
+            # with expert_tensor_parallel_size = tp x dp x cp / ep): the routed experts are spread over
+            # all tp x dp x cp ranks of the stage, whole experts, no further TP split
+            return math.ceil(numel / (tp * data))
+        numel //= ep  # EP over data-parallel ranks (Megatron): E/ep experts, each TP-split below
     if tp == 1 or tensor.split is Split.NONE:
         return numel
     if tensor.split is Split.KV:

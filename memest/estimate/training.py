@@ -1032,7 +1032,7 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
     too_long = bool(spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings)
     key = (spec.model_type, spec.sdpa_supported, too_long and t.seq_len, spec.max_position_embeddings, moment, fw,
            t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
-           t.optimizer)
+           t.optimizer, t.parallelism.ep > 1 and t.parallelism.zero_stage > 0)
     hit = _ASSUMPTIONS.get(key)
     if hit is not None:
         return hit
@@ -1062,6 +1062,10 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
                    + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))
     if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
+    if t.parallelism.ep > 1 and t.parallelism.zero_stage > 0:
+        out.append("expert parallelism: routed experts' gradients and optimizer states are sharded over all dp x cp "
+                   "ranks like dense ones; Megatron shards them over the expert-data-parallel group (dp x cp / ep), "
+                   "so those terms can be up to ep times higher")
     if len(_ASSUMPTIONS) > 4096:
         _ASSUMPTIONS.clear()
     result = _ASSUMPTIONS[key] = tuple(out)
