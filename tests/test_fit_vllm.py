@@ -91,3 +91,21 @@ def test_cli_says_headroom_is_not_applied_to_vllm() -> None:
     assert doc["usable_bytes"] == H100.memory_bytes
     text = CliRunner().invoke(app, [*args, "--batch-size", "58"], env={"COLUMNS": "400"}).output
     assert "FITS" in text and "--headroom 10% not applied" in text
+
+
+def test_encoder_only_model_needs_no_kv_pool():
+    # BERT keeps no KV cache: vLLM needs no pool for it, so 0.41 GiB of weights fit an H100 and the
+    # scheduler's max_num_seqs (1024 on >= 70 GiB devices) bounds the requests, not the pool.
+    from memest.devices import get_device
+    from memest.estimate import estimate
+    from memest.fit import verdict
+    from memest.sources import load_model
+    from memest.workload import ServingConfig
+
+    spec = load_model("google-bert/bert-base-uncased")
+    device = get_device("H100-80GB")
+    est = estimate(spec, ServingConfig(batch_size=64), device)
+    assert est.serving.kv_cache_bytes_per_token == 0
+    assert est.serving.largest_concurrency == 1024
+    assert verdict(est, device, 1, 0.10).fits
+    assert "weights.rope_cache" not in {t.name for t in est.terms}  # learned positions: no rotary cache

@@ -82,6 +82,12 @@ def rope_cache_bytes(spec: ModelSpec, c: float) -> int:
     return math.ceil((spec.max_position_embeddings or 0) * rotary * c)
 
 
+def _rope_cache_block(spec: ModelSpec, c: float) -> int:
+    """The rotary cache as the caching allocator holds it (none for models without rotary positions)."""
+    raw = rope_cache_bytes(spec, c)
+    return vllm_engine.cuda_block_bytes(raw) if raw else 0
+
+
 def stage_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
     """Weights one rank of ``stage`` holds as served (quantized formats, TP shards, checkpoint
     scale from ``--exact-weights``)."""
@@ -141,7 +147,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     for stage in stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
         layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
-        weights = _vllm_weight_bytes(spec, s, stage) + vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, c))
+        weights = _vllm_weight_bytes(spec, s, stage) + _rope_cache_block(spec, c)
         peak = vllm_engine.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
                                         device=device)
@@ -157,7 +163,7 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     need = s.batch_size * r.layout.request_bytes(max_len, mnbt)
     scheme, _ = serving_weight_layout(spec, s.quantization)
     stored = stage_weight_bytes(spec, s, r.stage)
-    rope = vllm_engine.cuda_block_bytes(rope_cache_bytes(spec, compute_bytes(spec, s)))
+    rope = _rope_cache_block(spec, compute_bytes(spec, s))
     terms = [
         Term("weights", Kind.WEIGHTS, stored,
              f"stage parameters / tp at {weight_dtype(spec, s)}" + (f", {scheme.name} linear weights" if scheme else "")),
@@ -341,7 +347,10 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
                                        s.max_num_seqs).max_num_batched_tokens
     r = _engine_blocks(ranks)
     per = r.layout.blocks_per_request(max_model_len, mnbt)
-    return r.num_blocks // per if per else 0
+    if not per:  # no KV cache at all (encoder-only models): the scheduler's max_num_seqs is the limit
+        return vllm_engine.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
+                                           s.max_num_seqs).max_num_seqs if r.budget.available > 0 else 0
+    return r.num_blocks // per
 
 
 def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
