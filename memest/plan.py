@@ -742,7 +742,11 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
 
 def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float) -> Recommendation:
     """The cheapest fitting setup on ``device`` (from the count asked up to 64 times it), and the
-    cheapest lossless one, found by :func:`plan`."""
+    cheapest lossless one, found by :func:`plan`.
+
+    A lossless fit that costs no more per hour than the cheapest fit is the cheapest fit: a change
+    of method or numerics is never recommended to save only communication or disruption.
+    """
     count = workload.parallelism.world_size
     choice = DeviceChoice(device, max_count=count << MAX_DEVICE_DOUBLINGS, min_count=count)
     price = PriceTable.catalog().price(device)
@@ -756,7 +760,12 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
             return None
         return Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count, fit.estimate, fit.verdict)
 
-    return Recommendation(candidate(any_change), candidate(lossless), any_change.evaluated + lossless.evaluated)
+    lossless_fit = candidate(lossless)
+    cheapest = candidate(any_change)
+    if lossless.best is not None and (any_change.best is None or
+                                      lossless.best.setup.cost.usd_per_hour <= any_change.best.setup.cost.usd_per_hour):
+        cheapest = lossless_fit
+    return Recommendation(cheapest, lossless_fit, any_change.evaluated + lossless.evaluated)
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:

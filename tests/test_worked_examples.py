@@ -74,3 +74,18 @@ def test_llama2_70b_served_in_bf16():
     assert est.serving.kv_cache_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
     # one sequence of 4096 tokens (256 blocks of 16): 4096 x 327,680 = 1,342,177,280 B
     assert est.per_device.term("kv_cache").bytes == 4096 * 327_680
+
+
+def test_method_change_is_not_recommended_when_a_lossless_fit_costs_the_same():
+    # Llama-3.1-70B under Megatron (tp 8, distributed optimizer) on 64 H100s does not fit as asked;
+    # sequence parallelism + full recompute on the same 64 devices fits, so nothing that changes the
+    # method (QLoRA) or numerics may be the headline recommendation: it would save no money.
+    from memest.workload import Framework
+
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    workload = TrainingConfig(framework=Framework.MEGATRON, parallelism=Parallelism(tp=8, dp=8, zero_stage=1))
+    result = assess(spec, workload, get_device("H100-80GB"))
+    rec = result.recommendation
+    assert not result.verdict.fits and rec is not None and rec.lossless is not None
+    assert rec.lossless.devices == 64
+    assert rec.cheapest is rec.lossless
