@@ -5,6 +5,8 @@ Bytes become GiB through :func:`memest.report.gib`, as everywhere else. The JSON
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +117,32 @@ def to_dict(result: TraceResult, comparison: Comparison) -> dict[str, Any]:
     }
 
 
+def _comparable_estimate(cfg: HFConfig, workload: Workload, device: Device, estimate: Estimate, *,
+                         trust_remote_code: bool) -> tuple[Estimate, str]:
+    """The analytic estimate to set beside the trace: ZeRO-2/3 is traced as FSDP2, so a DeepSpeed
+    estimate is replaced by the FSDP estimate of the same job (and the note says so)."""
+    from memest.workload import Framework, TrainingConfig, resolve_framework
+
+    if not isinstance(workload, TrainingConfig) or workload.parallelism.zero_stage < 2:
+        return estimate, ""
+    if resolve_framework(workload) is not Framework.DEEPSPEED:
+        return estimate, ""
+    from memest.estimate import estimate as analytic
+    from memest.sources import spec_from_config
+
+    spec = spec_from_config(cfg, trust_remote_code=trust_remote_code)
+    fsdp = analytic(spec, workload.replace(framework=Framework.FSDP), device)
+    return fsdp, ("ZeRO-2/3 traced as FSDP2: compared with the analytic estimate for --framework fsdp "
+                  "(the DeepSpeed estimate above differs by its flat buffers and buckets)")
+
+
 def trace_for_cli(cfg: HFConfig, workload: Workload, device: Device, estimate: Estimate, *, trust_remote_code: bool,
                   plot: Path | None) -> tuple[TraceResult, Comparison]:
     """Trace, compare with ``estimate``, and write the timeline plot when asked."""
     result = run_with_progress(cfg, workload, device, trust_remote_code=trust_remote_code)
+    estimate, note = _comparable_estimate(cfg, workload, device, estimate, trust_remote_code=trust_remote_code)
+    if note:
+        result = dataclasses.replace(result, settings=(*result.settings, note))
     comparison = compare(result, estimate)
     if plot is not None:
         from memest.trace.plot import plot_timeline
