@@ -95,6 +95,7 @@ from memest.workload import (
     TrainingConfig,
     Workload,
     validate,
+    workload_notes,
 )
 
 __all__ = [
@@ -824,6 +825,8 @@ class Assessment:
         recommendation: The search's answer when it does not fit (None when it fits).
         fits_on: Catalog devices that fit at the same count (only without ``--gpu``).
         rules: Rules of thumb for comparison.
+        notes: What the user should know about the workload that the estimate does not show
+            (:func:`memest.workload.workload_notes`: a sequence beyond the trained length).
     """
 
     spec: ModelSpec
@@ -834,6 +837,7 @@ class Assessment:
     recommendation: Recommendation | None
     fits_on: tuple[Device, ...]
     rules: tuple[RuleOfThumb, ...]
+    notes: tuple[str, ...] = ()
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
@@ -849,4 +853,5 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     v = verdict(est, device, count, headroom)
     rec = recommend(spec, workload, device, headroom) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
-    return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)))
+    return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload))

@@ -196,7 +196,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "fits_on": [d.name for d in a.fits_on] if not a.device_given else None,
         "recommendation": None,
         "rules_of_thumb": [{"rule": r.name, "bytes": r.bytes} for r in a.rules],
-        "assumptions": list(est.assumptions),
+        "assumptions": [*est.assumptions, *a.notes],
         "confirm": CONFIRM,
     }
     if a.recommendation is not None:
@@ -216,26 +216,57 @@ def to_dict(a: Assessment) -> dict[str, Any]:
 
 
 def to_markdown(a: Assessment) -> str:
-    """The estimate table and verdict as GitHub Markdown."""
+    """The estimate table, verdict, band, serving summary and recommendation as GitHub Markdown:
+    what :func:`render` shows, less the rules of thumb."""
     per = a.estimate.per_device
     lines = [
         f"**{a.spec.name}** — {describe_model(a.spec)}  ",
         f"{describe_workload(a.workload)} · {a.verdict.count} × {a.verdict.device.name}",
         "",
-        "| term | kind | GiB | share |",
-        "|---|---|---:|---:|",
     ]
-    for name, kind, n, share, _ in rows(per):
-        lines.append(f"| {name} | {kind} | {n / GiB:,.2f} | {share:.1%} |")
-    lines += [
-        f"| **peak allocated** | | {per.allocated_bytes / GiB:,.2f} | |",
-        f"| **peak reserved** | | {per.reserved_bytes / GiB:,.2f} | |",
-        f"| **device used** | | {per.device_used_bytes / GiB:,.2f} | |",
-        "",
-        _verdict_line(a),
-    ]
-    lines += [f"  \n{text}" for text, _ in serving_lines(a)]
+    notes = [*a.spec.notes, *a.notes]
+    if notes:
+        lines += [f"> Note: {note}  " for note in notes] + [""]
+    ranks = a.estimate.ranks if len(a.estimate.ranks) > 1 else (per,)
+    for rank in ranks:
+        if len(ranks) > 1:
+            lines += [f"*{rank.label} (×{rank.count})*", ""]
+        lines += ["| term | kind | GiB | share |", "|---|---|---:|---:|"]
+        for name, kind, n, share, _ in rows(rank):
+            lines.append(f"| {name} | {kind} | {n / GiB:,.2f} | {share:.1%} |")
+        lines += [
+            f"| **peak allocated** | | {rank.allocated_bytes / GiB:,.2f} | |",
+            f"| **peak reserved** | | {rank.reserved_bytes / GiB:,.2f} | |",
+            f"| **device used** | | {rank.device_used_bytes / GiB:,.2f} | |",
+            "",
+        ]
+    summary = [f"**{_verdict_line(a)}**", _band_line(a)]
+    summary += [text for text, _ in serving_lines(a)]
+    if a.estimate.host_bytes:
+        summary.append(_host_line(a))
+    for label, flags, tail, _ in _recommendation_parts(a):
+        summary.append(f"**{label}:** `{flags}`{tail}" if label else tail)
+    if not a.device_given:
+        summary.append(_fits_on_line(a))
+    lines += [f"{text}  " for text in summary[:-1]] + summary[-1:]
     return "\n".join(lines) + "\n"
+
+
+def _band_line(a: Assessment) -> str:
+    per = a.estimate.per_device
+    return f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device"
+
+
+def _host_line(a: Assessment) -> str:
+    return f"host RAM for offloaded states: {gib(a.estimate.host_bytes)} per node"
+
+
+def _fits_on_line(a: Assessment) -> str:
+    """The catalog devices that fit at the same count (shown when no --gpu was given)."""
+    v = a.verdict
+    names = ", ".join(d.name for d in a.fits_on) or "none"
+    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+    return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
 def serving_lines(a: Assessment) -> list[tuple[str, str]]:
@@ -319,7 +350,7 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
                       f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
-    for note in spec.notes:
+    for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
     ranks = est.ranks if len(est.ranks) > 1 else (est.per_device,)
     for rank in ranks:
@@ -327,18 +358,15 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     per = est.per_device
     style = "bold green" if v.fits else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
-    parts.append(Text(f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device", style="dim"))
-    if est.serving is not None:
-        for line, style in serving_lines(a):
-            parts.append(Text(line, style=style))
+    parts.append(Text(_band_line(a), style="dim"))
+    for line, style in serving_lines(a):
+        parts.append(Text(line, style=style))
     if est.host_bytes:
-        parts.append(Text(f"host RAM for offloaded states: {gib(est.host_bytes)} per node"))
-    if a.recommendation is not None:
-        parts.extend(_recommendation_lines(a))
+        parts.append(Text(_host_line(a)))
+    for label, flags, tail, style in _recommendation_parts(a):
+        parts.append(Text.assemble((f"{label}: ", "bold"), (flags, "cyan"), tail) if label else Text(tail, style=style))
     if not a.device_given:
-        names = ", ".join(d.name for d in a.fits_on) or "none"
-        rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
-        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"))
+        parts.append(Text(_fits_on_line(a)))
     thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     thumbs.add_column("rule")
     thumbs.add_column("per device", justify="right")
@@ -375,26 +403,24 @@ def _table(rank: RankEstimate, *, explain: bool, title: str | None) -> Any:
     return table
 
 
-def _recommendation_lines(a: Assessment) -> list[Any]:
-    from rich.text import Text
-
+def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
+    """The recommendation as (label, flags, tail, style) lines; label and flags are empty for a
+    plain message (shown in ``style``)."""
     rec = a.recommendation
-    assert rec is not None
-    out = []
+    if rec is None:
+        return []
     if rec.cheapest is None:
-        out.append(Text(f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device (memest gpus).",
-                        style="yellow"))
-        return out
+        return [("", "", f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device "
+                 "(memest gpus).", "yellow")]
+    out = []
     for label, cand in (("Cheapest fit", rec.cheapest), ("Lossless fit", rec.lossless)):
         if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
             continue
-        out.append(Text.assemble(
-            (f"{label}: ", "bold"), (cand.flags or "(no change)", "cyan"),
-            f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}",
-        ))
+        out.append((label, cand.flags or "(no change)",
+                    f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}", ""))
     if rec.lossless is None:
-        out.append(Text("No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the search.",
-                        style="dim"))
+        out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "
+                    "search.", "dim"))
     return out
 
 
