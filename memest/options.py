@@ -12,6 +12,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
@@ -218,6 +219,14 @@ ENGINE_ONLY: dict[str, Engine] = {
 contiguous cache of prompt + new tokens)."""
 
 
+def _option_decls(name: str) -> tuple[str, ...]:
+    """The declarations of a workload option (``("--set-grads-to-none/--keep-grads",)``)."""
+    from typing import get_args
+
+    info = get_args(WORKLOAD_OPTIONS[name][0])[1]
+    return tuple(d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--"))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -316,6 +325,24 @@ class JobOptions:
         if not 0 <= h < 1:
             raise InputError(f"--headroom {h} must be in [0, 1), e.g. 0.1 for 10%")
         return float(h)
+
+    def given_flags(self) -> dict[str, str]:
+        """The workload flags that differ from their defaults, as ``memest hf`` would take them:
+        flag -> value (an empty value for a switch such as ``--train`` or ``--keep-grads``), in
+        :data:`WORKLOAD_OPTIONS` order."""
+        out: dict[str, str] = {}
+        for name in WORKLOAD_OPTIONS:
+            value = self.values[name]
+            if value is None or not _given(self.values, name):
+                continue
+            decls = _option_decls(name)
+            if isinstance(value, bool):
+                on, _, off = decls[0].partition("/")
+                if value or off:
+                    out[on if value else off] = ""
+                continue
+            out[decls[0]] = str(value.value if isinstance(value, Enum) else value)
+        return out
 
     def _training(self, spec: ModelSpec) -> TrainingConfig:
         """The training workload (``--train`` / ``--finetune``)."""

@@ -7,16 +7,17 @@ always labelled; parameter counts use decimal suffixes (B = 10^9).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 from memest import __version__
 from memest.maxfit import Largest
-from memest.plan import Assessment, Candidate, Fit, Plan, setup_flags
+from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
-from memest.workload import Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
 
 GiB = 1 << 30
 
@@ -60,8 +61,8 @@ def describe_model(spec: ModelSpec) -> str:
         f"{count(spec.num_params)} params",
         f"{spec.num_layers} layers",
         f"h {spec.hidden_size}",
-        f"{spec.num_heads} heads / {spec.num_kv_heads} KV",
-        f"head_dim {spec.head_dim}",
+        *((f"{spec.num_heads} heads / {spec.num_kv_heads} KV", f"head_dim {spec.head_dim}") if spec.num_heads
+          else ("no attention heads",)),
         f"V {spec.vocab_size:,}",
     ]
     if spec.num_experts:
@@ -531,8 +532,16 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
     }
 
 
-def plan_to_dict(p: Plan) -> dict[str, Any]:
-    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top)."""
+def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
+
+    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    fit has ``command``: the ``memest hf`` line that estimates it.
+    """
+    fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]
+    if given is not None:
+        for doc, f in zip(fits, p.fits):
+            doc["command"] = _fit_command(p, f, model, given)
     return {
         "memest_version": __version__,
         "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
@@ -548,7 +557,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
         "evaluated": p.evaluated,
         "setups": p.setups,
-        "fits": [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)],
+        "headroom_applied": _plan_headroom_applied(p),
+        "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
         "confirm": CONFIRM,
     }
@@ -578,20 +588,36 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+def _plan_headroom_applied(p: Plan) -> bool:
+    """Whether the plan's fit rule keeps --headroom free: as its verdicts say (vLLM's does not), else
+    as the workload's engine implies."""
+    if p.fits:
+        return any(f.verdict.headroom_applied for f in p.fits)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine is Engine.VLLM)
+
+
+def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:
+    return hf_command(model or p.spec.name, given, setup_flags(f.setup.workload, f.setup.count, p.workload,
+                                                               f.setup.device))
+
+
 def _plan_header(p: Plan) -> list[str]:
     par = p.workload.parallelism
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
+    rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
+            "vLLM's gpu_memory_utilization sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
-        f"{describe_workload(job)} · {p.headroom:.0%} headroom kept",
+        f"{describe_workload(job)} · {rule}",
         f"{_plural(len(p.space.devices), 'device type')} searched · {_plural(p.evaluated, 'setup')} estimated, "
         f"{p.setups:,} decided · ranked by $/h, then communication, then disruption",
     ]
 
 
-def render_plan(p: Plan, *, top: int = 10) -> Any:
-    """A rich renderable of a plan: the fitting setups, cheapest first."""
+def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapping[str, str] | None = None) -> Any:
+    """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
+    command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -612,9 +638,7 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
         for row in _plan_rows(p, top):
             table.add_row(*row)
         parts.append(table)
-        best = p.fits[0]
-        parts.append(Text.assemble(("Cheapest: ", "bold green"), "memest hf ", p.spec.name, " <your flags> ",
-                                   (setup_flags(best.setup.workload, best.setup.count, p.workload, best.setup.device), "cyan")))
+        parts.append(Text.assemble(("Cheapest: ", "bold green"), (_fit_command(p, p.fits[0], model, given or {}), "cyan")))
         if len(p.fits) > top:
             parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
         ctx = p.spec.max_position_embeddings
@@ -628,8 +652,9 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
     return Group(*parts)
 
 
-def plan_to_markdown(p: Plan, *, top: int = 10) -> str:
-    """The plan table as GitHub Markdown."""
+def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
+                     given: Mapping[str, str] | None = None) -> str:
+    """The plan table as GitHub Markdown, then the ``memest hf`` command of the cheapest fit."""
     lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
     lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
     for row, f in zip(_plan_rows(p, top), p.fits):
@@ -637,6 +662,8 @@ def plan_to_markdown(p: Plan, *, top: int = 10) -> str:
         lines.append("| " + " | ".join(row) + f" | `{flags}` |")
     if not p.fits:
         lines.append("| | nothing fits | | | | | | | |")
+    else:
+        lines += ["", f"Cheapest: `{_fit_command(p, p.fits[0], model, given or {})}`"]
     return "\n".join(lines) + "\n"
 
 
