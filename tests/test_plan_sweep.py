@@ -93,7 +93,7 @@ def test_plot_writes_an_image(tmp_path, suffix):
     if suffix == ".svg":
         text = data.decode()
         # vLLM's fit rule keeps no --headroom (gpu_memory_utilization is its share): the usable line says so
-        for label in ("kv cache", "weights", "H100-80GB capacity", "usable (vLLM: --headroom not applied",
+        for label in ("kv cache", "weights", "H100-80GB capacity", "usable (vLLM: headroom not applied",
                       "largest that fits"):
             assert label in text
         # 1024 sequences of 4k tokens (1024 x 4096 x 327,680 B / tp 4 = 320 GiB of KV cache alone) need more than
