@@ -135,11 +135,12 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
                                        "every device that fits).", panel=PAR)], None),
     "gpus": (Annotated[int, _opt("--gpus", help="Devices in the job (tp x pp x cp x dp).", panel=PAR)], 1),
-    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) (default: --gpus / (tp x pp x cp)).",
-                                      panel=PAR)], None),
+    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree: replicas of the model (training default: "
+                                      "--gpus / (tp x pp x cp); serving default: 1).", panel=PAR)], None),
     "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over (default: "
                                             "all dp x cp ranks).", panel=PAR)], None),
-    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / --pp).", panel=PAR)], None),
+    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / (pp x dp)).",
+                                      panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
     "ep": (Annotated[int, _opt("--ep", help="Expert-parallel degree (MoE).", panel=PAR)], 1),
@@ -154,8 +155,8 @@ SERVING_ONLY: dict[str, tuple[str, str]] = {
     "batch_size": ("concurrent sequences", "for training use --micro-batch-size"),
     "max_model_len": ("longest prompt + output", "for training use --seq-len"),
     "dtype": ("weight dtype of the served model", "for training use --precision"),
-    "quantization": ("weight quantization of the served model", "QLoRA's base is NF4 by definition: use --finetune "
-                     "qlora (bitsandbytes NF4, double quant) and drop --quantization"),
+    "quantization": ("weight quantization of the served model", "QLoRA's base is NF4 by definition (--finetune qlora: "
+                     "bitsandbytes NF4, double quant): drop --quantization"),
     "exact_weights": ("the checkpoint's stored weight bytes for serving", "drop it"),
     "kv_cache_dtype": ("KV-cache element type", "training keeps no KV cache: drop it"),
     "engine": ("the serving engine modelled", "drop it"),

@@ -417,8 +417,8 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
     for label, cand in (("Cheapest fit", rec.cheapest), ("Lossless fit", rec.lossless)):
         if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
             continue
-        out.append((label, cand.flags or "(no change)",
-                    f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}", ""))
+        tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
+        out.append((label, cand.flags or "(no change)", tail, ""))
     if rec.lossless is None:
         out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "
                     "search.", "dim"))
@@ -638,7 +638,8 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         for row in _plan_rows(p, top):
             table.add_row(*row)
         parts.append(table)
-        parts.append(Text.assemble(("Cheapest: ", "bold green"), (_fit_command(p, p.fits[0], model, given or {}), "cyan")))
+        command = _fit_command(p, p.fits[0], model, given or {})
+        parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
             parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
         ctx = p.spec.max_position_embeddings

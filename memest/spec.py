@@ -190,8 +190,8 @@ class AttentionSpec:
                               f"divisor of {a} (or drop it: it defaults to num_attention_heads)")
         if k and a % k:
             raise ConfigError(f"num_attention_heads ({a}) is not divisible by num_key_value_heads ({k}): each KV head "
-                              f"must serve the same number of query heads (vLLM refuses the config, transformers fails in repeat_kv); "
-                              f"set num_key_value_heads to a divisor of {a}")
+                              "must serve the same number of query heads (vLLM refuses the config, transformers fails "
+                              f"in repeat_kv); set num_key_value_heads to a divisor of {a}")
 
     @property
     def has_heads(self) -> bool:

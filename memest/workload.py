@@ -566,7 +566,7 @@ def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
         if not any(t.component is Component.ATTENTION and t.is_linear_weight and len(t.shape) == 2
                    for layer, _ in spec.layer_kinds() for t in layer.tensors):
             raise InputError(f"--lora-targets attention: {spec.name} has no attention projections; name its modules "
-                             f"instead (--lora-targets {','.join(known[:2]) or 'NAME'}; it has {choices}) or use all-linear")
+                             f"instead (it has {choices}) or use all-linear")
         return
     items = [x.strip() for x in targets.split(",")]
     if not any(items) or not all(items):

@@ -135,8 +135,8 @@ def plan_command(
                   allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
     ignored = ["--" + n.replace("_", "-") for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
     if ignored:
-        typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "
-                   "(limit devices with --gpus-available or --max-gpus).", err=True)
+        typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "
+                   "--gpus-available or --max-gpus; sequence parallelism is tried wherever tp > 1).", err=True)
     v = job.values  # the count is searched: give the job the fewest devices its cp x tp x pp allow
     if v["fsdp"] is FsdpStrategy.HYBRID_SHARD and v["dp_shard"] is None:
         raise InputError("plan with --fsdp hybrid_shard needs --dp-shard N (ranks per shard group, e.g. 8): "
