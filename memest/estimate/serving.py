@@ -230,7 +230,8 @@ def _estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimat
     out = []
     for r in ranks:
         label = "all ranks" if len(ranks) == 1 else f"pp stage {r.stage.index}"
-        out.append(RankEstimate(label, tuple(_vllm_terms(spec, s, device, r, version, mnbt)), s.parallelism.tp))
+        out.append(RankEstimate(label, tuple(_vllm_terms(spec, s, device, r, version, mnbt)),
+                                s.parallelism.world_size // s.parallelism.pp))
     summary = _vllm_summary(spec, s, device, ranks, mnbt)
     assumptions = (
         f"vLLM {version} start-up budget; max_num_batched_tokens {mnbt}, max_num_seqs {settings.max_num_seqs}",
