@@ -37,6 +37,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
+PIPE_WIDTH = 140
+"""Columns of tables and help text when stdout is not a terminal (a pipe, a file, CI logs)."""
+
 EXIT_UNEXPECTED = 1
 EXIT_INPUT = 2
 EXIT_NO_FIT = 3
@@ -53,10 +56,22 @@ PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced m
                                               ".pdf; implies --trace; needs matplotlib).", metavar="FILE")]
 
 
+def check_output_format(json_: bool, markdown: bool) -> None:
+    """Refuse ``--json`` with ``--markdown``: each replaces the table.
+
+    Raises:
+        InputError: both were given.
+    """
+    if json_ and markdown:
+        from memest.errors import InputError
+
+        raise InputError("choose one of --json, --markdown (both replace the table)")
+
+
 def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else 140)
+    return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 @app.command("hf")
@@ -73,6 +88,11 @@ def hf_command(
     job: JobOptions,
 ) -> None:
     """Estimate per-device memory for MODEL: terms, fit verdict and the cheapest change that fits."""
+    check_output_format(json_, markdown)
+    if plot is not None:
+        from memest.plot import plot_path
+
+        plot = plot_path(plot)
     from memest.plan import assess
     from memest.report import render, to_dict, to_markdown
     from memest.sources import load_config, spec_from_config
@@ -160,6 +180,10 @@ def main() -> None:
     Usage errors (unknown flag, bad choice) are typer's: usage on stderr, exit code 2.
     """
     debug = os.environ.get("MEMEST_DEBUG", "").strip() not in ("", "0")
+    if not sys.stdout.isatty():
+        # rich (typer's --help) sizes its console from COLUMNS, else 80 columns when not on a terminal,
+        # which cuts long option names (--attn-implementa…); give piped help the width of our tables
+        os.environ.setdefault("COLUMNS", str(PIPE_WIDTH))
     try:
         app()
     except MemestError as exc:

@@ -12,6 +12,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any
 
 import typer
@@ -35,6 +36,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    tp_head_problem,
 )
 
 TRAIN = "Training (--train / --finetune)"
@@ -133,11 +135,12 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
                                        "every device that fits).", panel=PAR)], None),
     "gpus": (Annotated[int, _opt("--gpus", help="Devices in the job (tp x pp x cp x dp).", panel=PAR)], 1),
-    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree (training) (default: --gpus / (tp x pp x cp)).",
-                                      panel=PAR)], None),
+    "dp": (Annotated[int | None, _opt("--dp", help="Data-parallel degree: replicas of the model (training default: "
+                                      "--gpus / (tp x pp x cp); serving default: 1).", panel=PAR)], None),
     "dp_shard": (Annotated[int | None, _opt("--dp-shard", help="Ranks ZeRO / FSDP states are sharded over (default: "
                                             "all dp x cp ranks).", panel=PAR)], None),
-    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / --pp).", panel=PAR)], None),
+    "tp": (Annotated[int | None, _opt("--tp", help="Tensor-parallel degree (serving default: --gpus / (pp x dp)).",
+                                      panel=PAR)], None),
     "pp": (Annotated[int, _opt("--pp", help="Pipeline-parallel degree.", panel=PAR)], 1),
     "cp": (Annotated[int, _opt("--cp", help="Context-parallel degree.", panel=PAR)], 1),
     "ep": (Annotated[int, _opt("--ep", help="Expert-parallel degree (MoE).", panel=PAR)], 1),
@@ -146,6 +149,126 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "headroom": (Annotated[float, _opt("--headroom", help="Share of device memory to keep free (not applied to vLLM: "
                                        "--gpu-memory-utilization sets its share).", panel=PAR)], 0.10),
 }
+
+
+SERVING_ONLY: dict[str, tuple[str, str]] = {
+    "batch_size": ("concurrent sequences", "for training use --micro-batch-size"),
+    "max_model_len": ("longest prompt + output", "for training use --seq-len"),
+    "dtype": ("weight dtype of the served model", "for training use --precision"),
+    "quantization": ("weight quantization of the served model", "QLoRA's base is NF4 by definition (--finetune qlora: "
+                     "bitsandbytes NF4, double quant): drop --quantization"),
+    "exact_weights": ("the checkpoint's stored weight bytes for serving", "drop it"),
+    "kv_cache_dtype": ("KV-cache element type", "training keeps no KV cache: drop it"),
+    "engine": ("the serving engine modelled", "drop it"),
+    "engine_version": ("the serving engine's version", "drop it"),
+    "prompt_len": ("prompt tokens of generate", "for training use --seq-len"),
+    "max_new_tokens": ("tokens generated", "for training use --seq-len"),
+    "gpu_memory_utilization": ("vLLM's share of device memory", "for training use --headroom"),
+    "max_num_batched_tokens": ("vLLM's tokens per forward", "drop it"),
+    "max_num_seqs": ("vLLM's sequences per forward", "drop it"),
+    "block_size": ("vLLM's paged-KV block", "drop it"),
+    "enforce_eager": ("vLLM without CUDA graphs", "drop it"),
+}
+"""Workload flags that only serving reads: option name -> (what it sets, the fix when training);
+the message reads "--batch-size is a serving flag (concurrent sequences); for training use
+--micro-batch-size"."""
+
+TRAINING_ONLY: dict[str, tuple[str, str]] = {
+    "micro_batch_size": ("sequences per device per forward", "for serving use --batch-size (concurrent sequences)"),
+    "seq_len": ("tokens per training sequence", "for serving use --max-model-len"),
+    "grad_accum_steps": ("micro-batches per optimizer step", "drop it"),
+    "precision": ("the training precision recipe", "for serving use --dtype"),
+    "optimizer": ("the optimizer's states", "serving has no optimizer: drop it"),
+    "recompute": ("activation checkpointing in backward", "drop it"),
+    "zero_stage": ("DeepSpeed ZeRO sharding of training states",
+                   "serving keeps whole weights on each replica: drop it"),
+    "offload": ("CPU offload of training states", "drop it"),
+    "lora_rank": ("LoRA adapters", "drop it"),
+    "lora_targets": ("LoRA adapters", "drop it"),
+    "lora_dropout": ("LoRA adapters", "drop it"),
+    "attn_implementation": ("the attention kernel's saved activations", "drop it"),
+    "loss": ("the training loss's logits", "drop it"),
+    "target_len": ("decoder tokens per training sequence", "for serving use --max-model-len"),
+    "framework": ("who runs the training step", "drop it"),
+    "fsdp": ("PyTorch FSDP sharding of training states", "drop it"),
+    "set_grads_to_none": ("gradients between steps", "drop --keep-grads"),
+    "prepare_kbit_training": ("QLoRA's fp32 upcast", "drop it"),
+    "dp_shard": ("ranks that shard ZeRO / FSDP states", "drop it"),
+    "cp": ("context parallelism of training", "for serving split the model with --tp / --pp"),
+    "sequence_parallel": ("Megatron sequence parallelism of training activations", "drop it"),
+}
+"""Workload flags that only training and fine-tuning read (same message form as :data:`SERVING_ONLY`)."""
+
+METHOD_ONLY: dict[str, tuple[Method, ...]] = {
+    "lora_rank": (Method.LORA, Method.QLORA),
+    "lora_targets": (Method.LORA, Method.QLORA),
+    "lora_dropout": (Method.LORA, Method.QLORA),
+    "prepare_kbit_training": (Method.QLORA,),
+}
+"""Training flags that only some methods read (--train trains every weight: no adapters)."""
+
+ENGINE_ONLY: dict[str, Engine] = {
+    "gpu_memory_utilization": Engine.VLLM,
+    "max_num_batched_tokens": Engine.VLLM,
+    "max_num_seqs": Engine.VLLM,
+    "block_size": Engine.VLLM,
+    "enforce_eager": Engine.VLLM,
+    "prompt_len": Engine.HF,
+    "max_new_tokens": Engine.HF,
+}
+"""Serving flags that only one engine reads (vLLM sizes a paged pool; transformers generate a
+contiguous cache of prompt + new tokens)."""
+
+
+def _option_decls(name: str) -> tuple[str, ...]:
+    """The declarations of a workload option (``("--set-grads-to-none/--keep-grads",)``)."""
+    from typing import get_args
+
+    info = get_args(WORKLOAD_OPTIONS[name][0])[1]
+    return tuple(d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--"))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _given(values: dict[str, Any], name: str) -> bool:
+    """True when a workload option differs from its default (was given on the command line)."""
+    return values[name] != WORKLOAD_OPTIONS[name][1]
+
+
+def _check_scope(values: dict[str, Any], mode: str) -> None:
+    """Refuse flags the chosen mode, method or engine would ignore (:data:`SERVING_ONLY`,
+    :data:`TRAINING_ONLY`, :data:`METHOD_ONLY`, :data:`ENGINE_ONLY`).
+
+    Raises:
+        InputError: such a flag differs from its default.
+    """
+    defaulted = not (values["train"] or values["finetune"] or values["serve"])
+    training = mode != "serve"
+    wrong = TRAINING_ONLY if not training else SERVING_ONLY
+    for name in WORKLOAD_OPTIONS:
+        if not _given(values, name):
+            continue
+        flag = _flag(name)
+        if name in wrong:
+            kind = "training" if wrong is TRAINING_ONLY else "serving"
+            what, fix = wrong[name]
+            if defaulted:  # serving because no mode was given
+                fix = f"add --train or --finetune (serving is the default), or {fix}"
+            raise InputError(f"{flag} is a {kind} flag ({what}); {fix}")
+        if training and name in METHOD_ONLY:
+            method = values["finetune"] or Method.FULL
+            if method not in METHOD_ONLY[name]:
+                needs = " or ".join(f"--finetune {m.value}" for m in METHOD_ONLY[name])
+                asked = "--train" if method is Method.FULL else f"--finetune {method.value}"
+                raise InputError(f"{flag} applies to {needs}, not {asked}; drop it")
+        if not training and name in ENGINE_ONLY:
+            engine = Engine(values["engine"])
+            if ENGINE_ONLY[name] is not engine:
+                other = ENGINE_ONLY[name].value
+                raise InputError(f"{flag} is a --engine {other} flag; --engine {engine.value} does not read it: "
+                                 f"drop it or pass --engine {other}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,18 +288,32 @@ class JobOptions:
         return self.values["revision"]
 
     @property
+    def gpu(self) -> str | None:
+        """The --gpu name as given, or None when it was not.
+
+        Raises:
+            InputError: an empty name (``--gpu ""``).
+        """
+        name = self.values["gpu"]
+        if name is not None and not name.strip():
+            raise InputError(f"--gpu {name!r} is empty; pass a device name such as H100 (see 'memest gpus'), or drop "
+                             f"--gpu for the default {DEFAULT_DEVICE}")
+        return name
+
+    @property
     def device(self) -> Device:
         """The --gpu device, or the default.
 
         Raises:
+            InputError: an empty name.
             UnknownDeviceError: unknown name.
         """
-        return get_device(self.values["gpu"] or DEFAULT_DEVICE)
+        return get_device(self.gpu or DEFAULT_DEVICE)
 
     @property
     def device_given(self) -> bool:
         """True when --gpu was passed."""
-        return self.values["gpu"] is not None
+        return self.gpu is not None
 
     @property
     def headroom(self) -> float:
@@ -189,6 +326,24 @@ class JobOptions:
         if not 0 <= h < 1:
             raise InputError(f"--headroom {h} must be in [0, 1), e.g. 0.1 for 10%")
         return float(h)
+
+    def given_flags(self) -> dict[str, str]:
+        """The workload flags that differ from their defaults, as ``memest hf`` would take them:
+        flag -> value (an empty value for a switch such as ``--train`` or ``--keep-grads``), in
+        :data:`WORKLOAD_OPTIONS` order."""
+        out: dict[str, str] = {}
+        for name in WORKLOAD_OPTIONS:
+            value = self.values[name]
+            if value is None or not _given(self.values, name):
+                continue
+            decls = _option_decls(name)
+            if isinstance(value, bool):
+                on, _, off = decls[0].partition("/")
+                if value or off:
+                    out[on if value else off] = ""
+                continue
+            out[decls[0]] = str(value.value if isinstance(value, Enum) else value)
+        return out
 
     def _training(self, spec: ModelSpec) -> TrainingConfig:
         """The training workload (``--train`` / ``--finetune``)."""
@@ -218,26 +373,25 @@ class JobOptions:
         """The workload for ``spec``.
 
         Raises:
-            InputError: conflicting modes, or --gpus not divisible by the parallel degrees.
+            InputError: conflicting modes, a flag the mode (method, engine) does not read, or
+                --gpus not divisible by the parallel degrees.
         """
         v = self.values
         modes = [m for m in ("train", "serve") if v[m]] + (["finetune"] if v["finetune"] else [])
         if len(modes) > 1:
             raise InputError(f"choose one of --train, --finetune, --serve (got {', '.join('--' + m for m in modes)})")
+        mode = modes[0] if modes else "serve"
+        _check_scope(v, mode)
         gpus, pp, cp = v["gpus"], v["pp"], v["cp"]
         for flag, value in (("--gpus", gpus), ("--pp", pp), ("--cp", cp), ("--ep", v["ep"])):
             if value < 1:
                 raise InputError(f"{flag} is {value}; it must be at least 1")
-        if v["tp"] is not None and v["tp"] < 1:
-            raise InputError(f"--tp is {v['tp']}; it must be at least 1")
-        if modes and modes[0] in ("train", "finetune"):
+        for flag, value in (("--tp", v["tp"]), ("--dp", v["dp"])):
+            if value is not None and value < 1:
+                raise InputError(f"{flag} is {value}; it must be at least 1")
+        if mode != "serve":
             return self._training(spec)
-        if gpus % (pp * cp):
-            raise InputError(f"--gpus {gpus} is not divisible by --pp {pp}; use a multiple of {pp}")
-        tp = v["tp"] if v["tp"] is not None else gpus // pp
-        if gpus % (tp * pp):
-            raise InputError(f"--gpus {gpus} is not divisible by tp x pp = {tp * pp}; use a multiple of {tp * pp}")
-        par = Parallelism(tp=tp, pp=pp, dp=gpus // (tp * pp), ep=v["ep"])
+        par = _serving_parallelism(v, spec)
         max_len = v["max_model_len"]
         if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
             max_len = v["prompt_len"] + v["max_new_tokens"]
@@ -266,6 +420,37 @@ class JobOptions:
         )
 
 
+def _serving_parallelism(v: dict[str, Any], spec: ModelSpec) -> Parallelism:
+    """Serving degrees from --gpus, --tp, --pp and --dp: gpus = tp x pp x dp. Without --tp, tp is
+    what --gpus leaves after pp x dp (vLLM ``tensor_parallel_size``; dp = 1 unless --dp is given).
+
+    Raises:
+        InputError: --gpus not divisible by pp x dp, or not tp x pp x dp; a default tp that cannot
+            split the heads (the message names the default and suggests --tp / --dp).
+    """
+    gpus, pp, dp, tp = v["gpus"], v["pp"], v["dp"], v["tp"]
+    if tp is None:
+        group = pp * (dp or 1)
+        if gpus % group:
+            what = "pp x dp" if dp is not None else "--pp"
+            raise InputError(f"--gpus {gpus} is not divisible by {what} = {group}; use a multiple of {group} "
+                             "(--gpus = tp x pp x dp)")
+        tp = gpus // group
+        problem = tp_head_problem(spec, tp)
+        if problem:
+            ok = max(t for t in range(1, gpus // pp + 1) if (gpus // pp) % t == 0 and tp_head_problem(spec, t) is None)
+            raise InputError(f"--gpus {gpus} serves with tensor parallelism {tp} by default (gpus / (pp x dp)), which "
+                             f"{problem[0]}; pass --tp and --dp, e.g. --tp {ok} --dp {gpus // (pp * ok)}")
+        dp = dp or 1
+    elif dp is None:
+        if gpus % (tp * pp):
+            raise InputError(f"--gpus {gpus} is not divisible by tp x pp = {tp * pp}; use a multiple of {tp * pp}")
+        dp = gpus // (tp * pp)
+    elif gpus != tp * pp * dp:
+        raise InputError(f"--gpus {gpus} is not tp x pp x dp = {tp * pp * dp}; pass --gpus {tp * pp * dp} or drop --dp")
+    return Parallelism(tp=tp, pp=pp, dp=dp, ep=v["ep"])
+
+
 def _training_parallelism(v: dict[str, Any], device: Device) -> tuple[Parallelism, Framework]:
     """Parallel degrees and framework from --gpus/--dp, --tp/--pp/--cp/--ep, --zero-stage/--fsdp.
 
@@ -274,11 +459,12 @@ def _training_parallelism(v: dict[str, Any], device: Device) -> tuple[Parallelis
             --zero-stage / --framework.
     """
     tp, pp, cp = v["tp"] or 1, v["pp"], v["cp"]
+    if v["sequence_parallel"] and tp == 1:
+        raise InputError("--sequence-parallel needs --tp > 1: it splits the activations outside the tensor-parallel "
+                         "regions over the tp ranks; add --tp N or drop it")
     group = tp * pp * cp
     gpus, dp = v["gpus"], v["dp"]
     if dp is not None:
-        if dp < 1:
-            raise InputError(f"--dp is {dp}; it must be at least 1")
         if gpus not in (1, dp * group):
             raise InputError(f"--gpus {gpus} is not dp x tp x pp x cp = {dp * group}; drop one of --gpus / --dp")
     else:

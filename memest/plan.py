@@ -73,7 +73,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,11 +95,13 @@ from memest.workload import (
     TrainingConfig,
     Workload,
     validate,
+    workload_notes,
 )
 
 __all__ = [
     "Assessment", "Candidate", "Change", "DeviceChoice", "Fit", "Plan", "Recommendation", "Setup", "Space",
-    "Verdict", "assess", "device_counts", "fitting_devices", "plan", "recommend", "rules_of_thumb", "setup_flags",
+    "Verdict", "assess", "device_counts", "fitting_devices", "hf_command", "plan", "recommend", "rules_of_thumb",
+    "setup_flags",
     "verdict",
 ]
 
@@ -590,7 +592,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     if space.global_batch_size is not None and space.global_batch_size < 1:
         raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
     if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
-        raise InputError(f"--host-memory is {space.host_memory_bytes} bytes; it must not be negative")
+        raise InputError(f"host_memory_bytes is {space.host_memory_bytes}; it must not be negative")
     plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
     validate(spec, workload.replace(parallelism=plain))
     search = _Search(spec, workload, space, headroom, prune)
@@ -649,6 +651,24 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
         if flag in keep or value != base[flag]:
             parts += _render({flag: value})
     return " ".join(parts)
+
+
+def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
+    """The ``memest hf`` command line that estimates a planned setup: the model as the user named
+    it, the user's own workload flags (``given``: flag -> value, empty for a switch) less those the
+    setup sets, then the setup's flags (:func:`setup_flags`)."""
+    import shlex
+
+    setup_names = {token for token in setup.split() if token.startswith("--")}
+    parts = ["memest", "hf", shlex.quote(model)]
+    for flag, value in given.items():
+        if flag not in setup_names and flag not in _SEARCHED:
+            parts += [flag, shlex.quote(value)] if value else [flag]
+    return " ".join([*parts, setup] if setup else parts)
+
+
+_SEARCHED = frozenset({"--gpu", "--gpus", "--dp", "--tp", "--pp", "--sequence-parallel"})
+"""Flags the planner chooses: a setup's own values replace the user's."""
 
 
 # ---- memest hf: the cheapest change to the user's own setup ----
@@ -833,6 +853,8 @@ class Assessment:
         recommendation: The search's answer when it does not fit (None when it fits).
         fits_on: Catalog devices that fit at the same count (only without ``--gpu``).
         rules: Rules of thumb for comparison.
+        notes: What the user should know about the workload that the estimate does not show
+            (:func:`memest.workload.workload_notes`: a sequence beyond the trained length).
     """
 
     spec: ModelSpec
@@ -843,6 +865,7 @@ class Assessment:
     recommendation: Recommendation | None
     fits_on: tuple[Device, ...]
     rules: tuple[RuleOfThumb, ...]
+    notes: tuple[str, ...] = ()
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
@@ -858,4 +881,5 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     v = verdict(est, device, count, headroom)
     rec = recommend(spec, workload, device, headroom) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
-    return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)))
+    return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload))

@@ -15,7 +15,21 @@ from memest.report import GiB, describe_workload, size_label
 from memest.result import Kind
 from memest.sweep import Sweep
 
-FORMATS = (".png", ".svg")
+FORMATS = (".png", ".svg", ".pdf")
+"""File types ``--plot`` writes (``memest sweep`` and ``memest hf --trace``); matplotlib picks the
+format from the suffix."""
+
+
+def plot_path(path: str | Path) -> Path:
+    """``--plot FILE`` checked before any work is done.
+
+    Raises:
+        InputError: the suffix is not one of :data:`FORMATS`.
+    """
+    out = Path(path).expanduser()
+    if out.suffix.lower() not in FORMATS:
+        raise InputError(f"--plot {str(path)!r}: the file must end in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    return out
 
 CLIP = 2.5
 """The y axis stops at this multiple of the device's capacity; taller stacks are clipped (and
@@ -47,16 +61,16 @@ def _pyplot() -> Any:
 
 
 def plot_sweep(result: Sweep, path: str | Path) -> Path:
-    """Draw ``result`` to ``path`` (.png or .svg): a stacked area of the per-device terms by kind,
-    the device's capacity, the usable line (capacity less headroom) and the largest value that fits.
+    """Draw ``result`` to ``path`` (.png, .svg or .pdf): a stacked area of the per-device terms by
+    kind, the device's capacity, the usable line (capacity less headroom) and the largest value that
+    fits.
 
     Raises:
-        InputError: the file name does not end in .png or .svg, or no point could be estimated.
+        InputError: the file name does not end in one of :data:`FORMATS`, or no point could be
+            estimated.
         MissingDependencyError: matplotlib is not installed.
     """
-    out = Path(path).expanduser()
-    if out.suffix.lower() not in FORMATS:
-        raise InputError(f"--plot {str(path)!r}: the file must end in .png or .svg")
+    out = plot_path(path)
     points = [p for p in result.points if p.estimate is not None]
     if not points:
         raise InputError("nothing to plot: the estimator rejected every point of the sweep")
@@ -71,8 +85,8 @@ def plot_sweep(result: Sweep, path: str | Path) -> Path:
     capacity = result.device.memory_bytes / GiB
     usable = result.usable_bytes / GiB
     ax.axhline(capacity, color="black", linewidth=1.6, label=f"{result.device.name} capacity ({capacity:,.1f} GiB)")
-    ax.axhline(usable, color="black", linewidth=1.2, linestyle="--",
-               label=f"usable ({result.headroom:.0%} headroom kept, {usable:,.1f} GiB)")
+    kept = f"{result.headroom:.0%} headroom kept" if result.headroom_applied else "vLLM: headroom not applied"
+    ax.axhline(usable, color="black", linewidth=1.2, linestyle="--", label=f"usable ({kept}, {usable:,.1f} GiB)")
     best = result.largest
     if best.value is not None and xs[0] <= best.value < xs[-1]:
         ax.axvline(best.value, color="#c44e52", linewidth=1.2, linestyle=":")

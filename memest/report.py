@@ -7,16 +7,17 @@ always labelled; parameter counts use decimal suffixes (B = 10^9).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 from memest import __version__
 from memest.maxfit import Largest
-from memest.plan import Assessment, Candidate, Fit, Plan, setup_flags
+from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
-from memest.workload import Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
 
 GiB = 1 << 30
 
@@ -60,8 +61,8 @@ def describe_model(spec: ModelSpec) -> str:
         f"{count(spec.num_params)} params",
         f"{spec.num_layers} layers",
         f"h {spec.hidden_size}",
-        f"{spec.num_heads} heads / {spec.num_kv_heads} KV",
-        f"head_dim {spec.head_dim}",
+        *((f"{spec.num_heads} heads / {spec.num_kv_heads} KV", f"head_dim {spec.head_dim}") if spec.num_heads
+          else ("no attention heads",)),
         f"V {spec.vocab_size:,}",
     ]
     if spec.num_experts:
@@ -196,7 +197,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "fits_on": [d.name for d in a.fits_on] if not a.device_given else None,
         "recommendation": None,
         "rules_of_thumb": [{"rule": r.name, "bytes": r.bytes} for r in a.rules],
-        "assumptions": list(est.assumptions),
+        "assumptions": [*est.assumptions, *a.notes],
         "confirm": CONFIRM,
     }
     if a.recommendation is not None:
@@ -216,26 +217,57 @@ def to_dict(a: Assessment) -> dict[str, Any]:
 
 
 def to_markdown(a: Assessment) -> str:
-    """The estimate table and verdict as GitHub Markdown."""
+    """The estimate table, verdict, band, serving summary and recommendation as GitHub Markdown:
+    what :func:`render` shows, less the rules of thumb."""
     per = a.estimate.per_device
     lines = [
         f"**{a.spec.name}** — {describe_model(a.spec)}  ",
         f"{describe_workload(a.workload)} · {a.verdict.count} × {a.verdict.device.name}",
         "",
-        "| term | kind | GiB | share |",
-        "|---|---|---:|---:|",
     ]
-    for name, kind, n, share, _ in rows(per):
-        lines.append(f"| {name} | {kind} | {n / GiB:,.2f} | {share:.1%} |")
-    lines += [
-        f"| **peak allocated** | | {per.allocated_bytes / GiB:,.2f} | |",
-        f"| **peak reserved** | | {per.reserved_bytes / GiB:,.2f} | |",
-        f"| **device used** | | {per.device_used_bytes / GiB:,.2f} | |",
-        "",
-        _verdict_line(a),
-    ]
-    lines += [f"  \n{text}" for text, _ in serving_lines(a)]
+    notes = [*a.spec.notes, *a.notes]
+    if notes:
+        lines += [f"> Note: {note}  " for note in notes] + [""]
+    ranks = a.estimate.ranks if len(a.estimate.ranks) > 1 else (per,)
+    for rank in ranks:
+        if len(ranks) > 1:
+            lines += [f"*{rank.label} (×{rank.count})*", ""]
+        lines += ["| term | kind | GiB | share |", "|---|---|---:|---:|"]
+        for name, kind, n, share, _ in rows(rank):
+            lines.append(f"| {name} | {kind} | {n / GiB:,.2f} | {share:.1%} |")
+        lines += [
+            f"| **peak allocated** | | {rank.allocated_bytes / GiB:,.2f} | |",
+            f"| **peak reserved** | | {rank.reserved_bytes / GiB:,.2f} | |",
+            f"| **device used** | | {rank.device_used_bytes / GiB:,.2f} | |",
+            "",
+        ]
+    summary = [f"**{_verdict_line(a)}**", _band_line(a)]
+    summary += [text for text, _ in serving_lines(a)]
+    if a.estimate.host_bytes:
+        summary.append(_host_line(a))
+    for label, flags, tail, _ in _recommendation_parts(a):
+        summary.append(f"**{label}:** `{flags}`{tail}" if label else tail)
+    if not a.device_given:
+        summary.append(_fits_on_line(a))
+    lines += [f"{text}  " for text in summary[:-1]] + summary[-1:]
     return "\n".join(lines) + "\n"
+
+
+def _band_line(a: Assessment) -> str:
+    per = a.estimate.per_device
+    return f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device"
+
+
+def _host_line(a: Assessment) -> str:
+    return f"host RAM for offloaded states: {gib(a.estimate.host_bytes)} per node"
+
+
+def _fits_on_line(a: Assessment) -> str:
+    """The catalog devices that fit at the same count (shown when no --gpu was given)."""
+    v = a.verdict
+    names = ", ".join(d.name for d in a.fits_on) or "none"
+    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+    return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
 def serving_lines(a: Assessment) -> list[tuple[str, str]]:
@@ -319,7 +351,7 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
                       f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
-    for note in spec.notes:
+    for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
     ranks = est.ranks if len(est.ranks) > 1 else (est.per_device,)
     for rank in ranks:
@@ -327,18 +359,15 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     per = est.per_device
     style = "bold green" if v.fits else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
-    parts.append(Text(f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device", style="dim"))
-    if est.serving is not None:
-        for line, style in serving_lines(a):
-            parts.append(Text(line, style=style))
+    parts.append(Text(_band_line(a), style="dim"))
+    for line, style in serving_lines(a):
+        parts.append(Text(line, style=style))
     if est.host_bytes:
-        parts.append(Text(f"host RAM for offloaded states: {gib(est.host_bytes)} per node"))
-    if a.recommendation is not None:
-        parts.extend(_recommendation_lines(a))
+        parts.append(Text(_host_line(a)))
+    for label, flags, tail, style in _recommendation_parts(a):
+        parts.append(Text.assemble((f"{label}: ", "bold"), (flags, "cyan"), tail) if label else Text(tail, style=style))
     if not a.device_given:
-        names = ", ".join(d.name for d in a.fits_on) or "none"
-        rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
-        parts.append(Text(f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"))
+        parts.append(Text(_fits_on_line(a)))
     thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     thumbs.add_column("rule")
     thumbs.add_column("per device", justify="right")
@@ -375,26 +404,24 @@ def _table(rank: RankEstimate, *, explain: bool, title: str | None) -> Any:
     return table
 
 
-def _recommendation_lines(a: Assessment) -> list[Any]:
-    from rich.text import Text
-
+def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
+    """The recommendation as (label, flags, tail, style) lines; label and flags are empty for a
+    plain message (shown in ``style``)."""
     rec = a.recommendation
-    assert rec is not None
-    out = []
+    if rec is None:
+        return []
     if rec.cheapest is None:
-        out.append(Text(f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device (memest gpus).",
-                        style="yellow"))
-        return out
+        return [("", "", f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device "
+                 "(memest gpus).", "yellow")]
+    out = []
     for label, cand in (("Cheapest fit", rec.cheapest), ("Lossless fit", rec.lossless)):
         if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
             continue
-        out.append(Text.assemble(
-            (f"{label}: ", "bold"), (cand.flags or "(no change)", "cyan"),
-            f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}",
-        ))
+        tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
+        out.append((label, cand.flags or "(no change)", tail, ""))
     if rec.lossless is None:
-        out.append(Text("No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the search.",
-                        style="dim"))
+        out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "
+                    "search.", "dim"))
     return out
 
 
@@ -505,8 +532,16 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
     }
 
 
-def plan_to_dict(p: Plan) -> dict[str, Any]:
-    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top)."""
+def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
+
+    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    fit has ``command``: the ``memest hf`` line that estimates it.
+    """
+    fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]
+    if given is not None:
+        for doc, f in zip(fits, p.fits):
+            doc["command"] = _fit_command(p, f, model, given)
     return {
         "memest_version": __version__,
         "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
@@ -522,7 +557,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
         "evaluated": p.evaluated,
         "setups": p.setups,
-        "fits": [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)],
+        "headroom_applied": _plan_headroom_applied(p),
+        "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
         "confirm": CONFIRM,
     }
@@ -552,20 +588,36 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
+def _plan_headroom_applied(p: Plan) -> bool:
+    """Whether the plan's fit rule keeps --headroom free: as its verdicts say (vLLM's does not), else
+    as the workload's engine implies."""
+    if p.fits:
+        return any(f.verdict.headroom_applied for f in p.fits)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine is Engine.VLLM)
+
+
+def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:
+    return hf_command(model or p.spec.name, given, setup_flags(f.setup.workload, f.setup.count, p.workload,
+                                                               f.setup.device))
+
+
 def _plan_header(p: Plan) -> list[str]:
     par = p.workload.parallelism
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
+    rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
+            "vLLM's gpu_memory_utilization sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
-        f"{describe_workload(job)} · {p.headroom:.0%} headroom kept",
+        f"{describe_workload(job)} · {rule}",
         f"{_plural(len(p.space.devices), 'device type')} searched · {_plural(p.evaluated, 'setup')} estimated, "
         f"{p.setups:,} decided · ranked by $/h, then communication, then disruption",
     ]
 
 
-def render_plan(p: Plan, *, top: int = 10) -> Any:
-    """A rich renderable of a plan: the fitting setups, cheapest first."""
+def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapping[str, str] | None = None) -> Any:
+    """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
+    command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -586,9 +638,8 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
         for row in _plan_rows(p, top):
             table.add_row(*row)
         parts.append(table)
-        best = p.fits[0]
-        parts.append(Text.assemble(("Cheapest: ", "bold green"), "memest hf ", p.spec.name, " <your flags> ",
-                                   (setup_flags(best.setup.workload, best.setup.count, p.workload, best.setup.device), "cyan")))
+        command = _fit_command(p, p.fits[0], model, given or {})
+        parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
             parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
         ctx = p.spec.max_position_embeddings
@@ -602,8 +653,9 @@ def render_plan(p: Plan, *, top: int = 10) -> Any:
     return Group(*parts)
 
 
-def plan_to_markdown(p: Plan, *, top: int = 10) -> str:
-    """The plan table as GitHub Markdown."""
+def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
+                     given: Mapping[str, str] | None = None) -> str:
+    """The plan table as GitHub Markdown, then the ``memest hf`` command of the cheapest fit."""
     lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
     lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
     for row, f in zip(_plan_rows(p, top), p.fits):
@@ -611,6 +663,8 @@ def plan_to_markdown(p: Plan, *, top: int = 10) -> str:
         lines.append("| " + " | ".join(row) + f" | `{flags}` |")
     if not p.fits:
         lines.append("| | nothing fits | | | | | | | |")
+    else:
+        lines += ["", f"Cheapest: `{_fit_command(p, p.fits[0], model, given or {})}`"]
     return "\n".join(lines) + "\n"
 
 

@@ -82,7 +82,7 @@ class RankEstimate:
     Attributes:
         label: Which ranks these are (``all ranks``, ``pp stage 0 (first)``).
         terms: Its terms, in display order.
-        count: How many of the job's ranks look like this.
+        count: How many of the job's devices look like this (a pipeline stage is held by tp x cp x dp of them).
     """
 
     label: str

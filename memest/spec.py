@@ -10,17 +10,20 @@ Field names follow the words of DESIGN.md (``num_kv_heads``, ``head_dim``, ...).
 layout PyTorch uses: an ``nn.Linear`` weight is ``(out_features, in_features)``; a stack of expert
 weights is ``(num_experts, out_features, in_features)``.
 
-This module imports only the standard library.
+This module imports only the standard library (and :mod:`memest.errors`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
+
+from memest.errors import ConfigError
 
 
 class Component(str, Enum):
@@ -168,8 +171,33 @@ class AttentionSpec:
     kv_broadcast: bool = False
 
     def __post_init__(self) -> None:
+        """Derive ``v_head_dim``; check the head counts.
+
+        Raises:
+            ConfigError: a negative head count, query heads without KV heads, or num_heads not a
+                multiple of num_kv_heads (grouped-query attention gives every KV head the same number
+                of query heads; transformers' ``repeat_kv`` and vLLM refuse other configs).
+                num_kv_heads = 0 with num_heads = 0 is an attention-free mixer (Mamba, RWKV).
+        """
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
+        a, k = self.num_heads, self.num_kv_heads
+        if a < 0 or k < 0:
+            raise ConfigError(f"num_attention_heads ({a}) and num_key_value_heads ({k}) must not be negative; "
+                              "fix the config")
+        if a and not k:
+            raise ConfigError(f"num_key_value_heads is 0 with num_attention_heads {a}; set num_key_value_heads to a "
+                              f"divisor of {a} (or drop it: it defaults to num_attention_heads)")
+        if k and a % k:
+            raise ConfigError(f"num_attention_heads ({a}) is not divisible by num_key_value_heads ({k}): each KV head "
+                              "must serve the same number of query heads (vLLM refuses the config, transformers fails "
+                              f"in repeat_kv); set num_key_value_heads to a divisor of {a}")
+
+    @property
+    def has_heads(self) -> bool:
+        """True for softmax attention with query heads; False for attention-free mixers (Mamba,
+        RWKV), which have no heads for tensor parallelism to divide."""
+        return self.num_heads > 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,6 +325,10 @@ class QuantizationSpec:
     compute_dtype: str | None = None
 
 
+_POSITION_TABLE = re.compile(r"(^|\.)(wpe|position_embeddings|embed_positions)\.weight$")
+"""Names of learned absolute position tables (GPT-2 ``transformer.wpe``, BERT
+``embeddings.position_embeddings``, OPT ``decoder.embed_positions``)."""
+
 TaskKind = Literal["causal_lm", "masked_lm", "seq2seq", "classification"]
 
 
@@ -395,6 +427,23 @@ class ModelSpec:
     def intermediate_size(self) -> int:
         """i: dense MLP width (or per-expert width for MoE layers)."""
         return self.reference_layer.mlp.intermediate_size
+
+    @property
+    def learned_positions(self) -> int | None:
+        """Positions a learned absolute position table holds, or None when the model has none
+        (rotary, ALiBi or relative positions, or none at all).
+
+        Read from the embedding's position table (GPT-2 / GPT-BigCode ``wpe``, BERT
+        ``position_embeddings``, OPT ``embed_positions``, which keeps 2 extra rows for its offset):
+        its rows, capped by ``max_position_embeddings``. A sequence longer than this indexes past the
+        table (an IndexError in PyTorch), so it cannot run at all.
+        """
+        rows = [t.shape[0] for t in self.embedding
+                if t.component is Component.EMBEDDING and len(t.shape) == 2 and _POSITION_TABLE.search(t.name)]
+        if not rows:
+            return None
+        limit = min(rows)
+        return min(limit, self.max_position_embeddings) if self.max_position_embeddings else limit
 
     @property
     def buffer_bytes(self) -> int:

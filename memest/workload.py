@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any
 
 from memest.errors import InputError
-from memest.spec import ModelSpec
+from memest.spec import Component, ModelSpec, Split
 
 
 class Method(str, Enum):
@@ -372,17 +372,9 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
             raise InputError(f"--{name} is {value}; it must be at least 1")
     if par.zero_stage not in (0, 1, 2, 3):
         raise InputError(f"--zero-stage is {par.zero_stage}; it must be 0, 1, 2 or 3")
-    a, k = spec.num_heads, spec.num_kv_heads
-    if a % par.tp:
-        raise InputError(
-            f"--tp {par.tp} does not divide num_heads ({a}) of {spec.name}; use a tp that divides {a}"
-        )
-    if par.tp > k and par.tp % k:
-        raise InputError(
-            f"--tp {par.tp} is above num_kv_heads ({k}) but not a multiple of it; KV heads cannot be replicated evenly"
-        )
-    if par.tp <= k and k % par.tp:
-        raise InputError(f"--tp {par.tp} does not divide num_kv_heads ({k}) of {spec.name}")
+    problem = tp_head_problem(spec, par.tp)
+    if problem:
+        raise InputError(f"--tp {par.tp} {problem[0]}; {problem[1]}")
     if par.pp > spec.num_layers:
         raise InputError(f"--pp {par.pp} is more than the {spec.num_layers} layers of {spec.name}; use --pp <= {spec.num_layers}")
     if par.ep > 1:
@@ -394,9 +386,65 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
             raise InputError(f"--ep {par.ep} must divide the dp x cp x tp ranks ({par.dp * par.cp * par.tp})")
     if isinstance(workload, TrainingConfig):
         _validate_training(workload)
+        _validate_training_model(spec, workload)
     else:
         _validate_serving(workload)
         _validate_serving_model(spec, workload)
+
+
+def tp_head_problem(spec: ModelSpec, tp: int) -> tuple[str, str] | None:
+    """Why tensor parallelism ``tp`` cannot split the attention of ``spec``, and the fix; or None.
+
+    tp must divide num_heads of every layer with heads, and either divide num_kv_heads or be a
+    multiple of it (vLLM ``QKVParallelLinear`` replicates KV heads beyond num_kv_heads). Layers
+    without heads (Mamba mixers, RWKV) set no head rule, but key/value projections in them cannot be
+    divided by KV heads. The reason reads after "--tp N" (``"does not divide num_heads (32) of
+    MODEL"``), the fix after it (``"use a tp that divides 32"``).
+    """
+    if tp == 1:
+        return None
+    kinds = spec.layer_kinds()
+    # KV projections are divided by min(tp, num_kv_heads) (memest.estimate.sharding): of the layer
+    # that holds them, and of the model for whole-stage sums
+    headless_kv = any(t.split is Split.KV for layer, _ in kinds if not layer.attention.has_heads for t in layer.tensors)
+    if headless_kv or (spec.num_kv_heads == 0 and any(t.split is Split.KV for t, _ in spec.tensors())):
+        return (f"cannot split the key/value projections of {spec.name}, whose layers have no KV heads "
+                "(num_kv_heads 0) to divide them by", "use --tp 1")
+    for a, k in dict.fromkeys((layer.attention.num_heads, layer.attention.num_kv_heads)
+                              for layer, _ in kinds if layer.attention.has_heads):
+        if a % tp:
+            return f"does not divide num_heads ({a}) of {spec.name}", f"use a tp that divides {a}"
+        if tp > k and tp % k:
+            return (f"is above num_kv_heads ({k}) of {spec.name} but not a multiple of it",
+                    "KV heads cannot be replicated evenly: use a divisor or a multiple of it")
+        if tp <= k and k % tp:
+            return f"does not divide num_kv_heads ({k}) of {spec.name}", f"use a tp that divides {k}"
+    return None
+
+
+def workload_notes(spec: ModelSpec, workload: Workload) -> tuple[str, ...]:
+    """What the user should know about a valid workload that its estimate does not show.
+
+    A sequence beyond ``max_position_embeddings`` of a model with rotary or ALiBi positions runs (the
+    memory is what is estimated) but the model was not trained at that length: it needs RoPE scaling
+    (``rope_scaling``) or relies on extrapolation. Models with a learned position table cannot run it
+    at all (:func:`validate` refuses).
+    """
+    limit = spec.max_position_embeddings
+    if not limit or spec.learned_positions is not None:
+        return ()
+    if isinstance(workload, TrainingConfig):
+        flag, length = "--seq-len", workload.seq_len
+    elif workload.engine is Engine.HF and workload.max_model_len is not None:
+        flag, length = "--max-model-len", workload.max_model_len
+    else:
+        return ()
+    if length <= limit:
+        return ()
+    alibi = any(layer.attention.alibi for layer, _ in spec.layer_kinds())
+    how = "relies on ALiBi extrapolation" if alibi else "needs RoPE scaling (rope_scaling) or extrapolation"
+    return (f"{flag} {length:,} is beyond {spec.name}'s max_position_embeddings ({limit:,}): the model was not "
+            f"trained on sequences this long and {how}; memory is estimated for the length asked",)
 
 
 def _positive(flag: str, value: int) -> None:
@@ -465,6 +513,71 @@ def _validate_training(t: TrainingConfig) -> None:
     _validate_framework(t, resolve_framework(t))
 
 
+def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
+    """Checks that need the model: decoder length, sequence length, LoRA targets.
+
+    Raises:
+        InputError: ``--target-len`` on a model without a decoder stack of its own (not seq2seq);
+            a length beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`);
+            ``--lora-targets`` naming no module or a module the model does not have.
+    """
+    if t.target_len is not None and spec.task != "seq2seq":
+        raise InputError(f"--target-len applies to encoder-decoder models (T5); {spec.name} is {spec.task}: "
+                         "drop --target-len and set the whole sequence with --seq-len")
+    table = spec.learned_positions
+    if table is not None:
+        for flag, value in (("--seq-len", t.seq_len), ("--target-len", t.target_len)):
+            if value is not None and value > table:
+                raise InputError(f"{flag} {value} is more than the {table} positions of {spec.name}'s learned position "
+                                 f"embeddings (no row for position {table}); use {flag} <= {table}")
+    if t.method is not Method.FULL:
+        _validate_lora_targets(spec, t.lora.targets)
+
+
+def lora_module_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Module names (the last part, ``q_proj``) that ``--lora-targets`` may name, in model order.
+
+    PEFT matches ``target_modules`` against module names; memest counts adapters on 2-D linear
+    weights of the layers and on 2-D weights outside the attention/MLP blocks
+    (:attr:`~memest.spec.Component.OTHER`: state-space mixers, vision towers), as
+    :func:`memest.estimate.training.lora_adapters` selects them.
+    """
+    names: dict[str, None] = {}
+    for t, _ in spec.tensors():
+        if len(t.shape) == 2 and t.name.endswith("weight") and (
+                t.is_linear_weight or t.component is Component.OTHER):
+            names[t.module.rsplit(".", 1)[-1]] = None
+    return tuple(names)
+
+
+def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
+    """``--lora-targets``: ``attention`` (needs attention projections), ``all-linear``, or module
+    names of :func:`lora_module_names`.
+
+    Raises:
+        InputError: an empty list or item, an unknown name (PEFT raises "Target modules ... not
+            found" when none matches), or ``attention`` on a model without attention projections.
+    """
+    known = lora_module_names(spec)
+    choices = ", ".join(known) or "none"
+    if targets == "all-linear":
+        return
+    if targets == "attention":
+        if not any(t.component is Component.ATTENTION and t.is_linear_weight and len(t.shape) == 2
+                   for layer, _ in spec.layer_kinds() for t in layer.tensors):
+            raise InputError(f"--lora-targets attention: {spec.name} has no attention projections; name its modules "
+                             f"instead (it has {choices}) or use all-linear")
+        return
+    items = [x.strip() for x in targets.split(",")]
+    if not any(items) or not all(items):
+        raise InputError(f"--lora-targets {targets!r} has an empty module name; write attention, all-linear, or names "
+                         f"separated by commas from those of {spec.name}: {choices}")
+    unknown = [x for x in items if x not in known]
+    if unknown:
+        raise InputError(f"--lora-targets names {', '.join(map(repr, unknown))}, not a module of {spec.name} (PEFT "
+                         f"would raise 'Target modules not found'); use attention, all-linear or some of: {choices}")
+
+
 def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
     par = t.parallelism
     name = fw.value
@@ -501,8 +614,8 @@ def _validate_serving(s: ServingConfig) -> None:
         _positive("--max-num-seqs", s.max_num_seqs)
     if s.prompt_len is not None:
         _positive("--prompt-len", s.prompt_len)
-    if s.max_new_tokens is not None and s.max_new_tokens < 0:
-        raise InputError(f"--max-new-tokens is {s.max_new_tokens}; it must be 0 or more")
+    if s.max_new_tokens is not None:
+        _positive("--max-new-tokens", s.max_new_tokens)
     if s.prompt_len is not None and s.max_new_tokens is not None and s.max_model_len is not None \
             and s.prompt_len + s.max_new_tokens > s.max_model_len:
         raise InputError(f"--prompt-len {s.prompt_len} + --max-new-tokens {s.max_new_tokens} exceeds --max-model-len "
@@ -529,9 +642,18 @@ def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
 
     Raises:
         InputError: for vLLM, max_model_len beyond the model's max_position_embeddings (vLLM
-            refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``).
+            refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); for any engine, a length
+            beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`).
     """
     limit = spec.max_position_embeddings
     if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
         raise InputError(f"--max-model-len {s.max_model_len} is more than {spec.name}'s max_position_embeddings "
                          f"({limit}); use --max-model-len <= {limit}")
+    table = spec.learned_positions
+    total = s.max_model_len
+    if total is None and s.prompt_len is not None:
+        total = s.prompt_len + (s.max_new_tokens or 0)
+    if table is not None and total is not None and total > table:
+        raise InputError(f"a sequence of {total} tokens is more than the {table} positions of {spec.name}'s learned "
+                         f"position embeddings (no row for position {table}); keep --max-model-len (or --prompt-len + "
+                         f"--max-new-tokens) <= {table}")

@@ -6,6 +6,8 @@ Per layer: q 64x64=4096, k 64x32=2048, v 2048, o 4096 (attention 12,288); gate/u
 64,000 = 202,048.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from memest.devices import get_device
@@ -13,7 +15,7 @@ from memest.estimate import estimate
 from memest.estimate.sharding import stage_shard_numel, stages
 from memest.estimate.training import moments
 from memest.result import Kind, RankEstimate
-from memest.sources import spec_from_config
+from memest.sources import load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.workload import Parallelism, ServingConfig, TrainingConfig
 
@@ -164,3 +166,15 @@ def test_expert_parallel_shards(par, expected):
     experts = [t for t in layer.tensors if t.component is Component.EXPERTS]
     assert sum(t.numel for t in experts) == EXPERTS_PER_LAYER
     assert sum(shard_numel(t, par, spec.num_kv_heads) for t in experts) == expected
+
+
+@pytest.mark.parametrize("par", [Parallelism(), Parallelism(dp=2), Parallelism(tp=2, dp=3), Parallelism(tp=2, pp=4, dp=2)])
+def test_rank_counts_add_up_to_the_world_size(par):
+    """Each RankEstimate counts devices: tp x pp x cp x dp of them in all, whatever the stage grouping
+    (pp=4 gives first, middle x2, last: 4 stages x tp 2 x dp 2 = 16 devices)."""
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    dev = get_device("H100-80GB")
+    train = estimate(spec, TrainingConfig(seq_len=512, parallelism=par), dev)
+    assert sum(r.count for r in train.ranks) == par.tp * par.pp * par.cp * par.dp
+    serve = estimate(spec, ServingConfig(parallelism=replace(par, dp=1)), dev)
+    assert sum(r.count for r in serve.ranks) == par.tp * par.pp

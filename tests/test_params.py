@@ -224,6 +224,7 @@ VARIANTS: dict[str, dict] = {
     },
     "qwen2-sliding": {
         **TINY,
+        "num_key_value_heads": 2,  # the class default (32 or 16) does not divide TINY's 4 heads
         "model_type": "qwen2",
         "architectures": ["Qwen2ForCausalLM"],
         "use_sliding_window": True,
@@ -232,6 +233,7 @@ VARIANTS: dict[str, dict] = {
     },
     "qwen3-bias-sliding": {
         **TINY,
+        "num_key_value_heads": 2,  # the class default (32 or 16) does not divide TINY's 4 heads
         "model_type": "qwen3",
         "architectures": ["Qwen3ForCausalLM"],
         "attention_bias": True,
@@ -251,6 +253,7 @@ VARIANTS: dict[str, dict] = {
     },
     "qwen2_moe-sparse-step": {
         **TINY,
+        "num_key_value_heads": 2,  # the class default (32 or 16) does not divide TINY's 4 heads
         "model_type": "qwen2_moe",
         "architectures": ["Qwen2MoeForCausalLM"],
         "num_hidden_layers": 5,

@@ -175,7 +175,8 @@ def test_sweep_plot_file(tmp_path):
 @pytest.mark.parametrize(("args", "message"), [
     ((), "give one setting a range, e.g. --seq-len 1k..128k"),
     (("--seq-len", "1k..4k", "--micro-batch-size", "1..4"), "sweep one setting at a time"),
-    (("--serve", "--seq-len", "1k..4k"), "--seq-len cannot be swept for a serve job"),
+    (("--serve", "--seq-len", "1k..4k"), "--seq-len is a training flag (tokens per training sequence); for serving use "
+                                         "--max-model-len"),
     (("--seq-len", "4k..1k"), "the range ends below its start"),
 ])
 def test_sweep_input_errors(args, message):

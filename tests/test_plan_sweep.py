@@ -78,7 +78,7 @@ def test_a_setting_of_the_other_mode_is_refused():
         sweep(spec, TrainingConfig(), get_device("H100"), "batch_size", (1, 2), headroom=HEADROOM)
 
 
-@pytest.mark.parametrize("suffix", [".png", ".svg"])
+@pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
 def test_plot_writes_an_image(tmp_path, suffix):
     pytest.importorskip("matplotlib")
     from memest.plot import plot_sweep
@@ -88,10 +88,13 @@ def test_plot_writes_an_image(tmp_path, suffix):
                    "batch_size", parse_values("1..1024", "--batch-size"), headroom=HEADROOM)
     out = plot_sweep(result, tmp_path / f"sweep{suffix}")
     data = out.read_bytes()
-    assert data.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in data[:2000]
+    magic = {".png": data.startswith(b"\x89PNG"), ".svg": b"<svg" in data[:2000], ".pdf": data.startswith(b"%PDF")}
+    assert magic[suffix]
     if suffix == ".svg":
         text = data.decode()
-        for label in ("kv cache", "weights", "H100-80GB capacity", "usable (10% headroom kept", "largest that fits"):
+        # vLLM's fit rule keeps no --headroom (gpu_memory_utilization is its share): the usable line says so
+        for label in ("kv cache", "weights", "H100-80GB capacity", "usable (vLLM: headroom not applied",
+                      "largest that fits"):
             assert label in text
         # 1024 sequences of 4k tokens (1024 x 4096 x 327,680 B / tp 4 = 320 GiB of KV cache alone) need more than
         # 2.5 x 79.19 GiB: the axis is clipped, and says so
@@ -104,8 +107,8 @@ def test_plot_refuses_other_formats(tmp_path):
 
     spec = load_model("meta-llama/Llama-2-7b-hf")
     result = sweep(spec, ServingConfig(), get_device("H100"), "batch_size", (1, 2), headroom=HEADROOM)
-    with pytest.raises(InputError, match="must end in .png or .svg"):
-        plot_sweep(result, tmp_path / "sweep.pdf")
+    with pytest.raises(InputError, match=r"must end in .png, .svg or .pdf"):
+        plot_sweep(result, tmp_path / "sweep.jpg")
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):

@@ -136,7 +136,11 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: in
     if gpus not in (1, nproc):
         raise InputError(f"--gpus {gpus} differs from --nproc {nproc}; calibrate runs one process per device, "
                          f"so pass --nproc {gpus} (or drop --gpus)")
+    if steps is not None and steps < 1:
+        raise InputError(f"--steps is {steps}; it must be at least 1")
     values = dict(job.values, gpus=nproc)
+    if not (values["train"] or values["finetune"]):
+        values["engine"] = Engine.HF  # what runs: vLLM-only flags are refused as for 'memest hf --engine hf'
     workload = JobOptions(values).workload(spec)
     if isinstance(workload, TrainingConfig):
         runs = framework_that_runs(workload, nproc)

@@ -92,6 +92,7 @@ def calibrate_command(
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     workload = calibration_workload(job, spec, nproc, steps)
     check_supported(workload, backend=device.value, nproc=nproc, spec=spec)
+    _check_cpu_run(spec, workload, device, nproc)
     request = Request(model=model, flags=flags_of(job), backend=device.value, steps=steps, nproc=nproc, weights=weights,
                       tag=record_tag)
     n_steps = default_steps(request, workload, spec)
@@ -111,6 +112,59 @@ def calibrate_command(
         _console().print(render(spec, workload, result, rec, where))
     if not result.fits:
         raise typer.Exit(EXIT_NO_FIT)
+
+
+HOST_RAM_SHARE = 0.8
+"""A CPU calibration may take at most this share of the host's available RAM (MemAvailable): the
+run holds the job's tensors in RAM beside the OS, Python, torch and the profiler's records."""
+
+
+def host_available_bytes() -> int | None:
+    """RAM available to a new process without swapping: ``MemAvailable`` of /proc/meminfo (Linux),
+    else free pages (``os.sysconf``); None when neither is readable."""
+    import os
+
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_cpu_run(spec: Any, workload: Any, device: Backend, nproc: int) -> None:
+    """Before measuring on the CPU: say so when ``--device auto`` found no CUDA, and refuse a run
+    whose estimated peak (every process on this host) exceeds :data:`HOST_RAM_SHARE` of the available
+    RAM, which would swap or invoke the out-of-memory killer instead of measuring.
+
+    Raises:
+        InputError: the estimate does not fit the host's RAM.
+    """
+    from memest.calibration.compare import local_device
+    from memest.calibration.runner import resolve_backend
+    from memest.estimate import estimate
+    from memest.report import size
+
+    if resolve_backend(device.value) != "cpu":
+        return
+    if device is Backend.AUTO:
+        typer.echo("Warning: torch sees no CUDA device, so calibrate measures on the CPU (tensor bytes in host RAM); "
+                   "pass --device cuda on a GPU machine, or --device cpu to silence this.", err=True)
+    available = host_available_bytes()
+    if available is None:
+        return
+    est = estimate(spec, workload, local_device("cpu", "cpu", available))
+    needed = sum(rank.allocated_bytes * rank.count for rank in est.ranks)
+    if needed > HOST_RAM_SHARE * available:
+        processes = f" over {nproc} processes" if nproc > 1 else ""
+        raise InputError(f"calibrating {spec.name} on the CPU needs about {size(needed)} of RAM{processes} (the "
+                         f"estimate's peak), more than {HOST_RAM_SHARE:.0%} of the {size(available)} available; "
+                         "use a smaller model, or --device cuda on a GPU machine")
 
 
 def _progress() -> Any:

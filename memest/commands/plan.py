@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app
+from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
 from memest.costs import PriceTable, parse_cost_flags, read_cost_file
 from memest.devices import DEVICES, get_device
 from memest.errors import InputError
@@ -47,8 +47,10 @@ HostMemoryOpt = Annotated[float, typer.Option(
     "--host-memory", rich_help_panel=SEARCH,
     help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
 
-_AVAILABLE_ITEM = re.compile(r"^\s*(?:(\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
-_SEARCHED_FLAGS = {"gpus": 1, "dp": None, "tp": None, "pp": 1}
+_AVAILABLE_ITEM = re.compile(r"^\s*(?:([-+]?\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
+_SEARCHED_FLAGS = {"gpus": 1, "dp": None, "tp": None, "pp": 1, "sequence_parallel": False}
+"""Workload flags plan chooses itself, with the values it starts from (sequence parallelism is
+turned on wherever a layout has tp > 1)."""
 
 
 def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tuple[DeviceChoice, ...]:
@@ -73,7 +75,8 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
             raise InputError(f"--gpus-available {available!r}: empty item; write e.g. '8xH100,16xA100-80GB'")
         count = int(m.group(1)) if m.group(1) else max_gpus
         if count < 1:
-            raise InputError(f"--gpus-available item {item.strip()!r}: the count must be at least 1")
+            raise InputError(f"--gpus-available item {item.strip()!r}: the count must be at least 1, a positive number "
+                             f"of devices (got {count}); write e.g. 2x{m.group(2)}")
         device = get_device(m.group(2))
         if device.name in out:
             raise InputError(f"--gpus-available lists {device.name} twice; give it once with its count")
@@ -121,23 +124,30 @@ def plan_command(
     from memest.report import plan_to_dict, plan_to_markdown, render_plan
     from memest.sources import load_model
 
-    space = Space(devices=device_choices(gpus_available, job.values["gpu"], max_gpus), prices=price_table(cost, costs),
+    check_output_format(json_, markdown)
+    if top < 1:
+        raise InputError(f"--top is {top}; it must be at least 1 (rows of the table; --json has every fit)")
+    if host_memory < 0:
+        raise InputError(f"--host-memory {host_memory:g} GiB is negative; give the CPU RAM per server in GiB, "
+                         "or 0 to rule out offload")
+    space = Space(devices=device_choices(gpus_available, job.gpu, max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,
                   allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
-    ignored = [f"--{n}" for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
+    ignored = ["--" + n.replace("_", "-") for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
     if ignored:
-        typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored "
-                   "(limit devices with --gpus-available or --max-gpus).", err=True)
+        typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "
+                   "--gpus-available or --max-gpus; sequence parallelism is tried wherever tp > 1).", err=True)
     v = job.values  # the count is searched: give the job the fewest devices its cp x tp x pp allow
     if v["fsdp"] is FsdpStrategy.HYBRID_SHARD and v["dp_shard"] is None:
         raise InputError("plan with --fsdp hybrid_shard needs --dp-shard N (ranks per shard group, e.g. 8): "
                          "the default depends on the device count, which plan searches")
-    job = JobOptions({**v, "gpus": (v["tp"] or 1) * v["pp"] * v["cp"], "dp": None})
+    given = job.given_flags()
+    job = JobOptions({**v, "gpus": (v["tp"] or 1) * v["pp"] * v["cp"], "dp": None, "sequence_parallel": False})
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     result = plan(spec, job.workload(spec), space, headroom=job.headroom)
     if json_:
-        typer.echo(json.dumps(plan_to_dict(result), indent=2))
+        typer.echo(json.dumps(plan_to_dict(result, model=model, given=given), indent=2))
     elif markdown:
-        typer.echo(plan_to_markdown(result, top=top), nl=False)
+        typer.echo(plan_to_markdown(result, top=top, model=model, given=given), nl=False)
     else:
-        _console().print(render_plan(result, top=top))
+        _console().print(render_plan(result, top=top, model=model, given=given))

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app
+from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
 from memest.errors import InputError
 from memest.options import WORKLOAD_OPTIONS, JobOptions, ranged_workload_options
 from memest.sweep import SWEEPABLE, parse_values
@@ -16,7 +16,8 @@ from memest.sweep import SWEEPABLE, parse_values
 PlotOpt = Annotated[Path | None, typer.Option(
     "--plot", show_default=False,
     help="Also draw the terms (stacked, by kind) against the swept setting, with the device's capacity and "
-         "usable lines, to FILE.png or FILE.svg (needs matplotlib: pip install 'memest[plot]').")]
+         "usable lines, to FILE (.png, .svg or .pdf; needs matplotlib: pip install 'memest\\[plot]').",
+    metavar="FILE")]
 
 _TRAINING = ("seq_len", "micro_batch_size")
 
@@ -62,12 +63,17 @@ def sweep_command(
     """Estimate MODEL across a range of one setting: every term at every point, and where it stops fitting.
 
     Give one of --seq-len, --micro-batch-size, --batch-size or --max-model-len a range (1k..128k); with
-    --plot FILE.png the terms are drawn stacked against it with the device's capacity and usable lines.
+    --plot FILE.png (.svg, .pdf) the terms are drawn stacked against it with the device's capacity and usable lines.
     """
     from memest.report import render_sweep, sweep_to_dict, sweep_to_markdown
     from memest.sources import load_model
     from memest.sweep import sweep
 
+    check_output_format(json_, markdown)
+    if plot is not None:
+        from memest.plot import plot_path
+
+        plot = plot_path(plot)
     setting, values, job = split_sweep(job)
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     result = sweep(spec, job.workload(spec), job.device, setting, values, headroom=job.headroom)

@@ -335,4 +335,5 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         f"weights in {weight_dtype(spec, s)}" + (f", quantization {s.quantization}" if s.quantization != "none" else ""),
         f"peak at the {moment}",
     )
-    return Estimate(ranks=(RankEstimate("all ranks", tuple(terms), 1),), assumptions=assumptions, serving=summary)
+    rank = RankEstimate("all ranks", tuple(terms), s.parallelism.world_size)
+    return Estimate(ranks=(rank,), assumptions=assumptions, serving=summary)

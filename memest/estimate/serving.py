@@ -28,7 +28,7 @@ from memest.estimate.sharding import Stage, stage_tensors, stages
 from memest.estimate.weights import checkpoint_scale, serving_weight_layout, weight_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig
+from memest.workload import Engine, Parallelism, ServingConfig, tp_head_problem
 
 GiB = 1 << 30
 _POSITION_TABLES = ("wpe", "position", "pos_emb")
@@ -236,7 +236,8 @@ def _estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimat
     out = []
     for r in ranks:
         label = "all ranks" if len(ranks) == 1 else f"pp stage {r.stage.index}"
-        out.append(RankEstimate(label, tuple(_vllm_terms(spec, s, device, r, version, mnbt)), s.parallelism.tp))
+        out.append(RankEstimate(label, tuple(_vllm_terms(spec, s, device, r, version, mnbt)),
+                                s.parallelism.world_size // s.parallelism.pp))
     summary = _vllm_summary(spec, s, device, ranks, mnbt)
     assumptions = (
         f"vLLM {version} start-up budget; max_num_batched_tokens {mnbt}, max_num_seqs {settings.max_num_seqs}",
@@ -354,9 +355,7 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
 
 
 def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
-    a, k = spec.num_heads, spec.num_kv_heads
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= device.per_node and a % t == 0
-           and (k % t == 0 if t <= k else t % k == 0)]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= device.per_node and tp_head_problem(spec, t) is None]
     pps = [p for p in (1, 2, 4, 8, 16) if p <= spec.num_layers]
     out = [Parallelism(tp=t, pp=p) for t in tps for p in pps]
     return sorted(out, key=lambda par: (par.tp * par.pp, par.pp))

@@ -174,14 +174,15 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     fw = resolve_framework(t)
     ranks: list[RankEstimate] = []
     peaks: list[str] = []
+    per_stage = par.world_size // par.pp  # the tp x cp x dp ranks that hold one pipeline stage
     for stage in stages(spec.num_layers, par.pp):
         terms, moment = _stage_terms(spec, t, fw, device, stage)
         label = "all ranks" if par.pp == 1 else f"pp stage {stage.index}" + (
             " (first)" if stage.first else " (last)" if stage.last else "")
         if ranks and par.pp > 2 and not stage.first and not stage.last and ranks[-1].terms == terms:
-            ranks[-1] = RankEstimate(ranks[-1].label + f"..{stage.index}", terms, ranks[-1].count + 1)
+            ranks[-1] = RankEstimate(ranks[-1].label + f"..{stage.index}", terms, ranks[-1].count + per_stage)
             continue
-        ranks.append(RankEstimate(label, terms, 1))
+        ranks.append(RankEstimate(label, terms, per_stage))
         peaks.append(moment)
     worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}

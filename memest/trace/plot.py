@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memest.errors import InputError, MissingDependencyError
+from memest.plot import plot_path
 from memest.report import GiB
 from memest.result import Kind
 from memest.trace.result import TraceResult
@@ -30,7 +31,7 @@ def plot_timeline(result: TraceResult, path: Path, *, estimate_allocated_bytes: 
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
-        InputError: the suffix is not an image format matplotlib writes, or the file cannot be written.
+        InputError: the suffix is not one of :data:`memest.plot.FORMATS`, or the file cannot be written.
     """
     try:
         import matplotlib
@@ -39,8 +40,7 @@ def plot_timeline(result: TraceResult, path: Path, *, estimate_allocated_bytes: 
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise MissingDependencyError("--plot needs matplotlib; install with: pip install 'memest[plot]'") from exc
-    if path.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
-        raise InputError(f"--plot {str(path)!r}: use a .png, .svg or .pdf file name")
+    path = plot_path(path)
     rank = result.per_device
     points = rank.timeline
     kinds = [k for k in Kind if any(p.by_kind.get(k) for p in points)]
