@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import accelerate.commands.estimate as estimate
+from accelerate.commands import estimate
 
 folder = Path(sys.argv[1])
 config = json.loads((folder / "config.json").read_text())

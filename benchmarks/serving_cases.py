@@ -25,12 +25,12 @@ os.environ.setdefault("MEMEST_OFFLINE", "1")  # models not in the catalog are re
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from memest.devices import Device, get_device  # noqa: E402
-from memest.errors import MemestError  # noqa: E402
-from memest.estimate import estimate  # noqa: E402
-from memest.estimate.serving import vllm_ranks  # noqa: E402
-from memest.sources import load_model  # noqa: E402
-from memest.workload import Engine, Parallelism, ServingConfig  # noqa: E402
+from memest.devices import Device, get_device
+from memest.errors import MemestError
+from memest.estimate import estimate
+from memest.estimate.serving import vllm_ranks
+from memest.sources import load_model
+from memest.workload import Engine, Parallelism, ServingConfig
 
 
 @dataclass(frozen=True)

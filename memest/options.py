@@ -22,11 +22,11 @@ from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import (
     AttnImplementation,
+    Engine,
     Framework,
     FsdpStrategy,
-    Loss,
-    Engine,
     LoraConfig,
+    Loss,
     Method,
     Offload,
     Optimizer,

@@ -81,7 +81,7 @@ from memest.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import Verdict, usable_bytes, verdict
+from memest.fit import Verdict, verdict
 from memest.maxfit import Largest, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec

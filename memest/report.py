@@ -27,12 +27,12 @@ CONFIRM = (
 )
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     """Bytes as GiB with two decimals and the unit."""
     return f"{n / GiB:,.2f} GiB"
 
 
-def size(n: int | float) -> str:
+def size(n: float) -> str:
     """Bytes in GiB from 1 GiB up, else in MiB (tiny models on CPU), two decimals, unit shown."""
     if abs(n) >= GiB:
         return gib(n)
@@ -777,5 +777,20 @@ def sweep_to_dict(result: Sweep) -> dict[str, Any]:
     }
 
 
-__all__ = ["CONFIRM", "count", "gib", "plan_to_dict", "plan_to_markdown", "render", "render_plan", "render_sweep",
-           "rows", "size_label", "sweep_to_dict", "sweep_to_markdown", "to_dict", "to_markdown", "ServingConfig"]
+__all__ = [
+    "CONFIRM",
+    "ServingConfig",
+    "count",
+    "gib",
+    "plan_to_dict",
+    "plan_to_markdown",
+    "render",
+    "render_plan",
+    "render_sweep",
+    "rows",
+    "size_label",
+    "sweep_to_dict",
+    "sweep_to_markdown",
+    "to_dict",
+    "to_markdown",
+]

@@ -178,3 +178,31 @@ def test_rank_counts_add_up_to_the_world_size(par):
     assert sum(r.count for r in train.ranks) == par.tp * par.pp * par.cp * par.dp
     serve = estimate(spec, ServingConfig(parallelism=replace(par, dp=1)), dev)
     assert sum(r.count for r in serve.ranks) == par.tp * par.pp
+
+
+# TINY_MOE's parameters: routed experts E = 2 layers x 98,304 = 196,608; the rest D = embed 64,000 +
+# lm_head 64,000 (untied) + 2 x (attention 12,288 + router 4 x 64 = 256 + two norms 128) + final norm 64
+# = 153,408.
+MOE_EXPERTS, MOE_DENSE = 2 * EXPERTS_PER_LAYER, 64_000 + 64_000 + 2 * (12_288 + 256 + 128) + 64
+
+
+@pytest.mark.parametrize(("dp", "ep", "master_bytes"), [
+    # ep 1: fp32 master of everything / 4 ranks = 4 x (D + E) / 4 = 350,016 B -> 684 blocks of 512
+    (4, 1, 684 * 512),
+    # ep 4 = dp: a rank holds E/4 experts, whose expert-data-parallel group is 1 rank: 4 x E/4 unsharded
+    # + 4 x D / 4 = 196,608 + 153,408 = 350,016 B, the same as ep 1 (not E / 16)
+    (4, 4, 684 * 512),
+    # dp 8, ep 4: experts E/4 over a group of 2 -> 4 x E/8 = 98,304; dense 4 x D/8 = 76,704; 175,008 B
+    # -> 342 blocks
+    (8, 4, 342 * 512),
+])
+def test_expert_states_shard_over_the_expert_data_parallel_group(dp, ep, master_bytes):
+    from memest.workload import Framework
+
+    spec = spec_from_config(HFConfig(TINY_MOE, name="tiny-moe", source="test"))
+    assert sum(t.numel * c for t, c in spec.tensors()) == MOE_EXPERTS + MOE_DENSE
+    t = TrainingConfig(seq_len=64, framework=Framework.DEEPSPEED, parallelism=Parallelism(dp=dp, ep=ep, zero_stage=1))
+    est = estimate(spec, t, get_device("H100-80GB"))
+    states = {term.name: term.bytes for term in est.per_device.terms}
+    assert states["optimizer_states.master"] == master_bytes
+    assert states["optimizer_states.moments"] == 2 * master_bytes  # FusedAdam: two fp32 states like the master

@@ -513,9 +513,8 @@ def test_calibrate_auto_without_cuda_warns():
 
 
 def test_cpu_run_checked_against_available_ram(monkeypatch):
-    from memest.commands import calibrate
-
     from memest.calibration.compare import local_device
+    from memest.commands import calibrate
 
     spec = load_model("meta-llama/Llama-3.2-1B")
     w = TrainingConfig(seq_len=128)

@@ -77,7 +77,7 @@ def test_plan_markdown_has_a_flags_column():
 
 
 def test_cost_overrides_on_the_command_line_and_in_a_file(tmp_path):
-    first = lambda out: json.loads(out.stdout)["fits"][0]["device"]  # noqa: E731
+    first = lambda out: json.loads(out.stdout)["fits"][0]["device"]
     base = ("plan", *SERVE, "--gpus-available", "8xH100,8xL40S", "--json")
     # catalog prices: 2 x H100 at tp 2 (2 x 3.0 $/h) ties with 4 x L40S at tp 4 (4 x 1.5 $/h); tp 2
     # communicates less. vLLM's 0.9 x 79.19 GiB budget leaves 3.65 GiB of KV on each H100, 5 requests.

@@ -45,7 +45,7 @@ def test_penalties_are_looked_up_by_value_and_enum():
 
 
 def _documented_rows() -> dict[str, tuple[float, float, bool]]:
-    import memest.costs as costs
+    from memest import costs
 
     rows = {}
     for line in costs.__doc__.splitlines():
@@ -57,7 +57,7 @@ def _documented_rows() -> dict[str, tuple[float, float, bool]]:
 
 def test_the_documented_table_matches_the_data():
     # the module docstring's table is what users read; its numbers must be the ones used
-    import memest.costs as costs
+    from memest import costs
 
     rows = _documented_rows()
     for name, p in PER_DOUBLING.items():

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 from memest.cli import app
 from memest.devices import get_device
 from memest.errors import InputError
-from memest.estimate import estimate
-from memest.estimate import vllm_engine
+from memest.estimate import estimate, vllm_engine
 from memest.estimate.serving import (
     largest_concurrency,
     largest_max_model_len,

@@ -7,9 +7,9 @@ import types
 import pytest
 
 from memest.errors import InputError, UnknownModelError
-from memest.sources.hub import HubUnreachableError
 from memest.estimate.vllm_engine import cuda_block_bytes
 from memest.estimate.weights import SCHEMES, QuantScheme, checkpoint_bytes, scheme_of
+from memest.sources.hub import HubUnreachableError
 from memest.sources.quantization import compressed_tensors_spec
 from memest.spec import QuantizationSpec
 

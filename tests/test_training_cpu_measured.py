@@ -24,7 +24,7 @@ from memest.workload import AttnImplementation, LoraConfig, Method, Precision, R
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from cpu_measure import measure_step, tiny_llama_config, write_config  # noqa: E402
+from cpu_measure import measure_step, tiny_llama_config, write_config
 
 STATE_TOLERANCE = 0.01
 """Parameters and optimizer states: exact up to the profiler's few-byte scalars (AdamW's step)."""

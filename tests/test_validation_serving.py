@@ -18,7 +18,7 @@ import pytest
 
 os.environ.setdefault("MEMEST_OFFLINE", "1")  # no Hub in tests: uncatalogued models skip
 
-from memest.errors import MemestError  # noqa: E402
+from memest.errors import MemestError
 
 _spec = importlib.util.spec_from_file_location(
     "serving_cases", Path(__file__).resolve().parent.parent / "benchmarks" / "serving_cases.py")

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import training_cases as tc  # noqa: E402
+import training_cases as tc
 
 KNOWN_GAPS = {
     "fms_mistral7b_qlora_bnb_1gpu_bs4": "measured peak is 4.0 GiB above the LoRA run's activations, exactly a second "

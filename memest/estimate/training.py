@@ -244,6 +244,21 @@ def _blocks(items: list[tuple[TensorSpec, int, int]], itemsize: int, shard: int 
     return sum(cuda_block_bytes(math.ceil(local * itemsize / shard)) * count for _, local, count in items)
 
 
+def _expert_weighted(items: list[tuple[TensorSpec, int, int]], par: Parallelism, n: int) -> list[tuple[TensorSpec, int, int]]:
+    """``items`` with each routed expert's local elements scaled so that dividing by ``n`` shards them
+    over their expert-data-parallel group, as ZeRO/FSDP do with expert parallelism.
+
+    A rank holds E/ep experts (:func:`sharding.shard_numel`); only the ``n / e`` data-parallel ranks
+    holding the same experts share their states, e = min(ep, n) (Megatron-LM's expert data-parallel
+    group, ``megatron/core/parallel_state.py``; DeepSpeed-MoE's ``expert_data_parallel_group``,
+    ``deepspeed/utils/groups.py``). So an expert shard is local / (n / e) = local x e / n.
+    """
+    e = min(par.ep, n)
+    if e <= 1:
+        return items
+    return [(tn, local * e if tn.component is Component.EXPERTS else local, c) for tn, local, c in items]
+
+
 _HEADS: dict[int, tuple[ModelSpec, frozenset[int]]] = {}
 
 
@@ -427,31 +442,38 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
         if shard_w == 1:
             weights = _blocks(trainable, recipe.weight)
         elif fw is Framework.FSDP:  # FSDP2 shards every parameter on its own
-            weights = _blocks(trainable, recipe.weight, shard_w)
+            weights = _blocks(_expert_weighted(trainable, par, n), recipe.weight, shard_w)
         else:  # DeepSpeed ZeRO-3: one flat partition
-            weights = cuda_block_bytes(math.ceil(sum(local * c for _, local, c in trainable) * recipe.weight / shard_w))
+            flat_numel = sum(local * c for _, local, c in _expert_weighted(trainable, par, n))
+            weights = cuda_block_bytes(math.ceil(flat_numel * recipe.weight / shard_w))
         st.weights_formula = f"P_stage x {recipe.weight} B"
-        wb, gb = recipe.weight, recipe.grad
+        gb = recipe.grad
         master_b, state_b = recipe.master, recipe.state
     else:
         trainable = lora_adapters(spec, stage, t.lora, par.tp)
+        # under ZeRO-3 the frozen experts, too, are sharded over their expert-data-parallel group only
+        e = min(par.ep, n) if shard_w > 1 else 1
+        scale = [(tn, c * e if tn.component is Component.EXPERTS else c) for tn, c in tensors]
         if t.method is Method.LORA:
             base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c
-                       for tn, c in tensors)
+                       for tn, c in scale)
             st.weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
         else:
             other = 4 if t.prepare_kbit_training else recipe.compute
-            base = weight_bytes(tensors, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
+            base = weight_bytes(scale, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
             st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + other weights x {other} B"
                                   + " (prepare_model_for_kbit_training)" * t.prepare_kbit_training + " + fp32 adapters")
         weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ADAPTER_BYTES) / shard_w)
-        wb = gb = ADAPTER_BYTES
+        gb = ADAPTER_BYTES
         # the DeepSpeed optimizers' fp32 master copies the (fp32) adapters too
         master_b, state_b = (4 if flat and recipe.master else 0), 4
     numel = sum(local * c for _, local, c in trainable)
     st.trainable_numel = numel
     groups = _grad_groups(spec, stage, trainable)
     head_numel = sum(local * c for _, local, c in groups.head)
+    # what sharded states are computed from: experts' elements scaled by e (see _expert_weighted)
+    sharded = _expert_weighted(trainable, par, n)
+    sharded_numel = sum(local * c for _, local, c in sharded)
 
     # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
     bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
@@ -459,16 +481,17 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     st.weights = 0 if t.offload is Offload.PARAMS else weights
     if shard_w > 1:
         st.weights_formula += f" / {n} (sharded)"
-    st.master = 0 if offloaded else cuda_block_bytes(math.ceil(numel * master_b / shard_o))
+    o_numel, o_items = (sharded_numel, sharded) if shard_o > 1 else (numel, trainable)
+    st.master = 0 if offloaded else cuda_block_bytes(math.ceil(o_numel * master_b / shard_o))
     if offloaded:
         st.moments = 0
     elif flat and t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED):  # FusedAdam on the flat master
-        st.moments = 2 * cuda_block_bytes(math.ceil(numel * state_b / shard_o))
+        st.moments = 2 * cuda_block_bytes(math.ceil(o_numel * state_b / shard_o))
     elif t.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED) and (shard_o == 1 or fw is Framework.FSDP):
         # torch AdamW: exp_avg and exp_avg_sq of every parameter (FSDP2: of every parameter's shard)
-        st.moments = 2 * _blocks(trainable, state_b, shard_o)
+        st.moments = 2 * _blocks(o_items, state_b, shard_o)
     else:
-        st.moments = math.ceil(optimizer_bytes(trainable, t.optimizer, state_b) / shard_o)
+        st.moments = math.ceil(optimizer_bytes(o_items, t.optimizer, state_b) / shard_o)
     c = recipe.compute
 
     if fw in (Framework.PYTORCH, Framework.DDP):
@@ -482,13 +505,13 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
         st.persistent.append(Term("gradients.main_grad", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
                                   "P_trainable x 4 B fp32 main_grad buffer"))
     elif fw is Framework.DEEPSPEED:
-        _deepspeed_states(st, t, trainable, groups, n, z, gb)
+        _deepspeed_states(st, t, trainable, sharded_numel, groups, n, z, gb)
         if z >= 3:
             largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
             st.gathered.append(Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * recipe.weight,
                                     f"2 x largest layer unsharded x {recipe.weight} B (current + prefetched)"))
     elif fw is Framework.FSDP:
-        _fsdp_states(st, spec, t, stage, numel, n, z, wb, gb, c, head_numel, trainable, state_b, groups)
+        _fsdp_states(st, spec, t, stage, n, z, gb, c, head_numel, trainable, state_b)
     _finish_states(st, spec, t, stage)
     return st
 
@@ -544,9 +567,11 @@ def _cublas(device: Device) -> Term:
     return term
 
 
-def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]],
+def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]], sharded_numel: int,
                       groups: _GradGroups, n: int, z: int, gb: int) -> None:
-    """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet)."""
+    """DeepSpeed gradient buffers and step transients (module docstring, ``deepspeed`` bullet);
+    ``sharded_numel``: the trainable elements as ZeRO partitions them over ``n`` (experts weighted,
+    :func:`_expert_weighted`)."""
     numel = sum(local * c for _, local, c in trainable)
     offloaded = t.offload is not Offload.NONE
     bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
@@ -570,26 +595,28 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
         if not offloaded:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
-            st.lazy_grads = st.grads_before_first_layer = cuda_block_bytes(math.ceil(numel * gb / n))
+            st.lazy_grads = st.grads_before_first_layer = cuda_block_bytes(math.ceil(sharded_numel * gb / n))
             st.lazy_formula = f"P_trainable x {gb} B / {n} (grads_in_partition)"
     else:
         st.persistent.append(bucket)
         if not offloaded:
-            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(numel * gb / n)),
+            st.persistent.append(Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
                                       f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"))
     if not offloaded:
-        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * gb / n)),
+        st.step.append(Term("workspace.flat_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
                             f"P_trainable x {gb} B / {n} (flattened partition)"))
-        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(numel * 4 / n)),
+        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(sharded_numel * 4 / n)),
                             f"P_trainable x 4 B / {n} (single_grad_partition)"))
 
 
-def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, numel: int, n: int, z: int,
-                 wb: int, gb: int, c: int, head_numel: int, trainable: list[tuple[TensorSpec, int, int]],
-                 state_b: int, groups: _GradGroups) -> None:
+def _fsdp_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage, n: int, z: int, gb: int, c: int,
+                 head_numel: int, trainable: list[tuple[TensorSpec, int, int]], state_b: int) -> None:
     """FSDP gathered units, sharded gradients and their reduce copies (module docstring, ``fsdp``)."""
     par = t.parallelism
     shard_g = n if z >= 2 else 1
+    if shard_g > 1:  # experts' gradients shard over their expert-data-parallel group (_expert_weighted)
+        trainable = _expert_weighted(trainable, par, n)
+    groups = _grad_groups(spec, stage, trainable)
     st.lazy_grads = _blocks(groups.used, gb, shard_g)  # FSDP2 shards each parameter's gradient
     st.lazy_formula = f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else "")
     st.head_grads = math.ceil(head_numel * gb / shard_g)
@@ -1064,9 +1091,9 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
     if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
     if t.parallelism.ep > 1 and t.parallelism.zero_stage > 0:
-        out.append("expert parallelism: routed experts' gradients and optimizer states are sharded over all dp x cp "
-                   "ranks like dense ones; Megatron shards them over the expert-data-parallel group (dp x cp / ep), "
-                   "so those terms can be up to ep times higher")
+        out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
+                   "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
+                   "DeepSpeed-MoE)")
     if len(_ASSUMPTIONS) > 4096:
         _ASSUMPTIONS.clear()
     result = _ASSUMPTIONS[key] = tuple(out)

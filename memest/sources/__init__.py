@@ -9,6 +9,7 @@ offline (``HF_HUB_OFFLINE=1``).
 from __future__ import annotations
 
 from pathlib import Path
+
 from memest.errors import UnknownModelError, UnsupportedArchitectureError
 from memest.sources import catalog
 from memest.sources.config import HFConfig
@@ -96,7 +97,7 @@ def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
         return meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code)
     except UnsupportedArchitectureError:
         raise
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; we name the cause
+    except Exception as exc:
         raise UnsupportedArchitectureError(
             f"model_type {cfg.model_type!r} of {cfg.name!r} has no analytic adapter "
             f"(supported: {', '.join(supported_model_types())}) and building it on the meta device failed: "

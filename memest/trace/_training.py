@@ -114,7 +114,7 @@ def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.op
 def fused_kernels_on_meta() -> Iterator[None]:
     """Let ``fused=True`` optimizers run on meta tensors: torch only checks the device type
     (``torch/optim/adam.py`` ``_device_dtype_check_for_fused``); ``_fused_adamw_`` has a meta kernel."""
-    import torch.optim.adam as adam
+    from torch.optim import adam
 
     original = adam._device_dtype_check_for_fused
     adam._device_dtype_check_for_fused = lambda p, cuda_unsupported=False: None

@@ -6,7 +6,6 @@ Bytes become GiB through :func:`memest.report.gib`, as everywhere else. The JSON
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Any
 
