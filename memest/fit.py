@@ -56,6 +56,9 @@ class Verdict:
         high_bytes: Upper edge of its band.
         headroom_applied: False for vLLM, whose gpu_memory_utilization sets its share instead.
         blocker: For vLLM, why it would not serve the job although its memory fits; None otherwise.
+        shortfall_bytes: With a blocker, the KV memory per device the engine lacks to serve the job:
+            ``no_memory`` non-KV + one request's KV - the budget; ``max_model_len`` one request's KV
+            - the KV budget; ``concurrency`` batch_size requests' KV - the KV budget.
     """
 
     device: Device
@@ -65,6 +68,7 @@ class Verdict:
     high_bytes: int
     headroom_applied: bool = True
     blocker: Blocker | None = None
+    shortfall_bytes: int = 0
 
     @property
     def usable_bytes(self) -> int:
@@ -83,8 +87,10 @@ class Verdict:
 
     @property
     def margin_bytes(self) -> int:
-        """Usable minus needed (negative when it does not fit)."""
-        return self.usable_bytes - self.needed_bytes
+        """Usable minus needed; for a vLLM job with a blocker, at most minus its shortfall, so the
+        margin is negative exactly when the job does not fit."""
+        margin = self.usable_bytes - self.needed_bytes
+        return min(margin, -self.shortfall_bytes) if self.blocker else margin
 
     @property
     def free_bytes(self) -> int:
@@ -97,13 +103,14 @@ def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdi
     s = est.serving
     if s is not None and s.engine == "vllm":
         blocker: Blocker | None = None
+        shortfall = 0
         if s.engine_error == "no_memory":
-            blocker = "no_memory"
+            blocker, shortfall = "no_memory", s.non_kv_bytes + s.request_kv_bytes - s.requested_bytes
         elif s.engine_error == "max_model_len":
-            blocker = "max_model_len"
+            blocker, shortfall = "max_model_len", s.request_kv_bytes - s.kv_budget_bytes
         elif s.largest_concurrency < s.batch_size:
-            blocker = "concurrency"
+            blocker, shortfall = "concurrency", s.batch_size * s.request_kv_bytes - s.kv_budget_bytes
         return Verdict(device, count, headroom, s.device_bytes, s.device_bytes, headroom_applied=False,
-                       blocker=blocker)
+                       blocker=blocker, shortfall_bytes=max(1, shortfall) if blocker else 0)
     rank = est.per_device
     return Verdict(device, count, headroom, rank.device_used_bytes, rank.high_bytes)

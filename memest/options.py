@@ -75,8 +75,9 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "offload": (Annotated[Offload, _opt("--offload", help="CPU offload of optimizer states (or also params, ZeRO-3).",
                                         panel=TRAIN, case_sensitive=False)], Offload.NONE),
     "lora_rank": (Annotated[int, _opt("--lora-rank", help="LoRA rank r.", panel=TRAIN)], 16),
-    "lora_targets": (Annotated[str, _opt("--lora-targets", help="attention, all-linear, or module names (q_proj,v_proj).",
-                                         panel=TRAIN)], "attention"),
+    "lora_targets": (Annotated[str, _opt("--lora-targets", help="attention (every attention projection: q, k, v, o; "
+                                         "PEFT's target_modules=None picks q_proj,v_proj for llama-style models), "
+                                         "all-linear, or module names (q_proj,v_proj).", panel=TRAIN)], "attention"),
     "attn_implementation": (Annotated[AttnImplementation, _opt("--attn-implementation", help="sdpa, flash_attention_2 "
                                                                "or eager (eager stores the s x s scores).", panel=TRAIN,
                                                                case_sensitive=False)], AttnImplementation.SDPA),

@@ -180,6 +180,8 @@ WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16
 QUANTIZATIONS = ("none", "int8", "int4", "nf4", "fp4", "fp8", "gptq", "awq", "mxfp4")
 KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
+"""model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
 ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
@@ -232,7 +234,8 @@ class LoraConfig:
 
     Attributes:
         rank: r, the adapters' inner width.
-        targets: ``attention`` (the attention projections), ``all-linear`` (every linear layer of
+        targets: ``attention`` (every attention projection: q, k, v, o; PEFT's ``target_modules=None``
+            default for llama-style models adapts only q_proj and v_proj), ``all-linear`` (every linear layer of
             the decoder, as PEFT's ``target_modules="all-linear"``), or a comma-separated list of
             module names (``q_proj,v_proj``).
         dropout: PEFT ``lora_dropout``: above 0 each adapted linear keeps a dropout mask and its
@@ -302,8 +305,8 @@ class ServingConfig:
     """An inference server (or ``generate`` loop), per device.
 
     Attributes:
-        dtype: Weight dtype (``auto`` = the checkpoint's, fp32 checkpoints served in fp16 as vLLM
-            does).
+        dtype: Weight dtype (``auto`` = the checkpoint's; fp32 checkpoints in bf16 under vLLM,
+            in fp32 under transformers; :func:`memest.estimate.serving.weight_dtype`).
         quantization: Weight quantization applied to an unquantized model (``none`` keeps the
             checkpoint's own quantization_config, if any).
         kv_cache_dtype: KV-cache element type (``auto`` = the weight dtype).
@@ -638,13 +641,17 @@ def _validate_serving(s: ServingConfig) -> None:
 
 
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
-    """Checks that need the model: the length.
+    """Checks that need the model: the length, and for vLLM the dtype.
 
     Raises:
+        InputError: for vLLM, ``--dtype fp16`` for a model type vLLM refuses it for (:data:`VLLM_NO_FLOAT16`);
         InputError: for vLLM, max_model_len beyond the model's max_position_embeddings (vLLM
             refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); for any engine, a length
             beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`).
     """
+    if s.engine is Engine.VLLM and s.dtype in ("fp16", "float16") and spec.model_type in VLLM_NO_FLOAT16:
+        raise InputError(f"vLLM refuses --dtype {s.dtype} for model_type {spec.model_type!r} of {spec.name} (numerical "
+                         "instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use --dtype bf16 or fp32")
     limit = spec.max_position_embeddings
     if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
         raise InputError(f"--max-model-len {s.max_model_len} is more than {spec.name}'s max_position_embeddings "

@@ -109,3 +109,20 @@ def test_encoder_only_model_needs_no_kv_pool():
     assert est.serving.largest_concurrency == 1024
     assert verdict(est, device, 1, 0.10).fits
     assert "weights.rope_cache" not in {t.name for t in est.terms}  # learned positions: no rotary cache
+
+
+@pytest.mark.parametrize(("gpu", "max_model_len", "batch_size", "blocker"), [
+    ("H100-80GB", 131_072, 1, "max_model_len"),
+    ("H200-141GB", 32_768, 64, "concurrency"),
+])
+def test_margin_is_negative_when_vllm_would_not_serve(gpu, max_model_len, batch_size, blocker):
+    # Llama-3.1-70B at tp 2: KV per token per device 2 x 80 layers x (8 KV heads / 2) x 128 x 2 B = 163,840 B;
+    # the margin is minus what the pool lacks: batch_size x max_model_len x 163,840 - the KV budget
+    from memest.workload import Parallelism
+
+    s = ServingConfig(max_model_len=max_model_len, batch_size=batch_size, parallelism=Parallelism(tp=2))
+    est = estimate(load_model("meta-llama/Llama-3.1-70B"), s, get_device(gpu))
+    v = verdict(est, get_device(gpu), 2, 0.1)
+    assert v.blocker == blocker and not v.fits
+    assert v.needed_bytes < v.usable_bytes  # what the started engine would hold fits; the job does not
+    assert v.margin_bytes == est.serving.kv_budget_bytes - batch_size * max_model_len * 163_840 < 0

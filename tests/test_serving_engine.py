@@ -160,3 +160,20 @@ def test_cli_bad_engine_version_exits_2(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2
+
+
+def test_mla_keeps_a_dequantized_kv_b_proj_for_quantized_checkpoints():
+    # DeepSeek-V3 (fp8 blocks) at tp 8: W_UK_T / W_UV come from kv_b_proj dequantized to bf16:
+    # kv_lora_rank 512 x (128 heads / 8) x (qk_nope 128 + v 128) x 2 B = 4,194,304 B per layer (2 MiB
+    # multiple: no rounding) x 61 layers = 255,852,544 B
+    from memest.devices import get_device
+    from memest.estimate import estimate
+    from memest.sources import load_model
+    from memest.workload import Parallelism, ServingConfig
+
+    s = ServingConfig(max_model_len=8192, parallelism=Parallelism(tp=8))
+    rank = estimate(load_model("deepseek-ai/DeepSeek-V3"), s, get_device("H200-141GB")).per_device
+    assert rank.term("weights.mla_dequantized").bytes == 61 * 512 * 16 * 256 * 2 == 255_852_544
+    # an unquantized MLA checkpoint (DeepSeek-V2-Lite, bf16): the views share the weight, nothing added
+    lite = estimate(load_model("deepseek-ai/DeepSeek-V2-Lite"), ServingConfig(max_model_len=8192), get_device("H100"))
+    assert "weights.mla_dequantized" not in {t.name for t in lite.per_device.terms}

@@ -28,10 +28,10 @@ INT64 = 8
 GENERATE_INT64 = 4 * INT64  # attention mask, position ids (cumsum, masked_fill), sliced and cloned input ids
 
 
-def _prefill(model: str, b: int, p: int):
+def _prefill(model: str, b: int, p: int, dtype: str = "auto"):
     """The estimate of ``b`` prompts of ``p`` tokens and 2 new tokens (the prefill sets the peak)."""
-    return estimate(load_model(model), ServingConfig(engine=Engine.HF, batch_size=b, prompt_len=p, max_new_tokens=2),
-                    H100).per_device
+    s = ServingConfig(engine=Engine.HF, batch_size=b, prompt_len=p, max_new_tokens=2, dtype=dtype)
+    return estimate(load_model(model), s, H100).per_device
 
 
 def test_llama_pattern_with_a_sliding_window_reached() -> None:
@@ -65,10 +65,10 @@ def test_gpt2_gelu_tanh_in_python_and_position_table() -> None:
 
 def test_gemma2_eager_attention_scores() -> None:
     # gemma-2-2b: h 2304, i 9216, 26 layers, 8 heads, 4 KV heads x 256, sliding and full layers,
-    # no SDPA in transformers (eager); fp32 checkpoint served in fp16; b 1, p 1000
+    # no SDPA in transformers (eager); fp32 checkpoint loaded with --dtype bf16; b 1, p 1000
     spec = load_model("google/gemma-2-2b")
     assert not spec.sdpa_supported
-    rank = _prefill("google/gemma-2-2b", 1, 1000)
+    rank = _prefill("google/gemma-2-2b", 1, 1000, dtype="bf16")
     T, h, a, d, c = 1000, 2304, 8, 256, 2
     model = (T * h * c + GENERATE_INT64 * T + 2 * T * d * c  # inputs_embeds, int64 inputs, rotary
              + 2 * 1 * 1000 * 1000 * c)  # eager masks for the sliding and the full layers, (b, 1, p, p)

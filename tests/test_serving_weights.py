@@ -154,3 +154,31 @@ def test_exact_weights_scale_the_estimate(monkeypatch: pytest.MonkeyPatch) -> No
     stage = stages(spec.num_layers, 1)[0]
     ratio = stage_weight_bytes(spec, exact, stage) / stage_weight_bytes(spec, plain, stage)
     assert ratio == pytest.approx(1.01, rel=1e-6)
+
+
+@pytest.mark.parametrize(("engine", "dtype", "bytes_per_param"), [
+    ("vllm", "bfloat16", 2),  # vLLM _resolve_auto_dtype: float32 -> the platform's first dtype, bfloat16
+    ("hf", "float32", 4),  # transformers dtype="auto" keeps the checkpoint's float32
+])
+def test_float32_checkpoint_served_dtype(engine, dtype, bytes_per_param):
+    from memest.devices import get_device
+    from memest.estimate import estimate
+    from memest.estimate.serving import weight_dtype
+    from memest.sources import load_model
+    from memest.workload import Engine, ServingConfig
+
+    spec = load_model("google/gemma-2-9b")  # config.json: "torch_dtype": "float32"
+    assert spec.torch_dtype == "float32"
+    s = ServingConfig(engine=Engine(engine), max_model_len=1024)
+    assert weight_dtype(spec, s) == dtype
+    params = sum(t.numel * c for t, c in spec.tensors())
+    weights = estimate(spec, s, get_device("H200-141GB")).per_device.term("weights").bytes
+    assert params * bytes_per_param <= weights <= params * bytes_per_param * 1.001  # + allocator block rounding
+
+
+def test_vllm_refuses_float16_for_gemma2():
+    from memest.sources import load_model
+    from memest.workload import ServingConfig, validate
+
+    with pytest.raises(InputError, match="vLLM refuses --dtype fp16 for model_type 'gemma2'"):
+        validate(load_model("google/gemma-2-9b"), ServingConfig(dtype="fp16"))

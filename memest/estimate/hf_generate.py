@@ -184,7 +184,8 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
     else:
         end = hf_prefill.end_of_prefill(spec, b, p, c)
         end = hf_prefill.PrefillMoment(end.where, end.activations, end.logits, kv_prefill)
-        prefill = max(hf_prefill.prefill_peak(spec, b, p, c, e), end, key=lambda m: m.total)
+        cuda = device.vendor in ("nvidia", "amd")  # CPU SDPA has an fp32 grouped-query flash kernel
+        prefill = max(hf_prefill.prefill_peak(spec, b, p, c, e, cuda=cuda), end, key=lambda m: m.total)
     kv_end = contiguous_cache_bytes(layers, b, lens.cached)
     per_layer_growth = max((kv.bytes_per_token * b * (lens.cached if kv.window is None else min(lens.cached, kv.window))
                             for kv, _ in layers), default=0)

@@ -27,6 +27,9 @@ element, w bytes of a routing weight. Per prefill (for the whole batch):
   tensors), then the projections q (a·d), k and v (k·d each) and the three a·d temporaries of
   ``apply_rotary_pos_emb`` on q (``q * cos``, ``rotate_half(q)``, the product with sin) — the
   KV cache of this layer is not written yet; without rotary, q, k, v and the attention output.
+  In fp32 with grouped-query heads and no mask, SDPA has no fused kernel on CUDA and runs its math
+  fallback: K and V repeated, the scaled q, the b x a x p x p scores and their masked copy and a
+  (p, p) float causal bias (:func:`_math_sdpa`).
   **Eager** attention (families whose ``sdpa_supported`` is False: bloom, gemma2, gpt-oss) writes
   the cache first, then holds q, K and V repeated to a heads (``repeat_kv``, when k < a) and the
   b x a x p x p scores: the masked scores in c and, inside ``softmax(..., dtype=float32)``, the fp32
@@ -69,7 +72,7 @@ import math
 from dataclasses import dataclass
 
 from memest.estimate.kv_cache import kv_layer
-from memest.spec import LayerSpec, ModelSpec
+from memest.spec import AttentionSpec, LayerSpec, ModelSpec
 
 FP32 = 4
 INT64 = 8
@@ -259,7 +262,8 @@ def _mlp_bytes(layer: LayerSpec, code: ForwardCode, h: int, T: int, c: float) ->
     return max(gated, end, shared) + rows, "experts"
 
 
-def _attention_bytes(spec: ModelSpec, layer: LayerSpec, code: ForwardCode, b: int, p: int, c: float) -> float:
+def _attention_bytes(spec: ModelSpec, layer: LayerSpec, code: ForwardCode, b: int, p: int, c: float,
+                     cuda: bool = True) -> float:
     """Attention's own tensors at its largest moment (bytes; the cache excluded)."""
     a = layer.attention
     T = b * p
@@ -277,10 +281,27 @@ def _attention_bytes(spec: ModelSpec, layer: LayerSpec, code: ForwardCode, b: in
         return extra * T * c + scores
     rotary = code.rotary_bytes != 0
     core = q + kv_proj + (ROTARY_TEMPS * q if rotary else a.num_heads * a.v_head_dim)
+    if cuda and _math_sdpa(a, code, p, c):
+        # the math fallback (aten attention.cpp _scaled_dot_product_attention_math): K and V repeated to
+        # a heads (enable_gqa), the scaled q, the (b, a, p, p) scores and their masked copy, and the
+        # causal mask as a (p, p) float bias
+        held = q + kv_proj + a.num_heads * (a.head_dim + a.v_head_dim) + q
+        return max(core * T * c, held * T * c + b * a.num_heads * p * p * 2 * c + p * p * c)
     return core * T * c
 
 
-def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float) -> PrefillMoment:
+def _math_sdpa(a: AttentionSpec, code: ForwardCode, p: int, c: float) -> bool:
+    """True when SDPA on a CUDA device falls back to the math kernel
+    (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``): FlashAttention needs fp16/bf16 and
+    the memory-efficient kernel has no grouped-query support, which transformers asks for
+    (``enable_gqa``, no ``repeat_kv``) whenever the causal mask is skipped (``use_gqa_in_sdpa``)."""
+    if c < FP32 or a.num_kv_heads >= a.num_heads:
+        return False
+    masked = code.bool_mask or (a.sliding_window is not None and p >= a.sliding_window)
+    return not masked
+
+
+def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float, *, cuda: bool = True) -> PrefillMoment:
     """The largest moment of the prefill of b prompts of p tokens (see the module docstring).
 
     Args:
@@ -289,6 +310,7 @@ def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float) -> Prefill
         p: Prompt tokens per sequence.
         c: Bytes per activation element.
         e: Bytes per KV-cache element.
+        cuda: The device runs SDPA with CUDA's kernel choice (:func:`_math_sdpa`); False on the CPU.
     """
     code = forward_code(spec)
     h, T = spec.hidden_size, b * p
@@ -302,7 +324,7 @@ def prefill_peak(spec: ModelSpec, b: int, p: int, c: float, e: float) -> Prefill
         before = cache
         cache += layer_cache_bytes(layer, b, p, e)
         if id(layer) not in seen:
-            attn = _attention_bytes(spec, layer, code, b, p, c) if layer.attention.kind in ("gqa", "mla") else 0.0
+            attn = _attention_bytes(spec, layer, code, b, p, c, cuda) if layer.attention.kind in ("gqa", "mla") else 0.0
             norm = 0.0
             if layer.norm == "rms":
                 norm = code.held_at_norm * h * T * c + (RMS_NORM_BYTES_PER_H * h + RMS_NORM_STAT_BYTES) * T

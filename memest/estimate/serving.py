@@ -36,16 +36,22 @@ _NO_ROPE_TYPES = ("bloom", "mpt", "gpt2", "gpt_bigcode", "opt", "bert", "t5", "f
 
 
 def weight_dtype(spec: ModelSpec, s: ServingConfig) -> str:
-    """The dtype unquantized weights are served in: ``--dtype``, else the checkpoint's, fp32 as fp16.
+    """The dtype unquantized weights are served in: ``--dtype``, else the checkpoint's; for vLLM an
+    fp32 checkpoint in bfloat16.
 
-    vLLM's ``dtype="auto"`` (``ModelConfig._get_and_verify_dtype``) serves fp32 checkpoints in
-    fp16 and others in their own dtype; transformers loads a checkpoint in its own dtype when asked
-    for ``torch_dtype="auto"``.
+    vLLM's ``dtype="auto"`` (``vllm/config/model.py`` ``_resolve_auto_dtype``) serves a float32
+    checkpoint in the platform's first supported dtype, bfloat16 on CUDA devices of compute
+    capability 8.0 and later (float16 before, the same 2 bytes; Gemma 2/3 fall back to float32 there,
+    which memest does not model), and other checkpoints in their own dtype. transformers loads a
+    checkpoint in its own dtype under ``dtype="auto"`` (the default since transformers 5), float32
+    included.
     """
     if s.dtype != "auto":
         return s.dtype
     stored = (spec.torch_dtype or "bfloat16").lower().removeprefix("torch.")
-    return "float16" if stored in ("float32", "fp32", "float") else stored
+    if stored in ("float32", "fp32", "float"):
+        return "bfloat16" if s.engine is Engine.VLLM else "float32"
+    return stored
 
 
 def compute_bytes(spec: ModelSpec, s: ServingConfig) -> float:
@@ -109,7 +115,13 @@ def _vllm_weight_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
                                         dtype_bytes=c, scheme=scheme, skip=skip)
     if s.checkpoint_params:
         w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
-    return w
+    return w + _mla_dequantized(spec, s, stage)
+
+
+def _mla_dequantized(spec: ModelSpec, s: ServingConfig, stage: Stage) -> int:
+    scheme, skip = serving_weight_layout(spec, s.quantization)
+    return vllm_engine.mla_dequantized_bytes(stage_tensors(spec, stage), s.parallelism, spec.num_kv_heads,
+                                             dtype_bytes=compute_bytes(spec, s), scheme=scheme, skip=skip)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +182,11 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     ]
     if rope:
         terms.append(Term("weights.rope_cache", Kind.WEIGHTS, rope, "rotary cos/sin cache: max_position x rotary dim x c"))
-    rounding = r.budget.weights - stored - rope
+    mla = _mla_dequantized(spec, s, r.stage)
+    if mla:
+        terms.append(Term("weights.mla_dequantized", Kind.WEIGHTS, mla,
+                          "kv_b_proj dequantized to c for MLA's W_UK_T / W_UV (process_weights_after_loading)"))
+    rounding = r.budget.weights - stored - rope - mla
     if rounding > 0:
         terms.append(Term("weights.block_rounding", Kind.WEIGHTS, rounding,
                           "caching-allocator rounding of vLLM's merged weight tensors (2 MiB segments)"))

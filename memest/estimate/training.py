@@ -396,6 +396,7 @@ class _States:
     weights_formula: str = ""
     master: int = 0
     moments: int = 0
+    states_shard: int = 1  # ranks the master and optimizer states are sharded over
     lazy_grads: int = 0
     lazy_formula: str = ""
     head_grads: int = 0
@@ -482,6 +483,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     if shard_w > 1:
         st.weights_formula += f" / {n} (sharded)"
     o_numel, o_items = (sharded_numel, sharded) if shard_o > 1 else (numel, trainable)
+    st.states_shard = shard_o
     st.master = 0 if offloaded else cuda_block_bytes(math.ceil(o_numel * master_b / shard_o))
     if offloaded:
         st.moments = 0
@@ -527,9 +529,10 @@ def _finish_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage
     """The states' terms, built once (the states are remembered across setups)."""
     par = t.parallelism
     st.base = [Term("weights", Kind.WEIGHTS, st.weights, st.weights_formula),
-               Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master, "fp32 master weights" + _div(par)),
+               Term("optimizer_states.master", Kind.OPTIMIZER_STATES, st.master,
+                    "fp32 master weights" + _div(st.states_shard)),
                Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, st.moments,
-                    f"{t.optimizer.value} states" + _div(par)),
+                    f"{t.optimizer.value} states" + _div(st.states_shard)),
                *st.persistent]
     if spec.buffers:
         st.base.append(Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
@@ -1018,9 +1021,8 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     return tuple(chosen), name
 
 
-def _div(par: Parallelism) -> str:
-    n = par.shard_degree
-    return f" / {n} (sharded)" if n > 1 else ""
+def _div(shard: int) -> str:
+    return f" / {shard} (sharded)" if shard > 1 else ""
 
 
 def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Term:

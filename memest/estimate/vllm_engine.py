@@ -65,7 +65,8 @@ from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import runtime
 from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.weights import QuantScheme, tensor_bytes
+from memest.estimate.sharding import shard_numel
+from memest.estimate.weights import QuantScheme, _skipped, tensor_bytes
 from memest.spec import LayerSpec, ModelSpec, TensorSpec
 from memest.workload import ENGINE_VERSIONS, Parallelism
 
@@ -326,6 +327,23 @@ def _allocation_key(t: TensorSpec) -> str:
     parent, _, leaf = module.rpartition(".")
     merged = _MERGED.get(leaf)
     return f"{parent}.{merged}.{param}" if merged else t.name
+
+
+def mla_dequantized_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
+                          dtype_bytes: float, scheme: QuantScheme | None, skip: tuple[str, ...]) -> int:
+    """Bytes of the 16-bit copies vLLM's MLA keeps of a quantized ``kv_b_proj`` on one rank.
+
+    ``MLAAttention.process_weights_after_loading`` (``vllm/model_executor/layers/attention/mla_attention.py``;
+    ``vllm/v1/attention/backends/mla/common.py`` before) builds ``W_UK_T`` and ``W_UV`` from
+    ``get_and_maybe_dequant_weights(kv_b_proj)``: views of the weight itself when it is unquantized
+    (0 bytes), of a dequantized (kv_lora_rank, heads/tp x (qk_nope + v)) tensor at the activation
+    dtype when it is quantized (fp8 DeepSeek-V3 checkpoints), kept beside the quantized weight.
+    """
+    if scheme is None:
+        return 0
+    return sum(cuda_block_bytes(math.ceil(shard_numel(t, par, num_kv_heads) * dtype_bytes)) * count
+               for t, count in tensors
+               if t.module.endswith("kv_b_proj") and t.is_linear_weight and not _skipped(t, skip))
 
 
 def loaded_weight_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
