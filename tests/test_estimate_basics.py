@@ -72,21 +72,23 @@ PER_TENSOR_16BIT = 2 * TINY_PARAMS + NORMS * (512 - 128)
 
 
 @pytest.mark.parametrize(("zero", "weights", "grads", "optimizer"), [
-    # mixed precision AdamW (DeepSpeed), N = 4 ranks: weights 2P, grads 2P, master 4P + moments 8P, each
-    # tensor in a 512-B block: the 16-bit weights and gradients per parameter, DeepSpeed's flat fp32
+    # mixed precision AdamW (DeepSpeed 0.19.5), N = 4 ranks: weights 2P, grads 2P, master 4P + moments 8P,
+    # each tensor in a 512-B block: the 16-bit weights and gradients per parameter, DeepSpeed's flat fp32
     # master and the two FusedAdam states as one tensor each of P/N elements (4P/4 = 202,048 B -> 202,240).
-    # Without ZeRO, DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) adds an fp32
-    # gradient buffer of every parameter (4P = 808,192 B -> 808,448, one flat tensor) and partitions master
-    # and moments over dp anyway.
-    (0, PER_TENSOR_16BIT, PER_TENSOR_16BIT + _block(4 * TINY_PARAMS), 3 * _block(4 * TINY_PARAMS // 4)),
-    (1, PER_TENSOR_16BIT, PER_TENSOR_16BIT, 3 * _block(4 * TINY_PARAMS // 4)),
+    # Without ZeRO, bf16 runs FP16_Optimizer (deepspeed/runtime/fp16/fused_optimizer.py): master and moments
+    # unpartitioned, one flat tensor each (4P = 808,192 B -> 808,448), and param.grad alive at the step
+    # (its fp32 copies are workspace, not counted here).
+    (0, PER_TENSOR_16BIT, PER_TENSOR_16BIT, 3 * _block(4 * TINY_PARAMS)),
+    # ZeRO-1: reduce_gradients (stage_1_and_2.py) leaves the rank's partition (grads_in_partition, 2P/4 =
+    # 101,024 B -> 101,376) and drops param.grad before the step
+    (1, PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
     # ZeRO-2: one flat bf16 gradient partition (grads_in_partition), 2P/4 = 101,024 B -> 101,376
     (2, PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
     # ZeRO-3: one flat bf16 weight partition and one gradient partition, 2P/4 each
     (3, _block(2 * TINY_PARAMS // 4), _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
 ])
 def test_zero_stages_shard_model_states(tiny, zero, weights, grads, optimizer):
-    # the optimizer step is the moment every gradient buffer is alive (training.moments)
+    # the model states at the optimizer step (training.moments)
     step = moments(tiny, TrainingConfig(seq_len=16, parallelism=Parallelism(dp=4, zero_stage=zero)), H100)["optimizer_step"]
     states = _states(RankEstimate("all ranks", tuple(step)))
     assert states[Kind.WEIGHTS] == weights

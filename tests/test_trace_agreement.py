@@ -46,10 +46,6 @@ JAMBA = ("findings §8, a trace limitation, not a formula gap: without the CUDA-
          "packages transformers runs the reference selective scan, whose (b, d_inner, s, d_state) tensors a GPU "
          "run with the fused kernels never stores (the traced peaks are 2-6x the analytic ones on this config); "
          "the analytic mamba term is a seed for the fused kernels, which no trace here can check")
-WARMUP = ("findings §1, a trace artifact: the trace's warm-up step gives every parameter a zero gradient and "
-          "DeepSpeed bf16 at ZeRO 0 drops 16-bit gradients only when the next backward starts, so the first "
-          "traced forward still holds the never-run SigLIP vision tower's (2.5 M of this tiny config's 4.3 M "
-          "parameters: 5,033,984 B of the 5,132,800 B gap); a steady-state step, and the analytic estimate, have none")
 GPT_OSS = ("findings §12 (allocator history, not a formula gap): this tiny config's 1-10 MiB tensors (the clamped "
            "SwiGLU's (1024, 704) outputs, the sinks softmax, the loss's (512, 1024) fp32 gradients) are served from "
            "freed cached blocks up to 1 MiB larger, which the caching allocator does not split; less that slack "
@@ -57,7 +53,7 @@ GPT_OSS = ("findings §12 (allocator history, not a formula gap): this tiny conf
            "one (the rest: the residual stream, a local of the rebuilt layer)")
 
 DISAGREE = {
-    "full": {"gemma3", "jamba"},
+    "full": {"jamba"},
     "full-recompute": {"jamba"},
     "lora": {"gpt_oss", "jamba"},
     "lora-recompute": {"gpt_oss", "jamba"},
@@ -71,7 +67,7 @@ def _reason(family: str, job: str) -> str:
         return JAMBA
     if job == "serve":
         return SLACK
-    return WARMUP if family == "gemma3" else GPT_OSS
+    return GPT_OSS
 
 
 KNOWN = {(family, job): _reason(family, job) for job, families in DISAGREE.items() for family in families}

@@ -157,6 +157,26 @@ def test_deepspeed_zero2_step_casts_the_partition_to_fp32(tiny):
     assert backward["workspace.reduce_bucket"] == 477 * 2 * 1024 * 1024
 
 
+def test_deepspeed_zero1_reduces_to_a_partition_before_the_step(tiny):
+    # ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.5): full bf16 param.grad through backward;
+    # after it reduce_gradients moves them into the 5e8-element bucket (477 x 2 MiB, see the ZeRO-2 test) and
+    # copies the rank's partition into grads_in_partition (2P/N = 50,512 B -> 50,688, N = 8), then drops
+    # param.grad, so the step holds the partition, its flattened copy (50,688) and the fp32 copy (4P/N =
+    # 101,024 B -> 101,376), not the full gradients
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=1))
+    m = moments(tiny, w, H100)
+    step = {t.name: t.bytes for t in m["optimizer_step"]}
+    assert (step["gradients.partition"], step["workspace.flat_gradients"], step["workspace.fp32_gradients"]) == (
+        50_688, 50_688, 101_376)
+    assert "gradients" not in step
+    # rank 0's partition is allocated at the first bucket's reduction, beside (nearly) every bf16 gradient
+    reduction = {t.name: t.bytes for t in m["gradient_reduction"]}
+    assert (reduction["gradients"], reduction["workspace.reduce_bucket"], reduction["gradients.partition"]) == (
+        BF16_TENSORS, 477 * 2 * 1024 * 1024, 50_688)
+    # ZeRO-2 has no such moment: it reduces during backward
+    assert "gradient_reduction" not in moments(tiny, w.replace(parallelism=Parallelism(dp=8, zero_stage=2)), H100)
+
+
 def test_adamw8bit_states(tiny):
     # tensors of >= 4096 elements: 2 x (1 B + 4 B / 256) per element; smaller ones keep fp32 states (8 B)
     big = 2 * 64_000 + 2 * (2 * 4096 + 3 * 8192)      # embed, lm_head, q, o, gate, up, down: 193,536

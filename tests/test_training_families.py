@@ -135,18 +135,28 @@ def tiny():
     return spec_from_config(HFConfig(TINY_LLAMA, name="tiny", source="test"))
 
 
-def test_deepspeed_bf16_zero0_forward_holds_last_steps_gradients(tiny):
-    # DeepSpeed bf16 at ZeRO 0: the previous step's bf16 param.grad (one block each) live through the forward
-    # beside the fp32 flat gradient (4P = 808,192 B -> 808,448); inside the loss the bf16 logits, their fp32
-    # upcast and the fp32 log-softmax: (2 + 4 + 4) B x 2 x 32 tokens x V 1000
+def test_deepspeed_bf16_zero0_step_copies_gradients_to_fp32(tiny):
+    # DeepSpeed 0.19.5, bf16 at ZeRO 0: FP16_Optimizer (deepspeed/runtime/fp16/fused_optimizer.py). Its step
+    # builds p.grad.to(fp32) for every parameter (one block each: 4 B x 64 = 256 B norms take 512, every other
+    # tensor is a multiple of 512: 4P + 5 x (512 - 256)) and flattens them (4P = 808,192 B -> 808,448) while the
+    # bf16 param.grad still exist (BF16_TENSORS); master and FusedAdam m, v are unsharded flat tensors
+    # (3 x 808,448)
     w = TrainingConfig(micro_batch_size=2, seq_len=32)
-    forward = moments(tiny, w, H100)["loss_forward"]
-    grads = sum(t.bytes for t in forward if t.kind is Kind.GRADIENTS)
-    assert grads == BF16_TENSORS + 808_448
+    m = moments(tiny, w, H100)
+    step = {t.name: t.bytes for t in m["optimizer_step"]}
+    assert step["gradients"] == BF16_TENSORS
+    assert step["workspace.fp32_grad_copies"] == 4 * P + 5 * (512 - 256)
+    assert step["workspace.fp32_gradients"] == 808_448
+    assert step["optimizer_states.master"] + step["optimizer_states.moments"] == 3 * 808_448
+    # the engine's zero_grad after the step (engine.py _take_model_step) leaves no gradient to the forward;
+    # inside the loss the bf16 logits, their fp32 upcast and the fp32 log-softmax: (2 + 4 + 4) B x 2 x 32 x V 1000
+    forward = m["loss_forward"]
+    assert sum(t.bytes for t in forward if t.kind is Kind.GRADIENTS) == 0
     assert {t.name: t.bytes for t in forward}["logits"] == 10 * 64 * 1000
-    # at the start of backward (clear_lp_grads ran) only the fp32 buffer is left
-    backward = moments(tiny, w, H100)["loss_backward"]
-    assert sum(t.bytes for t in backward if t.kind is Kind.GRADIENTS) == 808_448
+    # with dp = 4 nothing is partitioned: the same master and moments
+    w4 = TrainingConfig(micro_batch_size=2, seq_len=32, parallelism=Parallelism(dp=4))
+    step4 = {t.name: t.bytes for t in moments(tiny, w4, H100)["optimizer_step"]}
+    assert step4["optimizer_states.master"] + step4["optimizer_states.moments"] == 3 * 808_448
 
 
 def test_lora_first_layer_input_needs_no_gradient(tiny):

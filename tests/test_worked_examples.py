@@ -7,6 +7,7 @@ for the bf16/fp16 files): Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192.
 
 from memest.devices import get_device
 from memest.estimate import estimate
+from memest.estimate.training import moments
 from memest.plan import assess, verdict
 from memest.result import Kind
 from memest.sources import load_model
@@ -26,15 +27,24 @@ def test_llama2_7b_full_finetune_on_one_a100_80gb_does_not_fit():
     assert spec.num_params == LLAMA2_7B_PARAMS
     device = get_device("A100-80GB")
     result = assess(spec, TrainingConfig(), device)
-    # mixed precision + AdamW on one GPU runs as DeepSpeed bf16 without ZeRO (BF16_Optimizer,
-    # deepspeed/runtime/bf16_optimizer.py): 2 (bf16 weights) + 2 (bf16 grads, kept: immediate_grad_update
-    # is off by default) + 4 (fp32 gradient buffer) + 4 (fp32 master) + 4 + 4 (Adam m, v) = 20 B/param
-    # at the optimizer step -> 20 x 6,738,415,616 = 134,768,312,320 B ~ 134.8 GB of model states alone,
-    # more than the whole A100's 79.14 GiB = 84,976,... B. The CUDA caching allocator gives each of the four
-    # flat fp32 buffers (4P = 26,953,662,464 B: gradient, master, Adam m and v) a segment of its own rounded
-    # up to 2 MiB (12,853 x 2 MiB = 26,954,694,656 B) and does not split off the 1,032,192 B left (<= 1 MiB),
-    # as the trace of this model's step shows (optimizer states 3 x 26,954,694,656 B)
-    assert model_state_bytes(result.estimate) == 20 * LLAMA2_7B_PARAMS + 4 * 1_032_192 == 134_772_441_088
+    # mixed precision + AdamW on one GPU runs as DeepSpeed bf16 without ZeRO. DeepSpeed 0.19.5 accumulates
+    # gradients in the model dtype (engine.py get_data_types, since v0.17.6), so bf16 at ZeRO 0 runs
+    # FP16_Optimizer (deepspeed/runtime/fp16/fused_optimizer.py): 2 (bf16 weights) + 2 (bf16 param.grad)
+    # + 4 (fp32 flat master) + 4 + 4 (FusedAdam m, v) = 16 B/param of model states at the optimizer step
+    # -> 16 x 6,738,415,616 = 107,814,649,856 B ~ 107.8 GB, more than the whole A100's 79.14 GiB =
+    # 84,976,... B. The CUDA caching allocator gives each of the three flat fp32 buffers (4P =
+    # 26,953,662,464 B: master, Adam m and v) a segment of its own rounded up to 2 MiB (12,853 x 2 MiB =
+    # 26,954,694,656 B) and does not split off the 1,032,192 B left (<= 1 MiB); the per-tensor bf16 weights
+    # and gradients are exact multiples of 2 MiB (4096 x 4096 x 2 = 32 MiB, 11008 x 4096 x 2 = 86 MiB,
+    # 32000 x 4096 x 2 = 250 MiB) or of 512 B (the norms, 8 KiB)
+    assert model_state_bytes(result.estimate) == 16 * LLAMA2_7B_PARAMS + 3 * 1_032_192 == 107_817_746_432
+    # FP16_Optimizer.step copies every gradient to fp32 (p.grad.to(fp32), per tensor: 4P, again exact
+    # multiples of 2 MiB / 512 B) and flattens the copies (one 4P buffer, + 1,032,192 B as above) while the
+    # bf16 gradients still exist: 8P = 53,907,324,928 B more, 24 B/param at the step
+    step = {t.name: t.bytes for t in result.estimate.per_device.terms}
+    assert step["workspace.fp32_grad_copies"] == 4 * LLAMA2_7B_PARAMS == 26_953_662_464
+    assert step["workspace.fp32_gradients"] == 4 * LLAMA2_7B_PARAMS + 1_032_192 == 26_954_694_656
+    assert result.estimate.extra["peak_moment"] == "optimizer_step"
     # the issue's figure, the ZeRO paper's 16 B/param (2 + 2 + K=12), is shown beside it as a rule of thumb:
     # 16 x 6,738,415,616 = 107,814,649,856 B ~ 107.8 GB, already more than the device holds
     sixteen = next(r for r in result.rules if r.name.startswith("16 B/param"))
@@ -45,6 +55,33 @@ def test_llama2_7b_full_finetune_on_one_a100_80gb_does_not_fit():
     # the recommendation fits by its own, independent re-estimate
     again = estimate(spec, rec.cheapest.workload, device)
     assert verdict(again, device, rec.cheapest.devices, 0.10).fits
+
+
+def test_llama2_7b_zero1_on_8_h100_peaks_at_the_gradient_reduction():
+    # DeepSpeed 0.19.5 ZeRO-1, 8 ranks (deepspeed/runtime/zero/stage_1_and_2.py): after backward
+    # reduce_gradients moves the bf16 gradients into the 5e8-element bucket and rank 0 allocates its
+    # grads_in_partition at the first bucket's reduction, while (nearly) all gradients still exist.
+    # Blocks (>= 10 MiB: 2-MiB multiples, unsplit when <= 1 MiB would be left):
+    #   bf16 weights and gradients per tensor, exact (see above): 2P = 13,476,831,232 B each
+    #   4P/8 = 3,369,207,808 B -> 1607 x 2 MiB = 3,370,123,264 (915,456 B left: unsplit); master, Adam m, v
+    #   2P/8 = 1,684,603,904 B: 804 x 2 MiB would leave 1,506,304 B (> 1 MiB, split off), so 512-B multiples:
+    #   1,684,603,904 (= 3,290,242 x 512)
+    #   bucket: 5e8 x 2 B = 1e9 B -> 477 x 2 MiB = 1,000,341,504
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    est = estimate(spec, TrainingConfig(parallelism=Parallelism(dp=8, zero_stage=1)), get_device("H100-80GB"))
+    assert est.extra["peak_moment"] == "gradient_reduction"
+    terms = {t.name: t.bytes for t in est.per_device.terms}
+    assert terms["gradients"] == 2 * LLAMA2_7B_PARAMS
+    assert terms["gradients.partition"] == 1_684_603_904
+    assert terms["workspace.reduce_bucket"] == 1_000_341_504
+    assert terms["optimizer_states.master"] + terms["optimizer_states.moments"] == 3 * 3_370_123_264
+    # 2P + 2P + 3 x 3,370,123,264 + 1,000,341,504 + 1,684,603,904 = 39,748,977,664 B of states and buffers;
+    # the former step moment (full 2P gradients + flat 2P/8 + fp32 4P/8) no longer exists: the step holds
+    # the partition, its flattened copy and its fp32 cast, 2P + 3 x 3,370,123,264 + 2 x 1,684,603,904 +
+    # 3,370,123,264 = 30,326,532,096 B
+    assert model_state_bytes(est) + terms["workspace.reduce_bucket"] == 39_748_977_664
+    step = moments(spec, TrainingConfig(parallelism=Parallelism(dp=8, zero_stage=1)), get_device("H100-80GB"))
+    assert sum(t.bytes for t in step["optimizer_step"] if t.name != "workspace.cublas") == 30_326_532_096
 
 
 def test_llama2_70b_zero3_on_8_h100_does_not_fit():

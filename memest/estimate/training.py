@@ -18,20 +18,31 @@
   through the forward too.
 - ``ddp``: plus bucket buffers covering every trained parameter at the gradient dtype
   (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
-- ``deepspeed`` (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``, ``bf16_optimizer.py``):
-  stage 0 with bf16 keeps an fp32 gradient buffer of every parameter (BF16_Optimizer,
-  ``fp32_groups_gradients_flat``) and partitions fp32 master and states over dp like stage 1; its
-  16-bit param.grad live through the next forward (the engine does not zero them after the step
-  at ZeRO 0, ``engine.py`` ``_take_model_step``; ``BF16_Optimizer.backward`` drops them with
-  ``clear_lp_grads`` when the next backward starts). Its fp32 master copies whatever trains, LoRA's
-  fp32 adapters included;
-  stage 1 keeps full bf16 grads, stage 2 a bf16 partition of them (``grads_in_partition``, P/N);
-  both hold one reduce bucket of ``reduce_bucket_size`` = 5e8 elements during backward
-  (``ipg_buffer``, allocated by ``backward()`` whenever ``contiguous_gradients`` is on, the
-  default; ``overlap_comm``, off by default, would double it);
-  stage 3 the bucket permanently, a bf16 gradient partition (``grad_partitions_flat_buffer``) and
-  sharded bf16 weights. At the step stages 1-3 flatten the partition's grads (P/N x 2 B) and cast
-  them to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam needs no temporary.
+- ``deepspeed``, as DeepSpeed v0.19.5 (:data:`DEEPSPEED_VERSION`) runs with its config defaults
+  (``deepspeed/runtime/engine.py``, ``fp16/fused_optimizer.py``, ``zero/stage_1_and_2.py``, ``zero/stage3.py``):
+  ``get_data_types`` makes the gradient-accumulation dtype the model's (since v0.17.6, commit 889f0ead2,
+  "Enable non-ZeRO mode"), so stage 0 with bf16 or fp16 runs FP16_Optimizer (``_do_optimizer_sanity_check``:
+  ``DDP_BFLOAT16`` / ``FP16``; BF16_Optimizer only with ``data_types.grad_accum_dtype: fp32``, which memest
+  does not model): an unsharded fp32 flat master and FusedAdam states; param.grad made in backward; at
+  its step every gradient copied to fp32 (``p.grad.to(fp32)``, per parameter: none for fp32 gradients)
+  and those copies flattened (``fp32_groups_flat.grad``) before param.grad is dropped; the engine then
+  clears param.grad (``_take_model_step``: ``optimizer.zero_grad()``). The engine's end-of-backward
+  all-reduce flattens a 5e8-element bucket at a time, below the step's copies (not counted).
+  Stage 1 keeps full 16-bit grads through backward and one reduce bucket of ``reduce_bucket_size`` = 5e8
+  elements (``ipg_buffer``, allocated at the first gradient hook whenever ``contiguous_gradients`` is on, the
+  default; ``overlap_comm``, off by default below stage 3, would double it); after backward
+  ``reduce_gradients`` moves each gradient into the bucket (freeing its own block), reduces it and copies the
+  rank's partition into ``grads_in_partition`` (P/N x 2 B), allocated at the first bucket holding any of it:
+  on rank 0, whose partition the first bucket fills, while nearly all gradients still exist (moment
+  ``gradient_reduction``: every gradient + the bucket + the partition, which over-counts the first bucket's
+  gradients already moved into it, at most 1 GB, and leaves out ``allreduce_bucket``'s flattened copy of a
+  bucket spanning several partitions, at most the bucket); the epilogue then drops every param.grad (``_clear_param_grad_only``, v0.18.5 on;
+  before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during backward into the bucket and
+  ``grads_in_partition``; stage 3 holds the bucket permanently, a bf16 gradient partition
+  (``grad_partitions_flat_buffer``) and sharded bf16 weights. At the step stages 1-3 hold the gradient
+  partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
+  needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
+  included.
 - ``megatron``: an fp32 ``main_grad`` buffer of every parameter (``--accumulate-allreduce-grads-in-fp32``,
   forced with bf16), fp32 master + Adam sharded over dp with the distributed optimizer
   (``zero_stage`` 1): 6 + 12/N B/param (``megatron/core/optimizer/distrib_optimizer.py``).
@@ -53,7 +64,7 @@ block) (``bitsandbytes/optim/optimizer.py``, ``blocksize = 256``; tensors under 
 (``torch/optim/adamw.py``, ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt``);
 Adafactor and Lion two resp. one copy of the largest tensor; fused kernels none.
 
-**The peak is a moment, not a sum of maxima.** Six moments of a steady-state step are built, each
+**The peak is a moment, not a sum of maxima.** Six or seven moments of a steady-state step are built, each
 from the tensors alive at that time (:data:`MOMENTS`); the largest sets the peak and its terms are
 reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assumptions):
 
@@ -63,14 +74,16 @@ reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assu
    dropped); eager attention's materialized causal masks;
 2. ``loss_forward``: inside the forward's cross-entropy: every layer's saved tensors, the logits,
    their fp32 upcast and the fp32 log-softmax (transformers ``ForCausalLMLoss``), and gradients
-   that live through the forward (accumulation, ``set_to_none=False``, DeepSpeed bf16 at ZeRO 0);
+   that live through the forward (accumulation, ``set_to_none=False``);
 3. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
    the fp32 log-probabilities and two fp32 gradients of the logits;
 4. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute, with its
    recomputation's temporaries), logits freed, the head's gradients allocated;
 5. ``last_layer_backward``: the first layer's backward: one layer's activations left, the
    gradients of everything but that layer and the (untied) embeddings allocated;
-6. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
+6. ``gradient_reduction`` (DeepSpeed ZeRO 1 only): after backward, every gradient, the reduce bucket and
+   the rank's gradient partition;
+7. ``optimizer_step``: activations freed, gradients and the optimizer's temporaries alive.
 
 A multimodal checkpoint's vision tower (component ``other`` before the first layer) has optimizer
 states and flat-buffer space but no gradient in a text-only step. **Allocator blocks**: every
@@ -121,6 +134,9 @@ from memest.workload import (
     TrainingConfig,
     resolve_framework,
 )
+
+DEEPSPEED_VERSION = "0.19.5"
+"""The DeepSpeed release the ``deepspeed`` framework follows (tag v0.19.5, commit cf44300453eb)."""
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
@@ -401,7 +417,6 @@ class _States:
     lazy_formula: str = ""
     head_grads: int = 0
     grads_before_first_layer: int = 0
-    grads_through_forward: bool = False
     persistent: list[Term] = field(default_factory=list)
     backward_buffers: list[Term] = field(default_factory=list)  # from backward's start (DeepSpeed's reduce bucket)
     layer_buffers: list[Term] = field(default_factory=list)  # while a layer runs its backward (FSDP's grads)
@@ -421,6 +436,8 @@ class _States:
     gathered_loss: list[Term] = field(default_factory=list)
     gathered_first: list[Term] = field(default_factory=list)
     step: list[Term] = field(default_factory=list)
+    step_grads: Term | None = None  # the gradients alive at the step when not every param.grad (DeepSpeed ZeRO 1)
+    reduction: list[Term] = field(default_factory=list)  # DeepSpeed ZeRO 1: beside every gradient after backward
     trainable_numel: int = 0
 
 
@@ -435,7 +452,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     shard_w = n if z >= 3 or (fw is Framework.FSDP and z == 2) else 1
     offloaded = t.offload is not Offload.NONE
     # DeepSpeed's optimizers keep an fp32 master (one flat tensor per partition) of whatever trains,
-    # and its FusedAdam two flat states: BF16_Optimizer at ZeRO 0 (bf16), the ZeRO optimizers at 1-3
+    # and its FusedAdam two flat states: FP16_Optimizer at ZeRO 0 (bf16 or fp16), the ZeRO optimizers at 1-3
     flat = fw in (Framework.DEEPSPEED, Framework.MEGATRON)
 
     if t.method is Method.FULL:
@@ -476,9 +493,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     sharded = _expert_weighted(trainable, par, n)
     sharded_numel = sum(local * c for _, local, c in sharded)
 
-    # DeepSpeed's BF16_Optimizer (bf16 without ZeRO) still partitions fp32 master and states over dp
-    bf16_optimizer = fw is Framework.DEEPSPEED and z == 0 and t.precision is Precision.MIXED
-    shard_o = n if z >= 1 or bf16_optimizer else 1
+    shard_o = n if z >= 1 else 1
     st.weights = 0 if t.offload is Offload.PARAMS else weights
     if shard_w > 1:
         st.weights_formula += f" / {n} (sharded)"
@@ -520,8 +535,9 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
 
 _BYTES = operator.attrgetter("bytes")
 MOMENTS = ("layer_forward", "loss_forward", "loss_backward", "first_layer_backward", "last_layer_backward",
-           "optimizer_step")
-"""The moments of a step whose allocated bytes the estimate compares (module docstring)."""
+           "gradient_reduction", "optimizer_step")
+"""The moments of a step whose allocated bytes the estimate compares (module docstring; ``gradient_reduction``
+for DeepSpeed ZeRO 1 only)."""
 _NO_GRADS = Term("gradients", Kind.GRADIENTS, 0, "freed by zero_grad(set_to_none=True)")
 
 
@@ -580,19 +596,31 @@ def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[Tens
     bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
                   f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
     if z == 0:
-        if t.precision is Precision.MIXED:
-            st.persistent.append(Term("gradients.fp32_accumulation", Kind.GRADIENTS, cuda_block_bytes(numel * 4),
-                                      "P_trainable x 4 B (BF16_Optimizer fp32 gradient buffer)"))
-            # the engine does not zero bf16 grads after the step at ZeRO 0 (engine.py _take_model_step:
-            # ``pass``); BF16_Optimizer.backward clears them (clear_lp_grads) only when the next backward starts
-            st.grads_through_forward = True
+        # FP16_Optimizer (bf16 too, DeepSpeed >= 0.17.6): param.grad until its step, which copies each to
+        # fp32 (``p.grad.to(fp32)``: the same tensor when already fp32) and flattens the copies
+        # (fused_optimizer.py ``step``) before dropping param.grad
         _param_grads(st, groups, gb)
-        st.lazy_formula = f"P_trainable x {gb} B (param.grad before accumulation)"
+        st.lazy_formula = f"P_trainable x {gb} B (param.grad)"
+        if gb < 4:
+            st.step.append(Term("workspace.fp32_grad_copies", Kind.WORKSPACE, _blocks(trainable, 4),
+                                "P_trainable x 4 B (p.grad.to(fp32) per parameter, FP16_Optimizer.step)"))
+        st.step.append(Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(numel * 4),
+                            "P_trainable x 4 B (the copies flattened: fp32_groups_flat.grad)"))
         return
     if z == 1:
-        st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer.backward allocates it for stage 1 too
+        st.backward_buffers.append(bucket)  # DeepSpeedZeroOptimizer allocates it at the first gradient hook
         _param_grads(st, groups, gb)
-        st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients)"
+        st.lazy_formula = f"P_trainable x {gb} B (ZeRO-1 keeps full gradients through backward)"
+        if offloaded:
+            st.step_grads = Term("gradients", Kind.GRADIENTS, 0, "param.grad dropped after the reduction (offloaded)")
+            st.reduction = [bucket]
+        else:
+            # reduce_gradients moves the gradients into the bucket and the rank's partition into
+            # grads_in_partition; param.grad are dropped, the partition lives until the step
+            partition = Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
+                             f"P_trainable x {gb} B / {n} (grads_in_partition)")
+            st.step_grads = partition
+            st.reduction = [bucket, partition]
     elif z == 2:
         st.backward_buffers.append(bucket)
         if not offloaded:
@@ -974,14 +1002,13 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
     head = [acts.head] if acts.head else []
     rebuilt = [acts.rebuilt] if acts.rebuilt else []
     last = [acts.first_layer]
-    fwd_all = all_grads if grads_in_forward or st.grads_through_forward else fwd_grads
     masks = [acts.masks] if acts.masks else []
     rebuilt_masks = masks if acts.rebuilt else []
     out = {
-        "layer_forward": [*base, fwd_all, *st.gathered_running, acts.stored, *([acts.embedding] if acts.embedding else []),
+        "layer_forward": [*base, fwd_grads, *st.gathered_running, acts.stored, *([acts.embedding] if acts.embedding else []),
                           *casts, *masks,
                           *([acts.layer_forward] if acts.layer_forward else [])],
-        "loss_forward": [*base, fwd_all, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
+        "loss_forward": [*base, fwd_grads, *st.gathered, acts.stored, *head, *casts, *([acts.logits_forward] if acts.logits_forward else [])],
         "loss_backward": [*base, fwd_grads, *st.gathered_loss,
                           *st.backward_buffers, acts.stored, *head, *casts,
                           *([acts.logits] if acts.logits else [])],
@@ -994,8 +1021,10 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
                                 *rebuilt_masks,
                                 acts.first_transient, *matmul,
                                 *(x for x in (acts.other_microbatches, acts.autocast_layer) if x)],
-        "optimizer_step": [*base, all_grads, *st.step],
     }
+    if st.reduction:
+        out["gradient_reduction"] = [*base, all_grads, *st.reduction]
+    out["optimizer_step"] = [*base, all_grads if st.step_grads is None else st.step_grads, *st.step]
     return out, st
 
 
@@ -1087,6 +1116,11 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
         if fw is Framework.DEEPSPEED:
             out.append("DeepSpeed keeps an fp32 master of the fp32 adapters (a real engine casts the module to "
                        "16 bits first: adapters, their gradients and input copies then halve)")
+    if fw is Framework.DEEPSPEED:
+        out.append(f"DeepSpeed {DEEPSPEED_VERSION} with its config defaults: gradients accumulated in the model dtype (so "
+                   "bf16 at ZeRO 0 runs FP16_Optimizer: unsharded fp32 master and states, fp32 gradient copies at the "
+                   "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
+                   "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if t.method is Method.QLORA:
         out.append("QLoRA base: NF4 linear weights (double quantization); other weights "
                    + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))

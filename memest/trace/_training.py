@@ -14,7 +14,7 @@ The framework that runs the step is the analytic estimate's (:func:`memest.workl
 |---|---|---|---|
 | pytorch | ``param.grad`` made in backward, freed by ``zero_grad(set_to_none=True)`` (kept with ``set_grads_to_none=False``) | torch optimizer on the parameters | HF Trainer, torchtune |
 | ddp | as pytorch, plus bucket buffers covering every trained parameter | as pytorch | ``DistributedDataParallel(gradient_as_bucket_view=False)`` |
-| deepspeed (ZeRO 0) | 16-bit ``param.grad`` (cleared at the next ``backward``), accumulated into a persistent fp32 flat gradient | fused Adam on an fp32 flat master | ``deepspeed/runtime/bf16_optimizer.py`` |
+| deepspeed (ZeRO 0) | 16-bit ``param.grad``, copied to fp32 and flattened at the step, then freed | fused Adam on an fp32 flat master | ``deepspeed/runtime/fp16/fused_optimizer.py`` (FP16_Optimizer, bf16 too: DeepSpeed 0.19.5) |
 | fsdp | sharded, at ``reduce_dtype`` | torch optimizer on the shards | FSDP2 ``fully_shard`` (see ``_distributed``) |
 
 Precision recipes (the names of :class:`memest.workload.Precision`): ``fp32`` and ``bf16`` keep
@@ -159,60 +159,54 @@ class PyTorchLoop:
         return _step_counters(self.inner)
 
 
-class DeepSpeedBf16Optimizer:
-    """DeepSpeed's 16-bit optimizer at ZeRO stage 0 (``deepspeed/runtime/bf16_optimizer.py``), one device.
+class DeepSpeedFp16Optimizer:
+    """DeepSpeed's FP16_Optimizer at ZeRO stage 0 (``deepspeed/runtime/fp16/fused_optimizer.py``, v0.19.5),
+    one device. It runs bf16 as well as fp16: the engine accumulates gradients in the model dtype since
+    v0.17.6 (``engine.py`` ``get_data_types``, ``_do_optimizer_sanity_check``: ``DDP_BFLOAT16``).
 
-    An fp32 flat master of the trained parameters and a persistent fp32 flat gradient
-    (``fp32_groups_gradients_flat``); ``backward`` first drops the 16-bit gradients of the previous
-    step (``clear_lp_grads``), runs autograd, then adds each 16-bit gradient into its fp32 slice
-    (``_update_hp_grad``: ``hp_grad.add_(lp.grad.to(fp32))``); ``step`` runs the fused Adam on the
-    master with the fp32 gradient as its ``.grad``, copies the master back into the 16-bit
-    parameters and zeroes the fp32 gradient. The engine does not zero the 16-bit gradients after
-    the step for bf16 without ZeRO (``engine.py`` ``_take_model_step``), so they live through the
-    next forward. DeepSpeed's FP16_Optimizer (``fp16``) is traced the same way.
+    An fp32 flat master of the trained parameters (``fp32_groups_flat``) under the fused Adam;
+    ``backward`` is autograd's (16-bit ``param.grad``); ``step`` copies every gradient to fp32
+    (``p.grad.to(fp32)``, all before flattening), flattens the copies into the master's ``.grad``,
+    drops param.grad, runs the fused Adam, drops the fp32 gradient and copies the master back into the
+    parameters; the engine's ``_take_model_step`` then calls ``zero_grad`` (param.grad = None).
     """
 
     def __init__(self, params: list[torch.Tensor], optimizer: Optimizer) -> None:
         self.params = params
         with torch.no_grad():
             self.master = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float32)
-            self.hp_grads = torch.zeros_like(self.master)
         self.master.requires_grad_(True)
         # DeepSpeed runs its FusedAdam for adamw (no step temporary)
         self.inner = make_optimizer([self.master], Optimizer.ADAMW_FUSED if optimizer is Optimizer.ADAMW else optimizer)
 
-    def _slices(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            yield p, self.master[offset:offset + n].view_as(p), self.hp_grads[offset:offset + n].view_as(p)
-            offset += n
-
     def backward(self, loss: torch.Tensor) -> None:
-        for p in self.params:
-            p.grad = None
         loss.backward()
-        with torch.no_grad():
-            for p, _, hp_grad in self._slices():
-                if p.grad is not None:
-                    hp_grad.add_(p.grad.to(hp_grad.dtype))
 
     @torch.no_grad()
     def step(self) -> None:
-        self.master.grad = self.hp_grads
+        copies = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) if p.grad is None
+                  else p.grad.to(torch.float32) for p in self.params]
+        self.master.grad = torch.cat([g.reshape(-1) for g in copies])
+        del copies
+        for p in self.params:
+            p.grad = None
         self.inner.step()
-        for p, master, _ in self._slices():
-            p.copy_(master)
-        self.hp_grads.zero_()
+        self.master.grad = None
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.copy_(self.master[offset:offset + n].view_as(p))
+            offset += n
 
     def zero_grad(self) -> None:
-        """The engine leaves the 16-bit gradients to the next backward (bf16, ZeRO 0)."""
+        for p in self.params:
+            p.grad = None
 
     def state_tensors(self) -> list[torch.Tensor]:
         return [self.master, *_states(self.inner)]
 
     def gradient_tensors(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.params if p.grad is not None] + [self.hp_grads]
+        return [p.grad for p in self.params if p.grad is not None]
 
     def step_counters(self) -> list[torch.Tensor]:
         return _step_counters(self.inner)
@@ -333,8 +327,9 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
     with tracker, hooks.installed(), fused_kernels_on_meta():
         tracker.enter_phase("setup", Kind.OPTIMIZER_STATES)
         if recipe.flat_master and framework is Framework.DEEPSPEED:
-            opt: Any = DeepSpeedBf16Optimizer(trainable, t.optimizer)
-            notes.append("DeepSpeed bf16 optimizer (ZeRO 0): fp32 flat master and gradient, fused Adam")
+            opt: Any = DeepSpeedFp16Optimizer(trainable, t.optimizer)
+            notes.append("DeepSpeed FP16_Optimizer (ZeRO 0, bf16 or fp16): fp32 flat master, fused Adam, fp32 gradient "
+                         "copies at the step")
         else:
             opt = PyTorchLoop(trainable, t.optimizer, set_to_none=t.set_grads_to_none,
                               ddp_buckets=framework is Framework.DDP)
