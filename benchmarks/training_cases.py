@@ -27,6 +27,7 @@ from memest.spec import ModelSpec
 from memest.workload import (
     AttnImplementation,
     Framework,
+    KbitPrep,
     LoraConfig,
     Loss,
     Method,
@@ -154,14 +155,17 @@ def build_cases() -> list[Case]:
         "peak active (GiB)"))
 
     fms_note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW), torch_dtype bf16, "
-                "gradient checkpointing, flash_attention_2, packed 4096-token sequences")
+                "gradient checkpointing, flash_attention_2, packed 4096-token sequences; QLoRA through trl 0.13's "
+                "SFTTrainer with bf16=True (--prepare-kbit-training trl: prepare_model_for_kbit_training, then "
+                "peft_module_casting_to_bf16: norms fp32, embeddings and lm_head bf16, fp32 residual stream)")
     fms = TrainingConfig(micro_batch_size=4, seq_len=4096, precision=Precision.BF16, optimizer=Optimizer.ADAMW,
                          recompute=Recompute.FULL, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
                          framework=Framework.PYTORCH)
     lora16 = LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj", dropout=0.1)
     for cid, w in (("fms_mistral7b_full_1gpu_bs4", fms),
                    ("fms_mistral7b_lora_1gpu_bs4", fms.replace(method=Method.LORA, lora=lora16)),
-                   ("fms_mistral7b_qlora_bnb_1gpu_bs4", fms.replace(method=Method.QLORA, lora=lora16))):
+                   ("fms_mistral7b_qlora_bnb_1gpu_bs4", fms.replace(method=Method.QLORA, lora=lora16,
+                                                                    prepare_kbit_training=KbitPrep.TRL))):
         measured = pub[cid]["measured"]
         out.append(Case(cid, mistral, w, a100, "allocated", measured["raw_peak_torch_alloc_bytes"], fms_note,
                         HIGH_TOLERANCE, "peak allocated (bytes)"))
@@ -194,9 +198,10 @@ def build_cases() -> list[Case]:
                        seq_len=pub["unsloth_llama31_8b_qlora_max_context"]["measured"]["hf_fa2_max_context_tokens"],
                        precision=Precision.BF16, optimizer=Optimizer.ADAMW8BIT, recompute=Recompute.FULL,
                        attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH,
-                       lora=LoraConfig(rank=32, targets="all-linear")),
+                       lora=LoraConfig(rank=32, targets="all-linear"), prepare_kbit_training=KbitPrep.TRL),
         h100, "device_used", h100.memory_bytes,
         "the HF + FA2 column: the longest context that fits 80 GB (28,454 tokens) should need the whole device; "
+        "its script is not published: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl); "
         "unsloth's own column (offloaded checkpoints, fused CE) is not modelled", MEDIUM_TOLERANCE,
         "capacity at HF+FA2's max context"))
 
@@ -309,17 +314,18 @@ def main() -> None:
 WORST_CASES = """
 ## The worst cases, and why
 
-- **fms_mistral7b_qlora_bnb_1gpu_bs4 (high, -27% allocated, -36% nvidia-smi).** The run's steady
-  memory (4.31e9 B) matches memest's weights (NF4 linear weights + bf16 embeddings, lm_head and fp32
-  adapters with their Adam states), so the base is right. Its peak sits 15.2 GiB above that steady
-  figure, against 11.2 GiB in the LoRA run of the same script; the 4.0 GiB difference is exactly one
-  more copy of the 32 bf16 layer checkpoints (4 x 4096 x 4096 x 2 B x 32). An fp32 residual stream
-  (fp32 norm weights make every norm output, and so every bitsandbytes output cast back to the input
-  dtype, fp32) would explain it, but the steady memory rules out PEFT's
-  ``prepare_model_for_kbit_training`` upcast of the embeddings, and the sources read (transformers
-  4.48, PEFT 0.13, bitsandbytes 0.43) do not show where else it comes from. ``--prepare-kbit-training``
-  models the upcast path (residual stream fp32) and predicts -3% here. The nvidia-smi figure adds 30%
-  allocator slack (memest: 12%). Left as an expected failure in the tests.
+- **fms_mistral7b_qlora_bnb_1gpu_bs4 (high, -1.0% allocated, -14% nvidia-smi).** Was -27%: memest
+  modelled a QLoRA base left at 16 bits. The run goes through trl 0.13's ``SFTTrainer`` (bf16=True),
+  which calls PEFT's ``prepare_model_for_kbit_training`` (every non-``Params4bit`` weight upcast to
+  fp32) and then ``peft_module_casting_to_bf16`` (``trl/trainer/utils.py``: norms stay fp32,
+  ``embed_tokens`` and ``lm_head`` go back to bf16, which is why the steady memory, 4.31e9 B, shows
+  bf16 embeddings). fp32 norm weights make RMSNorm's ``weight * x.to(input_dtype)`` fp32, and
+  bitsandbytes' ``Linear4bit`` returns its output in its input's dtype, so the residual stream and
+  the 32 layer checkpoints are fp32: 4.0 GiB more than the LoRA run's, the measured gap. The MLP's
+  intermediates behind the 4-bit linears are fp32 too, which moves the peak to the last layer's
+  backward (its rebuilt tensors 4.2 GiB, its gradients 2.9 GiB, beside 7.9 GiB of checkpoints).
+  ``--prepare-kbit-training trl`` (the default) models it; ``none`` reproduces the old -27%. The
+  nvidia-smi figure includes 30% allocator slack in this run (memest: 12%), hence -14%.
 - **torchtitan_llama31_70b_fsdp32_tp8 (high, -24% reserved).** memest's terms (full-AC checkpoints
   split by TP with sequence parallelism 20 GiB, vocab-parallel logits 23.5 GiB, FSDP shards and
   gathered units 4 GiB) leave ~17 GiB of the reported 71.9 GiB reserved unexplained. Not modelled:
@@ -332,10 +338,11 @@ WORST_CASES = """
   bucket, without the 8P/N of Adam; its ZeRO-2 + offload row (13.4 GB = 2P) agrees. memest estimates
   the steady state (states allocated), 6.7 GB more. The ZeRO-3 rows, whose states exist from
   initialization, agree within 11%.
-- **unsloth_llama31_8b_qlora_max_context (medium, -23%).** Compared through its HF + FA2 column: at
-  28,454 tokens memest predicts 61 GiB of the 80 GB card. The slope of that column (2.47 MB per
-  token between its 40, 48 and 80 GB points) is close to memest's (~2.2 MB/token: the fp32 logits
-  path 12 x V and the checkpoints); the gap is a constant ~18 GiB of the baseline's setup that the
+- **unsloth_llama31_8b_qlora_max_context (medium, -13.5%).** Compared through its HF + FA2 column,
+  assumed to be trl's SFTTrainer (fp32 checkpoints, ``--prepare-kbit-training trl``): at 28,454
+  tokens memest predicts 68.5 GiB of the 80 GB card. The slope of that column (2.47 MB per token
+  between its 40, 48 and 80 GB points) is close to memest's (2.32 MB/token: the fp32 logits path
+  12 x V and the fp32 checkpoints); the gap is a constant ~11 GiB of the baseline's setup that the
   README does not describe. unsloth's own column (offloaded checkpoints, fused cross-entropy) is not
   modelled.
 - **torchtune_llama31_8b_lora_4090 (medium, +16%).** torch.compile compiles torchtune's chunked

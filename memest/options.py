@@ -25,6 +25,7 @@ from memest.workload import (
     Engine,
     Framework,
     FsdpStrategy,
+    KbitPrep,
     LoraConfig,
     Loss,
     Method,
@@ -98,9 +99,12 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "set_grads_to_none": (Annotated[bool, _opt("--set-grads-to-none/--keep-grads", help="zero_grad(set_to_none=True) "
                                                "frees gradients between steps (PyTorch >= 2.0); --keep-grads for "
                                                "torch 1.x.", panel=TRAIN)], True),
-    "prepare_kbit_training": (Annotated[bool, _opt("--prepare-kbit-training", help="QLoRA: PEFT "
-                                                   "prepare_model_for_kbit_training upcasts non-quantized weights to "
-                                                   "fp32.", panel=TRAIN)], False),
+    "prepare_kbit_training": (Annotated[KbitPrep | None, _opt(
+        "--prepare-kbit-training", help="QLoRA: how the script prepares the NF4 model. trl (default: trl SFTTrainer "
+        "with bf16=True: norms fp32, embeddings and lm_head bf16, fp32 residual stream and layer checkpoints, "
+        "autocast), peft (PEFT prepare_model_for_kbit_training alone: embeddings, norms, lm_head fp32, no autocast) "
+        "or none (no preparation: 16-bit non-quantized weights and residual stream).", panel=TRAIN,
+        case_sensitive=False)], None),
     # serving
     "batch_size": (Annotated[int, _opt("--batch-size", help="Concurrent sequences, each up to max_model_len.", panel=SERVE)], 1),
     "max_model_len": (Annotated[int | None, _opt("--max-model-len", help="Longest sequence (prompt + output) in tokens "
@@ -193,7 +197,7 @@ TRAINING_ONLY: dict[str, tuple[str, str]] = {
     "framework": ("who runs the training step", "drop it"),
     "fsdp": ("PyTorch FSDP sharding of training states", "drop it"),
     "set_grads_to_none": ("gradients between steps", "drop --keep-grads"),
-    "prepare_kbit_training": ("QLoRA's fp32 upcast", "drop it"),
+    "prepare_kbit_training": ("QLoRA's preparation of the NF4 model", "drop it"),
     "dp_shard": ("ranks that shard ZeRO / FSDP states", "drop it"),
     "cp": ("context parallelism of training", "for serving split the model with --tp / --pp"),
     "sequence_parallel": ("Megatron sequence parallelism of training activations", "drop it"),
@@ -367,7 +371,7 @@ class JobOptions:
             framework=framework,
             set_grads_to_none=v["set_grads_to_none"],
             target_len=v["target_len"],
-            prepare_kbit_training=v["prepare_kbit_training"],
+            prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
         )
 
     def workload(self, spec: ModelSpec) -> Workload:

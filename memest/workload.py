@@ -166,6 +166,33 @@ class Offload(str, Enum):
     """Optimizer states and parameters in host RAM (ZeRO-3 / FSDP only)."""
 
 
+class KbitPrep(str, Enum):
+    """How a QLoRA script prepares the NF4 model before training: which dtype its non-quantized weights
+    (embeddings, norms, lm_head) end in, and so the residual stream's dtype.
+
+    bitsandbytes ``Linear4bit.forward`` casts its input to ``bnb_4bit_compute_dtype`` and its output back
+    to the input's dtype (``bitsandbytes/nn/modules.py``, 0.43), and transformers' ``LlamaRMSNorm`` /
+    ``MistralRMSNorm`` return ``weight * x.to(input_dtype)``, which type promotion makes fp32 when the
+    weight is fp32: fp32 norm weights make the whole residual stream fp32.
+    """
+
+    NONE = "none"
+    """No preparation: every non-quantized weight stays 16-bit, the residual stream is in the compute
+    dtype (a script that calls ``get_peft_model`` on the NF4 model directly)."""
+    PEFT = "peft"
+    """PEFT ``prepare_model_for_kbit_training`` alone (``peft/utils/other.py``): every fp16/bf16 parameter
+    that is not ``Params4bit`` is upcast to fp32 (embeddings, norms, lm_head), so the residual stream
+    and the logits are fp32; no autocast (a plain training loop)."""
+    TRL = "trl"
+    """trl ``SFTTrainer`` with ``bf16=True`` (``trl/trainer/sft_trainer.py``, 0.13: a 4-bit model goes
+    through ``prepare_model_for_kbit_training``, ``get_peft_model``, then ``peft_module_casting_to_bf16``
+    in ``trl/trainer/utils.py``): norms (modules named ``*norm*``) stay fp32, ``embed_tokens`` and
+    ``lm_head`` go back to bf16; the residual stream is fp32 and the HF Trainer runs the forward under
+    ``torch.autocast(bf16)``. The default: the most common QLoRA path, and the costlier one to
+    under-predict (its layer checkpoints are twice ``none``'s). Scripts modelled on the QLoRA paper's
+    ``qlora.py`` make the same casts and also cast the adapters to bf16 (not modelled: adapters stay fp32)."""
+
+
 class Engine(str, Enum):
     """Serving engines whose memory behaviour memest models."""
 
@@ -269,8 +296,9 @@ class TrainingConfig:
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
             HF Trainer before torch 2.0). Only the ``pytorch`` and ``ddp`` frameworks free them.
         target_len: Decoder tokens per sequence of an encoder-decoder model (T5); None = seq_len.
-        prepare_kbit_training: QLoRA only: PEFT ``prepare_model_for_kbit_training`` was called,
-            which upcasts every non-quantized parameter (embeddings, norms, lm_head) to fp32.
+        prepare_kbit_training: QLoRA only: how the script prepared the NF4 model (:class:`KbitPrep`):
+            ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
+            ``none``.
     """
 
     method: Method = Method.FULL
@@ -288,7 +316,7 @@ class TrainingConfig:
     framework: Framework = Framework.AUTO
     set_grads_to_none: bool = True
     target_len: int | None = None
-    prepare_kbit_training: bool = False
+    prepare_kbit_training: KbitPrep = KbitPrep.TRL
 
     @property
     def mode(self) -> str:

@@ -34,6 +34,7 @@ from memest.workload import (
     Engine,
     Framework,
     FsdpStrategy,
+    KbitPrep,
     LoraConfig,
     Loss,
     Method,
@@ -211,7 +212,7 @@ MODE_ERRORS = {
     "vllm-prompt-len": (("--serve", "--engine", "vllm", "--prompt-len", "100"), "--prompt-len is a --engine hf flag"),
     "vllm-max-new-tokens": (("--serve", "--max-new-tokens", "10"), "--max-new-tokens is a --engine hf flag"),
     "train-lora-rank": (("--train", "--lora-rank", "8"), "--lora-rank applies to --finetune lora or --finetune qlora"),
-    "lora-prepare-kbit": (("--finetune", "lora", "--prepare-kbit-training"),
+    "lora-prepare-kbit": (("--finetune", "lora", "--prepare-kbit-training", "peft"),
                           "--prepare-kbit-training applies to --finetune qlora, not --finetune lora"),
 }
 
@@ -235,7 +236,7 @@ SAMPLES = {
     "micro_batch_size": 2, "seq_len": 1024, "grad_accum_steps": 2, "precision": "bf16", "optimizer": "lion",
     "recompute": "full", "zero_stage": 1, "offload": "optimizer", "lora_rank": 8, "lora_targets": "all-linear",
     "attn_implementation": "eager", "loss": "fused", "lora_dropout": 0.1, "target_len": 64, "framework": "ddp",
-    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": True, "batch_size": 4,
+    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": "peft", "batch_size": 4,
     "max_model_len": 1024, "dtype": "fp16", "quantization": "int8", "kv_cache_dtype": "fp8", "engine": "hf",
     "engine_version": "0.6", "prompt_len": 100, "max_new_tokens": 10, "gpu_memory_utilization": 0.8,
     "max_num_batched_tokens": 1024, "max_num_seqs": 8, "block_size": 32, "enforce_eager": True, "dp_shard": 2,
@@ -243,7 +244,7 @@ SAMPLES = {
 }
 ENUMS = {"precision": Precision, "optimizer": Optimizer, "recompute": Recompute, "offload": Offload,
          "attn_implementation": AttnImplementation, "loss": Loss, "framework": Framework, "fsdp": FsdpStrategy,
-         "engine": Engine}
+         "engine": Engine, "prepare_kbit_training": KbitPrep}
 
 
 def _built(monkeypatch, base: dict, name: str | None):

@@ -19,6 +19,7 @@ from memest.sources.config import HFConfig
 from memest.workload import (
     AttnImplementation,
     Framework,
+    KbitPrep,
     LoraConfig,
     Loss,
     Method,
@@ -208,12 +209,19 @@ def test_qlora_weights(tiny):
     # NF4 linear weights: 0.5 B each + per tensor one byte per 64-block + 4 B per 256 blocks;
     # blocks per layer: q 64, k 32, v 32, o 64, gate/up/down 128 -> 604 B of scales per layer
     nf4 = 2 * (36_864 // 2 + 604)
-    other = (64_000 + 2 * 2 * 64 + 64 + 64_000) * 2      # embeddings, norms, lm_head in bf16
+    embeddings, norms = 64_000 + 64_000, 2 * 2 * 64 + 64  # embed_tokens + lm_head; 2 norms per layer + final
     adapters = 2 * 16 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64)) * 4  # r=16 on q,k,v,o, fp32
-    w = TrainingConfig(method=Method.QLORA, seq_len=16, precision=Precision.BF16, lora=LoraConfig(rank=16))
-    assert _kinds(moments(tiny, w, H100)["optimizer_step"])[Kind.WEIGHTS] == nf4 + other + adapters == 352_056
-    upcast = w.replace(prepare_kbit_training=True)
-    assert _kinds(moments(tiny, upcast, H100)["optimizer_step"])[Kind.WEIGHTS] == nf4 + 2 * other + adapters
+    w = TrainingConfig(method=Method.QLORA, seq_len=16, precision=Precision.BF16, lora=LoraConfig(rank=16),
+                       prepare_kbit_training=KbitPrep.NONE)
+    weights = {prep: _kinds(moments(tiny, w.replace(prepare_kbit_training=prep), H100)["optimizer_step"])[Kind.WEIGHTS]
+               for prep in KbitPrep}
+    # none: everything not quantized in bf16
+    assert weights[KbitPrep.NONE] == nf4 + (embeddings + norms) * 2 + adapters == 352_056
+    # peft (prepare_model_for_kbit_training): everything not quantized upcast to fp32
+    assert weights[KbitPrep.PEFT] == nf4 + (embeddings + norms) * 4 + adapters
+    # trl (peft_module_casting_to_bf16 after the upcast): embeddings and lm_head back to bf16, norms fp32
+    assert weights[KbitPrep.TRL] == nf4 + embeddings * 2 + norms * 4 + adapters == 352_056 + norms * 2
+    assert TrainingConfig().prepare_kbit_training is KbitPrep.TRL  # the default
 
 
 def test_offload_host_ram_per_node(tiny):
@@ -253,6 +261,40 @@ def test_full_recompute_keeps_layer_inputs(tiny):
                        attn_implementation=AttnImplementation.FLASH_ATTENTION_2)
     terms = {t.name: t.bytes for t in moments(tiny, w, H100)["loss_backward"]}
     assert terms["activations.checkpoints"] == 2 * 4 * 64 * 64 * 2
+
+
+def test_qlora_trl_keeps_fp32_checkpoints_and_mlp(tiny):
+    """trl's SFTTrainer QLoRA (KbitPrep.TRL): fp32 norms make the residual stream fp32 (RMSNorm returns
+    weight(fp32) * x, bitsandbytes Linear4bit casts its output back to its input's dtype), embeddings bf16.
+
+    b = 4, s = 64: 256 tokens; h 64, a 4 x d 16, k 2, i 128, LoRA r 16 with dropout on q, k, v, o; full recompute.
+    """
+    tokens = 256
+    w = TrainingConfig(method=Method.QLORA, micro_batch_size=4, seq_len=64, precision=Precision.BF16,
+                       recompute=Recompute.FULL, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
+                       lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj", dropout=0.1),
+                       framework=Framework.PYTORCH)
+
+    def terms(prep: KbitPrep, moment: str) -> dict[str, int]:
+        return {t.name: t.bytes for t in moments(tiny, w.replace(prepare_kbit_training=prep), H100)[moment]}
+
+    # checkpoints: the layer inputs. trl: the first layer's is the bf16 embeddings' output, the second's fp32
+    assert terms(KbitPrep.TRL, "loss_backward")["activations.checkpoints"] == tokens * 64 * (2 + 4) == 98_304
+    assert terms(KbitPrep.NONE, "loss_backward")["activations.checkpoints"] == tokens * 64 * (2 + 2)
+    assert terms(KbitPrep.PEFT, "loss_backward")["activations.checkpoints"] == tokens * 64 * (4 + 4)
+
+    # the rebuilt layer under trl, bytes per token:
+    norms = 2 * (4 * 64 + 4)               # input and post-attention RMSNorm: fp32 input (the stream) + rstd
+    qkv = 3 * (64 + 2 * 64 + 2 * 16)       # per adapter: dropout mask, lora_A's bf16 autocast copy, A's bf16 output
+    flash = 2 * 64 + 2 * 32 + 2 * 32 + 2 * 64 + 4 * 4  # bf16 q, k, v (cast from fp32 for the kernel), out, fp32 lse
+    o = 64 + 2 * 64 + 2 * 16               # o_proj reads flash's bf16 output: mask, dropout output, A's output
+    mlp = 3 * 4 * 128                      # gate output (silu input), silu output, up output: fp32 (Linear4bit)
+    first = terms(KbitPrep.TRL, "first_layer_backward")
+    assert first["activations.recomputed_layer"] == tokens * (norms + qkv + flash + o + mlp) == 858_112
+    # its backward: the fp32 output gradient and three fp32 i-wide MLP gradients (the down projection is frozen)
+    assert first["activations.backward"] == tokens * (4 * 64 + 3 * 4 * 128)
+    # autocast casts the fp32 adapters (one layer's, rebuilt) to bf16: r x (in + out) of q, k, v, o x 2 B
+    assert first["workspace.autocast_weights"] == 16 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64)) * 2
 
 
 def test_cli_hybrid_shard_and_dp_flags():

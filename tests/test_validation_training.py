@@ -23,9 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import training_cases as tc
 
 KNOWN_GAPS = {
-    "fms_mistral7b_qlora_bnb_1gpu_bs4": "measured peak is 4.0 GiB above the LoRA run's activations, exactly a second "
-    "copy of the bf16 layer checkpoints (an fp32 residual stream?); not found in the sources read",
-    "fms_mistral7b_qlora_bnb_1gpu_bs4@nvidia": "as the allocated figure, plus 30% allocator slack in this run",
     "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: the gist's ZeRO-2 figures fit a first-iteration reading "
     "(steady 19.4 GB = 2P + 4P/N + 2P/N + bucket, before the lazily created Adam states); memest is steady state",
     "torchtitan_llama31_70b_fsdp32_tp8": "torch.compile + float8 + TP with DTensor sequence parallel: 17 GiB above "

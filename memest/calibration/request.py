@@ -99,6 +99,10 @@ def job_from_flags(flags: dict[str, Any]) -> JobOptions:
     values: dict[str, Any] = {}
     for name, (annotation, default) in WORKLOAD_OPTIONS.items():
         raw = flags.get(name, default)
+        if name == "prepare_kbit_training" and isinstance(raw, bool):
+            # records written while the flag was a switch: on was PEFT's upcast alone, off (under QLoRA) none
+            qlora = str(_value(flags.get("finetune")) or "").lower() == "qlora"
+            raw = "peft" if raw else ("none" if qlora else None)
         enum = _enum_of(annotation)
         if enum is not None and raw is not None and not isinstance(raw, enum):
             try:

@@ -15,9 +15,12 @@ per-tensor loop on CPU), bitsandbytes' ``AdamW8bit`` / ``PagedAdamW8bit``, and :
 (lion-pytorch's update, one momentum state). LoRA goes through peft (``get_peft_model``) on the
 modules memest's estimator targets, with PEFT's defaults: on a 16-bit base the adapters are fp32
 (``autocast_adapter_dtype=True``) and are trained directly, without a master copy; QLoRA quantizes the decoder's linear weights to bitsandbytes
-NF4 with double quantization, then — with ``--prepare-kbit-training`` —
-``peft.prepare_model_for_kbit_training`` (non-quantized weights upcast to fp32), as the QLoRA
-examples do. ``--lora-dropout``, ``--keep-grads`` and ``--target-len`` (seq2seq decoders) are honoured.
+NF4 with double quantization, then prepares it as ``--prepare-kbit-training`` says
+(:class:`memest.workload.KbitPrep`): ``trl`` as trl's ``SFTTrainer`` with ``bf16=True`` does
+(``peft.prepare_model_for_kbit_training``, the adapters, then trl's ``peft_module_casting_to_bf16``:
+norms fp32, embeddings and lm_head back to bf16; forward under ``torch.autocast(bf16)``), ``peft``
+``prepare_model_for_kbit_training`` alone (non-quantized weights fp32, no autocast), ``none``
+nothing (the forward under bf16 autocast). ``--lora-dropout``, ``--keep-grads`` and ``--target-len`` (seq2seq decoders) are honoured.
 
 The batch is ``micro_batch_size`` sequences of ``seq_len`` random token ids, no padding (no
 attention mask is materialised), labels = inputs (the model's own shifted cross-entropy).
@@ -31,7 +34,7 @@ from typing import Any
 
 from memest.errors import InputError, MissingDependencyError
 from memest.estimate.training import _targeted as estimator_targets_tensor  # the estimator's own rule
-from memest.workload import Method, Optimizer, Precision, Recompute, TrainingConfig
+from memest.workload import KbitPrep, Method, Optimizer, Precision, Recompute, TrainingConfig
 
 LEARNING_RATE = 1e-5
 """Any small rate: memory does not depend on it."""
@@ -380,13 +383,16 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if getattr(model.config, "use_cache", None):
         model.config.use_cache = False
-    if t.method is Method.QLORA and t.prepare_kbit_training:
+    prep = t.prepare_kbit_training if t.method is Method.QLORA else KbitPrep.NONE
+    if prep is not KbitPrep.NONE:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=t.recompute is Recompute.FULL,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     if t.method in (Method.LORA, Method.QLORA):
         model = apply_lora(model, spec, t)
+    if prep is KbitPrep.TRL and t.precision is not Precision.FP16:
+        cast_like_trl(model)
     model.train()
     weights_module = model
     runnable = wrap(model)
@@ -401,9 +407,25 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
     else:
         opt = make_optimizer(params, t.optimizer, device_type=device.type)
     batch = training_batch(spec, t, vocab_size, device)
-    autocast = "bfloat16" if t.method is Method.QLORA else recipe.autocast  # QLoRA computes in bf16 (Trainer bf16=True)
+    autocast = recipe.autocast
+    if t.method is Method.QLORA:  # the HF Trainer's bf16=True autocast; PEFT's preparation alone runs without
+        autocast = None if prep is KbitPrep.PEFT else "bfloat16"
     return TrainingSession(runnable, opt, batch, t.grad_accum_steps, t.set_grads_to_none, autocast, device.type,
                            weights_module)
+
+
+def cast_like_trl(model: Any) -> None:
+    """trl 0.13 ``peft_module_casting_to_bf16`` (``trl/trainer/utils.py``), which ``SFTTrainer`` applies to
+    a 4-bit PEFT model when ``args.bf16``: modules named ``*norm*`` (or LayerNorms) to fp32, fp32
+    ``lm_head`` / ``embed_tokens`` / ``wte`` / ``wpe`` back to bf16."""
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            module.to(torch.float32)
+        elif (any(x in name for x in ("lm_head", "embed_tokens", "wte", "wpe"))
+              and getattr(module, "weight", None) is not None and module.weight.dtype == torch.float32):
+            module.to(torch.bfloat16)
 
 
 def model_dtype(t: TrainingConfig) -> str:

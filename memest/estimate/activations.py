@@ -22,10 +22,14 @@ for Llama, of a real CPU step (``tests/test_training_cpu_measured.py``). Per tok
   (8). Fused norms (Megatron / Transformer Engine): input and rstd. A norm's output is kept by the
   linears that read it (below); a post-norm's output (OLMo-2, Gemma 2/3 ``post_*``) is only added.
 - **A tensor read by linears** is kept once (r·w) when a reader's weight trains; under autocast
-  every reader keeps its own c·w cast. A frozen linear keeps nothing; a LoRA-adapted one keeps
-  its input cast to the adapter dtype (PEFT ``_cast_input_dtype``: a 4·w fp32 copy per adapter,
-  or the input itself when it already is fp32; c·w under autocast), A's output (4·r) and, with
-  ``lora_dropout``, the mask.
+  every reader keeps its own c·w cast. A frozen linear keeps nothing (bitsandbytes' ``MatMul4Bit``
+  included: it keeps the quantized weight only); a LoRA-adapted one keeps its input cast to the
+  adapter dtype (PEFT ``lora.bnb.Linear4bit.forward`` / ``lora.Linear.forward``: without autocast
+  ``x.to(lora_A.weight.dtype)``, a 4·w fp32 copy per adapter, or the input itself when it already is
+  fp32; under autocast lora_A's c·w cast of its input), A's output (4·r; c·r under autocast) and,
+  with ``lora_dropout``, the mask (and the dropout's output is the copy kept).
+- **Behind bitsandbytes 4-bit linears** (QLoRA) the dense MLP's intermediates are at r, not c:
+  ``Linear4bit`` returns its input's dtype (:attr:`Execution.quantized_outputs`).
 - **Attention**, flash / SDPA: Q and K as the kernel reads them (after the rotary embedding or
   QK-norm: new tensors; without rotary views of the projection), V, the output (a·d·c) and the
   fp32 logsumexp (4a). A fused QKV projection stays alive whole ((a + 2k)·d·c) while V is a view
@@ -135,6 +139,12 @@ class Execution:
         mask_bytes: m, bytes of one dropout-mask element.
         routing_bytes: Bytes of an MoE routing weight, and so of the weighted expert outputs and their
             gradients (4 where the router returns fp32 weights: Mixtral, DeepSeek; else c).
+        quantized_outputs: The dense MLP's linears are bitsandbytes ``Linear4bit`` (QLoRA), which cast
+            their input to the compute dtype and their output back to the input's dtype
+            (``bitsandbytes/nn/modules.py`` ``Linear4bit.forward``, 0.43): the MLP's intermediates
+            and their gradients take the residual stream's dtype r (fp32 when the norms' weights are
+            fp32, :class:`memest.workload.KbitPrep`). Their ``MatMul4Bit`` keeps only the quantized
+            weight for backward (``bitsandbytes/autograd/_functions.py``), never the input.
     """
 
     compute_bytes: int
@@ -148,6 +158,12 @@ class Execution:
     attention_dropout: float = 0.0
     mask_bytes: int = 1
     routing_bytes: int = 2
+    quantized_outputs: bool = False
+
+    @property
+    def mlp_bytes(self) -> int:
+        """Bytes of a dense MLP's intermediates: r behind bitsandbytes 4-bit linears, else c."""
+        return self.stream_bytes if self.quantized_outputs else self.compute_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,13 +310,15 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
         if shared:
             if not any(s.what == what for s in out):
                 out.append(Saved(what, size * width, inside))
-        elif x.autocast:
+        elif x.autocast:  # lora_A(dropout(x)): autocast's copy of (dropout's output of) the input
             out.append(Saved(f"{what} ({t.module} lora_A autocast copy)", x.compute_bytes * width, inside))
         else:
             out.append(Saved(f"{what} ({t.module} adapter-dtype copy)", lora.adapter_bytes * width, inside))
-            if lora.dropout > 0:
-                out.append(Saved(f"{what} ({t.module} lora dropout mask)", x.mask_bytes * width, inside))
-        out.append(Saved(f"{t.module} lora_A output", lora.adapter_bytes * lora.rank, inside))
+        if lora.dropout > 0 and not shared:
+            out.append(Saved(f"{what} ({t.module} lora dropout mask)", x.mask_bytes * width, inside))
+        # lora_B keeps A's output: at the compute dtype under autocast, else the adapters'
+        out.append(Saved(f"{t.module} lora_A output", (x.compute_bytes if x.autocast else lora.adapter_bytes) * lora.rank,
+                         inside))
     return out
 
 
@@ -464,18 +482,19 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
     mlp = layer.mlp
     c = x.compute_bytes
+    m = x.mlp_bytes  # the dense (and shared) MLP's intermediates: behind bitsandbytes 4-bit linears, r
     trains = x.lora is None
     _, dense_out = _linears(layer, Component.MLP)
     out: list[Saved] = []
     if not active:
         width = mlp.shared_intermediate_size if mlp.is_moe else mlp.intermediate_size
         return (_read(input_what, input_width, input_readers, x)
-                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=c))
+                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=m))
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
-        out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
+        out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, m,
                               keep_product=trains)
-        out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=c)
+        out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=m)
         return out
     routers = _routers(layer)
     topk, e = mlp.num_experts_per_tok, mlp.num_experts
@@ -494,10 +513,10 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
         out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
-        out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
+        out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, m,
                               keep_product=trains)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
-                     inside=True, itemsize=c)
+                     inside=True, itemsize=m)
     return out
 
 
@@ -678,7 +697,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         grads = 2 if product_kept else 3
     else:
         grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
-    mlp_part = grads * width * c
+    mlp_part = grads * width * (c if mlp.is_moe else x.mlp_bytes)
     if mlp.is_moe:
         # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
         # before that, the gradients of the weighted outputs, of the expert outputs and of the gathered
@@ -686,7 +705,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         routed = mlp.num_experts_per_tok * hidden
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
-            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, c,
+            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
                                                             keep_product=product_kept) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":

@@ -123,6 +123,7 @@ from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import (
     AttnImplementation,
     Framework,
+    KbitPrep,
     LoraConfig,
     Loss,
     Method,
@@ -182,6 +183,27 @@ RECIPES: dict[Precision, Recipe] = {
     Precision.BF16: Recipe(weight=2, grad=2, master=0, state=2, compute=2),
     Precision.FP32: Recipe(weight=4, grad=4, master=0, state=4, compute=4),
 }
+
+
+_EMBEDDINGS = (Component.EMBEDDING, Component.LM_HEAD)
+
+
+def kbit_weight_bytes(t: TrainingConfig) -> tuple[int, int]:
+    """Bytes per element of a QLoRA base's non-quantized weights: (embeddings and lm_head, the rest:
+    norms, biases, other modules), by how the script prepared the model (:class:`KbitPrep`).
+
+    ``none`` keeps them at the compute dtype; PEFT ``prepare_model_for_kbit_training`` upcasts every
+    fp16/bf16 parameter that is not ``Params4bit`` to fp32 (``peft/utils/other.py``, 0.13); trl's
+    ``peft_module_casting_to_bf16`` (``trl/trainer/utils.py``, 0.13), called by ``SFTTrainer`` only when
+    ``args.bf16``, then casts modules named ``lm_head`` / ``embed_tokens`` / ``wte`` / ``wpe`` back to
+    bf16 and leaves the norms fp32 (with ``--precision fp16`` the embeddings stay fp32).
+    """
+    c = RECIPES[t.precision].compute
+    if t.prepare_kbit_training is KbitPrep.NONE:
+        return c, c
+    if t.prepare_kbit_training is KbitPrep.TRL and t.precision is not Precision.FP16:
+        return 2, 4
+    return 4, 4
 
 
 def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Estimate:
@@ -477,10 +499,15 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
                        for tn, c in scale)
             st.weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
         else:
-            other = 4 if t.prepare_kbit_training else recipe.compute
-            base = weight_bytes(scale, par, k, dtype_bytes=other, scheme=SCHEMES["nf4"])
-            st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + other weights x {other} B"
-                                  + " (prepare_model_for_kbit_training)" * t.prepare_kbit_training + " + fp32 adapters")
+            emb, other = kbit_weight_bytes(t)
+            nf4 = SCHEMES["nf4"]
+            base = (weight_bytes([(tn, c) for tn, c in scale if tn.component not in _EMBEDDINGS], par, k,
+                                 dtype_bytes=other, scheme=nf4)
+                    + weight_bytes([(tn, c) for tn, c in scale if tn.component in _EMBEDDINGS], par, k,
+                                   dtype_bytes=emb, scheme=nf4))
+            st.weights_formula = (f"NF4 linear weights (64-blocks, double quant) + embeddings and lm_head x {emb} B "
+                                  f"+ norms and other weights x {other} B (--prepare-kbit-training "
+                                  f"{t.prepare_kbit_training.value}) + fp32 adapters")
         weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ADAPTER_BYTES) / shard_w)
         gb = ADAPTER_BYTES
         # the DeepSpeed optimizers' fp32 master copies the (fp32) adapters too
@@ -711,9 +738,13 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     """How the forward runs under ``t`` (bytes of the compute and residual dtypes, kernels, adapters)."""
     recipe = RECIPES[t.precision]
     c = recipe.compute
-    if t.method is Method.QLORA:
-        r = 4 if t.prepare_kbit_training else c
-        autocast = False
+    quantized = t.method is Method.QLORA
+    if quantized:
+        # fp32 norm weights make RMSNorm's ``weight * x.to(input_dtype)`` fp32, and Linear4bit returns its
+        # input's dtype: the residual stream is fp32 once the norms are (KbitPrep); trl runs the HF Trainer's
+        # torch.autocast(bf16), PEFT's preparation alone no autocast, an unprepared bf16 model needs none
+        r = c if t.prepare_kbit_training is KbitPrep.NONE else 4
+        autocast = t.prepare_kbit_training is KbitPrep.TRL
     elif t.precision is Precision.AMP:
         r, autocast = 4, True
     else:
@@ -730,7 +761,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
     routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
-                     routing_bytes=routing,
+                     routing_bytes=routing, quantized_outputs=quantized,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 
@@ -779,6 +810,8 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
     first_layer, last_layer = spec.layers[stage.start], spec.layers[stage.stop - 1]
     # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
     frozen_input = stage.first and x.lora is not None
+    # trl's QLoRA casts the embeddings back to bf16 while the norms keep the stream fp32 (kbit_weight_bytes)
+    input_bytes = kbit_weight_bytes(t)[0] if t.method is Method.QLORA else x.stream_bytes
     for layer, count in kinds:
         s = _seq_for(layer, t) // par.cp
         tokens = b * s
@@ -795,6 +828,10 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         stored += kept * count
         if layer is first_layer:
             first = kept
+            if t.recompute is Recompute.FULL and stage.first and input_bytes != x.stream_bytes:
+                # the first layer's input is the embeddings' output, at their dtype
+                first = cuda_block_bytes(math.ceil(input_bytes * h / (tp if sp else 1) * tokens))
+                stored += first - kept
             if frozen_input and t.recompute is Recompute.NONE:
                 first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
                                           input_grad=False).block_bytes(tokens, tp, sp)
@@ -817,8 +854,10 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
         transient = last_back  # the backward starts with the stage's last layer
     micro = "" if in_flight == 1 else f" x {in_flight} in flight"
     if t.recompute is Recompute.FULL:
+        first_note = (f"; the first layer's at {input_bytes} B, the embeddings' dtype"
+                      if stage.first and input_bytes != x.stream_bytes else "")
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
-                           f"L_stage x b x s x h x {x.stream_bytes} B (layer inputs){micro}")
+                           f"L_stage x b x s x h x {x.stream_bytes} B (layer inputs{first_note}){micro}")
     elif t.recompute is Recompute.SELECTIVE_OP:
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
                            f"L_stage x b x s x (layer input + every other matmul output + attention output){micro}")
@@ -871,12 +910,27 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
             return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
 
         head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
-        one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
-        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-            total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+        if t.method is Method.QLORA:
+            # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
+            # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
+            if kbit_weight_bytes(t)[0] == x.compute_bytes:
+                head = []
+            adapters = lora_adapters(spec, stage, t.lora, par.tp)
+            one = max((sum(local for tn, local, _ in adapters if id(tn) in {id(u) for u in layer.tensors})
+                       for layer, _ in kinds), default=0) * x.compute_bytes
+            lm_head = " and the fp32 lm_head's" if head else ""
+            if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+                total, what = one + cast_bytes(head), f"the rebuilt layer's adapters'{lm_head}"
+            else:
+                total = sum(local * cnt for _, local, cnt in adapters) * x.compute_bytes + cast_bytes(head)
+                what = f"every adapter's{lm_head}"
         else:
-            layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
-            total, what = cast_bytes(layers + head), "every linear weight's"
+            one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
+            if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+                total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+            else:
+                layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
+                total, what = cast_bytes(layers + head), "every linear weight's"
         cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
                         f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
         cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
@@ -903,10 +957,18 @@ def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: Trai
                 f"{len(windows)} x b x s x s x {x.compute_bytes} B (eager attention's causal masks)")
 
 
+def _logits_bytes(t: TrainingConfig, x: Execution) -> int:
+    """Bytes of a logit: the compute dtype, or an fp32 lm_head's fp32 without autocast (QLoRA prepared by
+    PEFT alone: its fp32 final norm output times its fp32 weight)."""
+    if t.method is Method.QLORA and not x.autocast:
+        return kbit_weight_bytes(t)[0]
+    return x.compute_bytes
+
+
 def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
     """The logits at the start of their backward, on one rank (vocabulary split over tp)."""
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
-    c = x.compute_bytes
+    c = _logits_bytes(t, x)
     if t.loss == Loss.FUSED:
         per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
     elif t.loss == Loss.CHUNKED:
@@ -929,7 +991,7 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
     if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
         return None
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
-    c = x.compute_bytes
+    c = _logits_bytes(t, x)
     per = c + (4 if c < 4 else 0) + 4
     return Term("logits", Kind.LOGITS, tokens * per * v,
                 f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")
@@ -1085,6 +1147,15 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
 
 _ASSUMPTIONS: dict[tuple, tuple[str, ...]] = {}
 
+_KBIT_ASSUMPTIONS = {
+    KbitPrep.TRL: ("--prepare-kbit-training trl (trl SFTTrainer, bf16=True): norms fp32, embeddings and lm_head bf16, "
+                   "fp32 residual stream and layer checkpoints (bitsandbytes Linear4bit returns its input's dtype), "
+                   "torch.autocast(bf16); pass --prepare-kbit-training peft or none for other scripts"),
+    KbitPrep.PEFT: ("--prepare-kbit-training peft (prepare_model_for_kbit_training alone): embeddings, norms and "
+                    "lm_head fp32, fp32 residual stream, checkpoints and logits, no autocast"),
+    KbitPrep.NONE: "--prepare-kbit-training none: other weights and the residual stream at 16 bits",
+}
+
 
 def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
     """What the estimate assumed (remembered per the settings the sentences depend on)."""
@@ -1122,8 +1193,7 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
                    "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if t.method is Method.QLORA:
-        out.append("QLoRA base: NF4 linear weights (double quantization); other weights "
-                   + ("upcast to fp32 by prepare_model_for_kbit_training" if t.prepare_kbit_training else "at 16 bits"))
+        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[t.prepare_kbit_training])
     if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
     if t.parallelism.ep > 1 and t.parallelism.zero_stage > 0:
