@@ -37,6 +37,24 @@ app = typer.Typer(
     add_completion=False,
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from memest import __version__
+
+        typer.echo(f"memest {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print memest's version and exit.",
+                                          callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """How much accelerator memory a model needs, per device, for a training or serving job — and the
+    cheapest setup that fits. Every figure is an estimate with a ± band; `memest calibrate` checks it
+    on your hardware."""
+
+
 PIPE_WIDTH = 140
 """Columns of tables and help text when stdout is not a terminal (a pipe, a file, CI logs)."""
 
@@ -177,7 +195,9 @@ def gpus_command(
 def main() -> None:
     """Console entry point: the one error boundary.
 
-    Usage errors (unknown flag, bad choice) are typer's: usage on stderr, exit code 2.
+    Every input error — memest's own and click's usage errors (unknown flag, bad choice, a value
+    that is not a number) — is one line on stderr with exit code 2; help and ``typer.Exit`` keep
+    their exit codes.
     """
     debug = os.environ.get("MEMEST_DEBUG", "").strip() not in ("", "0")
     if not sys.stdout.isatty():
@@ -185,7 +205,12 @@ def main() -> None:
         # which cuts long option names (--attn-implementa…); give piped help the width of our tables
         os.environ.setdefault("COLUMNS", str(PIPE_WIDTH))
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Interrupted.", err=True)
+        sys.exit(130)
     except MemestError as exc:
         if debug:
             raise
@@ -195,11 +220,22 @@ def main() -> None:
         typer.echo("Interrupted.", err=True)
         sys.exit(130)
     except Exception as exc:
+        kinds = {cls.__name__ for cls in type(exc).__mro__}  # click's, or typer's vendored copy of it
+        if "NoArgsIsHelpError" in kinds:
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(0)
+        if "UsageError" in kinds and not debug:
+            ctx = getattr(exc, "ctx", None)
+            command = ctx.command_path if ctx is not None else "memest"
+            typer.echo(f"Error: {exc.format_message()} (see '{command} --help')", err=True)  # type: ignore[attr-defined]
+            sys.exit(EXIT_INPUT)
         if debug:
             raise
         typer.echo(f"Error: memest failed unexpectedly: {type(exc).__name__}: {exc}. "
                    "Rerun with MEMEST_DEBUG=1 for the traceback and report it.", err=True)
         sys.exit(EXIT_UNEXPECTED)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 # Commands kept in their own modules register themselves on `app`; imported last, as they use the

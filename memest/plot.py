@@ -24,11 +24,24 @@ def plot_path(path: str | Path) -> Path:
     """``--plot FILE`` checked before any work is done.
 
     Raises:
-        InputError: the suffix is not one of :data:`FORMATS`.
+        InputError: the suffix is not one of :data:`FORMATS`, the folder does not exist or cannot be
+            written, or the path is a folder.
     """
     out = Path(path).expanduser()
     if out.suffix.lower() not in FORMATS:
         raise InputError(f"--plot {str(path)!r}: the file must end in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InputError(f"--plot {str(path)!r}: the folder {str(folder)!r} does not exist; create it or write elsewhere")
+    existed = out.exists()
+    try:  # probe: append mode leaves an existing file as it is; a new one is removed again
+        with open(out, "ab"):
+            pass
+    except OSError as exc:
+        raise InputError(f"--plot {str(path)!r} cannot be written ({exc.strerror}); choose a file in a folder "
+                         "you can write") from None
+    if not existed:
+        out.unlink(missing_ok=True)
     return out
 
 CLIP = 2.5

@@ -225,6 +225,17 @@ class MLPSpec:
     num_shared_experts: int = 0
     shared_intermediate_size: int = 0
 
+    def __post_init__(self) -> None:
+        """Check the routing.
+
+        Raises:
+            ConfigError: an MoE layer routing each token to fewer than 1 or more than num_experts
+                experts (top-k must pick k distinct experts).
+        """
+        if self.num_experts > 0 and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"num_experts_per_tok is {self.num_experts_per_tok} with {self.num_experts} experts; "
+                              f"a token is routed to between 1 and {self.num_experts} of them")
+
     @property
     def is_moe(self) -> bool:
         """True when the layer routes tokens to experts."""

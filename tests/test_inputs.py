@@ -448,9 +448,10 @@ def test_markdown_has_what_the_table_has():
     (("--top", "0"), "--top is 0; it must be at least 1"),
     (("--top", "-1"), "--top is -1; it must be at least 1"),
     (("--host-memory", "-1"), "--host-memory -1 GiB is negative"),
+    (("--host-memory", "nan"), "--host-memory nan GiB is not a size"),
     (("--gpus-available", "-2xH100"), "--gpus-available item '-2xH100': the count must be at least 1, a positive "
                                       "number of devices (got -2)"),
-], ids=["top-0", "top-negative", "host-memory", "negative-count"])
+], ids=["top-0", "top-negative", "host-memory", "host-memory-nan", "negative-count"])
 def test_plan_input_errors(args, message):
     assert_one_line_error(run("plan", LLAMA, *args), message)
 
@@ -548,3 +549,55 @@ def test_piped_help_shows_whole_option_names():
                  "--gpu-memory-utilization", "--set-grads-to-none"):
         assert re.search(re.escape(flag) + r"\s", out.stdout), flag
     assert "…" not in out.stdout
+
+
+# ---- usage errors, non-finite numbers, unwritable plots, impossible routing ----
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("hf", "gpt2", "--finetune", "foo"), "Invalid value for '--finetune'"),
+    (("hf", "gpt2", "--seq-len", "4k"), "Invalid value for '--seq-len'"),
+    (("hf", "gpt2", "--zero-stage", "4"), "Invalid value for '--zero-stage'"),
+    (("hf", "gpt2", "--bogus"), "No such option: --bogus"),
+    (("plan", "gpt2", "--check"), "No such option: --check"),
+], ids=["choice", "not-an-int", "out-of-range", "unknown-flag", "unknown-plan-flag"])
+def test_usage_errors_are_one_line(args, message):
+    out = run(*args)
+    assert_one_line_error(out, message)
+    assert f"memest {args[0]} --help')" in out.stderr  # 'memest' or 'python -m memest'
+
+
+def test_version():
+    from memest import __version__
+
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"memest {__version__}"
+
+
+def _config_file(tmp_path, model: str, **changes) -> str:
+    from memest.sources import catalog
+
+    raw = json.loads(catalog.entries()[model].read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw | changes))  # json.dumps writes Infinity / NaN for inf / nan
+    return str(path)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_config_numbers_are_refused(tmp_path, value):
+    path = _config_file(tmp_path, "mistralai/Mistral-7B-v0.1", num_hidden_layers=value)
+    assert_one_line_error(run("hf", path, "--serve"), "'num_hidden_layers' is")
+
+
+def test_top_k_above_the_expert_count_is_refused(tmp_path):
+    path = _config_file(tmp_path, "mistralai/Mixtral-8x7B-v0.1", num_experts_per_tok=9)
+    assert_one_line_error(run("hf", path, "--serve"), "num_experts_per_tok is 9 with 8 experts")
+
+
+@pytest.mark.parametrize(("plot", "message"), [
+    ("/proc/memest-plot.png", "cannot be written"),  # procfs: the folder exists but takes no new files
+    ("/etc/passwd/x.png", "does not exist"),  # a file, not a folder
+])
+def test_unwritable_plot_is_refused_before_the_sweep(plot, message):
+    out = run("sweep", LLAMA, "--serve", "--max-model-len", "1k..4k", "--plot", plot)
+    assert_one_line_error(out, message)
+    assert out.stdout == ""  # refused before any table is printed

@@ -127,8 +127,9 @@ def plan_command(
     check_output_format(json_, markdown)
     if top < 1:
         raise InputError(f"--top is {top}; it must be at least 1 (rows of the table; --json has every fit)")
-    if host_memory < 0:
-        raise InputError(f"--host-memory {host_memory:g} GiB is negative; give the CPU RAM per server in GiB, "
+    if not host_memory >= 0:  # also NaN
+        what = "is negative" if host_memory < 0 else "is not a size"
+        raise InputError(f"--host-memory {host_memory:g} GiB {what}; give the CPU RAM per server in GiB, "
                          "or 0 to rule out offload")
     space = Space(devices=device_choices(gpus_available, job.gpu, max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,

@@ -6,6 +6,8 @@ a one-line :class:`~memest.errors.ConfigError` naming the field, the model and t
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,7 +122,8 @@ class HFConfig:
         value = self.get(*keys, default=default)
         if value is default and default is not _MISSING:
             return value  # type: ignore[no-any-return]
-        if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or int(value) != value:
             raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be an integer")
         if value < minimum:
             raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be at least {minimum}")
@@ -144,8 +147,8 @@ class HFConfig:
             ConfigError: missing (without default) or not a number.
         """
         value = self.get(*keys, default=default)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be a finite number")
         return float(value)
 
     def str(self, *keys: str, default: Any = _MISSING) -> str:

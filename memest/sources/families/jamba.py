@@ -111,7 +111,13 @@ def build(cfg: HFConfig) -> ModelSpec:
         ),
     }
     ffs = {
-        True: (
+        False: (
+            MLPSpec(gated=True, intermediate_size=i, activation=activation),
+            tuple(gated_mlp(h, i, prefix="feed_forward")),
+        ),
+    }
+    if num_experts > 1:  # with one expert transformers builds every feed-forward as the dense JambaMLP
+        ffs[True] = (
             MLPSpec(
                 gated=True,
                 intermediate_size=i,
@@ -123,12 +129,7 @@ def build(cfg: HFConfig) -> ModelSpec:
                 *router("feed_forward.router", h, num_experts),
                 *expert_stack(h, i, num_experts, prefix="feed_forward.experts"),
             ),
-        ),
-        False: (
-            MLPSpec(gated=True, intermediate_size=i, activation=activation),
-            tuple(gated_mlp(h, i, prefix="feed_forward")),
-        ),
-    }
+        )
     norms = (*norm("input_layernorm", h), *norm("pre_ff_layernorm", h))
     kinds: dict[object, LayerSpec] = {}
 
