@@ -280,7 +280,11 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
         return []
     w = a.workload
     out: list[tuple[str, str]] = []
-    if s.engine == "vllm":
+    if s.engine == "vllm" and s.kv_cache_bytes_per_token == 0:
+        out.append((f"vLLM {s.engine_version}: no KV cache (encoder-only: each request is one forward) · "
+                    f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested left free (non-KV "
+                    f"{gib(s.non_kv_bytes)}) · max_num_seqs bounds the requests at once: {s.largest_concurrency:,}", ""))
+    elif s.engine == "vllm":
         out.append((f"vLLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · available "
                     f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested (non-KV {gib(s.non_kv_bytes)}) · pool "
                     f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
@@ -315,14 +319,16 @@ def _vllm_verdict_line(a: Assessment) -> str:
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
     note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
-    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+            if s.kv_cache_bytes_per_token else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
+            f"requests of {s.max_model_len:,} tokens")
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
     if v.blocker in ("no_memory", "max_model_len"):
         return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
     if v.blocker == "concurrency":
         return (f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}")
-    return f"DOES NOT FIT: {held}, over by {gib(-v.margin_bytes)}: lower --gpu-memory-utilization; {note}"
+    return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: lower --gpu-memory-utilization; {note}"
 
 
 def _verdict_line(a: Assessment) -> str:
@@ -331,8 +337,9 @@ def _verdict_line(a: Assessment) -> str:
         return _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
-        return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {gib(v.margin_bytes)}"
-    return f"DOES NOT FIT: {used} needed, {usable} usable per device ({v.headroom:.0%} headroom kept), short by {gib(-v.margin_bytes)}"
+        return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {size(v.margin_bytes)}"
+    return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({v.headroom:.0%} headroom kept), "
+            f"short by {size(-v.margin_bytes)}")
 
 
 # ---- rich ----

@@ -643,6 +643,10 @@ def _validate_serving(s: ServingConfig) -> None:
         _positive("--max-num-batched-tokens", s.max_num_batched_tokens)
     if s.max_num_seqs is not None:
         _positive("--max-num-seqs", s.max_num_seqs)
+        if s.engine is Engine.VLLM and s.batch_size > s.max_num_seqs:
+            raise InputError(f"--batch-size {s.batch_size} is more than --max-num-seqs {s.max_num_seqs}: vLLM runs at "
+                             "most max_num_seqs requests at once (the rest queue); raise --max-num-seqs or lower "
+                             "--batch-size")
     if s.prompt_len is not None:
         _positive("--prompt-len", s.prompt_len)
     if s.max_new_tokens is not None:

@@ -601,3 +601,19 @@ def test_unwritable_plot_is_refused_before_the_sweep(plot, message):
     out = run("sweep", LLAMA, "--serve", "--max-model-len", "1k..4k", "--plot", plot)
     assert_one_line_error(out, message)
     assert out.stdout == ""  # refused before any table is printed
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("plan", LLAMA, "--serve", "--allow-method-change"), "--allow-method-change lets a training plan"),
+    (("plan", LLAMA, "--train", "--allow-quantization"), "--allow-quantization lets a serving plan"),
+    (("hf", LLAMA, "--serve", "--max-num-seqs", "4", "--batch-size", "16"), "--batch-size 16 is more than --max-num-seqs 4"),
+    (("calibrate", "gpt2", "--serve", "--device", "cpu", "--gpu", "H100"), "--gpu H100 with --device cpu"),
+], ids=["plan-serve-method", "plan-train-quantization", "max-num-seqs", "calibrate-cpu-gpu"])
+def test_flags_the_job_cannot_use_are_refused(args, message):
+    assert_one_line_error(run(*args), message)
+
+
+def test_encoder_only_serving_says_it_needs_no_kv_cache():
+    out = run("hf", "google-bert/bert-base-uncased", "--serve")
+    assert out.returncode == 0, out.stderr
+    assert "no KV cache" in out.stdout and "pool 0 tokens" not in out.stdout

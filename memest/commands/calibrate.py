@@ -83,6 +83,9 @@ def calibrate_command(
         return
     if model is None:
         raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
+    if device is Backend.CPU and job.gpu:
+        raise InputError(f"--gpu {job.gpu} with --device cpu: calibrate measures the device it runs on (here the "
+                         "CPU) and predicts for it; drop --gpu, or run on the GPU with --device cuda")
     from memest.calibration.compare import device_slug, evaluate
     from memest.calibration.records import append_record, build_record
     from memest.calibration.request import Request, calibration_workload, check_supported, flags_of

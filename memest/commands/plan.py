@@ -131,6 +131,13 @@ def plan_command(
         what = "is negative" if host_memory < 0 else "is not a size"
         raise InputError(f"--host-memory {host_memory:g} GiB {what}; give the CPU RAM per server in GiB, "
                          "or 0 to rule out offload")
+    serving = not (job.values["train"] or job.values["finetune"])
+    if serving and allow_method_change:
+        raise InputError("--allow-method-change lets a training plan try LoRA / QLoRA; for serving use "
+                         "--allow-quantization")
+    if not serving and allow_quantization:
+        raise InputError("--allow-quantization lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
+                         "training use --allow-method-change (QLoRA)")
     space = Space(devices=device_choices(gpus_available, job.gpu, max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,
                   allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))

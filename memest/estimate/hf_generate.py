@@ -39,7 +39,7 @@ from memest.devices import Device
 from memest.estimate import hf_prefill, runtime
 from memest.estimate.dtypes import nbytes
 from memest.estimate.kv_cache import KVLayer, bytes_per_token, contiguous_cache_bytes, kv_layers
-from memest.estimate.serving import compute_bytes, kv_dtype_bytes, max_model_len_of, weight_dtype
+from memest.estimate.serving import compute_bytes, kv_dtype_bytes, max_model_len_of, quantization_note, weight_dtype
 from memest.estimate.sharding import stage_tensors, stages
 from memest.estimate.vllm_engine import cuda_block_bytes
 from memest.estimate.weights import QuantScheme, _skipped, checkpoint_scale, serving_weight_layout, tensor_bytes
@@ -333,7 +333,7 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
     )
     assumptions = (
         f"transformers {version} generate, b={s.batch_size}, prompt {lens.prompt} + {lens.new} new tokens",
-        f"weights in {weight_dtype(spec, s)}" + (f", quantization {s.quantization}" if s.quantization != "none" else ""),
+        f"weights in {weight_dtype(spec, s)}" + quantization_note(spec, s),
         f"peak at the {moment}",
     )
     rank = RankEstimate("all ranks", tuple(terms), s.parallelism.world_size)

@@ -54,6 +54,15 @@ def weight_dtype(spec: ModelSpec, s: ServingConfig) -> str:
     return stored
 
 
+def quantization_note(spec: ModelSpec, s: ServingConfig) -> str:
+    """How the linear weights are stored, for the assumptions: ``--quantization``, else the
+    checkpoint's own quantization_config (fp8, MXFP4, AWQ, ...), else nothing."""
+    if s.quantization != "none":
+        return f", quantization {s.quantization}"
+    scheme, _ = serving_weight_layout(spec, s.quantization)
+    return f", linear weights as the checkpoint stores them ({scheme.name})" if scheme else ""
+
+
 def compute_bytes(spec: ModelSpec, s: ServingConfig) -> float:
     """Bytes per activation element: the served dtype (quantized weights compute in 16 bits)."""
     return nbytes(weight_dtype(spec, s))
@@ -257,7 +266,7 @@ def _estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimat
     summary = _vllm_summary(spec, s, device, ranks, mnbt)
     assumptions = (
         f"vLLM {version} start-up budget; max_num_batched_tokens {mnbt}, max_num_seqs {settings.max_num_seqs}",
-        f"weights served in {weight_dtype(spec, s)}" + (f", quantization {s.quantization}" if s.quantization != "none" else ""),
+        f"weights served in {weight_dtype(spec, s)}" + quantization_note(spec, s),
         f"KV cache in {s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else weight_dtype(spec, s)}",
         "KV pool = what is left of gpu_memory_utilization x capacity; the terms show what this job's requests need",
     )
