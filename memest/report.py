@@ -255,6 +255,9 @@ def to_markdown(a: Assessment) -> str:
 
 def _band_line(a: Assessment) -> str:
     per = a.estimate.per_device
+    if not a.verdict.headroom_applied:  # vLLM holds its budget whatever the job's tensors take
+        return (f"band of the job's own memory (weights, activations, its KV cache): {gib(per.low_bytes)} – "
+                f"{gib(per.high_bytes)} per device")
     return f"band {gib(per.low_bytes)} – {gib(per.high_bytes)} per device"
 
 

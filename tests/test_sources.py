@@ -118,3 +118,12 @@ def test_non_integer_field(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(_llama_config(hidden_size="big")))
     with pytest.raises(ConfigError, match="'hidden_size' is 'big'"):
         load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("url", ["https://huggingface.co/meta-llama/Llama-2-70b-hf",
+                                 "https://huggingface.co/meta-llama/Llama-2-70b-hf/tree/main",
+                                 "huggingface.co/meta-llama/Llama-2-70b-hf/"])
+def test_model_page_urls_name_the_model(url):
+    from memest.sources import load_model
+
+    assert load_model(url).name == "meta-llama/Llama-2-70b-hf"

@@ -8,6 +8,7 @@ offline (``HF_HUB_OFFLINE=1``).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from memest.errors import UnknownModelError, UnsupportedArchitectureError
@@ -21,6 +22,15 @@ from memest.spec import ModelSpec
 __all__ = ["load_config", "load_model", "spec_from_config"]
 
 
+_HUB_URL = re.compile(r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/([^/\s]+/[^/\s]+?)(?:/(?:tree|blob|resolve)/.*)?/?$")
+
+
+def _hub_id_of_url(ref: str) -> str:
+    """``org/name`` of a model page URL (https://huggingface.co/org/name[/tree/main/...]); other references as given."""
+    match = _HUB_URL.match(ref)
+    return match.group(1) if match else ref
+
+
 def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     """The config a reference names, read from disk, the catalog or the Hub.
 
@@ -28,7 +38,7 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
         UnknownModelError: nothing matches; the message lists close catalog matches.
         ConfigError: the file is not a valid config.
     """
-    ref = reference.strip()
+    ref = _hub_id_of_url(reference.strip())
     if not ref:
         raise UnknownModelError("empty model reference; pass a Hub id, a catalog name or a path (see 'memest models')")
     path = Path(ref).expanduser()
