@@ -16,14 +16,15 @@ module is the generic one and works for any setting and engine.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import verdict
+from memest.fit import Verdict, verdict
 from memest.spec import ModelSpec
-from memest.workload import TrainingConfig, Workload
+from memest.workload import Engine, ServingConfig, TrainingConfig, Workload
 
 QUERIES: dict[str, tuple[str, ...]] = {
     "train": ("micro_batch_size", "seq_len"),
@@ -140,6 +141,52 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
 def limits(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float) -> tuple[Largest, ...]:
     """Every max query of the workload's mode (:data:`QUERIES`), each holding the other settings."""
     return tuple(largest(spec, workload, device, s, headroom=headroom) for s in QUERIES[_mode(workload)])
+
+
+UTILIZATION_STEP = 100
+"""``largest_utilization`` searches gpu_memory_utilization in steps of 1 / 100."""
+
+
+def largest_utilization(spec: ModelSpec, workload: ServingConfig, device: Device, *, headroom: float,
+                        below: float | None = None) -> float | None:
+    """The largest ``--gpu-memory-utilization`` (a multiple of 0.01, at most 1.0 and, with ``below``,
+    under it) at which the vLLM ``workload`` fits ``device`` (:func:`memest.fit.verdict`); None when
+    none does, or the engine is not vLLM.
+
+    Utilization pulls the fit rule two ways: vLLM's share grows with it, so what the process holds
+    on the device (rule 3 of :mod:`memest.fit`) grows with it, while the KV pool left after the
+    weights and the activation peak (rules 1 and 2) grows with it too. Rule 3 alone holds up to some
+    value u3, found by bisection; the job fits at some value exactly when it fits at u3, because at
+    any lower value the pool is no larger. ``tests/test_plan_maxfit.py`` compares it with a scan of
+    every value.
+    """
+    if not isinstance(workload, ServingConfig) or workload.engine is not Engine.VLLM:
+        return None
+    count = workload.parallelism.world_size
+
+    def judge(k: int) -> Verdict:
+        w = workload.replace(gpu_memory_utilization=k / UTILIZATION_STEP)
+        return verdict(estimate(spec, w, device), device, count, headroom)
+
+    def within_capacity(k: int) -> bool:
+        v = judge(k)
+        return v.needed_bytes <= v.usable_bytes
+
+    top = UTILIZATION_STEP if below is None else math.ceil(below * UTILIZATION_STEP - 1e-9) - 1
+    if top < 1 or not within_capacity(1):
+        return None
+    good, bad = 1, top + 1  # within_capacity(good); bad is past the top or over capacity
+    if within_capacity(top):
+        good = top
+    else:
+        bad = top
+        while bad - good > 1:
+            mid = (good + bad) // 2
+            if within_capacity(mid):
+                good = mid
+            else:
+                bad = mid
+    return good / UTILIZATION_STEP if judge(good).fits else None
 
 
 def _mode(workload: Workload) -> str:

@@ -37,6 +37,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    divisors,
     tp_head_problem,
 )
 
@@ -443,7 +444,7 @@ def _serving_parallelism(v: dict[str, Any], spec: ModelSpec) -> Parallelism:
         tp = gpus // group
         problem = tp_head_problem(spec, tp)
         if problem:
-            ok = max(t for t in range(1, gpus // pp + 1) if (gpus // pp) % t == 0 and tp_head_problem(spec, t) is None)
+            ok = max(t for t in divisors(gpus // pp) if tp_head_problem(spec, t) is None)
             raise InputError(f"--gpus {gpus} serves with tensor parallelism {tp} by default (gpus / (pp x dp)), which "
                              f"{problem[0]}; pass --tp and --dp, e.g. --tp {ok} --dp {gpus // (pp * ok)}")
         dp = dp or 1

@@ -24,10 +24,14 @@ Search space
 
   - tp divides ``per_node`` (tensor parallelism stays within a node) and passes
     :func:`memest.workload.validate` (tp divides the heads; the KV-head rules);
-  - pp divides ``num_layers``. Megatron-LM asserts ``num_layers % pipeline_model_parallel_size
-    == 0`` (``megatron/core/transformer/transformer_block.py``, ``get_num_layers_to_build``) unless
-    first/last stage sizes are given; even stages are what people run, and an uneven split only
-    adds layers to the first stage, which already holds the embedding and needs the most memory;
+  - training: pp divides ``num_layers``. Megatron-LM asserts ``num_layers %
+    pipeline_model_parallel_size == 0`` (``megatron/core/transformer/transformer_block.py``,
+    ``get_num_layers_to_build``) unless first/last stage sizes are given; even stages are what
+    people run, and an uneven split only adds layers to the first stage, which already holds the
+    embedding and needs the most memory;
+  - serving: any pp up to ``num_layers``. vLLM splits layers unevenly, the remainder going to the
+    stages before the last (``get_pp_indices``; :func:`memest.estimate.sharding.vllm_stages`), so a
+    model with a prime number of layers (DeepSeek-V3: 61) still runs on 2, 4, ... stages;
   - cp and ep are the user's (a layout they do not divide is skipped). Expert parallelism is not
     searched: the estimator divides routed experts by ep and then by tp, and ZeRO by all of
     dp x cp, which undercounts experts (replicated over dp / ep, not dp) and vLLM's expert
@@ -81,8 +85,9 @@ from memest.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
+from memest.estimate.serving import smallest_parallelism
 from memest.fit import Verdict, verdict
-from memest.maxfit import Largest, limits
+from memest.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
@@ -94,6 +99,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    divisors,
     validate,
     workload_notes,
 )
@@ -325,10 +331,6 @@ def _onwards(order: tuple[Any, ...], asked: Any) -> list[Any]:
     return list(order[order.index(asked):]) if asked in order else [asked]
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def device_counts(device: Device, max_count: int, min_count: int = 1) -> list[int]:
     """Counts the planner tries: powers of two and whole nodes (multiples of per_node) in
     [min_count, max_count], plus min_count itself, ascending."""
@@ -384,13 +386,13 @@ class _Search:
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
         cp = user.cp if self.training else 1  # serving: one replica of tp x pp
-        for tp in _divisors(device.per_node):
+        for tp in divisors(device.per_node):
             if n % (tp * cp):
                 continue
             rest = n // (tp * cp)
-            for pp in _divisors(rest):
-                if self.spec.num_layers % pp:
-                    continue
+            for pp in divisors(rest):
+                if self.training and self.spec.num_layers % pp:
+                    continue  # training: even stages; serving: vLLM splits any pp <= num_layers
                 dp = rest // pp if self.training else 1
                 if not self.training and pp * tp != n:
                     continue
@@ -412,7 +414,7 @@ class _Search:
             return None
         else:
             per_replica = g // par.dp
-        batch = [(b, per_replica // b) for b in reversed(_divisors(w.micro_batch_size)) if per_replica % b == 0]
+        batch = [(b, per_replica // b) for b in reversed(divisors(w.micro_batch_size)) if per_replica % b == 0]
         recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer in ADAM_32BIT else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
@@ -723,7 +725,7 @@ class Recommendation:
         cheapest: The lowest-cost fitting setup.
         lossless: The lowest-cost fitting setup that changes neither numerics nor method (may be
             the same as cheapest, or None when none was found).
-        evaluated: How many setups were estimated.
+        evaluated: How many setups the planner estimated.
     """
 
     cheapest: Candidate | None
@@ -760,32 +762,88 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     return tuple(out)
 
 
-def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float) -> Recommendation:
+def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *,
+              fewest: Parallelism | None = None) -> Recommendation:
     """The cheapest fitting setup on ``device`` (from the count asked up to 64 times it), and the
     cheapest lossless one, found by :func:`plan`.
 
     A lossless fit that costs no more per hour than the cheapest fit is the cheapest fit: a change
     of method or numerics is never recommended to save only communication or disruption.
+
+    For a vLLM job that fails only because the process would hold more than the device has (rule 3
+    of :mod:`memest.fit`), the user's own setup with the largest lower ``--gpu-memory-utilization``
+    that fits (:func:`memest.maxfit.largest_utilization`) is a candidate too, costed like the
+    planner's setups (:func:`_utilization_cost`; the setting itself is free, one change) and ranked
+    with them by :class:`memest.costs.Cost`; it is lossless (the weights and numerics are the same;
+    only the KV pool shrinks, and the job still fits).
+
+    Args:
+        fewest: The layout of the fewest-devices query
+            (:func:`memest.estimate.serving.smallest_parallelism`); the counts searched are widened to
+            include its device count, so the recommendation finds a fit wherever that query found one.
     """
     count = workload.parallelism.world_size
-    choice = DeviceChoice(device, max_count=count << MAX_DEVICE_DOUBLINGS, min_count=count)
+    low, high = count, count << MAX_DEVICE_DOUBLINGS
+    if fewest is not None:
+        low, high = min(low, fewest.world_size), max(high, fewest.world_size)
+    choice = DeviceChoice(device, max_count=high, min_count=low)
     price = PriceTable.catalog().price(device)
     any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True),
                       headroom=headroom, max_queries=False)
     lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True), headroom=headroom, max_queries=False)
 
-    def candidate(p: Plan) -> Candidate | None:
+    def candidate(p: Plan) -> tuple[Cost, Candidate] | None:
         fit = p.best
         if fit is None:
             return None
-        return Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count, fit.estimate, fit.verdict)
+        return fit.setup.cost, Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count,
+                                         fit.estimate, fit.verdict)
 
-    lossless_fit = candidate(lossless)
-    cheapest = candidate(any_change)
-    if lossless.best is not None and (any_change.best is None or
-                                      lossless.best.setup.cost.usd_per_hour <= any_change.best.setup.cost.usd_per_hour):
+    found_lossless = candidate(lossless)
+    found_cheapest = candidate(any_change)
+    lower = _lower_utilization(spec, workload, device, headroom, price)
+    if lower is not None:  # lossless, so a candidate for both answers; a planner setup wins a tie
+        if found_lossless is None or lower[0] < found_lossless[0]:
+            found_lossless = lower
+        if found_cheapest is None or lower[0] < found_cheapest[0]:
+            found_cheapest = lower
+    cheapest = found_cheapest[1] if found_cheapest else None
+    lossless_fit = found_lossless[1] if found_lossless else None
+    if found_lossless is not None and (found_cheapest is None or
+                                       found_lossless[0].usd_per_hour <= found_cheapest[0].usd_per_hour):
         cheapest = lossless_fit
     return Recommendation(cheapest, lossless_fit, any_change.evaluated + lossless.evaluated)
+
+
+def _utilization_cost(workload: ServingConfig, usd_per_hour: float) -> Cost:
+    """The planner's cost of the user's own serving setup with one more change (a lower
+    ``--gpu-memory-utilization``, which costs nothing else): the layout's communication, the
+    disruption of the quantization and KV-cache dtype asked, and the changes each of them counts."""
+    par = workload.parallelism
+    comm = sum(doubling_penalty(name, getattr(par, name))[0] for name in ("tp", "pp", "ep"))
+    parts = [penalty("quantization", workload.quantization), penalty("kv_cache_dtype", workload.kv_cache_dtype)]
+    changes = sum(getattr(par, name) > 1 for name in ("tp", "pp", "ep")) + sum(p is not NO_PENALTY for p in parts)
+    return Cost(usd_per_hour, comm, sum(p.disruption for p in parts), changes + 1)
+
+
+def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, headroom: float,
+                       price: float) -> tuple[Cost, Candidate] | None:
+    """The user's vLLM setup with the largest lower gpu_memory_utilization that fits, when the only
+    rule it breaks is the device's capacity (rule 3 of :mod:`memest.fit`); else None."""
+    if not isinstance(workload, ServingConfig):
+        return None
+    count = workload.parallelism.world_size
+    est = estimate(spec, workload, device)
+    v = verdict(est, device, count, headroom)
+    if v.fits or v.headroom_applied or v.blocker is not None:
+        return None
+    util = largest_utilization(spec, workload, device, headroom=headroom, below=workload.gpu_memory_utilization)
+    if util is None:
+        return None
+    w = workload.replace(gpu_memory_utilization=util)
+    est = estimate(spec, w, device)
+    change = Change(f"--gpu-memory-utilization {util:.2f}", 0.0, True)
+    return _utilization_cost(w, count * price), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
@@ -855,6 +913,11 @@ class Assessment:
         rules: Rules of thumb for comparison.
         notes: What the user should know about the workload that the estimate does not show
             (:func:`memest.workload.workload_notes`: a sequence beyond the trained length).
+        fewest: Serving: the fewest devices' layout on which the job fits by the same rule
+            (:func:`memest.estimate.serving.smallest_parallelism`); None when none fits, or training.
+        utilization: vLLM jobs that do not fit: the largest ``--gpu-memory-utilization`` at which
+            they would (:func:`memest.maxfit.largest_utilization`); None when none would, or the
+            job fits.
     """
 
     spec: ModelSpec
@@ -866,6 +929,8 @@ class Assessment:
     fits_on: tuple[Device, ...]
     rules: tuple[RuleOfThumb, ...]
     notes: tuple[str, ...] = ()
+    fewest: Parallelism | None = None
+    utilization: float | None = None
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
@@ -879,7 +944,10 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     est = estimate(spec, workload, device)
     count = workload.parallelism.world_size
     v = verdict(est, device, count, headroom)
-    rec = recommend(spec, workload, device, headroom) if search and not v.fits else None
+    serving = isinstance(workload, ServingConfig)
+    fewest = smallest_parallelism(spec, workload, device, headroom=headroom) if serving else None
+    utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
+    rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload))
+                      workload_notes(spec, workload), fewest, utilization)

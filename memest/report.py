@@ -276,7 +276,7 @@ def _fits_on_line(a: Assessment) -> str:
 def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     """The serving summary as (text, rich style) lines: the engine's KV arithmetic, its start-up
     error if it would refuse the job, and the inverse queries (largest length, concurrency, devices)."""
-    from memest.estimate.serving import smallest_parallelism
+    from memest.estimate.serving import MAX_PP_QUERY
 
     s = a.estimate.serving
     if s is None or not isinstance(a.workload, ServingConfig):
@@ -295,23 +295,34 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     else:
         out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
+    higher = _higher_utilization(a)
     if s.engine_error == "no_memory":
-        out.append(("vLLM would refuse to start: no memory left for the KV cache; use more devices (--tp/--pp), "
-                    "a --quantization or a higher --gpu-memory-utilization" if s.engine == "vllm" else
-                    "generate would run out of memory on this device", "bold red"))
+        out.append(("vLLM would refuse to start: no memory left for the KV cache; use more devices (--tp/--pp)"
+                    + (f", a --quantization or {higher}" if higher else " or a --quantization")
+                    if s.engine == "vllm" else "generate would run out of memory on this device", "bold red"))
     elif s.engine_error == "max_model_len":
         hint = (f" Based on the available memory, the estimated maximum model length is "
                 f"{s.largest_max_model_len_one_request:,}." if s.largest_max_model_len_one_request else "")
+        fix = f"Use {higher} or decrease --max-model-len." if higher else "Decrease --max-model-len."
         out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
                     f"{gib(s.request_kv_bytes)} KV cache is needed, more than the available {gib(s.kv_budget_bytes)}."
-                    f"{hint} Increase --gpu-memory-utilization or decrease --max-model-len.", "bold red"))
-    par = smallest_parallelism(a.spec, w, a.verdict.device)
+                    f"{hint} {fix}", "bold red"))
+    par = a.fewest
     fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
-              if par else "none up to tp 64 x pp 16")
+              if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
     out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
                 f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,} · "
                 f"fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}", ""))
     return out
+
+
+def _higher_utilization(a: Assessment) -> str:
+    """"a higher --gpu-memory-utilization (0.95 fits)" when a higher value makes the job fit, else
+    "": never when the weights and the activation peak leave no room even at 1.0."""
+    util = a.utilization
+    if util is None or not isinstance(a.workload, ServingConfig) or util <= a.workload.gpu_memory_utilization:
+        return ""
+    return f"a higher --gpu-memory-utilization ({util:.2f} fits)"
 
 
 def _vllm_verdict_line(a: Assessment) -> str:
@@ -331,7 +342,10 @@ def _vllm_verdict_line(a: Assessment) -> str:
         return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
     if v.blocker == "concurrency":
         return (f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}")
-    return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: lower --gpu-memory-utilization; {note}"
+    util = a.utilization
+    fix = (f"lower --gpu-memory-utilization ({util:.2f} fits)" if util is not None and util < a.workload.gpu_memory_utilization
+           else "a lower --gpu-memory-utilization would leave the KV pool too small for the job")
+    return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: {fix}; {note}"
 
 
 def _verdict_line(a: Assessment) -> str:

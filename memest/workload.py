@@ -423,6 +423,20 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
         _validate_serving_model(spec, workload)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (at least 1), ascending, found in O(sqrt n) steps: n may be a user's
+    value (a micro-batch of 10^9 has 100 divisors, found in 31,623 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
 def tp_head_problem(spec: ModelSpec, tp: int) -> tuple[str, str] | None:
     """Why tensor parallelism ``tp`` cannot split the attention of ``spec``, and the fix; or None.
 

@@ -12,7 +12,7 @@ import pytest
 
 from memest.devices import get_device
 from memest.estimate import estimate
-from memest.estimate.sharding import stage_shard_numel, stages
+from memest.estimate.sharding import stage_shard_numel, stages, vllm_stages
 from memest.estimate.training import moments
 from memest.result import Kind, RankEstimate
 from memest.sources import load_model, spec_from_config
@@ -54,6 +54,39 @@ def test_pipeline_stages_split_layers_embedding_first_head_last(tiny):
     par = Parallelism(pp=2)
     assert stage_shard_numel(tiny, first, par) == 64_000 + 36_992
     assert stage_shard_numel(tiny, last, par) == 36_992 + 64 + 64_000
+
+
+@pytest.mark.parametrize(("num_layers", "pp", "training", "vllm"), [
+    # 61 = 2 x 30 + 1: training gives the 1 to the first stage; vLLM to the second-to-last, which is also the first
+    (61, 2, (31, 30), (31, 30)),
+    # 61 = 4 x 15 + 1: vLLM's remainder goes to partitions[-2] (stage 2), never to the last stage
+    (61, 4, (16, 15, 15, 15), (15, 15, 16, 15)),
+    # 10 = 4 x 2 + 2: vLLM adds one to partitions[-2] and [-3] (stages 2 and 1)
+    (10, 4, (3, 3, 2, 2), (2, 3, 3, 2)),
+    # 126 = 8 x 15 + 6: vLLM adds one to stages 6, 5, 4, 3, 2, 1; the first and last keep 15
+    (126, 8, (16,) * 6 + (15,) * 2, (15,) + (16,) * 6 + (15,)),
+    (80, 4, (20,) * 4, (20,) * 4),  # even: both the same
+    (7, 7, (1,) * 7, (1,) * 7),
+])
+def test_stage_splits_by_hand(num_layers, pp, training, vllm):
+    for split, sizes in ((stages, training), (vllm_stages, vllm)):
+        out = split(num_layers, pp)
+        assert tuple(s.num_layers for s in out) == sizes
+        assert [s.start for s in out] == [sum(sizes[:i]) for i in range(pp)]  # contiguous from layer 0
+        assert out[-1].stop == num_layers
+        assert [(s.first, s.last) for s in out] == [(i == 0, i == pp - 1) for i in range(pp)]
+
+
+def test_vllm_stages_never_give_the_last_stage_more_than_the_even_share():
+    # vLLM's rule over every split up to 64 layers: stages differ by at most one layer, the last holds
+    # num_layers // pp, and when the remainder is at most pp - 2 the first does too
+    for num_layers in range(1, 65):
+        for pp in range(1, num_layers + 1):
+            sizes = [s.num_layers for s in vllm_stages(num_layers, pp)]
+            base, extra = divmod(num_layers, pp)
+            assert sum(sizes) == num_layers and set(sizes) <= {base, base + 1}
+            assert sizes[-1] == base
+            assert sizes[0] == base + (pp > 1 and extra == pp - 1)
 
 
 def _states(per):

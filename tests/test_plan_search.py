@@ -1,5 +1,6 @@
 """The planner: what it returns fits, nothing cheaper that fits was skipped, and the search space
-keeps the rules (TP within a node and dividing the heads, PP dividing the layers, global batch held).
+keeps the rules (TP within a node and dividing the heads, PP dividing the layers for training and at most
+the layers for serving, global batch held).
 
 The brute force below enumerates the documented search space on its own (its own loops, not the
 planner's), estimates every setup and takes the cheapest fit per device type; the planner, with and
@@ -84,7 +85,7 @@ def _brute_training(spec, asked: TrainingConfig, device: Device, max_count: int,
 def _brute_serving(spec, asked: ServingConfig, device: Device, max_count: int, *, allow_quantization: bool, price: float):
     for n in _powers_of_two(max_count):
         for tp in _divisors(device.per_node):
-            if n % tp or spec.num_layers % (n // tp):
+            if n % tp or n // tp > spec.num_layers:  # vLLM splits layers unevenly: any pp up to num_layers
                 continue
             pp = n // tp
             quants = ["none", "int8", "int4"] + (["fp8"] if device.fp8 else []) if allow_quantization else ["none"]
@@ -174,6 +175,9 @@ SERVING_CASES = [
                  id="falcon-7b-71-heads-mqa"),
     pytest.param("ai21labs/Jamba-v0.1", ServingConfig(max_model_len=65536, batch_size=4), ("A100-80GB", "L40S"), 16, True,
                  id="jamba-mamba-moe"),
+    # 61 layers (prime): every pp > 1 splits unevenly, as vLLM does
+    pytest.param("deepseek-ai/DeepSeek-V3", ServingConfig(max_model_len=32768, batch_size=4), ("H100", "A100-80GB", "L40S"),
+                 64, False, id="deepseek-v3-61-layers"),
 ]
 
 
@@ -239,7 +243,10 @@ def test_every_fit_fits_by_an_independent_estimate_and_keeps_the_rules(model, as
         assert par.world_size == s.count
         assert s.device.per_node % par.tp == 0  # tensor parallelism stays within a node
         assert spec.num_heads % par.tp == 0
-        assert spec.num_layers % par.pp == 0
+        if isinstance(asked, TrainingConfig):
+            assert spec.num_layers % par.pp == 0  # training: even stages
+        else:
+            assert par.pp <= spec.num_layers  # serving: vLLM splits any pp up to num_layers
         assert s.cost.usd_per_hour == pytest.approx(s.count * s.device.hourly_usd)
         if isinstance(asked, TrainingConfig):
             # the per-replica batch (micro-batch x accumulation) is held

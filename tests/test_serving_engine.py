@@ -96,7 +96,7 @@ def test_smallest_parallelism_for_70b() -> None:
     # 70B bf16 = 131.5 GiB of weights: tp 2 leaves (0.95 x 79.19 - 65.8 - 1.9 - 2.07) GiB ~ 5.5 GiB,
     # enough for one 8192-token request (1.25 GiB at 163840 B/token/rank)
     spec = load_model("meta-llama/Llama-3.1-70B")
-    par = smallest_parallelism(spec, ServingConfig(max_model_len=8192, gpu_memory_utilization=0.95), H100)
+    par = smallest_parallelism(spec, ServingConfig(max_model_len=8192, gpu_memory_utilization=0.95), H100, headroom=0.1)
     assert (par.tp, par.pp) == (2, 1)
 
 

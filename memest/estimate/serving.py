@@ -11,12 +11,14 @@ Two engines (``--engine``):
   when one request of max_model_len does not fit, with the largest max_model_len that would.
 - ``hf``: transformers ``generate`` (:mod:`memest.estimate.hf_generate`).
 
-Inverse queries (the engine's own closed-form arithmetic, no search over estimates):
-:func:`largest_max_model_len`, :func:`largest_concurrency` and :func:`smallest_parallelism`.
+Inverse queries: :func:`largest_max_model_len` and :func:`largest_concurrency` (the engine's own
+closed-form arithmetic, no search over estimates); :func:`smallest_parallelism` (estimates each
+layout and judges it by :func:`memest.fit.verdict`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,11 +26,11 @@ from memest.devices import Device
 from memest.estimate import runtime, vllm_engine
 from memest.estimate.dtypes import nbytes
 from memest.estimate.kv_cache import PagedLayout, bytes_per_token, kv_element_bytes, kv_layers, paged_layout
-from memest.estimate.sharding import Stage, stage_tensors, stages
+from memest.estimate.sharding import Stage, stage_tensors, vllm_stages
 from memest.estimate.weights import checkpoint_scale, serving_weight_layout, weight_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig, tp_head_problem
+from memest.workload import Engine, Parallelism, ServingConfig, tp_head_problem, validate
 
 GiB = 1 << 30
 _POSITION_TABLES = ("wpe", "position", "pos_emb")
@@ -165,7 +167,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     c = compute_bytes(spec, s)
     e = kv_dtype_bytes(spec, s)
     out = []
-    for stage in stages(spec.num_layers, par.pp):
+    for stage in vllm_stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
         layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
         weights = _vllm_weight_bytes(spec, s, stage) + _rope_cache_block(spec, c)
@@ -379,34 +381,41 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     return r.num_blocks // per
 
 
+MAX_PP_QUERY = 16
+""":func:`smallest_parallelism` tries pipeline degrees up to this."""
+
+
 def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= device.per_node and tp_head_problem(spec, t) is None]
-    pps = [p for p in (1, 2, 4, 8, 16) if p <= spec.num_layers]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if device.per_node % t == 0 and tp_head_problem(spec, t) is None]
+    pps = [p for p in (1, 2, 4, 8, 16) if p <= min(spec.num_layers, MAX_PP_QUERY)]
     out = [Parallelism(tp=t, pp=p) for t in tps for p in pps]
     return sorted(out, key=lambda par: (par.tp * par.pp, par.pp))
 
 
-def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device) -> Parallelism | None:
-    """The fewest devices (tp first, then pp) on which ``batch_size`` requests of max_model_len fit.
+def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device, *, headroom: float) -> Parallelism | None:
+    """The fewest devices (tp first, then pp) on which the job fits by the verdict's own rule
+    (:func:`memest.fit.verdict`: for vLLM, it starts, its pool holds ``batch_size`` requests of
+    max_model_len, and it stays within the device's capacity).
 
-    Evaluates the engine's budget for each power-of-two layout that the model's heads allow (tp
-    within one node); None when none up to 16 pipeline stages fits.
+    Tries each power-of-two layout with tp dividing a node that the model's heads allow (the
+    planner's rules, with the other degrees asked kept; one replica), up to :data:`MAX_PP_QUERY`
+    pipeline stages (vLLM splits layers unevenly, so any pp up to num_layers runs); transformers
+    generate runs on one device only. None when none fits.
     """
-    max_len = max_model_len_of(spec, s)
-    for par in _parallel_candidates(spec, device):
-        trial = s.replace(parallelism=par)
-        if s.engine is Engine.HF:
-            from memest.estimate import hf_generate
+    from memest.errors import InputError
+    from memest.fit import verdict
 
-            if par.pp > 1 or par.tp > 1:
-                continue
-            if hf_generate.fits(spec, trial, device):
-                return par
+    for candidate in _parallel_candidates(spec, device):
+        if s.engine is Engine.HF and (candidate.pp > 1 or candidate.tp > 1):
             continue
-        ranks = vllm_ranks(spec, trial, device)
-        if largest_concurrency(spec, trial, device, max_len, ranks=ranks) >= s.batch_size and all(
-            r.budget.available >= r.layout.request_bytes(max_len, 1) for r in ranks
-        ):
+        par = dataclasses.replace(s.parallelism, tp=candidate.tp, pp=candidate.pp, dp=1, cp=1, zero_stage=0)
+        trial = s.replace(parallelism=par)
+        try:
+            validate(spec, trial)
+            est = estimate_serving(spec, trial, device)
+        except InputError:
+            continue
+        if verdict(est, device, par.world_size, headroom).fits:
             return par
     return None
 

@@ -6,7 +6,9 @@ vocabulary-parallel embeddings by tp (rows rounded up); norms, routers and row-p
 are replicated. Routed experts: with ep <= dp x cp (expert parallelism over data-parallel ranks,
 Megatron-LM) each rank holds E/ep experts, each split by tp along its split; with ep > dp x cp
 (vLLM's EP = TP x DP) whole experts are spread over all tp x dp x cp ranks. Pipeline stages
-take contiguous layers; the first also holds the embedding, the last the final norm and lm_head.
+take contiguous layers; the first also holds the embedding, the last the final norm and lm_head. An
+uneven split puts the remainder on the first stages for training (:func:`stages`) and, as vLLM does,
+on the stages before the last for serving (:func:`vllm_stages`).
 
 Stage splits, each stage's tensor list and each tensor's shard size are computed once and
 remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, dp x cp, k)): the planner estimates
@@ -50,12 +52,30 @@ class Stage:
 
 @functools.lru_cache(maxsize=4096)
 def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
-    """Split ``num_layers`` into ``pp`` contiguous stages; the first stages take the remainder."""
+    """Split ``num_layers`` into ``pp`` contiguous stages for training; the first stages take the
+    remainder."""
     base, extra = divmod(num_layers, pp)
+    return _contiguous([base + (1 if i < extra else 0) for i in range(pp)])
+
+
+@functools.lru_cache(maxsize=4096)
+def vllm_stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
+    """Split ``num_layers`` into ``pp`` contiguous stages as vLLM does (``vllm/distributed/utils.py``
+    ``get_pp_indices``, without ``VLLM_PP_LAYER_PARTITION``): num_layers // pp each, and the remainder
+    one layer apiece to the stages before the last, from the second-to-last backwards (the last
+    holds the final norm and lm_head). 61 layers over 4 stages: 15, 15, 16, 15; 10 over 4: 2, 3, 3, 2.
+    Any pp up to num_layers is valid; the remainder is at most pp - 1, so the last stage never takes one."""
+    base, extra = divmod(num_layers, pp)
+    sizes = [base] * pp
+    for i in range(2, extra + 2):
+        sizes[-i] += 1
+    return _contiguous(sizes)
+
+
+def _contiguous(sizes: list[int]) -> tuple[Stage, ...]:
     out, start = [], 0
-    for i in range(pp):
-        n = base + (1 if i < extra else 0)
-        out.append(Stage(i, start, start + n, i == 0, i == pp - 1))
+    for i, n in enumerate(sizes):
+        out.append(Stage(i, start, start + n, i == 0, i == len(sizes) - 1))
         start += n
     return tuple(out)
 
