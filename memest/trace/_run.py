@@ -91,7 +91,8 @@ class _Job:
     kernels: set[str] = field(default_factory=set)
 
     def build(self, dtype: torch.dtype, attn_implementation: str) -> Any:
-        model, attn = _model.build(self.cfg, dtype, attn_implementation, trust_remote_code=self.trust_remote_code)
+        model, attn = _model.build(self.cfg, dtype, attn_implementation, task=self.spec.task,
+                                   trust_remote_code=self.trust_remote_code)
         if attn != attn_implementation:
             self.settings.append(f"{self.cfg.model_type} has no SDPA attention in transformers: eager (s x s scores kept)")
         return model
@@ -106,7 +107,7 @@ def _trace_training(job: _Job, t: TrainingConfig, stack: contextlib.ExitStack, r
     eager = t.attn_implementation == "eager" and t.recompute is not Recompute.SELECTIVE
     model = job.build(recipe.param_dtype, "eager" if eager else "sdpa")
     if t.method is Method.LORA:
-        model = _model.apply_lora(model, _model.lora_targets(job.spec, t.lora.targets), t.lora.rank)
+        model = _model.apply_lora(model, _model.lora_targets(job.spec, t.lora.targets), t.lora.rank, job.spec.task)
     if t.recompute is Recompute.FULL:
         _model.enable_checkpointing(model, tracker.recomputing)
     model.train()
@@ -141,6 +142,9 @@ def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, dec
     from memest.estimate.serving import weight_dtype
 
     _serving.check_supported(s)
+    if job.spec.task != "causal_lm":
+        raise InputError(f"serving {job.spec.name} ({job.spec.task}) cannot be traced: the serving trace runs "
+                         "transformers generate, which needs a causal LM; drop --trace and use the analytic estimate")
     dtype = _model.torch_dtype(weight_dtype(job.spec, s))
     model = job.build(dtype, "sdpa")
     layers, head = _model.decoder_layers(model), _model.lm_head(model)

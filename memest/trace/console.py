@@ -1,21 +1,73 @@
 """``memest hf --trace`` / ``--plot``: run the trace with progress on stderr, and render it beside the estimate.
 
-Bytes become GiB through :func:`memest.report.gib`, as everywhere else. The JSON form keeps ints.
+Bytes are printed by :func:`memest.report.size` (GiB from 1 GiB up, else MiB, as calibrate prints them),
+so a tiny model's trace does not read 0.00 everywhere; a difference is a share of the trace only when the
+traced figure is at least 1 MiB. The JSON form keeps ints.
+
+A trace's time is set by the operators it runs, not by the tensors' sizes (meta tensors have no data),
+so it barely grows with the context — except where transformers runs a Python loop over the tokens:
+the reference selective scan of Mamba layers (Jamba; the fused CUDA kernels cannot run on meta). Before
+such a trace :func:`slow_trace_warning` prints one line on stderr when tokens x Mamba layers x
+:data:`SCAN_SECONDS` passes :data:`SLOW_TRACE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 from memest.devices import Device
-from memest.report import GiB, gib
+from memest.report import size
 from memest.result import Estimate
 from memest.sources.config import HFConfig
+from memest.spec import ModelSpec
 from memest.trace.compare import Comparison, ComparisonRow, compare
 from memest.trace.result import TraceResult
-from memest.workload import Workload
+from memest.workload import ServingConfig, TrainingConfig, Workload
+
+SCAN_SECONDS = 4e-4
+"""Seconds per token per Mamba layer of a traced forward (transformers' reference selective scan, one Python
+iteration per token). Measured: ai21labs/Jamba-v0.1 (28 Mamba layers) served with --engine hf traced in 5 s
+at --max-model-len 256 and 13.6 s at 1024 (2-core machine): 8.6 s / (768 tokens x 28 layers) = 0.4 ms."""
+
+SLOW_TRACE_SECONDS = 60
+"""Expected trace time above which :func:`slow_trace_warning` warns."""
+
+RELATIVE_FLOOR = 1 << 20
+"""Smallest traced figure (bytes) a difference is shown as a share of: under 1 MiB the share is noise."""
+
+DECODE_STEPS = 2
+"""Decode steps the CLI's serving trace runs (the default of :func:`memest.trace.trace`)."""
+
+
+def slow_trace_warning(spec: ModelSpec, workload: Workload) -> str | None:
+    """A one-line warning when the trace of ``workload`` is expected to take over a minute, else None.
+
+    Expected seconds = tokens of the longest sequence x Mamba layers x :data:`SCAN_SECONDS` x passes:
+    one prefill when serving (the prompt: the context less the decode steps); forward + backward (about 3
+    forwards) of each traced micro-batch (at most 2) when training. Rough by design: it says what drives the
+    time and how to shorten it.
+    """
+    scans = sum(count for layer, count in spec.layer_kinds() if layer.attention.kind == "mamba")
+    if not scans:
+        return None
+    if isinstance(workload, ServingConfig):
+        context = workload.max_model_len or spec.max_position_embeddings or 2048
+        tokens, passes, flag = context - DECODE_STEPS, 1, "--max-model-len"
+    elif isinstance(workload, TrainingConfig):
+        tokens, passes, flag = workload.seq_len, 3 * min(workload.grad_accum_steps, 2), "--seq-len"
+    else:
+        return None
+    seconds = tokens * scans * SCAN_SECONDS * passes
+    if seconds < SLOW_TRACE_SECONDS:
+        return None
+    took = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    quick = 1 << max(0, int(SLOW_TRACE_SECONDS / (scans * SCAN_SECONDS * passes)).bit_length() - 1)
+    return (f"Warning: this trace may take about {took}: transformers runs the {scans} Mamba layers of {spec.name} "
+            f"as a Python loop over {tokens:,} tokens (the fused kernels cannot run on meta); pass {flag} {quick} "
+            "for a trace of about a minute")
 
 
 def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trust_remote_code: bool,
@@ -24,8 +76,12 @@ def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trus
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from memest.sources import spec_from_config
     from memest.trace import trace
 
+    warning = slow_trace_warning(spec_from_config(cfg, trust_remote_code=trust_remote_code), workload)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     console = Console(stderr=True)
     if not show_progress or not console.is_terminal:
         return trace(cfg, workload, device, trust_remote_code=trust_remote_code)
@@ -40,8 +96,12 @@ def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trus
 
 
 def _rel(row: ComparisonRow) -> str:
-    if row.relative is None or abs(row.diff_bytes) < 1 << 20:  # under 1 MiB either way: no meaningful share
-        return "—" if row.relative is None else "±0"
+    """The difference as a share of the traced figure: ``—`` when that is under :data:`RELATIVE_FLOOR`,
+    ``±0`` when the difference is."""
+    if row.relative is None or abs(row.traced_bytes) < RELATIVE_FLOOR:
+        return "—"
+    if abs(row.diff_bytes) < RELATIVE_FLOOR:
+        return "±0"
     return f"{row.relative:+.1%}"
 
 
@@ -58,19 +118,19 @@ def render(result: TraceResult, comparison: Comparison) -> Any:
                          ("of trace", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for row in comparison.kinds:
-        table.add_row(row.name, gib(row.analytic_bytes), gib(row.traced_bytes), gib(row.diff_bytes), _rel(row))
+        table.add_row(row.name, size(row.analytic_bytes), size(row.traced_bytes), size(row.diff_bytes), _rel(row))
     table.add_section()
     for row in (comparison.allocated, comparison.reserved):
-        table.add_row(f"[bold]{row.name}[/bold]", gib(row.analytic_bytes), gib(row.traced_bytes), gib(row.diff_bytes),
-                      _rel(row))
+        table.add_row(f"[bold]{row.name}[/bold]", size(row.analytic_bytes), size(row.traced_bytes),
+                      size(row.diff_bytes), _rel(row))
     parts: list[Any] = [table]
-    phases = " · ".join(f"{name} {gib(n)}" for name, n in per.phase_peaks.items())
+    phases = " · ".join(f"{name} {size(n)}" for name, n in per.phase_peaks.items())
     parts.append(Text(f"traced peak by phase: {phases}", style="dim"))
     largest = Table(title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
     for col, justify in (("kind", "left"), ("origin", "left"), ("count", "right"), ("size", "right")):
         largest.add_column(col, justify=justify)  # type: ignore[arg-type]
     for g in per.groups[:8]:
-        largest.add_row(g.kind.value, g.label, str(g.count), gib(g.bytes))
+        largest.add_row(g.kind.value, g.label, str(g.count), size(g.bytes))
     parts.append(largest)
     parts.append(Text(f"traced in {result.seconds:.1f} s ({result.num_ops:,} operators): " + "; ".join(result.settings),
                       style="dim"))
@@ -83,12 +143,12 @@ def to_markdown(result: TraceResult, comparison: Comparison) -> str:
         "",
         f"**trace vs estimate** (peak in {comparison.peak_phase}; {result.world_size} device(s), rank {result.per_device.rank})",
         "",
-        "| kind | estimate GiB | trace GiB | trace − estimate GiB | of trace |",
+        "| kind | estimate | trace | trace − estimate | of trace |",
         "|---|---:|---:|---:|---:|",
     ]
     for row in (*comparison.kinds, comparison.allocated, comparison.reserved):
-        lines.append(f"| {row.name} | {row.analytic_bytes / GiB:,.2f} | {row.traced_bytes / GiB:,.2f} | "
-                     f"{row.diff_bytes / GiB:,.2f} | {_rel(row)} |")
+        lines.append(f"| {row.name} | {size(row.analytic_bytes)} | {size(row.traced_bytes)} | "
+                     f"{size(row.diff_bytes)} | {_rel(row)} |")
     lines += ["", "trace settings: " + "; ".join(result.settings)]
     return "\n".join(lines) + "\n"
 
