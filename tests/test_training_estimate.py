@@ -314,3 +314,22 @@ def test_cli_hybrid_shard_and_dp_flags():
     values.update(fsdp=None, gpus=1, dp=4, tp=2)
     w = JobOptions(values).workload(spec)
     assert (w.parallelism.dp, w.parallelism.tp, w.parallelism.world_size) == (4, 2, 8)
+
+
+def test_masked_lm_loss_runs_at_the_logits_dtype():
+    # BertForMaskedLM: CrossEntropyLoss on the bf16 prediction scores, no fp32 upcast. At the loss backward
+    # b x s x V x 3 x 2 B (log-probs, nll grad, log-softmax grad) = 8 x 512 x 30,522 x 6 = 750,108,672 B;
+    # in the forward's loss the scores and their log-softmax, 8 x 512 x 30,522 x 4 = 500,072,448 B
+    from memest.estimate.training import _logits, _logits_forward, execution
+    from memest.sources import load_model
+    from memest.workload import resolve_framework
+
+    spec = load_model("google-bert/bert-base-uncased")
+    t = TrainingConfig(micro_batch_size=8, seq_len=512)
+    fw = resolve_framework(t)
+    x = execution(spec, t, fw)
+    assert _logits(spec, t, fw, x, 8 * 512).bytes == 8 * 512 * 30_522 * 6 == 750_108_672
+    assert _logits_forward(spec, t, fw, x, 8 * 512).bytes == 8 * 512 * 30_522 * 4 == 500_072_448
+    # under autocast (amp) cross_entropy runs in fp32: the causal-LM 12 B per element
+    amp = TrainingConfig(micro_batch_size=8, seq_len=512, precision=Precision.AMP)
+    assert _logits(spec, amp, fw, execution(spec, amp, fw), 8 * 512).bytes == 8 * 512 * 30_522 * 12

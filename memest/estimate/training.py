@@ -976,9 +976,19 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
         formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
+    elif _loss_at_logits_dtype(spec, x):
+        per, formula = 3 * c * v, f"b x s x V/t x 3 x {c} B (log-probs, nll grad, log-softmax grad at the logits dtype)"
     else:
         per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
     return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _loss_at_logits_dtype(spec: ModelSpec, x: Execution) -> bool:
+    """True when the loss runs on the logits as they are, without ``ForCausalLMLoss``'s fp32 upcast:
+    a masked LM's ``CrossEntropyLoss()(prediction_scores.view(-1, V), labels.view(-1))``
+    (``transformers/models/bert/modeling_bert.py`` ``BertForMaskedLM``) outside autocast, which
+    would run cross_entropy in fp32 (benchmarks/trace_findings.md §13)."""
+    return spec.task == "masked_lm" and not x.autocast
 
 
 def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term | None:
@@ -992,6 +1002,8 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
         return None
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
     c = _logits_bytes(t, x)
+    if _loss_at_logits_dtype(spec, x):
+        return Term("logits", Kind.LOGITS, tokens * 2 * c * v, f"b x s x V/t x 2 x {c} B (logits, log-softmax)")
     per = c + (4 if c < 4 else 0) + 4
     return Term("logits", Kind.LOGITS, tokens * per * v,
                 f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")
