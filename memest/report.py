@@ -297,8 +297,13 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
     higher = _higher_utilization(a)
     if s.engine_error == "no_memory":
-        out.append(("vLLM would refuse to start: no memory left for the KV cache; use more devices (--tp/--pp)"
-                    + (f", a --quantization or {higher}" if higher else " or a --quantization")
+        fixes = ["more devices (--tp/--pp)"]
+        if a.spec.quantization is None and isinstance(a.workload, ServingConfig) and a.workload.quantization == "none":
+            fixes.append("a --quantization")  # not for a checkpoint already stored quantized (fp8, AWQ, ...)
+        if higher:
+            fixes.append(higher)
+        listed = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
+        out.append((f"vLLM would refuse to start: no memory left for the KV cache; use {listed}"
                     if s.engine == "vllm" else "generate would run out of memory on this device", "bold red"))
     elif s.engine_error == "max_model_len":
         hint = (f" Based on the available memory, the estimated maximum model length is "
