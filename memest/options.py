@@ -277,6 +277,11 @@ def _check_scope(values: dict[str, Any], mode: str) -> None:
                                  f"drop it or pass --engine {other}")
 
 
+MAX_INT_FLAG = 2**31 - 1
+"""The largest value an integer workload flag takes (sequences, tokens, devices, ranks): larger ones
+describe no real job and would make the divisor searches of the planner slow."""
+
+
 @dataclass(frozen=True, slots=True)
 class JobOptions:
     """The parsed workload flags, before the model is known."""
@@ -388,6 +393,10 @@ class JobOptions:
             raise InputError(f"choose one of --train, --finetune, --serve (got {', '.join('--' + m for m in modes)})")
         mode = modes[0] if modes else "serve"
         _check_scope(v, mode)
+        for name, value in v.items():
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT_FLAG:
+                raise InputError(f"--{name.replace('_', '-')} {value} is beyond anything memest can size (at most "
+                                 f"{MAX_INT_FLAG:,}); give a realistic value")
         gpus, pp, cp = v["gpus"], v["pp"], v["cp"]
         for flag, value in (("--gpus", gpus), ("--pp", pp), ("--cp", cp), ("--ep", v["ep"])):
             if value < 1:

@@ -662,6 +662,8 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     import shlex
 
     setup_names = {token for token in setup.split() if token.startswith("--")}
+    if "--finetune" in setup_names:  # the setup changes the method: its --finetune replaces --train
+        setup_names.add("--train")
     parts = ["memest", "hf", shlex.quote(model)]
     for flag, value in given.items():
         if flag not in setup_names and flag not in _SEARCHED:

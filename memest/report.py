@@ -447,7 +447,10 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
         if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
             continue
         tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
-        out.append((label, cand.flags or "(no change)", tail, ""))
+        flags = cand.flags or "(no change)"
+        if "--finetune" in flags.split():
+            flags += " (in place of --train)"
+        out.append((label, flags, tail, ""))
     if rec.lossless is None:
         out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "
                     "search.", "dim"))

@@ -564,7 +564,8 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
     Raises:
         InputError: ``--target-len`` on a model without a decoder stack of its own (not seq2seq);
             a length beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`);
-            ``--lora-targets`` naming no module or a module the model does not have.
+            ``--lora-targets`` naming no module or a module the model does not have; ``--lora-rank``
+            above the hidden size.
     """
     if t.target_len is not None and spec.task != "seq2seq":
         raise InputError(f"--target-len applies to encoder-decoder models (T5); {spec.name} is {spec.task}: "
@@ -577,6 +578,10 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
                                  f"embeddings (no row for position {table}); use {flag} <= {table}")
     if t.method is not Method.FULL:
         _validate_lora_targets(spec, t.lora.targets)
+        if t.lora.rank > spec.hidden_size:
+            raise InputError(f"--lora-rank {t.lora.rank} is more than {spec.name}'s hidden size ({spec.hidden_size}): "
+                             "the adapters would be larger than a full-rank update; use --lora-rank <= "
+                             f"{spec.hidden_size} (typically 8-256)")
 
 
 def lora_module_names(spec: ModelSpec) -> tuple[str, ...]:
@@ -643,6 +648,9 @@ def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
         raise InputError(f"--precision fsdp2 is FSDP's mixed precision; it cannot run under --framework {name}")
     if t.offload is not Offload.NONE and fw not in (Framework.DEEPSPEED, Framework.FSDP):
         raise InputError(f"--offload {t.offload.value} is a DeepSpeed / FSDP feature; use --framework deepspeed or fsdp")
+    if t.offload is Offload.OPTIMIZER and fw is Framework.FSDP:
+        raise InputError("FSDP offloads parameters, gradients and optimizer states together (CPUOffloadPolicy); "
+                         "use --offload params, or --framework deepspeed for optimizer-only offload")
 
 
 def _validate_serving(s: ServingConfig) -> None:
@@ -655,6 +663,10 @@ def _validate_serving(s: ServingConfig) -> None:
         _positive("--max-model-len", s.max_model_len)
     if s.max_num_batched_tokens is not None:
         _positive("--max-num-batched-tokens", s.max_num_batched_tokens)
+        if s.engine is Engine.VLLM and s.max_num_seqs is not None and s.max_num_batched_tokens < s.max_num_seqs:
+            raise InputError(f"--max-num-batched-tokens {s.max_num_batched_tokens} is less than --max-num-seqs "
+                             f"{s.max_num_seqs}; vLLM refuses it (SchedulerConfig: max_num_batched_tokens must be >= "
+                             "max_num_seqs): raise it or lower --max-num-seqs")
     if s.max_num_seqs is not None:
         _positive("--max-num-seqs", s.max_num_seqs)
         if s.engine is Engine.VLLM and s.batch_size > s.max_num_seqs:

@@ -617,3 +617,27 @@ def test_encoder_only_serving_says_it_needs_no_kv_cache():
     out = run("hf", "google-bert/bert-base-uncased", "--serve")
     assert out.returncode == 0, out.stderr
     assert "no KV cache" in out.stdout and "pool 0 tokens" not in out.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("hf", LLAMA, "--train", "--micro-batch-size", "99999999999999999999"), "is beyond anything memest can size"),
+    (("hf", LLAMA, "--serve", "--gpus", "99999999999999999999"), "is beyond anything memest can size"),
+    (("hf", LLAMA, "--finetune", "lora", "--lora-rank", "99999"), "--lora-rank 99999 is more than"),
+    (("hf", LLAMA, "--train", "--fsdp", "full_shard", "--offload", "optimizer", "--gpus", "2"),
+     "FSDP offloads parameters, gradients and optimizer states together"),
+    (("hf", LLAMA, "--serve", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"),
+     "--max-num-batched-tokens 8 is less than --max-num-seqs 16"),
+], ids=["huge-micro-batch", "huge-gpus", "lora-rank", "fsdp-optimizer-offload", "mnbt-below-seqs"])
+def test_impossible_values_are_refused_fast(args, message):
+    assert_one_line_error(run(*args), message)
+
+
+def test_method_change_replaces_train_in_the_printed_command():
+    out = run("hf", "meta-llama/Llama-2-7b-hf", "--train", "--gpu", "A100-80GB")
+    assert "--finetune lora (in place of --train)" in out.stdout
+    fits = json.loads(run("plan", LLAMA, "--train", "--seq-len", "8192", "--allow-method-change", "--json",
+                          "--gpus-available", "1xL4").stdout)["fits"]
+    assert fits and "--finetune" in shlex.split(fits[0]["command"])  # one L4 only fits with QLoRA
+    for fit in fits:
+        command = shlex.split(fit["command"])
+        assert not ("--train" in command and "--finetune" in command), fit["command"]

@@ -333,3 +333,17 @@ def test_masked_lm_loss_runs_at_the_logits_dtype():
     # under autocast (amp) cross_entropy runs in fp32: the causal-LM 12 B per element
     amp = TrainingConfig(micro_batch_size=8, seq_len=512, precision=Precision.AMP)
     assert _logits(spec, amp, fw, execution(spec, amp, fw), 8 * 512).bytes == 8 * 512 * 30_522 * 12
+
+
+def test_lora_param_offload_keeps_the_frozen_base_in_host_ram():
+    # ZeRO-3 with offload_param moves every parameter to the host, the frozen bf16 base too:
+    # Llama-2-7B base 6,738,415,616 x 2 B = 13,476,831,232; adapters on q,k,v,o at r 16:
+    # 16 x (4096 + 4096) x 4 x 32 = 16,777,216 params x (4 master + 8 Adam + 4 grads + 2 weight) B
+    # = 301,989,888; per node (2 ranks sharing the states): (13,476,831,232 + 301,989,888) / 2 x 2
+    from memest.sources import load_model
+    from memest.workload import Framework, Offload
+
+    t = TrainingConfig(method=Method.LORA, framework=Framework.DEEPSPEED, offload=Offload.PARAMS,
+                       parallelism=Parallelism(dp=2, zero_stage=3))
+    est = estimate(load_model("meta-llama/Llama-2-7b-hf"), t, get_device("H100-80GB"))
+    assert est.host_bytes == 13_476_831_232 + 301_989_888 == 13_778_821_120

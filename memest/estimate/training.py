@@ -1138,7 +1138,8 @@ def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Ter
 
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     """Host RAM per node for offloaded states: fp32 master, optimizer states and fp32 gradients
-    (and 16-bit parameters with ``--offload params``), for the ranks of one node."""
+    (and with ``--offload params`` the 16-bit parameters, a LoRA / QLoRA model's frozen base
+    included), for the ranks of one node."""
     if t.offload is Offload.NONE:
         return 0
     recipe = RECIPES[t.precision]
@@ -1150,11 +1151,17 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     else:
         states = state_bytes_per_param(t.optimizer, recipe.state)
     per_param = recipe.master + states + 4
+    frozen = 0.0
     if t.offload is Offload.PARAMS:
         per_param += recipe.weight
+        if t.method is Method.LORA:  # ZeRO-3 param offload moves the frozen base too
+            frozen = spec.num_params * recipe.weight
+        elif t.method is Method.QLORA:
+            frozen = weight_bytes(list(spec.tensors()), Parallelism(), spec.num_kv_heads, dtype_bytes=recipe.compute,
+                                  scheme=SCHEMES["nf4"])
     par = t.parallelism
     ranks_per_node = min(device.per_node, par.world_size)
-    return math.ceil(p * per_param / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
+    return math.ceil((p * per_param + frozen) / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
 
 
 _ASSUMPTIONS: dict[tuple, tuple[str, ...]] = {}

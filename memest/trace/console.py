@@ -179,9 +179,22 @@ def to_dict(result: TraceResult, comparison: Comparison) -> dict[str, Any]:
 def _comparable_estimate(cfg: HFConfig, workload: Workload, device: Device, estimate: Estimate, *,
                          trust_remote_code: bool) -> tuple[Estimate, str]:
     """The analytic estimate to set beside the trace: ZeRO-2/3 is traced as FSDP2, so a DeepSpeed
-    estimate is replaced by the FSDP estimate of the same job (and the note says so)."""
-    from memest.workload import Framework, TrainingConfig, resolve_framework
+    estimate is replaced by the FSDP estimate of the same job; a vLLM job is traced as transformers
+    ``generate``, so its estimate is replaced by the ``--engine hf`` one (the note says which)."""
+    from memest.workload import Engine, Framework, ServingConfig, TrainingConfig, resolve_framework
 
+    if isinstance(workload, ServingConfig) and workload.engine is Engine.VLLM:
+        from memest.errors import MemestError
+        from memest.estimate import estimate as analytic
+        from memest.sources import spec_from_config
+
+        hf = workload.replace(engine=Engine.HF, engine_version=None, max_num_batched_tokens=None, max_num_seqs=None)
+        try:
+            generate = analytic(spec_from_config(cfg, trust_remote_code=trust_remote_code), hf, device)
+        except MemestError:
+            return estimate, ""
+        return generate, ("vLLM traced as transformers generate: compared with the analytic estimate for --engine hf "
+                          "(vLLM's own figure above is its start-up budget)")
     if not isinstance(workload, TrainingConfig) or workload.parallelism.zero_stage < 2:
         return estimate, ""
     if resolve_framework(workload) is not Framework.DEEPSPEED:
