@@ -385,6 +385,9 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     ranks = est.ranks if len(est.ranks) > 1 else (est.per_device,)
     for rank in ranks:
         parts.append(_table(rank, explain=explain, title=None if len(ranks) == 1 else f"{rank.label} (×{rank.count})"))
+    if not v.headroom_applied:  # vLLM takes its budget up front, whatever the job's own tensors need
+        parts.append(Text("The table is the job's own memory at its peak (weights, profiled activations, the KV of its "
+                          "requests); vLLM itself holds its gpu_memory_utilization budget, below.", style="dim"))
     per = est.per_device
     style = "bold green" if v.fits else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
