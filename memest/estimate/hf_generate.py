@@ -42,7 +42,7 @@ from memest.estimate.kv_cache import KVLayer, bytes_per_token, contiguous_cache_
 from memest.estimate.serving import compute_bytes, kv_dtype_bytes, max_model_len_of, quantization_note, weight_dtype
 from memest.estimate.sharding import stage_tensors, stages
 from memest.estimate.vllm_engine import cuda_block_bytes
-from memest.estimate.weights import QuantScheme, _skipped, checkpoint_scale, serving_weight_layout, tensor_bytes
+from memest.estimate.weights import QuantScheme, checkpoint_scale, is_quantized, serving_weight_layout, tensor_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
@@ -138,7 +138,7 @@ def _dequant_bytes(spec: ModelSpec, scheme: QuantScheme | None, skip: tuple[str,
                    b: int) -> int:
     if scheme is None or scheme.name not in ("nf4", "fp4", "int8") or b * p <= 1:
         return 0
-    largest = max((t.numel for t, _ in spec.tensors() if t.is_linear_weight and not _skipped(t, skip)), default=0)
+    largest = max((t.numel for t, _ in spec.tensors() if is_quantized(t, scheme, skip)), default=0)
     if scheme.name == "int8":
         return largest  # one weight in the tiled int8 layout while the row-major copy is alive
     compute = nbytes(scheme.compute_dtype) if scheme.compute_dtype else stored
@@ -214,7 +214,7 @@ def loaded_weight_bytes(spec: ModelSpec, s: ServingConfig, c: float, scheme: Qua
     w = 0.0
     for t, count in stage_tensors(spec, stage):
         stored = tensor_bytes(t, s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
-        quantized = scheme is not None and t.is_linear_weight and not _skipped(t, skip)
+        quantized = is_quantized(t, scheme, skip)
         w += (stored if quantized or not caching_allocator else cuda_block_bytes(math.ceil(stored))) * count
     w = math.ceil(w)
     if s.checkpoint_params:

@@ -282,6 +282,12 @@ def _blocks(items: list[tuple[TensorSpec, int, int]], itemsize: int, shard: int 
     return sum(cuda_block_bytes(math.ceil(local * itemsize / shard)) * count for _, local, count in items)
 
 
+def _expert_data_ranks(par: Parallelism, n: int) -> int:
+    """e: how many of the ``n`` sharding ranks hold different experts (min(ep, n)); the experts'
+    sharded states are split over the other n / e (see :func:`_expert_weighted`)."""
+    return min(par.ep, n)
+
+
 def _expert_weighted(items: list[tuple[TensorSpec, int, int]], par: Parallelism, n: int) -> list[tuple[TensorSpec, int, int]]:
     """``items`` with each routed expert's local elements scaled so that dividing by ``n`` shards them
     over their expert-data-parallel group, as ZeRO/FSDP do with expert parallelism.
@@ -291,7 +297,7 @@ def _expert_weighted(items: list[tuple[TensorSpec, int, int]], par: Parallelism,
     group, ``megatron/core/parallel_state.py``; DeepSpeed-MoE's ``expert_data_parallel_group``,
     ``deepspeed/utils/groups.py``). So an expert shard is local / (n / e) = local x e / n.
     """
-    e = min(par.ep, n)
+    e = _expert_data_ranks(par, n)
     if e <= 1:
         return items
     return [(tn, local * e if tn.component is Component.EXPERTS else local, c) for tn, local, c in items]
@@ -492,7 +498,7 @@ def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stag
     else:
         trainable = lora_adapters(spec, stage, t.lora, par.tp)
         # under ZeRO-3 the frozen experts, too, are sharded over their expert-data-parallel group only
-        e = min(par.ep, n) if shard_w > 1 else 1
+        e = _expert_data_ranks(par, n) if shard_w > 1 else 1
         scale = [(tn, c * e if tn.component is Component.EXPERTS else c) for tn, c in tensors]
         if t.method is Method.LORA:
             base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c

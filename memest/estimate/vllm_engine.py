@@ -66,7 +66,7 @@ from memest.errors import InputError
 from memest.estimate import runtime
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import shard_numel
-from memest.estimate.weights import QuantScheme, _skipped, tensor_bytes
+from memest.estimate.weights import QuantScheme, is_quantized, tensor_bytes
 from memest.spec import LayerSpec, ModelSpec, TensorSpec
 from memest.workload import ENGINE_VERSIONS, Parallelism
 
@@ -339,11 +339,8 @@ def mla_dequantized_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelis
     (0 bytes), of a dequantized (kv_lora_rank, heads/tp x (qk_nope + v)) tensor at the activation
     dtype when it is quantized (fp8 DeepSeek-V3 checkpoints), kept beside the quantized weight.
     """
-    if scheme is None:
-        return 0
     return sum(cuda_block_bytes(math.ceil(shard_numel(t, par, num_kv_heads) * dtype_bytes)) * count
-               for t, count in tensors
-               if t.module.endswith("kv_b_proj") and t.is_linear_weight and not _skipped(t, skip))
+               for t, count in tensors if t.module.endswith("kv_b_proj") and is_quantized(t, scheme, skip))
 
 
 def loaded_weight_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,

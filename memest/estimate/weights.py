@@ -155,12 +155,18 @@ def _skipped(tensor: TensorSpec, skip: tuple[str, ...]) -> bool:
     return False
 
 
+def is_quantized(t: TensorSpec, scheme: QuantScheme | None, skip: tuple[str, ...]) -> bool:
+    """True when ``scheme`` stores ``t`` quantized: a linear weight of a module the config does not skip."""
+    return scheme is not None and t.is_linear_weight and not _skipped(t, skip)
+
+
 def tensor_bytes(t: TensorSpec, par: Parallelism, num_kv_heads: int, *, dtype_bytes: float,
                  scheme: QuantScheme | None = None, skip: tuple[str, ...] = ()) -> float:
     """Bytes one rank stores for one tensor (its TP/EP shard, quantized when it is a linear weight
     the scheme converts)."""
     local = shard_numel(t, par, num_kv_heads)
-    if scheme is not None and t.is_linear_weight and not _skipped(t, skip):
+    if is_quantized(t, scheme, skip):
+        assert scheme is not None
         ratio = local / t.numel
         shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
         return scheme.tensor_bytes(shape)

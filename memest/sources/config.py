@@ -7,7 +7,6 @@ a one-line :class:`~memest.errors.ConfigError` naming the field, the model and t
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from typing import Any
 
