@@ -24,10 +24,15 @@ def plot_path(path: str | Path) -> Path:
     """``--plot FILE`` checked before any work is done.
 
     Raises:
+        MissingDependencyError: matplotlib is not installed.
         InputError: the suffix is not one of :data:`FORMATS`, the folder does not exist or cannot be
             written, or the path is a folder.
     """
+    import importlib.util
+
     out = Path(path).expanduser()
+    if importlib.util.find_spec("matplotlib") is None:  # found without importing it (the fast path stays fast)
+        raise MissingDependencyError("--plot needs matplotlib; install it with: pip install 'memest[plot]'")
     if out.suffix.lower() not in FORMATS:
         raise InputError(f"--plot {str(path)!r}: the file must end in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
     folder = out.parent

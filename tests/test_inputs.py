@@ -641,3 +641,16 @@ def test_method_change_replaces_train_in_the_printed_command():
     for fit in fits:
         command = shlex.split(fit["command"])
         assert not ("--train" in command and "--finetune" in command), fit["command"]
+
+
+def test_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_path):
+    import importlib.util
+
+    from memest.errors import MissingDependencyError
+    from memest.plot import plot_path
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(MissingDependencyError, match=r"pip install 'memest\[plot\]'"):
+        plot_path(tmp_path / "sweep.png")
+    assert not (tmp_path / "sweep.png").exists()
