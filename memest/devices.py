@@ -379,12 +379,13 @@ def custom_device(text: str) -> Device | None:
     if label is not None and _key(label) in _INDEX:
         raise UnknownDeviceError(f"device {text!r}: the label {label.strip()!r} is a catalog device "
                                  f"({_INDEX[_key(label)].name}); pick another label for a custom size")
-    written = text.strip()
-    return Device(name=label.strip() if label is not None else re.sub(r"\s+", "", written), memory_bytes=nbytes,
+    size = f"{number}{m.group('unit')}"
+    written = size if label is None else f"{label.strip()}:{size}"
+    return Device(name=size if label is None else label.strip(), memory_bytes=nbytes,
                   vendor=CUSTOM, arch=CUSTOM, per_node=8, measured=False,
                   source=f"custom size given by the user: {number} {m.group('unit')} = {nbytes:,} B; runtime "
                          "constants are the generic defaults",
-                  aliases=(re.sub(r"\s+", "", written),))
+                  aliases=(written,))
 
 
 def get_device(name: str) -> Device:

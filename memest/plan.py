@@ -78,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -649,7 +650,7 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
     base = _flag_items(asked, asked.parallelism.world_size)
     items = _flag_items(workload, count)
     keep = {"--gpus", "--dp", "--tp", "--pp"}
-    parts = [f"--gpu {device.ref}"] if device is not None else []
+    parts = [f"--gpu {shlex.quote(device.ref)}"] if device is not None else []
     for flag, value in items.items():
         if flag in keep or value != base[flag]:
             parts += _render({flag: value})
@@ -660,8 +661,6 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     """The ``memest hf`` command line that estimates a planned setup: the model as the user named
     it, the user's own workload flags (``given``: flag -> value, empty for a switch) less those the
     setup sets, then the setup's flags (:func:`setup_flags`)."""
-    import shlex
-
     setup_names = {token for token in setup.split() if token.startswith("--")}
     if "--finetune" in setup_names:  # the setup changes the method: its --finetune replaces --train
         setup_names.add("--train")

@@ -135,6 +135,10 @@ def _rank_dict(rank: RankEstimate) -> dict[str, Any]:
     }
 
 
+_BASIS_WORDS = {"measured": "measured", "nominal": "nominal", "working set": "Metal working set", "user": "as given"}
+"""How the device line labels a capacity (:attr:`memest.devices.Device.capacity_basis`)."""
+
+
 def _finite(x: float) -> float | None:
     """A cost for JSON: None for an unpriced device's ``inf`` (JSON has no infinity)."""
     return x if math.isfinite(x) else None
@@ -183,7 +187,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "mode": a.workload.mode,
         "workload": _plain(a.workload),
         "device": {"name": v.device.name, "memory_bytes": v.device.memory_bytes, "count": v.count,
-                   "measured_capacity": v.device.measured},
+                   "measured_capacity": v.device.measured, "capacity_basis": v.device.capacity_basis},
         "per_device": {
             "allocated_bytes": per.allocated_bytes,
             "reserved_bytes": per.reserved_bytes,
@@ -384,7 +388,7 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
         Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
         Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
-                      f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
+                      f"{'' if v.device.measured else ' ' + _BASIS_WORDS[v.device.capacity_basis]})" + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
     for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
