@@ -187,7 +187,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "mode": a.workload.mode,
         "workload": _plain(a.workload),
         "device": {"name": v.device.name, "memory_bytes": v.device.memory_bytes, "count": v.count,
-                   "measured_capacity": v.device.measured, "capacity_basis": v.device.capacity_basis},
+                   "measured_capacity": v.device.measured},
         "per_device": {
             "allocated_bytes": per.allocated_bytes,
             "reserved_bytes": per.reserved_bytes,

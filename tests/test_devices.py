@@ -188,7 +188,7 @@ def test_hf_serve_on_a_custom_size(monkeypatch, capsys):
     assert code == 0
     doc = json.loads(out)
     assert doc["device"]["name"] == "48GB" and doc["device"]["memory_bytes"] == 48 * 10**9
-    assert doc["device"]["capacity_basis"] == "user"
+    assert doc["device"]["measured_capacity"] is False
     # 6.74e9 params x 2 B = 12.55 GiB of weights on a 44.7 GiB device: fits.
     assert doc["fits"] is True
 
