@@ -204,18 +204,22 @@ _LISTED: tuple[Device, ...] = (
            measured=True, source="PyTorch OOM message '11.76 GiB total capacity' on an RTX 3060 12GB "
            "(github TencentARC/PhotoMaker#47)", aliases=("3060", "RTX3060", "RTX-3060-12GB", "GeForce-RTX-3060")),
     Device(name="RTX-3080", memory_bytes=10 * GiB, vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.15,
-           source="NVIDIA GeForce RTX 3080 spec: 10 GB GDDR6X (nominal)",
+           measured=True, source="PyTorch OOM message '10.00 GiB total capacity' on an RTX 3080 10GB (github "
+           "victordibia/peacasso#3; a Windows reading: Linux reports a few hundred MiB less)",
            aliases=("3080", "RTX3080", "RTX-3080-10GB", "GeForce-RTX-3080")),
     Device(name="RTX-3080-12GB", memory_bytes=12 * GiB, vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.15,
            source="NVIDIA GeForce RTX 3080 12GB spec: 12 GB GDDR6X (nominal)", aliases=("3080-12GB", "RTX3080-12GB")),
     Device(name="RTX-4060-Ti-8GB", memory_bytes=8 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.1,
            source="NVIDIA GeForce RTX 4060 Ti spec: 8 GB GDDR6 (nominal)", aliases=("4060Ti-8GB", "RTX4060Ti-8GB")),
-    Device(name="RTX-4060-Ti-16GB", memory_bytes=16 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.12,
-           source="NVIDIA GeForce RTX 4060 Ti spec: 16 GB GDDR6 (nominal)", aliases=("4060Ti-16GB", "RTX4060Ti-16GB")),
-    Device(name="RTX-4070-Ti", memory_bytes=12 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.2,
-           source="NVIDIA GeForce RTX 4070 Ti spec: 12 GB GDDR6X (nominal)", aliases=("4070Ti", "RTX4070Ti", "GeForce-RTX-4070-Ti")),
-    Device(name="RTX-4080", memory_bytes=16 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.3,
-           source="NVIDIA GeForce RTX 4080 spec: 16 GB GDDR6X (nominal)", aliases=("4080", "RTX4080", "GeForce-RTX-4080")),
+    Device(name="RTX-4060-Ti-16GB", memory_bytes=round(15.55 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+           hourly_usd=0.12, measured=True, source="PyTorch OOM message 'total capacity of 15.55 GiB' on a 4060 Ti 16GB "
+           "(github boson-ai/higgs-audio#48)", aliases=("4060Ti-16GB", "RTX4060Ti-16GB")),
+    Device(name="RTX-4070-Ti", memory_bytes=round(11.73 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+           hourly_usd=0.2, measured=True, source="PyTorch OOM message '11.73 GiB total capacity' on a 4070 Ti "
+           "(github OpenLMLab/LOMO#17)", aliases=("4070Ti", "RTX4070Ti", "GeForce-RTX-4070-Ti")),
+    Device(name="RTX-4080", memory_bytes=round(15.99 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+           hourly_usd=0.3, measured=True, source="PyTorch OOM message '15.99 GiB total capacity' on an RTX 4080 "
+           "(github aigc-apps/sd-webui-EasyPhoto#281)", aliases=("4080", "RTX4080", "GeForce-RTX-4080")),
     Device(name="RTX-5070-Ti", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, hourly_usd=0.3,
            source="NVIDIA GeForce RTX 5070 Ti spec: 16 GB GDDR7 (nominal)", aliases=("5070Ti", "RTX5070Ti", "GeForce-RTX-5070-Ti")),
     Device(name="RTX-5080", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, hourly_usd=0.4,

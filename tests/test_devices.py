@@ -66,7 +66,15 @@ def test_measured_capacities_match_their_sources():
     assert get_device("RTX 6000 Ada").memory_bytes == round(44.43 * 2**30)
     assert get_device("2080 Ti").memory_bytes == round(10.76 * 2**30)
     assert get_device("3060").memory_bytes == round(11.76 * 2**30)
-    assert all(get_device(n).measured for n in ("RTX 6000 Ada", "2080 Ti", "3060"))
+    # RTX 4060 Ti 16GB 'total capacity of 15.55 GiB' (boson-ai/higgs-audio#48); 4070 Ti '11.73 GiB total capacity'
+    # (OpenLMLab/LOMO#17); RTX 4080 '15.99 GiB total capacity' (aigc-apps/sd-webui-EasyPhoto#281); RTX 3080 10GB
+    # '10.00 GiB total capacity' (victordibia/peacasso#3).
+    assert get_device("4060ti-16gb").memory_bytes == round(15.55 * 2**30)
+    assert get_device("4070 Ti").memory_bytes == round(11.73 * 2**30)
+    assert get_device("RTX 4080").memory_bytes == round(15.99 * 2**30)
+    assert get_device("RTX 3080").memory_bytes == 10 * 2**30
+    assert all(get_device(n).measured for n in ("RTX 6000 Ada", "2080 Ti", "3060", "4060ti-16gb", "4070 Ti", "4080",
+                                                 "3080"))
 
 
 def test_former_aliases_are_own_entries_with_their_siblings_memory():
