@@ -158,8 +158,9 @@ _LISTED: tuple[Device, ...] = (
     Device(name="TPU-v6e", memory_bytes=32 * GiB, vendor="google", kind="tpu", arch="tpu", per_node=8, hourly_usd=2.7,
            source="Google Cloud TPU v6e (Trillium) docs: 32 GiB HBM per chip", aliases=("v6e", "Trillium", "TPUv6e", "TPU v6e")),
     # -- added with issue 15: data-center and workstation cards ---------------------------------
-    Device(name="A40", memory_bytes=48 * GiB, vendor="nvidia", arch="ampere", hourly_usd=0.4,
-           source="NVIDIA A40 datasheet: 48 GB GDDR6 with ECC (nominal; the L40S, also 48 GB GDDR6 with ECC, reads 44.42 GiB)",
+    Device(name="A40", memory_bytes=46068 * MiB, vendor="nvidia", arch="ampere", hourly_usd=0.4, measured=True,
+           source="nvidia-smi total 46068 MiB on an A40 (github chatdoc-com/OCRFlux#64); the CUDA total is lower (an L40S "
+           "shows the same 46068 MiB and reads 44.42 GiB in PyTorch)",
            aliases=("A40-48GB",)),
     Device(name="RTX-A6000", memory_bytes=48 * GiB, vendor="nvidia", arch="ampere", hourly_usd=0.5,
            source="NVIDIA RTX A6000 datasheet: 48 GB GDDR6 (nominal)", aliases=("A6000", "RTXA6000", "RTX A6000 48GB")),
@@ -174,14 +175,16 @@ _LISTED: tuple[Device, ...] = (
     Device(name="L40", memory_bytes=round(44.42 * GiB), vendor="nvidia", arch="ada", fp8=True, hourly_usd=1.0,
            source="the L40S's reading (PyTorch total 44.42 GiB, github stepfun-ai/Step-Video-T2V#8): the L40 has the same "
            "48 GB GDDR6 with ECC; no L40 reading", aliases=("L40-48GB",)),
-    Device(name="H20", memory_bytes=96 * GiB, vendor="nvidia", arch="hopper", fp8=True, hourly_usd=1.5,
-           source="NVIDIA H20 (HGX, China market): 96 GB HBM3 (nominal)", aliases=("H20-96GB",)),
+    Device(name="H20", memory_bytes=97871 * MiB, vendor="nvidia", arch="hopper", fp8=True, hourly_usd=1.5, measured=True,
+           source="nvidia-smi total 97871 MiB on 8 x H20 (github NVIDIA/nvtrust#128); the CUDA total is ~0.5 GiB lower "
+           "(an H100 shows 81559 MiB in nvidia-smi, 79.19 GiB in vLLM)", aliases=("H20-96GB",)),
     Device(name="H800", memory_bytes=round(79.19 * GiB), vendor="nvidia", arch="hopper", fp8=True, hourly_usd=2.0,
            source="the H100-80GB's reading (vLLM 0.19 'total_gpu_memory 79.19 GiB'): the H800 is an H100 SXM with the "
            "same 80 GB HBM3 and cut NVLink; no H800 reading", aliases=("H800-80GB", "H800-SXM", "H800 80GB HBM3")),
     Device(name="A800", memory_bytes=round(79.14 * GiB), vendor="nvidia", arch="ampere", hourly_usd=1.5,
            source="the A100-80GB's reading (PyTorch total 79.14 GiB, github lianqi1008/Control-GIC#6): the A800 is an "
-           "A100 80GB with cut NVLink; no A800 reading", aliases=("A800-80GB", "A800-SXM4-80GB", "A800 80GB")),
+           "A100 80GB with cut NVLink and shows the same 81920 MiB in nvidia-smi (github dexmal/dexbotic#41); no A800 "
+           "reading of the CUDA total", aliases=("A800-80GB", "A800-SXM4-80GB", "A800 80GB")),
     Device(name="B300", memory_bytes=288 * GiB, vendor="nvidia", arch="blackwell", fp8=True, hourly_usd=7.0,
            source="NVIDIA HGX B300 datasheet: 2.3 TB HBM3e over 8 GPUs, 288 GB per GPU (nominal)",
            aliases=("B300-288GB", "HGX-B300", "DGX-B300", "B300-SXM")),

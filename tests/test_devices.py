@@ -73,8 +73,11 @@ def test_measured_capacities_match_their_sources():
     assert get_device("4070 Ti").memory_bytes == round(11.73 * 2**30)
     assert get_device("RTX 4080").memory_bytes == round(15.99 * 2**30)
     assert get_device("RTX 3080").memory_bytes == 10 * 2**30
+    # nvidia-smi totals: A40 46068 MiB (chatdoc-com/OCRFlux#64), H20 97871 MiB (NVIDIA/nvtrust#128).
+    assert get_device("A40").memory_bytes == 46068 * 2**20
+    assert get_device("H20").memory_bytes == 97871 * 2**20
     assert all(get_device(n).measured for n in ("RTX 6000 Ada", "2080 Ti", "3060", "4060ti-16gb", "4070 Ti", "4080",
-                                                 "3080"))
+                                                 "3080", "A40", "H20"))
 
 
 def test_former_aliases_are_own_entries_with_their_siblings_memory():
@@ -83,7 +86,7 @@ def test_former_aliases_are_own_entries_with_their_siblings_memory():
     for own, sibling in (("H800", "H100-80GB"), ("A800", "A100-80GB"), ("L40", "L40S")):
         device = get_device(own)
         assert device.name == own and device.memory_bytes == get_device(sibling).memory_bytes
-        assert not device.measured and "no " + own + " reading" in device.source
+        assert not device.measured and f"no {own} reading" in device.source
 
 
 def test_names_are_unique():
