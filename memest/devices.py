@@ -191,8 +191,8 @@ _LISTED: tuple[Device, ...] = (
     Device(name="GB300", memory_bytes=288 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=72, hourly_usd=8.0,
            source="NVIDIA GB300 NVL72 datasheet: up to 20.7 TB HBM3e over 72 GPUs, 288 GB per GPU (nominal)",
            aliases=("GB300-NVL72", "B300-NVL72")),
-    Device(name="MI210", memory_bytes=64 * GiB, vendor="amd", arch="cdna2", source="AMD Instinct MI210 datasheet: 64 GB HBM2e (nominal)",
-           aliases=("MI210-64GB",)),
+    Device(name="MI210", memory_bytes=64 * GiB, vendor="amd", arch="cdna2",
+           source="AMD Instinct MI210 datasheet: 64 GB HBM2e (nominal)", aliases=("MI210-64GB",)),
     Device(name="MI300A", memory_bytes=128 * GiB, vendor="amd", kind="unified", arch="cdna3", fp8=True, per_node=4,
            source="AMD Instinct MI300A datasheet: 128 GB HBM3 shared by its CPU and GPU (nominal; the host OS and "
            "CPU processes use part of it)", aliases=("MI300A-128GB",)),

@@ -384,11 +384,12 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     from rich.text import Text
 
     spec, est, v = a.spec, a.estimate, a.verdict
+    basis = "" if v.device.measured else " " + _BASIS_WORDS[v.device.capacity_basis]
     parts: list[Any] = [
         Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
         Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
-        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
-                      f"{'' if v.device.measured else ' ' + _BASIS_WORDS[v.device.capacity_basis]})" + ("" if a.device_given else "  [default; pass --gpu]")),
+        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}{basis})"
+                      + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
     for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
