@@ -171,24 +171,28 @@ def models_command(
 def gpus_command(
     json_: JsonOpt = False,
 ) -> None:
-    """List the accelerator catalog with memory per device."""
+    """List the accelerator catalog: memory per device and where each capacity comes from."""
     from memest.devices import DEVICES
     from memest.report import gib
 
     if json_:
         typer.echo(json.dumps([{"name": d.name, "memory_bytes": d.memory_bytes, "vendor": d.vendor, "kind": d.kind,
-                                "measured": d.measured, "source": d.source, "aliases": list(d.aliases)}
+                                "arch": d.arch, "per_node": d.per_node, "hourly_usd": d.hourly_usd,
+                                "capacity_basis": d.capacity_basis, "measured": d.measured, "source": d.source,
+                                "aliases": list(d.aliases)}
                                for d in DEVICES], indent=2))
         return
     from rich.table import Table
 
-    table = Table(title="memest accelerator catalog (memory per device; GiB = 2^30 bytes)")
-    for col, justify in (("device", "left"), ("memory", "right"), ("vendor", "left"), ("capacity is", "left"),
-                         ("aliases", "left")):
+    table = Table(title="memest accelerator catalog (memory per device; GiB = 2^30 bytes). Capacity: measured = "
+                        "a published reading of the usable total, nominal = the vendor's figure, working set = "
+                        "Apple's Metal share of unified RAM. Any size also works: --gpu 48GB, --gpu my-card:47.5GiB")
+    for col, justify in (("device", "left"), ("memory", "right"), ("capacity", "left"), ("$/h", "right"),
+                         ("source", "left"), ("aliases", "left")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for d in DEVICES:
-        table.add_row(d.name, gib(d.memory_bytes), d.vendor, "measured" if d.measured else "nominal",
-                      ", ".join(d.aliases[:4]))
+        table.add_row(d.name, gib(d.memory_bytes), d.capacity_basis,
+                      "-" if d.hourly_usd is None else f"{d.hourly_usd:.2f}", d.source, ", ".join(d.aliases[:3]))
     _console().print(table)
 
 

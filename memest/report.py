@@ -7,6 +7,7 @@ always labelled; parameter counts use decimal suffixes (B = 10^9).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
@@ -134,12 +135,21 @@ def _rank_dict(rank: RankEstimate) -> dict[str, Any]:
     }
 
 
+_BASIS_WORDS = {"measured": "measured", "nominal": "nominal", "working set": "Metal working set", "user": "as given"}
+"""How the device line labels a capacity (:attr:`memest.devices.Device.capacity_basis`)."""
+
+
+def _finite(x: float) -> float | None:
+    """A cost for JSON: None for an unpriced device's ``inf`` (JSON has no infinity)."""
+    return x if math.isfinite(x) else None
+
+
 def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {
         "flags": c.flags,
-        "cost": c.cost,
+        "cost": _finite(c.cost),
         "lossless": c.lossless,
         "devices": c.devices,
         "device_used_bytes": c.verdict.needed_bytes,
@@ -374,11 +384,12 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     from rich.text import Text
 
     spec, est, v = a.spec, a.estimate, a.verdict
+    basis = "" if v.device.measured else " " + _BASIS_WORDS[v.device.capacity_basis]
     parts: list[Any] = [
         Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
         Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
-        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
-                      f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
+        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}{basis})"
+                      + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
     for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
@@ -546,8 +557,8 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "rank": rank,
         "device": s.device.name,
         "count": s.count,
-        "usd_per_hour": s.cost.usd_per_hour,
-        "cost": {"usd_per_hour": s.cost.usd_per_hour, "communication": s.cost.communication,
+        "usd_per_hour": _finite(s.cost.usd_per_hour),
+        "cost": {"usd_per_hour": _finite(s.cost.usd_per_hour), "communication": s.cost.communication,
                  "disruption": s.cost.disruption, "changes": s.cost.changes},
         "lossless": s.lossless,
         "notes": list(s.notes),
@@ -589,7 +600,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "allow_quantization": p.space.allow_quantization,
         "global_batch_size": p.space.global_batch_size,
         "host_memory_bytes": p.space.host_memory_bytes,
-        "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
+        "prices_usd_per_hour": {c.device.name: _finite(p.space.prices.price(c.device)) for c in p.space.devices},
         "evaluated": p.evaluated,
         "setups": p.setups,
         "headroom_applied": _plan_headroom_applied(p),
@@ -606,7 +617,7 @@ def _plan_rows(p: Plan, top: int) -> list[list[str]]:
         out.append([
             str(i + 1),
             f"{s.count} × {s.device.name}",
-            f"{s.cost.usd_per_hour:,.2f}",
+            f"{s.cost.usd_per_hour:,.2f}" if math.isfinite(s.cost.usd_per_hour) else "no price",
             describe_layout(s.workload),
             describe_settings(s.workload, f.estimate.host_bytes),
             f"{v.needed_bytes / GiB:,.2f}",
