@@ -334,7 +334,7 @@ class ServingConfig:
 
     Attributes:
         dtype: Weight dtype (``auto`` = the checkpoint's; fp32 checkpoints in bf16 under vLLM,
-            in fp32 under transformers; :func:`memest.estimate.serving.weight_dtype`).
+            in fp32 under transformers; :func:`memest.estimate.serving.common.weight_dtype`).
         quantization: Weight quantization applied to an unquantized model (``none`` keeps the
             checkpoint's own quantization_config, if any).
         kv_cache_dtype: KV-cache element type (``auto`` = the weight dtype).
