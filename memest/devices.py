@@ -34,8 +34,11 @@ from dataclasses import dataclass
 from memest.errors import UnknownDeviceError
 
 GiB = 1 << 30
+"""The one binary gigabyte of memest: the library uses it to write constants as fractions of a GiB
+(``round(0.51 * GiB)``); :mod:`memest.report` alone turns bytes into GiB for people."""
 MiB = 1 << 20
 GB = 10**9
+"""A decimal gigabyte, for device names ("80GB")."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

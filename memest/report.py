@@ -13,14 +13,13 @@ from enum import Enum
 from typing import Any
 
 from memest import __version__
+from memest.devices import GiB, MiB
 from memest.maxfit import Largest
 from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
-
-GiB = 1 << 30
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -37,7 +36,7 @@ def size(n: float) -> str:
     """Bytes in GiB from 1 GiB up, else in MiB (tiny models on CPU), two decimals, unit shown."""
     if abs(n) >= GiB:
         return gib(n)
-    return f"{n / (1 << 20):,.2f} MiB"
+    return f"{n / MiB:,.2f} MiB"
 
 
 def count(n: int) -> str:

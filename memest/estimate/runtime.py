@@ -22,13 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memest.devices import Device
+from memest.devices import GiB, MiB, Device
 
 CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.json"
 """Runtime constants measured by ``memest calibrate`` (see the module docstring)."""
-
-GiB = 1 << 30
-MiB = 1 << 20
 
 MIN_BLOCK_SIZE = 512
 """``kMinBlockSize``: every allocation is rounded up to a multiple of this many bytes."""

@@ -114,7 +114,7 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
-from memest.estimate.hf_prefill import DEFAULT_CODE, FORWARD_CODE
+from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
@@ -335,14 +335,9 @@ def attention_targets(spec: ModelSpec) -> frozenset[str]:
 def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
     """True when ``--lora-targets`` puts an adapter on this layer tensor: a 2-D linear weight of the
     attention (``attention``), of any block (``all-linear``), or of a named module."""
-    if not (tensor.is_linear_weight and len(tensor.shape) == 2):
-        return False
-    names, all_linear = targets_of(targets)
-    if all_linear:
-        return True
-    if targets == "attention":
-        return tensor.component is Component.ATTENTION
-    return tensor.module.rsplit(".", 1)[-1] in names
+    from memest import lora_targets
+
+    return lora_targets.adapts(tensor, targets)
 
 
 _targeted = lora_targets_tensor  # the name memest.calibration imports
