@@ -108,30 +108,28 @@ def _rel(row: ComparisonRow) -> str:
 def render(result: TraceResult, comparison: Comparison) -> Any:
     """A rich renderable: the traced peak by kind beside the analytic terms, with each difference."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
+    from memest.tables import Narrowest, name_col, new_table, number_col
+
     per = result.per_device
-    table = Table(title=f"trace vs estimate (peak in {comparison.peak_phase}; {result.world_size} device"
-                        f"{'s' if result.world_size > 1 else ''}, rank {per.rank})")
-    for col, justify in (("kind", "left"), ("estimate", "right"), ("trace", "right"), ("trace − estimate", "right"),
-                         ("of trace", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table = new_table(name_col("kind"), number_col("estimate"), number_col("trace"), number_col("trace − estimate"),
+                      number_col("of trace"), title=f"trace vs estimate (peak in {comparison.peak_phase}; "
+                      f"{result.world_size} device{'s' if result.world_size > 1 else ''}, rank {per.rank})")
     for row in comparison.kinds:
         table.add_row(row.name, size(row.analytic_bytes), size(row.traced_bytes), size(row.diff_bytes), _rel(row))
     table.add_section()
     for row in (comparison.allocated, comparison.reserved):
         table.add_row(f"[bold]{row.name}[/bold]", size(row.analytic_bytes), size(row.traced_bytes),
                       size(row.diff_bytes), _rel(row))
-    parts: list[Any] = [table]
+    parts: list[Any] = [Narrowest(table)]
     phases = " · ".join(f"{name} {size(n)}" for name, n in per.phase_peaks.items())
     parts.append(Text(f"traced peak by phase: {phases}", style="dim"))
-    largest = Table(title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
-    for col, justify in (("kind", "left"), ("origin", "left"), ("count", "right"), ("size", "right")):
-        largest.add_column(col, justify=justify)  # type: ignore[arg-type]
+    largest = new_table(name_col("kind"), prose_col("origin"), number_col("count"), number_col("size"),
+                        title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
     for g in per.groups[:8]:
         largest.add_row(g.kind.value, g.label, str(g.count), size(g.bytes))
-    parts.append(largest)
+    parts.append(Narrowest(largest))
     parts.append(Text(f"traced in {result.seconds:.1f} s ({result.num_ops:,} operators): " + "; ".join(result.settings),
                       style="dim"))
     return Group(*parts)
