@@ -87,10 +87,19 @@ def check_output_format(json_: bool, markdown: bool) -> None:
 
 
 def _console(stderr: bool = False) -> Any:
-    """The console every table is printed on: :func:`output_width` columns."""
+    """The console every table is printed on (:func:`output_width` columns), or stderr's: progress is
+    redrawn in place, so on a terminal it takes the terminal's own width."""
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=False, width=output_width())
+    width = _terminal_columns(sys.stderr) if stderr else None
+    return Console(stderr=stderr, soft_wrap=False, width=width or output_width())
+
+
+def _terminal_columns(stream: Any) -> int | None:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else None
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture), or no size
+        return None
 
 
 def output_width() -> int | None:
@@ -131,10 +140,15 @@ def hf_command(
     result = assess(spec, workload, job.device, headroom=job.headroom, device_given=job.device_given)
     traced = None
     if trace or plot is not None:
+        from memest.commands.progress import progress_on_stderr
         from memest.trace import console
 
-        traced = console.trace_for_cli(cfg, workload, job.device, result.estimate,
-                                       trust_remote_code=job.trust_remote_code, plot=plot)
+        warning = console.slow_trace_warning(spec, workload)
+        if warning is not None:
+            typer.echo(warning, err=True)
+        with progress_on_stderr(_console(stderr=True), "tracing", start="model build") as progress:
+            traced = console.trace_for_cli(cfg, workload, job.device, result.estimate,
+                                           trust_remote_code=job.trust_remote_code, plot=plot, progress=progress)
     if json_:
         doc = to_dict(result)
         if traced is not None:
