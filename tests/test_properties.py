@@ -4,7 +4,7 @@ Each property quotes the README sentence (or the docstring of the setting) it re
 properties that ``tests/test_invariants.py`` already checks (memory never falls as micro-batch,
 sequence, rank or layers grow; more ZeRO, dp, tp or pp never raise it) are not repeated; these are
 the others: the three figures and their band, recompute, LoRA against full fine-tuning, expert
-parallelism, FSDP model states, QLoRA's k-bit preparation, and serving (context, concurrency,
+parallelism, FSDP model states, CPU offload, QLoRA's k-bit preparation, and serving (context, concurrency,
 quantization, KV dtype, tp, gpu_memory_utilization).
 
 Every property estimates in-process through the library (no subprocess) and runs few examples.
@@ -27,6 +27,7 @@ from memest.workload import (
     KbitPrep,
     LoraConfig,
     Method,
+    Offload,
     Parallelism,
     Precision,
     Recompute,
@@ -192,6 +193,20 @@ def test_more_devices_under_full_sharding_never_raise_model_states(model, method
     w = _training(method, precision, seq_len=512, parallelism=Parallelism(dp=dp, zero_stage=3))
     more = w.replace(parallelism=Parallelism(dp=2 * dp, zero_stage=3))
     assert _states(estimate(spec, more, H100)) <= _states(estimate(spec, w, H100))
+
+
+@FAST
+@given(dense, methods, st.sampled_from([2, 3]), st.sampled_from([1, 4, 8]), seqs)
+def test_cpu_offload_never_raises_device_memory(model, method, zero, dp, s):
+    # README: the planner tries "CPU offload only with --allow-offload" as a way to fit; workload.Offload:
+    # "Optimizer states (and fp32 master) in host RAM", "Optimizer states and parameters in host RAM
+    # (ZeRO-3 / FSDP only)" — each moves more off the device.
+    spec = SPECS[model]
+    w = _training(method, seq_len=s, parallelism=Parallelism(dp=dp, zero_stage=zero))
+    used = {o: estimate(spec, w.replace(offload=o), H100).per_device.device_used_bytes
+            for o in (Offload.NONE, Offload.OPTIMIZER, *([Offload.PARAMS] if zero == 3 else []))}
+    assert used[Offload.OPTIMIZER] <= used[Offload.NONE]
+    assert used.get(Offload.PARAMS, 0) <= used[Offload.OPTIMIZER]
 
 
 # ---- serving ----
