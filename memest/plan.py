@@ -974,7 +974,8 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
     if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
         return ()
     stream = " and the residual stream is fp32 (trl's k-bit preparation)" if workload.method is Method.QLORA else ""
-    return (f"{workload.method.value} needs more memory than full fine-tuning of the same job here: each adapted "
+    method = "QLoRA" if workload.method is Method.QLORA else "LoRA"
+    return (f"{method} needs more memory than full fine-tuning of the same job here: each adapted "
             "linear keeps its own copy of its input in the adapters' dtype for their gradient (PEFT's "
             f"x.to(lora_A.weight.dtype); fp32 adapters){stream}, where full fine-tuning's linears share one "
             "16-bit input, and at this length those activations outgrow the gradients and optimizer states "
