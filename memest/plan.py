@@ -93,6 +93,7 @@ from memest.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    KbitPrep,
     Method,
     Offload,
     Optimizer,
@@ -962,8 +963,9 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
     PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
     adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
     input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
-    saves. The meta-device trace of transformers + PEFT agrees (Llama-3.1-8B, all-linear, micro-batch 4,
-    seq_len 8192: 351.16 vs 348.84 GiB traced peak allocated, ``benchmarks/trace_findings.md`` section 3).
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
+    peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
     """
     if not isinstance(workload, TrainingConfig) or workload.method is Method.FULL:
         return ()
@@ -973,10 +975,12 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
         return ()
     if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
         return ()
-    stream = " and the residual stream is fp32 (trl's k-bit preparation)" if workload.method is Method.QLORA else ""
-    method = "QLoRA" if workload.method is Method.QLORA else "LoRA"
-    return (f"{method} needs more memory than full fine-tuning of the same job here: each adapted "
-            "linear keeps its own copy of its input in the adapters' dtype for their gradient (PEFT's "
-            f"x.to(lora_A.weight.dtype); fp32 adapters){stream}, where full fine-tuning's linears share one "
-            "16-bit input, and at this length those activations outgrow the gradients and optimizer states "
-            "the frozen base saves (the meta-device trace of transformers + PEFT agrees)",)
+    fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
+    stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
+    qlora = workload.method is Method.QLORA
+    traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
+    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+            "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
+            f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
+            "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
+            f"frozen base saves{traced}",)
