@@ -93,6 +93,7 @@ from memest.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    KbitPrep,
     Method,
     Offload,
     Optimizer,
@@ -953,4 +954,33 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), fewest, utilization)
+                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization)
+
+
+def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:
+    """Why a LoRA / QLoRA job needs more than full fine-tuning of the same job, when it does.
+
+    PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
+    adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
+    input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
+    peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
+    """
+    if not isinstance(workload, TrainingConfig) or workload.method is Method.FULL:
+        return ()
+    try:
+        full = estimate(spec, workload.replace(method=Method.FULL), device)
+    except InputError:
+        return ()
+    if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
+        return ()
+    fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
+    stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
+    qlora = workload.method is Method.QLORA
+    traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
+    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+            "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
+            f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
+            "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
+            f"frozen base saves{traced}",)
