@@ -1,36 +1,26 @@
-"""Every ``serve`` case of benchmarks/data/validation_cases.json: memest's prediction vs the measurement.
+"""Every ``serve`` case of the published cases: memest's prediction vs the measurement.
 
-Run ``python benchmarks/serving_cases.py`` to regenerate ``benchmarks/serving_cases.md``. The tests
-(tests/test_validation_serving.py) import :func:`comparisons` from here, so the report and the
-tests compare the same figures. Each comparison is like with like: a vLLM log line against the
-same quantity of vLLM's arithmetic, peak allocated against peak allocated.
+``benchmarks/serving_cases.py`` writes :func:`render` to ``benchmarks/serving_cases.md``; the tests
+(tests/test_validation_serving.py) check :func:`comparisons`, so the report and the tests compare the
+same figures. Each comparison is like with like: a vLLM log line against the same quantity of vLLM's
+arithmetic, peak allocated against peak allocated.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-ROOT = Path(__file__).resolve().parent.parent
-CASES = ROOT / "benchmarks" / "data" / "validation_cases.json"
-REPORT = Path(__file__).resolve().parent / "serving_cases.md"
-GiB = 1 << 30
-
-os.environ.setdefault("MEMEST_OFFLINE", "1")  # models not in the catalog are reported, not fetched
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from memest.devices import Device, get_device
 from memest.errors import MemestError
 from memest.estimate import estimate
 from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.sources import load_model
+from memest.validation import cases
 from memest.workload import Engine, Parallelism, ServingConfig
+
+GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -62,7 +52,7 @@ class Comparison:
 
 def load_cases() -> list[dict[str, Any]]:
     """The serve cases."""
-    return [c for c in json.loads(CASES.read_text()) if c.get("kind") == "serve"]
+    return cases.load_cases("serve")
 
 
 def _device(name: str, total_gib: float | None = None) -> Device:
@@ -210,9 +200,3 @@ def render() -> str:
     for r in worst[:8]:
         lines.append(f"- {r.case} · {r.figure}: {r.error:+.2%}")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    text = render()
-    REPORT.write_text(text)
-    print(text)
