@@ -1,0 +1,84 @@
+"""``python -m memest ARGS`` run inside the test process: the same entry point, without the start-up.
+
+:func:`run_memest` calls :func:`memest.cli.main` (the console script's one error boundary) with
+``sys.argv`` set to the arguments, the environment replaced by ``env`` for the call, stdout and stderr
+captured, and Python's default warning filters printing to the captured stderr (pytest would record
+warnings instead, hiding a warning a user sees). The result is a :class:`subprocess.CompletedProcess`
+with the exit code a subprocess would have, so a test checks the same exit code and messages either
+way. Start-up itself (imports, signals, the console script) is checked by the tests that still run
+a real subprocess (tests/test_imports.py, and one per CLI test file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
+
+
+class _Timeout(BaseException):
+    """Raised by the alarm: a BaseException, so main()'s ``except Exception`` does not turn it into exit 1."""
+
+
+def _print_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _default_warning_filters() -> None:
+    """The filters of a fresh ``python`` (no -W, no PYTHONWARNINGS): what a user's terminal shows."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    sys.stderr.write(f"{exc.code}\n")  # sys.exit("message"): printed, exit status 1
+    return 1
+
+
+def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float | None = 120) -> subprocess.CompletedProcess:
+    """``memest ARGS`` in this process; raises :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
+    from memest.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    previous_alarm = None
+    code = 0
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        sys.argv = ["memest", *args]
+        if timeout is not None:
+            def alarm(signum, frame):
+                raise _Timeout
+
+            previous_alarm = signal.signal(signal.SIGALRM, alarm)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            _default_warning_filters()
+            warnings.showwarning = _print_warning
+            try:
+                main()
+            except SystemExit as exc:
+                code = _exit_code(exc)
+    except _Timeout:
+        raise subprocess.TimeoutExpired(["memest", *args], timeout, out.getvalue(), err.getvalue()) from None
+    finally:
+        if previous_alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous_alarm)
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["memest", *args], code, out.getvalue(), err.getvalue())
