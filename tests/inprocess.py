@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 import warnings
 from collections.abc import Mapping
 
@@ -72,6 +73,9 @@ def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float 
                 main()
             except SystemExit as exc:
                 code = _exit_code(exc)
+            except Exception:  # uncaught (MEMEST_DEBUG=1 re-raises): Python prints the traceback, exit status 1
+                traceback.print_exc()
+                code = 1
     except _Timeout:
         raise subprocess.TimeoutExpired(["memest", *args], timeout, out.getvalue(), err.getvalue()) from None
     finally:
