@@ -2,8 +2,9 @@
 
 :func:`run_memest` calls :func:`memest.cli.main` (the console script's one error boundary) with
 ``sys.argv`` set to the arguments, the environment replaced by ``env`` for the call, stdout and stderr
-captured, and Python's default warning filters printing to the captured stderr (pytest would record
-warnings instead, hiding a warning a user sees). The result is a :class:`subprocess.CompletedProcess`
+captured, Python's default warning filters printing to the captured stderr (pytest would record
+warnings instead, hiding a warning a user sees), and the logging handlers that write to stderr
+(transformers') writing to the captured stderr too. The result is a :class:`subprocess.CompletedProcess`
 with the exit code a subprocess would have, so a test checks the same exit code and messages either
 way. Start-up itself (imports, signals, the console script) is checked by the tests that still run
 a real subprocess (tests/test_imports.py, and one per CLI test file).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import signal
 import subprocess
@@ -38,6 +40,13 @@ def _default_warning_filters() -> None:
         warnings.filterwarnings("ignore", category=category)
 
 
+def _stderr_handlers() -> list[logging.StreamHandler]:
+    """The logging handlers that print to this process's stderr (a subprocess's fd 2)."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict))]
+    return [h for logger in loggers for h in logger.handlers
+            if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__)]
+
+
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
@@ -54,12 +63,15 @@ def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_argv = dict(os.environ), sys.argv
     previous_alarm = None
+    handlers = {h: h.stream for h in _stderr_handlers()}
     code = 0
     try:
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
         sys.argv = ["memest", *args]
+        for handler in handlers:
+            handler.setStream(err)
         if timeout is not None:
             def alarm(signum, frame):
                 raise _Timeout
@@ -82,6 +94,8 @@ def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float 
         if previous_alarm is not None:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous_alarm)
+        for handler, stream in handlers.items():
+            handler.setStream(stream)
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
