@@ -1,13 +1,14 @@
 """``python -m memest ARGS`` run inside the test process: the same entry point, without the start-up.
 
 :func:`run_memest` calls :func:`memest.cli.main` (the console script's one error boundary) with
-``sys.argv`` set to the arguments, the environment replaced by ``env`` for the call, stdout and stderr
-captured, Python's default warning filters printing to the captured stderr (pytest would record
+``sys.argv`` and ``__main__`` as ``python -m memest`` sets them (click names the program from them),
+the environment replaced by ``env`` for the call, stdout and stderr captured, Python's default warning filters printing to the captured stderr (pytest would record
 warnings instead, hiding a warning a user sees), and the logging handlers that write to stderr
 (transformers') writing to the captured stderr too. The result is a :class:`subprocess.CompletedProcess`
 with the exit code a subprocess would have, so a test checks the same exit code and messages either
-way. Start-up itself (imports, signals, the console script) is checked by the tests that still run
-a real subprocess (tests/test_imports.py, and one per CLI test file).
+way (tests/test_inprocess.py compares both). Start-up itself (imports, signals, the console script) is
+checked by the tests that still run a real subprocess (tests/test_imports.py, test_cli.py, the import
+checks of test_plan_cli.py and test_trace_cli.py, and the torchrun calibrations).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import signal
 import subprocess
 import sys
 import traceback
+import types
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 
 class _Timeout(BaseException):
@@ -47,6 +50,13 @@ def _stderr_handlers() -> list[logging.StreamHandler]:
             if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__)]
 
 
+def _main_module() -> types.ModuleType:
+    """A stand-in for ``sys.modules["__main__"]`` as ``python -m memest`` sets it."""
+    module = types.ModuleType("__main__")
+    module.__package__ = "memest"
+    return module
+
+
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
@@ -58,18 +68,21 @@ def _exit_code(exc: SystemExit) -> int:
 
 def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float | None = 120) -> subprocess.CompletedProcess:
     """``memest ARGS`` in this process; raises :class:`subprocess.TimeoutExpired` after ``timeout`` seconds."""
+    import memest
     from memest.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    saved_env, saved_argv = dict(os.environ), sys.argv
-    previous_alarm = None
+    saved_env, saved_argv, saved_main = dict(os.environ), sys.argv, sys.modules["__main__"]
+    previous_alarm, alarm_set = None, False
     handlers = {h: h.stream for h in _stderr_handlers()}
     code = 0
     try:
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
-        sys.argv = ["memest", *args]
+        # what `python -m memest` has: click names the program from these ('python -m memest' in usage lines)
+        sys.argv = [str(Path(memest.__file__).with_name("__main__.py")), *args]
+        sys.modules["__main__"] = _main_module()
         for handler in handlers:
             handler.setStream(err)
         if timeout is not None:
@@ -77,6 +90,7 @@ def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float 
                 raise _Timeout
 
             previous_alarm = signal.signal(signal.SIGALRM, alarm)
+            alarm_set = True
             signal.setitimer(signal.ITIMER_REAL, timeout)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             _default_warning_filters()
@@ -91,12 +105,13 @@ def run_memest(*args: str, env: Mapping[str, str] | None = None, timeout: float 
     except _Timeout:
         raise subprocess.TimeoutExpired(["memest", *args], timeout, out.getvalue(), err.getvalue()) from None
     finally:
-        if previous_alarm is not None:
+        if alarm_set:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous_alarm)
+            signal.signal(signal.SIGALRM, previous_alarm if previous_alarm is not None else signal.SIG_DFL)
         for handler, stream in handlers.items():
             handler.setStream(stream)
         sys.argv = saved_argv
+        sys.modules["__main__"] = saved_main
         os.environ.clear()
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["memest", *args], code, out.getvalue(), err.getvalue())
