@@ -12,15 +12,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from memest.devices import Device, get_device
+from memest.devices import Device, GiB, get_device
 from memest.errors import MemestError
 from memest.estimate import estimate
 from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.sources import load_model
 from memest.validation import cases
 from memest.workload import Engine, Parallelism, ServingConfig
-
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 
-from memest.devices import Device, get_device
+from memest.devices import GB, Device, GiB, MiB, get_device
 from memest.estimate import estimate
 from memest.result import Estimate, RankEstimate
 from memest.sources import load_model, spec_from_config
@@ -38,9 +38,6 @@ from memest.workload import (
     TrainingConfig,
 )
 
-GiB = 1 << 30
-MiB = 1 << 20
-GB = 10**9
 KINDS = ("train_full", "train_multi_gpu", "lora", "qlora")
 
 HIGH_TOLERANCE = 0.10
