@@ -8,7 +8,7 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MEMEST_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers (cpu_measure, trace_models)
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers (cpu_measure, trace_models, inprocess)
 
 TINY_LLAMA = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
