@@ -7,11 +7,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
+from inprocess import run_memest
 from memest.devices import get_device
 from memest.errors import ConfigError, InputError
 from memest.estimate import estimate
@@ -55,7 +55,7 @@ H100 = get_device("H100")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_memest(*args, env=ENV)  # in-process (tests/inprocess.py); test_cli.py runs real subprocesses
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, message: str) -> None:

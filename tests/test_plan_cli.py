@@ -11,6 +11,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from inprocess import run_memest
 from memest.cli import app
 from memest.errors import InputError
 
@@ -23,7 +24,7 @@ def invoke(*args: str):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_memest(*args, env=ENV)  # through main(), in-process (tests/inprocess.py)
 
 
 SERVE = ("meta-llama/Llama-2-70b-hf", "--serve", "--max-model-len", "4096", "--batch-size", "4")
