@@ -18,6 +18,7 @@ from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload.settings import describe
 
 GiB = 1 << 30
 
@@ -71,39 +72,8 @@ def describe_model(spec: ModelSpec) -> str:
 
 
 def describe_workload(w: Workload) -> str:
-    """One line of the workload's main settings."""
-    par = w.parallelism
-    degrees = " ".join(f"{n} {getattr(par, n)}" for n in ("tp", "pp", "dp", "cp", "ep") if getattr(par, n) > 1)
-    if isinstance(w, TrainingConfig):
-        parts = [
-            w.mode,
-            f"precision {w.precision.value}",
-            f"optimizer {w.optimizer.value}",
-            f"micro_batch_size {w.micro_batch_size}",
-            f"seq_len {w.seq_len}",
-            f"recompute {w.recompute.value}",
-        ]
-        if w.method.value != "full":
-            parts.append(f"lora_rank {w.lora.rank} on {w.lora.targets}")
-        if par.zero_stage:
-            parts.append(f"zero_stage {par.zero_stage}")
-        if w.offload.value != "none":
-            parts.append(f"offload {w.offload.value}")
-    else:
-        parts = [
-            "serve",
-            f"engine {w.engine.value}",
-            f"dtype {w.dtype}",
-            f"batch_size {w.batch_size}",
-            f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
-        ]
-        if w.quantization != "none":
-            parts.append(f"quantization {w.quantization}")
-        if w.kv_cache_dtype != "auto":
-            parts.append(f"kv_cache_dtype {w.kv_cache_dtype}")
-    if degrees:
-        parts.append(degrees)
-    return " · ".join(parts)
+    """One line of the workload's main settings (:func:`memest.workload.settings.describe`)."""
+    return describe(w)
 
 
 # ---- JSON ----
@@ -142,7 +112,8 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "cost": c.cost,
         "lossless": c.lossless,
         "devices": c.devices,
-        "device_used_bytes": c.verdict.needed_bytes,
+        "device_used_bytes": c.estimate.per_device.device_used_bytes,
+        "needed_bytes": c.verdict.needed_bytes,
         "usable_bytes": c.verdict.usable_bytes,
         "workload": _plain(c.workload),
     }
@@ -557,7 +528,8 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "memory_bytes": s.device.memory_bytes,
         "allocated_bytes": per.allocated_bytes,
         "reserved_bytes": per.reserved_bytes,
-        "device_used_bytes": v.needed_bytes,
+        "device_used_bytes": per.device_used_bytes,
+        "needed_bytes": v.needed_bytes,
         "high_bytes": v.high_bytes,
         "usable_bytes": v.usable_bytes,
         "free_bytes": v.free_bytes,

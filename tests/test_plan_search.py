@@ -336,7 +336,7 @@ def test_bad_spaces_are_input_errors(space, message):
 
 def test_a_workload_invalid_whatever_the_layout_is_reported_not_hidden():
     spec = load_model("meta-llama/Llama-2-7b-hf")
-    with pytest.raises(InputError, match="--seq-len is 0"):
+    with pytest.raises(InputError, match="^seq_len is 0"):
         plan(spec, TrainingConfig(seq_len=0), Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),)))
 
 
