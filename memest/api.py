@@ -178,7 +178,8 @@ def estimate_values(model: str, values: Mapping[str, Any]) -> MemoryEstimate:
     cfg, spec = _model(model, values)
     device = resolve.device(values)
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec))
-    result = assess(spec, workload, device, headroom=resolve.headroom(values), device_given=values["gpu"] is not None)
+    result = assess(spec, workload, device, headroom=resolve.headroom(values),
+                    device_given=resolve.gpu_name(values) is not None)
     return MemoryEstimate(to_dict(result), result, cfg)
 
 
@@ -250,7 +251,7 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
     if not serving and s["allow_quantization"]:
         raise InputError("{allow_quantization} lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
                          "training use {allow_method_change} (QLoRA)", field="allow_quantization")
-    space = Space(devices=device_choices(s["gpus_available"], values["gpu"], max_gpus),
+    space = Space(devices=device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus),
                   prices=price_table(s["cost"], s["costs"]), allow_method_change=s["allow_method_change"],
                   allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
                   global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * 2**30))

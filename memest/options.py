@@ -14,19 +14,17 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 from typing import Annotated, Any
 
 import typer
 
+from memest.api import checkpoint_params
 from memest.devices import Device
 from memest.errors import InputError
 from memest.spec import ModelSpec
-from memest.api import checkpoint_params
 from memest.workload import Engine, Method, Workload, resolve
-from memest.workload.resolve import MAX_INT, check_scope
+from memest.workload.resolve import check_scope
 from memest.workload.settings import Setting, cli_flag, enum_of, given_flags, settings
-
 
 PANELS = {"model": "Model", "training": "Training (--train / --finetune)", "serving": "Serving (--serve)",
           "parallelism": "Parallelism and devices"}
@@ -82,18 +80,9 @@ ENGINE_ONLY: dict[str, Engine] = {n: Engine(s.engine) for n, s in settings().ite
 """Serving settings only one engine reads."""
 
 
-def _option_decls(name: str) -> tuple[str, ...]:
-    """The declarations of a workload option (``("--set-grads-to-none/--keep-grads",)``)."""
-    info = typing.get_args(WORKLOAD_OPTIONS[name][0])[1]
-    return tuple(d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--"))
-
-
 def _check_scope(values: dict[str, Any], mode: str) -> None:
     """Refuse flags the chosen mode, method or engine would ignore (:func:`memest.workload.resolve.check_scope`)."""
     check_scope(values, mode)
-
-
-MAX_INT_FLAG = MAX_INT
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +108,7 @@ class JobOptions:
         Raises:
             InputError: an empty name (``--gpu ""``).
         """
-        if self.values["gpu"] is not None:
-            resolve.device(self.values)
-        return self.values["gpu"]
+        return resolve.gpu_name(self.values)
 
     @property
     def device(self) -> Device:

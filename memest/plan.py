@@ -588,13 +588,14 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
             invalid whatever the parallelism (a non-positive seq_len, ...).
     """
     if not space.devices:
-        raise InputError("no device type to plan for; pass --gpu NAME or --gpus-available SPEC")
+        raise InputError("no device type to plan for; pass {gpu} NAME or {gpus_available} SPEC", field="gpus_available")
     for choice in space.devices:
         if choice.max_count < 1 or choice.min_count < 1:
             raise InputError(f"device count limits for {choice.device.name} must be at least 1 "
                              f"(got {choice.min_count}..{choice.max_count})")
     if space.global_batch_size is not None and space.global_batch_size < 1:
-        raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
+        raise InputError(f"{{global_batch_size}} is {space.global_batch_size}; it must be a positive integer",
+                         field="global_batch_size")
     if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
         raise InputError(f"host_memory_bytes is {space.host_memory_bytes}; it must not be negative")
     plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()

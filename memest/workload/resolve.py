@@ -158,6 +158,19 @@ def check_sizes(values: Mapping[str, Any]) -> None:
             raise InputError(f"{{{name}}} is {value}; it must be at least 1", field=name)
 
 
+def gpu_name(values: Mapping[str, Any]) -> str | None:
+    """The ``gpu`` name as given, or None when it was not.
+
+    Raises:
+        InputError: an empty name.
+    """
+    name = values["gpu"]
+    if name is not None and not name.strip():
+        raise InputError(f"{{gpu}} {name!r} is empty; pass a device name such as H100 (see 'memest gpus'), or drop "
+                         f"{{gpu}} for the default {DEFAULT_DEVICE}", field="gpu")
+    return name
+
+
 def device(values: Mapping[str, Any]) -> Device:
     """The ``gpu`` device, or the default.
 
@@ -165,11 +178,7 @@ def device(values: Mapping[str, Any]) -> Device:
         InputError: an empty name.
         UnknownDeviceError: an unknown name.
     """
-    name = values["gpu"]
-    if name is not None and not name.strip():
-        raise InputError(f"{{gpu}} {name!r} is empty; pass a device name such as H100 (see 'memest gpus'), or drop "
-                         f"{{gpu}} for the default {DEFAULT_DEVICE}", field="gpu")
-    return get_device(name or DEFAULT_DEVICE)
+    return get_device(gpu_name(values) or DEFAULT_DEVICE)
 
 
 def headroom(values: Mapping[str, Any]) -> float:
