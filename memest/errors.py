@@ -41,7 +41,6 @@ class InputError(MemestError, ValueError):
             return self.template
         return _PLACEHOLDER.sub(lambda m: name(m.group(1)) or m.group(0), self.template)
 
-
     def named(self, name: Callable[[str], str | None]) -> InputError:
         """The same error with its message rendered by ``name`` (the CLI's flags); ``field`` kept."""
         out = InputError(self.render(name))

@@ -467,6 +467,9 @@ Workload = TrainingConfig | ServingConfig
 class JobSettings:
     """The settings that are not part of a workload: the mode, where the model comes from, the device.
 
+    A declaration only (:func:`memest.workload.settings.settings` reads its fields); callers pass these
+    settings by keyword, and :func:`memest.workload.resolve.resolve` turns them into a workload.
+
     Attributes:
         train: Full training (every weight trained).
         finetune: Fine-tuning with adapters (LoRA or QLoRA).
