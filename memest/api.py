@@ -405,3 +405,22 @@ def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
+
+
+def _advertise_settings(func: Any) -> None:
+    """Give ``func`` a signature that lists every setting keyword (``help(memest.estimate_memory)``,
+    editors) in place of its ``**settings``; the function itself still takes them as keywords."""
+    import inspect
+
+    from memest.workload.settings import settings
+
+    sig = inspect.signature(func)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names = {p.name for p in own}
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(s.default, "value", s.default))
+             for name, s in settings().items() if name not in names and name not in ("train", "finetune", "serve")]
+    func.__signature__ = sig.replace(parameters=[*own, *extra])
+
+
+for _func in (estimate_memory, plan_memory, sweep_memory):
+    _advertise_settings(_func)

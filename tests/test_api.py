@@ -178,3 +178,12 @@ def test_a_flag_the_job_would_not_read_is_refused(args, message):
 def test_hf_refuses_the_value_the_sweep_refuses():
     out = CliRunner().invoke(app, ["hf", "meta-llama/Llama-3.1-8B", "--train", "--seq-len", str(2**31)])
     assert isinstance(out.exception, memest.InputError) and "at most 2,147,483,647" in str(out.exception)
+
+
+def test_the_functions_list_every_setting_keyword():
+    import inspect
+
+    for func in (memest.estimate_memory, memest.plan_memory, memest.sweep_memory):
+        params = inspect.signature(func).parameters
+        assert set(settings()) - {"train", "finetune", "serve"} <= set(params), func.__name__
+        assert params["precision"].default == "mixed" and params["seq_len"].default is None
