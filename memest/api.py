@@ -236,8 +236,8 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
     host_memory = DEFAULT_HOST_MEMORY_BYTES / 2**30 if s["host_memory"] is None else s["host_memory"]
     if not host_memory >= 0:  # also NaN
         what = "is negative" if host_memory < 0 else "is not a size"
-        raise InputError(f"{{host_memory}} {host_memory:g} GiB {what}; give the CPU RAM per server in GiB, or 0 to rule "
-                         "out offload", field="host_memory")
+        raise InputError(f"{{host_memory}} {host_memory:g} GiB {what}; give the CPU RAM per server in GiB, or 0 to "
+                         "rule out offload", field="host_memory")
     serving = resolve.mode_of(values) == "serve"
     if serving and s["allow_method_change"]:
         raise InputError("{allow_method_change} lets a training plan try LoRA / QLoRA; for serving use "
@@ -358,7 +358,8 @@ def sweep_memory(model: str, *, mode: str | None = None, **settings: Any) -> Mem
     return sweep_values(model, complete({**settings, **base}), ranged)
 
 
-def split_sweep(values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> tuple[str, tuple[int, ...], dict[str, Any]]:
+def split_sweep(values: Mapping[str, Any],
+                ranged: Mapping[str, str | None]) -> tuple[str, tuple[int, ...], dict[str, Any]]:
     """Which setting is swept, its values, and the settings with every ranged one a plain value (the
     swept one at its first value). Without a mode, sweeping a training setting (seq_len,
     micro_batch_size) means training.

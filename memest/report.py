@@ -542,7 +542,7 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
 def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
 
-    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    With ``given`` (the user's workload flags, :func:`memest.workload.settings.given_flags`), each
     fit has ``command``: the ``memest hf`` line that estimates it.
     """
     fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]

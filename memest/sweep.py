@@ -48,7 +48,8 @@ def parse_size(text: str, flag: str) -> int:
     """
     m = _SIZE.match(text)
     if not m or int(m.group(1)) == 0:
-        raise InputError(f"{{{flag}}} {text!r} is not a positive size; write e.g. 4096, 4k or 1M (k = 1024)", field=flag)
+        raise InputError(f"{{{flag}}} {text!r} is not a positive size; write e.g. 4096, 4k or 1M (k = 1024)",
+                         field=flag)
     return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
 
 
@@ -67,7 +68,8 @@ def parse_values(text: str, flag: str) -> tuple[int, ...]:
         low_text, _, high_text = bounds.partition("..")
         low, high = parse_size(low_text, flag), parse_size(high_text, flag)
         if high < low:
-            raise InputError(f"{{{flag}}} {text!r}: the range ends below its start; write LOW..HIGH, e.g. 1k..128k", field=flag)
+            raise InputError(f"{{{flag}}} {text!r}: the range ends below its start; write LOW..HIGH, e.g. 1k..128k",
+                             field=flag)
         values = _steps(low, high, step.strip(), flag, text)
     else:
         values = [parse_size(text, flag)]
@@ -85,7 +87,8 @@ def _steps(low: int, high: int, step: str, flag: str, text: str) -> list[int]:
     elif step[:1] in ("x", "*") and step[1:].isdigit() and int(step[1:]) >= 2:
         factor = int(step[1:])
     elif step:
-        raise InputError(f"{{{flag}}} {text!r}: the step must be ':+N' (add N) or ':xF' with an integer F >= 2", field=flag)
+        raise InputError(f"{{{flag}}} {text!r}: the step must be ':+N' (add N) or ':xF' with an integer F >= 2",
+                         field=flag)
     values, v = [], low
     while v < high and len(values) <= MAX_POINTS:
         values.append(v)

@@ -73,7 +73,8 @@ def test_estimate_to_dict_is_memest_hf_json(name):
 def test_the_settings_reach_the_workload():
     r = memest.estimate_memory(*JOBS["lora"][0][:1], **JOBS["lora"][1])
     w = r.workload
-    assert (w.method, w.lora.rank, w.lora.targets, w.precision, w.recompute) == ("lora", 64, "all-linear", "bf16", "full")
+    assert (w.method, w.lora.rank, w.lora.targets, w.precision, w.recompute) == \
+        ("lora", 64, "all-linear", "bf16", "full")
 
 
 def test_plan_to_dict_is_memest_plan_json():
@@ -107,7 +108,8 @@ def test_a_python_caller_gets_the_cli_defaults():
     # dp_shard gcd(16, 8 / (tp x pp)) = 8
     w = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="train", gpu="H100", gpus=16,
                                fsdp=FsdpStrategy.HYBRID_SHARD.value).workload
-    assert (w.framework, w.parallelism.zero_stage, w.parallelism.dp, w.parallelism.dp_shard) == (Framework.FSDP, 3, 16, 8)
+    par = w.parallelism
+    assert (w.framework, par.zero_stage, par.dp, par.dp_shard) == (Framework.FSDP, 3, 16, 8)
 
 
 @pytest.mark.parametrize(("kwargs", "field", "message"), [
@@ -127,6 +129,14 @@ def test_bad_input_raises_input_error_naming_the_keyword(kwargs, field, message)
         memest.estimate_memory("meta-llama/Llama-3.1-8B", **kwargs)
     assert message in str(info.value) and "--" not in str(info.value)
     assert info.value.field == field
+
+
+def test_the_cli_names_every_setting_of_a_message_by_its_flag():
+    out = CliRunner().invoke(app, ["hf", "meta-llama/Llama-3.1-8B", "--serve", "--batch-size", "8", "--max-num-seqs",
+                                   "4"])
+    assert str(out.exception).endswith("raise --max-num-seqs or lower --batch-size")
+    with pytest.raises(memest.InputError, match="raise max_num_seqs or lower batch_size$"):
+        memest.estimate_memory("meta-llama/Llama-3.1-8B", batch_size=8, max_num_seqs=4)
 
 
 def test_the_cli_names_the_same_error_by_its_flag():

@@ -327,18 +327,21 @@ class TrainingConfig:
     seq_len: int = setting(2048, group="training", scope="training", unset=None, describe="always",
                            help="Tokens per training sequence (default: min(2048, max_position_embeddings)).",
                            what="tokens per training sequence", fix="for serving use {max_model_len}")
-    grad_accum_steps: int = setting(1, group="training", scope="training", planned="all", help="Micro-batches per optimizer step.",
+    grad_accum_steps: int = setting(1, group="training", scope="training", planned="all",
+                                    help="Micro-batches per optimizer step.",
                                     what="micro-batches per optimizer step")
     precision: Precision = setting(Precision.MIXED, group="training", scope="training", describe="always",
                                    help="Precision recipe: mixed (bf16 + fp32 master), fp16, amp (fp32 params + "
                                         "autocast), fsdp2, bf16 (pure), fp32.",
                                    what="the training precision recipe", fix="for serving use {dtype}")
-    optimizer: Optimizer = setting(Optimizer.ADAMW, group="training", scope="training", planned="all", describe="always", help="Optimizer.",
+    optimizer: Optimizer = setting(Optimizer.ADAMW, group="training", scope="training", planned="all",
+                                   describe="always", help="Optimizer.",
                                    what="the optimizer's states", fix="serving has no optimizer: drop it")
     recompute: Recompute = setting(Recompute.NONE, group="training", scope="training", planned="all", describe="always",
                                    help="Activation checkpointing.", what="activation checkpointing in backward")
     attn_implementation: AttnImplementation = setting(
-        AttnImplementation.SDPA, group="training", scope="training", help="sdpa, flash_attention_2 or eager (eager stores the s x s scores).",
+        AttnImplementation.SDPA, group="training", scope="training", help="sdpa, flash_attention_2 or eager (eager "
+                                                                          "stores the s x s scores).",
         what="the attention kernel's saved activations")
     loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", what="the training loss's logits",
                          help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or fused "
@@ -348,18 +351,22 @@ class TrainingConfig:
                                help="CPU offload of optimizer states (or also params, ZeRO-3).",
                                what="CPU offload of training states")
     parallelism: Parallelism = field(default_factory=Parallelism)
-    framework: Framework = setting(Framework.AUTO, group="training", scope="training", what="who runs the training step",
+    framework: Framework = setting(Framework.AUTO, group="training", scope="training",
+                                   what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
                                         "deepspeed, megatron, fsdp; auto picks from {precision} and parallelism.")
-    set_grads_to_none: bool = setting(True, group="training", scope="training", off="keep_grads", what="gradients between steps",
+    set_grads_to_none: bool = setting(True, group="training", scope="training", off="keep_grads",
+                                      what="gradients between steps",
                                       help="zero_grad(set_to_none=True) frees gradients between steps (PyTorch >= "
                                            "2.0); {keep_grads} for torch 1.x.")
-    target_len: int | None = setting(None, group="training", scope="training", what="decoder tokens per training sequence",
+    target_len: int | None = setting(None, group="training", scope="training",
+                                     what="decoder tokens per training sequence",
                                      fix="for serving use {max_model_len}",
-                                     help="Decoder tokens per sequence of an encoder-decoder model (default: "
-                                          "{seq_len}).")
+                                     help="Decoder tokens per sequence of an encoder-decoder model "
+                                          "(default: {seq_len}).")
     prepare_kbit_training: KbitPrep = setting(
-        KbitPrep.TRL, group="training", scope="training", methods=("qlora",), unset=None, what="QLoRA's preparation of the NF4 model",
+        KbitPrep.TRL, group="training", scope="training", methods=("qlora",), unset=None, what="QLoRA's preparation "
+                                                                                               "of the NF4 model",
         help="QLoRA: how the script prepares the NF4 model. trl (default: trl SFTTrainer with bf16=True: norms fp32, "
              "embeddings and lm_head bf16, fp32 residual stream and layer checkpoints, autocast), peft (PEFT "
              "prepare_model_for_kbit_training alone: embeddings, norms, lm_head fp32, no autocast) or none (no "
@@ -406,7 +413,8 @@ class ServingConfig:
         parallelism: TP/PP degrees (and dp replicas).
     """
 
-    dtype: str = setting("auto", group="serving", scope="serving", describe="always", help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.",
+    dtype: str = setting("auto", group="serving", scope="serving", describe="always",
+                         help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.",
                          what="weight dtype of the served model", fix="for training use {precision}")
     quantization: str = setting("none", group="serving", scope="serving", planned="all", describe="changed",
                                 help="Weight quantization applied to an unquantized model: none (keep the checkpoint's "
@@ -423,28 +431,35 @@ class ServingConfig:
                                         help="Longest sequence (prompt + output) in tokens (default: the model's "
                                              "max_position_embeddings).",
                                         what="longest prompt + output", fix="for training use {seq_len}")
-    batch_size: int = setting(1, group="serving", scope="serving", describe="always", help="Concurrent sequences, each up to max_model_len.",
+    batch_size: int = setting(1, group="serving", scope="serving", describe="always",
+                              help="Concurrent sequences, each up to max_model_len.",
                               what="concurrent sequences", fix="for training use {micro_batch_size}")
-    engine: Engine = setting(Engine.VLLM, group="serving", scope="serving", describe="always", what="the serving engine modelled",
-                             help="Serving engine to model: vllm (paged KV, start-up budget) or hf (transformers "
-                                  "generate).")
+    engine: Engine = setting(Engine.VLLM, group="serving", scope="serving", describe="always",
+                             what="the serving engine modelled",
+                             help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
+                                  "(transformers generate).")
     engine_version: str | None = setting(None, group="serving", scope="serving", what="the serving engine's version",
                                          help="Engine version whose memory arithmetic to model: vllm 0.19 (V1), 0.6, "
                                               "0.2; hf 5, 4.34 (default: the newest).")
-    prompt_len: int | None = setting(None, group="serving", scope="serving", engine="hf", what="prompt tokens of generate",
+    prompt_len: int | None = setting(None, group="serving", scope="serving", engine="hf",
+                                     what="prompt tokens of generate",
                                      fix="for training use {seq_len}",
                                      help="hf: prompt tokens per sequence (default: max_model_len - max_new_tokens).")
     max_new_tokens: int | None = setting(None, group="serving", scope="serving", engine="hf", what="tokens generated",
                                          fix="for training use {seq_len}",
                                          help="hf: tokens generated per sequence.")
-    gpu_memory_utilization: float = setting(0.9, group="serving", scope="serving", engine="vllm", help="Share of device memory vLLM may use.",
+    gpu_memory_utilization: float = setting(0.9, group="serving", scope="serving", engine="vllm",
+                                            help="Share of device memory vLLM may use.",
                                             what="vLLM's share of device memory", fix="for training use {headroom}")
-    max_num_batched_tokens: int | None = setting(None, group="serving", scope="serving", engine="vllm", what="vLLM's tokens per forward",
-                                                 help="Tokens per forward in vLLM's profiling run (default: vLLM's for "
-                                                      "the device).")
-    max_num_seqs: int | None = setting(None, group="serving", scope="serving", engine="vllm", what="vLLM's sequences per forward",
+    max_num_batched_tokens: int | None = setting(None, group="serving", scope="serving", engine="vllm",
+                                                 what="vLLM's tokens per forward",
+                                                 help="Tokens per forward in vLLM's profiling run (default: "
+                                                      "vLLM's for the device).")
+    max_num_seqs: int | None = setting(None, group="serving", scope="serving", engine="vllm",
+                                       what="vLLM's sequences per forward",
                                        help="Sequences per forward in vLLM's profiling run.")
-    block_size: int = setting(16, group="serving", scope="serving", engine="vllm", help="Tokens per paged KV block.", what="vLLM's paged-KV block")
+    block_size: int = setting(16, group="serving", scope="serving", engine="vllm", help="Tokens per paged KV block.",
+                              what="vLLM's paged-KV block")
     enforce_eager: bool = setting(False, group="serving", scope="serving", engine="vllm", help="No CUDA graphs (vLLM).",
                                   what="vLLM without CUDA graphs")
     checkpoint_params: tuple[tuple[str, int], ...] = ()
@@ -498,8 +513,8 @@ class JobSettings:
     gpus: int = setting(1, group="parallelism", help="Devices in the job (tp x pp x cp x dp).")
     fsdp: FsdpStrategy | None = setting(None, group="parallelism", scope="training",
                                         what="PyTorch FSDP sharding of training states",
-                                        help="PyTorch FSDP sharding strategy (sets {framework} fsdp and the ZeRO stage; "
-                                             "hybrid_shard shards within a node).")
+                                        help="PyTorch FSDP sharding strategy (sets {framework} fsdp and the ZeRO "
+                                             "stage; hybrid_shard shards within a node).")
     headroom: float = setting(0.10, group="parallelism", help="Share of device memory to keep free (not applied to "
                                                               "vLLM: {gpu_memory_utilization} sets its share).")
 

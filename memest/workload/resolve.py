@@ -107,7 +107,8 @@ def mode_of(values: Mapping[str, Any]) -> str:
     modes = [m for m in ("train", "serve") if values["train" if m == "train" else "serve"]]
     modes += ["finetune"] if values["finetune"] else []
     if len(modes) > 1:
-        raise InputError(f"choose one of {{train}}, {{finetune}}, {{serve}} (got {', '.join('{' + m + '}' for m in modes)})",
+        raise InputError(f"choose one of {{train}}, {{finetune}}, {{serve}} (got "
+                         f"{', '.join('{' + m + '}' for m in modes)})",
                          field=modes[-1])
     return modes[0] if modes else "serve"
 
@@ -320,7 +321,8 @@ def training_parallelism(v: Mapping[str, Any], device: Device) -> tuple[Parallel
     fsdp = FsdpStrategy(v["fsdp"]) if v["fsdp"] is not None else None
     if fsdp is not None:
         if framework not in (Framework.AUTO, Framework.FSDP):
-            raise InputError(f"{{fsdp}} {fsdp.value} runs under FSDP; drop {{framework}} {framework.value}", field="fsdp")
+            raise InputError(f"{{fsdp}} {fsdp.value} runs under FSDP; drop {{framework}} {framework.value}",
+                             field="fsdp")
         stage = FSDP_ZERO_STAGE[fsdp]
         if zero not in (0, stage):
             raise InputError(f"{{fsdp}} {fsdp.value} is ZeRO stage {stage}; drop {{zero_stage}} {zero}", field="fsdp")

@@ -45,14 +45,18 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
     if problem:
         raise InputError(f"{{tp}} {par.tp} {problem[0]}; {problem[1]}", field="tp")
     if par.pp > spec.num_layers:
-        raise InputError(f"{{pp}} {par.pp} is more than the {spec.num_layers} layers of {spec.name}; use {{pp}} <= {spec.num_layers}", field="pp")
+        raise InputError(f"{{pp}} {par.pp} is more than the {spec.num_layers} layers of {spec.name}; use {{pp}} <= "
+                         f"{spec.num_layers}", field="pp")
     if par.ep > 1:
         if spec.num_experts == 0:
-            raise InputError(f"{{ep}} {par.ep} needs a mixture-of-experts model; {spec.name} has no experts", field="ep")
+            raise InputError(f"{{ep}} {par.ep} needs a mixture-of-experts model; {spec.name} has no experts",
+                             field="ep")
         if spec.num_experts % par.ep:
-            raise InputError(f"{{ep}} {par.ep} does not divide the {spec.num_experts} experts of {spec.name}", field="ep")
+            raise InputError(f"{{ep}} {par.ep} does not divide the {spec.num_experts} experts of {spec.name}",
+                             field="ep")
         if (par.dp * par.cp * par.tp) % par.ep:
-            raise InputError(f"{{ep}} {par.ep} must divide the dp x cp x tp ranks ({par.dp * par.cp * par.tp})", field="ep")
+            raise InputError(f"{{ep}} {par.ep} must divide the dp x cp x tp ranks ({par.dp * par.cp * par.tp})",
+                             field="ep")
     if isinstance(workload, TrainingConfig):
         _validate_training(workload)
         _validate_training_model(spec, workload)
@@ -155,17 +159,22 @@ def _validate_training(t: TrainingConfig) -> None:
             raise InputError(f"{{lora_dropout}} {t.lora.dropout} must be in [0, 1)", field="lora_dropout")
     par = t.parallelism
     if par.cp > 1 and t.seq_len % (2 * par.cp):
-        raise InputError(f"{{seq_len}} {t.seq_len} must be divisible by 2 x cp ({2 * par.cp}) for context parallelism", field="seq_len")
+        raise InputError(f"{{seq_len}} {t.seq_len} must be divisible by 2 x cp ({2 * par.cp}) for context parallelism",
+                         field="seq_len")
     if par.dp_shard is not None:
         group = par.dp * par.cp
         if par.dp_shard < 1 or group % par.dp_shard:
-            raise InputError(f"{{dp_shard}} {par.dp_shard} must divide the dp x cp ranks ({group}); use a divisor of {group}", field="dp_shard")
+            raise InputError(f"{{dp_shard}} {par.dp_shard} must divide the dp x cp ranks ({group}); use a divisor "
+                             f"of {group}", field="dp_shard")
     if t.offload is not Offload.NONE and par.zero_stage == 0:
-        raise InputError(f"{{offload}} {t.offload.value} needs ZeRO ({{zero_stage}} 1-3 or FSDP); add {{zero_stage}} 3", field="offload")
+        raise InputError(f"{{offload}} {t.offload.value} needs ZeRO ({{zero_stage}} 1-3 or FSDP); add {{zero_stage}} 3",
+                         field="offload")
     if t.offload is Offload.PARAMS and par.zero_stage != 3:
-        raise InputError("{offload} params needs {zero_stage} 3 (parameters are only offloaded when sharded)", field="offload")
+        raise InputError("{offload} params needs {zero_stage} 3 (parameters are only offloaded when sharded)",
+                         field="offload")
     if t.method is Method.QLORA and t.precision is Precision.FP32:
-        raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32", field="finetune")
+        raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32",
+                         field="finetune")
     _validate_framework(t, resolve_framework(t))
 
 
@@ -185,12 +194,14 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
     if table is not None:
         for flag, value in (("seq_len", t.seq_len), ("target_len", t.target_len)):
             if value is not None and value > table:
-                raise InputError(f"{{{flag}}} {value} is more than the {table} positions of {spec.name}'s learned position "
-                                 f"embeddings (no row for position {table}); use {{{flag}}} <= {table}", field=flag)
+                raise InputError(f"{{{flag}}} {value} is more than the {table} positions of {spec.name}'s learned "
+                                 f"position embeddings (no row for position {table}); use {{{flag}}} <= {table}",
+                                 field=flag)
     if t.method is not Method.FULL:
         _validate_lora_targets(spec, t.lora.targets)
         if t.lora.rank > spec.hidden_size:
-            raise InputError(f"{{lora_rank}} {t.lora.rank} is more than {spec.name}'s hidden size ({spec.hidden_size}): "
+            raise InputError(f"{{lora_rank}} {t.lora.rank} is more than {spec.name}'s hidden size "
+                             f"({spec.hidden_size}): "
                              "the adapters would be larger than a full-rank update; use {lora_rank} <= "
                              f"{spec.hidden_size} (typically 8-256)", field="lora_rank")
 
@@ -231,12 +242,13 @@ def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
         return
     items = [x.strip() for x in targets.split(",")]
     if not any(items) or not all(items):
-        raise InputError(f"{{lora_targets}} {targets!r} has an empty module name; write attention, all-linear, or names "
-                         f"separated by commas from those of {spec.name}: {choices}", field="lora_targets")
+        raise InputError(f"{{lora_targets}} {targets!r} has an empty module name; write attention, all-linear, or "
+                         f"names separated by commas from those of {spec.name}: {choices}", field="lora_targets")
     unknown = [x for x in items if x not in known]
     if unknown:
         raise InputError(f"{{lora_targets}} names {', '.join(map(repr, unknown))}, not a module of {spec.name} (PEFT "
-                         f"would raise 'Target modules not found'); use attention, all-linear or some of: {choices}", field="lora_targets")
+                         f"would raise 'Target modules not found'); use attention, all-linear or some of: {choices}",
+                         field="lora_targets")
 
 
 def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
@@ -249,16 +261,19 @@ def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
         raise InputError(f"{{framework}} {name} does not shard states; drop {{zero_stage}} {par.zero_stage} "
                          "or use {framework} deepspeed / fsdp", field="framework")
     if fw in (Framework.PYTORCH, Framework.DDP) and (par.tp > 1 or par.pp > 1):
-        raise InputError(f"{{framework}} {name} has no tensor or pipeline parallelism; use {{framework}} megatron", field="framework")
+        raise InputError(f"{{framework}} {name} has no tensor or pipeline parallelism; use {{framework}} megatron",
+                         field="framework")
     if fw is Framework.MEGATRON and par.zero_stage > 1:
         raise InputError(f"{{framework}} megatron shards only optimizer states (distributed optimizer = "
                          f"{{zero_stage}} 1), not {{zero_stage}} {par.zero_stage}", field="framework")
     if fw is Framework.FSDP and par.zero_stage == 1:
         raise InputError("FSDP has no ZeRO-1; use {zero_stage} 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)", field="zero_stage")
     if t.precision is Precision.FSDP2 and fw is not Framework.FSDP:
-        raise InputError(f"{{precision}} fsdp2 is FSDP's mixed precision; it cannot run under {{framework}} {name}", field="precision")
+        raise InputError(f"{{precision}} fsdp2 is FSDP's mixed precision; it cannot run under {{framework}} {name}",
+                         field="precision")
     if t.offload is not Offload.NONE and fw not in (Framework.DEEPSPEED, Framework.FSDP):
-        raise InputError(f"{{offload}} {t.offload.value} is a DeepSpeed / FSDP feature; use {{framework}} deepspeed or fsdp", field="offload")
+        raise InputError(f"{{offload}} {t.offload.value} is a DeepSpeed / FSDP feature; use {{framework}} deepspeed "
+                         "or fsdp", field="offload")
     if t.offload is Offload.OPTIMIZER and fw is Framework.FSDP:
         raise InputError("FSDP offloads parameters, gradients and optimizer states together (CPUOffloadPolicy); "
                          "use {offload} params, or {framework} deepspeed for optimizer-only offload", field="offload")
@@ -281,16 +296,17 @@ def _validate_serving(s: ServingConfig) -> None:
     if s.max_num_seqs is not None:
         _positive("max_num_seqs", s.max_num_seqs)
         if s.engine is Engine.VLLM and s.batch_size > s.max_num_seqs:
-            raise InputError(f"{{batch_size}} {s.batch_size} is more than {{max_num_seqs}} {s.max_num_seqs}: vLLM runs at "
-                             "most max_num_seqs requests at once (the rest queue); raise {max_num_seqs} or lower "
-                             "batch_size", field="batch_size")
+            raise InputError(f"{{batch_size}} {s.batch_size} is more than {{max_num_seqs}} {s.max_num_seqs}: vLLM "
+                             "runs at most max_num_seqs requests at once (the rest queue); raise {max_num_seqs} or "
+                             "lower {batch_size}", field="batch_size")
     if s.prompt_len is not None:
         _positive("prompt_len", s.prompt_len)
     if s.max_new_tokens is not None:
         _positive("max_new_tokens", s.max_new_tokens)
     if s.prompt_len is not None and s.max_new_tokens is not None and s.max_model_len is not None \
             and s.prompt_len + s.max_new_tokens > s.max_model_len:
-        raise InputError(f"{{prompt_len}} {s.prompt_len} + {{max_new_tokens}} {s.max_new_tokens} exceeds {{max_model_len}} "
+        raise InputError(f"{{prompt_len}} {s.prompt_len} + {{max_new_tokens}} {s.max_new_tokens} exceeds "
+                         f"{{max_model_len}} "
                          f"{s.max_model_len}; raise {{max_model_len}} or shorten them", field="prompt_len")
     versions = ENGINE_VERSIONS[s.engine.value]
     if s.engine_version is not None and s.engine_version not in versions:
@@ -300,13 +316,16 @@ def _validate_serving(s: ServingConfig) -> None:
         raise InputError("{engine} hf models one device (generate has no tensor/pipeline parallelism); "
                          "use {engine} vllm for {tp}/{pp}", field="engine")
     if not 0 < s.gpu_memory_utilization <= 1:
-        raise InputError(f"{{gpu_memory_utilization}} is {s.gpu_memory_utilization}; it must be in (0, 1]", field="gpu_memory_utilization")
+        raise InputError(f"{{gpu_memory_utilization}} is {s.gpu_memory_utilization}; it must be in (0, 1]",
+                         field="gpu_memory_utilization")
     if s.dtype not in WEIGHT_DTYPES:
         raise InputError(f"{{dtype}} {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}", field="dtype")
     if s.quantization not in QUANTIZATIONS:
-        raise InputError(f"{{quantization}} {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}", field="quantization")
+        raise InputError(f"{{quantization}} {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
+                         field="quantization")
     if s.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}", field="kv_cache_dtype")
+        raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}",
+                         field="kv_cache_dtype")
 
 
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
@@ -319,8 +338,9 @@ def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
             beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`).
     """
     if s.engine is Engine.VLLM and s.dtype in ("fp16", "float16") and spec.model_type in VLLM_NO_FLOAT16:
-        raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} (numerical "
-                         "instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use {dtype} bf16 or fp32", field="dtype")
+        raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} "
+                         "(numerical instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use "
+                         "{dtype} bf16 or fp32", field="dtype")
     limit = spec.max_position_embeddings
     if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
         raise InputError(f"{{max_model_len}} {s.max_model_len} is more than {spec.name}'s max_position_embeddings "
@@ -331,5 +351,6 @@ def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
         total = s.prompt_len + (s.max_new_tokens or 0)
     if table is not None and total is not None and total > table:
         raise InputError(f"a sequence of {total} tokens is more than the {table} positions of {spec.name}'s learned "
-                         f"position embeddings (no row for position {table}); keep {{max_model_len}} (or {{prompt_len}} + "
+                         f"position embeddings (no row for position {table}); keep {{max_model_len}} (or "
+                         f"{{prompt_len}} + "
                          f"{{max_new_tokens}}) <= {table}", field="max_model_len")
