@@ -101,14 +101,16 @@ class MemorySweep(Report):
 # ---- settings ----
 
 
-def mode_values(mode: str) -> dict[str, Any]:
-    """The mode settings ``mode`` stands for.
+def mode_values(mode: str | None) -> dict[str, Any]:
+    """The mode settings ``mode`` stands for (none for None: the settings decide, as without a mode flag).
 
     Raises:
         InputError: not one of :data:`MODES`.
     """
     from memest.workload import Method
 
+    if mode is None:
+        return {}
     if mode == "train":
         return {"train": True}
     if mode in ("lora", "qlora"):
@@ -118,7 +120,7 @@ def mode_values(mode: str) -> dict[str, Any]:
     raise InputError(f"mode {mode!r} is not one of {', '.join(MODES)}", field="mode")
 
 
-def settings_of(mode: str, given: Mapping[str, Any]) -> dict[str, Any]:
+def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword arguments as settings (``mode`` replacing the mode settings), checked and completed.
 
     Raises:
@@ -126,10 +128,9 @@ def settings_of(mode: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """
     from memest.workload.resolve import complete
 
-    for name in ("train", "finetune", "serve"):
+    for name, instead in (("train", "train"), ("finetune", "lora"), ("serve", "serve")):
         if name in given:
-            raise InputError(f"pass the mode as mode={'train' if name == 'train' else 'lora'!r} ({', '.join(MODES)}), "
-                             f"not {name}=", field=name)
+            raise InputError(f"pass the mode as mode={instead!r} (one of {', '.join(MODES)}), not {name}=", field=name)
     return complete({**given, **mode_values(mode)})
 
 
@@ -349,13 +350,7 @@ def sweep_memory(model: str, *, mode: str | None = None, **settings: Any) -> Mem
                                  "sequence of ints", field=name)
             value = ",".join(str(int(v)) for v in (value if not isinstance(value, int) else [value]))
         ranged[name] = value
-    base = {} if mode is None else mode_values(mode)
-    for name in ("train", "finetune", "serve"):
-        if name in settings:
-            raise InputError(f"pass the mode as mode= ({', '.join(MODES)}), not {name}=", field=name)
-    from memest.workload.resolve import complete
-
-    return sweep_values(model, complete({**settings, **base}), ranged)
+    return sweep_values(model, settings_of(mode, settings), ranged)
 
 
 def split_sweep(values: Mapping[str, Any],
