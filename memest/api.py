@@ -49,6 +49,8 @@ class Report:
         return copy.deepcopy(dict(self._data))
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not a key (and _data itself while unpickling)
+            raise AttributeError(name)
         try:
             return _view(self._data[name])
         except KeyError:
