@@ -36,7 +36,7 @@ class Report:
 
     ``to_dict()`` gives the JSON data (a copy); ``r.fits``, ``r.per_device.allocated_bytes``,
     ``r["terms"][0]["bytes"]`` read it. ``result`` is the library's own object (an
-    :class:`~memest.plan.Assessment`, :class:`~memest.plan.Plan` or :class:`~memest.sweep.Sweep`).
+    :class:`~memest.planning.search.Assessment`, :class:`~memest.planning.search.Plan` or :class:`~memest.planning.sweep.Sweep`).
     """
 
     __slots__ = ("_data", "result")
@@ -175,7 +175,7 @@ def estimate_memory(model: str, *, mode: str = "serve", **settings: Any) -> Memo
 
 def estimate_values(model: str, values: Mapping[str, Any]) -> MemoryEstimate:
     """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
-    from memest.plan import assess
+    from memest.planning.search import assess
     from memest.report import to_dict
     from memest.workload import resolve
 
@@ -229,7 +229,7 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
         InputError: a search keyword the mode does not read, bad prices or devices, hybrid-shard
             FSDP without ``dp_shard``.
     """
-    from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
+    from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
     from memest.report import plan_to_dict
     from memest.sources import load_model
     from memest.workload import FsdpStrategy, resolve
@@ -274,8 +274,8 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
 
 
 def searched_given(values: Mapping[str, Any]) -> list[str]:
-    """The settings the planner searches (:data:`memest.plan.SEARCHED`) given a value other than its start."""
-    from memest.plan import SEARCHED
+    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start."""
+    from memest.planning.search import SEARCHED
 
     return [n for n, start in SEARCHED.items() if values[n] != start]
 
@@ -291,7 +291,7 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
         UnknownDeviceError: an unknown device name.
     """
     from memest.devices import DEVICES, get_device
-    from memest.plan import DeviceChoice
+    from memest.planning.search import DeviceChoice
 
     if max_gpus < 1:
         raise InputError(f"{{max_gpus}} is {max_gpus}; it must be at least 1", field="max_gpus")
@@ -321,7 +321,7 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
 
 def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None) -> Any:
     """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping) applied."""
-    from memest.costs import PriceTable, parse_cost_flags, read_cost_file
+    from memest.planning.costs import PriceTable, parse_cost_flags, read_cost_file
 
     table = PriceTable.catalog()
     if costs is not None:
@@ -342,7 +342,7 @@ def sweep_memory(model: str, *, mode: str | None = None, **settings: Any) -> Mem
     Raises:
         InputError: no setting or more than one holds a range; as ``memest sweep``.
     """
-    from memest.sweep import SWEEPABLE
+    from memest.planning.sweep import SWEEPABLE
 
     ranged: dict[str, str | None] = {}
     for name in SWEEPABLE:
@@ -365,7 +365,7 @@ def split_sweep(values: Mapping[str, Any],
     Raises:
         InputError: no setting or more than one holds a range.
     """
-    from memest.sweep import SWEEPABLE, parse_values
+    from memest.planning.sweep import SWEEPABLE, parse_values
     from memest.workload.resolve import MAX_INT
     from memest.workload.settings import settings
 
@@ -395,7 +395,7 @@ def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str
     """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
     from memest.report import sweep_to_dict
     from memest.sources import load_model
-    from memest.sweep import sweep
+    from memest.planning.sweep import sweep
     from memest.workload import resolve
 
     setting, points, job = split_sweep(values, ranged)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import memest
 from memest.cli import app
-from memest.options import WORKLOAD_OPTIONS
+from memest.cli.options import WORKLOAD_OPTIONS
 from memest.workload import Framework, FsdpStrategy
 from memest.workload.settings import settings
 

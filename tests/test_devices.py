@@ -6,7 +6,7 @@ import os
 import pytest
 
 from inprocess import run_memest
-from memest.costs import PriceTable
+from memest.planning.costs import PriceTable
 from memest.devices import DEVICES, GiB, MiB, _key, get_device, metal_working_set_bytes
 from memest.errors import UnknownDeviceError
 from memest.estimate import runtime

@@ -17,7 +17,7 @@ from memest.errors import ConfigError, InputError
 from memest.estimate import estimate
 from memest.estimate.sharding import stages
 from memest.estimate.training import lora_adapters, moments
-from memest.options import (
+from memest.cli.options import (
     ENGINE_ONLY,
     METHOD_ONLY,
     SERVING_ONLY,
@@ -25,7 +25,7 @@ from memest.options import (
     WORKLOAD_OPTIONS,
     JobOptions,
 )
-from memest.plan import assess
+from memest.planning.search import assess
 from memest.report import render, to_dict, to_markdown
 from memest.sources import load_model
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
@@ -250,7 +250,7 @@ ENUMS = {"precision": Precision, "optimizer": Optimizer, "recompute": Recompute,
 def _built(monkeypatch, base: dict, name: str | None):
     """The workload the options build from ``base`` with ``name`` at its sample value, the scope check
     bypassed."""
-    from memest import options
+    from memest.cli import options
 
     monkeypatch.setattr(options, "_check_scope", lambda values, mode: None)
     values = dict(base)
@@ -302,10 +302,10 @@ def test_calibrate_serving_reads_hf_flags():
     from memest.calibration.request import calibration_workload
 
     spec = load_model("meta-llama/Llama-3.2-1B")
-    w = calibration_workload(job(serve=True, max_new_tokens=4, max_model_len=64), spec, 1)
+    w = calibration_workload(job(serve=True, max_new_tokens=4, max_model_len=64).values, spec, 1)
     assert (w.engine, w.max_new_tokens) == (Engine.HF, 4)
     with pytest.raises(InputError, match="^gpu_memory_utilization is a engine vllm flag"):  # the library names keywords
-        calibration_workload(job(serve=True, gpu_memory_utilization=0.5), spec, 1)
+        calibration_workload(job(serve=True, gpu_memory_utilization=0.5).values, spec, 1)
 
 
 # ---- 4. serving data parallelism ----
@@ -518,7 +518,7 @@ def test_calibrate_auto_without_cuda_warns():
 
 def test_cpu_run_checked_against_available_ram(monkeypatch):
     from memest.calibration.compare import local_device
-    from memest.commands import calibrate
+    from memest.cli import calibrate
 
     spec = load_model("meta-llama/Llama-3.2-1B")
     w = TrainingConfig(seq_len=128)
@@ -534,7 +534,7 @@ def test_cpu_run_checked_against_available_ram(monkeypatch):
 
 
 def test_host_available_bytes_is_within_physical_memory():
-    from memest.commands.calibrate import host_available_bytes
+    from memest.cli.calibrate import host_available_bytes
 
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < host_available_bytes() <= physical
@@ -647,7 +647,7 @@ def test_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_pat
     import importlib.util
 
     from memest.errors import MissingDependencyError
-    from memest.plot import plot_path
+    from memest.report.plot import plot_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))

@@ -42,7 +42,7 @@ def test_plan_json_lists_fits_cheapest_first_with_peak_and_headroom():
             for f in fits]
     assert keys == sorted(keys)
     for f in fits:
-        # vLLM (memest.fit): what the engine holds (needed_bytes) against the whole device, --headroom not applied;
+        # vLLM (memest.planning.fit): what the engine holds (needed_bytes) against the whole device, --headroom not applied;
         # device_used_bytes is the job's own memory, as in `memest hf --json` (below the budget the engine holds)
         assert f["device_used_bytes"] < f["needed_bytes"] <= f["usable_bytes"] == f["memory_bytes"]
         assert f["free_bytes"] == f["memory_bytes"] - f["needed_bytes"]

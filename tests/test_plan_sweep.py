@@ -10,7 +10,7 @@ from memest.devices import get_device
 from memest.errors import InputError, MissingDependencyError
 from memest.estimate import estimate
 from memest.sources import load_model
-from memest.sweep import MAX_POINTS, parse_size, parse_values, sweep
+from memest.planning.sweep import MAX_POINTS, parse_size, parse_values, sweep
 from memest.workload import Parallelism, Recompute, ServingConfig, TrainingConfig
 
 HEADROOM = 0.10
@@ -81,7 +81,7 @@ def test_a_setting_of_the_other_mode_is_refused():
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
 def test_plot_writes_an_image(tmp_path, suffix):
     pytest.importorskip("matplotlib")
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     spec = load_model("meta-llama/Llama-2-70b-hf")
     result = sweep(spec, ServingConfig(max_model_len=4096, parallelism=Parallelism(tp=4)), get_device("H100"),
@@ -103,7 +103,7 @@ def test_plot_writes_an_image(tmp_path, suffix):
 
 
 def test_plot_refuses_other_formats(tmp_path):
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     spec = load_model("meta-llama/Llama-2-7b-hf")
     result = sweep(spec, ServingConfig(), get_device("H100"), "batch_size", (1, 2), headroom=HEADROOM)
@@ -112,7 +112,7 @@ def test_plot_refuses_other_formats(tmp_path):
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     spec = load_model("meta-llama/Llama-2-7b-hf")

@@ -12,7 +12,8 @@ from memest.cli import app
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.estimate.serving import largest_concurrency, largest_max_model_len, smallest_parallelism
+from memest.estimate.serving import largest_concurrency, largest_max_model_len
+from memest.planning.search import smallest_parallelism
 from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.sources import load_model

@@ -288,7 +288,7 @@ def test_qlora_trl_keeps_fp32_checkpoints_and_mlp(tiny):
 
 
 def test_cli_hybrid_shard_and_dp_flags():
-    from memest.options import WORKLOAD_OPTIONS, JobOptions
+    from memest.cli.options import WORKLOAD_OPTIONS, JobOptions
     from memest.sources import load_model
 
     spec = load_model("meta-llama/Llama-3.1-8B")

@@ -112,7 +112,7 @@ def load_model(reference: str, *, trust_remote_code: bool = False, revision: str
 
 def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     try:
-        from memest import meta
+        from memest.sources import meta
     except ImportError as exc:  # pragma: no cover
         raise UnsupportedArchitectureError(str(exc)) from exc
     try:

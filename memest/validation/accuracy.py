@@ -231,7 +231,7 @@ def markdown(rows: list[AccuracyRow], skipped: list[Skipped]) -> str:
          "Like with like: peak allocated against allocated, reserved against reserved, nvidia-smi against device "
          "used. Error = (predicted − measured) / measured; *fitted* figures depend on a constant fitted to that "
          "measurement and are left out of the summary. CPU records measure tensor bytes with the profiler's "
-         "memory timeline (see memest/measure.py); bytes shown in MiB below 1 GiB."),
+         "memory timeline (see memest/calibration/measure.py); bytes shown in MiB below 1 GiB."),
         "",
         "## Summary",
         "",

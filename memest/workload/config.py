@@ -1,7 +1,7 @@
 """What the user wants to run: training or serving settings, precision recipes, parallelism.
 
 Every setting uses the ecosystem's word for it (the HF Trainer, DeepSpeed, Megatron-LM, vLLM). The
-fields a user sets declare themselves as settings (:func:`memest.workload.settings.setting`: keyword,
+fields a user sets declare themselves as settings (:func:`memest.workload.declare.setting`: keyword,
 help, scope, group, the default a user gets); :class:`JobSettings` holds the few that are not part of
 a workload (the mode, the model source, the device).
 """
@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any
 
 from memest.devices import DEFAULT_DEVICE
-from memest.workload.settings import nested, setting
+from memest.workload.declare import nested, setting
 
 
 class Method(str, Enum):

@@ -1,4 +1,4 @@
-"""``memest plan``: the cheapest setups that fit, ranked by cost (see :mod:`memest.plan`)."""
+"""``memest plan``: the cheapest setups that fit, ranked by cost (see :mod:`memest.planning.search`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
 from memest.devices import GiB
 from memest.errors import InputError
-from memest.options import JobOptions, flag_name, workload_options
-from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES
+from memest.cli.options import JobOptions, flag_name, workload_options
+from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES
 
 SEARCH = "Search"
 

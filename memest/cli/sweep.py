@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
-from memest.options import JobOptions, ranged_workload_options
-from memest.sweep import SWEEPABLE
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.cli.options import JobOptions, ranged_workload_options
+from memest.planning.sweep import SWEEPABLE
 
 PlotOpt = Annotated[Path | None, typer.Option(
     "--plot", show_default=False,
@@ -39,7 +39,7 @@ def sweep_command(
 
     check_output_format(json_, markdown)
     if plot is not None:
-        from memest.plot import plot_path
+        from memest.report.plot import plot_path
 
         plot = plot_path(plot)
     ranged = {name: job.values[name] for name in SWEEPABLE}
@@ -52,6 +52,6 @@ def sweep_command(
     else:
         _console().print(render_sweep(result))
     if plot is not None:
-        from memest.plot import plot_sweep
+        from memest.report.plot import plot_sweep
 
         typer.echo(f"Plot written to {plot_sweep(result, plot)}", err=True)

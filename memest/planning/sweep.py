@@ -1,8 +1,8 @@
 """Sweeps: the estimate at each value of one setting, to see where a job stops fitting.
 
 ``memest sweep MODEL --seq-len 1k..128k`` estimates the job at every value of the range and
-reports each term per point; with ``--plot`` it draws them (:mod:`memest.plot`). The exact point
-where the job stops fitting comes from the max query of :mod:`memest.maxfit`, not from the grid.
+reports each term per point; with ``--plot`` it draws them (:mod:`memest.report.plot`). The exact point
+where the job stops fitting comes from the max query of :mod:`memest.planning.maxfit`, not from the grid.
 
 Range syntax (:func:`parse_values`), sizes with k = 2^10 and M = 2^20 (``128k`` = 131072, as
 context lengths are written):
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import Verdict, usable_bytes, verdict
-from memest.maxfit import FLAGS, QUERIES, Largest, largest
+from memest.planning.fit import Verdict, usable_bytes, verdict
+from memest.planning.maxfit import FLAGS, QUERIES, Largest, largest
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import TrainingConfig, Workload
@@ -145,7 +145,7 @@ class Sweep:
 
     @property
     def headroom_applied(self) -> bool:
-        """False for vLLM, whose gpu_memory_utilization sets its share (:mod:`memest.fit`)."""
+        """False for vLLM, whose gpu_memory_utilization sets its share (:mod:`memest.planning.fit`)."""
         return all(p.verdict.headroom_applied for p in self.points if p.verdict is not None)
 
     @property
