@@ -120,10 +120,14 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                            "total.", panel=SERVE)], False),
     "kv_cache_dtype": (Annotated[str, _opt("--kv-cache-dtype", help="KV-cache dtype: auto (the weight dtype), fp8.",
                                            panel=SERVE)], "auto"),
-    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
-                                      "(transformers generate).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
+    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget), "
+                                      "sglang (mem_fraction_static, token pool; --max-model-len is its --context-length), "
+                                      "trtllm (TensorRT-LLM: free_gpu_memory_fraction, KV blocks; --max-model-len is its "
+                                      "max_seq_len) or hf (transformers generate).", panel=SERVE, case_sensitive=False)],
+               Engine.VLLM),
     "engine_version": (Annotated[str | None, _opt("--engine-version", help="Engine version whose memory arithmetic to "
-                                                  "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 (default: the newest).",
+                                                  "model: vllm 0.19 (V1), 0.6, 0.2; sglang 0.5, 0.4; trtllm 1.1 (PyTorch "
+                                                  "backend), 0.19 (TensorRT engine); hf 5, 4.34 (default: the newest).",
                                                   panel=SERVE)], None),
     "prompt_len": (Annotated[int | None, _opt("--prompt-len", help="hf: prompt tokens per sequence (default: "
                                               "max_model_len - max_new_tokens).", panel=SERVE)], None),
@@ -137,6 +141,25 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                                 panel=SERVE)], None),
     "block_size": (Annotated[int, _opt("--block-size", help="Tokens per paged KV block.", panel=SERVE)], 16),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="No CUDA graphs (vLLM).", panel=SERVE)], False),
+    # SGLang
+    "mem_fraction_static": (Annotated[float | None, _opt("--mem-fraction-static", help="SGLang: weights + KV pool as a "
+                                                         "share of the free memory (default: SGLang's for the version, "
+                                                         "device and tp).", panel=SERVE)], None),
+    "max_running_requests": (Annotated[int | None, _opt("--max-running-requests", help="SGLang: requests run at once "
+                                                        "(default: SGLang's, from the pool).", panel=SERVE)], None),
+    "chunked_prefill_size": (Annotated[int | None, _opt("--chunked-prefill-size", help="SGLang: prefill tokens per chunk "
+                                                        "(sizes 0.5's default mem_fraction_static).", panel=SERVE)], None),
+    "page_size": (Annotated[int, _opt("--page-size", help="SGLang: tokens per KV page.", panel=SERVE)], 1),
+    # TensorRT-LLM
+    "kv_cache_free_gpu_mem_fraction": (Annotated[float, _opt("--kv-cache-free-gpu-mem-fraction", help="TensorRT-LLM: "
+                                                             "share of the memory free after weights and activations "
+                                                             "given to the KV cache.", panel=SERVE)], 0.9),
+    "max_batch_size": (Annotated[int | None, _opt("--max-batch-size", help="TensorRT-LLM: requests at once (default "
+                                                  "2048).", panel=SERVE)], None),
+    "max_num_tokens": (Annotated[int | None, _opt("--max-num-tokens", help="TensorRT-LLM: tokens per forward (default "
+                                                  "8192).", panel=SERVE)], None),
+    "tokens_per_block": (Annotated[int, _opt("--tokens-per-block", help="TensorRT-LLM: tokens per KV block.",
+                                             panel=SERVE)], 32),
     # parallelism and devices
     "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
                                        "every device that fits).", panel=PAR)], None),
@@ -174,6 +197,14 @@ SERVING_ONLY: dict[str, tuple[str, str]] = {
     "max_num_seqs": ("vLLM's sequences per forward", "drop it"),
     "block_size": ("vLLM's paged-KV block", "drop it"),
     "enforce_eager": ("vLLM without CUDA graphs", "drop it"),
+    "mem_fraction_static": ("SGLang's static share of memory", "for training use --headroom"),
+    "max_running_requests": ("SGLang's requests at once", "drop it"),
+    "chunked_prefill_size": ("SGLang's prefill chunk", "drop it"),
+    "page_size": ("SGLang's KV page", "drop it"),
+    "kv_cache_free_gpu_mem_fraction": ("TensorRT-LLM's KV share of free memory", "for training use --headroom"),
+    "max_batch_size": ("TensorRT-LLM's requests at once", "for training use --micro-batch-size"),
+    "max_num_tokens": ("TensorRT-LLM's tokens per forward", "drop it"),
+    "tokens_per_block": ("TensorRT-LLM's KV block", "drop it"),
 }
 """Workload flags that only serving reads: option name -> (what it sets, the fix when training);
 the message reads "--batch-size is a serving flag (concurrent sequences); for training use
@@ -221,9 +252,18 @@ ENGINE_ONLY: dict[str, Engine] = {
     "enforce_eager": Engine.VLLM,
     "prompt_len": Engine.HF,
     "max_new_tokens": Engine.HF,
+    "mem_fraction_static": Engine.SGLANG,
+    "max_running_requests": Engine.SGLANG,
+    "chunked_prefill_size": Engine.SGLANG,
+    "page_size": Engine.SGLANG,
+    "kv_cache_free_gpu_mem_fraction": Engine.TRTLLM,
+    "max_batch_size": Engine.TRTLLM,
+    "max_num_tokens": Engine.TRTLLM,
+    "tokens_per_block": Engine.TRTLLM,
 }
-"""Serving flags that only one engine reads (vLLM sizes a paged pool; transformers generate a
-contiguous cache of prompt + new tokens)."""
+"""Serving flags that only one engine reads (vLLM sizes a paged pool from its profiling run; SGLang a
+token pool from mem_fraction_static; TensorRT-LLM KV blocks from a fraction of the free memory;
+transformers generate a contiguous cache of prompt + new tokens)."""
 
 
 def _option_decls(name: str) -> tuple[str, ...]:
@@ -427,6 +467,14 @@ class JobOptions:
             max_num_seqs=v["max_num_seqs"],
             block_size=v["block_size"],
             enforce_eager=v["enforce_eager"],
+            mem_fraction_static=v["mem_fraction_static"],
+            max_running_requests=v["max_running_requests"],
+            chunked_prefill_size=v["chunked_prefill_size"],
+            page_size=v["page_size"],
+            kv_cache_free_gpu_mem_fraction=v["kv_cache_free_gpu_mem_fraction"],
+            max_batch_size=v["max_batch_size"],
+            max_num_tokens=v["max_num_tokens"],
+            tokens_per_block=v["tokens_per_block"],
             engine_version=v["engine_version"],
             prompt_len=v["prompt_len"],
             max_new_tokens=v["max_new_tokens"],

@@ -278,7 +278,7 @@ def _fits_on_line(a: Assessment) -> str:
     """The catalog devices that fit at the same count (shown when no --gpu was given)."""
     v = a.verdict
     names = ", ".join(d.name for d in a.fits_on) or "none"
-    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
     return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
@@ -301,6 +301,16 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested (non-KV {gib(s.non_kv_bytes)}) · pool "
                     f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    elif s.engine == "sglang":
+        out.append((f"SGLang {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · weights "
+                    f"{gib(s.non_kv_bytes)} of the static {gib(s.requested_bytes)} (mem_fraction_static) · pool "
+                    f"{s.kv_cache_tokens:,} tokens ({gib(s.kv_budget_bytes)}) · max concurrency "
+                    f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    elif s.engine == "trtllm":
+        out.append((f"TensorRT-LLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
+                    f"{gib(s.kv_budget_bytes)} for the KV cache after non-KV {gib(s.non_kv_bytes)} · pool "
+                    f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
+                    f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
     else:
         out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
@@ -312,13 +322,13 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
         if higher:
             fixes.append(higher)
         listed = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
-        out.append((f"vLLM would refuse to start: no memory left for the KV cache; use {listed}"
-                    if s.engine == "vllm" else "generate would run out of memory on this device", "bold red"))
+        out.append((f"{_engine_name(s.engine)} would refuse to start: no memory left for the KV cache; use {listed}"
+                    if s.engine != "hf" else "generate would run out of memory on this device", "bold red"))
     elif s.engine_error == "max_model_len":
         hint = (f" Based on the available memory, the estimated maximum model length is "
                 f"{s.largest_max_model_len_one_request:,}." if s.largest_max_model_len_one_request else "")
         fix = f"Use {higher} or decrease --max-model-len." if higher else "Decrease --max-model-len."
-        out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
+        out.append((f"{_engine_name(s.engine)} would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
                     f"{gib(s.request_kv_bytes)} KV cache is needed, more than the available {gib(s.kv_budget_bytes)}."
                     f"{hint} {fix}", "bold red"))
     par = a.fewest
@@ -337,6 +347,37 @@ def _higher_utilization(a: Assessment) -> str:
     if util is None or not isinstance(a.workload, ServingConfig) or util <= a.workload.gpu_memory_utilization:
         return ""
     return f"a higher --gpu-memory-utilization ({util:.2f} fits)"
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "transformers"}
+SHARE_NAMES = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static", "trtllm": "free_gpu_memory_fraction"}
+
+
+def _engine_name(engine: str) -> str:
+    return ENGINE_NAMES.get(engine, engine)
+
+
+def _share_name(a: Assessment) -> str:
+    """The setting that sets an up-front engine's share of the device."""
+    s = a.estimate.serving
+    return SHARE_NAMES.get(s.engine if s else "vllm", "gpu_memory_utilization")
+
+
+def _engine_verdict_line(a: Assessment) -> str:
+    """The up-front fit rule of :mod:`memest.fit` in words, for SGLang and TensorRT-LLM."""
+    v, s = a.verdict, a.estimate.serving
+    assert s is not None
+    name, share = _engine_name(s.engine), _share_name(a)
+    held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
+    note = f"--headroom {v.headroom:.0%} not applied: {share} sets {name}'s share"
+    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    if v.fits:
+        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+    if v.blocker in ("no_memory", "max_model_len"):
+        return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
+    if v.blocker == "concurrency":
+        return f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}"
+    return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}; {note}"
 
 
 def _vllm_verdict_line(a: Assessment) -> str:
@@ -365,7 +406,8 @@ def _vllm_verdict_line(a: Assessment) -> str:
 def _verdict_line(a: Assessment) -> str:
     v = a.verdict
     if not v.headroom_applied:
-        return _vllm_verdict_line(a)
+        s = a.estimate.serving
+        return _engine_verdict_line(a) if s is not None and s.engine != "vllm" else _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
         return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {size(v.margin_bytes)}"
@@ -396,8 +438,9 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     for rank in ranks:
         parts.append(_table(rank, explain=explain, title=None if len(ranks) == 1 else f"{rank.label} (×{rank.count})"))
     if not v.headroom_applied:  # vLLM takes its budget up front, whatever the job's own tensors need
-        parts.append(Text("The table is the job's own memory at its peak (weights, profiled activations, the KV of its "
-                          "requests); vLLM itself holds its gpu_memory_utilization budget, below.", style="dim"))
+        parts.append(Text("The table is the job's own memory at its peak (weights, activations, the KV of its "
+                          f"requests); {_engine_name(est.serving.engine if est.serving else 'vllm')} itself holds its "
+                          f"{_share_name(a)} budget, below.", style="dim"))
     per = est.per_device
     style = "bold green" if v.fits else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
@@ -638,7 +681,7 @@ def _plan_headroom_applied(p: Plan) -> bool:
     as the workload's engine implies."""
     if p.fits:
         return any(f.verdict.headroom_applied for f in p.fits)
-    return not (isinstance(p.workload, ServingConfig) and p.workload.engine is Engine.VLLM)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM))
 
 
 def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:

@@ -202,6 +202,12 @@ class Engine(str, Enum):
     ``gpu_memory_utilization`` x capacity becomes paged KV-cache blocks."""
     HF = "hf"
     """transformers ``generate``: a contiguous cache for batch x (prompt + new tokens)."""
+    SGLANG = "sglang"
+    """SGLang: weights, then what is left of ``mem_fraction_static`` x the free memory becomes a
+    token-granular KV pool (``max_total_num_tokens``)."""
+    TRTLLM = "trtllm"
+    """TensorRT-LLM: ``kv_cache_free_gpu_mem_fraction`` of the memory free after weights and
+    activations becomes KV blocks of ``tokens_per_block`` tokens."""
 
 
 WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
@@ -211,11 +217,15 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
-ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
+                                               "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19")}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
 vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
-token (and runs eager attention by default)."""
+token (and runs eager attention by default). SGLang 0.5 picks mem_fraction_static from the GPU's
+memory; 0.4 (0.4.0-0.4.8) from tp alone (:mod:`memest.estimate.serving.sglang.budget`). TensorRT-LLM
+1.1 is the PyTorch backend, 0.19 a TensorRT engine on the C++ runtime; both size the KV cache the
+same way (:mod:`memest.estimate.serving.trtllm.budget`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -349,6 +359,16 @@ class ServingConfig:
             None = the engine's default.
         block_size: Tokens per paged KV block.
         enforce_eager: No CUDA graphs (vLLM ``--enforce-eager``).
+        mem_fraction_static: SGLang ``--mem-fraction-static`` (weights + KV pool as a share of the
+            free memory); None = SGLang's default for the version, device and tp.
+        max_running_requests: SGLang ``--max-running-requests``; None = SGLang's default.
+        chunked_prefill_size: SGLang ``--chunked-prefill-size`` (sizes 0.5's default
+            mem_fraction_static); None = SGLang's default for the device.
+        page_size: SGLang ``--page-size`` (tokens per KV page).
+        kv_cache_free_gpu_mem_fraction: TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction``.
+        max_batch_size: TensorRT-LLM ``max_batch_size``; None = its default (2048).
+        max_num_tokens: TensorRT-LLM ``max_num_tokens`` (tokens per forward); None = 8192.
+        tokens_per_block: TensorRT-LLM ``KvCacheConfig.tokens_per_block``.
         engine_version: Whose version of the engine's arithmetic to model (see
             :data:`ENGINE_VERSIONS`); None = the newest.
         prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
@@ -371,6 +391,16 @@ class ServingConfig:
     max_num_seqs: int | None = None
     block_size: int = 16
     enforce_eager: bool = False
+    # SGLang (--engine sglang)
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    page_size: int = 1
+    # TensorRT-LLM (--engine trtllm)
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    tokens_per_block: int = 32
     engine_version: str | None = None
     prompt_len: int | None = None
     max_new_tokens: int | None = None
@@ -680,12 +710,37 @@ def _validate_serving(s: ServingConfig) -> None:
                          "use --engine vllm for --tp/--pp")
     if not 0 < s.gpu_memory_utilization <= 1:
         raise InputError(f"--gpu-memory-utilization is {s.gpu_memory_utilization}; it must be in (0, 1]")
+    _validate_sglang_trtllm(s)
     if s.dtype not in WEIGHT_DTYPES:
         raise InputError(f"--dtype {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
     if s.quantization not in QUANTIZATIONS:
         raise InputError(f"--quantization {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     if s.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InputError(f"--kv-cache-dtype {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def _validate_sglang_trtllm(s: ServingConfig) -> None:
+    """The SGLang and TensorRT-LLM settings: sizes positive, fractions in range, the batch within
+    the engine's cap on concurrent requests (the rest would queue)."""
+    if s.mem_fraction_static is not None and not 0 < s.mem_fraction_static < 1:
+        raise InputError(f"--mem-fraction-static is {s.mem_fraction_static}; it must be in (0, 1), e.g. 0.88")
+    if not 0 < s.kv_cache_free_gpu_mem_fraction <= 1:
+        raise InputError(f"--kv-cache-free-gpu-mem-fraction is {s.kv_cache_free_gpu_mem_fraction}; it must be in "
+                         "(0, 1], e.g. 0.9")
+    _positive("--page-size", s.page_size)
+    _positive("--tokens-per-block", s.tokens_per_block)
+    if s.tokens_per_block & (s.tokens_per_block - 1):
+        raise InputError(f"--tokens-per-block {s.tokens_per_block} is not a power of two; TensorRT-LLM requires "
+                         "one (e.g. 32 or 64)")
+    for flag, value in (("--max-running-requests", s.max_running_requests), ("--chunked-prefill-size",
+                        s.chunked_prefill_size), ("--max-batch-size", s.max_batch_size),
+                        ("--max-num-tokens", s.max_num_tokens)):
+        if value is not None:
+            _positive(flag, value)
+    for flag, cap in (("--max-running-requests", s.max_running_requests), ("--max-batch-size", s.max_batch_size)):
+        if cap is not None and s.batch_size > cap:
+            raise InputError(f"--batch-size {s.batch_size} is more than {flag} {cap}: the engine runs at most {cap} "
+                             f"requests at once (the rest queue); raise {flag} or lower --batch-size")
 
 
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
