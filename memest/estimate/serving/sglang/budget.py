@@ -34,9 +34,12 @@ The default ``mem_fraction_static`` (``python/sglang/srt/server_args.py``):
   1024`` MiB, at least 10 GiB on GPUs above 60 GiB, and ``mem_fraction_static = round((gpu_mem -
   reserved) / gpu_mem, 3)`` with ``gpu_mem`` the GPU's total in MiB.
 
-Not modelled: the multimodal reductions of the default (0.4: x 0.95; 0.5:
-``adjust_mem_fraction_for_vlm``), speculative decoding's draft pool, DP attention, 0.5's separate
-sliding-window pool for hybrid models (every layer is counted full, as 0.4 does).
+Multimodal models (:data:`MULTIMODAL_ARCHITECTURES`): 0.4's ``ModelRunner.__init__`` multiplies
+``mem_fraction_static``, given or default, by 0.95 ('Automatically reduce --mem-fraction-static ...
+because this is a multimodal model'). Not modelled: 0.5's ``adjust_mem_fraction_for_vlm`` (it reads
+the vision tower's width and depth, which memest's model spec does not keep), speculative
+decoding's draft pool, DP attention, 0.5's separate sliding-window pool for hybrid models (every
+layer is counted full, as 0.4 does).
 """
 
 from __future__ import annotations
@@ -72,6 +75,17 @@ RESERVED_PER_EIGHTH_RANK_MIB = 1024
 RESERVED_FLOOR_MIB = 10 * 1024
 """0.5: the reserve is at least this on GPUs above 60 GiB."""
 
+MULTIMODAL_FACTOR = 0.95
+"""0.4: ``self.mem_fraction_static *= 0.95`` when ``model_config.is_multimodal``."""
+
+MULTIMODAL_ARCHITECTURES = frozenset({
+    "CLIPModel", "DeepseekVL2ForCausalLM", "Gemma3ForConditionalGeneration", "Grok1VForCausalLM", "Grok1AForCausalLM",
+    "LlavaLlamaForCausalLM", "Llama4ForConditionalGeneration", "LlavaMistralForCausalLM", "LlavaQwenForCausalLM",
+    "LlavaVidForCausalLM", "MiniCPMO", "MiniCPMV", "MultiModalityCausalLM", "MllamaForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+})
+"""``multimodal_model_archs`` of ``python/sglang/srt/configs/model_config.py`` (0.4.4)."""
+
 REQUESTS_PER_CONTEXT = 512
 MIN_REQUESTS, MAX_REQUESTS = 2048, 4096
 """``init_memory_pool``: max_num_reqs = min(max(tokens / context_len x 512, 2048), 4096)."""
@@ -98,6 +112,14 @@ def cuda_graph_max_bs(device: Device, tp: int) -> int:
         if gpu_mib < limit:
             return small_tp if tp < 4 else large_tp
     return LARGE_GPU_DEFAULTS[1]
+
+
+def mem_fraction_static(version: str, given: float | None, default: float, architecture: str) -> float:
+    """The fraction SGLang uses: ``given`` or ``default``, x 0.95 for a multimodal model in 0.4."""
+    fraction = given if given is not None else default
+    if version == "0.4" and architecture in MULTIMODAL_ARCHITECTURES:
+        fraction *= MULTIMODAL_FACTOR
+    return fraction
 
 
 def default_mem_fraction_static(version: str, device: Device, tp: int, pp: int,

@@ -37,12 +37,13 @@ def free_before_load(device: Device, world_size: int) -> int:
     return device.memory_bytes - runtime.cuda_context_bytes(device) - runtime.nccl_bytes(world_size)
 
 
-def mem_fraction(s: ServingConfig, device: Device) -> float:
-    """``--mem-fraction-static``, else SGLang's default."""
-    if s.mem_fraction_static is not None:
-        return s.mem_fraction_static
+def mem_fraction(spec: ModelSpec, s: ServingConfig, device: Device) -> float:
+    """The mem_fraction_static SGLang runs with: ``--mem-fraction-static``, else its default
+    (:func:`memest.estimate.serving.sglang.budget.mem_fraction_static`)."""
     par = s.parallelism
-    return sg.default_mem_fraction_static(version_of(s), device, par.tp, par.pp, s.chunked_prefill_size)
+    version = version_of(s)
+    default = sg.default_mem_fraction_static(version, device, par.tp, par.pp, s.chunked_prefill_size)
+    return sg.mem_fraction_static(version, s.mem_fraction_static, default, spec.architecture)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ def sglang_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[Sgla
     """Every pipeline stage's pool (SGLang takes the smallest token count over the stages)."""
     par = s.parallelism
     total = free_before_load(device, par.tp * par.pp)
-    fraction = mem_fraction(s, device)
+    fraction = mem_fraction(spec, s, device)
     c = compute_bytes(spec, s)
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
