@@ -353,6 +353,12 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "h
 SHARE_NAMES = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static", "trtllm": "free_gpu_memory_fraction"}
 
 
+def _workload_share(w: Workload) -> str:
+    """"vLLM's gpu_memory_utilization" (SGLang's mem_fraction_static, ...) for a serving workload."""
+    engine = w.engine.value if isinstance(w, ServingConfig) else "vllm"
+    return f"{_engine_name(engine)}'s {SHARE_NAMES.get(engine, 'gpu_memory_utilization')}"
+
+
 def _engine_name(engine: str) -> str:
     return ENGINE_NAMES.get(engine, engine)
 
@@ -387,7 +393,7 @@ def _vllm_verdict_line(a: Assessment) -> str:
     util = a.workload.gpu_memory_utilization
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
-    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
+    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"  # vLLM only (see caller)
     pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
             if s.kv_cache_bytes_per_token else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
             f"requests of {s.max_model_len:,} tokens")
@@ -694,7 +700,7 @@ def _plan_header(p: Plan) -> list[str]:
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
     rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
-            "vLLM's gpu_memory_utilization sets its share (--headroom not applied)")
+            f"{_workload_share(p.workload)} sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
         f"{describe_workload(job)} · {rule}",
@@ -791,8 +797,8 @@ def _largest_line(result: Sweep) -> str:
     q = result.largest
     usable = gib(result.usable_bytes)
     if not result.headroom_applied:
-        usable_words = (f"vLLM's pool and {usable} per device; --headroom not applied: gpu_memory_utilization "
-                        "sets its share")
+        share = _workload_share(result.points[0].workload) if result.points else "vLLM's gpu_memory_utilization"
+        usable_words = f"the engine's pool and {usable} per device; --headroom not applied: {share} sets its share"
     else:
         usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
     if q.value is None:
