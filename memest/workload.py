@@ -364,11 +364,12 @@ class ServingConfig:
         max_running_requests: SGLang ``--max-running-requests``; None = SGLang's default.
         chunked_prefill_size: SGLang ``--chunked-prefill-size`` (sizes 0.5's default
             mem_fraction_static); None = SGLang's default for the device.
-        page_size: SGLang ``--page-size`` (tokens per KV page).
+        page_size: SGLang ``--page-size`` (tokens per KV page; ``ServerArgs.page_size`` defaults to 1).
         kv_cache_free_gpu_mem_fraction: TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction``.
         max_batch_size: TensorRT-LLM ``max_batch_size``; None = its default (2048).
         max_num_tokens: TensorRT-LLM ``max_num_tokens`` (tokens per forward); None = 8192.
-        tokens_per_block: TensorRT-LLM ``KvCacheConfig.tokens_per_block``.
+        tokens_per_block: TensorRT-LLM ``KvCacheConfig.tokens_per_block`` (32 in the 0.19 and 1.x logs
+            of benchmarks/data/engines.json; a power of two, docs/source/advanced/kv-cache-reuse.md).
         engine_version: Whose version of the engine's arithmetic to model (see
             :data:`ENGINE_VERSIONS`); None = the newest.
         prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.

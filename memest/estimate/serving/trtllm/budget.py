@@ -27,7 +27,7 @@ its layers are sliding): :func:`memest.estimate.serving.kv.kv_bytes_per_token`.
 What the non-KV memory holds beyond the weights and the CUDA context (activations of
 ``max_num_tokens`` tokens, runtime and decoder buffers per ``max_batch_size`` request) is not
 derived from the model code: :data:`ACTIVATION_H_PER_TOKEN` and :data:`BUFFER_BYTES_PER_SLOT_LOGIT`
-are fitted.
+are fitted, one to each C++-runtime log.
 """
 
 from __future__ import annotations
@@ -43,21 +43,28 @@ DEFAULT_MAX_BATCH_SIZE = 2048
 DEFAULT_MAX_NUM_TOKENS = 8192
 """``BuildConfig`` / ``TorchLlmArgs`` defaults (``tensorrt_llm/builder.py``, ``tensorrt_llm/llmapi/llm_args.py``)."""
 
-ACTIVATION_H_PER_TOKEN = 101.3
-BUFFER_BYTES_PER_SLOT_LOGIT = 17.4
-"""Non-KV memory besides weights and CUDA context =
-``ACTIVATION_H_PER_TOKEN x max_num_tokens x h x c + BUFFER_BYTES_PER_SLOT_LOGIT x max_batch_size x
-vocab``. Both fitted (two constants, two cases: agreement there is by construction) to
-trtllm_019_llama31_8b_fp8_kvfp8_rtx5090_triton (total 31.84 - available 17.83 GiB, T = 1024, 2048
-requests, vocab 128,256) and trtllm_0120_llama2_7b_fp8_kvfp8_h100_trtllm_bench (79.10 - 63.62
-GiB, T = 8192, 4096 requests, vocab 32,000), with memest's FP8 weights (8.46 / 6.52 GiB) and the
-0.51 GiB context taken out."""
+ACTIVATION_H_PER_TOKEN = 14.5
+"""Activations of the ``max_num_tokens`` forward, in h-sized elements per token (x c bytes). Fitted
+to trtllm_0120_llama2_7b_fp8_kvfp8_h100_trtllm_bench, the only log that prints them: 'Allocated
+928.77 MiB for execution context memory' at 8,192 tokens, h 4,096, 2 B -> 928.77 MiB / (8192 x 4096
+x 2 B) = 14.51. Not divided by tp (the log is tp 1)."""
+
+BUFFER_BYTES_PER_SLOT_LOGIT = 20.1
+"""Runtime and decoder buffers per (``max_batch_size`` request slot x vocabulary entry). Fitted to
+trtllm_019_llama31_8b_fp8_kvfp8_rtx5090_triton: total 31.84 - available 17.83 - memest's FP8
+weights 8.46 - context 0.51 - activations 0.11 = 4.93 GiB over 2,048 x 128,256 = 20.1 B. The 0.12
+build of trtllm_0120 logs 5.49 GiB of runtime and decoder buffers for 4,096 x 32,000 (45 B): its
+decoder was larger, so memest over-predicts that case's free memory (benchmarks/engine_cases.md)."""
 
 
-def runtime_bytes(max_num_tokens: int, max_batch_size: int, hidden: int, vocab: int, c: float) -> int:
-    """Activations and runtime buffers (see :data:`BUFFER_BYTES_PER_SLOT_LOGIT`)."""
-    return math.ceil(ACTIVATION_H_PER_TOKEN * max_num_tokens * hidden * c
-                     + BUFFER_BYTES_PER_SLOT_LOGIT * max_batch_size * vocab)
+def activation_bytes(max_num_tokens: int, hidden: int, c: float) -> int:
+    """Activations of the ``max_num_tokens`` forward (:data:`ACTIVATION_H_PER_TOKEN`)."""
+    return math.ceil(ACTIVATION_H_PER_TOKEN * max_num_tokens * hidden * c)
+
+
+def buffer_bytes(max_batch_size: int, vocab: int) -> int:
+    """Runtime and decoder buffers (:data:`BUFFER_BYTES_PER_SLOT_LOGIT`)."""
+    return math.ceil(BUFFER_BYTES_PER_SLOT_LOGIT * max_batch_size * vocab)
 
 
 @dataclass(frozen=True, slots=True)

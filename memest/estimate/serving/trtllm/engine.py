@@ -62,7 +62,8 @@ def trtllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[Trtl
     par = s.parallelism
     outside = runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp)
     c = compute_bytes(spec, s)
-    buffers = tb.runtime_bytes(max_num_tokens_of(s), max_batch_size_of(s), spec.hidden_size, spec.vocab_size, c)
+    buffers = (tb.activation_bytes(max_num_tokens_of(s), spec.hidden_size, c)
+               + tb.buffer_bytes(max_batch_size_of(s), spec.vocab_size))
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
         weights = stage_weight_bytes(spec, s, stage)
