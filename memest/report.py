@@ -321,6 +321,8 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
             fixes.append("a --quantization")  # not for a checkpoint already stored quantized (fp8, AWQ, ...)
         if higher:
             fixes.append(higher)
+        if s.engine == "sglang":
+            fixes.append("a higher --mem-fraction-static (SGLang's own hint)")
         listed = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
         out.append((f"{_engine_name(s.engine)} would refuse to start: no memory left for the KV cache; use {listed}"
                     if s.engine != "hf" else "generate would run out of memory on this device", "bold red"))
@@ -328,9 +330,15 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
         hint = (f" Based on the available memory, the estimated maximum model length is "
                 f"{s.largest_max_model_len_one_request:,}." if s.largest_max_model_len_one_request else "")
         fix = f"Use {higher} or decrease --max-model-len." if higher else "Decrease --max-model-len."
-        out.append((f"{_engine_name(s.engine)} would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
-                    f"{gib(s.request_kv_bytes)} KV cache is needed, more than the available {gib(s.kv_budget_bytes)}."
-                    f"{hint} {fix}", "bold red"))
+        if s.engine == "vllm":
+            out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len "
+                        f"({s.max_model_len:,}), {gib(s.request_kv_bytes)} KV cache is needed, more than the available "
+                        f"{gib(s.kv_budget_bytes)}.{hint} {fix}", "bold red"))
+        else:  # SGLang rejects longer inputs; TensorRT-LLM caps max_seq_len to its pool
+            out.append((f"{_engine_name(s.engine)}'s pool of {s.kv_cache_tokens:,} tokens cannot hold one request of "
+                        f"max_model_len ({s.max_model_len:,}): {gib(s.request_kv_bytes)} KV cache is needed, more than "
+                        f"{gib(s.kv_budget_bytes)}; the longest that fits is {s.largest_max_model_len_one_request:,}. "
+                        "Decrease --max-model-len or add devices.", "bold red"))
     par = a.fewest
     fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
@@ -379,8 +387,10 @@ def _engine_verdict_line(a: Assessment) -> str:
     pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
-    if v.blocker in ("no_memory", "max_model_len"):
+    if v.blocker == "no_memory":
         return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
+    if v.blocker == "max_model_len":
+        return f"DOES NOT FIT: one request of max_model_len does not fit {name}'s pool (below); {note}"
     if v.blocker == "concurrency":
         return f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}"
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}; {note}"
