@@ -216,3 +216,33 @@ def test_bad_engine_settings(changes: dict, fragment: str) -> None:
     s = ServingConfig(engine=Engine.SGLANG).replace(**changes)
     with pytest.raises(InputError, match=fragment.replace("(", r"\(")):
         validate(spec, s)
+
+
+def _cli(*args: str):
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
+    return subprocess.run([sys.executable, "-m", "memest", "hf", LLAMA8B, *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--engine", "sglang", "--mem-fraction-static", "1.5"), "--mem-fraction-static is 1.5; it must be in (0, 1)"),
+    (("--engine", "trtllm", "--tokens-per-block", "48"), "--tokens-per-block 48 is not a power of two"),
+    (("--engine", "trtllm", "--mem-fraction-static", "0.8"), "--mem-fraction-static is a --engine sglang flag"),
+])
+def test_cli_refuses_bad_engine_settings(args, fragment) -> None:
+    out = _cli(*args)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
+
+
+def test_cli_reports_the_engine_arithmetic() -> None:
+    import json
+
+    out = _cli("--engine", "sglang", "--engine-version", "0.4", "--gpu", "H100", "--max-model-len", "8192", "--json")
+    assert out.returncode == 0, out.stderr
+    serving = json.loads(out.stdout)["serving"]
+    # 0.88 x (79.19 - 0.51 context) GiB - 14.99 GiB weights = 54.25 GiB -> ~444k tokens of 131,072 B (sglang042 logs 444,500)
+    assert serving["engine"] == "sglang" and abs(serving["kv_cache_tokens"] - 444_500) / 444_500 < KV_TOLERANCE
