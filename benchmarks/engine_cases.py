@@ -158,17 +158,19 @@ def _trtllm_0120(c: dict[str, Any]) -> list[Comparison]:
                       tokens_per_block=st["tokens_per_block"], max_model_len=st["max_seq_len"])
     spec = load_model("meta-llama/Llama-2-7b-hf")
     activations = tb.activation_bytes(st["max_num_tokens"], spec.hidden_size, 2)  # fp16 activations (the log)
-    return [Comparison(c["id"], "execution_context_memory_MiB", activations / (1 << 20), m["execution_context_memory_MiB"],
-                       "MiB", fitted=True)] + _trtllm_from_available(
-        c["id"], "meta-llama/Llama-2-7b-hf", s, m["available_GiB"], m, _device("H100-80GB", m["total_GiB"]), fitted=False)
+    context = Comparison(c["id"], "execution_context_memory_MiB", activations / (1 << 20),
+                         m["execution_context_memory_MiB"], "MiB", fitted=True)
+    device = _device("H100-80GB", m["total_GiB"])
+    return [context] + _trtllm_from_available(c["id"], "meta-llama/Llama-2-7b-hf", s, m["available_GiB"], m, device,
+                                              fitted=False)
 
 
 def _trtllm_gpt_oss(c: dict[str, Any]) -> list[Comparison]:
     """PyTorch backend: free = device total - peak + first-pass KV (all logged)."""
     m, st = c["measured"], c["settings"]
     spec = load_model("openai/gpt-oss-120b")
-    s = ServingConfig(engine=Engine.TRTLLM, kv_cache_free_gpu_mem_fraction=st["kv_cache_config.free_gpu_memory_fraction"],
-                      max_batch_size=st["max_batch_size"], max_num_tokens=st["max_num_tokens"])
+    s = ServingConfig(engine=Engine.TRTLLM, max_batch_size=st["max_batch_size"], max_num_tokens=st["max_num_tokens"],
+                      kv_cache_free_gpu_mem_fraction=st["kv_cache_config.free_gpu_memory_fraction"])
     free = round((m["device_total_GiB"] - m["peak_profiling_GiB"] + m["first_pass_kv_GiB"]) * GiB)
     per_token = kv_bytes_per_token(spec, s)
     pool = tb.Pool(free, s.kv_cache_free_gpu_mem_fraction, per_token, s.tokens_per_block)

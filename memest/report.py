@@ -403,7 +403,7 @@ def _vllm_verdict_line(a: Assessment) -> str:
     util = a.workload.gpu_memory_utilization
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
-    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"  # vLLM only (see caller)
+    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
     pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
             if s.kv_cache_bytes_per_token else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
             f"requests of {s.max_model_len:,} tokens")
@@ -697,7 +697,8 @@ def _plan_headroom_applied(p: Plan) -> bool:
     as the workload's engine implies."""
     if p.fits:
         return any(f.verdict.headroom_applied for f in p.fits)
-    return not (isinstance(p.workload, ServingConfig) and p.workload.engine in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM))
+    upfront = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine in upfront)
 
 
 def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:

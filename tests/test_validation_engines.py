@@ -143,7 +143,8 @@ def test_sglang_default_mem_fraction() -> None:
 
 
 def test_sglang_multimodal_factor() -> None:
-    # 0.4 multiplies the fraction of a multimodal model by 0.95: 0.88 -> 0.836 (gemma-3 is Gemma3ForConditionalGeneration)
+    # 0.4 multiplies the fraction of a multimodal model by 0.95: 0.88 -> 0.836
+    # (gemma-3 is Gemma3ForConditionalGeneration)
     assert sg.mem_fraction_static("0.4", None, 0.88, "Gemma3ForConditionalGeneration") == pytest.approx(0.836)
     assert sg.mem_fraction_static("0.4", 0.7, 0.88, "LlamaForCausalLM") == 0.7
     assert sg.mem_fraction_static("0.5", None, 0.834, "Gemma3ForConditionalGeneration") == 0.834  # not modelled in 0.5
@@ -244,5 +245,6 @@ def test_cli_reports_the_engine_arithmetic() -> None:
     out = _cli("--engine", "sglang", "--engine-version", "0.4", "--gpu", "H100", "--max-model-len", "8192", "--json")
     assert out.returncode == 0, out.stderr
     serving = json.loads(out.stdout)["serving"]
-    # 0.88 x (79.19 - 0.51 context) GiB - 14.99 GiB weights = 54.25 GiB -> ~444k tokens of 131,072 B (sglang042 logs 444,500)
+    # 0.88 x (79.19 - 0.51 context) GiB - 14.99 GiB weights = 54.25 GiB -> ~444k tokens of 131,072 B
+    # (sglang042_llama31_8b_h100_default logs 444,500)
     assert serving["engine"] == "sglang" and abs(serving["kv_cache_tokens"] - 444_500) / 444_500 < KV_TOLERANCE

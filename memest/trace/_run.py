@@ -156,8 +156,8 @@ def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, dec
                                           head=head, decode_steps=decode_steps)
     job.settings.insert(0, f"weights in {_dtype_name(dtype)}")
     if s.engine is not Engine.HF:
-        job.settings.append(f"the trace runs transformers generate; {s.engine.value}'s KV pool is a budget, not a trace: "
-                            "compare its weights and activations, or use --engine hf")
+        job.settings.append(f"the trace runs transformers generate; {s.engine.value}'s KV pool is a budget, not a "
+                            "trace: compare its weights and activations, or use --engine hf")
     return 1
 
 

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from memest.devices import Device
 from memest.estimate import runtime
-from memest.estimate.serving.common import compute_bytes, max_model_len_of, quantization_note, stage_weight_bytes, weight_dtype
+from memest.estimate.serving.common import (
+    compute_bytes,
+    max_model_len_of,
+    quantization_note,
+    stage_weight_bytes,
+    weight_dtype,
+)
 from memest.estimate.serving.kv import kv_bytes_per_token
 from memest.estimate.serving.trtllm import budget as tb
 from memest.estimate.sharding import Stage, vllm_stages
