@@ -393,9 +393,9 @@ def split_sweep(values: Mapping[str, Any],
 
 def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
     """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
+    from memest.planning.sweep import sweep
     from memest.report import sweep_to_dict
     from memest.sources import load_model
-    from memest.planning.sweep import sweep
     from memest.workload import resolve
 
     setting, points, job = split_sweep(values, ranged)

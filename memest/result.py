@@ -141,14 +141,18 @@ class ServingSummary:
     Attributes:
         kv_cache_bytes_per_token: KV-cache bytes one token takes on one device.
         max_model_len: Tokens per sequence used for the estimate.
-        kv_cache_tokens: Tokens the engine's KV pool holds per device (vLLM's 'GPU KV cache size').
+        kv_cache_tokens: Tokens the engine's KV pool holds per device (vLLM's 'GPU KV cache size',
+            SGLang's max_total_num_tokens, TensorRT-LLM's 'max tokens in paged KV cache').
         kv_cache_blocks: Paged blocks in that pool.
         max_concurrency: kv_cache_tokens / max_model_len (vLLM's 'Maximum concurrency').
         kv_budget_bytes: Bytes the engine leaves for the KV pool (vLLM's 'Available KV cache memory').
-        engine: ``vllm`` or ``hf``.
+        engine: ``vllm``, ``sglang``, ``trtllm`` or ``hf``.
         engine_version: The engine version whose arithmetic was modelled.
-        requested_bytes: vLLM: gpu_memory_utilization x capacity; hf: the device's capacity.
-        non_kv_bytes: vLLM's 'Total non KV cache memory' (weights + activation peak + non-torch).
+        requested_bytes: vLLM: gpu_memory_utilization x capacity; SGLang: mem_fraction_static x the
+            free memory before the weights; TensorRT-LLM: non-KV memory + the KV budget; hf: the
+            device's capacity.
+        non_kv_bytes: vLLM's 'Total non KV cache memory' (weights + activation peak + non-torch);
+            SGLang: the weights; TensorRT-LLM: weights + activations and buffers + context.
         activation_peak_bytes: The profiled (vLLM) or generate (hf) activation peak.
         non_torch_bytes: Non-torch memory the budget subtracts.
         request_kv_bytes: KV bytes one request of max_model_len needs on the limiting rank.

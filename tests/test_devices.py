@@ -234,3 +234,22 @@ def test_gpus_lists_each_capacity_basis_and_source(monkeypatch, capsys):
     assert rows["B300"]["capacity_basis"] == "nominal"
     assert rows["M3-Max-64GB"]["capacity_basis"] == "working set" and rows["M3-Max-64GB"]["hourly_usd"] is None
     assert all(r["source"] for r in rows.values())
+
+
+_ENV = {k: v for k, v in os.environ.items() if k not in ("MEMEST_DEBUG", "COLUMNS")} | {"HF_HUB_OFFLINE": "1"}
+
+
+def test_serving_engines_run_only_on_their_vendors():
+    # vLLM has no Apple Metal back end (CUDA, ROCm, XPU/Gaudi, TPU, Neuron); transformers generate runs there (MPS)
+    out = run_memest("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--gpu", "M4-Max-128GB", env=_ENV)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--engine vllm does not run on M4-Max-128GB" in out.stderr
+    assert run_memest("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--engine", "hf", "--gpu", "M4-Max-128GB",
+                      env=_ENV).returncode == 0
+    # without --gpu the devices that fit are listed for the engine: no Mac for vLLM, Macs for hf
+    listed = run_memest("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--json", env=_ENV)
+    fits_on = json.loads(listed.stdout)["fits_on"]
+    assert "H100-80GB" in fits_on and not any(name.startswith("M4-") for name in fits_on)
+    hf = json.loads(run_memest("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--engine", "hf", "--json",
+                               env=_ENV).stdout)["fits_on"]
+    assert "M4-Max-128GB" in hf

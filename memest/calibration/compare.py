@@ -33,9 +33,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memest.devices import DEVICES, GiB, Device, get_device
-from memest.errors import UnknownDeviceError
 from memest.calibration.measure import Measurement
+from memest.devices import DEVICES, Device, GiB, get_device
+from memest.errors import UnknownDeviceError
 from memest.result import Estimate, Kind, RankEstimate
 
 ARCH_BY_CAPABILITY = {"7.0": "volta", "7.2": "volta", "7.5": "turing", "8.0": "ampere", "8.6": "ampere",

@@ -20,8 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from memest.calibration.records import record_ref
 from memest.calibration.measure import Measurement
+from memest.calibration.records import record_ref
 
 SCHEMA = 1
 ABOUT = ("Runtime constants measured by `memest calibrate`, per device family (arch). Written by "

@@ -25,8 +25,7 @@ from memest.calibration.compare import RankComparison, VerdictCheck
 from memest.calibration.request import Request
 from memest.devices import Device
 from memest.errors import InputError
-from memest.result import estimate_dict, plain
-from memest.result import Estimate
+from memest.result import Estimate, estimate_dict, plain
 from memest.spec import ModelSpec
 from memest.workload import Workload
 

@@ -117,8 +117,8 @@ def measure(request: Request, *, progress: Progress = _quiet, env: Any = None) -
         MemestError: bad input (caught before any tensor is created where possible).
     """
     from memest.calibration import distributed
-    from memest.calibration.models import import_stack
     from memest.calibration.measure import CpuMeter, CudaMeter, first_line, is_out_of_memory
+    from memest.calibration.models import import_stack
 
     torch, _ = import_stack()
     cfg = load_config(request.model)

@@ -21,12 +21,11 @@ import sys
 
 import typer
 
+# Each command module registers its command on `app` when imported.
+from memest.cli import calibrate, catalog, hf, plan, sweep  # noqa: E402,F401  (registration)
 from memest.cli.app import EXIT_INPUT, EXIT_NO_FIT, EXIT_UNEXPECTED, PIPE_WIDTH, app, output_width
 from memest.cli.options import cli_message
 from memest.errors import MemestError
-
-# Each command module registers its command on `app` when imported.
-from memest.cli import calibrate, catalog, hf, plan, sweep  # noqa: E402,F401  (registration)
 
 __all__ = ["EXIT_INPUT", "EXIT_NO_FIT", "EXIT_UNEXPECTED", "PIPE_WIDTH", "app", "main", "output_width"]
 

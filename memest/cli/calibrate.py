@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from memest.cli.app import EXIT_NO_FIT, JsonOpt, _console, app
-from memest.errors import InputError
 from memest.cli.options import JobOptions, workload_options
+from memest.errors import InputError
 
 ModelArg = Annotated[str | None, typer.Argument(
     help="Hub id or catalog name, a model folder or a config.json (as for 'memest hf'); omit with --suite.",

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 
 from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.cli.options import JobOptions, flag_name, workload_options
 from memest.devices import GiB
 from memest.errors import InputError
-from memest.cli.options import JobOptions, flag_name, workload_options
 from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES
 
 SEARCH = "Search"

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memest.devices import GiB, MiB, Device
+from memest.devices import Device, GiB, MiB
 
 CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.json"
 """Runtime constants measured by ``memest calibrate`` (see the module docstring)."""

@@ -114,8 +114,8 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
-from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
 from memest.result import Estimate, Kind, RankEstimate, Term

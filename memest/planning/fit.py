@@ -5,23 +5,26 @@
 (what nvidia-smi would show: peak reserved + CUDA context + library workspaces) is at most
 ``(1 - headroom)`` x the device's memory.
 
-**vLLM** (``--engine vllm``) takes its memory up front, so what matters is whether it starts and
-then holds the job, not how much the job's own tensors take. The job fits when
+**vLLM, SGLang and TensorRT-LLM** (``--engine vllm``, ``sglang``, ``trtllm``:
+:data:`UPFRONT_ENGINES`) take their memory up front, so what matters is whether the engine starts
+and then holds the job, not how much the job's own tensors take. The job fits when
 
-1. vLLM starts with the requested ``gpu_memory_utilization``: the weights, the profiled activation
-   peak and the non-torch memory leave room for KV blocks, at least one request of max_model_len
-   (otherwise vLLM raises at start-up; :attr:`ServingSummary.engine_error`);
+1. the engine starts with its share of the device (vLLM ``gpu_memory_utilization``, SGLang
+   ``mem_fraction_static``, TensorRT-LLM ``free_gpu_memory_fraction``): the weights (and, for vLLM
+   and TensorRT-LLM, the activations and runtime memory) leave room for a KV pool that holds at
+   least one request of max_model_len (otherwise the engine refuses at start-up or the request is
+   rejected; :attr:`ServingSummary.engine_error`);
 2. its KV pool holds ``batch_size`` sequences of ``max_model_len`` tokens at once
-   (:attr:`ServingSummary.largest_concurrency`; with fewer, vLLM would queue the rest);
-3. what the process holds on the device stays within the device's capacity: the budget
-   ``gpu_memory_utilization x capacity`` plus what sits outside it — the CUDA graphs captured after
-   the KV cache and, for vLLM 0.19, the CUDA context and NCCL communicators
-   (:attr:`ServingSummary.device_bytes`). vLLM 0.19 refuses to start when the budget exceeds the
-   memory free after the context; the graphs would fail to capture.
+   (:attr:`ServingSummary.largest_concurrency`, which also counts the engine's cap on running
+   requests; with fewer, the engine would queue the rest);
+3. what the process holds on the device stays within the device's capacity
+   (:attr:`ServingSummary.device_bytes`: for vLLM the budget ``gpu_memory_utilization x capacity``
+   plus the CUDA graphs and, for 0.19, the CUDA context and NCCL outside it; for SGLang the context,
+   weights, KV pool and request table; for TensorRT-LLM the non-KV memory and the KV blocks).
 
-``--headroom`` is not applied to vLLM: ``gpu_memory_utilization`` already is vLLM's share of the
-device (1 - gpu_memory_utilization its headroom), so the verdict compares against the whole
-capacity and says so (:attr:`Verdict.headroom_applied`).
+``--headroom`` is not applied to these engines: their fraction already is their share of the
+device, so the verdict compares against the whole capacity and says so
+(:attr:`Verdict.headroom_applied`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,11 @@ from memest.devices import Device
 from memest.result import Estimate
 
 Blocker = Literal["no_memory", "max_model_len", "concurrency"]
-"""Why vLLM would not serve the job although its memory fits: nothing left for KV blocks, one
+"""Why the engine would not serve the job although its memory fits: nothing left for KV blocks, one
 request of max_model_len does not fit the pool, or the pool holds fewer than batch_size requests."""
+
+UPFRONT_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
+"""Engines that size their KV pool at start-up from a share of the device (rule above)."""
 
 
 def usable_bytes(device: Device, headroom: float) -> int:
@@ -51,11 +57,11 @@ class Verdict:
         device: The accelerator.
         count: Devices in the job.
         headroom: Share of memory kept free (``--headroom``).
-        needed_bytes: Per-device device-used estimate (the rank that needs the most); for vLLM,
-            what the started engine holds.
+        needed_bytes: Per-device device-used estimate (the rank that needs the most); for the
+            engines of :data:`UPFRONT_ENGINES`, what the started engine holds.
         high_bytes: Upper edge of its band.
-        headroom_applied: False for vLLM, whose gpu_memory_utilization sets its share instead.
-        blocker: For vLLM, why it would not serve the job although its memory fits; None otherwise.
+        headroom_applied: False for :data:`UPFRONT_ENGINES`, whose fraction sets their share instead.
+        blocker: For those engines, why it would not serve the job although its memory fits; None otherwise.
         shortfall_bytes: With a blocker, the KV memory per device the engine lacks to serve the job:
             ``no_memory`` non-KV + one request's KV - the budget; ``max_model_len`` one request's KV
             - the KV budget; ``concurrency`` batch_size requests' KV - the KV budget.
@@ -101,7 +107,7 @@ class Verdict:
 def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdict:
     """The fit verdict of an estimate on ``count`` x ``device`` (see the module docstring)."""
     s = est.serving
-    if s is not None and s.engine == "vllm":
+    if s is not None and s.engine in UPFRONT_ENGINES:
         blocker: Blocker | None = None
         shortfall = 0
         if s.engine_error == "no_memory":

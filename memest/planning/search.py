@@ -84,11 +84,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving import estimate_serving
+from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import Verdict, verdict
 from memest.planning.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
@@ -105,6 +105,7 @@ from memest.workload import (
     TrainingConfig,
     Workload,
     divisors,
+    runs_on,
     tp_head_problem,
     validate,
     workload_notes,
@@ -609,6 +610,9 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     found: list[Fit] = []
     no_fit: list[DeviceChoice] = []
     for choice in space.devices:
+        if isinstance(workload, ServingConfig) and not runs_on(workload.engine.value, choice.device.vendor):
+            no_fit.append(choice)  # the engine does not run there
+            continue
         fit = search.best_for(choice)
         if fit is None:
             no_fit.append(choice)
@@ -857,9 +861,12 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, head
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
-    """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first."""
+    """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (for
+    serving, only devices its engine runs on: :func:`memest.workload.runs_on`)."""
     out = []
     for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
+        if isinstance(workload, ServingConfig) and not runs_on(workload.engine.value, device.vendor):
+            continue
         est = estimate(spec, workload, device)
         if verdict(est, device, count, headroom).fits:
             out.append(device)

@@ -14,10 +14,10 @@ from memest import __version__
 from memest.devices import GiB, MiB
 from memest.planning.maxfit import Largest
 from memest.planning.search import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
-from memest.result import RankEstimate, plain, rank_dict
-from memest.spec import ModelSpec
 from memest.planning.sweep import Sweep
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
+from memest.result import RankEstimate, plain, rank_dict
+from memest.spec import ModelSpec
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
 from memest.workload.settings import describe
 
@@ -223,7 +223,7 @@ def _fits_on_line(a: Assessment) -> str:
     """The catalog devices that fit at the same count (shown when no --gpu was given)."""
     v = a.verdict
     names = ", ".join(d.name for d in a.fits_on) or "none"
-    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else "vLLM's gpu_memory_utilization"
+    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
     return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
@@ -246,6 +246,16 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested (non-KV {gib(s.non_kv_bytes)}) · pool "
                     f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    elif s.engine == "sglang":
+        out.append((f"SGLang {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · weights "
+                    f"{gib(s.non_kv_bytes)} of the static {gib(s.requested_bytes)} (mem_fraction_static) · pool "
+                    f"{s.kv_cache_tokens:,} tokens ({gib(s.kv_budget_bytes)}) · max concurrency "
+                    f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    elif s.engine == "trtllm":
+        out.append((f"TensorRT-LLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
+                    f"{gib(s.kv_budget_bytes)} for the KV cache after non-KV {gib(s.non_kv_bytes)} · pool "
+                    f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
+                    f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
     else:
         out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
@@ -256,16 +266,24 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
             fixes.append("a --quantization")  # not for a checkpoint already stored quantized (fp8, AWQ, ...)
         if higher:
             fixes.append(higher)
+        if s.engine == "sglang":
+            fixes.append("a higher --mem-fraction-static (SGLang's own hint)")
         listed = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
-        out.append((f"vLLM would refuse to start: no memory left for the KV cache; use {listed}"
-                    if s.engine == "vllm" else "generate would run out of memory on this device", "bold red"))
+        out.append((f"{_engine_name(s.engine)} would refuse to start: no memory left for the KV cache; use {listed}"
+                    if s.engine != "hf" else "generate would run out of memory on this device", "bold red"))
     elif s.engine_error == "max_model_len":
         hint = (f" Based on the available memory, the estimated maximum model length is "
                 f"{s.largest_max_model_len_one_request:,}." if s.largest_max_model_len_one_request else "")
         fix = f"Use {higher} or decrease --max-model-len." if higher else "Decrease --max-model-len."
-        out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len ({s.max_model_len:,}), "
-                    f"{gib(s.request_kv_bytes)} KV cache is needed, more than the available {gib(s.kv_budget_bytes)}."
-                    f"{hint} {fix}", "bold red"))
+        if s.engine == "vllm":
+            out.append((f"vLLM would refuse to start: to serve at least one request with max_model_len "
+                        f"({s.max_model_len:,}), {gib(s.request_kv_bytes)} KV cache is needed, more than the available "
+                        f"{gib(s.kv_budget_bytes)}.{hint} {fix}", "bold red"))
+        else:  # SGLang rejects longer inputs; TensorRT-LLM caps max_seq_len to its pool
+            out.append((f"{_engine_name(s.engine)}'s pool of {s.kv_cache_tokens:,} tokens cannot hold one request of "
+                        f"max_model_len ({s.max_model_len:,}): {gib(s.request_kv_bytes)} KV cache is needed, more than "
+                        f"{gib(s.kv_budget_bytes)}; the longest that fits is {s.largest_max_model_len_one_request:,}. "
+                        "Decrease --max-model-len or add devices.", "bold red"))
     par = a.fewest
     fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
@@ -282,6 +300,45 @@ def _higher_utilization(a: Assessment) -> str:
     if util is None or not isinstance(a.workload, ServingConfig) or util <= a.workload.gpu_memory_utilization:
         return ""
     return f"a higher --gpu-memory-utilization ({util:.2f} fits)"
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "transformers"}
+SHARE_NAMES = {"vllm": "gpu_memory_utilization", "sglang": "mem_fraction_static", "trtllm": "free_gpu_memory_fraction"}
+
+
+def _workload_share(w: Workload) -> str:
+    """"vLLM's gpu_memory_utilization" (SGLang's mem_fraction_static, ...) for a serving workload."""
+    engine = w.engine.value if isinstance(w, ServingConfig) else "vllm"
+    return f"{_engine_name(engine)}'s {SHARE_NAMES.get(engine, 'gpu_memory_utilization')}"
+
+
+def _engine_name(engine: str) -> str:
+    return ENGINE_NAMES.get(engine, engine)
+
+
+def _share_name(a: Assessment) -> str:
+    """The setting that sets an up-front engine's share of the device."""
+    s = a.estimate.serving
+    return SHARE_NAMES.get(s.engine if s else "vllm", "gpu_memory_utilization")
+
+
+def _engine_verdict_line(a: Assessment) -> str:
+    """The up-front fit rule of :mod:`memest.planning.fit` in words, for SGLang and TensorRT-LLM."""
+    v, s = a.verdict, a.estimate.serving
+    assert s is not None
+    name, share = _engine_name(s.engine), _share_name(a)
+    held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
+    note = f"--headroom {v.headroom:.0%} not applied: {share} sets {name}'s share"
+    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    if v.fits:
+        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+    if v.blocker == "no_memory":
+        return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
+    if v.blocker == "max_model_len":
+        return f"DOES NOT FIT: one request of max_model_len does not fit {name}'s pool (below); {note}"
+    if v.blocker == "concurrency":
+        return f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}"
+    return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}; {note}"
 
 
 def _vllm_verdict_line(a: Assessment) -> str:
@@ -310,7 +367,8 @@ def _vllm_verdict_line(a: Assessment) -> str:
 def _verdict_line(a: Assessment) -> str:
     v = a.verdict
     if not v.headroom_applied:
-        return _vllm_verdict_line(a)
+        s = a.estimate.serving
+        return _engine_verdict_line(a) if s is not None and s.engine != "vllm" else _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
         return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {size(v.margin_bytes)}"
@@ -340,8 +398,9 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     for rank in ranks:
         parts.append(_table(rank, explain=explain, title=None if len(ranks) == 1 else f"{rank.label} (×{rank.count})"))
     if not v.headroom_applied:  # vLLM takes its budget up front, whatever the job's own tensors need
-        parts.append(Text("The table is the job's own memory at its peak (weights, profiled activations, the KV of its "
-                          "requests); vLLM itself holds its gpu_memory_utilization budget, below.", style="dim"))
+        parts.append(Text("The table is the job's own memory at its peak (weights, activations, the KV of its "
+                          f"requests); {_engine_name(est.serving.engine if est.serving else 'vllm')} itself holds its "
+                          f"{_share_name(a)} budget, below.", style="dim"))
     per = est.per_device
     style = "bold green" if v.fits else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
@@ -581,7 +640,8 @@ def _plan_headroom_applied(p: Plan) -> bool:
     as the workload's engine implies."""
     if p.fits:
         return any(f.verdict.headroom_applied for f in p.fits)
-    return not (isinstance(p.workload, ServingConfig) and p.workload.engine is Engine.VLLM)
+    upfront = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine in upfront)
 
 
 def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:
@@ -594,7 +654,7 @@ def _plan_header(p: Plan) -> list[str]:
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
     rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
-            "vLLM's gpu_memory_utilization sets its share (--headroom not applied)")
+            f"{_workload_share(p.workload)} sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
         f"{describe_workload(job)} · {rule}",
@@ -685,8 +745,8 @@ def _largest_line(result: Sweep) -> str:
     q = result.largest
     usable = gib(result.usable_bytes)
     if not result.headroom_applied:
-        usable_words = (f"vLLM's pool and {usable} per device; --headroom not applied: gpu_memory_utilization "
-                        "sets its share")
+        share = _workload_share(result.points[0].workload) if result.points else "vLLM's gpu_memory_utilization"
+        usable_words = f"the engine's pool and {usable} per device; --headroom not applied: {share} sets its share"
     else:
         usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
     if q.value is None:

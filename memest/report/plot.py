@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import InputError, MissingDependencyError
+from memest.planning.sweep import Sweep
 from memest.report import GiB, describe_workload, size_label
 from memest.result import Kind
-from memest.planning.sweep import Sweep
 
 FORMATS = (".png", ".svg", ".pdf")
 """File types ``--plot`` writes (``memest sweep`` and ``memest hf --trace``); matplotlib picks the

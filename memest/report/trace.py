@@ -157,7 +157,7 @@ def _comparable_estimate(cfg: HFConfig, workload: Workload, device: Device, esti
     ``generate``, so its estimate is replaced by the ``--engine hf`` one (the note says which)."""
     from memest.workload import Engine, Framework, ServingConfig, TrainingConfig, resolve_framework
 
-    if isinstance(workload, ServingConfig) and workload.engine is Engine.VLLM:
+    if isinstance(workload, ServingConfig) and workload.engine is not Engine.HF:  # vLLM, SGLang, TensorRT-LLM
         from memest.errors import MemestError
         from memest.estimate import estimate as analytic
         from memest.sources import spec_from_config

@@ -155,9 +155,9 @@ def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, dec
     job.settings += _serving.run_generate(model, s, max_len, job.tracker, device="meta", tick=ticker, layers=layers,
                                           head=head, decode_steps=decode_steps)
     job.settings.insert(0, f"weights in {_dtype_name(dtype)}")
-    if s.engine is Engine.VLLM:
-        job.settings.append("the trace runs transformers generate; vLLM's KV pool is a budget, not a trace: compare "
-                            "its weights and activations, or use --engine hf")
+    if s.engine is not Engine.HF:
+        job.settings.append(f"the trace runs transformers generate; {s.engine.value}'s KV pool is a budget, not a "
+                            "trace: compare its weights and activations, or use --engine hf")
     return 1
 
 

@@ -14,6 +14,7 @@ placeholders; the CLI renders them as flags, the Python API as keywords.
 
 from memest.workload.config import (
     BLOCK_SIZES,
+    ENGINE_VENDORS,
     ENGINE_VERSIONS,
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
@@ -37,13 +38,14 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
     resolve_framework,
+    runs_on,
 )
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
 
 __all__ = [
-    "BLOCK_SIZES", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
+    "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
     "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "TrainingConfig",
-    "Workload", "divisors", "lora_module_names", "resolve_framework", "tp_head_problem", "validate",
+    "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on", "tp_head_problem", "validate",
     "workload_notes",
 ]

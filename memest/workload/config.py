@@ -202,6 +202,12 @@ class Engine(str, Enum):
     ``gpu_memory_utilization`` x capacity becomes paged KV-cache blocks."""
     HF = "hf"
     """transformers ``generate``: a contiguous cache for batch x (prompt + new tokens)."""
+    SGLANG = "sglang"
+    """SGLang: weights, then what is left of ``mem_fraction_static`` x the free memory becomes a
+    token-granular KV pool (``max_total_num_tokens``)."""
+    TRTLLM = "trtllm"
+    """TensorRT-LLM: ``kv_cache_free_gpu_mem_fraction`` of the memory free after weights and
+    activations becomes KV blocks of ``tokens_per_block`` tokens."""
 
 
 WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
@@ -211,11 +217,29 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
-ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
+                                               "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19")}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
 vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
-token (and runs eager attention by default)."""
+token (and runs eager attention by default). SGLang 0.5 picks mem_fraction_static from the GPU's
+memory; 0.4 (0.4.0-0.4.8) from tp alone (:mod:`memest.estimate.serving.sglang.budget`). TensorRT-LLM
+1.1 is the PyTorch backend, 0.19 a TensorRT engine on the C++ runtime; both size the KV cache the
+same way (:mod:`memest.estimate.serving.trtllm.budget`)."""
+ENGINE_VENDORS: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"nvidia", "amd", "intel", "google", "aws"}),
+    "sglang": frozenset({"nvidia", "amd"}),
+    "trtllm": frozenset({"nvidia"}),
+}
+"""Accelerator vendors each serving engine runs on (:attr:`memest.devices.Device.vendor`); an engine
+not listed runs on every device. vLLM: CUDA, ROCm, Intel XPU / Gaudi, TPU and Neuron back ends, no
+Apple Metal; SGLang: CUDA and ROCm; TensorRT-LLM: NVIDIA only. A custom size runs anywhere."""
+
+
+def runs_on(engine: str, vendor: str) -> bool:
+    """Whether the serving engine ``engine`` runs on a device of ``vendor``."""
+    vendors = ENGINE_VENDORS.get(engine)
+    return vendors is None or vendor in vendors or vendor == "custom"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -402,6 +426,17 @@ class ServingConfig:
             None = the engine's default.
         block_size: Tokens per paged KV block.
         enforce_eager: No CUDA graphs (vLLM ``--enforce-eager``).
+        mem_fraction_static: SGLang ``--mem-fraction-static`` (weights + KV pool as a share of the
+            free memory); None = SGLang's default for the version, device and tp.
+        max_running_requests: SGLang ``--max-running-requests``; None = SGLang's default.
+        chunked_prefill_size: SGLang ``--chunked-prefill-size`` (sizes 0.5's default
+            mem_fraction_static); None = SGLang's default for the device.
+        page_size: SGLang ``--page-size`` (tokens per KV page; ``ServerArgs.page_size`` defaults to 1).
+        kv_cache_free_gpu_mem_fraction: TensorRT-LLM ``KvCacheConfig.free_gpu_memory_fraction``.
+        max_batch_size: TensorRT-LLM ``max_batch_size``; None = its default (2048).
+        max_num_tokens: TensorRT-LLM ``max_num_tokens`` (tokens per forward); None = 8192.
+        tokens_per_block: TensorRT-LLM ``KvCacheConfig.tokens_per_block`` (32 in the 0.19 and 1.x logs
+            of ../shared/validation/engines.json; a power of two, docs/source/advanced/kv-cache-reuse.md).
         engine_version: Whose version of the engine's arithmetic to model (see
             :data:`ENGINE_VERSIONS`); None = the newest.
         prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
@@ -436,11 +471,14 @@ class ServingConfig:
                               what="concurrent sequences", fix="for training use {micro_batch_size}")
     engine: Engine = setting(Engine.VLLM, group="serving", scope="serving", describe="always",
                              what="the serving engine modelled",
-                             help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
-                                  "(transformers generate).")
+                             help="Serving engine to model: vllm (paged KV, start-up budget), sglang "
+                                  "(mem_fraction_static, token pool; {max_model_len} is its --context-length), trtllm "
+                                  "(TensorRT-LLM: free_gpu_memory_fraction, KV blocks; {max_model_len} is its "
+                                  "max_seq_len) or hf (transformers generate).")
     engine_version: str | None = setting(None, group="serving", scope="serving", what="the serving engine's version",
                                          help="Engine version whose memory arithmetic to model: vllm 0.19 (V1), 0.6, "
-                                              "0.2; hf 5, 4.34 (default: the newest).")
+                                              "0.2; sglang 0.5, 0.4; trtllm 1.1 (PyTorch backend), 0.19 (TensorRT "
+                                              "engine); hf 5, 4.34 (default: the newest).")
     prompt_len: int | None = setting(None, group="serving", scope="serving", engine="hf",
                                      what="prompt tokens of generate",
                                      fix="for training use {seq_len}",
@@ -462,6 +500,33 @@ class ServingConfig:
                               what="vLLM's paged-KV block")
     enforce_eager: bool = setting(False, group="serving", scope="serving", engine="vllm", help="No CUDA graphs (vLLM).",
                                   what="vLLM without CUDA graphs")
+    # SGLang (--engine sglang)
+    mem_fraction_static: float | None = setting(
+        None, group="serving", scope="serving", engine="sglang", what="SGLang's static share of memory",
+        fix="for training use {headroom}",
+        help="SGLang: weights + KV pool as a share of the free memory (default: SGLang's for the version, device "
+             "and tp).")
+    max_running_requests: int | None = setting(
+        None, group="serving", scope="serving", engine="sglang", what="SGLang's requests at once",
+        help="SGLang: requests run at once (default: SGLang's, from the pool).")
+    chunked_prefill_size: int | None = setting(
+        None, group="serving", scope="serving", engine="sglang", what="SGLang's prefill chunk",
+        help="SGLang: prefill tokens per chunk (sizes 0.5's default mem_fraction_static).")
+    page_size: int = setting(1, group="serving", scope="serving", engine="sglang", what="SGLang's KV page",
+                             help="SGLang: tokens per KV page.")
+    # TensorRT-LLM (--engine trtllm)
+    kv_cache_free_gpu_mem_fraction: float = setting(
+        0.9, group="serving", scope="serving", engine="trtllm", what="TensorRT-LLM's KV share of free memory",
+        fix="for training use {headroom}",
+        help="TensorRT-LLM: share of the memory free after weights and activations given to the KV cache.")
+    max_batch_size: int | None = setting(
+        None, group="serving", scope="serving", engine="trtllm", what="TensorRT-LLM's requests at once",
+        fix="for training use {micro_batch_size}", help="TensorRT-LLM: requests at once (default 2048).")
+    max_num_tokens: int | None = setting(
+        None, group="serving", scope="serving", engine="trtllm", what="TensorRT-LLM's tokens per forward",
+        help="TensorRT-LLM: tokens per forward (default 8192).")
+    tokens_per_block: int = setting(32, group="serving", scope="serving", engine="trtllm",
+                                    what="TensorRT-LLM's KV block", help="TensorRT-LLM: tokens per KV block.")
     checkpoint_params: tuple[tuple[str, int], ...] = ()
     parallelism: Parallelism = field(default_factory=Parallelism)
 

@@ -10,6 +10,7 @@ framework, and FSDP hybrid-shard groups (one node).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from memest.workload.config import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    runs_on,
 )
 from memest.workload.settings import Setting, defaults, enum_of, settings
 from memest.workload.validate import divisors, tp_head_problem
@@ -214,27 +216,21 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
     check_sizes(v)
     if mode != "serve":
         return _training(v, spec, device)
+    engine = Engine(v["engine"])
+    if not runs_on(engine.value, device.vendor):
+        raise InputError(f"{{engine}} {engine.value} does not run on {device.name} ({device.vendor}); use {{engine}} "
+                         "hf (transformers generate) or another {gpu}", field="engine")
     max_len = v["max_model_len"]
     if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
         max_len = v["prompt_len"] + v["max_new_tokens"]
-    return ServingConfig(
-        dtype=v["dtype"],
-        quantization=v["quantization"],
-        kv_cache_dtype=v["kv_cache_dtype"],
-        max_model_len=max_len,
-        batch_size=v["batch_size"],
-        engine=Engine(v["engine"]),
-        gpu_memory_utilization=v["gpu_memory_utilization"],
-        max_num_batched_tokens=v["max_num_batched_tokens"],
-        max_num_seqs=v["max_num_seqs"],
-        block_size=v["block_size"],
-        enforce_eager=v["enforce_eager"],
-        engine_version=v["engine_version"],
-        prompt_len=v["prompt_len"],
-        max_new_tokens=v["max_new_tokens"],
-        checkpoint_params=checkpoint_params,
-        parallelism=serving_parallelism(v, spec),
-    )
+    fields = {f.name for f in dataclasses.fields(ServingConfig)}
+    declared = {st.attr: v[name] for name, st in settings().items() if st.scope == "serving" and st.attr in fields}
+    return ServingConfig(**declared | {
+        "max_model_len": max_len,
+        "engine": engine,
+        "checkpoint_params": checkpoint_params,
+        "parallelism": serving_parallelism(v, spec),
+    })
 
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:

@@ -308,6 +308,7 @@ def _validate_serving(s: ServingConfig) -> None:
     if not 0 < s.gpu_memory_utilization <= 1:
         raise InputError(f"{{gpu_memory_utilization}} is {s.gpu_memory_utilization}; it must be in (0, 1]",
                          field="gpu_memory_utilization")
+    _validate_sglang_trtllm(s)
     if s.dtype not in WEIGHT_DTYPES:
         raise InputError(f"{{dtype}} {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}", field="dtype")
     if s.quantization not in QUANTIZATIONS:
@@ -316,6 +317,31 @@ def _validate_serving(s: ServingConfig) -> None:
     if s.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}",
                          field="kv_cache_dtype")
+
+
+def _validate_sglang_trtllm(s: ServingConfig) -> None:
+    """The SGLang and TensorRT-LLM settings: sizes positive, fractions in range, the batch within
+    the engine's cap on concurrent requests (the rest would queue)."""
+    if s.mem_fraction_static is not None and not 0 < s.mem_fraction_static < 1:
+        raise InputError(f"{{mem_fraction_static}} is {s.mem_fraction_static}; it must be in (0, 1), e.g. 0.88",
+                         field="mem_fraction_static")
+    if not 0 < s.kv_cache_free_gpu_mem_fraction <= 1:
+        raise InputError(f"{{kv_cache_free_gpu_mem_fraction}} is {s.kv_cache_free_gpu_mem_fraction}; it must be in "
+                         "(0, 1], e.g. 0.9", field="kv_cache_free_gpu_mem_fraction")
+    _positive("page_size", s.page_size)
+    _positive("tokens_per_block", s.tokens_per_block)
+    if s.tokens_per_block & (s.tokens_per_block - 1):
+        raise InputError(f"{{tokens_per_block}} {s.tokens_per_block} is not a power of two; TensorRT-LLM requires "
+                         "one (e.g. 32 or 64)", field="tokens_per_block")
+    for name in ("max_running_requests", "chunked_prefill_size", "max_batch_size", "max_num_tokens"):
+        if getattr(s, name) is not None:
+            _positive(name, getattr(s, name))
+    for name in ("max_running_requests", "max_batch_size"):
+        cap = getattr(s, name)
+        if cap is not None and s.batch_size > cap:
+            raise InputError(f"{{batch_size}} {s.batch_size} is more than {{{name}}} {cap}: the engine runs at most "
+                             f"{cap} requests at once (the rest queue); raise {{{name}}} or lower {{batch_size}}",
+                             field="batch_size")
 
 
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:

@@ -1,9 +1,11 @@
 """Serving memory per rank, and the capacity questions serving users ask, answered the engine's way.
 
-Two engines (``--engine``):
+Four engines (``--engine``):
 
 - ``vllm`` (default): :mod:`memest.estimate.serving.vllm` (the budget of each vLLM version, the
   weights as it loads them, the job's terms and vLLM's own start-up numbers);
+- ``sglang``: :mod:`memest.estimate.serving.sglang` (mem_fraction_static, the token pool);
+- ``trtllm``: :mod:`memest.estimate.serving.trtllm` (free_gpu_memory_fraction, KV blocks);
 - ``hf``: transformers ``generate`` (:mod:`memest.estimate.serving.hf`).
 
 What both share: :mod:`.common` (served dtypes, weights as stored and as loaded) and :mod:`.kv`
@@ -18,6 +20,8 @@ from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
+from memest.estimate.serving.sglang import engine as sglang_engine
+from memest.estimate.serving.trtllm import engine as trtllm_engine
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
 from memest.spec import ModelSpec
@@ -34,6 +38,10 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estim
     """
     if s.engine is Engine.HF:
         return hf_generate.estimate_generate(spec, s, device)
+    if s.engine is Engine.SGLANG:
+        return sglang_engine.estimate_sglang(spec, s, device)
+    if s.engine is Engine.TRTLLM:
+        return trtllm_engine.estimate_trtllm(spec, s, device)
     return vllm_engine.estimate_vllm(spec, s, device)
 
 
@@ -50,6 +58,10 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
     if s.engine is Engine.HF:
         limit = spec.max_position_embeddings or max_model_len_of(spec, s)
         return hf_generate.largest_tokens(spec, s, device, concurrency, limit)
+    if s.engine is Engine.SGLANG:
+        return sglang_engine.largest_max_model_len(spec, s, device, concurrency)
+    if s.engine is Engine.TRTLLM:
+        return trtllm_engine.largest_max_model_len(spec, s, device, concurrency)
     return vllm_engine.largest_max_model_len(spec, s, device, concurrency)
 
 
@@ -58,4 +70,8 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     maximum concurrency; for hf, the largest batch)."""
     if s.engine is Engine.HF:
         return hf_generate.largest_batch(spec, s, device, max_model_len)
+    if s.engine is Engine.SGLANG:
+        return sglang_engine.largest_concurrency(spec, s, device, max_model_len)
+    if s.engine is Engine.TRTLLM:
+        return trtllm_engine.largest_concurrency(spec, s, device, max_model_len)
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)

@@ -17,21 +17,22 @@ from memest.workload import Engine, ServingConfig
 
 
 def weight_dtype(spec: ModelSpec, s: ServingConfig) -> str:
-    """The dtype unquantized weights are served in: ``--dtype``, else the checkpoint's; for vLLM an
-    fp32 checkpoint in bfloat16.
+    """The dtype unquantized weights are served in: ``--dtype``, else the checkpoint's; for the
+    serving engines (vLLM, SGLang, TensorRT-LLM) an fp32 checkpoint in bfloat16.
 
     vLLM's ``dtype="auto"`` (``vllm/config/model.py`` ``_resolve_auto_dtype``) serves a float32
     checkpoint in the platform's first supported dtype, bfloat16 on CUDA devices of compute
     capability 8.0 and later (float16 before, the same 2 bytes; Gemma 2/3 fall back to float32 there,
     which memest does not model), and other checkpoints in their own dtype. transformers loads a
     checkpoint in its own dtype under ``dtype="auto"`` (the default since transformers 5), float32
-    included.
+    included. SGLang's ``ModelConfig`` (``_get_and_verify_dtype``, copied from vLLM) and TensorRT-LLM
+    also serve a float32 checkpoint in 16 bits (2 bytes either way).
     """
     if s.dtype != "auto":
         return s.dtype
     stored = (spec.torch_dtype or "bfloat16").lower().removeprefix("torch.")
     if stored in ("float32", "fp32", "float"):
-        return "bfloat16" if s.engine is Engine.VLLM else "float32"
+        return "float32" if s.engine is Engine.HF else "bfloat16"
     return stored
 
 

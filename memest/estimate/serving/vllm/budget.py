@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.devices import GiB, Device
+from memest.devices import Device, GiB
 from memest.errors import InputError
 from memest.estimate import runtime
 from memest.spec import LayerSpec, ModelSpec
