@@ -91,17 +91,17 @@ tensor is counted as the CUDA caching allocator's block for it (:func:`runtime.c
 512-B multiples; tensors of 10 MiB or more in 2-MiB segments, unsplit when 1 MiB or less would be
 left over): per parameter for weights, param.grad and torch optimizer states, once for each flat
 buffer (DeepSpeed's and Megatron's masters, states and gradient buffers), per saved tensor for
-activations. These model states and activations are remembered per what they depend on
-(:func:`_remembered`): the planner estimates thousands of setups of one model.
+activations. These model states and activations are remembered per the workload fields each reads
+(:class:`_StatesInput`, :class:`_ActivationsInput`; :mod:`memest.memo`): the planner estimates
+thousands of setups of one model.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 from memest.devices import Device
 from memest.estimate import runtime
@@ -118,6 +118,7 @@ from memest.estimate.hf_prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors, stages
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
+from memest.memo import remembered
 from memest.result import Estimate, Kind, RankEstimate, Term
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import (
@@ -303,19 +304,6 @@ def _expert_weighted(items: list[tuple[TensorSpec, int, int]], par: Parallelism,
     return [(tn, local * e if tn.component is Component.EXPERTS else local, c) for tn, local, c in items]
 
 
-_HEADS: dict[int, tuple[ModelSpec, frozenset[int]]] = {}
-
-
-def _head_tensors(spec: ModelSpec) -> frozenset[int]:
-    """ids of the head's tensors (final norm, lm_head), remembered per spec."""
-    hit = _HEADS.get(id(spec))
-    if hit is None or hit[0] is not spec:
-        if len(_HEADS) > 256:
-            _HEADS.clear()
-        hit = _HEADS[id(spec)] = (spec, frozenset(id(tn) for tn in spec.head))
-    return hit[1]
-
-
 def targets_of(targets: str) -> tuple[frozenset[str], bool]:
     """(module names, all-linear) of a ``--lora-targets`` value; ``attention`` names no module (it
     selects by component, see :func:`attention_targets`)."""
@@ -360,21 +348,14 @@ def target_names(spec: ModelSpec, targets: str) -> frozenset[str]:
     return names
 
 
-_ADAPTERS: dict[tuple, tuple[ModelSpec, tuple[tuple[TensorSpec, int, int], ...]]] = {}
-
-
-def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> list[tuple[TensorSpec, int, int]]:
-    """(targeted weight, adapter elements on one rank, count) of a pipeline stage (remembered).
+def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> tuple[tuple[TensorSpec, int, int], ...]:
+    """(targeted weight, adapter elements on one rank, count) of a pipeline stage (the spec's own tensors).
 
     PEFT matches ``target_modules`` by module name anywhere in the model: besides the layers' linears
     it adapts same-named linears outside them (a multimodal checkpoint's vision tower ``q_proj``),
     whose adapters are trained (they get optimizer states and fp32 gradient buffers) though a
     text-only step never runs them. ``all-linear`` takes the layers' linears.
     """
-    key = (id(spec), stage, lora.rank, lora.targets, tp)
-    hit = _ADAPTERS.get(key)
-    if hit is not None and hit[0] is spec:
-        return list(hit[1])
     names = target_names(spec, lora.targets)
     out: list[tuple[TensorSpec, int, int]] = []
     for tn, count in stage_tensors(spec, stage):
@@ -384,10 +365,7 @@ def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> l
         outside = tn.component is Component.OTHER and lora.targets != "all-linear"
         if (layer_linear or outside) and tn.module.rsplit(".", 1)[-1] in names:
             out.append((tn, lora_adapter_numel(tn, lora.rank, tp), count))
-    if len(_ADAPTERS) > 4096:
-        _ADAPTERS.clear()
-    _ADAPTERS[key] = (spec, tuple(out))
-    return out
+    return tuple(out)
 
 
 def lora_adapter_numel(tensor: TensorSpec, rank: int, tp: int) -> int:
@@ -469,7 +447,9 @@ class _States:
     trainable_numel: int = 0
 
 
-def _model_states(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage) -> _States:
+@remembered(maxsize=1 << 14)
+def _model_states(spec: ModelSpec, t: _StatesInput, fw: Framework, stage: Stage) -> _States:
+    """One rank's model states (remembered; never mutated once made)."""
     par = t.parallelism
     recipe = RECIPES[t.precision]
     k = spec.num_kv_heads
@@ -604,19 +584,6 @@ def _finish_states(st: _States, spec: ModelSpec, t: TrainingConfig, stage: Stage
     st.gathered_running = [*st.gathered, *gathered(2, "the unit computed + the one prefetched")]
     st.gathered_loss = [*st.gathered, *gathered(1, "the last layer's, prefetched for its backward")]
     st.gathered_first = [*st.gathered, *gathered(1, "the unit computed; none left to prefetch")]
-
-
-_CUBLAS: dict[tuple[str, str, str], Term] = {}
-
-
-def _cublas(device: Device) -> Term:
-    """The cuBLAS workspace term of ``device`` (remembered per device kind)."""
-    key = (device.kind, device.vendor, device.arch)
-    term = _CUBLAS.get(key)
-    if term is None:
-        term = _CUBLAS[key] = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device),
-                                   "cuBLAS workspace")
-    return term
 
 
 def _deepspeed_states(st: _States, t: TrainingConfig, trainable: list[tuple[TensorSpec, int, int]], sharded_numel: int,
@@ -799,7 +766,9 @@ def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
     return t.seq_len
 
 
-def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage) -> _Activations:
+@remembered(maxsize=1 << 14)
+def _activations(spec: ModelSpec, t: _ActivationsInput, fw: Framework, stage: Stage) -> _Activations:
+    """One rank's activation terms (remembered)."""
     par = t.parallelism
     x = execution(spec, t, fw)
     tp, sp = par.tp, par.sequence_parallel
@@ -1032,24 +1001,60 @@ def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | N
     return _moments(spec, t, resolve_framework(t), device, stage)
 
 
-_STATES: dict[tuple, tuple[ModelSpec, _States]] = {}
-_ACTIVATIONS: dict[tuple, tuple[ModelSpec, _Activations]] = {}
-_REMEMBERED_LIMIT = 1 << 14
+class _StatesInput(NamedTuple):
+    """The fields of a TrainingConfig the model states read (:func:`_model_states`), named as there:
+    the batch, the sequence and recompute are not among them."""
+
+    method: Method
+    precision: Precision
+    optimizer: Optimizer
+    offload: Offload
+    parallelism: Parallelism
+    lora: LoraConfig | None  # None under full training (no adapters)
+    prepare_kbit_training: KbitPrep
 
 
-def _remembered(cache: dict, spec: ModelSpec, key: tuple, make: Callable[[], Any]) -> Any:
-    """``make()``, remembered per (spec, key): the planner estimates thousands of setups of one model, most of
-    which share their model states or their activations. The entry keeps its spec alive, so its id cannot
-    be reused while the entry exists (and a hit checks the identity). The values are never mutated."""
-    full = (id(spec), *key)
-    hit = cache.get(full)
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    value = make()
-    if len(cache) >= _REMEMBERED_LIMIT:
-        cache.clear()
-    cache[full] = (spec, value)
-    return value
+class _ActivationParallelism(NamedTuple):
+    """The parallel degrees the activations read: the ZeRO stage and its sharding group are not among them."""
+
+    tp: int
+    pp: int
+    dp: int  # read only to place routed experts under expert parallelism (sharding.shard_numel): 1 without it
+    cp: int
+    ep: int
+    sequence_parallel: bool
+
+
+class _ActivationsInput(NamedTuple):
+    """The fields of a TrainingConfig the activations read (:func:`_activations`), named as there:
+    the optimizer, offload and the ZeRO stage are not among them."""
+
+    method: Method
+    precision: Precision
+    micro_batch_size: int
+    seq_len: int
+    target_len: int | None
+    grad_accum_steps: int
+    recompute: Recompute
+    attn_implementation: AttnImplementation
+    loss: Loss
+    lora: LoraConfig | None  # None under full training (no adapters)
+    prepare_kbit_training: KbitPrep
+    parallelism: _ActivationParallelism
+
+
+def _states_input(t: TrainingConfig) -> _StatesInput:
+    return _StatesInput(t.method, t.precision, t.optimizer, t.offload, t.parallelism,
+                        t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training)
+
+
+def _activations_input(t: TrainingConfig) -> _ActivationsInput:
+    par = t.parallelism
+    return _ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
+                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
+                             t.prepare_kbit_training,
+                             _ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
+                                                    par.sequence_parallel))
 
 
 def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, stage: Stage) -> dict[str, list[Term]]:
@@ -1059,19 +1064,11 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
 def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
                    stage: Stage) -> tuple[dict[str, list[Term]], _States]:
     """Every moment's allocated terms, and the model states they were built from."""
-    trains_adapters = t.method is not Method.FULL
     # the model states do not depend on the batch, the sequence or recompute; the activations not on the
-    # optimizer, offload or the ZeRO sharding: each is remembered per what it depends on
-    st = _remembered(_STATES, spec, (stage, fw, t.method, t.precision, t.optimizer, t.offload, t.parallelism,
-                                     t.lora if trains_adapters else None, t.prepare_kbit_training),
-                     lambda: _model_states(spec, t, fw, stage))
-    par = t.parallelism
-    acts = _remembered(_ACTIVATIONS, spec, (stage, fw, t.method, t.precision, t.micro_batch_size, t.seq_len,
-                                            t.target_len, t.grad_accum_steps, t.recompute, t.attn_implementation,
-                                            t.loss, t.lora if trains_adapters else None, t.prepare_kbit_training,
-                                            par.tp, par.pp, par.cp, par.sequence_parallel),
-                       lambda: _activations(spec, t, fw, stage))
-    base = [*st.base, _cublas(device)]
+    # optimizer, offload or the ZeRO sharding: each is remembered per the fields it reads (memest.memo)
+    st = _model_states(spec, _states_input(t), fw, stage)
+    acts = _activations(spec, _activations_input(t), fw, stage)
+    base = [*st.base, Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")]
     matmul = st.dequantized
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
     all_grads = st.grads_all
@@ -1170,8 +1167,6 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     return math.ceil((p * per_param + frozen) / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
 
 
-_ASSUMPTIONS: dict[tuple, tuple[str, ...]] = {}
-
 _KBIT_ASSUMPTIONS = {
     KbitPrep.TRL: ("--prepare-kbit-training trl (trl SFTTrainer, bf16=True): norms fp32, embeddings and lm_head bf16, "
                    "fp32 residual stream and layer checkpoints (bitsandbytes Linear4bit returns its input's dtype), "
@@ -1182,30 +1177,53 @@ _KBIT_ASSUMPTIONS = {
 }
 
 
+class _AssumptionsInput(NamedTuple):
+    """What the assumption sentences read."""
+
+    model_type: str
+    sdpa_supported: bool
+    too_long: int | None  # seq_len when it exceeds max_position_embeddings
+    max_position_embeddings: int | None
+    moment: str
+    fw: Framework
+    auto: bool  # the framework was picked (--framework auto)
+    precision: Precision
+    attn_implementation: AttnImplementation
+    method: Method
+    prepare_kbit_training: KbitPrep
+    optimizer: Optimizer
+    expert_sharded: bool  # expert parallelism with sharded states
+
+
 def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
-    """What the estimate assumed (remembered per the settings the sentences depend on)."""
+    """What the estimate assumed."""
+    par = t.parallelism
     too_long = bool(spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings)
-    key = (spec.model_type, spec.sdpa_supported, too_long and t.seq_len, spec.max_position_embeddings, moment, fw,
-           t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
-           t.optimizer, t.parallelism.ep > 1 and t.parallelism.zero_stage > 0)
-    hit = _ASSUMPTIONS.get(key)
-    if hit is not None:
-        return hit
+    return _assumption_lines(_AssumptionsInput(
+        spec.model_type, spec.sdpa_supported, t.seq_len if too_long else None, spec.max_position_embeddings, moment, fw,
+        t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
+        t.optimizer, par.ep > 1 and par.zero_stage > 0))
+
+
+@remembered(maxsize=4096)
+def _assumption_lines(a: _AssumptionsInput) -> tuple[str, ...]:
+    """The sentences of :func:`_assumptions` (remembered)."""
+    fw, moment = a.fw, a.moment
     out = [
         f"peak moment: {moment} (of {', '.join(MOMENTS)})",
-        f"framework {fw.value}" + (" (auto)" if t.framework is Framework.AUTO else "")
-        + f"; precision recipe {t.precision.value}: {RECIPES[t.precision]}",
+        f"framework {fw.value}" + (" (auto)" if a.auto else "")
+        + f"; precision recipe {a.precision.value}: {RECIPES[a.precision]}",
         "steady state (step >= 2): optimizer states allocated",
         ("each tensor in its own CUDA caching-allocator block (512 B multiples; 2 MiB segments of tensors from "
          "10 MiB on, unsplit when 1 MiB or less is left)"),
     ]
-    if not spec.sdpa_supported:
-        out.append(f"eager attention: transformers has no SDPA path for {spec.model_type}; the s x s scores are stored")
-    elif t.attn_implementation != AttnImplementation.EAGER:
+    if not a.sdpa_supported:
+        out.append(f"eager attention: transformers has no SDPA path for {a.model_type}; the s x s scores are stored")
+    elif a.attn_implementation != AttnImplementation.EAGER:
         out.append("flash / SDPA attention: no s x s scores stored; K and V kept at num_kv_heads")
-    if too_long:
-        out.append(f"seq_len {t.seq_len} exceeds max_position_embeddings {spec.max_position_embeddings}")
-    if t.method is not Method.FULL:
+    if a.too_long:
+        out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
+    if a.method is not Method.FULL:
         out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
@@ -1217,15 +1235,12 @@ def _assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str)
                    "bf16 at ZeRO 0 runs FP16_Optimizer: unsharded fp32 master and states, fp32 gradient copies at the "
                    "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
-    if t.method is Method.QLORA:
-        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[t.prepare_kbit_training])
-    if t.optimizer is Optimizer.PAGED_ADAMW8BIT:
+    if a.method is Method.QLORA:
+        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
+    if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
-    if t.parallelism.ep > 1 and t.parallelism.zero_stage > 0:
+    if a.expert_sharded:
         out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
                    "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
                    "DeepSpeed-MoE)")
-    if len(_ASSUMPTIONS) > 4096:
-        _ASSUMPTIONS.clear()
-    result = _ASSUMPTIONS[key] = tuple(out)
-    return result
+    return tuple(out)
