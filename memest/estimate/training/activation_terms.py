@@ -180,12 +180,37 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
     """One rank's activation terms (remembered)."""
     par = t.parallelism
     x = execution(spec, t, fw)
+    # pipeline: the 1F1B schedule keeps the micro-batches the later stages have not back-propagated yet
+    in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+    layers = _layer_terms(spec, t, x, stage, in_flight)
+    head, embedding, logits, logits_forward = _head_terms(spec, t, fw, x, stage, in_flight)
+    cast_all, cast_layer = _autocast_terms(spec, t, x, stage) if x.autocast else (None, None)
+    return ActivationTerms(layers.stored, head, logits, logits_forward, layers.rebuilt, layers.transient,
+                           layers.first_layer, layers.first_transient, layers.other_microbatches, cast_all, cast_layer,
+                           layers.layer_forward, embedding, _eager_masks(kinds, x, t, par))
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerTerms:
+    """The layers' part of :class:`ActivationTerms` (the fields of the same names)."""
+
+    stored: Term
+    rebuilt: Term | None
+    transient: Term
+    first_layer: Term
+    first_transient: Term
+    other_microbatches: Term | None
+    layer_forward: Term | None
+
+
+def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage, in_flight: int) -> _LayerTerms:
+    """What the stage's layers keep, rebuild and hold in their backward and forward."""
+    par = t.parallelism
     tp, sp = par.tp, par.sequence_parallel
     b = t.micro_batch_size
-    in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
     h = spec.hidden_size
     selective = t.recompute is Recompute.SELECTIVE
-
     stored = 0.0
     rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
     first = first_rebuilt = first_back = last_back = 0.0
@@ -261,6 +286,20 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
     others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
                   f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
 
+    forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
+                        "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
+                        "scores and their fp32 copy at the softmax") if forward > 0 else None
+    return _LayerTerms(stored_term, rebuilt_term, transient_term, first_term, first_back_term, others, forward_term)
+
+
+def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Execution, stage: Stage,
+                in_flight: int) -> tuple[Term | None, Term | None, Term | None, Term | None]:
+    """(the head's activations, the embeddings' part of them, the logits at the loss backward, inside the
+    forward's loss)."""
+    par = t.parallelism
+    tp, sp = par.tp, par.sequence_parallel
+    b = t.micro_batch_size
+    h = spec.hidden_size
     head_bytes = emb_bytes = 0.0
     head_parts: list[str] = []
     tokens_first = b * t.seq_len // par.cp
@@ -288,42 +327,43 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
     embedding_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(emb_bytes * in_flight),
                           "embedding norm/dropout x b x s") if emb_bytes else None
-    cast_all = cast_layer = None
-    if x.autocast:
-        def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
-            return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
+    return head_term, embedding_term, logits_term, logits_fwd
 
-        head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
-        if t.method is Method.QLORA:
-            # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
-            # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
-            if kbit_weight_bytes(t)[0] == x.compute_bytes:
-                head = []
-            adapters = lora_adapters(spec, stage, t.lora, par.tp)
-            one = max((sum(local for tn, local, _ in adapters if id(tn) in {id(u) for u in layer.tensors})
-                       for layer, _ in kinds), default=0) * x.compute_bytes
-            lm_head = " and the fp32 lm_head's" if head else ""
-            if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-                total, what = one + cast_bytes(head), f"the rebuilt layer's adapters'{lm_head}"
-            else:
-                total = sum(local * cnt for _, local, cnt in adapters) * x.compute_bytes + cast_bytes(head)
-                what = f"every adapter's{lm_head}"
+
+def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage) -> tuple[Term, Term]:
+    """torch.autocast's 16-bit weight copies kept for backward: (all of them, one layer's)."""
+    par = t.parallelism
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+
+    def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
+        return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
+
+    head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
+    if t.method is Method.QLORA:
+        # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
+        # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
+        if kbit_weight_bytes(t)[0] == x.compute_bytes:
+            head = []
+        adapters = lora_adapters(spec, stage, t.lora, par.tp)
+        one = max((sum(local for tn, local, _ in adapters if id(tn) in {id(u) for u in layer.tensors})
+                   for layer, _ in kinds), default=0) * x.compute_bytes
+        lm_head = " and the fp32 lm_head's" if head else ""
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), f"the rebuilt layer's adapters'{lm_head}"
         else:
-            one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
-            if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
-                total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
-            else:
-                layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
-                total, what = cast_bytes(layers + head), "every linear weight's"
-        cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
-                        f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
-        cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
-    forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
-                        "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
-                        "scores and their fp32 copy at the softmax") if forward > 0 else None
-    return ActivationTerms(stored_term, head_term, logits_term, logits_fwd, rebuilt_term, transient_term, first_term,
-                        first_back_term, others,
-                        cast_all, cast_layer, forward_term, embedding_term, _eager_masks(kinds, x, t, par))
+            total = sum(local * cnt for _, local, cnt in adapters) * x.compute_bytes + cast_bytes(head)
+            what = f"every adapter's{lm_head}"
+    else:
+        one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+        else:
+            layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
+            total, what = cast_bytes(layers + head), "every linear weight's"
+    cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
+                    f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
+    cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
+    return cast_all, cast_layer
 
 
 def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: TrainingConfig,
