@@ -4,7 +4,10 @@
 
 1. **usd_per_hour** — devices x the per-device price (:class:`PriceTable`: the catalog's
    ``Device.hourly_usd``, overridden by ``--cost NAME=USD`` or ``--costs FILE``). Money first:
-   no amount of communication or disruption outweighs a cheaper bill.
+   no amount of communication or disruption outweighs a cheaper bill. A device with no price (a
+   custom size, a Mac, a part nobody rents by the hour) costs ``inf``: its setups rank after every
+   priced one (it is not free, and its bill is unknown), and among its own counts the fewest devices
+   win; a price given for it makes it compete.
 2. **communication** — the sum of :data:`PER_DOUBLING` over the parallel degrees (log2 of each)
    and of :data:`PENALTIES` for the ZeRO stage. Tensor parallelism stays within a node (NVLink);
    pipeline and data parallelism cross nodes.
@@ -159,19 +162,20 @@ class PriceTable:
     usd_per_hour: Mapping[str, float]
 
     def price(self, device: Device) -> float:
-        """USD per hour of one ``device``."""
-        return self.usd_per_hour.get(device.name, device.hourly_usd)
+        """USD per hour of one ``device``: ``math.inf`` when it has none (see the module docstring)."""
+        usd = self.usd_per_hour.get(device.name, device.hourly_usd)
+        return math.inf if usd is None else usd
 
     @classmethod
     def catalog(cls) -> PriceTable:
-        """The catalog's typical on-demand prices (``Device.hourly_usd``)."""
-        return cls({d.name: d.hourly_usd for d in DEVICES})
+        """The catalog's typical on-demand prices (``Device.hourly_usd``; unpriced devices left out)."""
+        return cls({d.name: d.hourly_usd for d in DEVICES if d.hourly_usd is not None})
 
     def with_overrides(self, overrides: Mapping[str, float]) -> PriceTable:
         """A copy with some prices replaced; names may be any alias.
 
         Raises:
-            UnknownDeviceError: a name is not in the catalog.
+            UnknownDeviceError: a name is neither in the catalog nor a custom size.
             InputError: a price is negative or not finite.
         """
         table = dict(self.usd_per_hour)

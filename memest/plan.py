@@ -52,7 +52,8 @@ A setup fits when the device fits (:mod:`memest.fit`) and, with offload, the hos
 per server (``Estimate.host_bytes``) is within ``Space.host_memory_bytes``.
 
 Per device type, counts are visited in increasing order and the visit stops once a count's money
-exceeds the best fit found (so a zero price searches every count). Within a count, setups are
+exceeds the best fit found (so a zero price searches every count; an unpriced device, whose price
+is ``inf``, stops at its first count that fits). Within a count, setups are
 estimated in cost order and the first that fits is that count's best: nothing cheaper is skipped.
 
 To avoid estimating every setup of a layout that cannot fit, each layout is first probed with its
@@ -77,6 +78,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,6 +93,7 @@ from memest.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    KbitPrep,
     Method,
     Offload,
     Optimizer,
@@ -538,8 +541,8 @@ class _Search:
         best: tuple[Cost, _Layout, tuple[int, ...], int] | None = None
         for n in device_counts(device, choice.max_count, choice.min_count):
             usd = n * price
-            if best is not None and usd > best[0].usd_per_hour:
-                break
+            if best is not None and (usd > best[0].usd_per_hour or math.isinf(usd)):
+                break  # an unpriced device: more of it cannot cost less (memest.costs)
             ranked = []
             for layout in self.layouts(device, n):
                 self.setups += layout.size
@@ -648,7 +651,7 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
     base = _flag_items(asked, asked.parallelism.world_size)
     items = _flag_items(workload, count)
     keep = {"--gpus", "--dp", "--tp", "--pp"}
-    parts = [f"--gpu {device.name}"] if device is not None else []
+    parts = [f"--gpu {shlex.quote(device.ref)}"] if device is not None else []
     for flag, value in items.items():
         if flag in keep or value != base[flag]:
             parts += _render({flag: value})
@@ -659,8 +662,6 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     """The ``memest hf`` command line that estimates a planned setup: the model as the user named
     it, the user's own workload flags (``given``: flag -> value, empty for a switch) less those the
     setup sets, then the setup's flags (:func:`setup_flags`)."""
-    import shlex
-
     setup_names = {token for token in setup.split() if token.startswith("--")}
     if "--finetune" in setup_names:  # the setup changes the method: its --finetune replaces --train
         setup_names.add("--train")
@@ -748,7 +749,8 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     out = []
     par_diff = [f for f in _PARALLEL_FLAGS if f in new and new[f] != old[f]]
     if par_diff:
-        added = (fit.setup.count - asked.parallelism.world_size) * price
+        more = fit.setup.count - asked.parallelism.world_size
+        added = more * price if more else 0.0  # 0 x an unpriced device's inf would be nan
         comm = sum(doubling_penalty(n, getattr(fit.setup.workload.parallelism, n))[0] for n in ("tp", "pp", "ep"))
         out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")})),
                           round(added + comm, 6), True))
@@ -952,4 +954,33 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), fewest, utilization)
+                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization)
+
+
+def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:
+    """Why a LoRA / QLoRA job needs more than full fine-tuning of the same job, when it does.
+
+    PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
+    adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
+    input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
+    peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
+    """
+    if not isinstance(workload, TrainingConfig) or workload.method is Method.FULL:
+        return ()
+    try:
+        full = estimate(spec, workload.replace(method=Method.FULL), device)
+    except InputError:
+        return ()
+    if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
+        return ()
+    fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
+    stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
+    qlora = workload.method is Method.QLORA
+    traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
+    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+            "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
+            f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
+            "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
+            f"frozen base saves{traced}",)

@@ -7,19 +7,20 @@ always labelled; parameter counts use decimal suffixes (B = 10^9).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
 from memest import __version__
+from memest.devices import GiB, MiB
 from memest.maxfit import Largest
 from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
+from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
-
-GiB = 1 << 30
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -36,7 +37,7 @@ def size(n: float) -> str:
     """Bytes in GiB from 1 GiB up, else in MiB (tiny models on CPU), two decimals, unit shown."""
     if abs(n) >= GiB:
         return gib(n)
-    return f"{n / (1 << 20):,.2f} MiB"
+    return f"{n / MiB:,.2f} MiB"
 
 
 def count(n: int) -> str:
@@ -134,12 +135,21 @@ def _rank_dict(rank: RankEstimate) -> dict[str, Any]:
     }
 
 
+_BASIS_WORDS = {"measured": "measured", "nominal": "nominal", "working set": "Metal working set", "user": "as given"}
+"""How the device line labels a capacity (:attr:`memest.devices.Device.capacity_basis`)."""
+
+
+def _finite(x: float) -> float | None:
+    """A cost for JSON: None for an unpriced device's ``inf`` (JSON has no infinity)."""
+    return x if math.isfinite(x) else None
+
+
 def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
     if c is None:
         return None
     return {
         "flags": c.flags,
-        "cost": c.cost,
+        "cost": _finite(c.cost),
         "lossless": c.lossless,
         "devices": c.devices,
         "device_used_bytes": c.verdict.needed_bytes,
@@ -370,15 +380,15 @@ def _verdict_line(a: Assessment) -> str:
 def render(a: Assessment, *, explain: bool = False) -> Any:
     """A rich renderable of the whole assessment."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     spec, est, v = a.spec, a.estimate, a.verdict
+    basis = "" if v.device.measured else " " + _BASIS_WORDS[v.device.capacity_basis]
     parts: list[Any] = [
         Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
         Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
-        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}"
-                      f"{'' if v.device.measured else ' nominal'})" + ("" if a.device_given else "  [default; pass --gpu]")),
+        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}{basis})"
+                      + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
     for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
@@ -400,13 +410,11 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         parts.append(Text.assemble((f"{label}: ", "bold"), (flags, "cyan"), tail) if label else Text(tail, style=style))
     if not a.device_given:
         parts.append(Text(_fits_on_line(a)))
-    thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
-    thumbs.add_column("rule")
-    thumbs.add_column("per device", justify="right")
-    thumbs.add_column("vs estimate", justify="right")
+    thumbs = new_table(prose_col("rule"), number_col("per device"), number_col("vs estimate"),
+                       title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     for r in a.rules:
         thumbs.add_row(r.name, gib(r.bytes), f"{r.bytes / max(per.device_used_bytes, 1):.0%}")
-    parts.append(thumbs)
+    parts.append(Narrowest(thumbs))
     if explain:
         for assumption in est.assumptions:
             parts.append(Text(f"assumes: {assumption}", style="dim"))
@@ -415,24 +423,23 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
 
 
 def _table(rank: RankEstimate, *, explain: bool, title: str | None) -> Any:
-    from rich.table import Table
+    """The terms table; narrower without the kind column (each term's name starts with its kind)."""
+    return Narrowest(_terms_table(rank, explain=explain, title=title, kinds=True),
+                     _terms_table(rank, explain=explain, title=title, kinds=False))
 
-    table = Table(title=title, show_footer=False)
-    table.add_column("term")
-    table.add_column("kind", style="dim")
-    table.add_column("GiB", justify="right")
-    table.add_column("share", justify="right")
-    if explain:
-        table.add_column("formula", style="dim")
+
+def _terms_table(rank: RankEstimate, *, explain: bool, title: str | None, kinds: bool) -> Any:
+    columns = [name_col("term"), *([name_col("kind", "dim")] if kinds else []), number_col("GiB"), number_col("share"),
+               *([prose_col("formula", "dim")] if explain else [])]
+    table = new_table(*columns, title=title, show_footer=False)
     for name, kind, n, share, formula in rows(rank):
-        cells = [name, kind, f"{n / GiB:,.2f}", f"{share:.1%}"]
-        if explain:
-            cells.append(formula)
-        table.add_row(*cells)
+        table.add_row(name, *([kind] if kinds else []), f"{n / GiB:,.2f}", f"{share:.1%}",
+                      *([formula] if explain else []))
     table.add_section()
     for label, n in (("peak allocated", rank.allocated_bytes), ("peak reserved", rank.reserved_bytes),
                      ("device used", rank.device_used_bytes)):
-        table.add_row(f"[bold]{label}[/bold]", "", f"[bold]{n / GiB:,.2f}[/bold]", "", *([""] if explain else []))
+        table.add_row(f"[bold]{label}[/bold]", *([""] if kinds else []), f"[bold]{n / GiB:,.2f}[/bold]", "",
+                      *([""] if explain else []))
     return table
 
 
@@ -546,8 +553,8 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "rank": rank,
         "device": s.device.name,
         "count": s.count,
-        "usd_per_hour": s.cost.usd_per_hour,
-        "cost": {"usd_per_hour": s.cost.usd_per_hour, "communication": s.cost.communication,
+        "usd_per_hour": _finite(s.cost.usd_per_hour),
+        "cost": {"usd_per_hour": _finite(s.cost.usd_per_hour), "communication": s.cost.communication,
                  "disruption": s.cost.disruption, "changes": s.cost.changes},
         "lossless": s.lossless,
         "notes": list(s.notes),
@@ -589,7 +596,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "allow_quantization": p.space.allow_quantization,
         "global_batch_size": p.space.global_batch_size,
         "host_memory_bytes": p.space.host_memory_bytes,
-        "prices_usd_per_hour": {c.device.name: p.space.prices.price(c.device) for c in p.space.devices},
+        "prices_usd_per_hour": {c.device.name: _finite(p.space.prices.price(c.device)) for c in p.space.devices},
         "evaluated": p.evaluated,
         "setups": p.setups,
         "headroom_applied": _plan_headroom_applied(p),
@@ -606,7 +613,7 @@ def _plan_rows(p: Plan, top: int) -> list[list[str]]:
         out.append([
             str(i + 1),
             f"{s.count} × {s.device.name}",
-            f"{s.cost.usd_per_hour:,.2f}",
+            f"{s.cost.usd_per_hour:,.2f}" if math.isfinite(s.cost.usd_per_hour) else "no price",
             describe_layout(s.workload),
             describe_settings(s.workload, f.estimate.host_bytes),
             f"{v.needed_bytes / GiB:,.2f}",
@@ -617,6 +624,18 @@ def _plan_rows(p: Plan, top: int) -> list[list[str]]:
 
 
 _PLAN_COLUMNS = ("#", "devices", "$/h", "parallelism", "settings", "peak GiB/device", "free GiB", "largest that fits")
+
+
+def _plan_table(p: Plan, top: int) -> Any:
+    """The fits, one row each; on a narrow console devices, price, parallelism and settings share a
+    column, and peak and free memory another."""
+    kinds = (number_col, name_col, number_col, prose_col, prose_col, number_col, number_col, prose_col)
+    wide = new_table(*(column(header) for column, header in zip(kinds, _PLAN_COLUMNS, strict=True)))
+    narrow = new_table(number_col("#"), prose_col("setup"), number_col("GiB/device"), prose_col("largest that fits"))
+    for n, devices, cost, layout, settings, peak, free, largest in _plan_rows(p, top):
+        wide.add_row(n, devices, cost, layout, settings, peak, free, largest)
+        narrow.add_row(n, f"{devices} · ${cost}/h\n{layout}\n{settings}", f"{peak} peak\n{free} free", largest)
+    return Narrowest(wide, narrow)
 
 
 def _plural(n: int, word: str) -> str:
@@ -654,7 +673,6 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
     command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     head = _plan_header(p)
@@ -667,12 +685,7 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
                           "--allow-method-change or --allow-quantization.", style="bold red"))
     else:
-        table = Table(show_lines=False)
-        for col in _PLAN_COLUMNS:
-            table.add_column(col, justify="right" if col in ("#", "$/h", "peak GiB/device", "free GiB") else "left")
-        for row in _plan_rows(p, top):
-            table.add_row(*row)
-        parts.append(table)
+        parts.append(_plan_table(p, top))
         command = _fit_command(p, p.fits[0], model, given or {})
         parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
@@ -753,27 +766,37 @@ def _largest_line(result: Sweep) -> str:
 def render_sweep(result: Sweep) -> Any:
     """A rich renderable of a sweep: GiB per term (rows) at each point (columns)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     labels, rows = _sweep_grid(result)
-    table = Table(title=f"{result.spec.name} on {result.count} × {result.device.name} "
-                        f"({gib(result.device.memory_bytes)}) — GiB per device by {result.flag}")
-    table.add_column("term")
-    table.add_column("kind", style="dim")
-    for label in labels:
-        table.add_column(label, justify="right")
-    n_terms = len(rows) - 4
-    for i, row in enumerate(rows):
-        if i == n_terms:
-            table.add_section()
-        table.add_row(*row)
-    parts: list[Any] = [Text(describe_workload(result.points[0].workload), style="dim"), table,
+    title = (f"{result.spec.name} on {result.count} × {result.device.name} ({gib(result.device.memory_bytes)}) — "
+             f"GiB per device by {result.flag}")
+    # narrower: without the kind column, then the points split over several tables
+    layouts = [_sweep_table(title, labels, rows, kinds=True)]
+    for per in sorted({math.ceil(len(labels) / k) for k in range(1, len(labels) + 1)}, reverse=True):
+        chunks = [range(i, min(i + per, len(labels))) for i in range(0, len(labels), per)]
+        layouts.append(Group(*(_sweep_table(title if n == 0 else None, labels, rows, kinds=False, points=c)
+                               for n, c in enumerate(chunks))))
+    parts: list[Any] = [Text(describe_workload(result.points[0].workload), style="dim"), Narrowest(*layouts),
                         Text(_largest_line(result), style="bold")]
     for p in result.points:
         if p.error:
             parts.append(Text(f"{result.flag} {p.value:,}: {p.error}", style="yellow"))
     return Group(*parts)
+
+
+def _sweep_table(title: str | None, labels: list[str], rows: list[list[str]], *, kinds: bool,
+                 points: range | None = None) -> Any:
+    """The sweep's terms (rows) at the ``points`` (columns, default all), with or without the kind column."""
+    points = points if points is not None else range(len(labels))
+    table = new_table(name_col("term"), *([name_col("kind", "dim")] if kinds else []),
+                      *(number_col(labels[i]) for i in points), title=title)
+    n_terms = len(rows) - 4
+    for i, row in enumerate(rows):
+        if i == n_terms:
+            table.add_section()
+        table.add_row(row[0], *([row[1]] if kinds else []), *(row[2 + j] for j in points))
+    return table
 
 
 def sweep_to_markdown(result: Sweep) -> str:

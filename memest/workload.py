@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from memest import lora_targets
 from memest.errors import InputError
-from memest.spec import Component, ModelSpec, Split
+from memest.spec import ModelSpec, Split
 
 
 class Method(str, Enum):
@@ -334,7 +335,7 @@ class ServingConfig:
 
     Attributes:
         dtype: Weight dtype (``auto`` = the checkpoint's; fp32 checkpoints in bf16 under vLLM,
-            in fp32 under transformers; :func:`memest.estimate.serving.weight_dtype`).
+            in fp32 under transformers; :func:`memest.estimate.serving.common.weight_dtype`).
         quantization: Weight quantization applied to an unquantized model (``none`` keeps the
             checkpoint's own quantization_config, if any).
         kv_cache_dtype: KV-cache element type (``auto`` = the weight dtype).
@@ -585,19 +586,9 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
 
 
 def lora_module_names(spec: ModelSpec) -> tuple[str, ...]:
-    """Module names (the last part, ``q_proj``) that ``--lora-targets`` may name, in model order.
-
-    PEFT matches ``target_modules`` against module names; memest counts adapters on 2-D linear
-    weights of the layers and on 2-D weights outside the attention/MLP blocks
-    (:attr:`~memest.spec.Component.OTHER`: state-space mixers, vision towers), as
-    :func:`memest.estimate.training.lora_adapters` selects them.
-    """
-    names: dict[str, None] = {}
-    for t, _ in spec.tensors():
-        if len(t.shape) == 2 and t.name.endswith("weight") and (
-                t.is_linear_weight or t.component is Component.OTHER):
-            names[t.module.rsplit(".", 1)[-1]] = None
-    return tuple(names)
+    """Module names (the last part, ``q_proj``) that ``--lora-targets`` may name, in model order
+    (:func:`memest.lora_targets.nameable_modules`)."""
+    return lora_targets.nameable_modules(spec)
 
 
 def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
@@ -610,15 +601,14 @@ def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
     """
     known = lora_module_names(spec)
     choices = ", ".join(known) or "none"
-    if targets == "all-linear":
+    if targets == lora_targets.ALL_LINEAR:
         return
-    if targets == "attention":
-        if not any(t.component is Component.ATTENTION and t.is_linear_weight and len(t.shape) == 2
-                   for layer, _ in spec.layer_kinds() for t in layer.tensors):
+    if targets == lora_targets.ATTENTION:
+        if not lora_targets.layer_modules(spec, targets):
             raise InputError(f"--lora-targets attention: {spec.name} has no attention projections; name its modules "
                              f"instead (it has {choices}) or use all-linear")
         return
-    items = [x.strip() for x in targets.split(",")]
+    items = lora_targets.named_modules(targets)
     if not any(items) or not all(items):
         raise InputError(f"--lora-targets {targets!r} has an empty module name; write attention, all-linear, or names "
                          f"separated by commas from those of {spec.name}: {choices}")

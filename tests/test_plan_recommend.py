@@ -24,7 +24,8 @@ from memest.costs import Cost, PriceTable
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.estimate.serving import MAX_PP_QUERY, smallest_parallelism, vllm_ranks
+from memest.estimate.serving import MAX_PP_QUERY, smallest_parallelism
+from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.fit import verdict
 from memest.maxfit import largest_utilization
 from memest.plan import DeviceChoice, Space, _utilization_cost, assess, plan, recommend

@@ -11,13 +11,10 @@ from typer.testing import CliRunner
 from memest.cli import app
 from memest.devices import get_device
 from memest.errors import InputError
-from memest.estimate import estimate, vllm_engine
-from memest.estimate.serving import (
-    largest_concurrency,
-    largest_max_model_len,
-    smallest_parallelism,
-    vllm_ranks,
-)
+from memest.estimate import estimate
+from memest.estimate.serving import largest_concurrency, largest_max_model_len, smallest_parallelism
+from memest.estimate.serving.vllm import budget as vllm_budget
+from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.sources import load_model
 from memest.workload import Engine, Parallelism, ServingConfig
 
@@ -27,7 +24,7 @@ H100 = get_device("H100-80GB")
 
 def test_budget_v019_is_ceil_of_utilization_minus_non_kv() -> None:
     # request_memory(): ceil(total x util); available = requested - weights - peak - non_torch
-    b = vllm_engine.budget("0.19", H100, 0.95, weights=10 * GiB, activation=2 * GiB, non_torch=GiB // 4)
+    b = vllm_budget.budget("0.19", H100, 0.95, weights=10 * GiB, activation=2 * GiB, non_torch=GiB // 4)
     requested = math.ceil(H100.memory_bytes * 0.95)
     assert b.requested == requested
     assert b.available == requested - 10 * GiB - 2 * GiB - GiB // 4
@@ -41,7 +38,7 @@ def test_budget_v019_is_ceil_of_utilization_minus_non_kv() -> None:
 )
 def test_engine_defaults(device: str, version: str, expected: tuple[int, int]) -> None:
     # vLLM 0.19 EngineArgs.get_batch_defaults for `vllm serve`; V0: max(max_model_len, 2048) / 256
-    s = vllm_engine.engine_settings(version, get_device(device), 8192, None, None)
+    s = vllm_budget.engine_settings(version, get_device(device), 8192, None, None)
     assert (s.max_num_batched_tokens, s.max_num_seqs) == expected
 
 
@@ -51,8 +48,8 @@ def test_sampler_peak_by_hand() -> None:
     spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
     h, V, T, N = 4096, 128256, 8192, 1024
     sampler = T * h * 2 + 2 * N * h * 2 + N * V * 2 + 3 * N * V * 4 + 132 * V * 4
-    peak = vllm_engine.profile_peak(spec, spec.layer_kinds(), last=True, tp=1, c=2,
-                                    settings=vllm_engine.EngineSettings(T, N), max_model_len=8192, block_size=16,
+    peak = vllm_budget.profile_peak(spec, spec.layer_kinds(), last=True, tp=1, c=2,
+                                    settings=vllm_budget.EngineSettings(T, N), max_model_len=8192, block_size=16,
                                     version="0.19", device=H100)
     assert peak.sampler == sampler
     assert peak.total == sampler + 32 * (1 << 20)

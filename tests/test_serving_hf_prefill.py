@@ -2,7 +2,7 @@
 models measured for real on the CPU.
 
 Every expected byte count of the full-size cases is itemised from the transformers 5.24 code (the
-tensors named in memest/estimate/hf_prefill.py's docstring), with the arithmetic in the test. The
+tensors named in memest/estimate/serving/hf/prefill.py's docstring), with the arithmetic in the test. The
 comment under each case gives what the trace reported for the same job (``memest.trace``: the real
 model code on the meta device, prefilling p tokens; allocated bytes are 512-byte caching-allocator
 blocks) — an independent check recorded when these tests were written. The trace's generate loop

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from memest.estimate.kv_cache import (
+from memest.estimate.serving.kv import (
     KVLayer,
     bytes_per_token,
     contiguous_cache_bytes,
+    kv_bytes_per_token,
     kv_layer,
     kv_layers,
     paged_layout,
 )
-from memest.estimate.serving import kv_bytes_per_token
 from memest.sources import load_model
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec
 from memest.workload import Parallelism, ServingConfig

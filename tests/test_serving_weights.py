@@ -7,7 +7,7 @@ import types
 import pytest
 
 from memest.errors import InputError, UnknownModelError
-from memest.estimate.vllm_engine import cuda_block_bytes
+from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.weights import SCHEMES, QuantScheme, checkpoint_bytes, scheme_of
 from memest.sources.hub import HubUnreachableError
 from memest.sources.quantization import compressed_tensors_spec
@@ -143,7 +143,7 @@ def test_safetensors_counts_not_a_safetensors_repo(monkeypatch: pytest.MonkeyPat
 
 def test_exact_weights_scale_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Headers that say the checkpoint is 1% larger than the analytic count scale the weights 1%."""
-    from memest.estimate.serving import stage_weight_bytes
+    from memest.estimate.serving.common import stage_weight_bytes
     from memest.estimate.sharding import stages
     from memest.sources import load_model
     from memest.workload import ServingConfig
@@ -163,7 +163,7 @@ def test_exact_weights_scale_the_estimate(monkeypatch: pytest.MonkeyPatch) -> No
 def test_float32_checkpoint_served_dtype(engine, dtype, bytes_per_param):
     from memest.devices import get_device
     from memest.estimate import estimate
-    from memest.estimate.serving import weight_dtype
+    from memest.estimate.serving.common import weight_dtype
     from memest.sources import load_model
     from memest.workload import Engine, ServingConfig
 

@@ -34,7 +34,7 @@ KV_TOLERANCE = 0.03
 ACTIVATION_TOLERANCE = 0.05
 """The profiled activation peak (1-2.3 GiB) within 5%; it moves the KV pool by < 0.2%."""
 NON_TORCH_TOLERANCE = 0.05
-"""Non-torch memory is a measured constant per tp (see vllm_engine.NON_TORCH_INCREASE)."""
+"""Non-torch memory is a measured constant per tp (see memest.estimate.serving.vllm.budget.NON_TORCH_INCREASE)."""
 BUDGET_TOLERANCE = 0.005
 """gpu_memory_utilization x capacity is exact up to the log's rounding."""
 GENERATE_TOLERANCE = 0.05

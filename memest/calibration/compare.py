@@ -33,12 +33,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from memest.devices import DEVICES, Device, get_device
+from memest.devices import DEVICES, GiB, Device, get_device
 from memest.errors import UnknownDeviceError
 from memest.measure import Measurement
 from memest.result import Estimate, Kind, RankEstimate
-
-GiB = 1 << 30
 
 ARCH_BY_CAPABILITY = {"7.0": "volta", "7.2": "volta", "7.5": "turing", "8.0": "ampere", "8.6": "ampere",
                       "8.7": "ampere", "8.9": "ada", "9.0": "hopper", "10.0": "blackwell", "10.3": "blackwell",

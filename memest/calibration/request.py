@@ -128,7 +128,7 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: in
 
     Serving is modelled as what runs: transformers ``generate`` (``--engine hf``, the installed
     transformers' major version), generating ``--max-new-tokens`` tokens, else ``steps``, else 8,
-    after a prompt of the rest of ``--max-model-len`` (:func:`memest.estimate.hf_generate.lengths`
+    after a prompt of the rest of ``--max-model-len`` (:func:`memest.estimate.serving.hf.generate.lengths`
     turns these into the prompt and generated lengths for both the estimate and the run).
 
     Raises:

@@ -56,7 +56,7 @@ def default_steps(request: Request, workload: Any, spec: Any) -> int:
         InputError: fewer than 2 steps.
     """
     if isinstance(workload, ServingConfig):
-        from memest.estimate.hf_generate import lengths  # the decode steps the estimate models
+        from memest.estimate.serving.hf.generate import lengths  # the decode steps the estimate models
 
         return lengths(spec, workload).new
     steps = request.steps if request.steps is not None else DEFAULT_TRAIN_STEPS
@@ -180,7 +180,7 @@ def _sync(torch: Any, device: Any) -> None:
 def _prepare(cfg: Any, spec: Any, workload: Any, request: Request, *, device: Any, steps: int, world: int) -> Any:
     from memest.calibration import distributed
     from memest.calibration.models import build_model, torch_dtype
-    from memest.estimate.serving import weight_dtype
+    from memest.estimate.serving.common import weight_dtype
 
     vocab = spec.vocab_size
     checkpoint = request.model if request.weights else None

@@ -1,9 +1,9 @@
 """Serving as transformers ``generate`` runs it: a prefill of the prompt, then decode steps.
 
-What memest estimates with ``--engine hf`` (:mod:`memest.estimate.hf_generate`): ``batch_size``
-sequences of a prompt then new tokens (:func:`~memest.estimate.hf_generate.lengths`), greedy decoding with the default dynamic cache (``DynamicCache``: per layer, K and V tensors that
+What memest estimates with ``--engine hf`` (:mod:`memest.estimate.serving.hf.generate`): ``batch_size``
+sequences of a prompt then new tokens (:func:`~memest.estimate.serving.hf.generate.lengths`), greedy decoding with the default dynamic cache (``DynamicCache``: per layer, K and V tensors that
 grow by concatenation each step), weights at the serving dtype (``auto`` = the checkpoint's, fp32
-checkpoints in fp16, as :func:`memest.estimate.serving.weight_dtype` says). The warm-up is a
+checkpoints in fp16, as :func:`memest.estimate.serving.common.weight_dtype` says). The warm-up is a
 generate of a short prompt, so kernels and the cuBLAS workspace exist before the baseline.
 Encoder-only models (BERT-style) run one forward of the batch instead.
 """
@@ -80,12 +80,12 @@ class ServingSession:
 
 def prepare_serving(model: Any, spec: Any, s: ServingConfig, *, device: Any, vocab_size: int) -> ServingSession:
     """Set up ``model`` (on ``device`` at the serving dtype) to serve ``s``: the prompt and generated
-    lengths are :func:`memest.estimate.hf_generate.lengths`, the estimate's own.
+    lengths are :func:`memest.estimate.serving.hf.generate.lengths`, the estimate's own.
 
     Raises:
         InputError: nothing to generate for a generating model, or no prompt.
     """
-    from memest.estimate.hf_generate import lengths
+    from memest.estimate.serving.hf.generate import lengths
 
     n = lengths(spec, s)
     generates = spec.task in ("causal_lm", "seq2seq")

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import InputError, MissingDependencyError
-from memest.estimate.training import _targeted as estimator_targets_tensor  # the estimator's own rule
+from memest.lora_targets import ALL_LINEAR, layer_modules
 from memest.workload import KbitPrep, Method, Optimizer, Precision, Recompute, TrainingConfig
 
 LEARNING_RATE = 1e-5
@@ -215,10 +215,11 @@ def tensors_bytes(tensors: Any) -> int:
 
 def lora_target_modules(spec: Any, targets: str) -> list[str] | str:
     """peft ``target_modules`` for ``--lora-targets``: the layer modules memest's estimator counts
-    adapters for (``self_attn.q_proj``, ...), matched by peft as name suffixes; ``all-linear`` as is."""
-    if targets == "all-linear":
-        return "all-linear"
-    modules = {t.module for layer, _ in spec.layer_kinds() for t in layer.tensors if estimator_targets_tensor(t, targets)}
+    adapters for (``self_attn.q_proj``, ...: :func:`memest.lora_targets.layer_modules`), matched by peft
+    as name suffixes; ``all-linear`` as is."""
+    if targets == ALL_LINEAR:
+        return ALL_LINEAR
+    modules = layer_modules(spec, targets)
     if not modules:
         raise InputError(f"--lora-targets {targets!r} matches no linear layer of {spec.name}; "
                          "use attention, all-linear, or module names such as q_proj,v_proj")

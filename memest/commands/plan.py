@@ -11,7 +11,7 @@ import typer
 
 from memest.cli import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
 from memest.costs import PriceTable, parse_cost_flags, read_cost_file
-from memest.devices import DEVICES, get_device
+from memest.devices import DEVICES, GiB, get_device
 from memest.errors import InputError
 from memest.options import JobOptions, workload_options
 from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, DeviceChoice, Space
@@ -108,7 +108,7 @@ def plan_command(
     cost: CostOpt = None,
     costs: CostsOpt = None,
     top: TopOpt = 10,
-    host_memory: HostMemoryOpt = DEFAULT_HOST_MEMORY_BYTES / 2**30,
+    host_memory: HostMemoryOpt = DEFAULT_HOST_MEMORY_BYTES / GiB,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
     job: JobOptions,
@@ -140,7 +140,7 @@ def plan_command(
                          "training use --allow-method-change (QLoRA)")
     space = Space(devices=device_choices(gpus_available, job.gpu, max_gpus), prices=price_table(cost, costs),
                   allow_method_change=allow_method_change, allow_quantization=allow_quantization,
-                  allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * 2**30))
+                  allow_offload=allow_offload, global_batch_size=global_batch_size, host_memory_bytes=round(host_memory * GiB))
     ignored = ["--" + n.replace("_", "-") for n, default in _SEARCHED_FLAGS.items() if job.values[n] != default]
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "

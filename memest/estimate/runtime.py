@@ -22,13 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memest.devices import Device
+from memest.devices import GiB, MiB, Device
 
 CALIBRATED_PATH = Path(__file__).resolve().parent.parent / "data" / "calibrated.json"
 """Runtime constants measured by ``memest calibrate`` (see the module docstring)."""
-
-GiB = 1 << 30
-MiB = 1 << 20
 
 MIN_BLOCK_SIZE = 512
 """``kMinBlockSize``: every allocation is rounded up to a multiple of this many bytes."""
@@ -74,13 +71,16 @@ CUDA_CONTEXT_BYTES: dict[str, int] = {
     "cdna3": round(0.51 * GiB),
     "gaudi": 0,
     "tpu": 0,
+    "apple": 0,
 }
 """Device memory used before the first tensor. volta: 1343 MiB on a V100 (CUDA 11, no lazy module
 loading; validation case hf_bert_large_vanilla_bs4) — V100 stacks are often that old; a V100 on CUDA
 12 uses less, so the figure errs high. Turing (T4) and newer GPUs: 0.51 GiB on an H100 with
 CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31_8b_tp1); used for
 the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
-per-process context in device memory that the frameworks report. A calibrated value (non-torch
+per-process context in device memory that the frameworks report; nor has Apple's Metal (its working
+set, :func:`memest.devices.metal_working_set_bytes`, is what remains for the process). An arch not
+listed here (a custom size, cdna4, neuron, Intel Xe) gets the generic 0.51 GiB. A calibrated value (non-torch
 memory of a one-process run: NVML process used - reserved after the steps) replaces these."""
 
 NCCL_BYTES = 1 * GiB
@@ -103,9 +103,10 @@ def cublas_workspace_bytes(device: Device) -> int:
     """cuBLAS / cuBLASLt workspace the caching allocator holds for the compute stream.
 
     PyTorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (getChosenWorkspaceSize): 32 MiB on
-    Hopper and newer, 4096 KiB x 2 + 16 KiB x 8 before; none on TPUs.
+    Hopper and newer, 4096 KiB x 2 + 16 KiB x 8 before (also for an arch it does not know: a custom
+    size); none on TPUs, AWS Neuron chips, Intel and Apple GPUs, which have no cuBLAS.
     """
-    if device.kind in ("tpu", "cpu") or device.vendor == "intel":
+    if device.kind in ("tpu", "cpu", "npu") or device.vendor in ("intel", "apple"):
         return 0
     if device.arch in ("hopper", "blackwell"):
         return 32 * MiB

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from memest.errors import InputError, MissingDependencyError, UnsupportedArchitectureError
+from memest.lora_targets import peft_target_modules
 from memest.sources.config import HFConfig
 from memest.spec import ModelSpec
 
@@ -173,24 +174,11 @@ def lm_head(model: Any) -> Any:
 def lora_targets(spec: ModelSpec, targets: str) -> list[str]:
     """The module names PEFT should target for memest's ``--lora-targets``.
 
-    ``attention``: the attention projections of the spec's layers; ``all-linear``: every linear
-    projection of a layer (PEFT's own ``all-linear`` would also take none other); otherwise the
-    comma-separated names as given.
+    ``attention``: the last names of the attention projections of the spec's layers; ``all-linear``:
+    those of every linear projection of a layer; otherwise the comma-separated names as given
+    (:func:`memest.lora_targets.peft_target_modules`).
     """
-    from memest.spec import Component
-
-    names: list[str] = []
-    for layer, _ in spec.layer_kinds():
-        for t in layer.tensors:
-            if not (t.is_linear_weight and len(t.shape) == 2):
-                continue
-            if targets == "attention" and t.component is not Component.ATTENTION:
-                continue
-            short = t.module.rsplit(".", 1)[-1]
-            if short not in names:
-                names.append(short)
-    if targets not in ("attention", "all-linear"):
-        names = [x.strip() for x in targets.split(",") if x.strip()]
+    names = peft_target_modules(spec, targets)
     if not names:
         raise InputError(f"--lora-targets {targets!r} matches no linear layer of {spec.name}")
     return names

@@ -139,7 +139,7 @@ def _trace_training(job: _Job, t: TrainingConfig, stack: contextlib.ExitStack, r
 
 def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, decode_steps: int) -> int:
     """Build and trace transformers generate; returns the world size simulated (1)."""
-    from memest.estimate.serving import weight_dtype
+    from memest.estimate.serving.common import weight_dtype
 
     _serving.check_supported(s)
     if job.spec.task != "causal_lm":

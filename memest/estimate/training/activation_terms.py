@@ -21,7 +21,7 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
-from memest.estimate.hf_prefill import DEFAULT_CODE, FORWARD_CODE
+from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel
 from memest.estimate.training.lora import ADAPTER_BYTES, attention_targets, lora_adapters, targets_of
@@ -241,7 +241,7 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
                 # the first layer's input is the embeddings' output, at their dtype
                 first = cuda_block_bytes(math.ceil(input_bytes * h / (tp if sp else 1) * tokens))
                 stored += first - kept
-            if frozen_input and t.recompute is Recompute.NONE:
+            if frozen_input and t.recompute in (Recompute.NONE, Recompute.SELECTIVE):
                 first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
                                           input_grad=False).block_bytes(tokens, tp, sp)
                 stored += first - kept

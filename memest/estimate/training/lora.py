@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from memest import lora_targets
 from memest.estimate.sharding import Stage, stage_tensors
 from memest.spec import Component, ModelSpec, Split, TensorSpec
 from memest.workload import LoraConfig
@@ -33,14 +34,7 @@ def attention_targets(spec: ModelSpec) -> frozenset[str]:
 def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
     """True when ``--lora-targets`` puts an adapter on this layer tensor: a 2-D linear weight of the
     attention (``attention``), of any block (``all-linear``), or of a named module."""
-    if not (tensor.is_linear_weight and len(tensor.shape) == 2):
-        return False
-    names, all_linear = targets_of(targets)
-    if all_linear:
-        return True
-    if targets == "attention":
-        return tensor.component is Component.ATTENTION
-    return tensor.module.rsplit(".", 1)[-1] in names
+    return lora_targets.adapts(tensor, targets)
 
 
 _targeted = lora_targets_tensor  # the name memest.calibration imports

@@ -4,7 +4,7 @@ Symbols: b batch, p prompt tokens, n new tokens, h hidden_size, a heads, i inter
 V vocab_size, c bytes per activation element. The peak is the larger of two moments:
 
 - **prefill**: weights + the largest moment of the prompt's forward with the cache written so far
-  (transformers 5: :mod:`memest.estimate.hf_prefill`, moment by moment, checked against the trace;
+  (transformers 5: :mod:`memest.estimate.serving.hf.prefill`, moment by moment, checked against the trace;
   sliding-window layers hold all p tokens until the first decode step) or, after the last layer,
   the final norm, the lm_head and ``generate``'s fp32 copy of the last logits;
 - **last decode step**: weights + the cache of b x (p + n - 1) tokens (the last generated token is
@@ -19,7 +19,7 @@ h-sized tensors (residual and normed input) — and eager attention's fp32 score
 b x a x p^2 x (4 + c) (eager was 4.34's default); or the logits of every prompt position
 (b x p x V x c), which Llama-family models upcast to fp32 (``logits = logits.float()``).
 
-The weights are counted as the caching allocator holds them (:func:`loaded_weight_bytes`), and
+The weights are counted as the caching allocator holds them (:func:`allocations`), and
 GPT-BigCode's ``max_positions x max_positions`` bool causal-mask buffer (``GPTBigCodeModel.__init__``)
 in both versions (it is still registered in transformers 5.24: findings §7).
 
@@ -36,13 +36,20 @@ import math
 from dataclasses import dataclass
 
 from memest.devices import Device
-from memest.estimate import hf_prefill, runtime
+from memest.estimate import runtime
 from memest.estimate.dtypes import nbytes
-from memest.estimate.kv_cache import KVLayer, bytes_per_token, contiguous_cache_bytes, kv_layers
-from memest.estimate.serving import compute_bytes, kv_dtype_bytes, max_model_len_of, quantization_note, weight_dtype
+from memest.estimate.serving.common import (
+    Allocation,
+    compute_bytes,
+    loaded_weight_bytes,
+    max_model_len_of,
+    quantization_note,
+    weight_dtype,
+)
+from memest.estimate.serving.hf import prefill as hf_prefill
+from memest.estimate.serving.kv import KVLayer, bytes_per_token, contiguous_cache_bytes, kv_dtype_bytes, kv_layers
 from memest.estimate.sharding import stage_tensors, stages
-from memest.estimate.vllm_engine import cuda_block_bytes
-from memest.estimate.weights import QuantScheme, checkpoint_scale, is_quantized, serving_weight_layout, tensor_bytes
+from memest.estimate.weights import QuantScheme, is_quantized, serving_weight_layout, tensor_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
@@ -127,8 +134,9 @@ def _layer_transient_per_token(spec: ModelSpec, c: float) -> float:
     return worst
 
 
-def _eager_scores(spec: ModelSpec, b: int, p: int, c: float) -> float:
-    """transformers 4.34: eager attention's fp32 scores and their cast (bytes)."""
+def _legacy_eager_scores(spec: ModelSpec, b: int, p: int, c: float) -> float:
+    """transformers 4.34: eager attention's fp32 scores and their cast, alive in the forward (bytes;
+    not the scores training saves for backward, :func:`memest.estimate.activations._eager_scores`)."""
     a = spec.reference_layer.attention
     window = min(p, a.sliding_window or p)
     return b * a.num_heads * p * window * (4 + c)
@@ -149,7 +157,7 @@ def _legacy_prefill(spec: ModelSpec, b: int, p: int, c: float, kv_prefill: int) 
     """transformers 4.34's prefill: the largest layer's transients at b x p tokens with eager scores,
     or every prompt position's logits (see the module docstring)."""
     T = b * p
-    act = _layer_transient_per_token(spec, c) * T + _eager_scores(spec, b, p, c)
+    act = _layer_transient_per_token(spec, c) * T + _legacy_eager_scores(spec, b, p, c)
     upcast = 4 if spec.model_type in UPCAST_LOGITS_434 else 0
     logits = T * spec.vocab_size * (c + upcast) + T * spec.hidden_size * c
     if act >= logits:
@@ -174,7 +182,7 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
     c = compute_bytes(spec, s)
     e = kv_dtype_bytes(spec, s)
     scheme, skip = serving_weight_layout(spec, s.quantization)
-    w = loaded_weight_bytes(spec, s, c, scheme, skip, caching_allocator=device.vendor in ("nvidia", "amd"))
+    w = loaded_weight_bytes(spec, s, allocations(spec, s, caching_allocator=device.vendor in ("nvidia", "amd")))
     buffers = causal_mask_buffer_bytes(spec)
     layers = cache_layers(spec, e)
     p = lens.prompt
@@ -199,27 +207,21 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
                         "torch.cat copy of one layer's cache")
 
 
-def loaded_weight_bytes(spec: ModelSpec, s: ServingConfig, c: float, scheme: QuantScheme | None,
-                        skip: tuple[str, ...], *, caching_allocator: bool = True) -> int:
-    """The weights as the caching allocator counts them once transformers has loaded them: every
-    parameter is its own allocation (``from_pretrained`` materialises one tensor per checkpoint key),
-    rounded by :func:`memest.estimate.vllm_engine.cuda_block_bytes` (512 B; a tensor of 10 MiB or more
-    gets a segment rounded to 2 MiB and keeps a remainder of up to 1 MiB). bitsandbytes makes its
-    linears by quantizing a 16-bit copy on the device (``Int8Params.cuda`` / ``Params4bit.cuda``:
-    packed weight and scales are new allocations while that copy is alive), so where their blocks
-    fall is not modelled: quantized linears count their stored bytes. Without PyTorch's CUDA
-    caching allocator (``caching_allocator=False``: CPU, TPU, Gaudi) the tensors' own bytes.
-    Scaled to the checkpoint's exact bytes with ``--exact-weights``."""
+def allocations(spec: ModelSpec, s: ServingConfig, *, caching_allocator: bool = True) -> list[Allocation]:
+    """The weight allocations transformers makes once it has loaded a checkpoint: every parameter is
+    its own allocation (``from_pretrained`` materialises one tensor per checkpoint key), rounded by
+    :func:`memest.estimate.runtime.cuda_block_bytes` (512 B; a tensor of 10 MiB or more gets a
+    segment rounded to 2 MiB and keeps a remainder of up to 1 MiB). bitsandbytes makes its linears
+    by quantizing a 16-bit copy on the device (``Int8Params.cuda`` / ``Params4bit.cuda``: packed
+    weight and scales are new allocations while that copy is alive), so where their blocks fall is
+    not modelled: quantized linears count their stored bytes. Without PyTorch's CUDA caching
+    allocator (``caching_allocator=False``: CPU, TPU, Gaudi) the tensors' own bytes."""
+    c = compute_bytes(spec, s)
+    scheme, skip = serving_weight_layout(spec, s.quantization)
     stage = stages(spec.num_layers, 1)[0]
-    w = 0.0
-    for t, count in stage_tensors(spec, stage):
-        stored = tensor_bytes(t, s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip)
-        quantized = is_quantized(t, scheme, skip)
-        w += (stored if quantized or not caching_allocator else cuda_block_bytes(math.ceil(stored))) * count
-    w = math.ceil(w)
-    if s.checkpoint_params:
-        w = math.ceil(w * checkpoint_scale(spec, s.checkpoint_params, c, scheme, skip))
-    return w
+    return [Allocation(tensor_bytes(t, s.parallelism, spec.num_kv_heads, dtype_bytes=c, scheme=scheme, skip=skip),
+                       count, rounded=caching_allocator and not is_quantized(t, scheme, skip))
+            for t, count in stage_tensors(spec, stage)]
 
 
 def causal_mask_buffer_bytes(spec: ModelSpec) -> int:

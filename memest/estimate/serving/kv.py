@@ -53,18 +53,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memest.estimate.dtypes import nbytes
-from memest.spec import LayerSpec
+from memest.estimate.serving.common import weight_dtype
+from memest.estimate.sharding import Stage
+from memest.spec import LayerSpec, ModelSpec
+from memest.workload import ServingConfig
 
 KV_DTYPE_BYTES_AUTO = "auto"
 
 
-def kv_element_bytes(kv_cache_dtype: str, weight_dtype: str) -> float:
-    """Bytes per KV-cache element: the weight dtype for ``auto``, else the named dtype.
+def kv_element_bytes(kv_cache_dtype: str, served_dtype: str) -> float:
+    """Bytes per KV-cache element: the served weight dtype for ``auto``, else the named dtype.
 
     Raises:
         InputError: unknown dtype name.
     """
-    return nbytes(weight_dtype if kv_cache_dtype == KV_DTYPE_BYTES_AUTO else kv_cache_dtype)
+    return nbytes(served_dtype if kv_cache_dtype == KV_DTYPE_BYTES_AUTO else kv_cache_dtype)
+
+
+def kv_dtype_bytes(spec: ModelSpec, s: ServingConfig) -> float:
+    """Bytes per KV-cache element of a serving job (``--kv-cache-dtype``; ``auto`` = the served dtype)."""
+    return kv_element_bytes(s.kv_cache_dtype, weight_dtype(spec, s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,3 +351,9 @@ def _mamba_hybrid_layout(
             real = len(range(i, n, num_groups))
             groups.append(KVGroup(kv.kind, attn_block, kv.window, real))
     return PagedLayout(tuple(groups), page, group_size, block_size)
+
+
+def kv_bytes_per_token(spec: ModelSpec, s: ServingConfig, stage: Stage | None = None) -> int:
+    """KV-cache bytes one token takes on one rank, over the rank's attention layers (windows ignored)."""
+    start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
+    return bytes_per_token(kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s)))

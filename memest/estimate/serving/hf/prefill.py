@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.estimate.kv_cache import kv_layer
+from memest.estimate.serving.kv import kv_layer
 from memest.spec import AttentionSpec, LayerSpec, ModelSpec
 
 FP32 = 4

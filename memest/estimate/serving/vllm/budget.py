@@ -61,17 +61,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.devices import Device
+from memest.devices import GiB, Device
 from memest.errors import InputError
 from memest.estimate import runtime
-from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.sharding import shard_numel
-from memest.estimate.weights import QuantScheme, is_quantized, tensor_bytes
-from memest.spec import LayerSpec, ModelSpec, TensorSpec
-from memest.workload import ENGINE_VERSIONS, Parallelism
-
-GiB = 1 << 30
-MiB = 1 << 20
+from memest.spec import LayerSpec, ModelSpec
+from memest.workload import ENGINE_VERSIONS
 
 VLLM_VERSIONS = ENGINE_VERSIONS["vllm"]
 """Versions whose budget arithmetic memest models (``--engine-version``); the first is the default."""
@@ -119,8 +113,11 @@ Llama tp=2/tp=4 0.91 vs 0.76/0.67 (tensor parallelism shrinks it), DeepSeek-V2-L
 1.57 — the spread the band's runtime uncertainty covers."""
 
 
-def cuda_graph_bytes(num_layers: int) -> int:
-    """CUDA-graph pool of a vLLM rank whose stage has ``num_layers`` layers (see the constants)."""
+def cuda_graph_bytes(device: Device, num_layers: int, *, enforce_eager: bool) -> int:
+    """CUDA-graph pool of a vLLM rank whose stage has ``num_layers`` layers (see the constants): none
+    with ``--enforce-eager`` or on devices without CUDA / HIP graphs (TPU, Gaudi)."""
+    if enforce_eager or device.kind == "tpu" or device.vendor == "intel":
+        return 0
     return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * num_layers
 
 
@@ -315,44 +312,12 @@ def budget(version: str, device: Device, gpu_memory_utilization: float, weights:
     return Budget(requested, weights, activation, non_torch)
 
 
-# ---- weights as vLLM allocates them ----
-
-_MERGED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
-           "up_proj": "gate_up_proj", "q_a_proj": "fused_qkv_a_proj", "kv_a_proj_with_mqa": "fused_qkv_a_proj"}
-"""Projections vLLM allocates as one tensor (``QKVParallelLinear``, ``MergedColumnParallelLinear``;
-DeepSeek's ``fused_qkv_a_proj`` when q_lora_rank is set)."""
-
-def _allocation_key(t: TensorSpec) -> str:
-    module, _, param = t.name.rpartition(".")
-    parent, _, leaf = module.rpartition(".")
-    merged = _MERGED.get(leaf)
-    return f"{parent}.{merged}.{param}" if merged else t.name
-
-
-def mla_dequantized_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
-                          dtype_bytes: float, scheme: QuantScheme | None, skip: tuple[str, ...]) -> int:
-    """Bytes of the 16-bit copies vLLM's MLA keeps of a quantized ``kv_b_proj`` on one rank.
-
-    ``MLAAttention.process_weights_after_loading`` (``vllm/model_executor/layers/attention/mla_attention.py``;
-    ``vllm/v1/attention/backends/mla/common.py`` before) builds ``W_UK_T`` and ``W_UV`` from
-    ``get_and_maybe_dequant_weights(kv_b_proj)``: views of the weight itself when it is unquantized
-    (0 bytes), of a dequantized (kv_lora_rank, heads/tp x (qk_nope + v)) tensor at the activation
-    dtype when it is quantized (fp8 DeepSeek-V3 checkpoints), kept beside the quantized weight.
-    """
-    return sum(cuda_block_bytes(math.ceil(shard_numel(t, par, num_kv_heads) * dtype_bytes)) * count
-               for t, count in tensors if t.module.endswith("kv_b_proj") and is_quantized(t, scheme, skip))
-
-
-def loaded_weight_bytes(tensors: list[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int, *,
-                        dtype_bytes: float, scheme: QuantScheme | None, skip: tuple[str, ...]) -> int:
-    """Bytes vLLM's weights take on one rank as the allocator counts them: projections merged as vLLM
-    merges them, each allocation rounded by :func:`cuda_block_bytes`."""
-    groups: dict[tuple[int, str], list[float]] = {}
-    order: list[tuple[int, str]] = []
-    for t, count in tensors:
-        key = (count, _allocation_key(t))
-        if key not in groups:
-            groups[key] = [0.0]
-            order.append(key)
-        groups[key][0] += tensor_bytes(t, par, num_kv_heads, dtype_bytes=dtype_bytes, scheme=scheme, skip=skip)
-    return sum(cuda_block_bytes(math.ceil(groups[k][0])) * k[0] for k in order)
+def outside_budget_bytes(version: str, device: Device, num_layers: int, *, enforce_eager: bool, world_size: int) -> int:
+    """What a vLLM process holds on one device beyond gpu_memory_utilization x capacity: the CUDA
+    graphs captured after the KV cache (:func:`cuda_graph_bytes`) for a stage of ``num_layers``
+    layers, and for 0.19, whose budget starts after them (see the module docstring), the CUDA context
+    and the NCCL communicators of a job of ``world_size`` devices."""
+    out = cuda_graph_bytes(device, num_layers, enforce_eager=enforce_eager)
+    if version == "0.19":
+        out += runtime.cuda_context_bytes(device) + runtime.nccl_bytes(world_size)
+    return out
