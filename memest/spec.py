@@ -79,11 +79,18 @@ class TensorSpec:
     shape: tuple[int, ...]
     component: Component
     split: Split = Split.NONE
+    numel: int = field(default=0, init=False, repr=False, compare=False)
+    """Number of elements (computed with the tensor)."""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "numel", math.prod(self.shape))
+        object.__setattr__(self, "_hash", hash((self.name, self.shape, self.component.value, self.split.value)))
+
+    def __hash__(self) -> int:
+        """The hash of the compared fields, computed with the tensor (the estimator remembers results per
+        tensor and per layer, :mod:`memest.memo`)."""
+        return self._hash
 
     @property
     def is_linear_weight(self) -> bool:
@@ -301,6 +308,15 @@ class LayerSpec:
     parallel_norms: int = 1
     tensors: tuple[TensorSpec, ...] = ()
     stack: Literal["decoder", "encoder"] = "decoder"
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.attention, self.mlp, self.norm, self.norm_position,
+                                                self.parallel_residual, self.parallel_norms, self.tensors, self.stack)))
+
+    def __hash__(self) -> int:
+        """The hash of the compared fields, computed with the layer (see :meth:`TensorSpec.__hash__`)."""
+        return self._hash
 
     @property
     def num_params(self) -> int:

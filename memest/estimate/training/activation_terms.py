@@ -9,6 +9,7 @@ per the workload fields they read (:class:`ActivationsInput`, :mod:`memest.memo`
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -46,6 +47,8 @@ from memest.workload import (
 LOSS_CHUNKS = 8
 """torchtune ``CEWithChunkedOutputLoss.num_output_chunks``."""
 
+
+_BYTES = operator.attrgetter("bytes")
 
 
 class ActivationParallelism(NamedTuple):
@@ -166,7 +169,7 @@ class ActivationTerms:
             "logits.backward": some(self.logits),
         }
         object.__setattr__(self, "lifetimes", tuple(own[name] for name in ACTIVATION_LIFETIMES))
-        object.__setattr__(self, "sizes", tuple(sum(term.bytes for term in terms) for terms in self.lifetimes))
+        object.__setattr__(self, "sizes", tuple(sum(map(_BYTES, terms)) for terms in self.lifetimes))
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:

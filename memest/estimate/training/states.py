@@ -8,6 +8,7 @@ fields they read (:class:`.protocol.StatesInput`, :mod:`memest.memo`).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -36,6 +37,8 @@ FRAMEWORKS: dict[Framework, ModuleType] = {
 """The module of each framework; each follows :class:`.protocol.FrameworkModel`."""
 
 _EMBEDDINGS = (Component.EMBEDDING, Component.LM_HEAD)
+
+_BYTES = operator.attrgetter("bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,7 @@ class ModelStates:
             "grads.step": (self.grads_all if self.step_grads is None else self.step_grads,),
         }
         object.__setattr__(self, "lifetimes", tuple(own[name] for name in STATE_LIFETIMES))
-        object.__setattr__(self, "sizes", tuple(sum(term.bytes for term in terms) for terms in self.lifetimes))
+        object.__setattr__(self, "sizes", tuple(sum(map(_BYTES, terms)) for terms in self.lifetimes))
 
 
 @remembered(maxsize=1 << 14)
