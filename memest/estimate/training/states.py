@@ -83,6 +83,8 @@ class ModelStates:
     """The terms of each of :data:`.table.STATE_LIFETIMES`, made with the rest."""
     sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
     """Their bytes, lifetime by lifetime."""
+    base_bytes: int = field(init=False, repr=False, compare=False)
+    """The bytes of ``base``."""
 
     def __post_init__(self) -> None:
         own = {
@@ -101,6 +103,7 @@ class ModelStates:
         }
         object.__setattr__(self, "lifetimes", tuple(own[name] for name in STATE_LIFETIMES))
         object.__setattr__(self, "sizes", tuple(sum(map(_BYTES, terms)) for terms in self.lifetimes))
+        object.__setattr__(self, "base_bytes", sum(map(_BYTES, self.base)))
 
 
 @remembered(maxsize=1 << 14)

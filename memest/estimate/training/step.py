@@ -21,7 +21,7 @@ from memest.estimate.training.optimizers import state_bytes_per_param
 from memest.estimate.training.protocol import states_input
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.states import ModelStates, model_states
-from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE, SETUP_LIFETIMES
+from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE
 from memest.estimate.weights import SCHEMES, weight_bytes
 from memest.result import Estimate, Kind, RankEstimate, Term
 from memest.spec import ModelSpec
@@ -72,26 +72,24 @@ def _moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device, 
 
 
 def lifetimes(st: ModelStates, acts: ActivationTerms, t: TrainingConfig, fw: Framework,
-              device: Device) -> tuple[tuple[Term, ...], ...]:
-    """The terms of every lifetime, in :data:`.table.LIFETIMES` order, for one setup: the model states' and
-    the activations' own (made with them), and those that depend on the device or on how gradients are
-    freed."""
+              device: Device) -> tuple[tuple[tuple[Term, ...], ...], tuple[int, ...]]:
+    """The terms of every lifetime and their bytes, in :data:`.table.LIFETIMES` order, for one setup: the
+    model states' and the activations' own (made with them), and those that depend on the device or on
+    how gradients are freed (:data:`.table.SETUP_LIFETIMES`)."""
     # gradients that live through the forward: accumulated over micro-batches, or not freed by zero_grad
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
-    every = st.grads_all
-    states = (*st.base, Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace"))
-    if grads_in_forward:
-        return (*st.lifetimes, *acts.lifetimes, states, (every,), (every,), (every,))
-    return (*st.lifetimes, *acts.lifetimes, states, (_NO_GRADS,), (st.grads_head,), (st.grads_later,))
+    cublas = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")
+    forward, head, later = ((st.grads_all,) * 3 if grads_in_forward else (_NO_GRADS, st.grads_head, st.grads_later))
+    alive = (*st.lifetimes, *acts.lifetimes, (*st.base, cublas), (forward,), (head,), (later,))
+    sizes = (*st.sizes, *acts.sizes, st.base_bytes + cublas.bytes, forward.bytes, head.bytes, later.bytes)
+    return alive, sizes
 
 
 def _setup(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device,
            stage: Stage) -> tuple[ModelStates, tuple[tuple[Term, ...], ...], tuple[int, ...]]:
     """The model states, every lifetime's terms and their bytes (both in :data:`.table.LIFETIMES` order)."""
     st = model_states(spec, states_input(t), fw, stage)
-    acts = activation_terms(spec, activations_input(t), fw, stage)
-    alive = lifetimes(st, acts, t, fw, device)
-    sizes = (*st.sizes, *acts.sizes, *(sum(map(_BYTES, terms)) for terms in alive[-len(SETUP_LIFETIMES):]))
+    alive, sizes = lifetimes(st, activation_terms(spec, activations_input(t), fw, stage), t, fw, device)
     return st, alive, sizes
 
 
