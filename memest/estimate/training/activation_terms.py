@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from memest.estimate.activations import (
@@ -27,7 +26,6 @@ from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel
 from memest.estimate.training.lora import ADAPTER_BYTES, attention_targets, lora_adapters, targets_of
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
-from memest.estimate.training.table import ACTIVATION_LIFETIMES
 from memest.memo import remembered
 from memest.result import Kind, Term
 from memest.spec import Component, LayerSpec, ModelSpec, TensorSpec
@@ -122,54 +120,48 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
                      attention_dropout=spec.attention_dropout)
 
 
-@dataclass(frozen=True, slots=True)
-class ActivationTerms:
-    """Activation bytes of one rank at the moments of the step."""
+class ActivationTerms(NamedTuple):
+    """One rank's activation terms, by lifetime.
 
-    stored: Term            # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
-    head: Term | None       # embeddings, final norm and lm_head input
-    logits: Term | None     # at the loss backward
-    logits_forward: Term | None  # inside the forward's loss
-    rebuilt: Term | None    # one layer rebuilt under recompute (during its backward)
-    transient: Term         # one layer's backward gradients (the layer the first_layer_backward moment is in)
-    first_layer: Term       # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
-    first_transient: Term   # that layer's backward gradients
-    other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
-    autocast_weights: Term | None    # torch.autocast's 16-bit weight copies, kept for backward
-    autocast_layer: Term | None      # the same for one layer (what is left at the last layer's backward)
-    layer_forward: Term | None       # a layer's forward beyond the stored activations (recompute, eager softmax)
-    embedding: Term | None           # the embeddings' part of ``head`` (what exists before the final norm)
-    masks: Term | None               # eager attention's materialized causal masks (during the forward, and
-                                     # through the backward under recompute: the checkpoints keep them)
-    lifetimes: tuple[tuple[Term, ...], ...] = field(init=False, repr=False, compare=False)
-    """The terms of each of :data:`.table.ACTIVATION_LIFETIMES`, made with the rest."""
-    sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    """Their bytes, lifetime by lifetime."""
+    Attributes:
+        lifetimes: The terms of each of :data:`.table.ACTIVATION_LIFETIMES`, in that order (see
+            :func:`_by_lifetime`).
+        sizes: Their bytes, lifetime by lifetime.
+    """
 
-    def __post_init__(self) -> None:
-        def some(*terms: Term | None) -> tuple[Term, ...]:
-            return tuple(x for x in terms if x)
+    lifetimes: tuple[tuple[Term, ...], ...]
+    sizes: tuple[int, ...]
 
-        masks = some(self.masks)
-        own = {
-            "activations.stored": (self.stored,),
-            "activations.embedding": some(self.embedding),
-            "activations.head": some(self.head),
-            "activations.layer_forward": some(self.layer_forward),
-            "activations.rebuilt": some(self.rebuilt),
-            "activations.backward": (self.transient,),
-            "activations.first_layer": (self.first_layer,),
-            "activations.first_layer_backward": (self.first_transient,),
-            "activations.other_microbatches": some(self.other_microbatches),
-            "autocast.all": some(self.autocast_weights),
-            "autocast.layer": some(self.autocast_layer),
-            "masks": masks,
-            "masks.rebuilt": masks if self.rebuilt else (),
-            "logits.forward": some(self.logits_forward),
-            "logits.backward": some(self.logits),
-        }
-        object.__setattr__(self, "lifetimes", tuple(own[name] for name in ACTIVATION_LIFETIMES))
-        object.__setattr__(self, "sizes", tuple(sum(map(_BYTES, terms)) for terms in self.lifetimes))
+
+def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None, logits: Term | None,
+                 logits_forward: Term | None, autocast_weights: Term | None, autocast_layer: Term | None,
+                 masks: Term | None) -> ActivationTerms:
+    """The activation terms by lifetime. ``head``: the embeddings', final norm's and lm_head input's
+    activations; ``embedding``: the embeddings' part of them (what exists before the final norm);
+    ``logits`` at the loss backward, ``logits_forward`` inside the forward's loss; ``autocast_weights``:
+    torch.autocast's 16-bit weight copies kept for backward, ``autocast_layer`` one layer's (what is
+    left at the last layer's backward); ``masks``: eager attention's materialized causal masks (during
+    the forward, and through the backward under recompute: the checkpoints keep them)."""
+    none = ()
+    kept_masks = (masks,) if masks else none
+    lifetimes = (  # in ACTIVATION_LIFETIMES order
+        (layers.stored,),                                                        # activations.stored
+        (embedding,) if embedding else none,                                     # activations.embedding
+        (head,) if head else none,                                               # activations.head
+        (layers.layer_forward,) if layers.layer_forward else none,               # activations.layer_forward
+        (layers.rebuilt,) if layers.rebuilt else none,                           # activations.rebuilt
+        (layers.transient,),                                                     # activations.backward
+        (layers.first_layer,),                                                   # activations.first_layer
+        (layers.first_transient,),                                               # activations.first_layer_backward
+        (layers.other_microbatches,) if layers.other_microbatches else none,     # activations.other_microbatches
+        (autocast_weights,) if autocast_weights else none,                       # autocast.all
+        (autocast_layer,) if autocast_layer else none,                           # autocast.layer
+        kept_masks,                                                              # masks
+        kept_masks if layers.rebuilt else none,                                  # masks.rebuilt
+        (logits_forward,) if logits_forward else none,                           # logits.forward
+        (logits,) if logits else none,                                           # logits.backward
+    )
+    return ActivationTerms(lifetimes, tuple(sum(map(_BYTES, terms)) for terms in lifetimes))
 
 
 def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
@@ -189,22 +181,20 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
     layers = _layer_terms(spec, t, x, stage, in_flight)
     head, embedding, logits, logits_forward = _head_terms(spec, t, fw, x, stage, in_flight)
     cast_all, cast_layer = _autocast_terms(spec, t, x, stage) if x.autocast else (None, None)
-    return ActivationTerms(layers.stored, head, logits, logits_forward, layers.rebuilt, layers.transient,
-                           layers.first_layer, layers.first_transient, layers.other_microbatches, cast_all, cast_layer,
-                           layers.layer_forward, embedding, _eager_masks(kinds, x, t, par))
+    return _by_lifetime(layers, head, embedding, logits, logits_forward, cast_all, cast_layer,
+                        _eager_masks(kinds, x, t, par))
 
 
-@dataclass(frozen=True, slots=True)
-class _LayerTerms:
-    """The layers' part of :class:`ActivationTerms` (the fields of the same names)."""
+class _LayerTerms(NamedTuple):
+    """What the stage's layers add to the activation terms."""
 
-    stored: Term
-    rebuilt: Term | None
-    transient: Term
-    first_layer: Term
-    first_transient: Term
-    other_microbatches: Term | None
-    layer_forward: Term | None
+    stored: Term  # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
+    rebuilt: Term | None  # one layer rebuilt under recompute (during its backward)
+    transient: Term  # one layer's backward gradients (the layer the first_layer_backward moment is in)
+    first_layer: Term  # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
+    first_transient: Term  # that layer's backward gradients
+    other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
+    layer_forward: Term | None  # a layer's forward beyond the stored activations (recompute, eager softmax)
 
 
 def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage, in_flight: int) -> _LayerTerms:

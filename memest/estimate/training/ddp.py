@@ -3,8 +3,6 @@ dtype (``torch/nn/parallel/distributed.py``, ``gradient_as_bucket_view=False``).
 
 from __future__ import annotations
 
-import dataclasses
-
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.training import pytorch
 from memest.estimate.training.protocol import FrameworkStates, StateContext, zero3_weight_shards
@@ -20,4 +18,4 @@ def states(ctx: StateContext) -> FrameworkStates:
     numel = sum(local * c for _, local, c in ctx.trainable)
     buckets = Term("gradients.ddp_buckets", Kind.GRADIENTS, cuda_block_bytes(numel * ctx.gb),
                    f"P_trainable x {ctx.gb} B DDP gradient buckets")
-    return dataclasses.replace(pytorch.states(ctx), persistent=(buckets,))
+    return pytorch.states(ctx)._replace(persistent=(buckets,))

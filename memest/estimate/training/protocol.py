@@ -9,7 +9,6 @@ how many ranks its weights are sharded over; the rest is the framework's :class:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from memest.estimate.sharding import Stage
@@ -39,8 +38,7 @@ def states_input(t: TrainingConfig) -> StatesInput:
                        t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training)
 
 
-@dataclass(frozen=True, slots=True)
-class StateContext:
+class StateContext(NamedTuple):
     """What a framework's buffers are computed from.
 
     Attributes:
@@ -74,8 +72,7 @@ class StateContext:
         return self.t.parallelism.zero_stage
 
 
-@dataclass(frozen=True, slots=True)
-class FrameworkStates:
+class FrameworkStates(NamedTuple):
     """The buffers a framework adds to the model states, named by when they are alive.
 
     Attributes:

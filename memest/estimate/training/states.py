@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
 from types import ModuleType
+from typing import NamedTuple
 
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel, stage_tensors
@@ -19,7 +19,6 @@ from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
 from memest.estimate.training.optimizers import optimizer_bytes
 from memest.estimate.training.protocol import FrameworkStates, StateContext, StatesInput
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
-from memest.estimate.training.table import STATE_LIFETIMES
 from memest.estimate.training.trained import blocks, expert_data_ranks, expert_weighted, grad_groups, sharded_note
 from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
 from memest.memo import remembered
@@ -41,69 +40,37 @@ _EMBEDDINGS = (Component.EMBEDDING, Component.LM_HEAD)
 _BYTES = operator.attrgetter("bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class ModelStates:
-    """One rank's model-state terms, by lifetime (what :data:`.table.MOMENT_TABLE` names).
+class ModelStates(NamedTuple):
+    """One rank's model-state terms, by lifetime (the names :data:`.table.MOMENT_TABLE` uses).
 
     Attributes:
         base: Alive through the whole step: weights, fp32 master, optimizer states, the framework's
             persistent buffers, registered buffers.
-        dequantized: QLoRA: the one NF4 weight dequantized for a matmul (during backward).
+        base_bytes: Their bytes.
         grads_all: Every gradient, after backward.
         grads_later: All but the stage's first layer's and the embeddings' (the first layer's backward).
         grads_head: The head's (the last layer's backward).
-        gathered: Gathered weights alive at every moment.
-        gathered_running: ``gathered`` and, under FSDP, two layer units (the one computed + the prefetched).
-        gathered_loss: ``gathered`` and one layer unit (the last layer's, prefetched for its backward).
-        gathered_first: ``gathered`` and one layer unit (the first layer's; nothing left to prefetch).
-        backward_buffers, layer_buffers, reduce_input, step, step_grads, reduction, stream_pool,
-        stream_pool_formula: As :class:`.protocol.FrameworkStates` says.
-        lifetimes: The terms of each of :data:`.table.STATE_LIFETIMES` (those that depend neither on the
-            device nor on how gradients are freed).
+        reduction: Beside every gradient after backward (DeepSpeed ZeRO 1: the ``gradient_reduction`` moment).
+        stream_pool: Reserved beside the peak, never allocated on the compute stream (FSDP's all-gather outputs).
+        stream_pool_formula: How ``stream_pool`` is computed.
+        lifetimes: The terms of each of :data:`.table.STATE_LIFETIMES`, in that order: the gathered weights
+            (``gathered``; with FSDP's layer units: two while layers run, ``gathered.running``, one at the
+            loss backward, ``gathered.loss``, and at the first layer's, ``gathered.first``), the
+            framework's buffers (:class:`.protocol.FrameworkStates`), QLoRA's dequantized weight, every
+            gradient (``grads.all``) and those alive at the step (``grads.step``).
+        sizes: Their bytes, lifetime by lifetime.
     """
 
     base: tuple[Term, ...]
-    dequantized: tuple[Term, ...]
+    base_bytes: int
     grads_all: Term
     grads_later: Term
     grads_head: Term
-    gathered: tuple[Term, ...]
-    gathered_running: tuple[Term, ...]
-    gathered_loss: tuple[Term, ...]
-    gathered_first: tuple[Term, ...]
-    backward_buffers: tuple[Term, ...]
-    layer_buffers: tuple[Term, ...]
-    reduce_input: tuple[Term, ...]
-    step: tuple[Term, ...]
-    step_grads: Term | None
     reduction: tuple[Term, ...]
     stream_pool: int
     stream_pool_formula: str
-    lifetimes: tuple[tuple[Term, ...], ...] = field(init=False, repr=False, compare=False)
-    """The terms of each of :data:`.table.STATE_LIFETIMES`, made with the rest."""
-    sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    """Their bytes, lifetime by lifetime."""
-    base_bytes: int = field(init=False, repr=False, compare=False)
-    """The bytes of ``base``."""
-
-    def __post_init__(self) -> None:
-        own = {
-            "gathered": self.gathered,
-            "gathered.running": self.gathered_running,
-            "gathered.loss": self.gathered_loss,
-            "gathered.first": self.gathered_first,
-            "buffers.backward": self.backward_buffers,
-            "buffers.layer": self.layer_buffers,
-            "buffers.reduce_input": self.reduce_input,
-            "reduction": self.reduction,
-            "step": self.step,
-            "dequantized": self.dequantized,
-            "grads.all": (self.grads_all,),
-            "grads.step": (self.grads_all if self.step_grads is None else self.step_grads,),
-        }
-        object.__setattr__(self, "lifetimes", tuple(own[name] for name in STATE_LIFETIMES))
-        object.__setattr__(self, "sizes", tuple(sum(map(_BYTES, terms)) for terms in self.lifetimes))
-        object.__setattr__(self, "base_bytes", sum(map(_BYTES, self.base)))
+    lifetimes: tuple[tuple[Term, ...], ...]
+    sizes: tuple[int, ...]
 
 
 @remembered(maxsize=1 << 14)
@@ -209,25 +176,33 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
 
     dequantized = ((_dequantized(spec, stage, t.parallelism, RECIPES[t.precision].compute),)
                    if t.method is Method.QLORA else ())
+    grads_all = Term("gradients", Kind.GRADIENTS, grads.all, grads.formula)
+    lifetimes = (  # in STATE_LIFETIMES order
+        fs.gathered,                                                                 # gathered
+        (*fs.gathered, *gathered(2, "the unit computed + the one prefetched")),      # gathered.running
+        (*fs.gathered, *gathered(1, "the last layer's, prefetched for its backward")),  # gathered.loss
+        (*fs.gathered, *gathered(1, "the unit computed; none left to prefetch")),    # gathered.first
+        fs.backward_buffers,                                                         # buffers.backward
+        fs.layer_buffers,                                                            # buffers.layer
+        fs.reduce_input,                                                             # buffers.reduce_input
+        fs.reduction,                                                                # reduction
+        fs.step,                                                                     # step
+        dequantized,                                                                 # dequantized
+        (grads_all,),                                                                # grads.all
+        (grads_all if fs.step_grads is None else fs.step_grads,),                    # grads.step
+    )
     return ModelStates(
         base=base,
-        dequantized=dequantized,
-        grads_all=Term("gradients", Kind.GRADIENTS, grads.all, grads.formula),
+        base_bytes=sum(map(_BYTES, base)),
+        grads_all=grads_all,
         grads_later=Term("gradients", Kind.GRADIENTS, grads.before_first_layer,
                          grads.formula + " but the first layer's and embeddings'"),
         grads_head=Term("gradients", Kind.GRADIENTS, grads.head, "the head's gradients, the first computed"),
-        gathered=fs.gathered,
-        gathered_running=(*fs.gathered, *gathered(2, "the unit computed + the one prefetched")),
-        gathered_loss=(*fs.gathered, *gathered(1, "the last layer's, prefetched for its backward")),
-        gathered_first=(*fs.gathered, *gathered(1, "the unit computed; none left to prefetch")),
-        backward_buffers=fs.backward_buffers,
-        layer_buffers=fs.layer_buffers,
-        reduce_input=fs.reduce_input,
-        step=fs.step,
-        step_grads=fs.step_grads,
         reduction=fs.reduction,
         stream_pool=fs.stream_pool,
         stream_pool_formula=fs.stream_pool_formula,
+        lifetimes=lifetimes,
+        sizes=tuple(sum(map(_BYTES, terms)) for terms in lifetimes),
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage
@@ -22,8 +22,7 @@ Item = tuple[TensorSpec, int, int]
 """(tensor, elements on the rank, how many times the stage holds it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class GradGroups:
+class GradGroups(NamedTuple):
     """The trained tensors of a stage, as backward produces their gradients.
 
     Attributes:
@@ -91,8 +90,7 @@ def sharded_note(shard: int) -> str:
 
 
 
-@dataclass(frozen=True, slots=True)
-class Gradients:
+class Gradients(NamedTuple):
     """Bytes of the gradients a framework keeps, as backward makes them.
 
     Attributes:
