@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from memest.errors import MemestError
-from memest.options import JobOptions, workload_options
+from memest.options import JobOptions, cli_message, workload_options
 
 app = typer.Typer(
     name="memest",
@@ -130,27 +130,24 @@ def hf_command(
         from memest.plot import plot_path
 
         plot = plot_path(plot)
-    from memest.plan import assess
-    from memest.report import render, to_dict, to_markdown
-    from memest.sources import load_config, spec_from_config
+    from memest.api import estimate_values
+    from memest.report import render, to_markdown
 
-    cfg = load_config(model, revision=job.revision)
-    spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
-    workload = job.workload(spec)
-    result = assess(spec, workload, job.device, headroom=job.headroom, device_given=job.device_given)
+    answer = estimate_values(model, job.values)  # the Python API's path: --json is its to_dict()
+    result = answer.result
     traced = None
     if trace or plot is not None:
         from memest.commands.progress import progress_on_stderr
         from memest.trace import console
 
-        warning = console.slow_trace_warning(spec, workload)
+        warning = console.slow_trace_warning(result.spec, result.workload)
         if warning is not None:
             typer.echo(warning, err=True)
         with progress_on_stderr(_console(stderr=True), "tracing", start="model build") as progress:
-            traced = console.trace_for_cli(cfg, workload, job.device, result.estimate,
+            traced = console.trace_for_cli(answer.config, result.workload, job.device, result.estimate,
                                            trust_remote_code=job.trust_remote_code, plot=plot, progress=progress)
     if json_:
-        doc = to_dict(result)
+        doc = answer.to_dict()
         if traced is not None:
             doc["trace"] = console.to_dict(*traced)
         typer.echo(json.dumps(doc, indent=2))
@@ -247,7 +244,7 @@ def main() -> None:
     except MemestError as exc:
         if debug:
             raise
-        typer.echo(f"Error: {exc}", err=True)
+        typer.echo(f"Error: {cli_message(exc)}", err=True)
         sys.exit(EXIT_INPUT)
     except KeyboardInterrupt:
         typer.echo("Interrupted.", err=True)

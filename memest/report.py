@@ -21,6 +21,7 @@ from memest.spec import ModelSpec
 from memest.sweep import Sweep
 from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload.settings import describe
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -72,39 +73,8 @@ def describe_model(spec: ModelSpec) -> str:
 
 
 def describe_workload(w: Workload) -> str:
-    """One line of the workload's main settings."""
-    par = w.parallelism
-    degrees = " ".join(f"{n} {getattr(par, n)}" for n in ("tp", "pp", "dp", "cp", "ep") if getattr(par, n) > 1)
-    if isinstance(w, TrainingConfig):
-        parts = [
-            w.mode,
-            f"precision {w.precision.value}",
-            f"optimizer {w.optimizer.value}",
-            f"micro_batch_size {w.micro_batch_size}",
-            f"seq_len {w.seq_len}",
-            f"recompute {w.recompute.value}",
-        ]
-        if w.method.value != "full":
-            parts.append(f"lora_rank {w.lora.rank} on {w.lora.targets}")
-        if par.zero_stage:
-            parts.append(f"zero_stage {par.zero_stage}")
-        if w.offload.value != "none":
-            parts.append(f"offload {w.offload.value}")
-    else:
-        parts = [
-            "serve",
-            f"engine {w.engine.value}",
-            f"dtype {w.dtype}",
-            f"batch_size {w.batch_size}",
-            f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
-        ]
-        if w.quantization != "none":
-            parts.append(f"quantization {w.quantization}")
-        if w.kv_cache_dtype != "auto":
-            parts.append(f"kv_cache_dtype {w.kv_cache_dtype}")
-    if degrees:
-        parts.append(degrees)
-    return " · ".join(parts)
+    """One line of the workload's main settings (:func:`memest.workload.settings.describe`)."""
+    return describe(w)
 
 
 # ---- JSON ----
@@ -152,7 +122,8 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "cost": _finite(c.cost),
         "lossless": c.lossless,
         "devices": c.devices,
-        "device_used_bytes": c.verdict.needed_bytes,
+        "device_used_bytes": c.estimate.per_device.device_used_bytes,
+        "needed_bytes": c.verdict.needed_bytes,
         "usable_bytes": c.verdict.usable_bytes,
         "workload": _plain(c.workload),
     }
@@ -564,7 +535,8 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "memory_bytes": s.device.memory_bytes,
         "allocated_bytes": per.allocated_bytes,
         "reserved_bytes": per.reserved_bytes,
-        "device_used_bytes": v.needed_bytes,
+        "device_used_bytes": per.device_used_bytes,
+        "needed_bytes": v.needed_bytes,
         "high_bytes": v.high_bytes,
         "usable_bytes": v.usable_bytes,
         "free_bytes": v.free_bytes,
@@ -577,7 +549,7 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
 def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
 
-    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    With ``given`` (the user's workload flags, :func:`memest.workload.settings.given_flags`), each
     fit has ``command``: the ``memest hf`` line that estimates it.
     """
     fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]

@@ -81,6 +81,9 @@ def calibrate_command(
         _run_suite(suite, device=None if device is Backend.AUTO else device.value, steps=steps, record=record,
                    results_dir=results_dir, case_timeout=case_timeout)
         return
+    if case_timeout is not None:
+        raise InputError(f"--case-timeout {case_timeout:g} applies to --suite runs (each case in its own process); a "
+                         "single MODEL runs in this process: drop --case-timeout, or pass --suite NAME")
     if model is None:
         raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
     if device is Backend.CPU and job.gpu:
