@@ -5,8 +5,8 @@ Three figures:
 - **estimates/s**: ``memest.estimate.estimate`` calls per second over a fixed mix of setups (the
   raw estimator, what each candidate costs);
 - **Llama-2-70B training estimates/s**: the same over a grid of distinct training setups of
-  Llama-2-70B (parallel layouts, ZeRO stages, micro-batches, recompute, LoRA), each estimated once on
-  a freshly loaded spec, so that nothing is remembered from an earlier pass: what a plan of that
+  Llama-2-70B (parallel layouts, ZeRO stages, micro-batches, recompute, LoRA), each estimated once per
+  pass on a freshly loaded spec with nothing remembered from an earlier pass: what a plan of that
   model pays per candidate;
 - **planner**: ``memest.planning.search.plan`` over the whole catalog of devices, counting the setups it
   estimated (``Plan.evaluated``) and the setups it decided (``Plan.setups``: estimated, pruned, or
@@ -100,13 +100,25 @@ def training_grid() -> list[TrainingConfig]:
     return grid
 
 
+def _forget() -> None:
+    """Start from nothing remembered: results are remembered per value (``memest.memo``), so a freshly
+    loaded spec equal to the last one would find them; an estimator that remembered them per object
+    (before ``memest.memo``) forgets them with a new spec object."""
+    try:
+        from memest import memo
+    except ImportError:
+        return
+    memo.clear_all()
+
+
 def training_grid_rate(repeat: int) -> tuple[float, int]:
     """(estimates per CPU second, setups) over :func:`training_grid`, each pass on a fresh spec."""
     device = get_device("H100")
     grid = training_grid()
     times = []
     for _ in range(repeat):
-        spec = load_model("meta-llama/Llama-2-70b-hf")  # a new object: no remembered stage or layer results
+        _forget()
+        spec = load_model("meta-llama/Llama-2-70b-hf")
         start = time.process_time()
         for w in grid:
             estimate(spec, w, device)

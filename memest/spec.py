@@ -24,6 +24,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from memest.errors import ConfigError
+from memest.memo import remembered
 
 
 class Component(str, Enum):
@@ -78,11 +79,18 @@ class TensorSpec:
     shape: tuple[int, ...]
     component: Component
     split: Split = Split.NONE
+    numel: int = field(default=0, init=False, repr=False, compare=False)
+    """Number of elements (computed with the tensor)."""
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "numel", math.prod(self.shape))
+        object.__setattr__(self, "_hash", hash((self.name, self.shape, self.component.value, self.split.value)))
+
+    def __hash__(self) -> int:
+        """The hash of the compared fields, computed with the tensor (the estimator remembers results per
+        tensor and per layer, :mod:`memest.memo`)."""
+        return self._hash
 
     @property
     def is_linear_weight(self) -> bool:
@@ -300,6 +308,15 @@ class LayerSpec:
     parallel_norms: int = 1
     tensors: tuple[TensorSpec, ...] = ()
     stack: Literal["decoder", "encoder"] = "decoder"
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.attention, self.mlp, self.norm, self.norm_position,
+                                                self.parallel_residual, self.parallel_norms, self.tensors, self.stack)))
+
+    def __hash__(self) -> int:
+        """The hash of the compared fields, computed with the layer (see :meth:`TensorSpec.__hash__`)."""
+        return self._hash
 
     @property
     def num_params(self) -> int:
@@ -398,11 +415,36 @@ class ModelSpec:
     final_logit_softcapping: bool = False
     sdpa_supported: bool = True
     _kinds: tuple[tuple[LayerSpec, int], ...] = field(default=(), init=False, repr=False, compare=False)
-    _slice_kinds: dict[tuple[int, int | None], tuple[tuple[LayerSpec, int], ...]] = field(
-        default_factory=dict, init=False, repr=False, compare=False)
+    _pattern: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_kinds", group_layers(self.layers))
+        kinds = group_layers(self.layers)
+        object.__setattr__(self, "_kinds", kinds)
+        object.__setattr__(self, "_pattern", _layer_pattern(self.layers, kinds))
+        object.__setattr__(self, "_hash", hash((self.name, self.model_type, self.architecture, self.hidden_size,
+                                                self.vocab_size, self._pattern, self.max_position_embeddings,
+                                                self.tie_word_embeddings, self.task, self.torch_dtype,
+                                                self.quantization, self.source)))
+
+    # The estimator remembers results per spec (memest.memo), so a spec is hashed and compared often:
+    # its hash is computed once, with the spec, and comparing takes time per distinct layer, not per layer.
+
+    def __hash__(self) -> int:
+        """A hash of the fields that tell models apart (equal specs hash alike: these fields are among
+        those :meth:`__eq__` compares)."""
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        """Every field equal; the layers compared as their distinct layers and the order they occur in
+        (equal exactly when the layer tuples are)."""
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, ModelSpec)
+        return (self._pattern == other._pattern and self._kinds == other._kinds
+                and all(getattr(self, name) == getattr(other, name) for name in _COMPARED_BESIDES_LAYERS))
 
     # ---- the representative layer's facts (the first decoder layer, else the first layer) ----
 
@@ -479,12 +521,9 @@ class ModelSpec:
         Slices are grouped once and remembered (the planner asks for the same pipeline stages
         thousands of times).
         """
-        if start == 0 and stop is None:
+        if start == 0 and (stop is None or stop >= len(self.layers)):
             return self._kinds
-        kinds = self._slice_kinds.get((start, stop))
-        if kinds is None:
-            kinds = self._slice_kinds[(start, stop)] = group_layers(self.layers[start:stop])
-        return kinds
+        return tuple((self.layers[index], count) for index, count in _slice_groups(self, start, stop))
 
     def tensors(self) -> Iterator[tuple[TensorSpec, int]]:
         """Every distinct parameter tensor with its multiplicity (tied tensors listed once)."""
@@ -523,6 +562,31 @@ class ModelSpec:
     def replace(self, **changes: Any) -> ModelSpec:
         """A copy with some fields changed (dataclasses.replace)."""
         return dataclasses.replace(self, **changes)
+
+
+_COMPARED_BESIDES_LAYERS = tuple(f.name for f in dataclasses.fields(ModelSpec) if f.compare and f.name != "layers")
+
+
+def _layer_pattern(layers: tuple[LayerSpec, ...], kinds: tuple[tuple[LayerSpec, int], ...]) -> tuple[int, ...]:
+    """For each layer, the index in ``kinds`` (:func:`group_layers`) of the distinct layer it equals."""
+    index = {id(layer): n for n, (layer, _) in enumerate(kinds)}
+    out = []
+    for layer in layers:
+        n = index.get(id(layer))
+        if n is None:
+            n = next(i for i, (kind, _) in enumerate(kinds) if kind == layer)
+        out.append(n)
+    return tuple(out)
+
+
+@remembered(maxsize=4096)
+def _slice_groups(spec: ModelSpec, start: int, stop: int | None) -> tuple[tuple[int, int], ...]:
+    """:meth:`ModelSpec.layer_kinds` of a slice as (index in ``spec.layers`` of each distinct layer's first
+    occurrence, count) (remembered per spec and slice). Indices, not layers: an equal spec that finds this
+    entry takes its own layer objects, which the estimator compares by identity."""
+    layers = spec.layers[start:stop]
+    first = {id(layer): n for n, layer in reversed(list(enumerate(layers)))}
+    return tuple((start + first[id(layer)], count) for layer, count in group_layers(layers))
 
 
 def group_layers(layers: Iterable[LayerSpec]) -> tuple[tuple[LayerSpec, int], ...]:

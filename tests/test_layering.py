@@ -17,6 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memest"
 # The first matching prefix decides a module's layer.
 LAYERS: tuple[tuple[str, int], ...] = (
     ("memest.errors", 1),
+    ("memest.memo", 1),
     ("memest.spec", 1),
     ("memest.devices", 1),
     ("memest.result", 1),

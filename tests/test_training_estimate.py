@@ -14,8 +14,6 @@ from memest.estimate import estimate
 from memest.estimate.activations import Execution, layer_activations
 from memest.estimate.training import moments
 from memest.result import Kind, RankEstimate
-from memest.sources import spec_from_config
-from memest.sources.config import HFConfig
 from memest.workload import (
     AttnImplementation,
     Framework,

@@ -18,7 +18,6 @@ from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.training import moments
 from memest.result import Kind
 from memest.sources import load_model, spec_from_config
-from memest.sources.config import HFConfig
 from memest.spec import Component
 from memest.workload import LoraConfig, Method, Parallelism, Precision, TrainingConfig
 

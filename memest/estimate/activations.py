@@ -68,8 +68,8 @@ Recompute: ``full`` keeps each layer's input (r·h) and rebuilds one layer at a 
 kernel (``torchtitan/models/llama/parallelize_llama.py``, ``_save_list`` and its "every second
 mm" rule).
 
-The lists are built once per (layer, execution, s) and remembered: the planner asks for the same
-layers thousands of times.
+The lists are built once per (layer, hidden, eager s, execution, selective, input gradient) and
+remembered (:mod:`memest.memo`): the planner asks for the same layers thousands of times.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from memest.estimate.runtime import cuda_block_bytes
+from memest.memo import remembered
 from memest.spec import Component, LayerSpec, Split, TensorSpec
 
 COMPOSITE_GELUS = frozenset({"gelu_new", "gelu_fast", "quick_gelu", "gelu_accurate"})
@@ -523,10 +524,6 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
 # ---- one layer ----
 
 
-_CACHE: dict[tuple, tuple[LayerSpec, LayerActivations]] = {}
-_CACHE_LIMIT = 1 << 14
-
-
 def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Execution,
                       selective: bool = False, input_grad: bool = True) -> LayerActivations:
     """Bytes per token one layer keeps for backward, without recompute (remembered per arguments).
@@ -534,16 +531,19 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
     Args:
         layer: The layer.
         hidden: h, the model width.
-        seq_len: s, the tokens each token attends to (eager attention stores s scores per head).
+        seq_len: s, the tokens each token attends to (eager attention stores s scores per head; the
+            other kernels keep nothing per s, so it is not read without eager attention).
         x: The execution.
         selective: Megatron selective recompute: the eager s x s tensors are recomputed.
         input_grad: The layer's input needs a gradient (False for the first layer under LoRA).
     """
+    return _layer_activations(layer, hidden, seq_len if x.eager else 0, x, selective, input_grad)
+
+
+@remembered(maxsize=1 << 14)
+def _layer_activations(layer: LayerSpec, hidden: int, seq_len: int, x: Execution, selective: bool,
+                       input_grad: bool) -> LayerActivations:
     eager = x.eager
-    key = (id(layer), hidden, seq_len if eager else 0, x, selective, input_grad)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is layer:
-        return hit[1]
     extra = _eager_forward_extra(layer.attention, seq_len, x) if eager and layer.attention.kind == "gqa" else 0.0
     # non-reentrant checkpointing rebuilds the layer when its backward first unpacks a saved tensor: the
     # output gradient is alive, and in an MoE layer the gradient of the routes' sum, made contiguous
@@ -551,11 +551,7 @@ def layer_activations(layer: LayerSpec, *, hidden: int, seq_len: int, x: Executi
     grads = x.stream_bytes * hidden
     if layer.mlp.is_moe:
         grads += layer.mlp.num_experts_per_tok * hidden * x.routing_bytes
-    result = _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra, grads)
-    if len(_CACHE) >= _CACHE_LIMIT:
-        _CACHE.clear()
-    _CACHE[key] = (layer, result)
-    return result
+    return _total(_layer(layer, hidden, seq_len, x, selective, input_grad), extra, grads)
 
 
 def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool, input_grad: bool) -> list[Saved]:

@@ -10,18 +10,17 @@ take contiguous layers; the first also holds the embedding, the last the final n
 uneven split puts the remainder on the first stages for training (:func:`stages`) and, as vLLM does,
 on the stages before the last for serving (:func:`vllm_stages`).
 
-Stage splits, each stage's tensor list and each tensor's shard size are computed once and
-remembered (per (num_layers, pp), (model, stage) and (tensor, tp, ep, dp x cp, k)): the planner estimates
-thousands of setups of one model, and none of these change. The values are the same as before.
+Stage splits and each tensor's shard size are computed once and remembered (per (num_layers, pp) and
+(tensor, tp, ep, dp x cp, k), :mod:`memest.memo`): the planner estimates thousands of setups of one
+model.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-import weakref
 from dataclasses import dataclass
 
+from memest.memo import remembered
 from memest.spec import Component, LayerSpec, ModelSpec, Split, TensorSpec
 from memest.workload import Parallelism
 
@@ -50,7 +49,7 @@ class Stage:
         return self.stop - self.start
 
 
-@functools.lru_cache(maxsize=4096)
+@remembered(maxsize=4096)
 def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     """Split ``num_layers`` into ``pp`` contiguous stages for training; the first stages take the
     remainder."""
@@ -58,7 +57,7 @@ def stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     return _contiguous([base + (1 if i < extra else 0) for i in range(pp)])
 
 
-@functools.lru_cache(maxsize=4096)
+@remembered(maxsize=4096)
 def vllm_stages(num_layers: int, pp: int) -> tuple[Stage, ...]:
     """Split ``num_layers`` into ``pp`` contiguous stages as vLLM does (``vllm/distributed/utils.py``
     ``get_pp_indices``, without ``VLLM_PP_LAYER_PARTITION``): num_layers // pp each, and the remainder
@@ -80,33 +79,19 @@ def _contiguous(sizes: list[int]) -> tuple[Stage, ...]:
     return tuple(out)
 
 
-_SHARDS: dict[tuple[int, int, int, int], tuple[TensorSpec, int]] = {}
-"""(id(tensor), tp, ep, k) -> (tensor, elements): shard sizes already computed. The entry keeps its
-tensor alive, so the id cannot be reused while the entry exists (and a hit checks the identity)."""
-
-_SHARDS_LIMIT = 1 << 16
-
-
 def shard_numel(tensor: TensorSpec, par: Parallelism, num_kv_heads: int) -> int:
-    """Elements of ``tensor`` one rank holds (remembered per tensor, tp, ep and k).
+    """Elements of ``tensor`` one rank holds (remembered per tensor, tp, ep, dp x cp and k).
 
     Args:
         tensor: The full tensor.
-        par: The parallel degrees (tp and ep are used).
+        par: The parallel degrees (tp, ep and, for routed experts under expert parallelism, dp x cp
+            are read).
         num_kv_heads: k, to split KV projections by min(tp, k).
     """
-    data = par.dp * par.cp
-    key = (id(tensor), par.tp, par.ep, data, num_kv_heads)
-    hit = _SHARDS.get(key)
-    if hit is not None and hit[0] is tensor:
-        return hit[1]
-    numel = _shard_numel(tensor, par.tp, par.ep, data, num_kv_heads)
-    if len(_SHARDS) >= _SHARDS_LIMIT:
-        _SHARDS.clear()
-    _SHARDS[key] = (tensor, numel)
-    return numel
+    return _shard_numel(tensor, par.tp, par.ep, par.dp * par.cp, num_kv_heads)
 
 
+@remembered(maxsize=1 << 16)
 def _shard_numel(tensor: TensorSpec, tp: int, ep: int, data: int, num_kv_heads: int) -> int:
     numel = tensor.numel
     if tensor.component is Component.EXPERTS and ep > 1:
@@ -123,27 +108,16 @@ def _shard_numel(tensor: TensorSpec, tp: int, ep: int, data: int, num_kv_heads: 
     return math.ceil(numel / tp)
 
 
-_STAGE_TENSORS: dict[int, dict[Stage, tuple[tuple[TensorSpec, int], ...]]] = {}
-"""id(spec) -> stage -> tensors; an entry is dropped when its spec is garbage-collected."""
-
-
 def stage_tensors(spec: ModelSpec, stage: Stage) -> tuple[tuple[TensorSpec, int], ...]:
-    """Distinct tensors of a stage with their multiplicity (computed once per spec and stage)."""
-    per_spec = _STAGE_TENSORS.get(id(spec))
-    if per_spec is None:
-        per_spec = _STAGE_TENSORS[id(spec)] = {}
-        weakref.finalize(spec, _STAGE_TENSORS.pop, id(spec), None)
-    cached = per_spec.get(stage)
-    if cached is None:
-        out: list[tuple[TensorSpec, int]] = []
-        if stage.first:
-            out.extend((t, 1) for t in spec.embedding)
-        for layer, count in spec.layer_kinds(stage.start, stage.stop):
-            out.extend((t, count) for t in layer.tensors)
-        if stage.last:
-            out.extend((t, 1) for t in spec.head)
-        cached = per_spec[stage] = tuple(out)
-    return cached
+    """Distinct tensors of a stage with their multiplicity (the spec's own objects)."""
+    out: list[tuple[TensorSpec, int]] = []
+    if stage.first:
+        out.extend((t, 1) for t in spec.embedding)
+    for layer, count in spec.layer_kinds(stage.start, stage.stop):
+        out.extend((t, count) for t in layer.tensors)
+    if stage.last:
+        out.extend((t, 1) for t in spec.head)
+    return tuple(out)
 
 
 def layer_shard_numel(layer: LayerSpec, par: Parallelism) -> int:

@@ -1,0 +1,426 @@
+"""One rank's activation terms at the moments of the step: the layers' saved tensors
+(:mod:`memest.estimate.activations`), the head's, the logits, the autocast copies of the weights and
+eager attention's masks.
+
+The activations do not depend on the optimizer, offload or the ZeRO sharding: they are remembered
+per the workload fields they read (:class:`ActivationsInput`, :mod:`memest.memo`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import NamedTuple
+
+from memest.estimate.activations import (
+    Execution,
+    LoraActivations,
+    backward_transient,
+    embedding_bytes,
+    layer_activations,
+    norm_bytes,
+    selective_op_bytes,
+)
+from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
+from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.sharding import Stage, shard_numel
+from memest.estimate.training.lora import ADAPTER_BYTES, attention_targets, lora_adapters, targets_of
+from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
+from memest.memo import remembered
+from memest.result import Kind, Term
+from memest.spec import Component, LayerSpec, ModelSpec, TensorSpec
+from memest.workload import (
+    AttnImplementation,
+    Framework,
+    KbitPrep,
+    LoraConfig,
+    Loss,
+    Method,
+    Parallelism,
+    Precision,
+    Recompute,
+    TrainingConfig,
+)
+
+LOSS_CHUNKS = 8
+"""torchtune ``CEWithChunkedOutputLoss.num_output_chunks``."""
+
+
+_BYTES = operator.attrgetter("bytes")
+
+
+class ActivationParallelism(NamedTuple):
+    """The parallel degrees the activations read: the ZeRO stage and its sharding group are not among them."""
+
+    tp: int
+    pp: int
+    dp: int  # read only to place routed experts under expert parallelism (sharding.shard_numel): 1 without it
+    cp: int
+    ep: int
+    sequence_parallel: bool
+
+
+class ActivationsInput(NamedTuple):
+    """The fields of a TrainingConfig the activations read (:func:`activation_terms`), named as there:
+    the optimizer, offload and the ZeRO stage are not among them."""
+
+    method: Method
+    precision: Precision
+    micro_batch_size: int
+    seq_len: int
+    target_len: int | None
+    grad_accum_steps: int
+    recompute: Recompute
+    attn_implementation: AttnImplementation
+    loss: Loss
+    lora: LoraConfig | None  # None under full training (no adapters)
+    prepare_kbit_training: KbitPrep
+    parallelism: ActivationParallelism
+
+
+def activations_input(t: TrainingConfig) -> ActivationsInput:
+    """The activations' view of ``t``."""
+    par = t.parallelism
+    return ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
+                            t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
+                            t.prepare_kbit_training,
+                            ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
+                                                  par.sequence_parallel))
+
+
+def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
+    """How the forward runs under ``t`` (bytes of the compute and residual dtypes, kernels, adapters)."""
+    recipe = RECIPES[t.precision]
+    c = recipe.compute
+    quantized = t.method is Method.QLORA
+    if quantized:
+        # fp32 norm weights make RMSNorm's ``weight * x.to(input_dtype)`` fp32, and Linear4bit returns its
+        # input's dtype: the residual stream is fp32 once the norms are (KbitPrep); trl runs the HF Trainer's
+        # torch.autocast(bf16), PEFT's preparation alone no autocast, an unprepared bf16 model needs none
+        r = c if t.prepare_kbit_training is KbitPrep.NONE else 4
+        autocast = t.prepare_kbit_training is KbitPrep.TRL
+    elif t.precision is Precision.AMP:
+        r, autocast = 4, True
+    else:
+        r, autocast = c, False
+    lora = None
+    if t.method is not Method.FULL:
+        names, all_linear = targets_of(t.lora.targets)
+        if t.lora.targets == "attention":
+            names = attention_targets(spec)
+        lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
+                               dropout=t.lora.dropout)
+    # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
+    eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
+    # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
+    routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
+    return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
+                     routing_bytes=routing, quantized_outputs=quantized,
+                     fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
+                     attention_dropout=spec.attention_dropout)
+
+
+class ActivationTerms(NamedTuple):
+    """One rank's activation terms, by lifetime.
+
+    Attributes:
+        lifetimes: The terms of each of :data:`.table.ACTIVATION_LIFETIMES`, in that order (see
+            :func:`_by_lifetime`).
+        sizes: Their bytes, lifetime by lifetime.
+    """
+
+    lifetimes: tuple[tuple[Term, ...], ...]
+    sizes: tuple[int, ...]
+
+
+def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None, logits: Term | None,
+                 logits_forward: Term | None, autocast_weights: Term | None, autocast_layer: Term | None,
+                 masks: Term | None) -> ActivationTerms:
+    """The activation terms by lifetime. ``head``: the embeddings', final norm's and lm_head input's
+    activations; ``embedding``: the embeddings' part of them (what exists before the final norm);
+    ``logits`` at the loss backward, ``logits_forward`` inside the forward's loss; ``autocast_weights``:
+    torch.autocast's 16-bit weight copies kept for backward, ``autocast_layer`` one layer's (what is
+    left at the last layer's backward); ``masks``: eager attention's materialized causal masks (during
+    the forward, and through the backward under recompute: the checkpoints keep them)."""
+    none = ()
+    kept_masks = (masks,) if masks else none
+    lifetimes = (  # in ACTIVATION_LIFETIMES order
+        (layers.stored,),                                                        # activations.stored
+        (embedding,) if embedding else none,                                     # activations.embedding
+        (head,) if head else none,                                               # activations.head
+        (layers.layer_forward,) if layers.layer_forward else none,               # activations.layer_forward
+        (layers.rebuilt,) if layers.rebuilt else none,                           # activations.rebuilt
+        (layers.transient,),                                                     # activations.backward
+        (layers.first_layer,),                                                   # activations.first_layer
+        (layers.first_transient,),                                               # activations.first_layer_backward
+        (layers.other_microbatches,) if layers.other_microbatches else none,     # activations.other_microbatches
+        (autocast_weights,) if autocast_weights else none,                       # autocast.all
+        (autocast_layer,) if autocast_layer else none,                           # autocast.layer
+        kept_masks,                                                              # masks
+        kept_masks if layers.rebuilt else none,                                  # masks.rebuilt
+        (logits_forward,) if logits_forward else none,                           # logits.forward
+        (logits,) if logits else none,                                           # logits.backward
+    )
+    return ActivationTerms(lifetimes, tuple(sum(map(_BYTES, terms)) for terms in lifetimes))
+
+
+def _seq_for(layer: LayerSpec, t: TrainingConfig) -> int:
+    if layer.stack == "decoder" and t.target_len is not None:
+        return t.target_len
+    return t.seq_len
+
+
+@remembered(maxsize=1 << 14)
+def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage: Stage) -> ActivationTerms:
+    """One rank's activation terms (remembered)."""
+    par = t.parallelism
+    x = execution(spec, t, fw)
+    # pipeline: the 1F1B schedule keeps the micro-batches the later stages have not back-propagated yet
+    in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+    layers = _layer_terms(spec, t, x, stage, in_flight)
+    head, embedding, logits, logits_forward = _head_terms(spec, t, fw, x, stage, in_flight)
+    cast_all, cast_layer = _autocast_terms(spec, t, x, stage) if x.autocast else (None, None)
+    return _by_lifetime(layers, head, embedding, logits, logits_forward, cast_all, cast_layer,
+                        _eager_masks(kinds, x, t, par))
+
+
+class _LayerTerms(NamedTuple):
+    """What the stage's layers add to the activation terms."""
+
+    stored: Term  # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
+    rebuilt: Term | None  # one layer rebuilt under recompute (during its backward)
+    transient: Term  # one layer's backward gradients (the layer the first_layer_backward moment is in)
+    first_layer: Term  # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
+    first_transient: Term  # that layer's backward gradients
+    other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
+    layer_forward: Term | None  # a layer's forward beyond the stored activations (recompute, eager softmax)
+
+
+def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage, in_flight: int) -> _LayerTerms:
+    """What the stage's layers keep, rebuild and hold in their backward and forward."""
+    par = t.parallelism
+    tp, sp = par.tp, par.sequence_parallel
+    b = t.micro_batch_size
+    h = spec.hidden_size
+    selective = t.recompute is Recompute.SELECTIVE
+    stored = 0.0
+    rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
+    first = first_rebuilt = first_back = last_back = 0.0
+    forward = 0.0
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+    first_layer, last_layer = spec.layers[stage.start], spec.layers[stage.stop - 1]
+    # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
+    frozen_input = stage.first and x.lora is not None
+    # trl's QLoRA casts the embeddings back to bf16 while the norms keep the stream fp32 (kbit_weight_bytes)
+    input_bytes = kbit_weight_bytes(t)[0] if t.method is Method.QLORA else x.stream_bytes
+    for layer, count in kinds:
+        s = _seq_for(layer, t) // par.cp
+        tokens = b * s
+        eager_len = s * par.cp if x.eager else s
+        full = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective)
+        per_layer = full.block_bytes(tokens, tp, sp)
+        back = backward_transient(layer, seq_len=s * par.cp, x=x, hidden=h).block_bytes(tokens, tp, sp)
+        if t.recompute is Recompute.FULL:
+            kept = cuda_block_bytes(math.ceil(x.stream_bytes * h / (tp if sp else 1) * tokens))
+        elif t.recompute is Recompute.SELECTIVE_OP:
+            kept = selective_op_bytes(layer, hidden=h, x=x).block_bytes(tokens, tp, sp)
+        else:
+            kept = per_layer
+        stored += kept * count
+        if layer is first_layer:
+            first = kept
+            if t.recompute is Recompute.FULL and stage.first and input_bytes != x.stream_bytes:
+                # the first layer's input is the embeddings' output, at their dtype
+                first = cuda_block_bytes(math.ceil(input_bytes * h / (tp if sp else 1) * tokens))
+                stored += first - kept
+            if frozen_input and t.recompute in (Recompute.NONE, Recompute.SELECTIVE):
+                first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
+                                          input_grad=False).block_bytes(tokens, tp, sp)
+                stored += first - kept
+        extra = full.forward_extra * tokens / (tp if sp else 1)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            # the recomputation's own temporaries, before the layer's backward proper
+            back = max(back, full.recompute_extra * tokens / (tp if sp else 1))
+            if per_layer + back > rebuilt + transient:
+                rebuilt, transient = per_layer, back
+            # a checkpointed layer's forward drops what it would save; its largest block is alive at once
+            forward = max(forward, (full.forward_working + x.stream_bytes * h) * tokens / (tp if sp else 1))
+        elif extra:  # eager attention's softmax in the stage's last layer, its later tensors not made yet
+            forward = max(forward, extra - full.after_scores * tokens / (tp if sp else 1))
+        if layer is first_layer:
+            first_rebuilt, first_back = per_layer, back
+        if layer is last_layer:
+            last_back = back
+    if t.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        transient = last_back  # the backward starts with the stage's last layer
+    micro = "" if in_flight == 1 else f" x {in_flight} in flight"
+    if t.recompute is Recompute.FULL:
+        first_note = (f"; the first layer's at {input_bytes} B, the embeddings' dtype"
+                      if stage.first and input_bytes != x.stream_bytes else "")
+        stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"L_stage x b x s x h x {x.stream_bytes} B (layer inputs{first_note}){micro}")
+    elif t.recompute is Recompute.SELECTIVE_OP:
+        stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"L_stage x b x s x (layer input + every other matmul output + attention output){micro}")
+    else:
+        stored_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
+                           f"sum over layers of saved bytes/token x b x s{micro}")
+    rebuilt_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(rebuilt),
+                        "one layer's saved tensors, rebuilt in backward") if rebuilt else None
+    back_formula = "one layer's backward gradients: output gradient + max(MLP, post-norm, eager scores) x b x s"
+    transient_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(transient), back_formula)
+    first_back_term = Term("activations.backward", Kind.ACTIVATIONS, math.ceil(first_back), back_formula)
+    if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+        first_term = Term("activations.recomputed_layer", Kind.ACTIVATIONS, math.ceil(first_rebuilt),
+                          "the stage's first layer's saved tensors, rebuilt in backward")
+    else:
+        first_term = Term("activations.layers", Kind.ACTIVATIONS, math.ceil(first), "the stage's first layer's saved tensors")
+    others = Term("activations.other_microbatches", Kind.ACTIVATIONS, math.ceil(stored * (in_flight - 1)),
+                  f"{in_flight - 1} other in-flight micro-batches") if in_flight > 1 else None
+
+    forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
+                        "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
+                        "scores and their fp32 copy at the softmax") if forward > 0 else None
+    return _LayerTerms(stored_term, rebuilt_term, transient_term, first_term, first_back_term, others, forward_term)
+
+
+def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Execution, stage: Stage,
+                in_flight: int) -> tuple[Term | None, Term | None, Term | None, Term | None]:
+    """(the head's activations, the embeddings' part of them, the logits at the loss backward, inside the
+    forward's loss)."""
+    par = t.parallelism
+    tp, sp = par.tp, par.sequence_parallel
+    b = t.micro_batch_size
+    h = spec.hidden_size
+    head_bytes = emb_bytes = 0.0
+    head_parts: list[str] = []
+    tokens_first = b * t.seq_len // par.cp
+    if stage.first:
+        has_norm = any(tn.component is Component.NORM for tn in spec.embedding)
+        emb = embedding_bytes(has_norm, h, x) / (tp if sp else 1) * tokens_first
+        if emb:
+            head_bytes += emb
+            emb_bytes = emb
+            head_parts.append("embedding norm/dropout")
+    logits_term = logits_fwd = None
+    if stage.last:
+        lm = spec.task in ("causal_lm", "seq2seq", "masked_lm")
+        out_len = t.target_len if spec.task == "seq2seq" and t.target_len is not None else t.seq_len
+        tokens_out = b * out_len // par.cp
+        if any(tn.component is Component.NORM for tn in spec.head):
+            head_trains = x.lora is None and lm
+            head_bytes += norm_bytes(spec.reference_layer.norm, h, x, readers=1 if head_trains else 0,
+                                     weight_trains=x.lora is None) / (tp if sp else 1) * tokens_out
+            head_parts.append("final norm and lm_head input")
+        if lm:
+            logits_term = _logits(spec, t, fw, x, tokens_out)
+            logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
+    head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
+                     " + ".join(head_parts) + " x b x s") if head_bytes else None
+    embedding_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(emb_bytes * in_flight),
+                          "embedding norm/dropout x b x s") if emb_bytes else None
+    return head_term, embedding_term, logits_term, logits_fwd
+
+
+def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage) -> tuple[Term, Term]:
+    """torch.autocast's 16-bit weight copies kept for backward: (all of them, one layer's)."""
+    par = t.parallelism
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+
+    def cast_bytes(items: list[tuple[TensorSpec, int]]) -> int:
+        return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
+
+    head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
+    if t.method is Method.QLORA:
+        # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
+        # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
+        if kbit_weight_bytes(t)[0] == x.compute_bytes:
+            head = []
+        adapters = lora_adapters(spec, stage, t.lora, par.tp)
+        one = max((sum(local for tn, local, _ in adapters if id(tn) in {id(u) for u in layer.tensors})
+                   for layer, _ in kinds), default=0) * x.compute_bytes
+        lm_head = " and the fp32 lm_head's" if head else ""
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), f"the rebuilt layer's adapters'{lm_head}"
+        else:
+            total = sum(local * cnt for _, local, cnt in adapters) * x.compute_bytes + cast_bytes(head)
+            what = f"every adapter's{lm_head}"
+    else:
+        one = max(cast_bytes([(tn, 1) for tn in layer.tensors if tn.is_linear_weight]) for layer, _ in kinds)
+        if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
+            total, what = one + cast_bytes(head), "the rebuilt layer's and lm_head's"
+        else:
+            layers = [(tn, cnt) for layer, cnt in kinds for tn in layer.tensors if tn.is_linear_weight]
+            total, what = cast_bytes(layers + head), "every linear weight's"
+    cast_all = Term("workspace.autocast_weights", Kind.WORKSPACE, total,
+                    f"{what} {x.compute_bytes}-byte copies (torch.autocast casts, kept for backward)")
+    cast_layer = Term("workspace.autocast_weights", Kind.WORKSPACE, one, "one layer's autocast weight casts")
+    return cast_all, cast_layer
+
+
+def _eager_masks(kinds: tuple[tuple[LayerSpec, int], ...], x: Execution, t: TrainingConfig,
+                 par: Parallelism) -> Term | None:
+    """transformers' eager attention reads a materialized (b, 1, s, s) additive mask in the compute
+    dtype, one per kind of attention (full, sliding window): ``masking_utils.create_causal_mask`` /
+    ``create_sliding_window_causal_mask`` in the model's forward."""
+    windows = {layer.attention.sliding_window for layer, _ in kinds
+               if layer.attention.kind == "gqa" and x.eager}
+    if not windows:
+        return None
+    s = t.seq_len // par.cp
+    nbytes = len(windows) * cuda_block_bytes(t.micro_batch_size * s * t.seq_len * x.compute_bytes)
+    return Term("activations.attention_masks", Kind.ACTIVATIONS, nbytes,
+                f"{len(windows)} x b x s x s x {x.compute_bytes} B (eager attention's causal masks)")
+
+
+def _logits_bytes(t: TrainingConfig, x: Execution) -> int:
+    """Bytes of a logit: the compute dtype, or an fp32 lm_head's fp32 without autocast (QLoRA prepared by
+    PEFT alone: its fp32 final norm output times its fp32 weight)."""
+    if t.method is Method.QLORA and not x.autocast:
+        return kbit_weight_bytes(t)[0]
+    return x.compute_bytes
+
+
+def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
+    """The logits at the start of their backward, on one rank (vocabulary split over tp)."""
+    v = math.ceil(spec.vocab_size / t.parallelism.tp)
+    c = _logits_bytes(t, x)
+    if t.loss == Loss.FUSED:
+        per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
+    elif t.loss == Loss.CHUNKED:
+        per = 4 * v + (8 + c) * v / LOSS_CHUNKS
+        formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
+    elif fw is Framework.MEGATRON:
+        per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
+    elif _loss_at_logits_dtype(spec, x):
+        per, formula = 3 * c * v, f"b x s x V/t x 3 x {c} B (log-probs, nll grad, log-softmax grad at the logits dtype)"
+    else:
+        per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
+    return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _loss_at_logits_dtype(spec: ModelSpec, x: Execution) -> bool:
+    """True when the loss runs on the logits as they are, without ``ForCausalLMLoss``'s fp32 upcast:
+    a masked LM's ``CrossEntropyLoss()(prediction_scores.view(-1, V), labels.view(-1))``
+    (``transformers/models/bert/modeling_bert.py`` ``BertForMaskedLM``) outside autocast, which
+    would run cross_entropy in fp32 (benchmarks/trace_findings.md §13)."""
+    return spec.task == "masked_lm" and not x.autocast
+
+
+def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term | None:
+    """The logits inside the forward's loss, on one rank, where they differ from the backward's.
+
+    transformers ``ForCausalLMLoss`` (``loss/loss_utils.py``): the c-byte logits, ``logits.float()``
+    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. None for the other
+    losses (their backward term is used).
+    """
+    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
+        return None
+    v = math.ceil(spec.vocab_size / t.parallelism.tp)
+    c = _logits_bytes(t, x)
+    if _loss_at_logits_dtype(spec, x):
+        return Term("logits", Kind.LOGITS, tokens * 2 * c * v, f"b x s x V/t x 2 x {c} B (logits, log-softmax)")
+    per = c + (4 if c < 4 else 0) + 4
+    return Term("logits", Kind.LOGITS, tokens * per * v,
+                f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")

@@ -1,0 +1,91 @@
+"""The sentences an estimate's assumptions list, remembered per what they read."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from memest.estimate.training.deepspeed import DEEPSPEED_VERSION
+from memest.estimate.training.recipes import RECIPES
+from memest.estimate.training.table import MOMENTS
+from memest.memo import remembered
+from memest.spec import ModelSpec
+from memest.workload import AttnImplementation, Framework, KbitPrep, Method, Optimizer, Precision, TrainingConfig
+
+_KBIT_ASSUMPTIONS = {
+    KbitPrep.TRL: ("--prepare-kbit-training trl (trl SFTTrainer, bf16=True): norms fp32, embeddings and lm_head bf16, "
+                   "fp32 residual stream and layer checkpoints (bitsandbytes Linear4bit returns its input's dtype), "
+                   "torch.autocast(bf16); pass --prepare-kbit-training peft or none for other scripts"),
+    KbitPrep.PEFT: ("--prepare-kbit-training peft (prepare_model_for_kbit_training alone): embeddings, norms and "
+                    "lm_head fp32, fp32 residual stream, checkpoints and logits, no autocast"),
+    KbitPrep.NONE: "--prepare-kbit-training none: other weights and the residual stream at 16 bits",
+}
+
+
+
+class AssumptionsInput(NamedTuple):
+    """What the assumption sentences read."""
+
+    model_type: str
+    sdpa_supported: bool
+    too_long: int | None  # seq_len when it exceeds max_position_embeddings
+    max_position_embeddings: int | None
+    moment: str
+    fw: Framework
+    auto: bool  # the framework was picked (--framework auto)
+    precision: Precision
+    attn_implementation: AttnImplementation
+    method: Method
+    prepare_kbit_training: KbitPrep
+    optimizer: Optimizer
+    expert_sharded: bool  # expert parallelism with sharded states
+
+
+def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
+    """What the estimate assumed."""
+    par = t.parallelism
+    too_long = bool(spec.max_position_embeddings and t.seq_len > spec.max_position_embeddings)
+    return _assumption_lines(AssumptionsInput(
+        spec.model_type, spec.sdpa_supported, t.seq_len if too_long else None, spec.max_position_embeddings, moment, fw,
+        t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
+        t.optimizer, par.ep > 1 and par.zero_stage > 0))
+
+
+@remembered(maxsize=4096)
+def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
+    """The sentences of :func:`assumptions` (remembered)."""
+    fw, moment = a.fw, a.moment
+    out = [
+        f"peak moment: {moment} (of {', '.join(MOMENTS)})",
+        f"framework {fw.value}" + (" (auto)" if a.auto else "")
+        + f"; precision recipe {a.precision.value}: {RECIPES[a.precision]}",
+        "steady state (step >= 2): optimizer states allocated",
+        ("each tensor in its own CUDA caching-allocator block (512 B multiples; 2 MiB segments of tensors from "
+         "10 MiB on, unsplit when 1 MiB or less is left)"),
+    ]
+    if not a.sdpa_supported:
+        out.append(f"eager attention: transformers has no SDPA path for {a.model_type}; the s x s scores are stored")
+    elif a.attn_implementation != AttnImplementation.EAGER:
+        out.append("flash / SDPA attention: no s x s scores stored; K and V kept at num_kv_heads")
+    if a.too_long:
+        out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
+    if a.method is not Method.FULL:
+        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
+                   "the first layer's input needs no gradient (PEFT enables input gradients only under "
+                   "gradient checkpointing turned on before get_peft_model)")
+        if fw is Framework.DEEPSPEED:
+            out.append("DeepSpeed keeps an fp32 master of the fp32 adapters (a real engine casts the module to "
+                       "16 bits first: adapters, their gradients and input copies then halve)")
+    if fw is Framework.DEEPSPEED:
+        out.append(f"DeepSpeed {DEEPSPEED_VERSION} with its config defaults: gradients accumulated in the model dtype (so "
+                   "bf16 at ZeRO 0 runs FP16_Optimizer: unsharded fp32 master and states, fp32 gradient copies at the "
+                   "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
+                   "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
+    if a.method is Method.QLORA:
+        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
+    if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
+        out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
+    if a.expert_sharded:
+        out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
+                   "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
+                   "DeepSpeed-MoE)")
+    return tuple(out)

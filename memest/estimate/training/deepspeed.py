@@ -1,0 +1,119 @@
+"""``deepspeed``, as DeepSpeed v0.19.5 (:data:`DEEPSPEED_VERSION`) runs with its config defaults
+(``deepspeed/runtime/engine.py``, ``fp16/fused_optimizer.py``, ``zero/stage_1_and_2.py``, ``zero/stage3.py``):
+``get_data_types`` makes the gradient-accumulation dtype the model's (since v0.17.6, commit 889f0ead2,
+"Enable non-ZeRO mode"), so stage 0 with bf16 or fp16 runs FP16_Optimizer (``_do_optimizer_sanity_check``:
+``DDP_BFLOAT16`` / ``FP16``; BF16_Optimizer only with ``data_types.grad_accum_dtype: fp32``, which memest
+does not model): an unsharded fp32 flat master and FusedAdam states; param.grad made in backward; at
+its step every gradient copied to fp32 (``p.grad.to(fp32)``, per parameter: none for fp32 gradients)
+and those copies flattened (``fp32_groups_flat.grad``) before param.grad is dropped; the engine then
+clears param.grad (``_take_model_step``: ``optimizer.zero_grad()``). The engine's end-of-backward
+all-reduce flattens a 5e8-element bucket at a time, below the step's copies (not counted).
+Stage 1 keeps full 16-bit grads through backward and one reduce bucket of ``reduce_bucket_size`` = 5e8
+elements (``ipg_buffer``, allocated at the first gradient hook whenever ``contiguous_gradients`` is on, the
+default; ``overlap_comm``, off by default below stage 3, would double it); after backward
+``reduce_gradients`` moves each gradient into the bucket (freeing its own block), reduces it and copies the
+rank's partition into ``grads_in_partition`` (P/N x 2 B), allocated at the first bucket holding any of it:
+on rank 0, whose partition the first bucket fills, while nearly all gradients still exist (moment
+``gradient_reduction``: every gradient + the bucket + the partition, which over-counts the first bucket's
+gradients already moved into it, at most 1 GB, and leaves out ``allreduce_bucket``'s flattened copy of a
+bucket spanning several partitions, at most the bucket); the epilogue then drops every param.grad (``_clear_param_grad_only``, v0.18.5 on;
+before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during backward into the bucket and
+``grads_in_partition``; stage 3 holds the bucket permanently, a bf16 gradient partition
+(``grad_partitions_flat_buffer``) and sharded bf16 weights. At the step stages 1-3 hold the gradient
+partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
+needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
+included.
+"""
+
+from __future__ import annotations
+
+import math
+
+from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.sharding import layer_shard_numel
+from memest.estimate.training.protocol import FrameworkStates, StateContext, zero3_weight_shards
+from memest.estimate.training.recipes import RECIPES
+from memest.estimate.training.trained import Gradients, blocks, param_gradients
+from memest.result import Kind, Term
+from memest.workload import Offload
+
+DEEPSPEED_VERSION = "0.19.5"
+"""The DeepSpeed release the ``deepspeed`` framework follows (tag v0.19.5, commit cf44300453eb)."""
+
+
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
+
+
+FLAT_STATES = True
+PER_PARAMETER_SHARDS = False
+weight_shards = zero3_weight_shards
+
+
+def states(ctx: StateContext) -> FrameworkStates:
+    """DeepSpeed's gradient buffers and step transients (module docstring); ``ctx.sharded_numel``: the
+    trainable elements as ZeRO partitions them over ``n`` (experts weighted)."""
+    t, n, z, gb = ctx.t, ctx.n, ctx.zero_stage, ctx.gb
+    sharded_numel = ctx.sharded_numel
+    numel = sum(local * c for _, local, c in ctx.trainable)
+    offloaded = t.offload is not Offload.NONE
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
+                  f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
+    if z == 0:
+        # FP16_Optimizer (bf16 too, DeepSpeed >= 0.17.6): param.grad until its step, which copies each to
+        # fp32 (``p.grad.to(fp32)``: the same tensor when already fp32) and flattens the copies
+        # (fused_optimizer.py ``step``) before dropping param.grad
+        step: tuple[Term, ...] = ()
+        if gb < 4:
+            step += (Term("workspace.fp32_grad_copies", Kind.WORKSPACE, blocks(ctx.trainable, 4),
+                          "P_trainable x 4 B (p.grad.to(fp32) per parameter, FP16_Optimizer.step)"),)
+        step += (Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(numel * 4),
+                      "P_trainable x 4 B (the copies flattened: fp32_groups_flat.grad)"),)
+        return FrameworkStates(gradients=param_gradients(ctx.groups, gb, f"P_trainable x {gb} B (param.grad)"),
+                               step=step)
+    gradients = Gradients()
+    persistent: tuple[Term, ...] = ()
+    backward: tuple[Term, ...] = ()
+    step_grads = None
+    reduction: tuple[Term, ...] = ()
+    if z == 1:
+        backward = (bucket,)  # DeepSpeedZeroOptimizer allocates it at the first gradient hook
+        gradients = param_gradients(ctx.groups, gb, f"P_trainable x {gb} B (ZeRO-1 keeps full gradients through backward)")
+        if offloaded:
+            step_grads = Term("gradients", Kind.GRADIENTS, 0, "param.grad dropped after the reduction (offloaded)")
+            reduction = (bucket,)
+        else:
+            # reduce_gradients moves the gradients into the bucket and the rank's partition into
+            # grads_in_partition; param.grad are dropped, the partition lives until the step
+            partition = Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
+                             f"P_trainable x {gb} B / {n} (grads_in_partition)")
+            step_grads = partition
+            reduction = (bucket, partition)
+    elif z == 2:
+        backward = (bucket,)
+        if not offloaded:
+            # allocated whole at the first reduction, once the bucket has filled; until then the
+            # bucket (counted) holds the first gradients
+            partition_bytes = cuda_block_bytes(math.ceil(sharded_numel * gb / n))
+            gradients = Gradients(all=partition_bytes, before_first_layer=partition_bytes,
+                                  formula=f"P_trainable x {gb} B / {n} (grads_in_partition)")
+    else:
+        persistent = (bucket,)
+        if not offloaded:
+            persistent += (Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
+                                f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"),)
+    step = ()
+    if not offloaded:
+        step = (Term("workspace.flat_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
+                     f"P_trainable x {gb} B / {n} (flattened partition)"),
+                Term("workspace.fp32_gradients", Kind.WORKSPACE, cuda_block_bytes(math.ceil(sharded_numel * 4 / n)),
+                     f"P_trainable x 4 B / {n} (single_grad_partition)"))
+    gathered: tuple[Term, ...] = ()
+    if z >= 3:
+        spec, stage, par = ctx.spec, ctx.stage, t.parallelism
+        weight = RECIPES[t.precision].weight
+        largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
+                         f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+    return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
+                           step=step, step_grads=step_grads, reduction=reduction)

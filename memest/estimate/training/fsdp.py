@@ -1,0 +1,89 @@
+"""``fsdp``: parameters, gradients and optimizer states sharded per parameter (FSDP2); gathered at
+the compute dtype, moment by moment (``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``):
+the root unit (embeddings, final norm, lm_head: not resharded after forward) always; besides it
+two layer units while layers run (the one computed and the one prefetched), one at the loss
+backward (the last layer's, prefetched by the root's pre-backward hook) and one at the first
+layer's backward (nothing left to prefetch). During a unit's backward its unsharded gradients;
+from the second unit on, the previous unit's ``reduce_dtype`` reduce-scatter input
+(``_fsdp_collectives.py`` ``foreach_reduce``). The all-gather outputs are allocated on their own
+stream, whose cached blocks the compute stream cannot reuse: the root's and a layer's are reserved
+beside the peak allocated (term ``allocator.all_gather_stream``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.training.optimizers import step_temporaries
+from memest.estimate.training.protocol import FrameworkStates, StateContext
+from memest.estimate.training.recipes import RECIPES
+from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
+from memest.result import Kind, Term
+from memest.workload import Method, Precision
+
+FLAT_STATES = False
+PER_PARAMETER_SHARDS = True
+
+
+def weight_shards(zero_stage: int, n: int) -> int:
+    """FULL_SHARD (3) and SHARD_GRAD_OP (2) both shard the weights between steps."""
+    return n if zero_stage >= 2 else 1
+
+
+def states(ctx: StateContext) -> FrameworkStates:
+    """FSDP gathered units, sharded gradients and their reduce copies (module docstring)."""
+    spec, t, stage, n, z, gb, state_b = ctx.spec, ctx.t, ctx.stage, ctx.n, ctx.zero_stage, ctx.gb, ctx.state_b
+    par = t.parallelism
+    c = RECIPES[t.precision].compute
+    trainable = ctx.trainable
+    shard_g = n if z >= 2 else 1
+    if shard_g > 1:  # experts' gradients shard over their expert-data-parallel group (expert_weighted)
+        trainable = expert_weighted(trainable, par, n)
+    groups = grad_groups(spec, stage, trainable)
+    later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
+    gradients = Gradients(
+        all=blocks(groups.used, gb, shard_g),  # FSDP2 shards each parameter's gradient
+        head=math.ceil(ctx.head_numel * gb / shard_g),
+        before_first_layer=math.ceil(later * gb / shard_g),  # units reduce-scatter as their backward ends
+        formula=f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else ""))
+    # the compute copies gathered: every weight (a LoRA base too) at its dtype, or FSDP2's param_dtype
+    gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
+    largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+    root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
+    root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
+               if id(tn) in root_ids)
+    stream_pool, stream_pool_formula = 0, ""
+    if z >= 2:
+        # FSDP2 allocates each unit's all-gather output on its all-gather copy-in stream (implicit prefetch,
+        # _fsdp_collectives.py foreach_all_gather) and keeps it until the next unit's copy-out; the CUDA
+        # caching allocator reuses a stream's cached blocks only for that stream, so that pool stays
+        # reserved beside the compute stream's: the root's output and a layer's, at the gather dtype
+        stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(largest * gather_b)
+        stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
+                               "in the all-gather stream's pool")
+    gathered: tuple[Term, ...] = ()
+    unit, unit_formula = 0, ""
+    if z >= 3:
+        gathered = (Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
+                         f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"),)
+        unit, unit_formula = largest * gather_b, f"largest layer unsharded x {gather_b} B"
+    elif z == 2:
+        total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
+        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,
+                         f"P_stage unsharded x {gather_b} B (SHARD_GRAD_OP keeps them from forward to backward)"),)
+    layer_buffers: tuple[Term, ...] = ()
+    reduce_input: tuple[Term, ...] = ()
+    if z >= 2:
+        grads_unit = largest if t.method is Method.FULL else 0
+        layer_buffers = (Term("workspace.unsharded_grads", Kind.WORKSPACE, grads_unit * gather_b,
+                              f"largest layer x {gather_b} B (the unit's unsharded gradients)"),)
+        # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
+        # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+        reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
+                             f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
+    return FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
+                           gathered=gathered, gathered_unit=unit, gathered_formula=unit_formula,
+                           stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
+                           step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)))
