@@ -202,6 +202,12 @@ class Engine(str, Enum):
     ``gpu_memory_utilization`` x capacity becomes paged KV-cache blocks."""
     HF = "hf"
     """transformers ``generate``: a contiguous cache for batch x (prompt + new tokens)."""
+    LLAMACPP = "llama.cpp"
+    """llama.cpp with a GGUF file: model buffers per device after the ``-ngl`` layer split, the rest
+    in host RAM, an n_ctx KV cache at its cache type, compute buffers."""
+    OLLAMA = "ollama"
+    """Ollama: llama.cpp's memory with Ollama's defaults (num_ctx 4096, Q4_K_M library tags) and its
+    own layer-placement estimate."""
 
 
 WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
@@ -211,7 +217,8 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
-ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
+                                                "llama.cpp": ("b4715",), "ollama": ("0.11",)}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
 vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
@@ -354,6 +361,14 @@ class ServingConfig:
         prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
         max_new_tokens: hf: tokens generated per sequence; None = 0 when max_model_len is the
             total, else what max_model_len leaves after the prompt.
+        n_gpu_layers: llama.cpp / Ollama ``-ngl``: layers (of num_layers + 1, the output layer last)
+            on the GPUs; None = all (llama.cpp) / as many as fit (Ollama).
+        n_batch: llama.cpp ``-b`` (logical batch); None = the engine's default.
+        n_ubatch: llama.cpp ``-ub`` (physical batch: tokens of the worst-case graph); None = default.
+        flash_attn: llama.cpp ``-fa`` (needed for a quantized V cache).
+        tensor_split: llama.cpp ``-ts``: each GPU's share of the offloaded layers; () = by memory.
+        gguf_tensors: The tensors of a ``.gguf`` file's header (name, ggml type, shape rows first),
+            from ``--gguf``; replaces the analytic file-type layout.
         checkpoint_params: Parameters per stored dtype of the checkpoint (safetensors header names:
             ``BF16``, ``F32``, ``I8``, ``U8``, ``F8_E4M3``, ...), from ``--exact-weights``; scales
             the analytic weight bytes to the checkpoint's exact total.
@@ -374,6 +389,12 @@ class ServingConfig:
     engine_version: str | None = None
     prompt_len: int | None = None
     max_new_tokens: int | None = None
+    n_gpu_layers: int | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    flash_attn: bool = False
+    tensor_split: tuple[float, ...] = ()
+    gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     checkpoint_params: tuple[tuple[str, int], ...] = ()
     parallelism: Parallelism = field(default_factory=Parallelism)
 
@@ -682,6 +703,8 @@ def _validate_serving(s: ServingConfig) -> None:
         raise InputError(f"--gpu-memory-utilization is {s.gpu_memory_utilization}; it must be in (0, 1]")
     if s.dtype not in WEIGHT_DTYPES:
         raise InputError(f"--dtype {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return  # GGUF file and cache types: memest.estimate.serving.llamacpp.engine.settings checks them
     if s.quantization not in QUANTIZATIONS:
         raise InputError(f"--quantization {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     if s.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -4,7 +4,8 @@ Two engines (``--engine``):
 
 - ``vllm`` (default): :mod:`memest.estimate.serving.vllm` (the budget of each vLLM version, the
   weights as it loads them, the job's terms and vLLM's own start-up numbers);
-- ``hf``: transformers ``generate`` (:mod:`memest.estimate.serving.hf`).
+- ``hf``: transformers ``generate`` (:mod:`memest.estimate.serving.hf`);
+- ``llama.cpp`` / ``ollama``: GGUF files (:mod:`memest.estimate.serving.llamacpp`).
 
 What both share: :mod:`.common` (served dtypes, weights as stored and as loaded) and :mod:`.kv`
 (the KV cache per token, paged and contiguous). Inverse queries: :func:`largest_max_model_len`
@@ -20,6 +21,8 @@ from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
+from memest.estimate.serving.llamacpp import engine as llamacpp_engine
+from memest.estimate.serving.llamacpp import ollama
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
 from memest.spec import ModelSpec
@@ -36,6 +39,10 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estim
     """
     if s.engine is Engine.HF:
         return hf_generate.estimate_generate(spec, s, device)
+    if s.engine is Engine.LLAMACPP:
+        return llamacpp_engine.estimate_llamacpp(spec, s, device)
+    if s.engine is Engine.OLLAMA:
+        return ollama.estimate_ollama(spec, s, device)
     return vllm_engine.estimate_vllm(spec, s, device)
 
 
