@@ -19,6 +19,12 @@ then holds the job, not how much the job's own tensors take. The job fits when
    (:attr:`ServingSummary.device_bytes`). vLLM 0.19 refuses to start when the budget exceeds the
    memory free after the context; the graphs would fail to capture.
 
+**llama.cpp / Ollama** (``--engine llama.cpp`` / ``ollama``) allocate fixed buffers at start-up:
+the job fits when, on every GPU, the model buffer of its layers + their KV cache + the compute
+buffer + the CUDA context are within ``(1 - headroom)`` x the device's memory (the generic rule
+applied to the GPU that needs the most). The layers ``-ngl`` leaves out run from host RAM, which
+the estimate reports (:attr:`memest.result.Estimate.host_bytes`) but the verdict does not judge.
+
 ``--headroom`` is not applied to vLLM: ``gpu_memory_utilization`` already is vLLM's share of the
 device (1 - gpu_memory_utilization its headroom), so the verdict compares against the whole
 capacity and says so (:attr:`Verdict.headroom_applied`).

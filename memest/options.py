@@ -114,14 +114,17 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
     "quantization": (Annotated[str, _opt("--quantization", help="Weight quantization applied to an unquantized model: "
                                          "none (keep the checkpoint's quantization_config), int8 (bitsandbytes LLM.int8), "
                                          "nf4 (bitsandbytes, double quant), fp4 (bitsandbytes load_in_4bit defaults), "
-                                         "int4/awq, gptq, fp8 (vLLM online), mxfp4.", panel=SERVE)], "none"),
+                                         "int4/awq, gptq, fp8 (vLLM online), mxfp4; llama.cpp / Ollama: the GGUF file "
+                                         "type (q4_k_m, q8_0, q5_k_m, q6_k, q4_0, iq4_xs, f16, bf16, ...).", panel=SERVE)], "none"),
     "exact_weights": (Annotated[bool, _opt("--exact-weights", help="Read the checkpoint's safetensors headers on the Hub "
                                            "(parameters per stored dtype, no weights downloaded) and use their exact "
                                            "total.", panel=SERVE)], False),
-    "kv_cache_dtype": (Annotated[str, _opt("--kv-cache-dtype", help="KV-cache dtype: auto (the weight dtype), fp8.",
+    "kv_cache_dtype": (Annotated[str, _opt("--kv-cache-dtype", help="KV-cache dtype: auto (the weight dtype), fp8; "
+                                           "llama.cpp -ctk/-ctv: f16, q8_0, q4_0, ...",
                                            panel=SERVE)], "auto"),
-    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
-                                      "(transformers generate).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
+    "engine": (Annotated[Engine, _opt("--engine", help="Serving engine to model: vllm (paged KV, start-up budget), hf "
+                                      "(transformers generate), llama.cpp or ollama (GGUF; --max-model-len is "
+                                      "n_ctx / num_ctx, default 4096).", panel=SERVE, case_sensitive=False)], Engine.VLLM),
     "engine_version": (Annotated[str | None, _opt("--engine-version", help="Engine version whose memory arithmetic to "
                                                   "model: vllm 0.19 (V1), 0.6, 0.2; hf 5, 4.34 (default: the newest).",
                                                   panel=SERVE)], None),
@@ -137,6 +140,20 @@ WORKLOAD_OPTIONS: dict[str, tuple[Any, Any]] = {
                                                 panel=SERVE)], None),
     "block_size": (Annotated[int, _opt("--block-size", help="Tokens per paged KV block.", panel=SERVE)], 16),
     "enforce_eager": (Annotated[bool, _opt("--enforce-eager", help="No CUDA graphs (vLLM).", panel=SERVE)], False),
+    "n_gpu_layers": (Annotated[int | None, _opt("--n-gpu-layers", "--ngl", help="llama.cpp / Ollama -ngl: layers (of "
+                                                "num_layers + 1, the output layer last) on the GPU; the rest stay in "
+                                                "host RAM (default: all for llama.cpp, as many as fit for Ollama).",
+                                                panel=SERVE)], None),
+    "n_batch": (Annotated[int | None, _opt("--n-batch", help="llama.cpp -b: logical batch (default 2048; Ollama 512).",
+                                           panel=SERVE)], None),
+    "n_ubatch": (Annotated[int | None, _opt("--n-ubatch", help="llama.cpp -ub: physical batch, the tokens the compute "
+                                            "buffer is sized for (default 512).", panel=SERVE)], None),
+    "flash_attn": (Annotated[bool, _opt("--flash-attn", help="llama.cpp -fa (needed for a quantized V cache; pads "
+                                        "n_ctx to 256).", panel=SERVE)], False),
+    "tensor_split": (Annotated[str | None, _opt("--tensor-split", help="llama.cpp -ts: each GPU's share of the layers, "
+                                                "e.g. 10,6 (default: by device memory).", panel=SERVE)], None),
+    "gguf": (Annotated[str | None, _opt("--gguf", help="A .gguf file whose header gives the exact tensor types and "
+                                        "sizes (metadata only; needs memest[gguf]).", panel=SERVE)], None),
     # parallelism and devices
     "gpu": (Annotated[str | None, _opt("--gpu", help=f"Accelerator (see 'memest gpus') (default: {DEFAULT_DEVICE}, and list "
                                        "every device that fits).", panel=PAR)], None),
@@ -174,6 +191,12 @@ SERVING_ONLY: dict[str, tuple[str, str]] = {
     "max_num_seqs": ("vLLM's sequences per forward", "drop it"),
     "block_size": ("vLLM's paged-KV block", "drop it"),
     "enforce_eager": ("vLLM without CUDA graphs", "drop it"),
+    "n_gpu_layers": ("llama.cpp's layers on the GPU", "drop it"),
+    "n_batch": ("llama.cpp's logical batch", "drop it"),
+    "n_ubatch": ("llama.cpp's physical batch", "drop it"),
+    "flash_attn": ("llama.cpp's flash attention", "drop it"),
+    "tensor_split": ("llama.cpp's layer split over GPUs", "drop it"),
+    "gguf": ("the GGUF file served", "drop it"),
 }
 """Workload flags that only serving reads: option name -> (what it sets, the fix when training);
 the message reads "--batch-size is a serving flag (concurrent sequences); for training use
@@ -213,7 +236,9 @@ METHOD_ONLY: dict[str, tuple[Method, ...]] = {
 }
 """Training flags that only some methods read (--train trains every weight: no adapters)."""
 
-ENGINE_ONLY: dict[str, Engine] = {
+_GGUF_ENGINES = (Engine.LLAMACPP, Engine.OLLAMA)
+
+ENGINE_ONLY: dict[str, Engine | tuple[Engine, ...]] = {
     "gpu_memory_utilization": Engine.VLLM,
     "max_num_batched_tokens": Engine.VLLM,
     "max_num_seqs": Engine.VLLM,
@@ -221,6 +246,12 @@ ENGINE_ONLY: dict[str, Engine] = {
     "enforce_eager": Engine.VLLM,
     "prompt_len": Engine.HF,
     "max_new_tokens": Engine.HF,
+    "n_gpu_layers": _GGUF_ENGINES,
+    "n_batch": _GGUF_ENGINES,
+    "n_ubatch": _GGUF_ENGINES,
+    "flash_attn": _GGUF_ENGINES,
+    "tensor_split": _GGUF_ENGINES,
+    "gguf": _GGUF_ENGINES,
 }
 """Serving flags that only one engine reads (vLLM sizes a paged pool; transformers generate a
 contiguous cache of prompt + new tokens)."""
@@ -271,8 +302,10 @@ def _check_scope(values: dict[str, Any], mode: str) -> None:
                 raise InputError(f"{flag} applies to {needs}, not {asked}; drop it")
         if not training and name in ENGINE_ONLY:
             engine = Engine(values["engine"])
-            if ENGINE_ONLY[name] is not engine:
-                other = ENGINE_ONLY[name].value
+            scope = ENGINE_ONLY[name]
+            engines = scope if isinstance(scope, tuple) else (scope,)
+            if engine not in engines:
+                other = " / --engine ".join(e.value for e in engines)
                 raise InputError(f"{flag} is a --engine {other} flag; --engine {engine.value} does not read it: "
                                  f"drop it or pass --engine {other}")
 
@@ -415,6 +448,11 @@ class JobOptions:
             from memest.sources.hub import safetensors_parameter_counts
 
             checkpoint = safetensors_parameter_counts(spec.name, revision=v["revision"])
+        gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
+        if v["gguf"] is not None:
+            from memest.sources.gguf import read_tensors
+
+            gguf_tensors = read_tensors(v["gguf"])
         return ServingConfig(
             dtype=v["dtype"],
             quantization=v["quantization"],
@@ -430,9 +468,30 @@ class JobOptions:
             engine_version=v["engine_version"],
             prompt_len=v["prompt_len"],
             max_new_tokens=v["max_new_tokens"],
+            n_gpu_layers=v["n_gpu_layers"],
+            n_batch=v["n_batch"],
+            n_ubatch=v["n_ubatch"],
+            flash_attn=v["flash_attn"],
+            tensor_split=_tensor_split(v["tensor_split"]),
+            gguf_tensors=gguf_tensors,
             checkpoint_params=checkpoint,
             parallelism=par,
         )
+
+
+def _tensor_split(text: str | None) -> tuple[float, ...]:
+    """``--tensor-split 10,6`` as shares.
+
+    Raises:
+        InputError: a share that is not a number.
+    """
+    if text is None:
+        return ()
+    try:
+        return tuple(float(x) for x in text.replace("/", ",").split(","))
+    except ValueError:
+        raise InputError(f"--tensor-split {text!r} is not a list of numbers; write one share per GPU, e.g. "
+                         "--tensor-split 10,6") from None
 
 
 def _serving_parallelism(v: dict[str, Any], spec: ModelSpec) -> Parallelism:

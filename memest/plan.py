@@ -88,11 +88,13 @@ from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving import smallest_parallelism
+from memest.estimate.serving.llamacpp import fit as llamacpp_fit
 from memest.fit import Verdict, verdict
 from memest.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    Engine,
     Method,
     Offload,
     Optimizer,
@@ -934,6 +936,9 @@ class Assessment:
     notes: tuple[str, ...] = ()
     fewest: Parallelism | None = None
     utilization: float | None = None
+    gguf_options: tuple[llamacpp_fit.Option, ...] = ()
+    """llama.cpp / Ollama: each GGUF quant's best placement on the device
+    (:func:`memest.estimate.serving.llamacpp.fit.search`)."""
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
@@ -952,5 +957,7 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
     rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
+    gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
+            and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), fewest, utilization)
+                      workload_notes(spec, workload), fewest, utilization, gguf)

@@ -22,6 +22,7 @@ from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
 from memest.estimate.serving.llamacpp import engine as llamacpp_engine
+from memest.estimate.serving.llamacpp import fit as llamacpp_fit
 from memest.estimate.serving.llamacpp import ollama
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
@@ -59,6 +60,8 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
     if s.engine is Engine.HF:
         limit = spec.max_position_embeddings or max_model_len_of(spec, s)
         return hf_generate.largest_tokens(spec, s, device, concurrency, limit)
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return _largest_n_ctx(spec, s, device) // concurrency
     return vllm_engine.largest_max_model_len(spec, s, device, concurrency)
 
 
@@ -67,7 +70,15 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     maximum concurrency; for hf, the largest batch)."""
     if s.engine is Engine.HF:
         return hf_generate.largest_batch(spec, s, device, max_model_len)
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return _largest_n_ctx(spec, s, device) // max(1, max_model_len)
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)
+
+
+def _largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device) -> int:
+    """llama.cpp: the largest n_ctx (the KV cells all slots share) that fits with the job's layers."""
+    limit = max(spec.max_position_embeddings or 0, s.max_model_len or 0, llamacpp_engine.DEFAULT_N_CTX)
+    return llamacpp_fit.largest_n_ctx(spec, s, device, 0.0, limit * max(1, s.batch_size))
 
 
 MAX_PP_QUERY = 16

@@ -126,8 +126,17 @@ def graph_sizes(spec: ModelSpec, context: int, batch: int, kv_total: int) -> tup
 
 
 def estimate_layers(spec: ModelSpec, s: ServingConfig, available: tuple[int, ...], overhead: int = 0,
-                    minimum: int = MINIMUM_MEMORY["nvidia"]) -> OllamaEstimate:
+                    minimum: int = MINIMUM_MEMORY["nvidia"], projector: tuple[int, int] = (0, 0)) -> OllamaEstimate:
     """Ollama's ``estimateGPULayers`` for GPUs with ``available`` free bytes each (module docstring).
+
+    Args:
+        spec: The model.
+        s: The serving job (Ollama's settings).
+        available: Free bytes per GPU.
+        overhead: ``OLLAMA_GPU_OVERHEAD``.
+        minimum: ``MinimumMemory`` of the GPUs.
+        projector: Vision projector weights and graph bytes, which the Ollama engine loads with the
+            output layer (``VisionGraphSize``; not modelled by memest: pass them when known).
 
     Raises:
         InputError: an unknown file type.
@@ -187,17 +196,18 @@ def estimate_layers(spec: ModelSpec, s: ServingConfig, available: tuple[int, ...
         if not placed:
             overflow += size
     fully = count >= n_layer
-    if output and (ngl is None or count < ngl):
+    last = output + sum(projector)
+    if last and (ngl is None or count < ngl):
         for k in range(len(gpus), 0, -1):
             j = gpus[count % k]
-            if available[j] > overhead + alloc[j] + graph + output:
-                alloc[j] += output
+            if available[j] > overhead + alloc[j] + graph + last:
+                alloc[j] += last
                 split[j] += 1
                 count += 1
                 break
     if count < n_layer + 1:
         fully = False
-        overflow += output
+        overflow += last
     for j in range(len(available)):
         if split[j] > 0:
             alloc[j] += full if fully else partial

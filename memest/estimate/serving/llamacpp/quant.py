@@ -4,6 +4,8 @@ A GGUF file made by ``convert_hf_to_gguf.py`` (``--outtype f16`` / ``bf16``) sto
 or more dimensions in 16 bits and the 1-D ones (norms, biases) in f32; ``llama-quantize`` then gives
 each weight a type (``src/llama-quant.cpp``, llama.cpp b4715):
 
+A multimodal checkpoint's vision tower goes to a separate ``mmproj`` file and is left out.
+
 - only tensors of 2+ dimensions whose name ends in ``weight`` are quantized, not norms, the MoE
   router (``ffn_gate_inp``), position embeddings or token types (``llama_model_quantize_impl``);
 - the file type's default type (``Q4_K_M`` -> ``q4_K``) with the mixes of ``llama_tensor_get_type``:
@@ -131,6 +133,8 @@ def source_tensors(spec: ModelSpec, stored: str = "f16") -> list[GGUFTensor]:
     wide, f32 = ggml_type(stored), ggml_type("f32")
     out: list[GGUFTensor] = []
     for t in spec.embedding:
+        if t.component is Component.OTHER:
+            continue  # vision towers and projectors: a separate mmproj GGUF for llama.cpp
         if t.component is Component.EMBEDDING and len(t.shape) == 2:
             cat = "pos_embd" if "pos" in t.name or "wpe" in t.name else "token_embd"
         else:
