@@ -347,15 +347,18 @@ def gguf_line(a: Assessment) -> str:
     16,384 tokens; Q8_0 fits with 6 of 33 layers in RAM")."""
     from memest.estimate.serving.llamacpp.fit import best
 
-    full, partial = best(list(a.gguf_options))
+    full, partial, shorter = best(list(a.gguf_options))
     parts = []
+    if shorter is not None:
+        parts.append(f"{shorter.quantization.upper()} fits fully on the GPU at up to {shorter.largest_full_ctx:,} tokens")
     if full is not None:
         longest = f" (up to {full.largest_full_ctx:,})" if full.largest_full_ctx > full.n_ctx else ""
         parts.append(f"{full.quantization.upper()} fits fully on the GPU at {full.n_ctx:,} tokens{longest}")
     if partial is not None:
         parts.append(f"{partial.quantization.upper()} fits with {partial.host_layers} of {partial.layers} layers in RAM")
     if not parts:
-        return f"GGUF quants: none of {', '.join(o.quantization.upper() for o in a.gguf_options)} fits at {a.gguf_options[0].n_ctx:,} tokens"
+        tried = ", ".join(o.quantization.upper() for o in a.gguf_options)
+        return f"GGUF quants: none of {tried} fits at {a.gguf_options[0].n_ctx:,} tokens"
     return "GGUF quants: " + "; ".join(parts)
 
 

@@ -108,10 +108,12 @@ def search(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float,
     return out
 
 
-def best(options: list[Option]) -> tuple[Option | None, Option | None]:
-    """The best quant that fits fully on the GPU, and a better one (earlier in the ladder) that fits
-    with some layers in RAM; either may be None."""
+def best(options: list[Option]) -> tuple[Option | None, Option | None, Option | None]:
+    """The best quant that fits fully on the GPU at the asked context; a better one (earlier in the
+    ladder) that fits there with some layers in RAM; and, when none fits fully at the asked context,
+    the best that fits fully at a shorter one (its ``largest_full_ctx``). Any may be None."""
     full = next((o for o in options if o.full), None)
     stop = options.index(full) if full else len(options)
     partial = next((o for o in options[:stop] if o.gpu_layers >= 0), None)
-    return full, partial
+    shorter = None if full else next((o for o in options if o.largest_full_ctx >= min(o.n_ctx, 2048)), None)
+    return full, partial, shorter
