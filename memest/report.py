@@ -97,6 +97,11 @@ def describe_workload(w: Workload) -> str:
             f"batch_size {w.batch_size}",
             f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
         ]
+        if w.engine.value in ("llama.cpp", "ollama"):  # n_ctx / num_ctx: the engines' own default
+            parts[2:] = [f"batch_size {w.batch_size}", f"n_ctx {w.max_model_len or 4096}"]
+            parts += [f"{k} {v}" for k, v in (("n_gpu_layers", w.n_gpu_layers), ("n_ubatch", w.n_ubatch)) if v is not None]
+            if w.flash_attn:
+                parts.append("flash_attn")
         if w.quantization != "none":
             parts.append(f"quantization {w.quantization}")
         if w.kv_cache_dtype != "auto":

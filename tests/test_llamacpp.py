@@ -195,3 +195,22 @@ def test_search_finds_best_quant_that_fits():
     full, partial, _ = best(options)
     assert full is not None and full.full and full.quantization != "q8_0"
     assert partial is not None and partial.quantization == "q8_0" and 0 < partial.host_layers < partial.layers
+
+
+def test_ollama_defaults():
+    """Ollama 0.11.6: num_ctx 4096 (OLLAMA_CONTEXT_LENGTH), Q4_K_M library files, an f16 KV cache
+    unless flash attention is on (OLLAMA_KV_CACHE_TYPE is read only then), num_batch 512.
+
+    pythia-160m: 12 layers x 12 heads x 64 x (K + V) x 2 B = 36,864 B per cell; x 4096 cells."""
+    from memest.estimate.serving.llamacpp import ollama
+
+    spec = _pythia()
+    s = ServingConfig(engine=Engine.OLLAMA, kv_cache_dtype="q8_0")
+    assert ollama.kv_cache_type(s) == "f16"
+    assert ollama.kv_cache_type(s.replace(flash_attn=True)) == "q8_0"
+    assert engine.default_file_type(s) == "q4_k_m"
+    e = ollama.estimate_layers(spec, s, (24 * 2**30,))
+    assert e.kv == 12 * 12 * 64 * 2 * 2 * 4096
+    assert e.layers_offload == e.layers_model == 13
+    # q8_0 at 1 B per element in Ollama's own estimate (kvCacheBytesPerElement), half of f16
+    assert ollama.estimate_layers(spec, s.replace(flash_attn=True), (24 * 2**30,)).kv == e.kv // 2
