@@ -214,3 +214,11 @@ def test_ollama_defaults():
     assert e.layers_offload == e.layers_model == 13
     # q8_0 at 1 B per element in Ollama's own estimate (kvCacheBytesPerElement), half of f16
     assert ollama.estimate_layers(spec, s.replace(flash_attn=True), (24 * 2**30,)).kv == e.kv // 2
+
+
+def test_cuda_context_from_the_ci_logs():
+    """llamacpp_b4715_pythia28b_f16_v100: '15841 MiB free' at load on a V100-16GB (16,160 MiB NVML
+    total) -> 319 MiB held before any buffer; no context on a CPU."""
+    from memest.devices import get_device
+
+    assert engine.context_bytes(get_device("V100-16GB")) == (16160 - 15841) * MiB

@@ -61,7 +61,7 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
         limit = spec.max_position_embeddings or max_model_len_of(spec, s)
         return hf_generate.largest_tokens(spec, s, device, concurrency, limit)
     if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
-        return _largest_n_ctx(spec, s, device) // concurrency
+        return _largest_n_ctx(spec, s.replace(batch_size=concurrency), device)
     return vllm_engine.largest_max_model_len(spec, s, device, concurrency)
 
 
@@ -71,14 +71,15 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     if s.engine is Engine.HF:
         return hf_generate.largest_batch(spec, s, device, max_model_len)
     if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
-        return _largest_n_ctx(spec, s, device) // max(1, max_model_len)
+        return _largest_n_ctx(spec, s.replace(batch_size=1), device) // max(1, max_model_len)
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)
 
 
 def _largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device) -> int:
-    """llama.cpp: the largest n_ctx (the KV cells all slots share) that fits with the job's layers."""
+    """llama.cpp: the longest max_model_len at which s.batch_size sequences (n_ctx = the product, the
+    KV cells its slots share) fit with the job's layers."""
     limit = max(spec.max_position_embeddings or 0, s.max_model_len or 0, llamacpp_engine.DEFAULT_N_CTX)
-    return llamacpp_fit.largest_n_ctx(spec, s, device, 0.0, limit * max(1, s.batch_size))
+    return llamacpp_fit.largest_n_ctx(spec, s, device, 0.0, limit * 8)
 
 
 MAX_PP_QUERY = 16

@@ -3,9 +3,11 @@
 Symbols: L layers, h n_embd, a heads, q = a x d and g = k x d (``n_embd_k_gqa``) widths, f n_ff,
 V n_vocab, c = n_ctx, u = n_ubatch.
 
-- **n_ctx** (``-c``; memest's ``--max-model-len``): padded to 32 cells, 256 with flash attention
-  (``llama_kv_cache_get_padding``, ``src/llama.cpp`` b4715: ``GGML_PAD(n_ctx, padding)``); default
-  4096 (``common_params.n_ctx``, ``common/common.h``). ``n_batch`` is at most n_ctx and ``n_ubatch``
+- **n_ctx** (``-c``) = ``--max-model-len`` x ``--batch-size``: llama-server splits ``-c`` over its
+  ``-np`` slots, so batch_size sequences of max_model_len tokens need that many cells (Ollama
+  multiplies num_ctx by num_parallel the same way); max_model_len defaults to 4096
+  (``common_params.n_ctx``, ``common/common.h``). Padded to 32 cells, 256 with flash attention
+  (``llama_kv_cache_get_padding``, ``src/llama.cpp`` b4715: ``GGML_PAD(n_ctx, padding)``). ``n_batch`` is at most n_ctx and ``n_ubatch``
   at most n_batch (``llama_init_from_model``).
 - **Layer placement** (``llm_load_tensors``, ``src/llama-model.cpp``): the last ``-ngl`` of the L + 1
   layers (the blocks, then the output layer) go to the GPUs; ``i_gpu_start = max(L - ngl, 0)``, and
@@ -45,7 +47,6 @@ from dataclasses import dataclass
 
 from memest.devices import Device
 from memest.errors import InputError
-from memest.estimate import runtime
 from memest.estimate.serving.kv import kv_layer
 from memest.estimate.serving.llamacpp.ggml_types import GGMLType, ggml_type
 from memest.estimate.serving.llamacpp.quant import GGUFTensor, file_type, quantized_tensors, type_counts
@@ -72,6 +73,17 @@ CUDA_ALIGN = 128
 MATRIX_ROW_PADDING = 512
 """``ggml-cuda/common.cuh``: quantized rows padded to this many elements in CUDA buffers."""
 F32 = 4
+CUDA_CONTEXT = 319 * 2**20
+"""What a llama.cpp process holds on a GPU before its first buffer: fitted to the ggml-org CI logs of
+``benchmarks/data/llamacpp_cases.json`` (llamacpp_b4715_pythia28b_*_v100: 'using device CUDA0
+(Tesla V100-PCIE-16GB) - 15841 MiB free' of the V100's 16,160 MiB NVML total = 319 MiB). No torch:
+smaller than memest's PyTorch context (:func:`memest.estimate.runtime.cuda_context_bytes`)."""
+
+
+def context_bytes(device: Device) -> int:
+    """llama.cpp's context on ``device``: :data:`CUDA_CONTEXT` on CUDA / ROCm GPUs, 0 elsewhere (CPU;
+    Metal's unified memory has no separate context)."""
+    return CUDA_CONTEXT if device.vendor in ("nvidia", "amd") and device.kind != "cpu" else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +150,7 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
     if tv.quantized and not s.flash_attn:
         raise InputError(f"--kv-cache-dtype {s.kv_cache_dtype} quantizes the V cache, which llama.cpp allows only with "
                          "flash attention ('V cache quantization requires flash_attn'); add --flash-attn or use f16")
-    n_ctx = s.max_model_len or DEFAULT_N_CTX
+    n_ctx = (s.max_model_len or DEFAULT_N_CTX) * max(1, s.batch_size)
     pad = KV_PAD_FLASH if s.flash_attn else KV_PAD
     n_ctx = -(-n_ctx // pad) * pad
     for flag, value in (("--n-batch", s.n_batch), ("--n-ubatch", s.n_ubatch)):
@@ -377,7 +389,7 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
     b = buffers(spec, s, n_dev)
     st = b.settings
     ranks = []
-    context = runtime.cuda_context_bytes(device)
+    context = context_bytes(device)
     for j, d in enumerate(b.devices):
         terms = (
             Term("weights", Kind.WEIGHTS, d.model, f"model buffer: {len(d.layers)} layers"
@@ -386,7 +398,7 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
                  f"V {st.type_v.name}"),
             Term("workspace.compute", Kind.WORKSPACE, d.compute, f"compute buffer: n_ubatch {st.n_ubatch}"
                  + (", flash attention" if st.flash_attn else ", KQ scores f32")),
-            Term("runtime.cuda_context", Kind.RUNTIME, context, f"{device.arch} context"),
+            Term("runtime.cuda_context", Kind.RUNTIME, context, "llama.cpp's CUDA context (fitted to the CI logs)"),
         )
         ranks.append(RankEstimate(_device_label(j, d, b.n_layer), terms, 1))
     worst = max(ranks, key=lambda r: r.device_used_bytes)
@@ -395,7 +407,7 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
     fits = worst.device_used_bytes <= device.memory_bytes
     summary = ServingSummary(
         kv_cache_bytes_per_token=per_token,
-        max_model_len=st.n_ctx,
+        max_model_len=st.n_ctx // st.n_seq,
         kv_cache_tokens=st.n_ctx,
         kv_cache_blocks=0,
         max_concurrency=float(st.n_seq),

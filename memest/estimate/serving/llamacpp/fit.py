@@ -52,7 +52,8 @@ def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device, headroom:
 
 
 def largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float, limit: int) -> int:
-    """The largest n_ctx (at most ``limit``) at which the job's layers fit; 0 when none does."""
+    """The largest max_model_len (at most ``limit``; n_ctx is it x batch_size) at which the job's
+    layers fit; 0 when none does."""
     if not _fits(spec, s.replace(max_model_len=1), device, headroom):
         return 0
     lo, hi = 1, max(1, limit)

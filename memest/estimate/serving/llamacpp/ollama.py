@@ -222,8 +222,8 @@ def estimate_ollama(spec: ModelSpec, s: ServingConfig, device: Device) -> Estima
     n_dev = s.parallelism.world_size
     est = estimate_layers(spec, s, (device.memory_bytes,) * n_dev,
                           minimum=MINIMUM_MEMORY.get(device.vendor, MINIMUM_MEMORY["nvidia"]))
-    run = s.replace(n_gpu_layers=est.layers_offload, kv_cache_dtype=kv_cache_type(s), max_model_len=(s.max_model_len or DEFAULT_NUM_CTX)
-                    * max(1, s.batch_size), n_batch=s.n_batch or DEFAULT_NUM_BATCH,
+    run = s.replace(n_gpu_layers=est.layers_offload, kv_cache_dtype=kv_cache_type(s),
+                    max_model_len=s.max_model_len or DEFAULT_NUM_CTX, n_batch=s.n_batch or DEFAULT_NUM_BATCH,
                     n_ubatch=s.n_ubatch or s.n_batch or DEFAULT_NUM_BATCH)
     base = engine.estimate_llamacpp(spec, run, device)
     assert base.serving is not None
