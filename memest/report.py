@@ -224,6 +224,9 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         out["serving"] = _plain(est.serving)
     if est.host_bytes:
         out["host_bytes_per_node"] = est.host_bytes
+    if a.gguf_options:
+        out["gguf_options"] = [{"quantization": o.quantization, "n_ctx": o.n_ctx, "gpu_layers": o.gpu_layers,
+                                "layers": o.layers, "largest_full_ctx": o.largest_full_ctx} for o in a.gguf_options]
     return out
 
 

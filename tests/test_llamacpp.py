@@ -222,3 +222,14 @@ def test_cuda_context_from_the_ci_logs():
     from memest.devices import get_device
 
     assert engine.context_bytes(get_device("V100-16GB")) == (16160 - 15841) * MiB
+
+
+def test_hf_report_prints_the_quant_search():
+    """pythia-2.8b at n_ctx 2048 on a 4 GB card (see test_search_finds_best_quant_that_fits): the
+    report names a quant that fits fully and Q8_0 with layers in RAM, and the host RAM."""
+    out = subprocess.run([sys.executable, "-m", "memest", "hf", "EleutherAI/pythia-2.8b", "--engine", "llama.cpp",
+                          "--max-model-len", "2048", "--gpu", "4GB"], capture_output=True, text=True, env=ENV,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("GGUF quants:"))
+    assert "fits fully on the GPU at 2,048 tokens" in line and "Q8_0 fits with" in line and "layers in RAM" in line
