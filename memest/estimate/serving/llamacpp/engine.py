@@ -7,8 +7,8 @@ V n_vocab, c = n_ctx, u = n_ubatch.
   ``-np`` slots, so batch_size sequences of max_model_len tokens need that many cells (Ollama
   multiplies num_ctx by num_parallel the same way); max_model_len defaults to 4096
   (``common_params.n_ctx``, ``common/common.h``). Padded to 32 cells, 256 with flash attention
-  (``llama_kv_cache_get_padding``, ``src/llama.cpp`` b4715: ``GGML_PAD(n_ctx, padding)``). ``n_batch`` is at most n_ctx and ``n_ubatch``
-  at most n_batch (``llama_init_from_model``).
+  (``llama_kv_cache_get_padding``, ``src/llama.cpp`` b4715: ``GGML_PAD(n_ctx, padding)``).
+  ``n_batch`` is at most n_ctx and ``n_ubatch`` at most n_batch (``llama_init_from_model``).
 - **Layer placement** (``llm_load_tensors``, ``src/llama-model.cpp``): the last ``-ngl`` of the L + 1
   layers (the blocks, then the output layer) go to the GPUs; ``i_gpu_start = max(L - ngl, 0)``, and
   layer ``il`` goes to the first device whose cumulative ``--tensor-split`` share exceeds
@@ -371,7 +371,7 @@ def buffers(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Buffers:
                    sum(t.nbytes for t in tensors), type_counts(tensors), n_layer, offloaded)
 
 
-def _device_label(j: int, d: DeviceBuffers, n_layer: int) -> str:
+def _device_label(j: int, d: DeviceBuffers) -> str:
     if not d.layers:
         span = "output layer" if d.output else "no layers"
     else:
@@ -400,7 +400,7 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
                  + (", flash attention" if st.flash_attn else ", KQ scores f32")),
             Term("runtime.cuda_context", Kind.RUNTIME, context, "llama.cpp's CUDA context (fitted to the CI logs)"),
         )
-        ranks.append(RankEstimate(_device_label(j, d, b.n_layer), terms, 1))
+        ranks.append(RankEstimate(_device_label(j, d), terms, 1))
     worst = max(ranks, key=lambda r: r.device_used_bytes)
     per_token = (b.k_bytes + b.v_bytes) // st.n_ctx
     gpu_kv = sum(d.kv for d in b.devices)

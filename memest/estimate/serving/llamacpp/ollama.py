@@ -230,8 +230,8 @@ def estimate_ollama(spec: ModelSpec, s: ServingConfig, device: Device) -> Estima
     summary = dataclasses.replace(base.serving, engine="ollama", engine_version=VERSION)
     assumptions = (f"Ollama {VERSION}: its estimate puts {est.layers_offload}/{est.layers_model} layers on the GPU "
                    f"(required full {est.required_full / 2**30:.1f} GiB, partial {est.required_partial / 2**30:.1f} "
-                   f"GiB, KV {est.kv / 2**20:.1f} MiB, graph {est.graph_full / 2**20:.1f} / {est.graph_partial / 2**20:.1f}"
-                   " MiB full / partial)", *base.assumptions)
+                   f"GiB, KV {est.kv / 2**20:.1f} MiB, graph {est.graph_full / 2**20:.1f} / "
+                   f"{est.graph_partial / 2**20:.1f} MiB full / partial)", *base.assumptions)
     extra = {**base.extra, "ollama_layers_offload": est.layers_offload, "ollama_required_full_bytes": est.required_full,
              "ollama_required_partial_bytes": est.required_partial}
     return Estimate(ranks=base.ranks, assumptions=assumptions, serving=summary, host_bytes=base.host_bytes, extra=extra)
