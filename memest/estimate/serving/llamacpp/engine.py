@@ -23,7 +23,9 @@ V n_vocab, c = n_ctx, u = n_ubatch.
   g) + ggml_row_size(type_v, g)`` per cell: the per-token rule of :mod:`memest.estimate.serving.kv`
   with the bytes per element of the cache type (q8_0: 34 B per 32 = 1.0625; q4_0: 18 / 32). It sits
   with its layer (``offload_kqv``, the default). b4715 has no sliding-window cache: Gemma 2/3 keep c
-  cells in every layer. A quantized V cache needs flash attention (``llama_init_from_model``:
+  cells in every layer. MLA models get memest's latent rule (576 elements per token for DeepSeek-V3),
+  which is what later builds cache; b4715 still cached full per-head K and V for them (not
+  modelled). A quantized V cache needs flash attention (``llama_init_from_model``:
   "V cache quantization requires flash_attn").
 - **Output buffer**: logits of n_seq_max outputs, V x 4 B each, in pinned host memory
   (``llama_output_reserve``).
