@@ -25,7 +25,7 @@ from typing import Annotated, Any
 import typer
 
 from memest.errors import MemestError
-from memest.options import JobOptions, workload_options
+from memest.options import JobOptions, cli_message, workload_options
 
 app = typer.Typer(
     name="memest",
@@ -87,9 +87,28 @@ def check_output_format(json_: bool, markdown: bool) -> None:
 
 
 def _console(stderr: bool = False) -> Any:
+    """The console every table is printed on (:func:`output_width` columns), or stderr's: progress is
+    redrawn in place, so on a terminal it takes the terminal's own width."""
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+    width = _terminal_columns(sys.stderr) if stderr else None
+    return Console(stderr=stderr, soft_wrap=False, width=width or output_width())
+
+
+def _terminal_columns(stream: Any) -> int | None:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else None
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture), or no size
+        return None
+
+
+def output_width() -> int | None:
+    """Columns of printed tables: ``COLUMNS`` when set, else the terminal's (None: rich asks it), else
+    :data:`PIPE_WIDTH` when stdout is not a terminal."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if sys.stdout.isatty() else PIPE_WIDTH
 
 
 @app.command("hf")
@@ -111,22 +130,24 @@ def hf_command(
         from memest.plot import plot_path
 
         plot = plot_path(plot)
-    from memest.plan import assess
-    from memest.report import render, to_dict, to_markdown
-    from memest.sources import load_config, spec_from_config
+    from memest.api import estimate_values
+    from memest.report import render, to_markdown
 
-    cfg = load_config(model, revision=job.revision)
-    spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
-    workload = job.workload(spec)
-    result = assess(spec, workload, job.device, headroom=job.headroom, device_given=job.device_given)
+    answer = estimate_values(model, job.values)  # the Python API's path: --json is its to_dict()
+    result = answer.result
     traced = None
     if trace or plot is not None:
+        from memest.commands.progress import progress_on_stderr
         from memest.trace import console
 
-        traced = console.trace_for_cli(cfg, workload, job.device, result.estimate,
-                                       trust_remote_code=job.trust_remote_code, plot=plot)
+        warning = console.slow_trace_warning(result.spec, result.workload)
+        if warning is not None:
+            typer.echo(warning, err=True)
+        with progress_on_stderr(_console(stderr=True), "tracing", start="model build") as progress:
+            traced = console.trace_for_cli(answer.config, result.workload, job.device, result.estimate,
+                                           trust_remote_code=job.trust_remote_code, plot=plot, progress=progress)
     if json_:
-        doc = to_dict(result)
+        doc = answer.to_dict()
         if traced is not None:
             doc["trace"] = console.to_dict(*traced)
         typer.echo(json.dumps(doc, indent=2))
@@ -156,15 +177,16 @@ def models_command(
         typer.echo(json.dumps([{"name": n, "model_type": t, "num_params": p, "num_layers": layers,
                                 "max_position_embeddings": ctx} for n, t, p, layers, ctx in items], indent=2))
         return
-    from rich.table import Table
+    from memest.tables import Narrowest, name_col, new_table, number_col
 
-    table = Table(title="memest offline catalog (sources: memest/catalog/SOURCES.md)")
-    for col, justify in (("model", "left"), ("model_type", "left"), ("params", "right"), ("layers", "right"),
-                         ("max context", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    title = "memest offline catalog (sources: memest/catalog/SOURCES.md)"
+    numbers = ("params", "layers", "max context")
+    wide = new_table(name_col("model"), name_col("model_type"), *map(number_col, numbers), title=title)
+    narrow = new_table(name_col("model (model_type)"), *map(number_col, numbers), title=title)  # the type below
     for n, t, p, layers, ctx in items:
-        table.add_row(n, t, count(p), str(layers), f"{ctx:,}" if ctx else "-")
-    _console().print(table)
+        wide.add_row(n, t, count(p), str(layers), f"{ctx:,}" if ctx else "-")
+        narrow.add_row(f"{n}\n[dim]{t}[/dim]", count(p), str(layers), f"{ctx:,}" if ctx else "-")
+    _console().print(Narrowest(wide, narrow))
 
 
 @app.command("gpus")
@@ -182,18 +204,22 @@ def gpus_command(
                                 "aliases": list(d.aliases)}
                                for d in DEVICES], indent=2))
         return
-    from rich.table import Table
+    from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
 
-    table = Table(title="memest accelerator catalog (memory per device; GiB = 2^30 bytes). Capacity: measured = "
-                        "a published reading of the usable total, nominal = the vendor's figure, working set = "
-                        "Apple's Metal share of unified RAM. Any size also works: --gpu 48GB, --gpu my-card:47.5GiB")
-    for col, justify in (("device", "left"), ("memory", "right"), ("capacity", "left"), ("$/h", "right"),
-                         ("source", "left"), ("aliases", "left")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    title = ("memest accelerator catalog (memory per device; GiB = 2^30 bytes). Capacity: measured = a published "
+             "reading of the usable total, nominal = the vendor's figure, working set = Apple's Metal share of unified "
+             "RAM. Any size also works: --gpu 48GB, --gpu my-card:47.5GiB")
+    wide = new_table(name_col("device"), number_col("memory"), prose_col("capacity"), number_col("$/h"),
+                     prose_col("source"), prose_col("aliases"), title=title)
+    narrow = new_table(name_col("device"), number_col("memory"), number_col("$/h"),
+                       prose_col("capacity: source (aliases)"), title=title)
     for d in DEVICES:
-        table.add_row(d.name, gib(d.memory_bytes), d.capacity_basis,
-                      "-" if d.hourly_usd is None else f"{d.hourly_usd:.2f}", d.source, ", ".join(d.aliases[:3]))
-    _console().print(table)
+        price = "-" if d.hourly_usd is None else f"{d.hourly_usd:.2f}"
+        aliases = ", ".join(d.aliases[:3])
+        wide.add_row(d.name, gib(d.memory_bytes), d.capacity_basis, price, d.source, aliases)
+        narrow.add_row(d.name, gib(d.memory_bytes), price,
+                       f"{d.capacity_basis}: {d.source}" + (f" [dim]({aliases})[/dim]" if aliases else ""))
+    _console().print(Narrowest(wide, narrow))
 
 
 def main() -> None:
@@ -218,7 +244,7 @@ def main() -> None:
     except MemestError as exc:
         if debug:
             raise
-        typer.echo(f"Error: {exc}", err=True)
+        typer.echo(f"Error: {cli_message(exc)}", err=True)
         sys.exit(EXIT_INPUT)
     except KeyboardInterrupt:
         typer.echo("Interrupted.", err=True)

@@ -81,6 +81,7 @@ import math
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from memest.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
@@ -95,6 +96,7 @@ from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
     Engine,
+    KbitPrep,
     Method,
     Offload,
     Optimizer,
@@ -107,6 +109,7 @@ from memest.workload import (
     validate,
     workload_notes,
 )
+from memest.workload.settings import cli_flag, settings, value_of
 
 __all__ = [
     "Assessment", "Candidate", "Change", "DeviceChoice", "Fit", "Plan", "Recommendation", "Setup", "Space",
@@ -590,13 +593,14 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
             invalid whatever the parallelism (a non-positive seq_len, ...).
     """
     if not space.devices:
-        raise InputError("no device type to plan for; pass --gpu NAME or --gpus-available SPEC")
+        raise InputError("no device type to plan for; pass {gpu} NAME or {gpus_available} SPEC", field="gpus_available")
     for choice in space.devices:
         if choice.max_count < 1 or choice.min_count < 1:
             raise InputError(f"device count limits for {choice.device.name} must be at least 1 "
                              f"(got {choice.min_count}..{choice.max_count})")
     if space.global_batch_size is not None and space.global_batch_size < 1:
-        raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
+        raise InputError(f"{{global_batch_size}} is {space.global_batch_size}; it must be a positive integer",
+                         field="global_batch_size")
     if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
         raise InputError(f"host_memory_bytes is {space.host_memory_bytes}; it must not be negative")
     plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
@@ -621,23 +625,20 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
 
 
 def _flag_items(w: Workload, count: int) -> dict[str, str]:
-    """The planner-controlled settings of a workload as ``memest hf`` flags (flag -> value)."""
-    par = w.parallelism
-    items = {"--gpus": str(count), "--tp": str(par.tp), "--pp": str(par.pp), "--ep": str(par.ep)}
-    if isinstance(w, TrainingConfig):
-        items |= {
-            "--dp": str(par.dp),
-            "--zero-stage": str(par.zero_stage),
-            "--sequence-parallel": "on" if par.sequence_parallel else "",
-            "--recompute": w.recompute.value,
-            "--micro-batch-size": str(w.micro_batch_size),
-            "--grad-accum-steps": str(w.grad_accum_steps),
-            "--optimizer": w.optimizer.value,
-            "--offload": w.offload.value,
-            "--finetune": "" if w.method is Method.FULL else w.method.value,
-        }
-    else:
-        items |= {"--quantization": w.quantization, "--kv-cache-dtype": w.kv_cache_dtype}
+    """The planner-controlled settings of a workload (each :class:`~memest.workload.settings.Setting`
+    with ``planned`` for its mode) as ``memest hf`` flags (flag -> value; a switch is ``on`` or empty)."""
+    training = isinstance(w, TrainingConfig)
+    items = {cli_flag("gpus"): str(count)}
+    for name, s in sorted(settings().items(), key=lambda item: item[1].group != "parallelism"):  # the layout first
+        if s.planned not in ("all", "training" if training else "serving"):
+            continue
+        value = value_of(w, s)
+        if isinstance(value, bool):
+            items[cli_flag(name)] = "on" if value else ""
+        else:
+            items[cli_flag(name)] = str(value.value if isinstance(value, Enum) else value)
+    if training:
+        items[cli_flag("finetune")] = "" if w.method is Method.FULL else w.method.value
     return items
 
 
@@ -673,7 +674,11 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     return " ".join([*parts, setup] if setup else parts)
 
 
-_SEARCHED = frozenset({"--gpu", "--gpus", "--dp", "--tp", "--pp", "--sequence-parallel"})
+SEARCHED = {"gpus": 1, "dp": None, "tp": None, "pp": 1, "sequence_parallel": False}
+"""Settings :func:`plan` chooses itself, with the values it starts from (sequence parallelism is
+turned on wherever a layout has tp > 1)."""
+
+_SEARCHED = frozenset({cli_flag("gpu"), *map(cli_flag, SEARCHED)})
 """Flags the planner chooses: a setup's own values replace the user's."""
 
 
@@ -960,4 +965,34 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), fewest, utilization, gguf)
+                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization,
+                      gguf)
+
+
+def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:
+    """Why a LoRA / QLoRA job needs more than full fine-tuning of the same job, when it does.
+
+    PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
+    adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
+    input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
+    peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
+    """
+    if not isinstance(workload, TrainingConfig) or workload.method is Method.FULL:
+        return ()
+    try:
+        full = estimate(spec, workload.replace(method=Method.FULL), device)
+    except InputError:
+        return ()
+    if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
+        return ()
+    fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
+    stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
+    qlora = workload.method is Method.QLORA
+    traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
+    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+            "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
+            f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
+            "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
+            f"frozen base saves{traced}",)

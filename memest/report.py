@@ -19,7 +19,9 @@ from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flag
 from memest.result import Estimate, RankEstimate
 from memest.spec import ModelSpec
 from memest.sweep import Sweep
+from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload.settings import describe
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -71,44 +73,8 @@ def describe_model(spec: ModelSpec) -> str:
 
 
 def describe_workload(w: Workload) -> str:
-    """One line of the workload's main settings."""
-    par = w.parallelism
-    degrees = " ".join(f"{n} {getattr(par, n)}" for n in ("tp", "pp", "dp", "cp", "ep") if getattr(par, n) > 1)
-    if isinstance(w, TrainingConfig):
-        parts = [
-            w.mode,
-            f"precision {w.precision.value}",
-            f"optimizer {w.optimizer.value}",
-            f"micro_batch_size {w.micro_batch_size}",
-            f"seq_len {w.seq_len}",
-            f"recompute {w.recompute.value}",
-        ]
-        if w.method.value != "full":
-            parts.append(f"lora_rank {w.lora.rank} on {w.lora.targets}")
-        if par.zero_stage:
-            parts.append(f"zero_stage {par.zero_stage}")
-        if w.offload.value != "none":
-            parts.append(f"offload {w.offload.value}")
-    else:
-        parts = [
-            "serve",
-            f"engine {w.engine.value}",
-            f"dtype {w.dtype}",
-            f"batch_size {w.batch_size}",
-            f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
-        ]
-        if w.engine.value in ("llama.cpp", "ollama"):  # n_ctx / num_ctx: the engines' own default
-            parts[2:] = [f"batch_size {w.batch_size}", f"n_ctx {w.max_model_len or 4096}"]
-            parts += [f"{k} {v}" for k, v in (("n_gpu_layers", w.n_gpu_layers), ("n_ubatch", w.n_ubatch)) if v is not None]
-            if w.flash_attn:
-                parts.append("flash_attn")
-        if w.quantization != "none":
-            parts.append(f"quantization {w.quantization}")
-        if w.kv_cache_dtype != "auto":
-            parts.append(f"kv_cache_dtype {w.kv_cache_dtype}")
-    if degrees:
-        parts.append(degrees)
-    return " · ".join(parts)
+    """One line of the workload's main settings (:func:`memest.workload.settings.describe`)."""
+    return describe(w)
 
 
 # ---- JSON ----
@@ -156,7 +122,8 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "cost": _finite(c.cost),
         "lossless": c.lossless,
         "devices": c.devices,
-        "device_used_bytes": c.verdict.needed_bytes,
+        "device_used_bytes": c.estimate.per_device.device_used_bytes,
+        "needed_bytes": c.verdict.needed_bytes,
         "usable_bytes": c.verdict.usable_bytes,
         "workload": _plain(c.workload),
     }
@@ -419,7 +386,6 @@ def _verdict_line(a: Assessment) -> str:
 def render(a: Assessment, *, explain: bool = False) -> Any:
     """A rich renderable of the whole assessment."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     spec, est, v = a.spec, a.estimate, a.verdict
@@ -450,13 +416,11 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
         parts.append(Text.assemble((f"{label}: ", "bold"), (flags, "cyan"), tail) if label else Text(tail, style=style))
     if not a.device_given:
         parts.append(Text(_fits_on_line(a)))
-    thumbs = Table(title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
-    thumbs.add_column("rule")
-    thumbs.add_column("per device", justify="right")
-    thumbs.add_column("vs estimate", justify="right")
+    thumbs = new_table(prose_col("rule"), number_col("per device"), number_col("vs estimate"),
+                       title="rules of thumb vs this estimate", title_style="dim", show_edge=False, box=None)
     for r in a.rules:
         thumbs.add_row(r.name, gib(r.bytes), f"{r.bytes / max(per.device_used_bytes, 1):.0%}")
-    parts.append(thumbs)
+    parts.append(Narrowest(thumbs))
     if explain:
         for assumption in est.assumptions:
             parts.append(Text(f"assumes: {assumption}", style="dim"))
@@ -465,24 +429,23 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
 
 
 def _table(rank: RankEstimate, *, explain: bool, title: str | None) -> Any:
-    from rich.table import Table
+    """The terms table; narrower without the kind column (each term's name starts with its kind)."""
+    return Narrowest(_terms_table(rank, explain=explain, title=title, kinds=True),
+                     _terms_table(rank, explain=explain, title=title, kinds=False))
 
-    table = Table(title=title, show_footer=False)
-    table.add_column("term")
-    table.add_column("kind", style="dim")
-    table.add_column("GiB", justify="right")
-    table.add_column("share", justify="right")
-    if explain:
-        table.add_column("formula", style="dim")
+
+def _terms_table(rank: RankEstimate, *, explain: bool, title: str | None, kinds: bool) -> Any:
+    columns = [name_col("term"), *([name_col("kind", "dim")] if kinds else []), number_col("GiB"), number_col("share"),
+               *([prose_col("formula", "dim")] if explain else [])]
+    table = new_table(*columns, title=title, show_footer=False)
     for name, kind, n, share, formula in rows(rank):
-        cells = [name, kind, f"{n / GiB:,.2f}", f"{share:.1%}"]
-        if explain:
-            cells.append(formula)
-        table.add_row(*cells)
+        table.add_row(name, *([kind] if kinds else []), f"{n / GiB:,.2f}", f"{share:.1%}",
+                      *([formula] if explain else []))
     table.add_section()
     for label, n in (("peak allocated", rank.allocated_bytes), ("peak reserved", rank.reserved_bytes),
                      ("device used", rank.device_used_bytes)):
-        table.add_row(f"[bold]{label}[/bold]", "", f"[bold]{n / GiB:,.2f}[/bold]", "", *([""] if explain else []))
+        table.add_row(f"[bold]{label}[/bold]", *([""] if kinds else []), f"[bold]{n / GiB:,.2f}[/bold]", "",
+                      *([""] if explain else []))
     return table
 
 
@@ -607,7 +570,8 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "memory_bytes": s.device.memory_bytes,
         "allocated_bytes": per.allocated_bytes,
         "reserved_bytes": per.reserved_bytes,
-        "device_used_bytes": v.needed_bytes,
+        "device_used_bytes": per.device_used_bytes,
+        "needed_bytes": v.needed_bytes,
         "high_bytes": v.high_bytes,
         "usable_bytes": v.usable_bytes,
         "free_bytes": v.free_bytes,
@@ -620,7 +584,7 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
 def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
 
-    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    With ``given`` (the user's workload flags, :func:`memest.workload.settings.given_flags`), each
     fit has ``command``: the ``memest hf`` line that estimates it.
     """
     fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]
@@ -669,6 +633,18 @@ def _plan_rows(p: Plan, top: int) -> list[list[str]]:
 _PLAN_COLUMNS = ("#", "devices", "$/h", "parallelism", "settings", "peak GiB/device", "free GiB", "largest that fits")
 
 
+def _plan_table(p: Plan, top: int) -> Any:
+    """The fits, one row each; on a narrow console devices, price, parallelism and settings share a
+    column, and peak and free memory another."""
+    kinds = (number_col, name_col, number_col, prose_col, prose_col, number_col, number_col, prose_col)
+    wide = new_table(*(column(header) for column, header in zip(kinds, _PLAN_COLUMNS, strict=True)))
+    narrow = new_table(number_col("#"), prose_col("setup"), number_col("GiB/device"), prose_col("largest that fits"))
+    for n, devices, cost, layout, settings, peak, free, largest in _plan_rows(p, top):
+        wide.add_row(n, devices, cost, layout, settings, peak, free, largest)
+        narrow.add_row(n, f"{devices} · ${cost}/h\n{layout}\n{settings}", f"{peak} peak\n{free} free", largest)
+    return Narrowest(wide, narrow)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}{'' if n == 1 else 's'}"
 
@@ -704,7 +680,6 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
     command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     head = _plan_header(p)
@@ -717,12 +692,7 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
                           "--allow-method-change or --allow-quantization.", style="bold red"))
     else:
-        table = Table(show_lines=False)
-        for col in _PLAN_COLUMNS:
-            table.add_column(col, justify="right" if col in ("#", "$/h", "peak GiB/device", "free GiB") else "left")
-        for row in _plan_rows(p, top):
-            table.add_row(*row)
-        parts.append(table)
+        parts.append(_plan_table(p, top))
         command = _fit_command(p, p.fits[0], model, given or {})
         parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
@@ -803,27 +773,37 @@ def _largest_line(result: Sweep) -> str:
 def render_sweep(result: Sweep) -> Any:
     """A rich renderable of a sweep: GiB per term (rows) at each point (columns)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     labels, rows = _sweep_grid(result)
-    table = Table(title=f"{result.spec.name} on {result.count} × {result.device.name} "
-                        f"({gib(result.device.memory_bytes)}) — GiB per device by {result.flag}")
-    table.add_column("term")
-    table.add_column("kind", style="dim")
-    for label in labels:
-        table.add_column(label, justify="right")
-    n_terms = len(rows) - 4
-    for i, row in enumerate(rows):
-        if i == n_terms:
-            table.add_section()
-        table.add_row(*row)
-    parts: list[Any] = [Text(describe_workload(result.points[0].workload), style="dim"), table,
+    title = (f"{result.spec.name} on {result.count} × {result.device.name} ({gib(result.device.memory_bytes)}) — "
+             f"GiB per device by {result.flag}")
+    # narrower: without the kind column, then the points split over several tables
+    layouts = [_sweep_table(title, labels, rows, kinds=True)]
+    for per in sorted({math.ceil(len(labels) / k) for k in range(1, len(labels) + 1)}, reverse=True):
+        chunks = [range(i, min(i + per, len(labels))) for i in range(0, len(labels), per)]
+        layouts.append(Group(*(_sweep_table(title if n == 0 else None, labels, rows, kinds=False, points=c)
+                               for n, c in enumerate(chunks))))
+    parts: list[Any] = [Text(describe_workload(result.points[0].workload), style="dim"), Narrowest(*layouts),
                         Text(_largest_line(result), style="bold")]
     for p in result.points:
         if p.error:
             parts.append(Text(f"{result.flag} {p.value:,}: {p.error}", style="yellow"))
     return Group(*parts)
+
+
+def _sweep_table(title: str | None, labels: list[str], rows: list[list[str]], *, kinds: bool,
+                 points: range | None = None) -> Any:
+    """The sweep's terms (rows) at the ``points`` (columns, default all), with or without the kind column."""
+    points = points if points is not None else range(len(labels))
+    table = new_table(name_col("term"), *([name_col("kind", "dim")] if kinds else []),
+                      *(number_col(labels[i]) for i in points), title=title)
+    n_terms = len(rows) - 4
+    for i, row in enumerate(rows):
+        if i == n_terms:
+            table.add_section()
+        table.add_row(row[0], *([row[1]] if kinds else []), *(row[2 + j] for j in points))
+    return table
 
 
 def sweep_to_markdown(result: Sweep) -> str:

@@ -7,11 +7,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
+from inprocess import run_memest
 from memest.devices import get_device
 from memest.errors import ConfigError, InputError
 from memest.estimate import estimate
@@ -55,7 +55,7 @@ H100 = get_device("H100")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_memest(*args, env=ENV)  # in-process (tests/inprocess.py); test_cli.py runs real subprocesses
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, message: str) -> None:
@@ -136,7 +136,7 @@ def test_tp_on_key_value_projections_without_kv_heads_is_an_input_error():
                                                 TensorSpec("attention.key.weight", (H, H), Component.ATTENTION, Split.KV)))
     rwkv_like = spec.replace(layers=(kv_layer, kv_layer))
     validate(rwkv_like, TrainingConfig(seq_len=256))  # tp 1: nothing to divide
-    with pytest.raises(InputError, match=r"--tp 2 cannot split the key/value projections of tiny-mamba.*use --tp 1"):
+    with pytest.raises(InputError, match=r"^tp 2 cannot split the key/value projections of tiny-mamba.*use tp 1"):
         validate(rwkv_like, TrainingConfig(seq_len=256, parallelism=Parallelism(tp=2)))
 
 
@@ -306,7 +306,7 @@ def test_calibrate_serving_reads_hf_flags():
     spec = load_model("meta-llama/Llama-3.2-1B")
     w = calibration_workload(job(serve=True, max_new_tokens=4, max_model_len=64), spec, 1)
     assert (w.engine, w.max_new_tokens) == (Engine.HF, 4)
-    with pytest.raises(InputError, match="--gpu-memory-utilization is a --engine vllm flag"):
+    with pytest.raises(InputError, match="^gpu_memory_utilization is a engine vllm flag"):  # the library names keywords
         calibration_workload(job(serve=True, gpu_memory_utilization=0.5), spec, 1)
 
 
@@ -337,7 +337,7 @@ def test_serving_layout_errors(args, message):
 # ---- 5. --target-len ----
 
 def test_target_len_needs_an_encoder_decoder_model():
-    with pytest.raises(InputError, match="--target-len applies to encoder-decoder models .* is causal_lm"):
+    with pytest.raises(InputError, match="^target_len applies to encoder-decoder models .* is causal_lm"):
         estimate(load_model(LLAMA), TrainingConfig(seq_len=512, target_len=64), H100)
     t5 = load_model("google-t5/t5-small")
     # accepted, and it shapes the decoder's activations (compared inside backward: the peak of this small
@@ -410,7 +410,7 @@ def test_learned_positions(model, positions):
 def test_training_beyond_a_learned_position_table_is_refused(model, positions):
     spec = load_model(model)
     estimate(spec, TrainingConfig(seq_len=positions), H100)
-    with pytest.raises(InputError, match=f"--seq-len {positions + 1} is more than the {positions} positions"):
+    with pytest.raises(InputError, match=f"^seq_len {positions + 1} is more than the {positions} positions"):
         estimate(spec, TrainingConfig(seq_len=positions + 1), H100)
 
 

@@ -326,7 +326,7 @@ def test_nothing_fits_within_the_limit():
 @pytest.mark.parametrize(("space", "message"), [
     (Space(allow_offload=True, devices=()), "no device type to plan for"),
     (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 0),)), "must be at least 1"),
-    (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),), global_batch_size=0), "--global-batch-size is 0"),
+    (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),), global_batch_size=0), "^global_batch_size is 0"),
 ])
 def test_bad_spaces_are_input_errors(space, message):
     spec = load_model("meta-llama/Llama-2-7b-hf")
@@ -336,7 +336,7 @@ def test_bad_spaces_are_input_errors(space, message):
 
 def test_a_workload_invalid_whatever_the_layout_is_reported_not_hidden():
     spec = load_model("meta-llama/Llama-2-7b-hf")
-    with pytest.raises(InputError, match="--seq-len is 0"):
+    with pytest.raises(InputError, match="^seq_len is 0"):
         plan(spec, TrainingConfig(seq_len=0), Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),)))
 
 

@@ -20,7 +20,7 @@ HEADROOM = 0.10
     ("4096", 4096), ("4k", 4096), ("4K", 4096), ("128k", 131072), ("1M", 1048576), (" 2k ", 2048),
 ])
 def test_sizes_use_binary_k_and_m(text, expected):
-    assert parse_size(text, "--seq-len") == expected
+    assert parse_size(text, "seq_len") == expected
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -33,12 +33,12 @@ def test_sizes_use_binary_k_and_m(text, expected):
     ("512", (512,)),
 ])
 def test_ranges(text, expected):
-    assert parse_values(text, "--seq-len") == expected
+    assert parse_values(text, "seq_len") == expected
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("0", "--seq-len '0' is not a positive size"),
-    ("1.5k", "--seq-len '1.5k' is not a positive size"),
+    ("0", "^seq_len '0' is not a positive size"),
+    ("1.5k", "^seq_len '1.5k' is not a positive size"),
     ("4k..1k", "the range ends below its start"),
     ("1..4:x1", "the step must be"),
     ("1..4:-1", "the step must be"),
@@ -46,7 +46,7 @@ def test_ranges(text, expected):
 ])
 def test_bad_ranges_are_input_errors(text, message):
     with pytest.raises(InputError, match=message):
-        parse_values(text, "--seq-len")
+        parse_values(text, "seq_len")
 
 
 def test_each_point_is_the_estimate_at_that_value():
@@ -85,7 +85,7 @@ def test_plot_writes_an_image(tmp_path, suffix):
 
     spec = load_model("meta-llama/Llama-2-70b-hf")
     result = sweep(spec, ServingConfig(max_model_len=4096, parallelism=Parallelism(tp=4)), get_device("H100"),
-                   "batch_size", parse_values("1..1024", "--batch-size"), headroom=HEADROOM)
+                   "batch_size", parse_values("1..1024", "batch_size"), headroom=HEADROOM)
     out = plot_sweep(result, tmp_path / f"sweep{suffix}")
     data = out.read_bytes()
     magic = {".png": data.startswith(b"\x89PNG"), ".svg": b"<svg" in data[:2000], ".pdf": data.startswith(b"%PDF")}

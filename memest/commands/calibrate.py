@@ -81,6 +81,9 @@ def calibrate_command(
         _run_suite(suite, device=None if device is Backend.AUTO else device.value, steps=steps, record=record,
                    results_dir=results_dir, case_timeout=case_timeout)
         return
+    if case_timeout is not None:
+        raise InputError(f"--case-timeout {case_timeout:g} applies to --suite runs (each case in its own process); a "
+                         "single MODEL runs in this process: drop --case-timeout, or pass --suite NAME")
     if model is None:
         raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
     if device is Backend.CPU and job.gpu:
@@ -182,9 +185,8 @@ def _progress() -> Any:
 
 def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool, results_dir: Path | None,
                case_timeout: float | None) -> None:
-    from rich.table import Table
-
     from memest.calibration.suites import TIMED_OUT, load_suite, run_suite
+    from memest.tables import Narrowest, name_col, new_table, prose_col
 
     s = load_suite(name)
     out_dir = results_dir or s.root / "calibrate" / "results"
@@ -192,14 +194,12 @@ def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool
     progress(f"suite {s.name}: {len(s.cases)} cases on {device or s.device}" + (f", records in {out_dir}" if record else ""))
     results = run_suite(s, device=device, steps=steps, record=record, results_dir=out_dir, case_timeout=case_timeout,
                         progress=progress)
-    table = Table(title=f"suite {s.name}")
-    table.add_column("case")
-    table.add_column("result")
+    table = new_table(name_col("case"), prose_col("result"), title=f"suite {s.name}")
     labels = {0: "measured", EXIT_NO_FIT: "did not fit (recorded)", 2: "bad input", 130: "interrupted",
               TIMED_OUT: "timed out (not recorded)"}
     for case, code in results:
         table.add_row(case.id, labels.get(code, f"failed (exit {code})"))
-    _console().print(table)
+    _console().print(Narrowest(table))
     if any(code not in (0, EXIT_NO_FIT) for _, code in results):
         raise typer.Exit(1)
 
@@ -207,10 +207,10 @@ def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool
 def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Path | None) -> Any:
     """A rich renderable: the job, one predicted-vs-measured table per rank, the verdict."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     from memest.report import describe_model, describe_workload, size
+    from memest.tables import Narrowest, name_col, new_table, number_col
 
     first = result.ranks[0].measurement
     versions = rec["versions"]
@@ -225,10 +225,8 @@ def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Pa
     for rank in result.ranks:
         m = rank.measurement
         title = f"rank {rank.rank}" + (f" — DID NOT FIT: {m.error}" if not m.fits else "")
-        table = Table(title=title if len(result.ranks) > 1 or not m.fits else None)
-        for col, justify in (("", "left"), ("predicted", "right"), ("measured", "right"), ("delta", "right"),
-                             ("delta %", "right")):
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table = new_table(name_col(""), *map(number_col, ("predicted", "measured", "delta", "delta %")),
+                          title=title if len(result.ranks) > 1 or not m.fits else None)
         terms = {t.name: t.bytes for t in result.estimate.ranks[0].terms}
         for row in rank.rows:
             name = f"[bold]{row.name}[/bold]" if row.total else row.name
@@ -237,7 +235,7 @@ def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Pa
             if len(row.terms) > 1 or (row.terms and row.terms[0] != row.name):
                 for term in row.terms:
                     table.add_row(f"[dim]  {term}[/dim]", f"[dim]{size(terms.get(term, 0))}[/dim]", "", "", "")
-        parts.append(table)
+        parts.append(Narrowest(table))
         if m.num_alloc_retries or m.num_ooms:
             parts.append(Text(f"rank {rank.rank}: the allocator retried {m.num_alloc_retries} cudaMalloc call(s) and "
                               f"raised {m.num_ooms} out-of-memory error(s): the peak was squeezed", style="yellow"))

@@ -833,7 +833,7 @@ def _activations(spec: ModelSpec, t: TrainingConfig, fw: Framework, stage: Stage
                 # the first layer's input is the embeddings' output, at their dtype
                 first = cuda_block_bytes(math.ceil(input_bytes * h / (tp if sp else 1) * tokens))
                 stored += first - kept
-            if frozen_input and t.recompute is Recompute.NONE:
+            if frozen_input and t.recompute in (Recompute.NONE, Recompute.SELECTIVE):
                 first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
                                           input_grad=False).block_bytes(tokens, tp, sp)
                 stored += first - kept

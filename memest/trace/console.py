@@ -1,4 +1,5 @@
-"""``memest hf --trace`` / ``--plot``: run the trace with progress on stderr, and render it beside the estimate.
+"""``memest hf --trace`` / ``--plot``: run the trace, reporting progress to the caller's callback, and render it
+beside the estimate. Nothing here prints: the CLI shows the progress and the warning below on stderr.
 
 Bytes are printed by :func:`memest.report.size` (GiB from 1 GiB up, else MiB, as calibrate prints them),
 so a tiny model's trace does not read 0.00 everywhere; a difference is a share of the trace only when the
@@ -7,14 +8,14 @@ traced figure is at least 1 MiB. The JSON form keeps ints.
 A trace's time is set by the operators it runs, not by the tensors' sizes (meta tensors have no data),
 so it barely grows with the context — except where transformers runs a Python loop over the tokens:
 the reference selective scan of Mamba layers (Jamba; the fused CUDA kernels cannot run on meta). Before
-such a trace :func:`slow_trace_warning` prints one line on stderr when tokens x Mamba layers x
-:data:`SCAN_SECONDS` passes :data:`SLOW_TRACE_SECONDS`.
+such a trace :func:`slow_trace_warning` returns the one line the CLI prints on stderr when tokens x Mamba
+layers x :data:`SCAN_SECONDS` passes :data:`SLOW_TRACE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,31 +71,6 @@ def slow_trace_warning(spec: ModelSpec, workload: Workload) -> str | None:
             "for a trace of about a minute")
 
 
-def run_with_progress(cfg: HFConfig, workload: Workload, device: Device, *, trust_remote_code: bool,
-                      show_progress: bool = True) -> TraceResult:
-    """:func:`memest.trace.trace` with a rich progress bar on stderr (decoder-layer passes)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from memest.sources import spec_from_config
-    from memest.trace import trace
-
-    warning = slow_trace_warning(spec_from_config(cfg, trust_remote_code=trust_remote_code), workload)
-    if warning is not None:
-        print(warning, file=sys.stderr, flush=True)
-    console = Console(stderr=True)
-    if not show_progress or not console.is_terminal:
-        return trace(cfg, workload, device, trust_remote_code=trust_remote_code)
-    with Progress(TextColumn("tracing {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("model build", total=None)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
-
-        return trace(cfg, workload, device, trust_remote_code=trust_remote_code, progress=progress)
-
-
 def _rel(row: ComparisonRow) -> str:
     """The difference as a share of the traced figure: ``—`` when that is under :data:`RELATIVE_FLOOR`,
     ``±0`` when the difference is."""
@@ -108,30 +84,28 @@ def _rel(row: ComparisonRow) -> str:
 def render(result: TraceResult, comparison: Comparison) -> Any:
     """A rich renderable: the traced peak by kind beside the analytic terms, with each difference."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
+    from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
+
     per = result.per_device
-    table = Table(title=f"trace vs estimate (peak in {comparison.peak_phase}; {result.world_size} device"
-                        f"{'s' if result.world_size > 1 else ''}, rank {per.rank})")
-    for col, justify in (("kind", "left"), ("estimate", "right"), ("trace", "right"), ("trace − estimate", "right"),
-                         ("of trace", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table = new_table(name_col("kind"), number_col("estimate"), number_col("trace"), number_col("trace − estimate"),
+                      number_col("of trace"), title=f"trace vs estimate (peak in {comparison.peak_phase}; "
+                      f"{result.world_size} device{'s' if result.world_size > 1 else ''}, rank {per.rank})")
     for row in comparison.kinds:
         table.add_row(row.name, size(row.analytic_bytes), size(row.traced_bytes), size(row.diff_bytes), _rel(row))
     table.add_section()
     for row in (comparison.allocated, comparison.reserved):
         table.add_row(f"[bold]{row.name}[/bold]", size(row.analytic_bytes), size(row.traced_bytes),
                       size(row.diff_bytes), _rel(row))
-    parts: list[Any] = [table]
+    parts: list[Any] = [Narrowest(table)]
     phases = " · ".join(f"{name} {size(n)}" for name, n in per.phase_peaks.items())
     parts.append(Text(f"traced peak by phase: {phases}", style="dim"))
-    largest = Table(title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
-    for col, justify in (("kind", "left"), ("origin", "left"), ("count", "right"), ("size", "right")):
-        largest.add_column(col, justify=justify)  # type: ignore[arg-type]
+    largest = new_table(name_col("kind"), prose_col("origin"), number_col("count"), number_col("size"),
+                        title="largest tensors live at the traced peak", title_style="dim", box=None, show_edge=False)
     for g in per.groups[:8]:
         largest.add_row(g.kind.value, g.label, str(g.count), size(g.bytes))
-    parts.append(largest)
+    parts.append(Narrowest(largest))
     parts.append(Text(f"traced in {result.seconds:.1f} s ({result.num_ops:,} operators): " + "; ".join(result.settings),
                       style="dim"))
     return Group(*parts)
@@ -209,9 +183,13 @@ def _comparable_estimate(cfg: HFConfig, workload: Workload, device: Device, esti
 
 
 def trace_for_cli(cfg: HFConfig, workload: Workload, device: Device, estimate: Estimate, *, trust_remote_code: bool,
-                  plot: Path | None) -> tuple[TraceResult, Comparison]:
-    """Trace, compare with ``estimate``, and write the timeline plot when asked."""
-    result = run_with_progress(cfg, workload, device, trust_remote_code=trust_remote_code)
+                  plot: Path | None, progress: Callable[[str, int, int], None] | None = None,
+                  ) -> tuple[TraceResult, Comparison]:
+    """Trace, compare with ``estimate``, and write the timeline plot when asked; ``progress`` is called
+    after each decoder-layer pass (:func:`memest.trace.trace`)."""
+    from memest.trace import trace
+
+    result = trace(cfg, workload, device, trust_remote_code=trust_remote_code, progress=progress)
     estimate, note = _comparable_estimate(cfg, workload, device, estimate, trust_remote_code=trust_remote_code)
     if note:
         result = dataclasses.replace(result, settings=(*result.settings, note))

@@ -126,8 +126,8 @@ def kv_type(name: str) -> GGMLType:
     key = {"auto": "f16", "fp16": "f16", "float16": "f16", "fp32": "f32", "float32": "f32",
            "bfloat16": "bf16"}.get(name.lower(), name.lower())
     if key not in KV_TYPES:
-        raise InputError(f"--kv-cache-dtype {name!r} is not a llama.cpp cache type (-ctk / -ctv); use one of "
-                         f"{', '.join(KV_TYPES)}")
+        raise InputError(f"{{kv_cache_dtype}} {name!r} is not a llama.cpp cache type (-ctk / -ctv); use one of "
+                         f"{', '.join(KV_TYPES)}", field="kv_cache_dtype")
     return ggml_type(key)
 
 
@@ -150,33 +150,36 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
     tk = kv_type(s.kv_cache_dtype)
     tv = tk
     if tv.quantized and not s.flash_attn:
-        raise InputError(f"--kv-cache-dtype {s.kv_cache_dtype} quantizes the V cache, which llama.cpp allows only with "
-                         "flash attention ('V cache quantization requires flash_attn'); add --flash-attn or use f16")
+        raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype} quantizes the V cache, which llama.cpp allows only "
+                         "with flash attention ('V cache quantization requires flash_attn'); add {flash_attn} or use "
+                         "f16", field="kv_cache_dtype")
     n_ctx = (s.max_model_len or DEFAULT_N_CTX) * max(1, s.batch_size)
     pad = KV_PAD_FLASH if s.flash_attn else KV_PAD
     n_ctx = -(-n_ctx // pad) * pad
-    for flag, value in (("--n-batch", s.n_batch), ("--n-ubatch", s.n_ubatch)):
+    for name, value in (("n_batch", s.n_batch), ("n_ubatch", s.n_ubatch)):
         if value is not None and value < 1:
-            raise InputError(f"{flag} is {value}; it must be a positive integer")
+            raise InputError(f"{{{name}}} is {value}; it must be a positive integer", field=name)
     n_batch = min(n_ctx, s.n_batch or DEFAULT_N_BATCH)
     n_ubatch = min(n_batch, s.n_ubatch or DEFAULT_N_UBATCH)
     layers = spec.num_layers
     ngl = layers + 1 if s.n_gpu_layers is None else s.n_gpu_layers
     if ngl < 0 or ngl > layers + 1:
-        raise InputError(f"--n-gpu-layers {ngl} is outside 0..{layers + 1} ({spec.name} has {layers} layers plus the "
-                         f"output layer); use --n-gpu-layers {layers + 1} to offload them all")
+        raise InputError(f"{{n_gpu_layers}} {ngl} is outside 0..{layers + 1} ({spec.name} has {layers} layers plus the "
+                         f"output layer); use {{n_gpu_layers}} {layers + 1} to offload them all", field="n_gpu_layers")
     split = s.tensor_split or (1.0,) * devices
     if len(split) != devices:
-        raise InputError(f"--tensor-split {','.join(f'{x:g}' for x in split)} has {len(split)} shares for {devices} "
-                         f"device{'s' if devices > 1 else ''}; give one share per device (--gpus {devices})")
+        raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} has {len(split)} shares for "
+                         f"{devices} device{'s' if devices > 1 else ''}; give one share per device ({{gpus}} "
+                         f"{devices})", field="tensor_split")
     if any(x < 0 for x in split) or sum(split) <= 0:
-        raise InputError(f"--tensor-split {','.join(f'{x:g}' for x in split)} must be shares >= 0 with a positive sum")
+        raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} must be shares >= 0 with a positive "
+                         "sum", field="tensor_split")
     total = sum(split)
     for layer, _ in spec.layer_kinds():
         g = layer.attention.num_kv_heads * layer.attention.head_dim
         if layer.attention.kind == "gqa" and g % tk.block:
-            raise InputError(f"--kv-cache-dtype {tk.name}: the {g} K/V elements per cell of {spec.name} are not a "
-                             f"multiple of its block of {tk.block}; use f16")
+            raise InputError(f"{{kv_cache_dtype}} {tk.name}: the {g} K/V elements per cell of {spec.name} are not a "
+                             f"multiple of its block of {tk.block}; use f16", field="kv_cache_dtype")
     return Settings(ftype, tk, tv, n_ctx, n_batch, n_ubatch, ngl, s.flash_attn, tuple(x / total for x in split),
                     max(1, s.batch_size))
 

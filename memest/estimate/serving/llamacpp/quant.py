@@ -54,8 +54,8 @@ def file_type(name: str) -> str:
     """
     key = ALIASES.get(name.lower(), name.lower())
     if key not in FILE_TYPES:
-        raise InputError(f"--quantization {name!r} is not a GGUF file type memest models for llama.cpp / Ollama; use "
-                         f"one of {', '.join(FILE_TYPES)}")
+        raise InputError(f"{{quantization}} {name!r} is not a GGUF file type memest models for llama.cpp / Ollama; "
+                         f"use one of {', '.join(FILE_TYPES)}", field="quantization")
     return key
 
 
