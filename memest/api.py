@@ -147,6 +147,17 @@ def checkpoint_params(values: Mapping[str, Any], spec: ModelSpec) -> tuple[tuple
     return safetensors_parameter_counts(spec.name, revision=values.get("revision"))
 
 
+def gguf_tensors(values: Mapping[str, Any]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """With ``gguf``, the tensors of that file's header (:func:`memest.sources.gguf.read_tensors`); else
+    nothing."""
+    path = values.get("gguf")
+    if not path:
+        return ()
+    from memest.sources.gguf import read_tensors
+
+    return read_tensors(path)
+
+
 def _model(model: str, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     from memest.sources import load_config, spec_from_config
 
@@ -181,7 +192,8 @@ def estimate_values(model: str, values: Mapping[str, Any]) -> MemoryEstimate:
 
     cfg, spec = _model(model, values)
     device = resolve.device(values)
-    workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec))
+    workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
+                               gguf_tensors=gguf_tensors(values))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
                     device_given=resolve.gpu_name(values) is not None)
     return MemoryEstimate(to_dict(result), result, cfg)
@@ -268,7 +280,8 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
     job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
     spec = load_model(model, trust_remote_code=values["trust_remote_code"], revision=values["revision"])
     device = resolve.device(job)
-    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec))
+    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
+                               gguf_tensors=gguf_tensors(values))
     result = plan(spec, workload, space, headroom=resolve.headroom(values))
     return MemoryPlan(plan_to_dict(result, model=model, given=given), result)
 
@@ -401,7 +414,8 @@ def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str
     setting, points, job = split_sweep(values, ranged)
     spec = load_model(model, trust_remote_code=job["trust_remote_code"], revision=job["revision"])
     device = resolve.device(job)
-    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec))
+    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec),
+                               gguf_tensors=gguf_tensors(job))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
 

@@ -417,3 +417,9 @@ def get_device(name: str) -> Device:
     names = sorted({_INDEX[c].name for c in close})
     hint = f"; did you mean {', '.join(repr(n) for n in names)}?" if names else ""
     raise UnknownDeviceError(f"unknown device {name!r}{hint} (list them with 'memest gpus'; or {_FORMS})")
+
+
+def usable_bytes(device: Device, headroom: float) -> int:
+    """Memory a job may use on ``device``: floor(capacity x (1 - headroom)), in bytes (the fit rule of
+    :mod:`memest.planning.fit`)."""
+    return math.floor(device.memory_bytes * (1 - headroom))

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memest.api import checkpoint_params
+from memest.api import checkpoint_params, gguf_tensors
 from memest.devices import Device
 from memest.errors import InputError
 from memest.spec import ModelSpec
@@ -76,8 +76,10 @@ TRAINING_ONLY: dict[str, tuple[str, str]] = _scope("training")
 METHOD_ONLY: dict[str, tuple[Method, ...]] = {n: tuple(Method(m) for m in s.methods)
                                               for n, s in settings().items() if s.methods}
 """Training settings only some methods read (--train trains every weight: no adapters)."""
-ENGINE_ONLY: dict[str, Engine] = {n: Engine(s.engine) for n, s in settings().items() if s.engine}
-"""Serving settings only one engine reads."""
+ENGINE_ONLY: dict[str, Engine | tuple[Engine, ...]] = {
+    n: tuple(Engine(e) for e in s.engine) if isinstance(s.engine, tuple) else Engine(s.engine)
+    for n, s in settings().items() if s.engine}
+"""Serving settings only one engine (or some: llama.cpp and Ollama share theirs) reads."""
 
 
 def _check_scope(values: dict[str, Any], mode: str) -> None:
@@ -149,7 +151,8 @@ class JobOptions:
         """
         _check_scope(self.values, resolve.mode_of(self.values))  # a module function: tests bypass it
         return resolve.resolve(self.values, spec, self.device, scope=False,
-                               checkpoint_params=checkpoint_params(self.values, spec))
+                               checkpoint_params=checkpoint_params(self.values, spec),
+                               gguf_tensors=gguf_tensors(self.values))
 
 
 def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,15 +25,20 @@ and then holds the job, not how much the job's own tensors take. The job fits wh
 ``--headroom`` is not applied to these engines: their fraction already is their share of the
 device, so the verdict compares against the whole capacity and says so
 (:attr:`Verdict.headroom_applied`).
+
+**llama.cpp / Ollama** (``--engine llama.cpp`` / ``ollama``) allocate fixed buffers at start-up:
+the job fits when, on every GPU, the model buffer of its layers + their KV cache + the compute
+buffer + the CUDA context are within ``(1 - headroom)`` x the device's memory (the generic rule
+applied to the GPU that needs the most). The layers ``-ngl`` leaves out run from host RAM, which
+the estimate reports (:attr:`memest.result.Estimate.host_bytes`) but the verdict does not judge.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-from memest.devices import Device
+from memest.devices import Device, usable_bytes
 from memest.result import Estimate
 
 Blocker = Literal["no_memory", "max_model_len", "concurrency"]
@@ -42,11 +47,6 @@ request of max_model_len does not fit the pool, or the pool holds fewer than bat
 
 UPFRONT_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
 """Engines that size their KV pool at start-up from a share of the device (rule above)."""
-
-
-def usable_bytes(device: Device, headroom: float) -> int:
-    """Memory a job may use on ``device``: floor(capacity x (1 - headroom)), in bytes."""
-    return math.floor(device.memory_bytes * (1 - headroom))
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving import estimate_serving
+from memest.estimate.serving.llamacpp import fit as llamacpp_fit
 from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import Verdict, verdict
 from memest.planning.maxfit import Largest, largest_utilization, limits
@@ -948,6 +949,9 @@ class Assessment:
     notes: tuple[str, ...] = ()
     fewest: Parallelism | None = None
     utilization: float | None = None
+    gguf_options: tuple[llamacpp_fit.Option, ...] = ()
+    """llama.cpp / Ollama: each GGUF quant's best placement on the device
+    (:func:`memest.estimate.serving.llamacpp.fit.search`)."""
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
@@ -966,8 +970,11 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
     rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
+    gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
+            and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization)
+                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization,
+                      gguf)
 
 
 def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:

@@ -164,6 +164,9 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         out["serving"] = plain(est.serving)
     if est.host_bytes:
         out["host_bytes_per_node"] = est.host_bytes
+    if a.gguf_options:
+        out["gguf_options"] = [{"quantization": o.quantization, "n_ctx": o.n_ctx, "gpu_layers": o.gpu_layers,
+                                "layers": o.layers, "largest_full_ctx": o.largest_full_ctx} for o in a.gguf_options]
     return out
 
 
@@ -256,6 +259,18 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{gib(s.kv_budget_bytes)} for the KV cache after non-KV {gib(s.non_kv_bytes)} · pool "
                     f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
+    elif s.engine in ("llama.cpp", "ollama"):
+        e = a.estimate.extra
+        out.append((f"{s.engine} {s.engine_version}: {e['llamacpp_file_type'].upper()} GGUF "
+                    f"{gib(e['llamacpp_file_bytes'])} · {e['llamacpp_offloaded_layers']}/{e['llamacpp_layers']} layers "
+                    f"on the GPU · KV {s.kv_cache_bytes_per_token:,} B/cell x {s.kv_cache_tokens:,} cells · host RAM "
+                    f"{gib(a.estimate.host_bytes)} (mmapped file pages, host KV, host buffers)", ""))
+        if a.gguf_options:
+            out.append((gguf_line(a), ""))
+        if s.engine_error == "no_memory":
+            out.append((f"{s.engine} would fail to allocate its buffers on this device; lower --n-gpu-layers, "
+                        "--max-model-len or the --quantization", "bold red"))
+        return out  # n_ctx is the capacity: the quant search above answers it
     else:
         out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
@@ -291,6 +306,26 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                 f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,} · "
                 f"fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}", ""))
     return out
+
+
+def gguf_line(a: Assessment) -> str:
+    """The llama.cpp quant x context x offload search in words ("Q5_K_M fits fully on the GPU at
+    16,384 tokens; Q8_0 fits with 6 of 33 layers in RAM")."""
+    from memest.estimate.serving.llamacpp.fit import best
+
+    full, partial, shorter = best(list(a.gguf_options))
+    parts = []
+    if shorter is not None:
+        parts.append(f"{shorter.quantization.upper()} fits fully on the GPU at up to {shorter.largest_full_ctx:,} tokens")
+    if full is not None:
+        longest = f" (up to {full.largest_full_ctx:,})" if full.largest_full_ctx > full.n_ctx else ""
+        parts.append(f"{full.quantization.upper()} fits fully on the GPU at {full.n_ctx:,} tokens{longest}")
+    if partial is not None:
+        parts.append(f"{partial.quantization.upper()} fits with {partial.host_layers} of {partial.layers} layers in RAM")
+    if not parts:
+        tried = ", ".join(o.quantization.upper() for o in a.gguf_options)
+        return f"GGUF quants: none of {tried} fits at {a.gguf_options[0].n_ctx:,} tokens"
+    return "GGUF quants: " + "; ".join(parts)
 
 
 def _higher_utilization(a: Assessment) -> str:

@@ -208,8 +208,16 @@ class Engine(str, Enum):
     TRTLLM = "trtllm"
     """TensorRT-LLM: ``kv_cache_free_gpu_mem_fraction`` of the memory free after weights and
     activations becomes KV blocks of ``tokens_per_block`` tokens."""
+    LLAMACPP = "llama.cpp"
+    """llama.cpp with a GGUF file: model buffers per device after the ``-ngl`` layer split, the rest
+    in host RAM, an n_ctx KV cache at its cache type, compute buffers."""
+    OLLAMA = "ollama"
+    """Ollama: llama.cpp's memory with Ollama's defaults (num_ctx 4096, Q4_K_M library tags) and its
+    own layer-placement estimate."""
 
 
+GGUF_ENGINES = ("llama.cpp", "ollama")
+"""The engines that serve GGUF files (their settings: ``n_gpu_layers``, ``n_batch``, ...)."""
 WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8", "int4", "nf4", "fp4", "fp8", "gptq", "awq", "mxfp4")
 KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -218,7 +226,8 @@ VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
 ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
-                                               "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19")}
+                                               "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19"),
+                                               "llama.cpp": ("b4715",), "ollama": ("0.11",)}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
 vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
@@ -442,6 +451,14 @@ class ServingConfig:
         prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
         max_new_tokens: hf: tokens generated per sequence; None = 0 when max_model_len is the
             total, else what max_model_len leaves after the prompt.
+        n_gpu_layers: llama.cpp / Ollama ``-ngl``: layers (of num_layers + 1, the output layer last)
+            on the GPUs; None = all (llama.cpp) / as many as fit (Ollama).
+        n_batch: llama.cpp ``-b`` (logical batch); None = the engine's default.
+        n_ubatch: llama.cpp ``-ub`` (physical batch: tokens of the worst-case graph); None = default.
+        flash_attn: llama.cpp ``-fa`` (needed for a quantized V cache).
+        tensor_split: llama.cpp ``-ts``: each GPU's share of the offloaded layers; () = by memory.
+        gguf_tensors: The tensors of a ``.gguf`` file's header (name, ggml type, shape rows first),
+            from ``gguf``; replaces the analytic file-type layout.
         checkpoint_params: Parameters per stored dtype of the checkpoint (safetensors header names:
             ``BF16``, ``F32``, ``I8``, ``U8``, ``F8_E4M3``, ...), from ``exact_weights``; scales
             the analytic weight bytes to the checkpoint's exact total.
@@ -455,16 +472,19 @@ class ServingConfig:
                                 help="Weight quantization applied to an unquantized model: none (keep the checkpoint's "
                                      "quantization_config), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes, double "
                                      "quant), fp4 (bitsandbytes load_in_4bit defaults), int4/awq, gptq, fp8 (vLLM "
-                                     "online), mxfp4.",
+                                     "online), mxfp4; llama.cpp / Ollama: the GGUF file type (q4_k_m, q8_0, q5_k_m, "
+                                     "q6_k, q4_0, iq4_xs, f16, bf16, ...).",
                                 what="weight quantization of the served model",
                                 fix="QLoRA's base is NF4 by definition ({finetune} qlora: bitsandbytes NF4, double "
                                     "quant): drop {quantization}")
     kv_cache_dtype: str = setting("auto", group="serving", scope="serving", planned="all", describe="changed",
-                                  help="KV-cache dtype: auto (the weight dtype), fp8.", what="KV-cache element type",
+                                  help="KV-cache dtype: auto (the weight dtype), fp8; llama.cpp -ctk/-ctv: f16, q8_0, "
+                                       "q4_0, ...", what="KV-cache element type",
                                   fix="training keeps no KV cache: drop it")
     max_model_len: int | None = setting(None, group="serving", scope="serving", describe="always",
                                         help="Longest sequence (prompt + output) in tokens (default: the model's "
-                                             "max_position_embeddings).",
+                                             "max_position_embeddings; llama.cpp / Ollama: n_ctx / num_ctx per "
+                                             "sequence, default 4096).",
                                         what="longest prompt + output", fix="for training use {seq_len}")
     batch_size: int = setting(1, group="serving", scope="serving", describe="always",
                               help="Concurrent sequences, each up to max_model_len.",
@@ -474,11 +494,11 @@ class ServingConfig:
                              help="Serving engine to model: vllm (paged KV, start-up budget), sglang "
                                   "(mem_fraction_static, token pool; {max_model_len} is its --context-length), trtllm "
                                   "(TensorRT-LLM: free_gpu_memory_fraction, KV blocks; {max_model_len} is its "
-                                  "max_seq_len) or hf (transformers generate).")
+                                  "max_seq_len), hf (transformers generate), llama.cpp or ollama (GGUF files).")
     engine_version: str | None = setting(None, group="serving", scope="serving", what="the serving engine's version",
                                          help="Engine version whose memory arithmetic to model: vllm 0.19 (V1), 0.6, "
                                               "0.2; sglang 0.5, 0.4; trtllm 1.1 (PyTorch backend), 0.19 (TensorRT "
-                                              "engine); hf 5, 4.34 (default: the newest).")
+                                              "engine); hf 5, 4.34; llama.cpp b4715; ollama 0.11 (default: the newest).")
     prompt_len: int | None = setting(None, group="serving", scope="serving", engine="hf",
                                      what="prompt tokens of generate",
                                      fix="for training use {seq_len}",
@@ -527,6 +547,26 @@ class ServingConfig:
         help="TensorRT-LLM: tokens per forward (default 8192).")
     tokens_per_block: int = setting(32, group="serving", scope="serving", engine="trtllm",
                                     what="TensorRT-LLM's KV block", help="TensorRT-LLM: tokens per KV block.")
+    n_gpu_layers: int | None = setting(None, group="serving", scope="serving", engine=GGUF_ENGINES, describe="changed",
+                                       what="llama.cpp's layers on the GPU",
+                                       help="llama.cpp / Ollama -ngl: layers (of num_layers + 1, the output layer "
+                                            "last) on the GPU; the rest stay in host RAM (default: all for llama.cpp, "
+                                            "as many as fit for Ollama).")
+    n_batch: int | None = setting(None, group="serving", scope="serving", engine=GGUF_ENGINES,
+                                  what="llama.cpp's logical batch",
+                                  help="llama.cpp -b: logical batch (default 2048; Ollama 512).")
+    n_ubatch: int | None = setting(None, group="serving", scope="serving", engine=GGUF_ENGINES, describe="changed",
+                                   what="llama.cpp's physical batch",
+                                   help="llama.cpp -ub: physical batch, the tokens the compute buffer is sized for "
+                                        "(default 512).")
+    flash_attn: bool = setting(False, group="serving", scope="serving", engine=GGUF_ENGINES, describe="changed",
+                               what="llama.cpp's flash attention",
+                               help="llama.cpp -fa (needed for a quantized V cache; pads n_ctx to 256).")
+    tensor_split: tuple[float, ...] = setting((), group="serving", scope="serving", engine=GGUF_ENGINES, unset=None,
+                                              type=str, what="llama.cpp's layer split over GPUs",
+                                              help="llama.cpp -ts: each GPU's share of the layers, e.g. 10,6 "
+                                                   "(default: by device memory).")
+    gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     checkpoint_params: tuple[tuple[str, int], ...] = ()
     parallelism: Parallelism = field(default_factory=Parallelism)
 
@@ -569,6 +609,9 @@ class JobSettings:
     trust_remote_code: bool = setting(False, group="model", help="Allow the model's own Python code from the Hub when "
                                                                  "its family has no analytic adapter.")
     revision: str | None = setting(None, group="model", help="Hub revision (branch, tag or commit) of config.json.")
+    gguf: str | None = setting(None, group="serving", scope="serving", engine=GGUF_ENGINES, what="the GGUF file served",
+                               help="A .gguf file whose header gives the exact tensor types and sizes (metadata "
+                                    "only; needs memest[gguf]).")
     exact_weights: bool = setting(False, group="serving", scope="serving",
                                   what="the checkpoint's stored weight bytes for serving",
                                   help="Read the checkpoint's safetensors headers on the Hub (parameters per stored "

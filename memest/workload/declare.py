@@ -24,7 +24,8 @@ class Setting:
         group: One of :data:`GROUPS`.
         scope: ``all``, ``training`` (training and fine-tuning read it) or ``serving``.
         methods: Training methods that read it (values of :class:`~memest.workload.Method`); empty = every one.
-        engine: The one serving engine that reads it (value of :class:`~memest.workload.Engine`), or None.
+        engine: The serving engine that reads it (value of :class:`~memest.workload.Engine`), the
+            engines (a tuple of values: llama.cpp and Ollama share theirs), or None.
         default: The value a user gets when they do not give it (``None``: resolved); given to
             :func:`setting` only where it differs from the field's own default.
         what: What it sets, for the refusal "X is a serving setting (what); fix".
@@ -46,7 +47,7 @@ class Setting:
     group: str
     scope: str = "all"
     methods: tuple[str, ...] = ()
-    engine: str | None = None
+    engine: str | tuple[str, ...] | None = None
     default: Any = None
     what: str = ""
     fix: str = "drop it"

@@ -140,9 +140,11 @@ def check_scope(values: Mapping[str, Any], mode: str) -> None:
                 raise InputError(f"{{{name}}} applies to {needs}, not {asked}; drop it", field=name)
         if not training and s.engine is not None:
             engine = Engine(values["engine"])
-            if s.engine != engine.value:
-                raise InputError(f"{{{name}}} is a {{engine}} {s.engine} flag; {{engine}} {engine.value} does not "
-                                 f"read it: drop it or pass {{engine}} {s.engine}", field=name)
+            engines = s.engine if isinstance(s.engine, tuple) else (s.engine,)
+            if engine.value not in engines:
+                other = " / {engine} ".join(engines)
+                raise InputError(f"{{{name}}} is a {{engine}} {other} flag; {{engine}} {engine.value} does not "
+                                 f"read it: drop it or pass {{engine}} {other}", field=name)
 
 
 def check_sizes(values: Mapping[str, Any]) -> None:
@@ -196,14 +198,33 @@ def headroom(values: Mapping[str, Any]) -> float:
     return float(h)
 
 
+def tensor_split(value: str | tuple[float, ...] | None) -> tuple[float, ...]:
+    """``tensor_split`` as shares (``"10,6"`` from the CLI, or shares already).
+
+    Raises:
+        InputError: a share that is not a number.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, str):
+        return tuple(float(x) for x in value)
+    try:
+        return tuple(float(x) for x in value.replace("/", ",").split(","))
+    except ValueError:
+        raise InputError(f"{{tensor_split}} {value!r} is not a list of numbers; write one share per GPU, e.g. "
+                         "{tensor_split} 10,6", field="tensor_split") from None
+
+
 def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope: bool = True,
-            checkpoint_params: tuple[tuple[str, int], ...] = ()) -> Workload:
+            checkpoint_params: tuple[tuple[str, int], ...] = (),
+            gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()) -> Workload:
     """The workload ``values`` describe for ``spec`` on ``device``.
 
     Args:
         values: Settings by keyword; missing ones take their defaults.
         scope: Refuse settings the job would not read (:func:`check_scope`).
         checkpoint_params: The checkpoint's parameters per stored dtype, for ``exact_weights``.
+        gguf_tensors: The tensors of the ``gguf`` file's header.
 
     Raises:
         InputError: conflicting modes, a setting the mode (method, engine) does not read, a size out
@@ -228,6 +249,8 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
     return ServingConfig(**declared | {
         "max_model_len": max_len,
         "engine": engine,
+        "tensor_split": tensor_split(v["tensor_split"]),
+        "gguf_tensors": gguf_tensors,
         "checkpoint_params": checkpoint_params,
         "parallelism": serving_parallelism(v, spec),
     })

@@ -119,7 +119,9 @@ def reads(workload: Any, s: Setting) -> bool:
         return False
     if training and s.methods and workload.method.value not in s.methods:
         return False
-    return not (not training and s.engine is not None and workload.engine.value != s.engine)
+    if training or s.engine is None:
+        return True
+    return workload.engine.value in (s.engine if isinstance(s.engine, tuple) else (s.engine,))
 
 
 def describe(workload: Any) -> str:

@@ -311,6 +311,8 @@ def _validate_serving(s: ServingConfig) -> None:
     _validate_sglang_trtllm(s)
     if s.dtype not in WEIGHT_DTYPES:
         raise InputError(f"{{dtype}} {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}", field="dtype")
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return  # GGUF file and cache types: memest.estimate.serving.llamacpp.engine.settings checks them
     if s.quantization not in QUANTIZATIONS:
         raise InputError(f"{{quantization}} {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
                          field="quantization")

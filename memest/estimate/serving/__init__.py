@@ -1,14 +1,15 @@
 """Serving memory per rank, and the capacity questions serving users ask, answered the engine's way.
 
-Four engines (``--engine``):
+Six engines (``--engine``):
 
 - ``vllm`` (default): :mod:`memest.estimate.serving.vllm` (the budget of each vLLM version, the
   weights as it loads them, the job's terms and vLLM's own start-up numbers);
 - ``sglang``: :mod:`memest.estimate.serving.sglang` (mem_fraction_static, the token pool);
 - ``trtllm``: :mod:`memest.estimate.serving.trtllm` (free_gpu_memory_fraction, KV blocks);
-- ``hf``: transformers ``generate`` (:mod:`memest.estimate.serving.hf`).
+- ``hf``: transformers ``generate`` (:mod:`memest.estimate.serving.hf`);
+- ``llama.cpp`` / ``ollama``: GGUF files (:mod:`memest.estimate.serving.llamacpp`).
 
-What both share: :mod:`.common` (served dtypes, weights as stored and as loaded) and :mod:`.kv`
+What every engine shares: :mod:`.common` (served dtypes, weights as stored and as loaded) and :mod:`.kv`
 (the KV cache per token, paged and contiguous). Inverse queries: :func:`largest_max_model_len`
 and :func:`largest_concurrency` (each engine's own arithmetic, no search over estimates); the
 fewest devices that fit is a search over estimates: :func:`memest.planning.search.smallest_parallelism`.
@@ -22,6 +23,9 @@ from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
 from memest.estimate.serving.sglang import engine as sglang_engine
 from memest.estimate.serving.trtllm import engine as trtllm_engine
+from memest.estimate.serving.llamacpp import engine as llamacpp_engine
+from memest.estimate.serving.llamacpp import fit as llamacpp_fit
+from memest.estimate.serving.llamacpp import ollama
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
 from memest.spec import ModelSpec
@@ -42,6 +46,10 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estim
         return sglang_engine.estimate_sglang(spec, s, device)
     if s.engine is Engine.TRTLLM:
         return trtllm_engine.estimate_trtllm(spec, s, device)
+    if s.engine is Engine.LLAMACPP:
+        return llamacpp_engine.estimate_llamacpp(spec, s, device)
+    if s.engine is Engine.OLLAMA:
+        return ollama.estimate_ollama(spec, s, device)
     return vllm_engine.estimate_vllm(spec, s, device)
 
 
@@ -62,6 +70,8 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
         return sglang_engine.largest_max_model_len(spec, s, device, concurrency)
     if s.engine is Engine.TRTLLM:
         return trtllm_engine.largest_max_model_len(spec, s, device, concurrency)
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return _largest_n_ctx(spec, s.replace(batch_size=concurrency), device)
     return vllm_engine.largest_max_model_len(spec, s, device, concurrency)
 
 
@@ -74,4 +84,13 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
         return sglang_engine.largest_concurrency(spec, s, device, max_model_len)
     if s.engine is Engine.TRTLLM:
         return trtllm_engine.largest_concurrency(spec, s, device, max_model_len)
+    if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        return _largest_n_ctx(spec, s.replace(batch_size=1), device) // max(1, max_model_len)
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)
+
+
+def _largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device) -> int:
+    """llama.cpp: the longest max_model_len at which s.batch_size sequences (n_ctx = the product, the
+    KV cells its slots share) fit with the job's layers."""
+    limit = max(spec.max_position_embeddings or 0, s.max_model_len or 0, llamacpp_engine.DEFAULT_N_CTX)
+    return llamacpp_fit.largest_n_ctx(spec, s, device, 0.0, limit * 8)
