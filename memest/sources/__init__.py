@@ -47,15 +47,17 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
             raise InputError(f"{{revision}} {revision!r} names a Hub revision, but {ref!r} is a local path; drop "
                              "{revision} (or check out that revision there)", field="revision")
         raw, where = read_local(path)
-        return HFConfig(raw, name=_local_name(path), source=where)
+        return HFConfig(raw, name=_local_name(path), source=where, code_from=str(Path(where).resolve().parent))
     hit = catalog.resolve(ref)
     if hit is not None:
         if revision is None:
-            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
+            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note,
+                            code_from=hit.model_id)
         why = "the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
-                return HFConfig(fetch_config(hit.model_id, revision=revision), name=hit.model_id, source="hub")
+                return HFConfig(fetch_config(hit.model_id, revision=revision), name=hit.model_id, source="hub",
+                                code_from=hit.model_id)
             except HubUnreachableError as exc:
                 why = f"the Hub is unreachable: {exc}"
         raise InputError(f"{{revision}} {revision!r} needs the Hub, and {why}: the offline catalog holds one revision "
@@ -67,7 +69,7 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
         why = "not in the offline catalog and the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
-                return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub")
+                return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub", code_from=ref)
             except HubUnreachableError as exc:
                 why = f"not in the offline catalog and the Hub is unreachable: {exc}"
     matches = catalog.close_matches(ref)

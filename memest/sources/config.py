@@ -23,15 +23,20 @@ class HFConfig:
         name: The model reference, for messages and for the ModelSpec.
         source: Where it was read (``catalog``, a file path, ``hub``).
         note: What the user should know about how it was resolved (a catalog variant).
+        code_from: The only place the model's own code (``auto_map``) may be loaded from, with
+            ``--trust-remote-code``: the absolute path of the folder the config was read from, or
+            the Hub repository it was fetched from; None when it has no such place.
     """
 
-    def __init__(self, raw: Mapping[str, Any], *, name: str, source: str, note: str = "") -> None:
+    def __init__(self, raw: Mapping[str, Any], *, name: str, source: str, note: str = "",
+                 code_from: str | None = None) -> None:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"config of {name!r} is a {type(raw).__name__}, not a JSON object; pass a config.json")
         self.raw: dict[str, Any] = dict(raw)
         self.name = name
         self.source = source
         self.note = note
+        self.code_from = code_from
 
     # ---- identity ----
 
@@ -56,7 +61,7 @@ class HFConfig:
         """The language-model part: ``text_config`` of a multimodal config, else this config."""
         sub = self.raw.get("text_config")
         if isinstance(sub, Mapping):
-            return HFConfig(sub, name=self.name, source=self.source)
+            return HFConfig(sub, name=self.name, source=self.source, code_from=self.code_from)
         return self
 
     def sub(self, key: str) -> HFConfig:
@@ -64,7 +69,7 @@ class HFConfig:
         value = self.raw.get(key)
         if not isinstance(value, Mapping):
             raise ConfigError(f"config of {self.name!r} has no {key!r} section; pass the complete config.json")
-        return HFConfig(value, name=self.name, source=self.source)
+        return HFConfig(value, name=self.name, source=self.source, code_from=self.code_from)
 
     def with_defaults(self, defaults: Mapping[str, Any], *, aliases: Mapping[str, str] | None = None) -> HFConfig:
         """A copy in which absent fields take the transformers config class's defaults.
@@ -86,7 +91,7 @@ class HFConfig:
         for key, value in defaults.items():
             if key not in raw:
                 raw[key] = value
-        return HFConfig(raw, name=self.name, source=self.source, note=self.note)
+        return HFConfig(raw, name=self.name, source=self.source, note=self.note, code_from=self.code_from)
 
     # ---- typed getters: the first key present wins; aliases cover renamed fields ----
 
