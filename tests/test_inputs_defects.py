@@ -110,3 +110,97 @@ def test_remote_code_never_runs_without_the_flag(tmp_path, monkeypatch, capsys):
     message = refused(monkeypatch, capsys, "hf", str(named))
     assert "--trust-remote-code" in message
     assert not (tmp_path / "named.marker").exists()
+
+
+# ---- a calibration record is written whole or not at all ------------------------------------------
+
+_APPEND_UNDER_LIMIT = """
+import resource, sys
+from pathlib import Path
+from memest.calibration.records import append_record
+from memest.errors import InputError
+path = Path(sys.argv[1])
+limit = path.stat().st_size + 40  # room for 40 bytes of a record that is longer than 100
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    append_record(path, {"id": "b", "pad": "x" * 100})
+except InputError as exc:
+    print(exc)
+    sys.exit(2)
+"""
+
+
+def test_a_short_write_leaves_no_partial_record(tmp_path):
+    from memest.calibration.records import append_record, read_records
+
+    path = tmp_path / "cpu.jsonl"
+    append_record(path, {"id": "a"})
+    before = path.read_bytes()
+    # the file-size limit stops the write after 40 of its ~120 bytes (Python ignores SIGXFSZ, so the
+    # write returns short and the next one fails with EFBIG)
+    proc = subprocess.run([sys.executable, "-c", _APPEND_UNDER_LIMIT, str(path)], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "could not append" in proc.stdout and "left as it was" in proc.stdout
+    assert path.read_bytes() == before
+    append_record(path, {"id": "c"})
+    assert [r["id"] for _, r in read_records([path])] == ["a", "c"]
+
+
+def test_a_cut_record_is_skipped_and_reported_and_the_next_is_not_glued_to_it(tmp_path):
+    from memest.calibration.records import BadRecordLine, append_record, read_records
+
+    path = tmp_path / "cpu.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b", "pad": "xx')  # an older memest's record cut by a full disk
+    append_record(path, {"id": "c"})
+    with pytest.warns(BadRecordLine, match="line 2 is not valid JSON"):
+        ids = [r["id"] for _, r in read_records([path])]
+    assert ids == ["a", "c"]
+
+
+# ---- calibrate checks every input before the run and never loses a measurement --------------------
+
+TINY_LLAMA = str(ROOT / "calibrate" / "models" / "tiny-llama")
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Fail the test if calibrate starts measuring."""
+    from memest.calibration import runner
+
+    def run(*args, **kwargs):
+        raise AssertionError("calibrate started the run before refusing its input")
+
+    monkeypatch.setattr(runner, "run", run)
+
+
+@pytest.mark.usefixtures("no_run")
+def test_calibrate_refuses_a_bad_headroom_before_the_run(tmp_path, monkeypatch, capsys):
+    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len", "32",
+                      "--headroom", "1.5", "--results-dir", str(tmp_path))
+    assert "--headroom 1.5" in message
+
+
+@pytest.mark.usefixtures("no_run")
+def test_calibrate_refuses_an_unwritable_results_dir_before_the_run(tmp_path, monkeypatch, capsys):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len", "32",
+                      "--results-dir", str(not_a_folder / "results"))
+    assert str(not_a_folder / "results") in message and "--results-dir" in message
+
+
+def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch, capsys):
+    from memest.calibration import records
+    from memest.errors import InputError
+
+    def append_record(path, record):
+        raise InputError(f"could not append the calibration record to {str(path)!r} (No space left on device)")
+
+    monkeypatch.setattr(records, "append_record", append_record)
+    code, out, err = memest(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len",
+                            "32", "--results-dir", str(tmp_path), "--json")
+    assert code == 2, err
+    assert json.loads(out)["measured"][0]["peak_allocated_bytes"] > 0  # the measurement, printed
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("Error: could not append") and "was not recorded" in last
