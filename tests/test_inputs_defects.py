@@ -204,3 +204,18 @@ def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch
     assert json.loads(out)["measured"][0]["peak_allocated_bytes"] > 0  # the measurement, printed
     last = err.strip().splitlines()[-1]
     assert last.startswith("Error: could not append") and "was not recorded" in last
+
+
+# ---- ZeRO stages 2 and 3 calibrate on the CPU ----------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["2", "3"])
+def test_cpu_calibration_of_zero_stages_runs(stage, monkeypatch, capsys):
+    # FSDP2 (ZeRO 2/3) makes the parameters, and the fp32 masters copied from them, DTensors: wrappers
+    # without a storage of their own, whose storage pointer cannot be read (the local shard's can)
+    code, out, err = memest(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--no-record", "--train",
+                            "--zero-stage", stage, "--seq-len", "64", "--json")
+    assert code == 0, err[-3000:]
+    rec = json.loads(out)
+    assert rec["inputs"]["workload"]["parallelism"]["zero_stage"] == int(stage)
+    assert rec["measured"][0]["peak_allocated_bytes"] > 0
