@@ -219,3 +219,112 @@ def test_cpu_calibration_of_zero_stages_runs(stage, monkeypatch, capsys):
     rec = json.loads(out)
     assert rec["inputs"]["workload"]["parallelism"]["zero_stage"] == int(stage)
     assert rec["measured"][0]["peak_allocated_bytes"] > 0
+
+
+# ---- malformed configs: one line, exit 2 (never a crash, never accepted) --------------------------
+
+
+def _quantized(**q):
+    return dict(TINY, quantization_config=q)
+
+
+def _params(**fields):
+    return {"dim": 512, "n_layers": 2, "n_heads": 8, "vocab_size": 1000} | fields
+
+
+BAD_CONFIGS = [
+    # (id, config.json or params.json contents, a fragment the message must hold)
+    ("gptq-bits-word", _quantized(quant_method="gptq", bits="four"), "quantization_config.bits is 'four'"),
+    ("gptq-bits-null", _quantized(quant_method="gptq", bits=None), "quantization_config.bits is None"),
+    ("gptq-bits-negative", _quantized(quant_method="gptq", bits=-4), "quantization_config.bits is -4"),
+    ("gptq-bits-zero", _quantized(quant_method="gptq", bits=0), "quantization_config.bits is 0"),
+    ("gptq-group-zero", _quantized(quant_method="gptq", bits=4, group_size=0), "quantization_config.group_size"),
+    ("fp8-block-one", _quantized(quant_method="fp8", weight_block_size=[128]), "weight_block_size is [128]"),
+    ("fp8-block-int", _quantized(quant_method="fp8", weight_block_size=128), "weight_block_size is 128"),
+    ("fp8-block-zero", _quantized(quant_method="fp8", weight_block_size=[0, 0]), "weight_block_size[0] is 0"),
+    ("skip-int", _quantized(quant_method="fp8", modules_to_not_convert=5), "modules_to_not_convert is 5"),
+    ("ct-groups-list", _quantized(quant_method="compressed-tensors", config_groups=[{"weights": {"num_bits": 4}}]),
+     "config_groups is a JSON list"),
+    ("meta-multiple-of-zero", _params(multiple_of=0), "'multiple_of' is 0"),
+    ("meta-multiple-of-word", _params(multiple_of="x"), "'multiple_of' is 'x'"),
+    ("meta-ffn-word", _params(ffn_dim_multiplier="x"), "'ffn_dim_multiplier' is 'x'"),
+    ("meta-ffn-nan", _params(ffn_dim_multiplier=float("nan")), "'ffn_dim_multiplier' is nan"),
+    ("meta-dim-string", _params(dim="512"), "'dim' is '512'"),
+    ("meta-dim-infinite", _params(dim=float("inf")), "'dim' is inf"),
+    ("meta-dim-fraction", _params(dim=512.7), "'dim' is 512.7"),
+    ("size-1e18", dict(TINY, hidden_size=10**18), "'hidden_size' is 1000000000000000000; memest accepts at most"),
+    ("layers-1e9", dict(TINY, num_hidden_layers=10**9), "'num_hidden_layers' is 1000000000; memest accepts at most"),
+    ("mlp-only-layers-int", dict(TINY, model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_experts=4,
+                                 num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                 mlp_only_layers=5), "'mlp_only_layers' is 5"),
+    ("rope-theta-word", dict(TINY, rope_theta="x"), "'rope_theta' is 'x'"),
+    ("rope-theta-negative", dict(TINY, rope_theta=-1), "'rope_theta' is -1"),
+    ("rope-scaling-int", dict(TINY, rope_scaling=5), "'rope_scaling' is 5"),
+    ("rope-scaling-factor", dict(TINY, rope_scaling={"rope_type": "linear", "factor": "two"}),
+     "'rope_scaling.factor' is 'two'"),
+    ("layer-types-int", dict(TINY, layer_types=5), "'layer_types' is 5"),
+    ("layer-types-short", dict(TINY, layer_types=["full_attention"]), "'layer_types' must list 2 entries"),
+]
+
+
+@pytest.mark.parametrize(("raw", "fragment"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_a_malformed_config_is_refused_in_one_line(raw, fragment, tmp_path, monkeypatch, capsys):
+    name = "params.json" if "dim" in raw else "config.json"
+    write_config(tmp_path / "model", raw, name)
+    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path / "model"))
+
+
+def test_a_model_above_the_parameter_bound_is_refused(tmp_path, monkeypatch, capsys):
+    # every size within 2^31, but 1,000 layers x 3 x (2^20 x 2^24) MLP weights = 5.3e16 parameters > 1e14
+    write_config(tmp_path / "model", dict(TINY, hidden_size=2**20, intermediate_size=2**24, num_hidden_layers=1000,
+                                          num_attention_heads=2**10, num_key_value_heads=2**10))
+    message = refused(monkeypatch, capsys, "hf", str(tmp_path / "model"))
+    assert "parameters, more than memest's bound of 1e+14" in message
+
+
+BAD_FILES = [
+    # (id, the bytes of config.json, a fragment the message must hold)
+    ("deep-json", b"[" * 100_000 + b"]" * 100_000, "nests lists or objects too deeply"),
+    ("deep-object", b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", "more than 64 levels deep"),
+    ("5000-digit-int", json.dumps(TINY).replace('"vocab_size": 128', '"vocab_size": ' + "1" * 5000).encode(),
+     "holds a number too long to read"),
+    ("10^400", json.dumps(TINY).replace('"vocab_size": 128', '"vocab_size": 1e400').encode(), "'vocab_size' is inf"),
+    ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "is a binary file, not a JSON config"),
+    ("latin-1", '{"model_type": "llama", "name": "café"}'.encode("latin-1"), "is not UTF-8 text (byte 0xe9"),
+]
+
+
+@pytest.mark.parametrize(("data", "fragment"), [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES])
+def test_a_bad_config_file_is_refused_in_one_line(data, fragment, tmp_path, monkeypatch, capsys):
+    (tmp_path / "config.json").write_bytes(data)
+    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path / "config.json"))
+
+
+def test_an_over_long_file_name_is_refused(tmp_path, monkeypatch, capsys):
+    long = str(tmp_path / ("a" * 300))  # NAME_MAX is 255 on Linux file systems
+    assert "File name too long" in refused(monkeypatch, capsys, "hf", long)
+
+
+def _dangling(folder: Path) -> None:
+    (folder / "config.json").symlink_to(folder / "gone.json")
+
+
+def _directory(folder: Path) -> None:
+    (folder / "config.json").mkdir()
+
+
+def _fifo(folder: Path) -> None:
+    os.mkfifo(folder / "config.json")  # opening it for reading would block until a writer comes
+
+
+@pytest.mark.parametrize(("make", "fragment"), [(_dangling, "is a dangling symlink (to "),
+                                                (_directory, "is a directory, not a config file"),
+                                                (_fifo, "is a FIFO (named pipe), not a config file")],
+                         ids=["dangling-symlink", "directory", "fifo"])
+def test_a_config_json_that_is_not_a_file_says_what_it_is(make, fragment, tmp_path, monkeypatch, capsys):
+    make(tmp_path)
+    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path))
+
+
+def test_a_character_device_is_refused_without_reading_it(monkeypatch, capsys):
+    assert "'/dev/zero' is a character device" in refused(monkeypatch, capsys, "hf", "/dev/zero")
