@@ -328,3 +328,35 @@ def test_a_config_json_that_is_not_a_file_says_what_it_is(make, fragment, tmp_pa
 
 def test_a_character_device_is_refused_without_reading_it(monkeypatch, capsys):
     assert "'/dev/zero' is a character device" in refused(monkeypatch, capsys, "hf", "/dev/zero")
+
+
+# ---- calibrate and plan refuse what would hang or crash, before any work -------------------------
+
+
+@pytest.mark.usefixtures("no_run")
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--steps", "2147483648"), "--steps is 2147483648; it must be between 1 and 1,000"),
+    # tiny-llama has max_position_embeddings 1024 (calibrate/models/tiny-llama/config.json)
+    (("--seq-len", "100000"), "--seq-len 100,000 is beyond the 1,024 positions of tiny-llama"),
+    # the folder holds only config.json
+    (("--weights",), "holds no weight files"),
+], ids=["steps-2^31", "seq-len-beyond-positions", "weights-without-weights"])
+def test_calibrate_refuses_before_the_run(args, fragment, monkeypatch, capsys):
+    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--no-record", *args)
+    assert fragment in message
+
+
+def test_calibrate_refuses_a_suite_that_is_a_json_list(tmp_path, monkeypatch, capsys):
+    (tmp_path / "suite.json").write_text("[1, 2]")
+    message = refused(monkeypatch, capsys, "calibrate", "--suite", str(tmp_path / "suite.json"))
+    assert "must be a JSON object with a 'cases' list" in message
+
+
+@pytest.mark.parametrize(("make", "fragment"), [
+    (lambda d: d, "is a directory"),
+    (lambda d: (d / "prices.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe") and d / "prices.bin",
+     "is not UTF-8 text"),
+], ids=["directory", "binary"])
+def test_plan_costs_refuses_what_is_not_a_price_file(make, fragment, tmp_path, monkeypatch, capsys):
+    message = refused(monkeypatch, capsys, "plan", TINY_LLAMA, "--train", "--costs", str(make(tmp_path)))
+    assert fragment in message

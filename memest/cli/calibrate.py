@@ -100,6 +100,10 @@ def calibrate_command(
     workload = calibration_workload(job.values, spec, nproc, steps)
     check_supported(workload, backend=device.value, nproc=nproc, spec=spec)
     _check_cpu_run(spec, workload, device, nproc)
+    if weights:
+        from memest.calibration.models import check_weights
+
+        check_weights(model)
     records_dir = results_dir or Path("calibrate") / "results"
     if record:
         check_writable_folder(records_dir)
