@@ -360,3 +360,15 @@ def test_calibrate_refuses_a_suite_that_is_a_json_list(tmp_path, monkeypatch, ca
 def test_plan_costs_refuses_what_is_not_a_price_file(make, fragment, tmp_path, monkeypatch, capsys):
     message = refused(monkeypatch, capsys, "plan", TINY_LLAMA, "--train", "--costs", str(make(tmp_path)))
     assert fragment in message
+
+
+def test_quantizing_an_already_quantized_checkpoint_is_refused(monkeypatch, capsys):
+    # DeepSeek-V3's checkpoint is fp8 (quantization_config quant_method "fp8", weight_block_size [128, 128])
+    message = refused(monkeypatch, capsys, "hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "int4")
+    assert "--quantization int4" in message and "already quantized (fp8" in message
+
+
+def test_the_checkpoints_own_quantization_may_be_named(monkeypatch, capsys):
+    code, _, err = memest(monkeypatch, capsys, "hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "fp8",
+                          "--gpus", "8", "--json")
+    assert code == 0, err
