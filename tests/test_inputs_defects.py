@@ -98,6 +98,7 @@ def test_remote_code_runs_from_the_named_folder_not_the_cwd(tmp_path):
     assert not (tmp_path / "decoy.marker").exists(), proc.stderr[-2000:]
     assert (tmp_path / "named.marker").exists(), proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr == ""  # no transformers warnings (torch_dtype deprecation) unless MEMEST_DEBUG=1
     # 2 layers x (4 x 64x64 attention + 3 x 64x128 MLP + 2 x 64 norms) + 2 x 128x64 (embedding, head) + 64
     # = 2 x (16384 + 24576 + 128) + 16384 + 64 = 82176 + 16384 + 64 = 98624
     assert json.loads(proc.stdout)["model"]["num_params"] == 98624
@@ -372,3 +373,55 @@ def test_the_checkpoints_own_quantization_may_be_named(monkeypatch, capsys):
     code, _, err = memest(monkeypatch, capsys, "hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "fp8",
                           "--gpus", "8", "--json")
     assert code == 0, err
+
+
+# ---- messages --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--seq-len", "abc"), ("--headroom", "ten"), ("--micro-batch-size", "1.5")])
+def test_a_non_numeric_flag_value_is_echoed(flag, value, monkeypatch, capsys):
+    message = refused(monkeypatch, capsys, "hf", "meta-llama/Llama-2-7b-hf", "--train", flag, value)
+    assert f"{value!r}" in message and flag in message
+
+
+def test_ctrl_c_prints_one_interrupted_line(monkeypatch, capsys):
+    from memest import plan
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan, "assess", interrupted)
+    code, out, err = memest(monkeypatch, capsys, "hf", "meta-llama/Llama-2-7b-hf", "--train")
+    assert (code, out, err) == (130, "", "Interrupted.\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.2, 2.0], ids=["while-starting", "while-tracing"])
+def test_sigint_prints_one_interrupted_line(delay):
+    import signal
+    import time
+
+    # the trace of Llama-3.1-8B imports torch and transformers and runs ~10,000 operators: several seconds
+    proc = subprocess.Popen([sys.executable, "-m", "memest", "hf", "meta-llama/Llama-3.1-8B", "--train", "--trace"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (130, "Interrupted.\n"), err[-2000:]
+
+
+def test_cpu_calibration_prints_no_profiler_lines(monkeypatch, capfd):
+    # kineto writes "USDT: ... profiler_start" / "profiler_stop" to file descriptor 2 around every step
+    monkeypatch.setattr(sys, "argv", ["memest", "calibrate", TINY_LLAMA, "--device", "cpu", "--no-record", "--train",
+                                      "--seq-len", "32", "--steps", "2", "--json"])
+    monkeypatch.delenv("MEMEST_DEBUG", raising=False)
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capfd.readouterr()
+    assert code in (0, None), err
+    assert json.loads(out)["outcome"] == "ok"
+    noise = [line for line in err.splitlines() if line.startswith(("USDT:", "STAGE:")) or "[transformers]" in line]
+    assert noise == []
