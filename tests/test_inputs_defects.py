@@ -425,3 +425,24 @@ def test_cpu_calibration_prints_no_profiler_lines(monkeypatch, capfd):
     assert json.loads(out)["outcome"] == "ok"
     noise = [line for line in err.splitlines() if line.startswith(("USDT:", "STAGE:")) or "[transformers]" in line]
     assert noise == []
+
+
+def test_remote_code_never_comes_from_another_repository_or_a_shadowing_folder(tmp_path, monkeypatch):
+    from memest.errors import UnsupportedArchitectureError
+    from memest.meta import _remote_code_location
+    from memest.sources.config import HFConfig
+
+    raw = {"model_type": "x", "auto_map": {"AutoConfig": "other/repo--configuration_x.XConfig"}}
+    named = HFConfig(raw, name="named", source="hub", code_from="org/named")
+    with pytest.raises(UnsupportedArchitectureError, match="loads code from another repository"):
+        _remote_code_location(named)
+    # a Hub id that is also a folder of the working directory: transformers would import the folder's code
+    (tmp_path / "org" / "named").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    hub = HFConfig({"model_type": "x", "auto_map": {"AutoConfig": "configuration_x.XConfig"}}, name="org/named",
+                   source="hub", code_from="org/named")
+    with pytest.raises(UnsupportedArchitectureError, match="names both a Hub repository and a folder"):
+        _remote_code_location(hub)
+    # a config built in memory comes from nowhere code may be read
+    with pytest.raises(UnsupportedArchitectureError, match="not read from a folder or a Hub repository"):
+        _remote_code_location(HFConfig(raw, name="mem", source="memory"))
