@@ -136,16 +136,19 @@ def _cannot_write(path: Path, exc: OSError) -> InputError:
 def check_writable_folder(folder: Path) -> None:
     """Refuse a records folder that cannot be written (checked before a run, so no measurement is lost).
 
-    Creates the folder when absent.
+    Creates nothing: the folder, or the nearest folder above it that exists (where it would be
+    created), must be a writable directory.
 
     Raises:
-        InputError: the folder cannot be created, is not a folder, or is not writable.
+        InputError: something on the way is not a folder, or the folder cannot be written.
     """
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _cannot_write(folder, exc) from exc
-    if not os.access(folder, os.W_OK | os.X_OK):
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"cannot write calibration records to {str(folder)!r}: {str(existing)!r} is not a folder; "
+                         "pass --results-dir to a writable folder or --no-record")
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise _cannot_write(folder, PermissionError(13, "Permission denied"))
 
 
