@@ -20,32 +20,23 @@ import pytest
 
 from memest import cli
 
+from conftest import TINY_LLAMA as TINY  # 2 layers, hidden 64: 202,048 parameters (derived there)
+from inprocess import run_memest
+
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "MEMEST_DEBUG")} | {"HF_HUB_OFFLINE": "1",
                                                                                      "PYTHONPATH": str(ROOT)}
-TINY = {  # a 2-layer Llama: hidden 64, 4 heads of 16, vocab 128
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
-    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
-}
 
 
-def memest(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+def memest(*argv: str) -> tuple[int, str, str]:
     """Run ``memest ARGV`` through the CLI's error boundary in this process: (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["memest", *argv])
-    monkeypatch.delenv("MEMEST_DEBUG", raising=False)
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
+    result = run_memest(*argv, env=ENV)
+    return result.returncode, result.stdout, result.stderr
 
 
-def refused(monkeypatch, capsys, *argv: str) -> str:
+def refused(*argv: str) -> str:
     """The one-line message of a refused input (exit code 2, no traceback)."""
-    code, out, err = memest(monkeypatch, capsys, *argv)
+    code, out, err = memest(*argv)
     assert code == 2, (code, out[-2000:], err[-2000:])
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: "), err
@@ -86,6 +77,7 @@ def _remote_folder(folder: Path, marker: Path) -> None:
     (folder / "modeling_remote.py").write_text(_REMOTE_MODEL)
 
 
+@pytest.mark.slow
 def test_remote_code_runs_from_the_named_folder_not_the_cwd(tmp_path):
     # /tmp/x/named/remote is the folder the user names; /tmp/x/cwd/remote is a decoy of the same base
     # name in the working directory. Only the named folder's configuration_remote.py may run.
@@ -99,16 +91,16 @@ def test_remote_code_runs_from_the_named_folder_not_the_cwd(tmp_path):
     assert (tmp_path / "named.marker").exists(), proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stderr == ""  # no transformers warnings (torch_dtype deprecation) unless MEMEST_DEBUG=1
-    # 2 layers x (4 x 64x64 attention + 3 x 64x128 MLP + 2 x 64 norms) + 2 x 128x64 (embedding, head) + 64
-    # = 2 x (16384 + 24576 + 128) + 16384 + 64 = 82176 + 16384 + 64 = 98624
-    assert json.loads(proc.stdout)["model"]["num_params"] == 98624
+    # built from the named folder's classes (a LlamaForCausalLM): the 202,048 parameters of tests/conftest.py's
+    # TINY_LLAMA, derived there by hand
+    assert json.loads(proc.stdout)["model"]["num_params"] == 202_048
 
 
-def test_remote_code_never_runs_without_the_flag(tmp_path, monkeypatch, capsys):
+def test_remote_code_never_runs_without_the_flag(tmp_path, monkeypatch):
     named = tmp_path / "remote"
     _remote_folder(named, tmp_path / "named.marker")
     monkeypatch.chdir(tmp_path)
-    message = refused(monkeypatch, capsys, "hf", str(named))
+    message = refused("hf", str(named))
     assert "--trust-remote-code" in message
     assert not (tmp_path / "named.marker").exists()
 
@@ -161,7 +153,7 @@ def test_a_cut_record_is_skipped_and_reported_and_the_next_is_not_glued_to_it(tm
 
 # ---- calibrate checks every input before the run and never loses a measurement --------------------
 
-TINY_LLAMA = str(ROOT / "calibrate" / "models" / "tiny-llama")
+TINY_FOLDER = str(ROOT / "calibrate" / "models" / "tiny-llama")  # max_position_embeddings 1024, no weights
 
 
 @pytest.fixture
@@ -176,22 +168,23 @@ def no_run(monkeypatch):
 
 
 @pytest.mark.usefixtures("no_run")
-def test_calibrate_refuses_a_bad_headroom_before_the_run(tmp_path, monkeypatch, capsys):
-    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len", "32",
+def test_calibrate_refuses_a_bad_headroom_before_the_run(tmp_path):
+    message = refused("calibrate", TINY_FOLDER, "--device", "cpu", "--train", "--seq-len", "32",
                       "--headroom", "1.5", "--results-dir", str(tmp_path))
     assert "--headroom 1.5" in message
 
 
 @pytest.mark.usefixtures("no_run")
-def test_calibrate_refuses_an_unwritable_results_dir_before_the_run(tmp_path, monkeypatch, capsys):
+def test_calibrate_refuses_an_unwritable_results_dir_before_the_run(tmp_path):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
-    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len", "32",
+    message = refused("calibrate", TINY_FOLDER, "--device", "cpu", "--train", "--seq-len", "32",
                       "--results-dir", str(not_a_folder / "results"))
     assert str(not_a_folder / "results") in message and "--results-dir" in message
 
 
-def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch, capsys):
+@pytest.mark.slow
+def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch):
     from memest.calibration import records
     from memest.errors import InputError
 
@@ -199,7 +192,7 @@ def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch
         raise InputError(f"could not append the calibration record to {str(path)!r} (No space left on device)")
 
     monkeypatch.setattr(records, "append_record", append_record)
-    code, out, err = memest(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--seq-len",
+    code, out, err = memest("calibrate", TINY_FOLDER, "--device", "cpu", "--train", "--seq-len",
                             "32", "--results-dir", str(tmp_path), "--json")
     assert code == 2, err
     assert json.loads(out)["measured"][0]["peak_allocated_bytes"] > 0  # the measurement, printed
@@ -210,11 +203,12 @@ def test_calibrate_prints_the_measurement_it_cannot_record(tmp_path, monkeypatch
 # ---- ZeRO stages 2 and 3 calibrate on the CPU ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["2", "3"])
-def test_cpu_calibration_of_zero_stages_runs(stage, monkeypatch, capsys):
+def test_cpu_calibration_of_zero_stages_runs(stage):
     # FSDP2 (ZeRO 2/3) makes the parameters, and the fp32 masters copied from them, DTensors: wrappers
     # without a storage of their own, whose storage pointer cannot be read (the local shard's can)
-    code, out, err = memest(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--no-record", "--train",
+    code, out, err = memest("calibrate", TINY_FOLDER, "--device", "cpu", "--no-record", "--train",
                             "--zero-stage", stage, "--seq-len", "64", "--json")
     assert code == 0, err[-3000:]
     rec = json.loads(out)
@@ -269,17 +263,17 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize(("raw", "fragment"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
-def test_a_malformed_config_is_refused_in_one_line(raw, fragment, tmp_path, monkeypatch, capsys):
+def test_a_malformed_config_is_refused_in_one_line(raw, fragment, tmp_path):
     name = "params.json" if "dim" in raw else "config.json"
     write_config(tmp_path / "model", raw, name)
-    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path / "model"))
+    assert fragment in refused("hf", str(tmp_path / "model"))
 
 
-def test_a_model_above_the_parameter_bound_is_refused(tmp_path, monkeypatch, capsys):
+def test_a_model_above_the_parameter_bound_is_refused(tmp_path):
     # every size within 2^31, but 1,000 layers x 3 x (2^20 x 2^24) MLP weights = 5.3e16 parameters > 1e14
     write_config(tmp_path / "model", dict(TINY, hidden_size=2**20, intermediate_size=2**24, num_hidden_layers=1000,
                                           num_attention_heads=2**10, num_key_value_heads=2**10))
-    message = refused(monkeypatch, capsys, "hf", str(tmp_path / "model"))
+    message = refused("hf", str(tmp_path / "model"))
     assert "parameters, more than memest's bound of 1e+14" in message
 
 
@@ -287,23 +281,23 @@ BAD_FILES = [
     # (id, the bytes of config.json, a fragment the message must hold)
     ("deep-json", b"[" * 100_000 + b"]" * 100_000, "nests lists or objects too deeply"),
     ("deep-object", b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", "more than 64 levels deep"),
-    ("5000-digit-int", json.dumps(TINY).replace('"vocab_size": 128', '"vocab_size": ' + "1" * 5000).encode(),
+    ("5000-digit-int", json.dumps(TINY).replace('"vocab_size": 1000', '"vocab_size": ' + "1" * 5000).encode(),
      "holds a number too long to read"),
-    ("10^400", json.dumps(TINY).replace('"vocab_size": 128', '"vocab_size": 1e400').encode(), "'vocab_size' is inf"),
+    ("10^400", json.dumps(TINY).replace('"vocab_size": 1000', '"vocab_size": 1e400').encode(), "'vocab_size' is inf"),
     ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "is a binary file, not a JSON config"),
     ("latin-1", '{"model_type": "llama", "name": "café"}'.encode("latin-1"), "is not UTF-8 text (byte 0xe9"),
 ]
 
 
 @pytest.mark.parametrize(("data", "fragment"), [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES])
-def test_a_bad_config_file_is_refused_in_one_line(data, fragment, tmp_path, monkeypatch, capsys):
+def test_a_bad_config_file_is_refused_in_one_line(data, fragment, tmp_path):
     (tmp_path / "config.json").write_bytes(data)
-    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path / "config.json"))
+    assert fragment in refused("hf", str(tmp_path / "config.json"))
 
 
-def test_an_over_long_file_name_is_refused(tmp_path, monkeypatch, capsys):
+def test_an_over_long_file_name_is_refused(tmp_path):
     long = str(tmp_path / ("a" * 300))  # NAME_MAX is 255 on Linux file systems
-    assert "File name too long" in refused(monkeypatch, capsys, "hf", long)
+    assert "File name too long" in refused("hf", long)
 
 
 def _dangling(folder: Path) -> None:
@@ -322,13 +316,13 @@ def _fifo(folder: Path) -> None:
                                                 (_directory, "is a directory, not a config file"),
                                                 (_fifo, "is a FIFO (named pipe), not a config file")],
                          ids=["dangling-symlink", "directory", "fifo"])
-def test_a_config_json_that_is_not_a_file_says_what_it_is(make, fragment, tmp_path, monkeypatch, capsys):
+def test_a_config_json_that_is_not_a_file_says_what_it_is(make, fragment, tmp_path):
     make(tmp_path)
-    assert fragment in refused(monkeypatch, capsys, "hf", str(tmp_path))
+    assert fragment in refused("hf", str(tmp_path))
 
 
-def test_a_character_device_is_refused_without_reading_it(monkeypatch, capsys):
-    assert "'/dev/zero' is a character device" in refused(monkeypatch, capsys, "hf", "/dev/zero")
+def test_a_character_device_is_refused_without_reading_it():
+    assert "'/dev/zero' is a character device" in refused("hf", "/dev/zero")
 
 
 # ---- calibrate and plan refuse what would hang or crash, before any work -------------------------
@@ -342,14 +336,14 @@ def test_a_character_device_is_refused_without_reading_it(monkeypatch, capsys):
     # the folder holds only config.json
     (("--weights",), "holds no weight files"),
 ], ids=["steps-2^31", "seq-len-beyond-positions", "weights-without-weights"])
-def test_calibrate_refuses_before_the_run(args, fragment, monkeypatch, capsys):
-    message = refused(monkeypatch, capsys, "calibrate", TINY_LLAMA, "--device", "cpu", "--train", "--no-record", *args)
+def test_calibrate_refuses_before_the_run(args, fragment):
+    message = refused("calibrate", TINY_FOLDER, "--device", "cpu", "--train", "--no-record", *args)
     assert fragment in message
 
 
-def test_calibrate_refuses_a_suite_that_is_a_json_list(tmp_path, monkeypatch, capsys):
+def test_calibrate_refuses_a_suite_that_is_a_json_list(tmp_path):
     (tmp_path / "suite.json").write_text("[1, 2]")
-    message = refused(monkeypatch, capsys, "calibrate", "--suite", str(tmp_path / "suite.json"))
+    message = refused("calibrate", "--suite", str(tmp_path / "suite.json"))
     assert "must be a JSON object with a 'cases' list" in message
 
 
@@ -358,19 +352,19 @@ def test_calibrate_refuses_a_suite_that_is_a_json_list(tmp_path, monkeypatch, ca
     (lambda d: (d / "prices.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe") and d / "prices.bin",
      "is not UTF-8 text"),
 ], ids=["directory", "binary"])
-def test_plan_costs_refuses_what_is_not_a_price_file(make, fragment, tmp_path, monkeypatch, capsys):
-    message = refused(monkeypatch, capsys, "plan", TINY_LLAMA, "--train", "--costs", str(make(tmp_path)))
+def test_plan_costs_refuses_what_is_not_a_price_file(make, fragment, tmp_path):
+    message = refused("plan", TINY_FOLDER, "--train", "--costs", str(make(tmp_path)))
     assert fragment in message
 
 
-def test_quantizing_an_already_quantized_checkpoint_is_refused(monkeypatch, capsys):
+def test_quantizing_an_already_quantized_checkpoint_is_refused():
     # DeepSeek-V3's checkpoint is fp8 (quantization_config quant_method "fp8", weight_block_size [128, 128])
-    message = refused(monkeypatch, capsys, "hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "int4")
+    message = refused("hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "int4")
     assert "--quantization int4" in message and "already quantized (fp8" in message
 
 
-def test_the_checkpoints_own_quantization_may_be_named(monkeypatch, capsys):
-    code, _, err = memest(monkeypatch, capsys, "hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "fp8",
+def test_the_checkpoints_own_quantization_may_be_named():
+    code, _, err = memest("hf", "deepseek-ai/DeepSeek-V3", "--serve", "--quantization", "fp8",
                           "--gpus", "8", "--json")
     assert code == 0, err
 
@@ -379,19 +373,19 @@ def test_the_checkpoints_own_quantization_may_be_named(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--seq-len", "abc"), ("--headroom", "ten"), ("--micro-batch-size", "1.5")])
-def test_a_non_numeric_flag_value_is_echoed(flag, value, monkeypatch, capsys):
-    message = refused(monkeypatch, capsys, "hf", "meta-llama/Llama-2-7b-hf", "--train", flag, value)
+def test_a_non_numeric_flag_value_is_echoed(flag, value):
+    message = refused("hf", "meta-llama/Llama-2-7b-hf", "--train", flag, value)
     assert f"{value!r}" in message and flag in message
 
 
-def test_ctrl_c_prints_one_interrupted_line(monkeypatch, capsys):
+def test_ctrl_c_prints_one_interrupted_line(monkeypatch):
     from memest import plan
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(plan, "assess", interrupted)
-    code, out, err = memest(monkeypatch, capsys, "hf", "meta-llama/Llama-2-7b-hf", "--train")
+    code, out, err = memest("hf", "meta-llama/Llama-2-7b-hf", "--train")
     assert (code, out, err) == (130, "", "Interrupted.\n")
 
 
@@ -410,9 +404,10 @@ def test_sigint_prints_one_interrupted_line(delay):
     assert (proc.returncode, err) == (130, "Interrupted.\n"), err[-2000:]
 
 
+@pytest.mark.slow
 def test_cpu_calibration_prints_no_profiler_lines(monkeypatch, capfd):
     # kineto writes "USDT: ... profiler_start" / "profiler_stop" to file descriptor 2 around every step
-    monkeypatch.setattr(sys, "argv", ["memest", "calibrate", TINY_LLAMA, "--device", "cpu", "--no-record", "--train",
+    monkeypatch.setattr(sys, "argv", ["memest", "calibrate", TINY_FOLDER, "--device", "cpu", "--no-record", "--train",
                                       "--seq-len", "32", "--steps", "2", "--json"])
     monkeypatch.delenv("MEMEST_DEBUG", raising=False)
     code = 0
