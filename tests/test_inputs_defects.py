@@ -214,6 +214,12 @@ def test_cpu_calibration_of_zero_stages_runs(stage):
     rec = json.loads(out)
     assert rec["inputs"]["workload"]["parallelism"]["zero_stage"] == int(stage)
     assert rec["measured"][0]["peak_allocated_bytes"] > 0
+    # the profiler's categories do not see DTensor parameters: the rows compare the storages the job
+    # holds. Mixed precision AdamW: bf16 weights 2 B per parameter; fp32 master 4 B + exp_avg 4 B +
+    # exp_avg_sq 4 B = 12 B per parameter, so the states are 6 x the weights (one process: no sharding)
+    measured = {row["name"]: row["measured"] for row in rec["comparison"]["ranks"][0]["rows"]}
+    assert measured["weights"] > 0
+    assert measured["optimizer_states"] / measured["weights"] == pytest.approx(6, rel=0.01)
 
 
 # ---- malformed configs: one line, exit 2 (never a crash, never accepted) --------------------------
