@@ -385,12 +385,12 @@ def test_a_non_numeric_flag_value_is_echoed(flag, value):
 
 
 def test_ctrl_c_prints_one_interrupted_line(monkeypatch):
-    from memest import plan
+    from memest import api
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(plan, "assess", interrupted)
+    monkeypatch.setattr(api, "estimate_values", interrupted)
     code, out, err = memest("hf", "meta-llama/Llama-2-7b-hf", "--train")
     assert (code, out, err) == (130, "", "Interrupted.\n")
 
@@ -430,7 +430,7 @@ def test_cpu_calibration_prints_no_profiler_lines(monkeypatch, capfd):
 
 def test_remote_code_never_comes_from_another_repository_or_a_shadowing_folder(tmp_path, monkeypatch):
     from memest.errors import UnsupportedArchitectureError
-    from memest.meta import _remote_code_location
+    from memest.sources.meta import _remote_code_location
     from memest.sources.config import HFConfig
 
     raw = {"model_type": "x", "auto_map": {"AutoConfig": "other/repo--configuration_x.XConfig"}}
