@@ -7,10 +7,10 @@ like the model's ``__init__``. Shapes follow ``nn.Linear``: weight ``(out_featur
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from typing import Any
 
 from memest.errors import ConfigError
-from memest.sources.config import HFConfig, checked_int
+from memest.sources.config import HFConfig
+from memest.sources.quantization import block_shape, compressed_tensors_spec, group_size, module_list, quant_bits
 from memest.spec import (
     AttentionSpec,
     BufferSpec,
@@ -269,8 +269,6 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
             compute_dtype=str(q["bnb_4bit_compute_dtype"]) if four and q.get("bnb_4bit_compute_dtype") else None,
         )
     if method == "compressed-tensors":
-        from memest.sources.quantization import compressed_tensors_spec
-
         return compressed_tensors_spec(q, what)
     if method in ("gptq", "awq"):
         bits_key = "bits" if "bits" in q or "w_bit" not in q else "w_bit"
@@ -290,54 +288,6 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
         return QuantizationSpec(method="mxfp4", bits=4, group_size=32, skip_modules=skip)
     return QuantizationSpec(method=method or "unknown", bits=quant_bits(q.get("bits", 8), f"{what}.bits"),
                             skip_modules=skip)
-
-
-def quant_bits(value: Any, what: str) -> int:
-    """Bits per quantized weight: an integer in 1..16.
-
-    Raises:
-        ConfigError: anything else (``"four"``, null, -4, 0).
-    """
-    return checked_int(value, what, minimum=1, maximum=16)
-
-
-def group_size(value: Any, what: str) -> int | None:
-    """A quantization group size: a positive integer, or -1 / null for one scale per output channel.
-
-    Raises:
-        ConfigError: 0, another negative number, or not an integer.
-    """
-    if value is None:
-        return None
-    if value == -1 and not isinstance(value, bool):
-        return -1
-    return checked_int(value, f"{what} (or -1 for per-channel scales)")
-
-
-def block_shape(value: Any, what: str) -> tuple[int, int] | None:
-    """A block-wise scale's block: two positive integers (``[128, 128]``), or null.
-
-    Raises:
-        ConfigError: anything else (``[128]``, ``128``, ``[0, 0]``).
-    """
-    if value is None:
-        return None
-    if not isinstance(value, list | tuple) or len(value) != 2:
-        raise ConfigError(f"{what} is {value!r}; it must be two positive integers, e.g. [128, 128], or null")
-    return checked_int(value[0], f"{what}[0]"), checked_int(value[1], f"{what}[1]")
-
-
-def module_list(value: Any, what: str) -> tuple[str, ...]:
-    """Module name patterns (``modules_to_not_convert``, ``ignore``): a list of strings, or null.
-
-    Raises:
-        ConfigError: not a list of strings.
-    """
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple) or not all(isinstance(m, str) for m in value):
-        raise ConfigError(f"{what} is {value!r}; it must be a list of module names (e.g. [\"lm_head\"]) or null")
-    return tuple(value)
 
 
 def torch_dtype_of(cfg: HFConfig) -> str | None:
