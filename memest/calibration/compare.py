@@ -21,7 +21,9 @@ What is compared with what:
 
 On CPU the terms that exist only on CUDA (cuBLAS workspace, allocator slack, context) are zero
 because the estimate is made for a CPU device (``arch="cpu"``), so peak allocated compares the
-same tensors. Serving on CPU: tensors of an inference forward are never ACTIVATION (nothing is
+same tensors. Under FSDP2 (ZeRO 2/3) the profiler's categories miss the parameters (DTensors): CPU
+rows are then those of the CUDA column (parameter and optimizer-state storages after the steps,
+the rest at the peak). Serving on CPU: tensors of an inference forward are never ACTIVATION (nothing is
 saved for a backward), so the KV cache and the forward's tensors fall in TEMPORARY / UNKNOWN; only
 weights and the total are compared there.
 """
@@ -149,6 +151,11 @@ def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = Non
             measured_rest = (m.peak_allocated_bytes - m.by_category.get("PARAMETER", 0)
                              if m.peak_allocated_bytes is not None else None)
             out.append(Row("kv cache + activations + logits + workspace", rest, measured_rest, rest_names))
+        elif m.by_category and m.by_category.get("PARAMETER", 0) < static.get("weights", 0):
+            # FSDP2 (ZeRO 2/3): the parameters are DTensors, which the profiler's categories do not see
+            # (PARAMETER misses them, their optimizer states fall in UNKNOWN); compare what the job
+            # holds, as on CUDA
+            out.extend(_held_rows(rank, m, static))
         else:
             # the profiler files fp32 master copies as PARAMETER (the optimizer's params); memest
             # counts them as optimizer states: move them across
@@ -163,6 +170,20 @@ def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = Non
         out.append(Row("peak allocated", rank.allocated_bytes, m.peak_allocated_bytes, total=True))
         return out
 
+    out.extend(_held_rows(rank, m, static))
+    out.append(Row("peak allocated", rank.allocated_bytes, m.peak_allocated_bytes, total=True))
+    out.append(Row("peak reserved", rank.reserved_bytes, m.peak_reserved_bytes, total=True))
+    runtime, r_names = _kind_sum(rank, (Kind.RUNTIME,))
+    out.append(Row("non-torch memory", runtime, m.non_torch_bytes, r_names))
+    context = next((t.bytes for t in rank.terms if t.name == "runtime.cuda_context"), None)
+    out.append(Row("CUDA context (before any tensor)", context, m.cuda_context_bytes, ("runtime.cuda_context",)))
+    out.append(Row("device used", rank.device_used_bytes, m.device_used_bytes, total=True))
+    return out
+
+
+def _held_rows(rank: RankEstimate, m: Measurement, static: dict[str, int]) -> list[Row]:
+    """weights and optimizer states as the job holds them after the steps (``static``), and the rest at the peak."""
+    out: list[Row] = []
     weights, w_names = _kind_sum(rank, (Kind.WEIGHTS,))
     opt, o_names = _kind_sum(rank, (Kind.OPTIMIZER_STATES,))
     m_weights = static.get("weights")
@@ -177,13 +198,6 @@ def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = Non
         m_rest = m.peak_allocated_bytes - m_weights - (m_opt or 0)
     out.append(Row("rest at peak (gradients, activations, logits, kv cache, workspace)",
                    rank.allocated_bytes - weights - opt, m_rest, rest_names))
-    out.append(Row("peak allocated", rank.allocated_bytes, m.peak_allocated_bytes, total=True))
-    out.append(Row("peak reserved", rank.reserved_bytes, m.peak_reserved_bytes, total=True))
-    runtime, r_names = _kind_sum(rank, (Kind.RUNTIME,))
-    out.append(Row("non-torch memory", runtime, m.non_torch_bytes, r_names))
-    context = next((t.bytes for t in rank.terms if t.name == "runtime.cuda_context"), None)
-    out.append(Row("CUDA context (before any tensor)", context, m.cuda_context_bytes, ("runtime.cuda_context",)))
-    out.append(Row("device used", rank.device_used_bytes, m.device_used_bytes, total=True))
     return out
 
 

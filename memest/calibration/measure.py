@@ -62,9 +62,11 @@ torch is imported inside the functions and methods of this module only; importin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -443,7 +445,8 @@ class CpuMeter:
         self._live = live_bytes
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                              with_stack=True)
-        self._prof.__enter__()
+        with _quiet_native_stderr():
+            self._prof.__enter__()
 
     def lap(self, live_bytes: int | None = None) -> None:
         """Between measured steps: analyse the step just profiled, start profiling the next."""
@@ -454,7 +457,8 @@ class CpuMeter:
         prof, self._prof = self._prof, None
         if prof is None:
             return
-        prof.__exit__(None, None, None)
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
         delta = allocations_peak(prof)
         alloc_peak = self._live + delta if self._live is not None else None
         try:
@@ -469,7 +473,8 @@ class CpuMeter:
         if error is None:
             self._close()
         elif self._prof is not None:
-            self._prof.__exit__(None, None, None)
+            with _quiet_native_stderr():
+                self._prof.__exit__(None, None, None)
             self._prof = None
         laps = [lap for lap in self._laps if lap.peak is not None]
         # the steps after the warm-up are identical and a missed free (gloo) only ever adds bytes:
@@ -497,9 +502,36 @@ class CpuMeter:
     def release(self) -> None:
         """Stop a running profile and collect garbage (the CPU allocator frees memory itself)."""
         if self._prof is not None:
-            self._prof.__exit__(None, None, None)
+            with _quiet_native_stderr():
+                self._prof.__exit__(None, None, None)
             self._prof = None
         gc.collect()
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence the native stderr (file descriptor 2) while the profiler starts or stops: kineto logs
+    ``USDT: ... profiler_start`` / ``STAGE: ...`` lines there that no setting turns off. Python's
+    ``sys.stderr`` is flushed first and restored after; with ``MEMEST_DEBUG=1`` nothing is hidden."""
+    import sys
+
+    if os.environ.get("MEMEST_DEBUG", "").strip() not in ("", "0"):
+        yield
+        return
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 (an embedded interpreter)
+        yield
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,10 @@ choice transformers' own ``from_pretrained`` makes.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from memest.errors import MissingDependencyError, UnsupportedArchitectureError
+from memest.errors import InputError, MissingDependencyError, UnsupportedArchitectureError
 from memest.sources.config import HFConfig
 from memest.spec import ModelSpec
 
@@ -97,6 +98,40 @@ def build_model(cfg: HFConfig, spec: ModelSpec, *, device: Any, dtype: Any, attn
         else:
             model = cls._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model
+
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+"""File patterns ``from_pretrained`` loads weights from (safetensors, PyTorch pickles)."""
+
+
+def check_weights(reference: str) -> None:
+    """Refuse ``--weights`` for a reference whose weights cannot be loaded, before anything runs.
+
+    A local folder must hold weight files (:data:`WEIGHT_FILES`); a config file has none; a Hub id
+    needs the Hub, or a cached checkpoint when offline.
+
+    Raises:
+        InputError: no weights to load.
+    """
+    from memest.sources.hub import hub_offline
+
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+            raise InputError(f"--weights loads the checkpoint's weights, but {reference!r} holds no weight files "
+                             "(*.safetensors, *.bin); add them, or drop --weights to run with random ones")
+        return
+    if path.exists():
+        raise InputError(f"--weights needs a model folder or a Hub id; {reference!r} is a file (a config holds no "
+                         "weights): pass its folder, or drop --weights")
+    if hub_offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        if not any(isinstance(try_to_load_from_cache(reference, name), str)
+                   for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                                "pytorch_model.bin.index.json")):
+            raise InputError(f"--weights downloads the weights of {reference!r}, but the Hub is offline "
+                             "(HF_HUB_OFFLINE) and they are not cached; go online, or drop --weights")
 
 
 def decoder_layers(model: Any) -> list[Any]:

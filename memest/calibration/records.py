@@ -5,9 +5,12 @@ reference, workload flags and the resolved workload, steps, processes, random or
 the model's facts, the versions (memest, torch, transformers, peft, CUDA, driver), the device, each
 rank's measurement, the prediction (every term of every rank) and the comparison rows.
 
-Appending is atomic: the whole line is built in memory first, then written with one ``write`` to
-a file opened ``O_APPEND`` and ``fsync``-ed, so concurrent runs never interleave and an interrupted
-run (Ctrl-C before the write) leaves the file as it was — a record is either complete or absent.
+Appending is all or nothing: the whole line is built in memory first, then written under an
+exclusive ``flock`` to a file opened ``O_APPEND`` and ``fsync``-ed, so concurrent runs never
+interleave; a write that fails part-way (disk full, file-size limit) is truncated back to the
+file's previous end, and a file whose last line was cut (by an older memest) gets a newline before
+the new record, so a record is either complete on its own line or absent. The reader skips a line
+that is not a record and reports it as a :class:`BadRecordLine` warning.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import warnings
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -124,43 +128,97 @@ def resolve_reference(reference: str) -> str:
     return str(candidate) if not Path(reference).is_absolute() and candidate.exists() else reference
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one line to ``path`` (created with its folders), atomically.
+def _cannot_write(path: Path, exc: OSError) -> InputError:
+    return InputError(f"cannot write calibration records to {str(path)!r}: {exc.strerror or exc}; "
+                      "pass --results-dir to a writable folder or --no-record")
+
+
+def check_writable_folder(folder: Path) -> None:
+    """Refuse a records folder that cannot be written (checked before a run, so no measurement is lost).
+
+    Creates nothing: the folder, or the nearest folder above it that exists (where it would be
+    created), must be a writable directory.
 
     Raises:
-        InputError: the folder cannot be created or the file written.
+        InputError: something on the way is not a folder, or the folder cannot be written.
     """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"cannot write calibration records to {str(folder)!r}: {str(existing)!r} is not a folder; "
+                         "pass --results-dir to a writable folder or --no-record")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _cannot_write(folder, PermissionError(13, "Permission denied"))
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line to ``path`` (created with its folders): the whole line or nothing.
+
+    Raises:
+        InputError: the folder cannot be created or the file written; the file is left as it was.
+    """
+    import fcntl
+
     data = (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise InputError(f"cannot write calibration records to {str(path)!r}: {exc.strerror}; "
-                         "pass --results-dir to a writable folder or --no-record") from exc
+        raise _cannot_write(path, exc) from exc
     try:
-        written = os.write(fd, data)
-        os.fsync(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        start = os.fstat(fd).st_size
+        if start and os.pread(fd, 1, start - 1) != b"\n":
+            data = b"\n" + data  # the last line was cut: never glue this record to it
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError as exc:
+            os.ftruncate(fd, start)
+            raise InputError(f"could not append the calibration record to {str(path)!r} ({exc.strerror or exc}; "
+                             "the disk may be full); the file was left as it was") from exc
     finally:
-        os.close(fd)
-    if written != len(data):
-        raise InputError(f"short write to {str(path)!r} ({written} of {len(data)} bytes); the disk may be full")
+        os.close(fd)  # releases the lock
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` (a short write is continued; one that fails raises OSError)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(28, "No space left on device")
+        view = view[written:]
+
+
+class BadRecordLine(UserWarning):
+    """A line of a records file that is not a JSON record; it was skipped."""
 
 
 def read_records(paths: Iterable[Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """Every record in the given JSON-lines files, with the file it came from (blank lines skipped).
+    """Every record in the given JSON-lines files, with the file it came from.
 
-    Raises:
-        InputError: a line is not valid JSON (names the file and line).
+    Blank lines are skipped; a line that is not a JSON object (a record cut by a failed write) is
+    skipped and reported as a :class:`BadRecordLine` warning naming the file and line.
     """
     for path in paths:
-        with path.open() as fh:
+        with path.open("rb") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    yield path, json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(f"{str(path)!r} line {n} is not valid JSON ({exc.msg}); remove or fix that line") from exc
+                    rec = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                    why = getattr(exc, "msg", type(exc).__name__)
+                    warnings.warn(BadRecordLine(f"{str(path)!r} line {n} is not valid JSON ({why}); skipped it "
+                                                "(remove or fix that line)"), stacklevel=2)
+                    continue
+                if not isinstance(rec, dict):
+                    warnings.warn(BadRecordLine(f"{str(path)!r} line {n} is a JSON {type(rec).__name__}, not a "
+                                                "record; skipped it (remove or fix that line)"), stacklevel=2)
+                    continue
+                yield path, rec
 
 
 def record_ref(path: Path, record: dict[str, Any], root: Path | None = None) -> str:

@@ -38,6 +38,10 @@ DEFAULT_TRAIN_STEPS = 3
 """Measured training steps after the warm-up (>= 2: the first step creates optimizer states)."""
 DEFAULT_DECODE_STEPS = 8
 """Decode steps after the prefill when serving."""
+MAX_STEPS = 1000
+"""Most measured steps a calibration runs: the peak is reached by the second training step (the
+first creates the optimizer states) and grows by one token per decode step, so more only takes
+longer (and 2^31 steps would never end)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,8 +136,9 @@ def calibration_workload(job: Mapping[str, Any], spec: ModelSpec, nproc: int, st
     if gpus not in (1, nproc):
         raise InputError(f"--gpus {gpus} differs from --nproc {nproc}; calibrate runs one process per device, "
                          f"so pass --nproc {gpus} (or drop --gpus)")
-    if steps is not None and steps < 1:
-        raise InputError(f"--steps is {steps}; it must be at least 1")
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        raise InputError(f"--steps is {steps}; it must be between 1 and {MAX_STEPS:,} (the peak is reached by the "
+                         "second step)")
     values = dict(job, gpus=nproc)
     if not (values["train"] or values["finetune"]):
         values["engine"] = Engine.HF  # what runs: vLLM-only flags are refused as for 'memest hf --engine hf'
@@ -206,6 +211,26 @@ def check_supported(workload: Workload, *, backend: str, nproc: int, spec: Model
         _check_training(workload, backend=backend, nproc=nproc)
     if spec is not None:
         validate(spec, workload)
+        _check_length(spec, workload)
+
+
+def _check_length(spec: ModelSpec, workload: Workload) -> None:
+    """Refuse a sequence longer than the model's ``max_position_embeddings``: calibrate runs the
+    model's code, which was not built for it (and whose attention would run for hours on a CPU);
+    ``memest hf`` still estimates it.
+
+    Raises:
+        InputError: the sequence exceeds the model's positions.
+    """
+    limit = spec.max_position_embeddings
+    if isinstance(workload, TrainingConfig):
+        flag, length = "--seq-len", workload.seq_len
+    else:
+        flag, length = "--max-model-len", workload.max_model_len
+    if limit and length is not None and length > limit:
+        raise InputError(f"{flag} {length:,} is beyond the {limit:,} positions of {spec.name} "
+                         f"(max_position_embeddings); calibrate runs the model, so pass {flag} {limit} or less "
+                         "('memest hf' estimates longer sequences)")
 
 
 def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:

@@ -62,6 +62,10 @@ class Suite:
     root: Path = field(default=Path("."))
 
 
+MAX_SUITE_BYTES = 16 * 2**20
+"""Largest suite file read (the shipped ones are a few KB); a longer one is cut and fails to parse."""
+
+
 def find_suite(name: str, search: tuple[Path, ...] | None = None) -> Path:
     """The file of suite ``name``: a path to a JSON file, or ``calibrate/suites/<name>.json`` in
     the current folder or the memest source tree.
@@ -90,9 +94,15 @@ def load_suite(name: str) -> Suite:
     """
     path = find_suite(name)
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
+        data = json.loads(path.read_bytes()[:MAX_SUITE_BYTES + 1].decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise InputError(f"suite {str(path)!r} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    except (OSError, UnicodeDecodeError, RecursionError, ValueError) as exc:
+        raise InputError(f"cannot read suite {str(path)!r}: {type(exc).__name__}; pass a suite .json "
+                         "(an object with a 'cases' list)") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("cases", []), list):
+        raise InputError(f"suite {str(path)!r} must be a JSON object with a 'cases' list (see calibrate/suites/); "
+                         f"it holds a JSON {type(data).__name__}")
     cases = []
     ids: set[str] = set()
     for i, raw in enumerate(data.get("cases", [])):
@@ -104,12 +114,17 @@ def load_suite(name: str) -> Suite:
         args = raw.get("args", [])
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise InputError(f"suite {str(path)!r} case {raw['id']!r}: 'args' must be a list of strings")
-        cases.append(Case(raw["id"], raw["model"], tuple(args), int(raw.get("nproc", 1))))
+        nproc = raw.get("nproc", 1)
+        if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+            raise InputError(f"suite {str(path)!r} case {raw['id']!r}: 'nproc' is {nproc!r}; it must be a positive "
+                             "integer")
+        cases.append(Case(raw["id"], raw["model"], tuple(args), nproc))
     device = data.get("device", "cuda")
     if device not in ("cuda", "cpu"):
         raise InputError(f"suite {str(path)!r}: device {device!r} must be cuda or cpu")
+    parents = path.resolve().parents
     return Suite(str(data.get("name", path.stem)), device, str(data.get("description", "")), tuple(cases),
-                 root=path.resolve().parents[2])
+                 root=parents[2] if len(parents) > 2 else parents[-1])
 
 
 def case_command(suite: Suite, case: Case, *, device: str, steps: int | None, record: bool,

@@ -183,8 +183,7 @@ class MasterWeightsOptimizer:
 
 
 def optimizer_state_tensors(opt: Any) -> Iterator[Any]:
-    """Every tensor an optimizer holds as state (masters included for :class:`MasterWeightsOptimizer`;
-    the local shard of a DTensor state)."""
+    """Every tensor an optimizer holds as state (masters included for :class:`MasterWeightsOptimizer`)."""
     import torch
 
     if isinstance(opt, MasterWeightsOptimizer):
@@ -194,15 +193,19 @@ def optimizer_state_tensors(opt: Any) -> Iterator[Any]:
     for per_param in state.values():
         for value in per_param.values():
             if isinstance(value, torch.Tensor):
-                yield getattr(value, "_local_tensor", value)
+                yield value
 
 
 def tensors_bytes(tensors: Any) -> int:
-    """Bytes of the distinct storages among ``tensors``."""
+    """Bytes of the distinct storages among ``tensors`` (of a DTensor: its local shard's storage).
+
+    A DTensor (FSDP2's sharded parameters, and the masters and optimizer states made from them) is
+    a wrapper without storage of its own: reading its storage's pointer raises, so it is unwrapped.
+    """
     seen: set[int] = set()
     total = 0
     for t in tensors:
-        storage = t.untyped_storage()
+        storage = getattr(t, "_local_tensor", t).untyped_storage()
         if storage.data_ptr() in seen or storage.nbytes() == 0:
             continue
         seen.add(storage.data_ptr())
@@ -333,8 +336,8 @@ class TrainingSession:
         import itertools
 
         tensors = itertools.chain(
-            (getattr(p, "_local_tensor", p) for p in self.weights_module.parameters()),
-            (getattr(b, "_local_tensor", b) for b in self.weights_module.buffers()),
+            self.weights_module.parameters(),
+            self.weights_module.buffers(),
             optimizer_state_tensors(self.optimizer),
             (v for v in self.batch.values()),
         )

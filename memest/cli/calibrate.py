@@ -90,32 +90,45 @@ def calibrate_command(
         raise InputError(f"--gpu {job.gpu} with --device cpu: calibrate measures the device it runs on (here the "
                          "CPU) and predicts for it; drop --gpu, or run on the GPU with --device cuda")
     from memest.calibration.compare import device_slug, evaluate
-    from memest.calibration.records import append_record, build_record
+    from memest.calibration.records import append_record, build_record, check_writable_folder
     from memest.calibration.request import Request, calibration_workload, check_supported, flags_of
     from memest.calibration.runner import default_steps, run
     from memest.sources import load_model
 
+    headroom = job.headroom  # every input is checked before any work: a finished measurement is never refused
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
     workload = calibration_workload(job.values, spec, nproc, steps)
     check_supported(workload, backend=device.value, nproc=nproc, spec=spec)
     _check_cpu_run(spec, workload, device, nproc)
+    if weights:
+        from memest.calibration.models import check_weights
+
+        check_weights(model)
+    records_dir = results_dir or Path("calibrate") / "results"
+    if record:
+        check_writable_folder(records_dir)
     request = Request(model=model, flags=flags_of(job.values), backend=device.value, steps=steps, nproc=nproc, weights=weights,
                       tag=record_tag)
     n_steps = default_steps(request, workload, spec)
     payloads = run(request, progress=_progress())
     if payloads is None:  # a non-zero rank inside torchrun: rank 0 reports
         return
-    result = evaluate(spec, workload, payloads, headroom=job.headroom)
+    result = evaluate(spec, workload, payloads, headroom=headroom)
     rec = build_record(request=request, spec=spec, workload=workload, device=result.device, estimate=result.estimate,
                        comparisons=list(result.ranks), verdict=result.verdict, payloads=payloads, steps=n_steps)
-    where = None
+    where, not_recorded = None, None
     if record:
-        where = (results_dir or Path("calibrate") / "results") / f"{device_slug(result.device)}.jsonl"
-        append_record(where, rec)
+        where = records_dir / f"{device_slug(result.device)}.jsonl"
+        try:
+            append_record(where, rec)
+        except InputError as exc:  # e.g. the disk filled during the run: print the measurement, then fail
+            where, not_recorded = None, exc
     if json_:
         typer.echo(json.dumps(rec, indent=2))
     else:
         _console().print(render(spec, workload, result, rec, where))
+    if not_recorded is not None:
+        raise InputError(f"{not_recorded}; the measurement printed above was not recorded")
     if not result.fits:
         raise typer.Exit(EXIT_NO_FIT)
 

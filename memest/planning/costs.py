@@ -204,6 +204,10 @@ def parse_cost_flags(values: Iterable[str]) -> dict[str, float]:
     return out
 
 
+MAX_COST_FILE_BYTES = 2**20
+"""Largest ``--costs`` file read (1 MiB holds prices for every device many times over)."""
+
+
 def read_cost_file(path: str | Path) -> dict[str, float]:
     """A ``--costs FILE``: a JSON object of device name -> USD per device-hour.
 
@@ -211,12 +215,22 @@ def read_cost_file(path: str | Path) -> dict[str, float]:
         InputError: the file is missing, not JSON, or not an object of numbers.
     """
     p = Path(path).expanduser()
+    example = 'pass a JSON object like {"H100": 2.49}'
+    if p.exists() and not p.is_file():
+        raise InputError(f"--costs {str(path)!r} is {'a directory' if p.is_dir() else 'not a regular file'}; {example}")
     try:
-        raw = json.loads(p.read_text())
+        with p.open("rb") as fh:
+            data = fh.read(MAX_COST_FILE_BYTES + 1)
+        raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
-        raise InputError(f"--costs {str(path)!r}: no such file; pass a JSON object like {{\"H100\": 2.49}}") from None
+        raise InputError(f"--costs {str(path)!r}: no such file; {example}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"--costs {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(raw, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in raw.values()):
+    except UnicodeDecodeError:
+        raise InputError(f"--costs {str(path)!r} is not UTF-8 text (a binary file?); {example}") from None
+    except (OSError, RecursionError, ValueError) as exc:
+        raise InputError(f"--costs {str(path)!r} cannot be read ({type(exc).__name__}); {example}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                                            and v >= 0 for v in raw.values()):
         raise InputError(f"--costs {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}")
     return {str(k): float(v) for k, v in raw.items()}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from memest.errors import InputError, UnknownModelError, UnsupportedArchitectureError
 from memest.sources import catalog
-from memest.sources.config import HFConfig
+from memest.sources.config import HFConfig, check_parameter_count, validate_fields
 from memest.sources.families import ADAPTERS, supported_model_types
 from memest.sources.hub import HubUnreachableError, fetch_config, hub_offline
 from memest.sources.local import read_local
@@ -42,20 +42,22 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     if not ref:
         raise UnknownModelError("empty model reference; pass a Hub id, a catalog name or a path (see 'memest models')")
     path = Path(ref).expanduser()
-    if path.exists():
+    if _exists(path):
         if revision is not None:
             raise InputError(f"{{revision}} {revision!r} names a Hub revision, but {ref!r} is a local path; drop "
                              "{revision} (or check out that revision there)", field="revision")
         raw, where = read_local(path)
-        return HFConfig(raw, name=_local_name(path), source=where)
+        return HFConfig(raw, name=_local_name(path), source=where, code_from=str(Path(where).resolve().parent))
     hit = catalog.resolve(ref)
     if hit is not None:
         if revision is None:
-            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
+            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note,
+                            code_from=hit.model_id)
         why = "the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
-                return HFConfig(fetch_config(hit.model_id, revision=revision), name=hit.model_id, source="hub")
+                return HFConfig(fetch_config(hit.model_id, revision=revision), name=hit.model_id, source="hub",
+                                code_from=hit.model_id)
             except HubUnreachableError as exc:
                 why = f"the Hub is unreachable: {exc}"
         raise InputError(f"{{revision}} {revision!r} needs the Hub, and {why}: the offline catalog holds one revision "
@@ -67,7 +69,7 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
         why = "not in the offline catalog and the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
-                return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub")
+                return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub", code_from=ref)
             except HubUnreachableError as exc:
                 why = f"not in the offline catalog and the Hub is unreachable: {exc}"
     matches = catalog.close_matches(ref)
@@ -83,8 +85,10 @@ def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> Model
 
     Raises:
         UnsupportedArchitectureError: no adapter, and the model cannot be built on the meta device.
-        ConfigError: the config lacks or mangles a field the adapter needs.
+        ConfigError: the config lacks or mangles a field the adapter needs, or its sizes are out of
+            bounds (see :mod:`memest.sources.config`).
     """
+    validate_fields(cfg)
     adapter = ADAPTERS.get(cfg.model_type)
     if adapter is not None:
         spec = adapter(cfg)
@@ -96,6 +100,7 @@ def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> Model
             spec = spec.replace(notes=(*spec.notes, f"only the {text_type} language model of this {cfg.model_type} checkpoint is counted"))
         else:
             spec = _spec_on_meta(cfg, trust_remote_code=trust_remote_code)
+    check_parameter_count(cfg.name, spec.num_params)
     if cfg.note:
         spec = spec.replace(notes=(cfg.note, *spec.notes))
     return spec
@@ -125,6 +130,20 @@ def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
             f"(supported: {', '.join(supported_model_types())}) and building it on the meta device failed: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
+
+
+def _exists(path: Path) -> bool:
+    """True when ``path`` names something on disk (a dangling symlink too, so it can be reported).
+
+    Raises:
+        UnknownModelError: the name is too long for the file system, or cannot be checked.
+    """
+    try:
+        return path.exists() or path.is_symlink()
+    except OSError as exc:
+        shown = str(path) if len(str(path)) <= 80 else f"{str(path)[:60]}… ({len(str(path)):,} characters)"
+        raise UnknownModelError(f"cannot look up {shown!r}: {exc.strerror or exc}; pass a shorter path, a Hub id or "
+                                "a catalog name") from exc
 
 
 def _looks_like_path(ref: str) -> bool:

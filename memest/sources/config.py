@@ -14,6 +14,25 @@ from memest.errors import ConfigError
 
 _MISSING: Any = object()
 
+MAX_DIMENSION = 2**31
+"""Largest integer a config field may hold (a width, a vocabulary, a context length, a count): the
+largest dimension of any released model is below 2^24 (vocabularies of 256k, contexts of 10M
+tokens), and a tensor dimension beyond 2^31 is a typo or a hostile file, not a model."""
+
+MAX_LAYERS = 10_000
+"""Most layers a config may declare (the deepest released decoders have ~100-200); one bound so that
+a mistyped ``num_hidden_layers`` (1e9) is refused at once instead of building a billion-layer spec."""
+
+LAYER_COUNT_KEYS = frozenset({
+    "num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers",
+    "decoder_layers", "num_encoder_layers",
+})
+"""Config keys that count layers (bounded by :data:`MAX_LAYERS`)."""
+
+MAX_PARAMETERS = 10**14
+"""Most parameters a model may have (100 T; the largest released models have ~2 T): above it the
+config's sizes are mistyped and every estimate would be nonsense (1e37 B)."""
+
 
 class HFConfig:
     """A config dict plus the name and source it was loaded from.
@@ -23,15 +42,20 @@ class HFConfig:
         name: The model reference, for messages and for the ModelSpec.
         source: Where it was read (``catalog``, a file path, ``hub``).
         note: What the user should know about how it was resolved (a catalog variant).
+        code_from: The only place the model's own code (``auto_map``) may be loaded from, with
+            ``--trust-remote-code``: the absolute path of the folder the config was read from, or
+            the Hub repository it was fetched from; None when it has no such place.
     """
 
-    def __init__(self, raw: Mapping[str, Any], *, name: str, source: str, note: str = "") -> None:
+    def __init__(self, raw: Mapping[str, Any], *, name: str, source: str, note: str = "",
+                 code_from: str | None = None) -> None:
         if not isinstance(raw, Mapping):
             raise ConfigError(f"config of {name!r} is a {type(raw).__name__}, not a JSON object; pass a config.json")
         self.raw: dict[str, Any] = dict(raw)
         self.name = name
         self.source = source
         self.note = note
+        self.code_from = code_from
 
     # ---- identity ----
 
@@ -56,7 +80,7 @@ class HFConfig:
         """The language-model part: ``text_config`` of a multimodal config, else this config."""
         sub = self.raw.get("text_config")
         if isinstance(sub, Mapping):
-            return HFConfig(sub, name=self.name, source=self.source)
+            return HFConfig(sub, name=self.name, source=self.source, code_from=self.code_from)
         return self
 
     def sub(self, key: str) -> HFConfig:
@@ -64,7 +88,7 @@ class HFConfig:
         value = self.raw.get(key)
         if not isinstance(value, Mapping):
             raise ConfigError(f"config of {self.name!r} has no {key!r} section; pass the complete config.json")
-        return HFConfig(value, name=self.name, source=self.source)
+        return HFConfig(value, name=self.name, source=self.source, code_from=self.code_from)
 
     def with_defaults(self, defaults: Mapping[str, Any], *, aliases: Mapping[str, str] | None = None) -> HFConfig:
         """A copy in which absent fields take the transformers config class's defaults.
@@ -86,7 +110,7 @@ class HFConfig:
         for key, value in defaults.items():
             if key not in raw:
                 raw[key] = value
-        return HFConfig(raw, name=self.name, source=self.source, note=self.note)
+        return HFConfig(raw, name=self.name, source=self.source, note=self.note, code_from=self.code_from)
 
     # ---- typed getters: the first key present wins; aliases cover renamed fields ----
 
@@ -112,21 +136,21 @@ class HFConfig:
             )
         return default
 
-    def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1) -> int:
-        """An integer field, at least ``minimum``.
+    def int(self, *keys: str, default: Any = _MISSING, minimum: int = 1, maximum: int | None = None) -> int:
+        """An integer field, at least ``minimum`` and at most ``maximum``.
+
+        ``maximum`` defaults to :data:`MAX_LAYERS` for a layer count (:data:`LAYER_COUNT_KEYS`) and
+        :data:`MAX_DIMENSION` otherwise: every integer an adapter reads is bounded here, once.
 
         Raises:
-            ConfigError: missing (without default), not an integer, or below ``minimum``.
+            ConfigError: missing (without default), not an integer, or out of bounds.
         """
         value = self.get(*keys, default=default)
         if value is default and default is not _MISSING:
             return value  # type: ignore[no-any-return]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-                or int(value) != value:
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be an integer")
-        if value < minimum:
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be at least {minimum}")
-        return int(value)
+        key = next((k for k in keys if self.raw.get(k) is not None), keys[0])
+        return checked_int(value, f"config of {self.name!r}: {key!r}", minimum=minimum,
+                           maximum=maximum if maximum is not None else size_bound(key))
 
     def bool(self, *keys: str, default: Any = _MISSING) -> bool:
         """A boolean field.
@@ -173,3 +197,114 @@ class HFConfig:
                 f"{denominator_key} ({denominator}); set 'head_dim' explicitly or fix the config"
             )
         return numerator // denominator
+
+
+def size_bound(key: str) -> int:
+    """The largest value an integer config field ``key`` may hold."""
+    return MAX_LAYERS if key in LAYER_COUNT_KEYS else MAX_DIMENSION
+
+
+def checked_int(value: Any, what: str, *, minimum: int = 1, maximum: int = MAX_DIMENSION) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; ``what`` names it in the message.
+
+    Raises:
+        ConfigError: ``value`` is not an integer (a bool, a string, a fraction, NaN) or out of bounds.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or int(value) != value:
+        raise ConfigError(f"{what} is {_shown(value)}; it must be an integer")
+    if value < minimum:
+        raise ConfigError(f"{what} is {_shown(value)}; it must be at least {minimum}")
+    if value > maximum:
+        raise ConfigError(f"{what} is {_shown(value)}; memest accepts at most {maximum:,} "
+                          f"({'layers' if maximum == MAX_LAYERS else '2^31'}): fix the config")
+    return int(value)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, shortened for a one-line message (a 4,000-digit number, a long list)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}… ({len(text):,} characters)"
+
+
+def validate_fields(cfg: HFConfig) -> None:
+    """Check the shared fields an adapter may not read itself, wherever they appear in the config.
+
+    Adapters read their sizes through :meth:`HFConfig.int` (bounded there); this checks the rest of
+    what transformers would use, so a malformed value is refused instead of silently ignored:
+
+    - every integer size field of the text config (:data:`LAYER_COUNT_KEYS` and the usual widths),
+      when present: an integer within bounds;
+    - ``rope_theta``: a positive finite number; ``rope_scaling`` / ``rope_parameters``: an object
+      (or null) whose ``factor`` / ``rope_theta``, when given, are positive finite numbers;
+    - ``layer_types``: a list of strings, one per layer; ``mlp_only_layers``: a list of layer indices.
+
+    Raises:
+        ConfigError: a field is malformed; the message names it and the value.
+    """
+    for part in _parts(cfg):
+        raw = part.raw
+        for key in (*LAYER_COUNT_KEYS, *_SIZE_KEYS):
+            if raw.get(key) is not None:
+                checked_int(raw[key], f"config of {cfg.name!r}: {key!r}", minimum=0, maximum=size_bound(key))
+        if raw.get("rope_theta") is not None:
+            _positive_number(raw["rope_theta"], f"config of {cfg.name!r}: 'rope_theta'")
+        for key in ("rope_scaling", "rope_parameters"):
+            value = raw.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"config of {cfg.name!r}: {key!r} is {_shown(value)}; it must be an object "
+                                  "(e.g. {\"rope_type\": \"linear\", \"factor\": 2.0}) or null")
+            entries = value.values() if value and all(isinstance(v, Mapping) for v in value.values()) else (value,)
+            for entry in entries:  # transformers 5 keys rope_parameters by layer type
+                for sub in ("factor", "rope_theta"):
+                    if isinstance(entry, Mapping) and entry.get(sub) is not None:
+                        _positive_number(entry[sub], f"config of {cfg.name!r}: '{key}.{sub}'")
+        types = raw.get("layer_types")
+        if types is not None:
+            layers = raw.get("num_hidden_layers")
+            if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+                raise ConfigError(f"config of {cfg.name!r}: 'layer_types' is {_shown(types)}; it must be a list of "
+                                  "strings, one per layer (e.g. \"full_attention\", \"sliding_attention\")")
+            if isinstance(layers, int) and not isinstance(layers, bool) and len(types) != layers:
+                raise ConfigError(f"config of {cfg.name!r}: 'layer_types' must list {layers} entries (one per "
+                                  f"layer), got {len(types)}")
+        dense = raw.get("mlp_only_layers")
+        if dense is not None and (not isinstance(dense, list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_LAYERS for n in dense)):
+            raise ConfigError(f"config of {cfg.name!r}: 'mlp_only_layers' is {_shown(dense)}; it must be a list of "
+                              "layer indices (e.g. [0, 1]) or []")
+
+
+_SIZE_KEYS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "head_dim",
+    "max_position_embeddings", "moe_intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
+    "num_experts_per_tok", "n_embd", "n_head", "n_positions", "n_inner", "d_model", "d_ff", "d_kv", "ffn_dim",
+    "shared_expert_intermediate_size", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+    "v_head_dim", "sliding_window",
+)
+"""Integer size fields checked by :func:`validate_fields` wherever they appear (not only where an adapter reads them)."""
+
+
+def _positive_number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what} is {_shown(value)}; it must be a positive finite number")
+    return float(value)
+
+
+def _parts(cfg: HFConfig) -> tuple[HFConfig, ...]:
+    """The config and its language-model part (``text_config``), each once."""
+    text = cfg.text
+    return (cfg,) if text is cfg else (cfg, text)
+
+
+def check_parameter_count(name: str, num_params: int) -> None:
+    """Refuse a model above :data:`MAX_PARAMETERS` (its sizes are mistyped).
+
+    Raises:
+        ConfigError: ``num_params`` exceeds the bound.
+    """
+    if num_params > MAX_PARAMETERS:
+        raise ConfigError(f"config of {name!r} describes {num_params:.3g} parameters, more than memest's bound of "
+                          f"{MAX_PARAMETERS:.0e} (100 trillion); its sizes are mistyped: fix the config")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from memest.errors import MissingDependencyError, UnknownModelError
+from memest.errors import ConfigError, MissingDependencyError, UnknownModelError
 
 
 def hub_offline() -> bool:
@@ -53,21 +53,21 @@ def fetch_config(repo_id: str, *, revision: str | None = None) -> dict[str, Any]
         raise MissingDependencyError("reading a Hub model needs huggingface_hub: pip install huggingface_hub") from exc
     from huggingface_hub import try_to_load_from_cache
 
-    from memest.sources.local import config_from_meta_params
+    from memest.sources.local import read_local
 
     cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
     if isinstance(cached, str):
-        with open(cached) as f:
-            return json.load(f)  # type: ignore[no-any-return]
+        return read_local(Path(cached))[0]
     _check_reachable()
     try:
         try:
             path = hf_hub_download(repo_id, "config.json", revision=revision, etag_timeout=5)
         except EntryNotFoundError:
             path = hf_hub_download(repo_id, "params.json", revision=revision, etag_timeout=5)
-            return config_from_meta_params(json.loads(open(path).read()), f"{repo_id}/params.json")
-        with open(path) as f:
-            raw = json.load(f)
+            return read_local(Path(path))[0]  # a params.json is converted there
+        raw = read_local(Path(path))[0]
+    except ConfigError:
+        raise
     except GatedRepoError as exc:
         raise UnknownModelError(
             f"{repo_id!r} is gated on the Hub; accept its license on huggingface.co and set HF_TOKEN"

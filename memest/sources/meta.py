@@ -81,7 +81,8 @@ def build_on_meta(
     ``PhiMoEForCausalLM``) falls back to the auto class for its suffix (``...ForCausalLM`` ->
     ``AutoModelForCausalLM``) on the native config class; no name at all means
     ``AutoModelForCausalLM``. Remote code runs only with ``trust_remote_code`` and only for a
-    model_type transformers does not know; it is fetched from the Hub by the config's name.
+    model_type transformers does not know; it comes only from the folder or Hub repository the config
+    was read from (``cfg.code_from``).
 
     Raises:
         UnsupportedArchitectureError: transformers does not know the model_type (and remote code
@@ -130,19 +131,61 @@ def _auto_class_name(arch: str, config: Any) -> str:
     return "AutoModelForCausalLM"
 
 
+_NOT_COPIED = frozenset({"model_type", "auto_map", "architectures", "_name_or_path", "name_or_path"})
+"""Config keys not copied onto the remote config: they choose which class runs and where its code comes from."""
+
+
+def _remote_code_location(cfg: HFConfig) -> str:
+    """The folder or Hub repository the remote code of ``cfg`` may come from: where the config came from.
+
+    Raises:
+        UnsupportedArchitectureError: the config came from nowhere code can be read (built in memory),
+            its ``auto_map`` points into another repository (``repo--module.Class``), or a Hub id is
+            shadowed by a folder of that name in the working directory (transformers would read that).
+    """
+    import os
+
+    where = cfg.code_from
+    if not where:
+        raise UnsupportedArchitectureError(
+            f"model_type {cfg.model_type!r} of {cfg.name!r} needs its repository's code, but the config was not read "
+            "from a folder or a Hub repository; pass the model folder or the Hub id"
+        )
+    auto_map = cfg.raw.get("auto_map")
+    refs = auto_map.values() if isinstance(auto_map, dict) else ()
+    for ref in refs:
+        for item in ref if isinstance(ref, list | tuple) else (ref,):
+            if isinstance(item, str) and "--" in item:
+                raise UnsupportedArchitectureError(
+                    f"the auto_map of {cfg.name!r} loads code from another repository ({item!r}); memest runs remote "
+                    f"code only from the folder or repository named ({where!r}): pass that repository instead"
+                )
+    if not os.path.isabs(where) and os.path.exists(where):
+        raise UnsupportedArchitectureError(
+            f"{where!r} names both a Hub repository and a folder in the working directory; transformers would run the "
+            f"folder's code: run memest from another directory, or pass the folder as {os.path.abspath(where)!r}"
+        )
+    return where
+
+
 def _build_remote(cfg: HFConfig, torch: Any, transformers: Any, arch: str, dtype: Any) -> Any:
-    """The remote-code model of ``cfg.name`` (a Hub id) on the meta device, with the config's values."""
+    """The remote-code model of ``cfg`` on the meta device, with the config's values.
+
+    The code comes only from where the config was read (:func:`_remote_code_location`): the folder
+    the user named (an absolute path, never a name relative to the working directory) or the Hub repo.
+    """
     from transformers import AutoConfig
 
+    where = _remote_code_location(cfg)
     try:
-        config = AutoConfig.from_pretrained(cfg.name, trust_remote_code=True)
+        config = AutoConfig.from_pretrained(where, trust_remote_code=True)
     except Exception as exc:  # network, missing repo, broken remote code: all become one message
         raise UnsupportedArchitectureError(
-            f"could not load the remote code of {cfg.name!r} (model_type {cfg.model_type!r}) from the Hub: "
+            f"could not load the remote code of {cfg.name!r} (model_type {cfg.model_type!r}) from {where!r}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
     for key, value in cfg.raw.items():
-        if key not in ("model_type", "auto_map", "architectures"):
+        if key not in _NOT_COPIED:
             setattr(config, key, value)
     auto = getattr(transformers, _auto_class_name(arch, config) if arch else "AutoModelForCausalLM")
     with torch.device("meta"):

@@ -1,6 +1,7 @@
 """Parsing a checkpoint's ``quantization_config`` formats that need more than a few fields.
 
-Imports only the standard library and :mod:`memest.spec`.
+Imports only the standard library, :mod:`memest.spec` and :mod:`memest.sources.config`. The field checks
+(bits, group size, block shape, module lists) are shared by every method's parser.
 """
 
 from __future__ import annotations
@@ -8,29 +9,87 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memest.errors import ConfigError
+from memest.sources.config import checked_int
 from memest.spec import QuantizationSpec
 
 
-def compressed_tensors_spec(q: Mapping[str, Any]) -> QuantizationSpec:
+def compressed_tensors_spec(q: Mapping[str, Any], what: str = "quantization_config") -> QuantizationSpec:
     """A ``quant_method: compressed-tensors`` config as a QuantizationSpec (the first config group's
     weight scheme; ``ignore`` lists the unquantized modules).
 
     Source of the field names: compressed-tensors ``QuantizationConfig`` / ``QuantizationArgs``
     (``config_groups.*.weights``: ``num_bits``, ``type``, ``strategy``, ``group_size``,
     ``block_structure``, ``symmetric``).
+
+    Raises:
+        ConfigError: ``config_groups`` is not an object of groups, or a weight field is malformed.
     """
     groups = q.get("config_groups") or {}
+    if not isinstance(groups, Mapping):
+        raise ConfigError(f"{what}.config_groups is a JSON {type(groups).__name__}; it must be an object of named "
+                          "groups (e.g. {\"group_0\": {\"weights\": {...}}})")
     weights: Mapping[str, Any] = {}
     for group in groups.values():
         if isinstance(group, Mapping) and isinstance(group.get("weights"), Mapping):
             weights = group["weights"]
             break
+    where = f"{what}.config_groups.*.weights"
     block = weights.get("block_structure")
+    size = group_size(weights.get("group_size"), f"{where}.group_size")
     return QuantizationSpec(
         method="compressed-tensors",
-        bits=int(weights.get("num_bits", 8)),
-        group_size=int(weights["group_size"]) if weights.get("group_size") else None,
-        block_shape=(int(block[0]), int(block[1])) if isinstance(block, list | tuple) and len(block) == 2 else None,
-        skip_modules=tuple(str(m).removeprefix("re:") for m in q.get("ignore") or ()),
+        bits=quant_bits(weights.get("num_bits", 8), f"{where}.num_bits"),
+        group_size=size if size and size > 0 else None,
+        block_shape=block_shape(block, f"{where}.block_structure") if block is not None else None,
+        skip_modules=tuple(m.removeprefix("re:") for m in module_list(q.get("ignore"), f"{what}.ignore")),
         strategy=str(weights.get("strategy") or "channel"),
     )
+
+
+def quant_bits(value: Any, what: str) -> int:
+    """Bits per quantized weight: an integer in 1..16.
+
+    Raises:
+        ConfigError: anything else (``"four"``, null, -4, 0).
+    """
+    return checked_int(value, what, minimum=1, maximum=16)
+
+
+def group_size(value: Any, what: str) -> int | None:
+    """A quantization group size: a positive integer, or -1 / null for one scale per output channel.
+
+    Raises:
+        ConfigError: 0, another negative number, or not an integer.
+    """
+    if value is None:
+        return None
+    if value == -1 and not isinstance(value, bool):
+        return -1
+    return checked_int(value, f"{what} (or -1 for per-channel scales)")
+
+
+def block_shape(value: Any, what: str) -> tuple[int, int] | None:
+    """A block-wise scale's block: two positive integers (``[128, 128]``), or null.
+
+    Raises:
+        ConfigError: anything else (``[128]``, ``128``, ``[0, 0]``).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ConfigError(f"{what} is {value!r}; it must be two positive integers, e.g. [128, 128], or null")
+    return checked_int(value[0], f"{what}[0]"), checked_int(value[1], f"{what}[1]")
+
+
+def module_list(value: Any, what: str) -> tuple[str, ...]:
+    """Module name patterns (``modules_to_not_convert``, ``ignore``): a list of strings, or null.
+
+    Raises:
+        ConfigError: not a list of strings.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or not all(isinstance(m, str) for m in value):
+        raise ConfigError(f"{what} is {value!r}; it must be a list of module names (e.g. [\"lm_head\"]) or null")
+    return tuple(value)

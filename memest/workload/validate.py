@@ -359,6 +359,13 @@ def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
         raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} "
                          "(numerical instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use "
                          "{dtype} bf16 or fp32", field="dtype")
+    stored = spec.quantization.method if spec.quantization is not None else None
+    if stored is not None and s.quantization not in ("none", stored):
+        # vLLM: "Quantization method specified in the model config (...) does not match the quantization
+        # method specified in the `quantization` argument" (ModelConfig._verify_quantization)
+        raise InputError(f"{{quantization}} {s.quantization} for {spec.name}, whose checkpoint is already quantized "
+                         f"({stored}, its quantization_config): it loads as stored; drop {{quantization}}",
+                         field="quantization")
     limit = spec.max_position_embeddings
     if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
         raise InputError(f"{{max_model_len}} {s.max_model_len} is more than {spec.name}'s max_position_embeddings "

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
+from memest.sources.quantization import block_shape, compressed_tensors_spec, group_size, module_list, quant_bits
 from memest.spec import (
     AttentionSpec,
     BufferSpec,
@@ -218,7 +220,6 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
     Raises:
         ConfigError: ``layer_types`` has the wrong length or an unknown entry.
     """
-    from memest.errors import ConfigError
 
     types = cfg.get("layer_types", default=None)
     if types is None:
@@ -239,16 +240,24 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
 
 
 def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
-    """The checkpoint's ``quantization_config``, parsed (None when unquantized).
+    """The checkpoint's ``quantization_config``, parsed and checked (None when unquantized).
 
     Source of the field names: transformers ``utils/quantization_config.py`` (BitsAndBytesConfig,
     GPTQConfig, AwqConfig, FineGrainedFP8Config, Mxfp4Config, CompressedTensorsConfig).
+
+    Raises:
+        ConfigError: a field is malformed (bits not in 1..16, a group size of 0, a block shape that
+            is not two positive integers, a module list that is not a list of strings).
     """
     q = cfg.get("quantization_config", default=None)
-    if not isinstance(q, dict):
+    if q is None:
         return None
+    if not isinstance(q, dict):
+        raise ConfigError(f"config of {cfg.name!r}: 'quantization_config' is {q!r}; it must be an object or absent")
+    what = f"config of {cfg.name!r}: quantization_config"
     method = str(q.get("quant_method", "")).lower()
-    skip = tuple(q.get("modules_to_not_convert") or q.get("llm_int8_skip_modules") or ())
+    skip = module_list(q.get("modules_to_not_convert", q.get("llm_int8_skip_modules")),
+                       f"{what}.modules_to_not_convert")
     if method == "bitsandbytes":
         four = bool(q.get("load_in_4bit"))
         return QuantizationSpec(
@@ -260,24 +269,25 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
             compute_dtype=str(q["bnb_4bit_compute_dtype"]) if four and q.get("bnb_4bit_compute_dtype") else None,
         )
     if method == "compressed-tensors":
-        from memest.sources.quantization import compressed_tensors_spec
-
-        return compressed_tensors_spec(q)
+        return compressed_tensors_spec(q, what)
     if method in ("gptq", "awq"):
+        bits_key = "bits" if "bits" in q or "w_bit" not in q else "w_bit"
+        group_key = "group_size" if "group_size" in q or "q_group_size" not in q else "q_group_size"
         return QuantizationSpec(
             method=method,
-            bits=int(q.get("bits", q.get("w_bit", 4))),
-            group_size=int(q.get("group_size", q.get("q_group_size", 128))),
+            bits=quant_bits(q.get(bits_key, 4), f"{what}.{bits_key}"),
+            group_size=group_size(q.get(group_key, 128), f"{what}.{group_key}"),
             skip_modules=skip,
         )
     if method == "fp8":
-        block = q.get("weight_block_size")
         return QuantizationSpec(
-            method="fp8", bits=8, block_shape=(int(block[0]), int(block[1])) if block else None, skip_modules=skip
+            method="fp8", bits=8, block_shape=block_shape(q.get("weight_block_size"), f"{what}.weight_block_size"),
+            skip_modules=skip,
         )
     if method == "mxfp4":
         return QuantizationSpec(method="mxfp4", bits=4, group_size=32, skip_modules=skip)
-    return QuantizationSpec(method=method or "unknown", bits=int(q.get("bits", 8)), skip_modules=skip)
+    return QuantizationSpec(method=method or "unknown", bits=quant_bits(q.get("bits", 8), f"{what}.bits"),
+                            skip_modules=skip)
 
 
 def torch_dtype_of(cfg: HFConfig) -> str | None:
