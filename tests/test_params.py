@@ -37,6 +37,9 @@ from memest.spec import Component, ModelSpec
 # model_type (same parameters): the Hub's Phi-3.5-MoE config names its trust_remote_code class
 # "PhiMoEForCausalLM"; transformers 5 ships the port as "PhimoeForCausalLM".
 NATIVE_CLASS = {"PhiMoEForCausalLM": "PhimoeForCausalLM"}
+# model_types transformers does not register whose config is another family's under a new name:
+# transformers builds them as that family (moonshotai/Kimi-K2-Instruct names DeepseekV3ForCausalLM).
+NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 
 CATALOG = sorted(catalog.entries())
 
@@ -56,7 +59,11 @@ def _native(raw: dict) -> dict:
 @functools.cache
 def _on_meta(raw_json: str) -> tuple[int, ModelSpec]:
     """(unique parameter count, spec derived from the module tree) of a config on the meta device."""
-    cfg = HFConfig(json.loads(raw_json), name="test", source="test")
+    raw = json.loads(raw_json)
+    if raw.get("model_type") in NATIVE_TYPE:
+        raw = {k: v for k, v in raw.items() if k != "auto_map"}
+        raw["model_type"] = NATIVE_TYPE[raw["model_type"]]
+    cfg = HFConfig(raw, name="test", source="test")
     return meta.count_params_on_meta(cfg), meta.spec_from_meta(cfg, trust_remote_code=False)
 
 
@@ -154,6 +161,7 @@ DEFAULT_CLASSES = {
     "phimoe": "PhimoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_bigcode": "GPTBigCodeForCausalLM",
@@ -172,7 +180,8 @@ _GEOMETRY = {
     "llama": (4096, 32, 32), "mistral": (4096, 32, 32), "qwen2": (4096, 32, 32), "qwen3": (4096, 32, 32),
     "mixtral": (4096, 32, 32), "qwen2_moe": (2048, 24, 16), "qwen3_moe": (2048, 24, 32), "gemma": (3072, 28, 16),
     "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
-    "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
+    "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128),
+    "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12),
 }  # fmt: skip
@@ -396,6 +405,24 @@ VARIANTS: dict[str, dict] = {
         "moe_intermediate_size": 16,
         "n_group": 2,
         "topk_group": 1,
+    },
+    # Kimi K2's layout (first_k_dense_replace 1, many experts, one shared expert), shrunk
+    "kimi_k2-small": {
+        **TINY,
+        "model_type": "kimi_k2",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "auto_map": {"AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 8,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 12,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "num_nextn_predict_layers": 0,
     },
     "gpt_oss-no-bias-layer_types": {
         **TINY,
@@ -708,8 +735,13 @@ def test_t0_3b_total() -> None:
         ("openai/gpt-oss-120b", 116_829_156_672),  # OpenAI model card table: 116.83B total
         ("openai/gpt-oss-20b", 20_914_757_184),  # OpenAI model card table: 20.91B total
         ("google-bert/bert-base-uncased", 109_514_298),  # BertForMaskedLM (no pooler); "110M"
+        # paramCount 1,026,408,232,448 of "Kimi K2 Instruct" in a provider's model list (index id
+        # 66729435508) and the "logical parameters" of K2-Instruct in a checkpoint-header audit (index id
+        # 68577105039), less the 60 MoE layers x 384 e_score_correction_bias the checkpoint stores and
+        # transformers holds as a buffer: 1,026,408,232,448 - 60 * 384
+        ("moonshotai/Kimi-K2-Instruct", 1_026_408_232_448 - 60 * 384),
     ],
-    ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm"],
+    ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2"],
 )
 def test_published_totals(model_id: str, expected: int) -> None:
     assert load_model(model_id).num_params == expected

@@ -55,6 +55,7 @@ ADAPTERS: dict[str, Adapter] = {
     "phimoe": phi.build,
     "deepseek_v2": deepseek.build,
     "deepseek_v3": deepseek.build,
+    "kimi_k2": deepseek.build,
     "gpt_oss": gpt_oss.build,
     "gpt2": gpt2.build,
     "gpt_bigcode": gpt2.build,
