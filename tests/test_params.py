@@ -128,7 +128,8 @@ def test_catalog_matches_transformers_on_meta(model_id: str) -> None:
 # model_types whose attention modules record their own sliding window (self.sliding_window) in
 # transformers, so the meta model shows the per-layer pattern; elsewhere the window is read from
 # the config at forward time and the meta model cannot confirm it.
-WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
+WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                    "olmo3", "smollm3"}
 WINDOWED = [m for m in CATALOG if _raw(m)["model_type"] in WINDOW_ON_MODULE]
 
 
@@ -149,6 +150,7 @@ DEFAULT_CLASSES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -170,6 +172,7 @@ DEFAULT_CLASSES = {
     "bloom": "BloomForCausalLM",
     "opt": "OPTForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "bert": "BertForMaskedLM",
     "t5": "T5ForConditionalGeneration",
     "jamba": "JambaForCausalLM",
@@ -183,7 +186,7 @@ _GEOMETRY = {
     "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128),
     "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
-    "jamba": (4096, 32, 32), "opt": (768, 12, 12),
+    "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
@@ -540,6 +543,48 @@ VARIANTS: dict[str, dict] = {
         "num_key_value_heads": 2,
         "attention_bias": True,
     },
+    "olmo3-layer_types-bias": {
+        **TINY,
+        "model_type": "olmo3",
+        "architectures": ["Olmo3ForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "sliding_window": 16,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+    },
+    "olmo3-default-pattern-tied": {
+        **TINY,
+        "model_type": "olmo3",
+        "architectures": ["Olmo3ForCausalLM"],
+        "num_hidden_layers": 5,
+        "tie_word_embeddings": True,
+    },
+    # sliding windows on the NoPE layers (every second one here), biases on
+    "smollm3-sliding-nope-biases": {
+        **TINY,
+        "model_type": "smollm3",
+        "architectures": ["SmolLM3ForCausalLM"],
+        "pad_token_id": None,  # the class default 128004 is past TINY's vocabulary
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "no_rope_layer_interval": 2,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": False,
+    },
+    "smollm3-no_rope_layers-head_dim": {
+        **TINY,
+        "model_type": "smollm3",
+        "architectures": ["SmolLM3ForCausalLM"],
+        "pad_token_id": None,
+        "num_key_value_heads": 1,
+        "head_dim": 24,
+        "no_rope_layers": [0, 1, 0],
+        "use_sliding_window": True,
+        "sliding_window": 4,
+    },
     "jamba-small": {
         **TINY,
         "model_type": "jamba",
@@ -636,6 +681,18 @@ VARIANTS["bert-classification-default-labels"] = {**_BERT, "architectures": ["Be
 @pytest.mark.parametrize("variant", sorted(VARIANTS), ids=sorted(VARIANTS))
 def test_variant_matches_transformers_on_meta(variant: str) -> None:
     _check_against_meta(VARIANTS[variant])
+
+
+WINDOWED_VARIANTS = sorted(v for v, raw in VARIANTS.items() if raw["model_type"] in WINDOW_ON_MODULE)
+
+
+@pytest.mark.parametrize("variant", WINDOWED_VARIANTS, ids=WINDOWED_VARIANTS)
+def test_variant_sliding_windows_match_transformers(variant: str) -> None:
+    raw = _native(VARIANTS[variant])
+    _, from_meta = _on_meta(json.dumps(raw, sort_keys=True))
+    assert [layer.attention.sliding_window for layer in _analytic(raw).layers] == [
+        layer.attention.sliding_window for layer in from_meta.layers
+    ]
 
 
 def test_variants_cover_every_adapter() -> None:

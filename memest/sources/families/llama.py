@@ -1,11 +1,15 @@
-"""Llama-style decoders: llama, mistral, qwen2, qwen3.
+"""Llama-style decoders: llama, mistral, qwen2, qwen3, smollm3.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
 projections, ``mlp_bias``), ``models/mistral`` (no biases, one sliding window for every layer),
 ``models/qwen2`` (bias on Q/K/V only; sliding window only when ``use_sliding_window``, on layers
 from ``max_window_layers`` on) and ``models/qwen3`` (``attention_bias`` on all four projections,
-RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128).
+RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128) and
+``models/smollm3/modeling_smollm3.py`` (llama's tensors, tied by default; rotary embeddings skipped
+on every ``no_rope_layer_interval``-th layer, which holds no parameter; a sliding window, with
+``use_sliding_window``, only on the layers ``layer_types`` marks sliding, by default the NoPE ones:
+``SmolLM3Config.__post_init__``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,36 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
     },
+    "smollm3": {
+        "vocab_size": 128256,
+        "intermediate_size": 11008,
+        "num_key_value_heads": 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "no_rope_layer_interval": 4,
+    },
 }
+
+
+def smollm3_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
+    """Per-layer sliding windows of smollm3 (``SmolLM3Config.__post_init__``, ``SmolLM3Attention``).
+
+    None everywhere unless ``use_sliding_window`` and a window; then the layers ``layer_types``
+    marks sliding, by default those ``no_rope_layers`` marks 0 (every ``no_rope_layer_interval``-th).
+    """
+    window = cfg.int("sliding_window", default=None) if cfg.bool("use_sliding_window") else None
+    if window is None or cfg.has("layer_types"):
+        return layer_windows(cfg, num_layers, window)
+    rope = cfg.get("no_rope_layers", default=None)
+    if rope is None:
+        interval = cfg.int("no_rope_layer_interval")
+        rope = [int((n + 1) % interval != 0) for n in range(num_layers)]
+    return [None if has_rope else window for has_rope in rope]
 
 
 def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
@@ -85,7 +118,7 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / qwen2 / qwen3 config."""
+    """ModelSpec of a llama / mistral / qwen2 / qwen3 / smollm3 config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
@@ -107,10 +140,10 @@ def build(cfg: HFConfig) -> ModelSpec:
     elif model_type == "mistral":
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
-    else:  # llama: full attention everywhere
+    else:  # llama: full attention everywhere; smollm3: its own windows
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias = cfg.bool("mlp_bias")
-        windows = [None] * num_layers
+        windows = smollm3_windows(cfg, num_layers) if model_type == "smollm3" else [None] * num_layers
 
     tensors = (
         *norm("input_layernorm", h),

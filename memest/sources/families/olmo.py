@@ -1,9 +1,11 @@
-"""AI2 OLMo 2 decoders: olmo2.
+"""AI2 OLMo 2 and OLMo 3 decoders: olmo2, olmo3.
 
 Follows transformers ``models/olmo2/modeling_olmo2.py``: no pre-norms; RMSNorms after attention
 and after the MLP (``post_attention_layernorm``, ``post_feedforward_layernorm``); RMSNorm
 ``q_norm``/``k_norm`` over the full projection widths (a*d and k*d, not per head); Q/K/V/O biased
-per ``attention_bias``; SwiGLU MLP; untied lm_head by default.
+per ``attention_bias``; SwiGLU MLP; untied lm_head by default. ``models/olmo3/modeling_olmo3.py``
+has the same tensors and adds sliding-window layers: ``layer_types``, by default three sliding
+layers then one full (``Olmo3Config.__post_init__``), window ``sliding_window`` (default 4096).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from memest.sources.families._build import (
     gated_mlp,
     gqa_projections,
     head_dim_of,
+    intern,
+    layer_windows,
     lm_head,
     model_spec,
     norm,
@@ -20,8 +24,8 @@ from memest.sources.families._build import (
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec
 
-# Olmo2Config defaults (models/olmo2/configuration_olmo2.py) of the fields read here
-_DEFAULTS: dict[str, object] = {
+# Olmo2Config / Olmo3Config defaults (models/olmo<n>/configuration_olmo<n>.py) of the fields read here
+_OLMO2_DEFAULTS: dict[str, object] = {
     "vocab_size": 50304,
     "intermediate_size": 11008,
     "hidden_act": "silu",
@@ -29,11 +33,24 @@ _DEFAULTS: dict[str, object] = {
     "tie_word_embeddings": False,
     "attention_bias": False,
 }
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "olmo2": _OLMO2_DEFAULTS,
+    "olmo3": {**_OLMO2_DEFAULTS, "sliding_window": 4096},
+}
+
+
+def _olmo3_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
+    """``layer_types`` when given, else sliding except every fourth layer (``Olmo3Config``)."""
+    window = cfg.int("sliding_window", default=None)
+    if cfg.has("layer_types"):
+        return layer_windows(cfg, num_layers, window)
+    return [window if (n + 1) % 4 else None for n in range(num_layers)]
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of an olmo2 config."""
-    cfg = cfg.with_defaults(_DEFAULTS)
+    """ModelSpec of an olmo2 / olmo3 config."""
+    model_type = cfg.model_type
+    cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")
     k = cfg.int("num_key_value_heads", default=a)
@@ -49,19 +66,31 @@ def build(cfg: HFConfig) -> ModelSpec:
         *norm("post_attention_layernorm", h),
         *norm("post_feedforward_layernorm", h),
     )
-    layer = LayerSpec(
-        attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, qk_norm="full"),
-        mlp=MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act")),
-        norm="rms_fp32",
-        norm_position="post",
-        tensors=tensors,
-    )
+    mlp = MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act"))
+    num_layers = cfg.int("num_hidden_layers")
+    windows = _olmo3_windows(cfg, num_layers) if model_type == "olmo3" else [None] * num_layers
+    kinds: dict[object, LayerSpec] = {}
+
+    def layer(window: int | None) -> LayerSpec:
+        return intern(
+            kinds,
+            window,
+            lambda: LayerSpec(
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, qk_norm="full",
+                                        sliding_window=window),
+                mlp=mlp,
+                norm="rms_fp32",
+                norm_position="post",
+                tensors=tensors,
+            ),
+        )
+
     tied = cfg.bool("tie_word_embeddings")
     return model_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
-        layers=[layer] * cfg.int("num_hidden_layers"),
+        layers=[layer(w) for w in windows],
         embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
         head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
         tie_word_embeddings=tied,
