@@ -151,6 +151,9 @@ DEFAULT_CLASSES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -187,6 +190,7 @@ _GEOMETRY = {
     "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
+    "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
@@ -585,6 +589,47 @@ VARIANTS: dict[str, dict] = {
         "use_sliding_window": True,
         "sliding_window": 4,
     },
+    "granite-biases-gqa-tied": {
+        **TINY,
+        "model_type": "granite",
+        "architectures": ["GraniteForCausalLM"],
+        "num_key_value_heads": 2,
+        "attention_bias": True,
+        "mlp_bias": True,
+        "tie_word_embeddings": True,
+        "attention_multiplier": 0.015625,
+        "residual_multiplier": 0.22,
+        "embedding_multiplier": 12.0,
+        "logits_scaling": 8.0,
+    },
+    "granitemoe-bias": {
+        **TINY,
+        "model_type": "granitemoe",
+        "architectures": ["GraniteMoeForCausalLM"],
+        "num_key_value_heads": 1,
+        "num_local_experts": 5,
+        "num_experts_per_tok": 2,
+        "attention_bias": True,
+    },
+    "exaone4-pattern": {
+        **TINY,
+        "model_type": "exaone4",
+        "architectures": ["Exaone4ForCausalLM"],
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 2,
+        "sliding_window": 16,
+        "sliding_window_pattern": 3,
+    },
+    "exaone4-layer_types-head_dim-tied": {
+        **TINY,
+        "model_type": "exaone4",
+        "architectures": ["Exaone4ForCausalLM"],
+        "num_key_value_heads": 1,
+        "head_dim": 24,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+        "tie_word_embeddings": True,
+    },
     "jamba-small": {
         **TINY,
         "model_type": "jamba",
@@ -693,6 +738,22 @@ def test_variant_sliding_windows_match_transformers(variant: str) -> None:
     assert [layer.attention.sliding_window for layer in _analytic(raw).layers] == [
         layer.attention.sliding_window for layer in from_meta.layers
     ]
+
+
+# model_types whose config class derives ``layer_types`` (sliding / full) in __post_init__ while the
+# attention module keeps the window whatever the layer's type: the class's list is the reference.
+LAYER_TYPES_FROM_CLASS = {"exaone4", "olmo3"}
+LAYER_TYPED_VARIANTS = sorted(v for v, raw in VARIANTS.items() if raw["model_type"] in LAYER_TYPES_FROM_CLASS)
+
+
+@pytest.mark.parametrize("variant", LAYER_TYPED_VARIANTS, ids=LAYER_TYPED_VARIANTS)
+def test_variant_windows_follow_the_config_class_layer_types(variant: str) -> None:
+    from transformers import AutoConfig
+
+    raw = VARIANTS[variant]
+    config = AutoConfig.for_model(raw["model_type"], **{k: v for k, v in raw.items() if k != "model_type"})
+    expected = [config.sliding_window if t == "sliding_attention" else None for t in config.layer_types]
+    assert [layer.attention.sliding_window for layer in _analytic(raw).layers] == expected
 
 
 def test_variants_cover_every_adapter() -> None:

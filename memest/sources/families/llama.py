@@ -1,4 +1,4 @@
-"""Llama-style decoders: llama, mistral, qwen2, qwen3, smollm3.
+"""Llama-style decoders: llama, mistral, qwen2, qwen3, smollm3, granite.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
@@ -9,7 +9,8 @@ RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128) and
 ``models/smollm3/modeling_smollm3.py`` (llama's tensors, tied by default; rotary embeddings skipped
 on every ``no_rope_layer_interval``-th layer, which holds no parameter; a sliding window, with
 ``use_sliding_window``, only on the layers ``layer_types`` marks sliding, by default the NoPE ones:
-``SmolLM3Config.__post_init__``).
+``SmolLM3Config.__post_init__``); ``models/granite/modeling_granite.py`` is llama's tensors too (its
+embedding, attention, residual and logit multipliers are scalars, not parameters).
 """
 
 from __future__ import annotations
@@ -85,6 +86,15 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "sliding_window": None,
         "no_rope_layer_interval": 4,
     },
+    "granite": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 
 
@@ -118,7 +128,7 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / qwen2 / qwen3 / smollm3 config."""
+    """ModelSpec of a llama / mistral / qwen2 / qwen3 / smollm3 / granite config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
@@ -140,7 +150,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     elif model_type == "mistral":
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
-    else:  # llama: full attention everywhere; smollm3: its own windows
+    else:  # llama, granite: full attention everywhere; smollm3: its own windows
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias = cfg.bool("mlp_bias")
         windows = smollm3_windows(cfg, num_layers) if model_type == "smollm3" else [None] * num_layers

@@ -1,4 +1,4 @@
-"""AI2 OLMo 2 and OLMo 3 decoders: olmo2, olmo3.
+"""Post-norm decoders: AI2 OLMo 2 and OLMo 3 (olmo2, olmo3) and LG EXAONE 4 (exaone4).
 
 Follows transformers ``models/olmo2/modeling_olmo2.py``: no pre-norms; RMSNorms after attention
 and after the MLP (``post_attention_layernorm``, ``post_feedforward_layernorm``); RMSNorm
@@ -6,6 +6,10 @@ and after the MLP (``post_attention_layernorm``, ``post_feedforward_layernorm``)
 per ``attention_bias``; SwiGLU MLP; untied lm_head by default. ``models/olmo3/modeling_olmo3.py``
 has the same tensors and adds sliding-window layers: ``layer_types``, by default three sliding
 layers then one full (``Olmo3Config.__post_init__``), window ``sliding_window`` (default 4096).
+``models/exaone4/modeling_exaone4.py``: the same two post-norms (Llama's RMSNorm, not OLMo's
+fp32 product), no biases, ``q_norm``/``k_norm`` per head over head_dim; ``layer_types``, by
+default ``sliding_window_pattern`` - 1 sliding layers then one full (none without a window:
+``Exaone4Config.__post_init__``).
 """
 
 from __future__ import annotations
@@ -36,19 +40,33 @@ _OLMO2_DEFAULTS: dict[str, object] = {
 _DEFAULTS: dict[str, dict[str, object]] = {
     "olmo2": _OLMO2_DEFAULTS,
     "olmo3": {**_OLMO2_DEFAULTS, "sliding_window": 4096},
+    "exaone4": {
+        "vocab_size": 102400,
+        "intermediate_size": 16384,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,  # no such field: Exaone4Attention has no biases
+        "sliding_window": 4096,
+        "sliding_window_pattern": 4,
+    },
 }
 
 
-def _olmo3_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
-    """``layer_types`` when given, else sliding except every fourth layer (``Olmo3Config``)."""
+def _windows(cfg: HFConfig, model_type: str, num_layers: int) -> list[int | None]:
+    """Each layer's window: ``layer_types`` when given, else the family's pattern (see the module doc)."""
+    if model_type == "olmo2":
+        return [None] * num_layers
     window = cfg.int("sliding_window", default=None)
-    if cfg.has("layer_types"):
+    if cfg.has("layer_types") or window is None:
         return layer_windows(cfg, num_layers, window)
-    return [window if (n + 1) % 4 else None for n in range(num_layers)]
+    period = 4 if model_type == "olmo3" else cfg.int("sliding_window_pattern")
+    return [window if (n + 1) % period else None for n in range(num_layers)]
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of an olmo2 / olmo3 config."""
+    """ModelSpec of an olmo2 / olmo3 / exaone4 config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
@@ -57,18 +75,19 @@ def build(cfg: HFConfig) -> ModelSpec:
     d = head_dim_of(cfg, h, a)
     i = cfg.int("intermediate_size")
     vocab = cfg.int("vocab_size")
-    bias = cfg.bool("attention_bias")
+    exaone = model_type == "exaone4"
+    bias = False if exaone else cfg.bool("attention_bias")
     tensors = (
         *gqa_projections(h, a, k, d, qkv_bias=bias, o_bias=bias),
-        *norm("self_attn.q_norm", a * d),
-        *norm("self_attn.k_norm", k * d),
+        *norm("self_attn.q_norm", d if exaone else a * d),
+        *norm("self_attn.k_norm", d if exaone else k * d),
         *gated_mlp(h, i),
         *norm("post_attention_layernorm", h),
         *norm("post_feedforward_layernorm", h),
     )
     mlp = MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act"))
     num_layers = cfg.int("num_hidden_layers")
-    windows = _olmo3_windows(cfg, num_layers) if model_type == "olmo3" else [None] * num_layers
+    windows = _windows(cfg, model_type, num_layers)
     kinds: dict[object, LayerSpec] = {}
 
     def layer(window: int | None) -> LayerSpec:
@@ -76,10 +95,10 @@ def build(cfg: HFConfig) -> ModelSpec:
             kinds,
             window,
             lambda: LayerSpec(
-                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, qk_norm="full",
+                attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, qk_norm="head" if exaone else "full",
                                         sliding_window=window),
                 mlp=mlp,
-                norm="rms_fp32",
+                norm="rms" if exaone else "rms_fp32",
                 norm_position="post",
                 tensors=tensors,
             ),
