@@ -129,7 +129,7 @@ def test_catalog_matches_transformers_on_meta(model_id: str) -> None:
 # transformers, so the meta model shows the per-layer pattern; elsewhere the window is read from
 # the config at forward time and the meta model cannot confirm it.
 WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                    "olmo3", "smollm3"}
+                    "olmo3", "smollm3", "cohere2"}
 WINDOWED = [m for m in CATALOG if _raw(m)["model_type"] in WINDOW_ON_MODULE]
 
 
@@ -154,6 +154,10 @@ DEFAULT_CLASSES = {
     "granite": "GraniteForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "exaone4": "Exaone4ForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "cohere": "CohereForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -191,6 +195,7 @@ _GEOMETRY = {
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
+    "starcoder2": (4096, 30, 32), "stablelm": (2560, 32, 32), "cohere": (8192, 40, 64), "cohere2": (8192, 40, 64),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
@@ -630,6 +635,73 @@ VARIANTS: dict[str, dict] = {
         "layer_types": ["sliding_attention", "full_attention", "full_attention"],
         "tie_word_embeddings": True,
     },
+    "starcoder2-window-untied": {
+        **TINY,
+        "model_type": "starcoder2",
+        "architectures": ["Starcoder2ForCausalLM"],
+        "num_key_value_heads": 1,
+        "sliding_window": 16,
+        "tie_word_embeddings": False,
+    },
+    "starcoder2-no-bias-head_dim": {
+        **TINY,
+        "model_type": "starcoder2",
+        "architectures": ["Starcoder2ForCausalLM"],
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "use_bias": False,
+    },
+    "stablelm-qk-layernorm-parallel-bias": {
+        **TINY,
+        "model_type": "stablelm",
+        "architectures": ["StableLmForCausalLM"],
+        "num_key_value_heads": 2,
+        "qk_layernorm": True,
+        "use_parallel_residual": True,
+        "use_qkv_bias": True,
+        "tie_word_embeddings": True,
+    },
+    "stablelm-sequential": {
+        **TINY,
+        "model_type": "stablelm",
+        "architectures": ["StableLmForCausalLM"],
+        "num_key_value_heads": 4,
+        "partial_rotary_factor": 0.5,
+    },
+    "cohere-qk-norm-bias-gqa": {
+        **TINY,
+        "model_type": "cohere",
+        "architectures": ["CohereForCausalLM"],
+        "pad_token_id": 0,
+        "num_key_value_heads": 2,
+        "use_qk_norm": True,
+        "attention_bias": True,
+    },
+    "cohere-untied": {
+        **TINY,
+        "model_type": "cohere",
+        "architectures": ["CohereForCausalLM"],
+        "tie_word_embeddings": False,
+    },
+    "cohere2-pattern": {
+        **TINY,
+        "model_type": "cohere2",
+        "architectures": ["Cohere2ForCausalLM"],
+        "num_hidden_layers": 5,
+        "num_key_value_heads": 1,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+    },
+    "cohere2-layer_types-bias-untied": {
+        **TINY,
+        "model_type": "cohere2",
+        "architectures": ["Cohere2ForCausalLM"],
+        "head_dim": 8,
+        "sliding_window": 8,
+        "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+    },
     "jamba-small": {
         **TINY,
         "model_type": "jamba",
@@ -1046,13 +1118,12 @@ FALLBACK = {
         "window_size": 16,
         "attention_types": [[["global", "local"], 2]],
     },
-    # StableLM: llama-like with LayerNorms and partial rotary
-    "stablelm": {
-        "model_type": "stablelm",
-        "architectures": ["StableLmForCausalLM"],
+    # Persimmon: LayerNorms, fused QKV with per-head q/k LayerNorms, partial rotary
+    "persimmon": {
+        "model_type": "persimmon",
+        "architectures": ["PersimmonForCausalLM"],
         "hidden_size": 64,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "num_hidden_layers": 2,
         "intermediate_size": 96,
         "vocab_size": 97,

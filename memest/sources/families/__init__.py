@@ -20,6 +20,7 @@ from memest.sources.config import HFConfig
 from memest.sources.families import (
     bert,
     bloom,
+    cohere,
     deepseek,
     falcon,
     gemma,
@@ -32,6 +33,8 @@ from memest.sources.families import (
     olmo,
     opt,
     phi,
+    stablelm,
+    starcoder2,
     t5,
 )
 from memest.spec import ModelSpec
@@ -72,6 +75,10 @@ ADAPTERS: dict[str, Adapter] = {
     "bert": bert.build,
     "t5": t5.build,
     "jamba": jamba.build,
+    "starcoder2": starcoder2.build,
+    "stablelm": stablelm.build,
+    "cohere": cohere.build,
+    "cohere2": cohere.build,
 }
 
 
