@@ -158,6 +158,9 @@ DEFAULT_CLASSES = {
     "stablelm": "StableLmForCausalLM",
     "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
+    "glm4": "Glm4ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "minimax_m2": "MiniMaxM2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -196,6 +199,7 @@ _GEOMETRY = {
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
     "starcoder2": (4096, 30, 32), "stablelm": (2560, 32, 32), "cohere": (8192, 40, 64), "cohere2": (8192, 40, 64),
+    "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
@@ -205,6 +209,8 @@ DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAUL
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
 DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
+# Glm4MoeConfig has no head_dim default and its 4096 / 96 heads do not divide; GLM-4.5 sets 128
+DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
@@ -702,6 +708,51 @@ VARIANTS: dict[str, dict] = {
         "attention_bias": True,
         "tie_word_embeddings": False,
     },
+    "glm4-gqa-no-bias": {
+        **TINY,
+        "model_type": "glm4",
+        "architectures": ["Glm4ForCausalLM"],
+        "pad_token_id": None,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "attention_bias": False,
+        "tie_word_embeddings": True,
+    },
+    "glm4-default-bias": {**TINY, "model_type": "glm4", "architectures": ["Glm4ForCausalLM"], "pad_token_id": None},
+    "glm4_moe-qk-norm-bias": {
+        **TINY,
+        "model_type": "glm4_moe",
+        "architectures": ["Glm4MoeForCausalLM"],
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "use_qk_norm": True,
+        "attention_bias": True,
+        "first_k_dense_replace": 2,
+        "n_routed_experts": 6,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    },
+    "glm4_moe-one-dense": {
+        **TINY,
+        "model_type": "glm4_moe",
+        "architectures": ["Glm4MoeForCausalLM"],
+        "num_key_value_heads": 1,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "partial_rotary_factor": 0.5,
+    },
+    "minimax_m2-small": {
+        **TINY,
+        "model_type": "minimax_m2",
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rotary_dim": 8,
+        "num_local_experts": 6,
+        "num_experts_per_tok": 2,
+    },
     "jamba-small": {
         **TINY,
         "model_type": "jamba",
@@ -930,8 +981,12 @@ def test_t0_3b_total() -> None:
         # 68577105039), less the 60 MoE layers x 384 e_score_correction_bias the checkpoint stores and
         # transformers holds as a buffer: 1,026,408,232,448 - 60 * 384
         ("moonshotai/Kimi-K2-Instruct", 1_026_408_232_448 - 60 * 384),
+        # 228,689,764,864: llama.cpp's model_n_params of the MiniMax-M2.7 GGUF (index id 58464340977) and
+        # a Hub total_params table (index id 71142266638), less 62 layers x 256 e_score_correction_bias
+        ("MiniMaxAI/MiniMax-M2.7", 228_689_764_864 - 62 * 256),
     ],
-    ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2"],
+    ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2",
+         "minimax-m2.7"],
 )
 def test_published_totals(model_id: str, expected: int) -> None:
     assert load_model(model_id).num_params == expected

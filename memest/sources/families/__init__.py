@@ -24,6 +24,7 @@ from memest.sources.families import (
     deepseek,
     falcon,
     gemma,
+    glm,
     gpt2,
     gpt_oss,
     jamba,
@@ -52,6 +53,7 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen2_moe": moe.build,
     "qwen3_moe": moe.build,
     "granitemoe": moe.build,
+    "minimax_m2": moe.build,
     "gemma": gemma.build,
     "gemma2": gemma.build,
     "gemma3": gemma.build,
@@ -79,6 +81,8 @@ ADAPTERS: dict[str, Adapter] = {
     "stablelm": stablelm.build,
     "cohere": cohere.build,
     "cohere2": cohere.build,
+    "glm4": glm.build,
+    "glm4_moe": glm.build,
 }
 
 
