@@ -148,6 +148,8 @@ def test_catalog_sliding_windows_match_transformers(model_id: str) -> None:
 DEFAULT_CLASSES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "ministral3": "Ministral3ForCausalLM",
+    "mistral3": "Mistral3ForConditionalGeneration",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
@@ -199,12 +201,15 @@ _GEOMETRY = {
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
     "starcoder2": (4096, 30, 32), "stablelm": (2560, 32, 32), "cohere": (8192, 40, 64), "cohere2": (8192, 40, 64),
-    "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
+    "ministral3": (4096, 34, 32), "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
     for model_type, (h, n, a) in _GEOMETRY.items()
 }
+# Mistral3Config's text_config default is mistral; its vision_config is left to the class
+DEFAULT_EXTRA["mistral3"] = {"text_config": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40,
+                                              "num_attention_heads": 32, "head_dim": 128}}
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
@@ -707,6 +712,35 @@ VARIANTS: dict[str, dict] = {
         "layer_types": ["full_attention", "sliding_attention", "full_attention"],
         "attention_bias": True,
         "tie_word_embeddings": False,
+    },
+    "ministral3-window-tied": {
+        **TINY,
+        "model_type": "ministral3",
+        "architectures": ["Ministral3ForCausalLM"],
+        "pad_token_id": None,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "sliding_window": 16,
+        "tie_word_embeddings": True,
+    },
+    "mistral3-ministral3-untied-two-feature-layers": {
+        "model_type": "mistral3",
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "tie_word_embeddings": False,
+        "vision_feature_layer": [-1, -3],
+        "multimodal_projector_bias": True,
+        "spatial_merge_size": 2,
+        "text_config": {**TINY, "model_type": "ministral3", "pad_token_id": None, "num_key_value_heads": 2,
+                        "head_dim": 16},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "head_dim": 8, "image_size": 56, "patch_size": 14},
+    },
+    "mistral3-mistral-text-tied": {
+        "model_type": "mistral3",
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "text_config": {**TINY, "model_type": "mistral", "num_key_value_heads": 2},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+                          "num_attention_heads": 4, "head_dim": 8, "patch_size": 16, "num_channels": 1},
     },
     "glm4-gqa-no-bias": {
         **TINY,

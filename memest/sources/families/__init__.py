@@ -29,6 +29,7 @@ from memest.sources.families import (
     gpt_oss,
     jamba,
     llama,
+    mistral3,
     moe,
     neox,
     olmo,
@@ -45,6 +46,8 @@ Adapter = Callable[[HFConfig], ModelSpec]
 ADAPTERS: dict[str, Adapter] = {
     "llama": llama.build,
     "mistral": llama.build,
+    "ministral3": llama.build,
+    "mistral3": mistral3.build,
     "qwen2": llama.build,
     "qwen3": llama.build,
     "smollm3": llama.build,

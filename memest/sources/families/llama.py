@@ -1,8 +1,8 @@
-"""Llama-style decoders: llama, mistral, qwen2, qwen3, smollm3, granite.
+"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
-projections, ``mlp_bias``), ``models/mistral`` (no biases, one sliding window for every layer),
+projections, ``mlp_bias``), ``models/mistral`` and ``models/ministral3`` (no biases, one sliding window for every layer),
 ``models/qwen2`` (bias on Q/K/V only; sliding window only when ``use_sliding_window``, on layers
 from ``max_window_layers`` on) and ``models/qwen3`` (``attention_bias`` on all four projections,
 RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128) and
@@ -48,6 +48,16 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "max_position_embeddings": 4096 * 32,
         "tie_word_embeddings": False,
         "sliding_window": 4096,
+    },
+    "ministral3": {
+        "vocab_size": 131072,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
     },
     "qwen2": {
         "vocab_size": 151936,
@@ -128,7 +138,7 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / qwen2 / qwen3 / smollm3 / granite config."""
+    """ModelSpec of a llama / mistral / ministral3 / qwen2 / qwen3 / smollm3 / granite config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
@@ -147,7 +157,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias, qk_norm = False, True
         windows = qwen_windows(cfg, num_layers)
-    elif model_type == "mistral":
+    elif model_type in ("mistral", "ministral3"):
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
     else:  # llama, granite: full attention everywhere; smollm3: its own windows
