@@ -129,7 +129,7 @@ def test_catalog_matches_transformers_on_meta(model_id: str) -> None:
 # transformers, so the meta model shows the per-layer pattern; elsewhere the window is read from
 # the config at forward time and the meta model cannot confirm it.
 WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                    "olmo3", "smollm3", "cohere2"}
+                    "olmo3", "smollm3", "cohere2", "qwen2_5_vl"}
 WINDOWED = [m for m in CATALOG if _raw(m)["model_type"] in WINDOW_ON_MODULE]
 
 
@@ -161,6 +161,9 @@ DEFAULT_CLASSES = {
     "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "glm4_moe": "Glm4MoeForCausalLM",
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
@@ -210,6 +213,11 @@ DEFAULT_EXTRA: dict[str, dict] = {
 # Mistral3Config's text_config default is mistral; its vision_config is left to the class
 DEFAULT_EXTRA["mistral3"] = {"text_config": {"model_type": "mistral", "hidden_size": 5120, "num_hidden_layers": 40,
                                               "num_attention_heads": 32, "head_dim": 128}}
+# the Qwen VL config classes build their vision towers from the class defaults
+DEFAULT_EXTRA["qwen2_5_vl"] = {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64}  # flat
+DEFAULT_EXTRA["qwen3_vl"] = {"text_config": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}}
+DEFAULT_EXTRA["qwen3_vl_moe"] = {"text_config": {"hidden_size": 2048, "num_hidden_layers": 24,
+                                                 "num_attention_heads": 16}}
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
@@ -742,6 +750,42 @@ VARIANTS: dict[str, dict] = {
         "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
                           "num_attention_heads": 4, "head_dim": 8, "patch_size": 16, "num_channels": 1},
     },
+    # Hub Qwen2.5-VL configs are flat: the text model's fields at the top level
+    "qwen2_5_vl-flat-sliding": {
+        **TINY,
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "num_key_value_heads": 2,
+        "use_sliding_window": True,
+        "sliding_window": 8,
+        "max_window_layers": 1,
+        "tie_word_embeddings": False,
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4,
+                          "out_hidden_size": 64, "fullatt_block_indexes": [1], "patch_size": 7},
+    },
+    "qwen2_5_vl-text_config-tied": {
+        "model_type": "qwen2_5_vl",
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "text_config": {**TINY, "num_key_value_heads": 4, "tie_word_embeddings": True},
+        "vision_config": {"depth": 1, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4,
+                          "out_hidden_size": 64, "spatial_merge_size": 1, "temporal_patch_size": 1},
+    },
+    "qwen3_vl-bias-deepstack": {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "text_config": {**TINY, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": True},
+        "vision_config": {"depth": 3, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4,
+                          "out_hidden_size": 64, "deepstack_visual_indexes": [0, 2], "num_position_embeddings": 64},
+    },
+    "qwen3_vl_moe-dense-layer-tied": {
+        "model_type": "qwen3_vl_moe",
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"],
+        "tie_word_embeddings": True,
+        "text_config": {**TINY, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 32, "mlp_only_layers": [1]},
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4,
+                          "out_hidden_size": 64, "deepstack_visual_indexes": [1], "num_position_embeddings": 16},
+    },
     "glm4-gqa-no-bias": {
         **TINY,
         "model_type": "glm4",
@@ -1018,9 +1062,16 @@ def test_t0_3b_total() -> None:
         # 228,689,764,864: llama.cpp's model_n_params of the MiniMax-M2.7 GGUF (index id 58464340977) and
         # a Hub total_params table (index id 71142266638), less 62 layers x 256 e_score_correction_bias
         ("MiniMaxAI/MiniMax-M2.7", 228_689_764_864 - 62 * 256),
+        # Hub numParameters of Qwen/Qwen2.5-VL-7B-Instruct (index id 33908990598; mteb's n_parameters, id 59863403706)
+        ("Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656),
+        # Hub safetensors total of Qwen/Qwen3-VL-8B-Instruct (index id 62872967919)
+        ("Qwen/Qwen3-VL-8B-Instruct", 8_767_123_696),
+        # paramCount of "Qwen 3 VL 30B A3B Instruct" / "Qwen 3 VL 235B A22B Instruct" (index id 66729435508)
+        ("Qwen/Qwen3-VL-30B-A3B-Instruct", 31_070_754_032),
+        ("Qwen/Qwen3-VL-235B-A22B-Instruct", 235_670_022_896),
     ],
     ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2",
-         "minimax-m2.7"],
+         "minimax-m2.7", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b"],
 )
 def test_published_totals(model_id: str, expected: int) -> None:
     assert load_model(model_id).num_params == expected

@@ -35,6 +35,7 @@ from memest.sources.families import (
     olmo,
     opt,
     phi,
+    qwen_vl,
     stablelm,
     starcoder2,
     t5,
@@ -86,6 +87,9 @@ ADAPTERS: dict[str, Adapter] = {
     "cohere2": cohere.build,
     "glm4": glm.build,
     "glm4_moe": glm.build,
+    "qwen2_5_vl": qwen_vl.build,
+    "qwen3_vl": qwen_vl.build,
+    "qwen3_vl_moe": qwen_vl.build,
 }
 
 
