@@ -161,6 +161,8 @@ DEFAULT_CLASSES = {
     "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "llama4": "Llama4ForConditionalGeneration",
+    "llama4_text": "Llama4ForCausalLM",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
@@ -204,7 +206,7 @@ _GEOMETRY = {
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
     "starcoder2": (4096, 30, 32), "stablelm": (2560, 32, 32), "cohere": (8192, 40, 64), "cohere2": (8192, 40, 64),
-    "ministral3": (4096, 34, 32), "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
+    "ministral3": (4096, 34, 32), "llama4_text": (5120, 48, 40), "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
 }  # fmt: skip
 DEFAULT_EXTRA: dict[str, dict] = {
     model_type: {"hidden_size": h, "num_hidden_layers": n, "num_attention_heads": a}
@@ -218,6 +220,7 @@ DEFAULT_EXTRA["qwen2_5_vl"] = {"hidden_size": 8192, "num_hidden_layers": 80, "nu
 DEFAULT_EXTRA["qwen3_vl"] = {"text_config": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}}
 DEFAULT_EXTRA["qwen3_vl_moe"] = {"text_config": {"hidden_size": 2048, "num_hidden_layers": 24,
                                                  "num_attention_heads": 16}}
+DEFAULT_EXTRA["llama4"] = {"text_config": {"hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40}}
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
@@ -786,6 +789,30 @@ VARIANTS: dict[str, dict] = {
         "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4,
                           "out_hidden_size": 64, "deepstack_visual_indexes": [1], "num_position_embeddings": 16},
     },
+    # Maverick's layout: dense and MoE layers interleaved, shrunk; a vision tower
+    "llama4-interleaved-vision": {
+        "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "text_config": {**TINY, "num_hidden_layers": 4, "intermediate_size": 32, "intermediate_size_mlp": 96,
+                        "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                        "interleave_moe_layer_step": 2, "pad_token_id": None},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "image_size": 28, "patch_size": 14, "vision_output_dim": 40, "projector_input_dim": 40,
+                          "projector_output_dim": 24},
+    },
+    "llama4_text-moe_layers-bias-tied": {
+        **TINY,
+        "model_type": "llama4_text",
+        "architectures": ["Llama4ForCausalLM"],
+        "pad_token_id": None,
+        "num_key_value_heads": 1,
+        "head_dim": 8,
+        "num_local_experts": 3,
+        "num_experts_per_tok": 2,
+        "moe_layers": [0, 2],
+        "attention_bias": True,
+        "tie_word_embeddings": True,
+    },
     "glm4-gqa-no-bias": {
         **TINY,
         "model_type": "glm4",
@@ -1069,9 +1096,13 @@ def test_t0_3b_total() -> None:
         # paramCount of "Qwen 3 VL 30B A3B Instruct" / "Qwen 3 VL 235B A22B Instruct" (index id 66729435508)
         ("Qwen/Qwen3-VL-30B-A3B-Instruct", 31_070_754_032),
         ("Qwen/Qwen3-VL-235B-A22B-Instruct", 235_670_022_896),
+        # Hub parameter counts of the Llama 4 Instruct repos (index ids 71142266638, 70911651117; 71136150794)
+        ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 108_641_793_536),
+        ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 401_583_781_376),
     ],
     ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2",
-         "minimax-m2.7", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b"],
+         "minimax-m2.7", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
+         "llama4-scout", "llama4-maverick"],
 )
 def test_published_totals(model_id: str, expected: int) -> None:
     assert load_model(model_id).num_params == expected
@@ -1155,6 +1186,20 @@ def test_gemma3_multimodal_pattern_and_vision_tower() -> None:
     # SigLIP-so400m (27 layers, 1152 wide, 896px / 14px patches) + projector (1152 x 5376 + norm)
     assert vision == 416_866_032 + 1152 * 5376 + 1152
     assert len(spec.layer_kinds()) == 2
+
+
+def test_llama4_layouts_and_chunked_attention_note() -> None:
+    """Scout: 48 MoE layers of 16 experts + a shared one; Maverick: dense and MoE (128 experts) alternate.
+
+    36 of 48 layers (those with rotary embeddings, no_rope_layers = 1) attend in 8192-token chunks;
+    their KV is counted as full attention, which the notes say.
+    """
+    scout = load_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    maverick = load_model("meta-llama/Llama-4-Maverick-17B-128E-Instruct")
+    assert [layer.mlp.num_experts for layer in scout.layers] == [16] * 48
+    assert [layer.mlp.num_experts for layer in maverick.layers] == [0, 128] * 24
+    assert all(layer.attention.sliding_window is None for layer in scout.layers)
+    assert any(note.startswith("36 of 48 layers use chunked attention") for note in scout.notes)
 
 
 def test_gpt_oss_alternates_sliding_and_full() -> None:

@@ -29,6 +29,7 @@ from memest.sources.families import (
     gpt_oss,
     jamba,
     llama,
+    llama4,
     mistral3,
     moe,
     neox,
@@ -90,6 +91,8 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen2_5_vl": qwen_vl.build,
     "qwen3_vl": qwen_vl.build,
     "qwen3_vl_moe": qwen_vl.build,
+    "llama4": llama4.build,
+    "llama4_text": llama4.build,
 }
 
 
