@@ -27,6 +27,7 @@ from memest.sources.families import (
     glm,
     gpt2,
     gpt_oss,
+    internlm,
     jamba,
     llama,
     llama4,
@@ -93,6 +94,7 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_vl_moe": qwen_vl.build,
     "llama4": llama4.build,
     "llama4_text": llama4.build,
+    "internlm2": internlm.build,
 }
 
 
