@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2"}
+CONFIG_ONLY = {"internlm2", "chatglm"}
 
 
 def _raw(model_id: str) -> dict:
@@ -1025,6 +1025,44 @@ def test_internlm2_5_published_totals(size: str, geometry: tuple[int, ...], publ
     assert spec.num_params == published
     names = {t.name for t in spec.layers[0].tensors} | {t.name for t in (*spec.embedding, *spec.head)}
     assert {"attention.wqkv.weight", "feed_forward.w3.weight", "model.tok_embeddings.weight", "output.weight"} <= names
+
+
+def _chatglm(h: int, layers: int, heads: int, groups: int, d: int, ffn: int, vocab: int) -> int:
+    """ChatGLM2/3 and GLM-4 (modeling_chatglm.py): biased fused QKV, dense, SwiGLU h_to_4h / 4h_to_h, untied output."""
+    qkv = (heads + 2 * groups) * d
+    per_layer = h * qkv + qkv + heads * d * h + h * 2 * ffn + ffn * h + 2 * h
+    return 2 * vocab * h + layers * per_layer + h
+
+
+@pytest.mark.parametrize(
+    ("name", "geometry", "published"),
+    [
+        # ChatGLM2-6B / ChatGLM3-6B: 6,243,584,000 trainable parameters (a per-tensor breakdown, index id
+        # 17073814855: query_key_value 18,878,976, dense 16,777,216, h_to_4h 112,197,632, 4h_to_h 56,098,816 per
+        # layer; the same total printed for THUDM/chatglm3-6b, index id 29151670186)
+        ("chatglm3-6b", (4096, 28, 32, 2, 128, 13696, 65024), 6_243_584_000),
+        # GLM-4-9B-Chat: 9,399,951,360 trainable (index ids 29151670186, 42305816254)
+        ("glm-4-9b-chat", (4096, 40, 32, 2, 128, 13696, 151552), 9_399_951_360),
+    ],
+)
+def test_chatglm_published_totals(name: str, geometry: tuple[int, ...], published: int) -> None:
+    h, layers, heads, groups, d, ffn, vocab = geometry
+    assert _chatglm(*geometry) == published
+    raw = {"model_type": "chatglm", "architectures": ["ChatGLMModel"], "hidden_size": h, "num_layers": layers,
+           "num_attention_heads": heads, "multi_query_attention": True, "multi_query_group_num": groups,
+           "kv_channels": d, "ffn_hidden_size": ffn, "padded_vocab_size": vocab, "add_qkv_bias": True,
+           "add_bias_linear": False}
+    spec = _analytic(raw)
+    assert spec.num_params == published
+    assert (spec.num_kv_heads, spec.head_dim) == (groups, d)
+
+
+def test_chatglm_refuses_what_it_does_not_count() -> None:
+    with pytest.raises(ConfigError, match="'pre_seq_len'"):
+        _analytic({"model_type": "chatglm", "hidden_size": 64, "num_attention_heads": 4, "pre_seq_len": 8})
+    with pytest.raises(ConfigError, match="first ChatGLM-6B"):
+        _analytic({"model_type": "chatglm", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 97,
+                   "position_encoding_2d": True})
 
 
 def test_internlm2_class_defaults() -> None:

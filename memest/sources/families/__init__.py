@@ -20,6 +20,7 @@ from memest.sources.config import HFConfig
 from memest.sources.families import (
     bert,
     bloom,
+    chatglm,
     cohere,
     deepseek,
     falcon,
@@ -95,6 +96,7 @@ ADAPTERS: dict[str, Adapter] = {
     "llama4": llama4.build,
     "llama4_text": llama4.build,
     "internlm2": internlm.build,
+    "chatglm": chatglm.build,
 }
 
 
