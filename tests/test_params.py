@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm"}
 
 
 def _raw(model_id: str) -> dict:
@@ -1063,6 +1063,24 @@ def test_chatglm_refuses_what_it_does_not_count() -> None:
     with pytest.raises(ConfigError, match="first ChatGLM-6B"):
         _analytic({"model_type": "chatglm", "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 97,
                    "position_encoding_2d": True})
+
+
+def test_minicpm_2b_published_total() -> None:
+    """MiniCPM-2B (openbmb/MiniCPM-2B-sft-bf16): h 2304, 40 layers, 36 heads (MHA), i 5760, V 122753, tied.
+
+    2,724,880,896 parameters, as a chat demo serving it prints (index id 41738685489; mteb lists the same
+    for MiniCPM-based embedders, index id 15815799305).
+    """
+    h, layers, i, vocab = 2304, 40, 5760, 122753
+    total = vocab * h + layers * (4 * h * h + 3 * h * i + 2 * h) + h
+    assert total == 2_724_880_896
+    raw = {"model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "hidden_size": h,
+           "num_hidden_layers": layers, "num_attention_heads": 36, "num_key_value_heads": 36,
+           "intermediate_size": i, "vocab_size": vocab, "scale_emb": 12, "dim_model_base": 256, "scale_depth": 1.4}
+    spec = _analytic(raw)
+    assert spec.num_params == total and spec.tie_word_embeddings  # tied by MiniCPMConfig's default
+    with pytest.raises(ConfigError, match="MiniCPM-MoE"):
+        _analytic({**raw, "num_experts": 8})
 
 
 def test_internlm2_class_defaults() -> None:

@@ -56,6 +56,7 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3": llama.build,
     "smollm3": llama.build,
     "granite": llama.build,
+    "minicpm": llama.build,
     "mixtral": moe.build,
     "qwen2_moe": moe.build,
     "qwen3_moe": moe.build,

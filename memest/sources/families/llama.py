@@ -1,4 +1,4 @@
-"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite.
+"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite, minicpm.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
@@ -10,7 +10,11 @@ RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128) and
 on every ``no_rope_layer_interval``-th layer, which holds no parameter; a sliding window, with
 ``use_sliding_window``, only on the layers ``layer_types`` marks sliding, by default the NoPE ones:
 ``SmolLM3Config.__post_init__``); ``models/granite/modeling_granite.py`` is llama's tensors too (its
-embedding, attention, residual and logit multipliers are scalars, not parameters).
+embedding, attention, residual and logit multipliers are scalars, not parameters). ``minicpm`` (OpenBMB
+MiniCPM 1 / 2 / 4, a config-only family: transformers does not ship it) follows the
+``modeling_minicpm.py`` of its Hub repositories (e.g. openbmb/MiniCPM-2B-sft-bf16): llama's tensors
+and names (``scale_emb`` / ``scale_depth`` / ``dim_model_base`` are scalars), tied by default; its MoE
+variant (``num_experts``) is refused.
 """
 
 from __future__ import annotations
@@ -105,6 +109,16 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "attention_bias": False,
         "mlp_bias": False,
     },
+    # MiniCPMConfig (the Hub repos' configuration_minicpm.py, e.g. a copy at index id 16286247153)
+    "minicpm": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
 
 
@@ -138,8 +152,13 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / ministral3 / qwen2 / qwen3 / smollm3 / granite config."""
+    """ModelSpec of a llama / mistral / ministral3 / qwen2 / qwen3 / smollm3 / granite / minicpm config."""
     model_type = cfg.model_type
+    if model_type == "minicpm" and cfg.int("num_experts", default=0, minimum=0):
+        from memest.errors import ConfigError
+
+        raise ConfigError(f"config of {cfg.name!r}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
+                          "not counted by memest; pass a dense MiniCPM config")
     cfg = cfg.with_defaults(_DEFAULTS[model_type])
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")
@@ -160,7 +179,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     elif model_type in ("mistral", "ministral3"):
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
-    else:  # llama, granite: full attention everywhere; smollm3: its own windows
+    else:  # llama, granite, minicpm: full attention everywhere; smollm3: its own windows
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias = cfg.bool("mlp_bias")
         windows = smollm3_windows(cfg, num_layers) if model_type == "smollm3" else [None] * num_layers
