@@ -51,7 +51,7 @@ _GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4
 CONFIG_FAMILIES = {
     model_type: {"model_type": model_type, **_GEOMETRY}
     for model_type in ("smollm3", "olmo3", "exaone4", "granite", "granitemoe", "starcoder2", "stablelm",
-                       "cohere", "cohere2", "glm4", "glm4_moe", "ministral3", "llama4_text", "chatglm", "minicpm")
+                       "cohere", "cohere2", "glm4", "glm4_moe", "ministral3", "llama4_text", "chatglm", "minicpm", "baichuan")
 }
 CONFIG_FAMILIES["mistral3"] = {"model_type": "mistral3", "text_config": {"model_type": "ministral3", **_GEOMETRY}}
 

@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan"}
 
 
 def _raw(model_id: str) -> dict:
@@ -1081,6 +1081,22 @@ def test_minicpm_2b_published_total() -> None:
     assert spec.num_params == total and spec.tie_word_embeddings  # tied by MiniCPMConfig's default
     with pytest.raises(ConfigError, match="MiniCPM-MoE"):
         _analytic({**raw, "num_experts": 8})
+
+
+def test_baichuan_7b_published_total() -> None:
+    """Baichuan-7B: h 4096, 32 layers, 32 heads (MHA, fused W_pack), i 11008, V 64000, untied lm_head.
+
+    n_parameters 7,000,559,616 in its model card's hyperparameter table (index id 10919183458; the same in a
+    FLOPs table, index id 5812671115).
+    """
+    h, layers, i, vocab = 4096, 32, 11008, 64000
+    total = 2 * vocab * h + layers * (3 * h * h + h * h + 3 * h * i + 2 * h) + h
+    assert total == 7_000_559_616
+    spec = _analytic({"model_type": "baichuan", "architectures": ["BaiChuanForCausalLM"], "hidden_size": h,
+                      "num_hidden_layers": layers, "num_attention_heads": 32, "intermediate_size": i,
+                      "vocab_size": vocab, "max_position_embeddings": 4096})
+    assert spec.num_params == total
+    assert {t.name for t in spec.layers[0].tensors} >= {"self_attn.W_pack.weight", "mlp.gate_proj.weight"}
 
 
 def test_internlm2_class_defaults() -> None:

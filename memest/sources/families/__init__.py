@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from memest.sources.config import HFConfig
 from memest.sources.families import (
+    baichuan,
     bert,
     bloom,
     chatglm,
@@ -98,6 +99,7 @@ ADAPTERS: dict[str, Adapter] = {
     "llama4_text": llama4.build,
     "internlm2": internlm.build,
     "chatglm": chatglm.build,
+    "baichuan": baichuan.build,
 }
 
 
