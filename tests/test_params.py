@@ -990,6 +990,14 @@ def test_variant_windows_follow_the_config_class_layer_types(variant: str) -> No
     assert [layer.attention.sliding_window for layer in _analytic(raw).layers] == expected
 
 
+def test_exaone4_pattern_string() -> None:
+    """EXAONE 4 Hub configs write the pattern "LLLG": three sliding layers, then a full one, from layer 0."""
+    raw = {**VARIANTS["exaone4-pattern"], "num_hidden_layers": 6, "sliding_window_pattern": "LLLG"}
+    assert [layer.attention.sliding_window for layer in _analytic(raw).layers] == [16, 16, 16, None, 16, 16]
+    with pytest.raises(ConfigError, match=r"sliding_window_pattern\[2\] = 'X'"):
+        _analytic({**raw, "sliding_window_pattern": "LLXG"})
+
+
 def test_variants_cover_every_adapter() -> None:
     assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS) - CONFIG_ONLY
 

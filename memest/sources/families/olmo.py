@@ -9,7 +9,9 @@ layers then one full (``Olmo3Config.__post_init__``), window ``sliding_window`` 
 ``models/exaone4/modeling_exaone4.py``: the same two post-norms (Llama's RMSNorm, not OLMo's
 fp32 product), no biases, ``q_norm``/``k_norm`` per head over head_dim; ``layer_types``, by
 default ``sliding_window_pattern`` - 1 sliding layers then one full (none without a window:
-``Exaone4Config.__post_init__``).
+``Exaone4Config.__post_init__``). The Hub configs write the pattern as a string, ``"LLLG"`` (L local,
+G global, repeating from layer 0, as ``Exaone4Config``'s docstring defines it; its ``__post_init__``
+only handles the integer form, and the Hub configs also list ``layer_types``).
 """
 
 from __future__ import annotations
@@ -61,8 +63,28 @@ def _windows(cfg: HFConfig, model_type: str, num_layers: int) -> list[int | None
     window = cfg.int("sliding_window", default=None)
     if cfg.has("layer_types") or window is None:
         return layer_windows(cfg, num_layers, window)
+    pattern = 4 if model_type == "olmo3" else cfg.get("sliding_window_pattern")
+    if isinstance(pattern, str):
+        return _pattern_windows(cfg, pattern, window, num_layers)
     period = 4 if model_type == "olmo3" else cfg.int("sliding_window_pattern")
     return [window if (n + 1) % period else None for n in range(num_layers)]
+
+
+def _pattern_windows(cfg: HFConfig, pattern: str, window: int, num_layers: int) -> list[int | None]:
+    """Windows of a ``sliding_window_pattern`` string such as ``"LLLG"`` (L sliding, G full, repeating).
+
+    Raises:
+        ConfigError: the pattern is empty or has a symbol other than L and G.
+    """
+    from memest.errors import ConfigError
+
+    for n, symbol in enumerate(pattern):
+        if symbol not in "LG":
+            raise ConfigError(f"config of {cfg.name!r}: sliding_window_pattern[{n}] = {symbol!r} in {pattern!r}; "
+                              "each symbol is L (sliding window) or G (full attention)")
+    if not pattern:
+        raise ConfigError(f"config of {cfg.name!r}: sliding_window_pattern is empty; write e.g. \"LLLG\"")
+    return [window if pattern[n % len(pattern)] == "L" else None for n in range(num_layers)]
 
 
 def build(cfg: HFConfig) -> ModelSpec:
