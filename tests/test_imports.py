@@ -45,15 +45,22 @@ ANALYTIC_FAMILIES = {
     "qwen3_vl_moe": "Qwen/Qwen3-VL-30B-A3B-Instruct",
     "llama4": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "internlm2": "internlm/internlm2_5-7b-chat",
+    "chatglm": "THUDM/chatglm3-6b",
+    "baichuan": "baichuan-inc/Baichuan2-7B-Chat",
+    "minicpm": "openbmb/MiniCPM-2B-sft-bf16",
+    "starcoder2": "bigcode/starcoder2-7b",
+    "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
+    "cohere": "CohereForAI/aya-23-8B",
+    "mistral3": "mistralai/Ministral-3-3B-Instruct-2512",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
 }
 _GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "intermediate_size": 96, "vocab_size": 97}
 CONFIG_FAMILIES = {
     model_type: {"model_type": model_type, **_GEOMETRY}
-    for model_type in ("smollm3", "olmo3", "exaone4", "granite", "granitemoe", "starcoder2", "stablelm",
-                       "cohere", "cohere2", "glm4", "glm4_moe", "ministral3", "llama4_text", "chatglm", "minicpm", "baichuan")
+    for model_type in ("smollm3", "olmo3", "granite", "granitemoe", "cohere2", "glm4", "glm4_moe", "ministral3",
+                       "llama4_text")
 }
-CONFIG_FAMILIES["mistral3"] = {"model_type": "mistral3", "text_config": {"model_type": "ministral3", **_GEOMETRY}}
 
 
 def _imports_of(code: str) -> str:

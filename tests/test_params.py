@@ -1226,10 +1226,21 @@ def test_t0_3b_total() -> None:
         # Hub parameter counts of the Llama 4 Instruct repos (index ids 71142266638, 70911651117; 71136150794)
         ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 108_641_793_536),
         ("meta-llama/Llama-4-Maverick-17B-128E-Instruct", 401_583_781_376),
+        # the Hub count listed for mistralai/Ministral-3-3B-Instruct-2512 (index id 71142266638), vision tower included
+        ("mistralai/Ministral-3-3B-Instruct-2512", 3_849_090_048),
+        # StableLM 2 1.6B in a model-comparison table (index id 35661935992)
+        ("stabilityai/stablelm-2-zephyr-1_6b", 1_644_515_328),
+        # aya-expanse-8b's published total (index id 12439498600), Aya-23-8B's architecture
+        ("CohereForAI/aya-23-8B", 8_028_033_024),
+        # config-only families, their catalog configs (the arithmetic is in the tests below)
+        ("THUDM/chatglm3-6b", 6_243_584_000),
+        ("internlm/internlm2_5-7b-chat", 7_737_708_544),
+        ("openbmb/MiniCPM-2B-sft-bf16", 2_724_880_896),
     ],
     ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2",
          "minimax-m2.7", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
-         "llama4-scout", "llama4-maverick"],
+         "llama4-scout", "llama4-maverick", "ministral3-3b", "stablelm2-1.6b", "aya-23-8b", "chatglm3-6b",
+         "internlm2.5-7b", "minicpm-2b"],
 )
 def test_published_totals(model_id: str, expected: int) -> None:
     assert load_model(model_id).num_params == expected
