@@ -162,6 +162,7 @@ DEFAULT_CLASSES = {
     "granite": "GraniteForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "exaone4": "Exaone4ForCausalLM",
+    "internlm3": "LlamaForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
     "stablelm": "StableLmForCausalLM",
     "cohere": "CohereForCausalLM",
@@ -210,7 +211,7 @@ _GEOMETRY = {
     "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
-    "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32),
+    "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32), "internlm3": (4096, 48, 32),
     "starcoder2": (4096, 30, 32), "stablelm": (2560, 32, 32), "cohere": (8192, 40, 64), "cohere2": (8192, 40, 64),
     "ministral3": (4096, 34, 32), "llama4_text": (5120, 48, 40), "glm4": (4096, 40, 32), "glm4_moe": (4096, 46, 96), "minimax_m2": (3072, 62, 48),
 }  # fmt: skip
@@ -863,6 +864,17 @@ VARIANTS: dict[str, dict] = {
         "rotary_dim": 8,
         "num_local_experts": 6,
         "num_experts_per_tok": 2,
+    },
+    # the Hub configs name InternLM3ForCausalLM (remote code); transformers builds LlamaForCausalLM
+    "internlm3-bias-aliases": {
+        **TINY,
+        "model_type": "internlm3",
+        "architectures": ["InternLM3ForCausalLM"],
+        "pad_token_id": None,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "qkv_bias": True,
+        "bias": True,
     },
     "jamba-small": {
         **TINY,

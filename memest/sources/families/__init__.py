@@ -58,6 +58,7 @@ ADAPTERS: dict[str, Adapter] = {
     "smollm3": llama.build,
     "granite": llama.build,
     "minicpm": llama.build,
+    "internlm3": llama.build,
     "mixtral": moe.build,
     "qwen2_moe": moe.build,
     "qwen3_moe": moe.build,

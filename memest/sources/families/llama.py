@@ -1,4 +1,4 @@
-"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite, minicpm.
+"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite, internlm3, minicpm.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
@@ -14,7 +14,9 @@ embedding, attention, residual and logit multipliers are scalars, not parameters
 MiniCPM 1 / 2 / 4, a config-only family: transformers does not ship it) follows the
 ``modeling_minicpm.py`` of its Hub repositories (e.g. openbmb/MiniCPM-2B-sft-bf16): llama's tensors
 and names (``scale_emb`` / ``scale_depth`` / ``dim_model_base`` are scalars), tied by default; its MoE
-variant (``num_experts``) is refused.
+variant (``num_experts``) is refused. ``internlm3`` is built by transformers as ``LlamaForCausalLM``
+with ``models/internlm3/configuration_internlm3.py`` (``qkv_bias`` / ``bias`` are aliases of
+``attention_bias`` / ``mlp_bias``, which must agree).
 """
 
 from __future__ import annotations
@@ -109,6 +111,17 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "attention_bias": False,
         "mlp_bias": False,
     },
+    "internlm3": {
+        "vocab_size": 128512,
+        "intermediate_size": 10240,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
     # MiniCPMConfig (the Hub repos' configuration_minicpm.py, e.g. a copy at index id 16286247153)
     "minicpm": {
         "vocab_size": 32000,
@@ -120,6 +133,10 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_bias": False,
     },
 }
+
+
+# attribute_map of the config classes that have one: an alias in the JSON sets the stored field
+_ALIASES: dict[str, dict[str, str]] = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"}}
 
 
 def smollm3_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
@@ -152,14 +169,19 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / ministral3 / qwen2 / qwen3 / smollm3 / granite / minicpm config."""
+    """ModelSpec of a llama-style config (see the module docstring for the families)."""
     model_type = cfg.model_type
     if model_type == "minicpm" and cfg.int("num_experts", default=0, minimum=0):
         from memest.errors import ConfigError
 
         raise ConfigError(f"config of {cfg.name!r}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
                           "not counted by memest; pass a dense MiniCPM config")
-    cfg = cfg.with_defaults(_DEFAULTS[model_type])
+    cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES.get(model_type))
+    if model_type == "internlm3" and cfg.bool("attention_bias") != cfg.bool("mlp_bias"):
+        from memest.errors import ConfigError
+
+        raise ConfigError(f"config of {cfg.name!r}: InternLM3 with qkv_bias different from bias is not supported "
+                          "(transformers builds it as Llama, one bias setting for all projections); make them equal")
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")
     k = cfg.int("num_key_value_heads", default=a)
@@ -179,7 +201,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     elif model_type in ("mistral", "ministral3"):
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
-    else:  # llama, granite, minicpm: full attention everywhere; smollm3: its own windows
+    else:  # llama, granite, internlm3, minicpm: full attention everywhere; smollm3: its own windows
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias = cfg.bool("mlp_bias")
         windows = smollm3_windows(cfg, num_layers) if model_type == "smollm3" else [None] * num_layers
