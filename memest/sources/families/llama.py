@@ -21,6 +21,7 @@ with ``models/internlm3/configuration_internlm3.py`` (``qkv_bias`` / ``bias`` ar
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     gated_mlp,
@@ -172,14 +173,10 @@ def build(cfg: HFConfig) -> ModelSpec:
     """ModelSpec of a llama-style config (see the module docstring for the families)."""
     model_type = cfg.model_type
     if model_type == "minicpm" and cfg.int("num_experts", default=0, minimum=0):
-        from memest.errors import ConfigError
-
         raise ConfigError(f"config of {cfg.name!r}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
                           "not counted by memest; pass a dense MiniCPM config")
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES.get(model_type))
     if model_type == "internlm3" and cfg.bool("attention_bias") != cfg.bool("mlp_bias"):
-        from memest.errors import ConfigError
-
         raise ConfigError(f"config of {cfg.name!r}: InternLM3 with qkv_bias different from bias is not supported "
                           "(transformers builds it as Llama, one bias setting for all projections); make them equal")
     h = cfg.int("hidden_size")

@@ -14,6 +14,7 @@ vh, a bias-free ``patch_merger.merging_layer (vh, vh * m^2)``, then ``linear_1 (
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families import llama
 from memest.sources.families._build import OTHER, linear, norm, with_towers
@@ -70,8 +71,6 @@ def pixtral_vision_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]
 
 def build(cfg: HFConfig) -> ModelSpec:
     """ModelSpec of a mistral3 config."""
-    from memest.errors import ConfigError
-
     cfg = cfg.with_defaults(_DEFAULTS)
     text_cfg = cfg.sub("text_config")
     text_type = text_cfg.raw.get("model_type", "mistral")

@@ -16,6 +16,7 @@ only handles the integer form, and the Hub configs also list ``layer_types``).
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     gated_mlp,
@@ -76,8 +77,6 @@ def _pattern_windows(cfg: HFConfig, pattern: str, window: int, num_layers: int) 
     Raises:
         ConfigError: the pattern is empty or has a symbol other than L and G.
     """
-    from memest.errors import ConfigError
-
     for n, symbol in enumerate(pattern):
         if symbol not in "LG":
             raise ConfigError(f"config of {cfg.name!r}: sliding_window_pattern[{n}] = {symbol!r} in {pattern!r}; "
