@@ -174,6 +174,7 @@ DEFAULT_CLASSES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "glm4v_moe": "Glm4vMoeForConditionalGeneration",
     "minimax_m2": "MiniMaxM2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
@@ -227,6 +228,9 @@ DEFAULT_EXTRA["qwen2_5_vl"] = {"hidden_size": 8192, "num_hidden_layers": 80, "nu
 DEFAULT_EXTRA["qwen3_vl"] = {"text_config": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}}
 DEFAULT_EXTRA["qwen3_vl_moe"] = {"text_config": {"hidden_size": 2048, "num_hidden_layers": 24,
                                                  "num_attention_heads": 16}}
+# Glm4vMoeTextConfig has no head_dim default and 4096 / 96 does not divide; GLM-4.5V sets 128
+DEFAULT_EXTRA["glm4v_moe"] = {"text_config": {"hidden_size": 4096, "num_hidden_layers": 46, "num_attention_heads": 96,
+                                               "head_dim": 128}}
 DEFAULT_EXTRA["llama4"] = {"text_config": {"hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40}}
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
@@ -854,6 +858,15 @@ VARIANTS: dict[str, dict] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 16,
         "partial_rotary_factor": 0.5,
+    },
+    "glm4v_moe-small-tied": {
+        "model_type": "glm4v_moe",
+        "architectures": ["Glm4vMoeForConditionalGeneration"],
+        "text_config": {**TINY, "num_key_value_heads": 2, "head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                        "moe_intermediate_size": 32, "first_k_dense_replace": 2, "pad_token_id": None,
+                        "tie_word_embeddings": True},
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 40, "num_heads": 4, "out_hidden_size": 48,
+                          "image_size": 28, "patch_size": 14, "attention_bias": True, "spatial_merge_size": 1},
     },
     "minimax_m2-small": {
         **TINY,

@@ -93,6 +93,7 @@ ADAPTERS: dict[str, Adapter] = {
     "cohere2": cohere.build,
     "glm4": glm.build,
     "glm4_moe": glm.build,
+    "glm4v_moe": glm.build,
     "qwen2_5_vl": qwen_vl.build,
     "qwen3_vl": qwen_vl.build,
     "qwen3_vl_moe": qwen_vl.build,

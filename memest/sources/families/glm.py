@@ -1,4 +1,5 @@
-"""Zhipu GLM-4 decoders: glm4 (GLM-4-0414), glm4_moe (GLM-4.5, GLM-4.6, GLM-4.7).
+"""Zhipu GLM-4 decoders: glm4 (GLM-4-0414), glm4_moe (GLM-4.5, GLM-4.6, GLM-4.7) and the
+vision-language glm4v_moe (GLM-4.5V).
 
 Follows transformers:
 
@@ -15,6 +16,15 @@ Follows transformers:
   ``mlp.shared_experts``). The router's ``e_score_correction_bias`` is a buffer, and the
   multi-token-prediction layers a checkpoint stores (``num_nextn_predict_layers``) are not
   instantiated; neither is counted, and the notes say so.
+- ``models/glm4v_moe/modeling_glm4v_moe.py`` ``Glm4vMoeForConditionalGeneration``: the glm4_moe text
+  model (without q/k norms, ``Glm4vMoeTextConfig`` defaults) under ``model.language_model``; the lm_head
+  tied per the top-level ``tie_word_embeddings`` or the text_config's (default false); the vision tower
+  ``model.visual`` (:attr:`Component.OTHER`): learned ``embeddings.position_embedding ((S/p)^2, vh)``, a
+  biased Conv3d ``patch_embed.proj (vh, C, t, p, p)``, ``depth`` blocks of two RMSNorms, ``attn.qkv
+  (3vh, vh)`` biased per the vision ``attention_bias``, an unbiased ``attn.proj`` and an unbiased SwiGLU
+  MLP ``out_hidden_size`` wide; RMSNorms ``post_conv_layernorm`` / ``post_layernorm``; a biased Conv2d
+  ``downsample (out, vh, m, m)``; the merger: unbiased ``proj (out, out)``, LayerNorm
+  ``post_projection_norm (out)`` and an unbiased SwiGLU ``intermediate_size`` wide.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     MLP,
+    OTHER,
     expert_stack,
     gated_mlp,
     gqa_projections,
@@ -33,8 +44,9 @@ from memest.sources.families._build import (
     norm,
     router,
     token_embedding,
+    with_towers,
 )
-from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
+from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 # Glm4Config / Glm4MoeConfig defaults (models/glm4*/configuration_glm4*.py) of the fields read here
 _DEFAULTS: dict[str, dict[str, object]] = {
@@ -65,6 +77,33 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "num_nextn_predict_layers": 1,
     },
 }
+# Glm4vMoeTextConfig / Glm4vMoeVisionConfig defaults (models/glm4v_moe/configuration_glm4v_moe.py)
+_GLM4V_TEXT_DEFAULTS: dict[str, object] = {
+    "vocab_size": 151424,
+    "intermediate_size": 10944,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 65536,
+    "attention_bias": True,
+    "moe_intermediate_size": 1408,
+    "num_experts_per_tok": 8,
+    "n_shared_experts": 1,
+    "n_routed_experts": 128,
+    "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 0,  # the class has no such field: a note only when the config states it
+}
+_GLM4V_VISION_DEFAULTS: dict[str, object] = {
+    "depth": 24,
+    "hidden_size": 1536,
+    "attention_bias": False,
+    "in_channels": 3,
+    "image_size": 336,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 4096,
+    "intermediate_size": 13696,
+}
 _ALIASES: dict[str, dict[str, str]] = {
     "glm4": {},
     "glm4_moe": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
@@ -72,7 +111,9 @@ _ALIASES: dict[str, dict[str, str]] = {
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a glm4 / glm4_moe config."""
+    """ModelSpec of a glm4 / glm4_moe / glm4v_moe config."""
+    if cfg.model_type == "glm4v_moe":
+        return _build_glm4v_moe(cfg)
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES[model_type])
     h = cfg.int("hidden_size")
@@ -161,3 +202,43 @@ def build(cfg: HFConfig) -> ModelSpec:
         max_position_embeddings=cfg.int("max_position_embeddings"),
         notes=tuple(notes),
     )
+
+
+def _build_glm4v_moe(cfg: HFConfig) -> ModelSpec:
+    """Glm4vMoeForConditionalGeneration: the glm4_moe text model plus the vision tower (module docstring)."""
+    text_raw = dict(cfg.sub("text_config").raw)
+    text_raw.update(model_type="glm4_moe", use_qk_norm=False)
+    text = build(HFConfig(text_raw, name=cfg.name, source=cfg.source).with_defaults(_GLM4V_TEXT_DEFAULTS))
+    raw_vision = cfg.raw.get("vision_config")
+    v = HFConfig(raw_vision if isinstance(raw_vision, dict) else {}, name=cfg.name, source=cfg.source)
+    v = v.with_defaults(_GLM4V_VISION_DEFAULTS)
+    vh, out, ctx = v.int("hidden_size"), v.int("out_hidden_size"), v.int("intermediate_size")
+    patch, merge = v.int("patch_size"), v.int("spatial_merge_size")
+    p = "model.visual."
+    towers = [
+        TensorSpec(f"{p}embeddings.position_embedding.weight", ((v.int("image_size") // patch) ** 2, vh), OTHER),
+        TensorSpec(f"{p}patch_embed.proj.weight", (vh, v.int("in_channels"), v.int("temporal_patch_size"), patch, patch),
+                   OTHER),
+        TensorSpec(f"{p}patch_embed.proj.bias", (vh,), OTHER),
+    ]
+    for n in range(v.int("depth")):
+        q = f"{p}blocks.{n}."
+        towers += [
+            *norm(f"{q}norm1", vh, component=OTHER),
+            *norm(f"{q}norm2", vh, component=OTHER),
+            *linear(f"{q}attn.qkv", vh, 3 * vh, OTHER, Split.COL, bias=v.bool("attention_bias")),
+            *linear(f"{q}attn.proj", vh, vh, OTHER, Split.ROW),
+            *gated_mlp(vh, out, prefix=f"{q}mlp", component=OTHER),
+        ]
+    towers += [
+        *norm(f"{p}post_conv_layernorm", vh, component=OTHER),
+        TensorSpec(f"{p}downsample.weight", (out, vh, merge, merge), OTHER),
+        TensorSpec(f"{p}downsample.bias", (out,), OTHER),
+        *norm(f"{p}post_layernorm", vh, component=OTHER),
+        *linear(f"{p}merger.proj", out, out, OTHER, Split.NONE),
+        *norm(f"{p}merger.post_projection_norm", out, bias=True, component=OTHER),
+        *gated_mlp(out, ctx, prefix=f"{p}merger", component=OTHER),
+    ]
+    tied = bool(cfg.get("tie_word_embeddings", default=False)) or bool(text_raw.get("tie_word_embeddings", False))
+    return with_towers(cfg, text, towers=towers, tied=tied,
+                       notes=("the vision tower and its merger are counted in 'embedding' (component other)",))
