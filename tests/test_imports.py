@@ -55,6 +55,7 @@ ANALYTIC_FAMILIES = {
     "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
     "internlm3": "internlm/internlm3-8b-instruct",
     "glm4v_moe": "zai-org/GLM-4.5V",
+    "kimi_k25": "moonshotai/Kimi-K2.5",
 }
 _GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "intermediate_size": 96, "vocab_size": 97}

@@ -189,6 +189,7 @@ DEFAULT_CLASSES = {
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
+    "kimi_k25": "Kimi_K25ForConditionalGeneration",
     "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_bigcode": "GPTBigCodeForCausalLM",
@@ -231,6 +232,8 @@ DEFAULT_EXTRA["qwen3_vl_moe"] = {"text_config": {"hidden_size": 2048, "num_hidde
 # Glm4vMoeTextConfig has no head_dim default and 4096 / 96 does not divide; GLM-4.5V sets 128
 DEFAULT_EXTRA["glm4v_moe"] = {"text_config": {"hidden_size": 4096, "num_hidden_layers": 46, "num_attention_heads": 96,
                                                "head_dim": 128}}
+DEFAULT_EXTRA["kimi_k25"] = {"text_config": {"model_type": "kimi_k2", "hidden_size": 7168, "num_hidden_layers": 61,
+                                              "num_attention_heads": 128}}
 DEFAULT_EXTRA["llama4"] = {"text_config": {"hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40}}
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
@@ -468,6 +471,18 @@ VARIANTS: dict[str, dict] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 16,
         "num_nextn_predict_layers": 0,
+    },
+    # the Hub's vt_* vision keys are not Kimi_K25VisionConfig fields: the class-default tower is built
+    "kimi_k25-small-untied": {
+        "model_type": "kimi_k25",
+        "architectures": ["Kimi_K25ForConditionalGeneration"],
+        "tie_word_embeddings": False,
+        "projection_hidden_size": 32,
+        "text_config": {**TINY, "model_type": "kimi_k2", "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                        "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 1, "n_routed_experts": 6,
+                        "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+                          "pos_emb_height": 4, "pos_emb_width": 6, "patch_size": 7, "vt_hidden_size": 999},
     },
     "gpt_oss-no-bias-layer_types": {
         **TINY,
@@ -1241,6 +1256,9 @@ def test_t0_3b_total() -> None:
         # 228,689,764,864: llama.cpp's model_n_params of the MiniMax-M2.7 GGUF (index id 58464340977) and
         # a Hub total_params table (index id 71142266638), less 62 layers x 256 e_score_correction_bias
         ("MiniMaxAI/MiniMax-M2.7", 228_689_764_864 - 62 * 256),
+        # the "logical parameters" of Kimi-K2.5 in a checkpoint-header audit (index id 68577105039: INT4 packing
+        # unpacked, scales left out), less the 60 x 384 stored e_score_correction_bias
+        ("moonshotai/Kimi-K2.5", 1_026_879_376_368 - 60 * 384),
         # Hub numParameters of Qwen/Qwen2.5-VL-7B-Instruct (index id 33908990598; mteb's n_parameters, id 59863403706)
         ("Qwen/Qwen2.5-VL-7B-Instruct", 8_292_166_656),
         # Hub safetensors total of Qwen/Qwen3-VL-8B-Instruct (index id 62872967919)
@@ -1263,7 +1281,7 @@ def test_t0_3b_total() -> None:
         ("openbmb/MiniCPM-2B-sft-bf16", 2_724_880_896),
     ],
     ids=["llama2-70b", "llama3.1-8b", "llama3.1-405b", "gpt-oss-120b", "gpt-oss-20b", "bert-base-mlm", "kimi-k2",
-         "minimax-m2.7", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
+         "minimax-m2.7", "kimi-k2.5", "qwen2.5-vl-7b", "qwen3-vl-8b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b",
          "llama4-scout", "llama4-maverick", "ministral3-3b", "stablelm2-1.6b", "aya-23-8b", "chatglm3-6b",
          "internlm2.5-7b", "minicpm-2b"],
 )
@@ -1363,6 +1381,14 @@ def test_llama4_layouts_and_chunked_attention_note() -> None:
     assert [layer.mlp.num_experts for layer in maverick.layers] == [0, 128] * 24
     assert all(layer.attention.sliding_window is None for layer in scout.layers)
     assert any(note.startswith("36 of 48 layers use chunked attention") for note in scout.notes)
+
+
+def test_kimi_k25_quantization_from_its_text_config() -> None:
+    """Kimi-K2.5 states its INT4 compressed-tensors scheme (group 32) in text_config only; attention and
+    shared experts are in its ignore list."""
+    q = load_model("moonshotai/Kimi-K2.5").quantization
+    assert q is not None and (q.method, q.bits, q.group_size) == ("compressed-tensors", 4, 32)
+    assert ".*self_attn.*" in q.skip_modules
 
 
 def test_gpt_oss_alternates_sliding_and_full() -> None:

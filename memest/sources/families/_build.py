@@ -241,10 +241,14 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
 def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
     """The checkpoint's ``quantization_config``, parsed (None when unquantized).
 
-    Source of the field names: transformers ``utils/quantization_config.py`` (BitsAndBytesConfig,
-    GPTQConfig, AwqConfig, FineGrainedFP8Config, Mxfp4Config, CompressedTensorsConfig).
+    A multimodal checkpoint may state it in its ``text_config`` only (moonshotai/Kimi-K2.5), as it may
+    its dtype (:func:`torch_dtype_of`). Source of the field names: transformers
+    ``utils/quantization_config.py`` (BitsAndBytesConfig, GPTQConfig, AwqConfig, FineGrainedFP8Config,
+    Mxfp4Config, CompressedTensorsConfig).
     """
     q = cfg.get("quantization_config", default=None)
+    if q is None:
+        q = cfg.text.get("quantization_config", default=None)
     if not isinstance(q, dict):
         return None
     method = str(q.get("quant_method", "")).lower()
