@@ -71,8 +71,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         norm="layer" if layer_norm else "rms",
         tensors=(
             *norm("input_layernorm", h, bias=layer_norm),
-            # the fused projection holds all query heads, then the K heads, then the V heads
-            *linear("self_attention.query_key_value", h, (a + 2 * k) * d, ATTN, Split.KV, bias=qkv_bias),
+            *linear("self_attention.query_key_value", h, (a + 2 * k) * d, ATTN, Split.COL, bias=qkv_bias),
             *linear("self_attention.dense", a * d, h, ATTN, Split.ROW, bias=bias),
             *norm("post_attention_layernorm", h, bias=layer_norm),
             *linear("mlp.dense_h_to_4h", h, 2 * f, MLP, Split.COL, bias=bias),

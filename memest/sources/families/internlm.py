@@ -51,8 +51,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         mlp=MLPSpec(gated=True, intermediate_size=i, activation=cfg.str("hidden_act")),
         tensors=(
             *norm("attention_norm", h),
-            # the fused projection interleaves each KV group's queries, key and value: split like K/V heads
-            *linear("attention.wqkv", h, (a + 2 * k) * d, ATTN, Split.KV, bias=bias),
+            *linear("attention.wqkv", h, (a + 2 * k) * d, ATTN, Split.COL, bias=bias),
             *linear("attention.wo", a * d, h, ATTN, Split.ROW, bias=bias),
             *norm("ffn_norm", h),
             *gated_mlp(h, i, prefix="feed_forward", names=("w1", "w3", "w2")),
