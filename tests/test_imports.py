@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "transformers", "huggingface_hub", "accelerate")
 
 
@@ -31,3 +33,68 @@ def test_catalog_estimate_loads_no_heavy_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1:] in ([], [""])
+
+
+# One catalog model per family with an analytic adapter added for issue 12 (or, for a family without a
+# catalog entry, the smallest config its adapter accepts): estimating it must import none of HEAVY.
+ANALYTIC_FAMILIES = {
+    "kimi_k2": "moonshotai/Kimi-K2-Instruct",
+    "minimax_m2": "MiniMaxAI/MiniMax-M2.7",
+    "qwen2_5_vl": "Qwen/Qwen2.5-VL-7B-Instruct",
+    "qwen3_vl": "Qwen/Qwen3-VL-8B-Instruct",
+    "qwen3_vl_moe": "Qwen/Qwen3-VL-30B-A3B-Instruct",
+    "llama4": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "internlm2": "internlm/internlm2_5-7b-chat",
+    "chatglm": "THUDM/chatglm3-6b",
+    "baichuan": "baichuan-inc/Baichuan2-7B-Chat",
+    "minicpm": "openbmb/MiniCPM-2B-sft-bf16",
+    "starcoder2": "bigcode/starcoder2-7b",
+    "stablelm": "stabilityai/stablelm-2-zephyr-1_6b",
+    "cohere": "CohereForAI/aya-23-8B",
+    "mistral3": "mistralai/Ministral-3-3B-Instruct-2512",
+    "exaone4": "LGAI-EXAONE/EXAONE-4.0-32B",
+    "internlm3": "internlm/internlm3-8b-instruct",
+    "glm4v_moe": "zai-org/GLM-4.5V",
+    "kimi_k25": "moonshotai/Kimi-K2.5",
+}
+_GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 96, "vocab_size": 97}
+CONFIG_FAMILIES = {
+    model_type: {"model_type": model_type, **_GEOMETRY}
+    for model_type in ("smollm3", "olmo3", "granite", "granitemoe", "cohere2", "glm4", "glm4_moe", "ministral3",
+                       "llama4_text")
+}
+
+
+def _imports_of(code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True,
+    )
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+
+
+@pytest.mark.parametrize("model_type", sorted(ANALYTIC_FAMILIES))
+def test_new_family_catalog_serve_estimate_loads_no_heavy_module(model_type):
+    code = (
+        "import io, contextlib\n"
+        "from memest.cli import main\n"
+        f"sys.argv = ['memest', 'hf', {ANALYTIC_FAMILIES[model_type]!r}, '--serve', '--json']\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main()\n"
+        "    except SystemExit:\n"
+        "        pass"
+    )
+    assert _imports_of(code) == ""
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIG_FAMILIES))
+def test_new_family_config_loads_no_heavy_module(model_type):
+    code = (
+        "from memest.sources import spec_from_config\n"
+        "from memest.sources.config import HFConfig\n"
+        f"spec = spec_from_config(HFConfig({CONFIG_FAMILIES[model_type]!r}, name='t', source='t'))\n"
+        "assert not any('meta device' in note for note in spec.notes)"
+    )
+    assert _imports_of(code) == ""

@@ -242,14 +242,18 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
 def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
     """The checkpoint's ``quantization_config``, parsed and checked (None when unquantized).
 
-    Source of the field names: transformers ``utils/quantization_config.py`` (BitsAndBytesConfig,
-    GPTQConfig, AwqConfig, FineGrainedFP8Config, Mxfp4Config, CompressedTensorsConfig).
+    A multimodal checkpoint may state it in its ``text_config`` only (moonshotai/Kimi-K2.5), as it may
+    its dtype (:func:`torch_dtype_of`). Source of the field names: transformers
+    ``utils/quantization_config.py`` (BitsAndBytesConfig, GPTQConfig, AwqConfig, FineGrainedFP8Config,
+    Mxfp4Config, CompressedTensorsConfig).
 
     Raises:
         ConfigError: a field is malformed (bits not in 1..16, a group size of 0, a block shape that
             is not two positive integers, a module list that is not a list of strings).
     """
     q = cfg.get("quantization_config", default=None)
+    if q is None:
+        q = cfg.text.get("quantization_config", default=None)
     if q is None:
         return None
     if not isinstance(q, dict):
@@ -351,6 +355,47 @@ def model_spec(
     )
 
 
+def with_towers(
+    cfg: HFConfig,
+    text: ModelSpec,
+    *,
+    towers: list[TensorSpec],
+    tied: bool,
+    text_prefix: str = "model.language_model.",
+    notes: tuple[str, ...] = (),
+) -> ModelSpec:
+    """A multimodal checkpoint: the text model ``text`` (built by its family's adapter from
+    ``text_config``) moved under ``text_prefix``, with the vision (or audio) tower and projector
+    tensors ``towers`` in ``embedding`` (they run before the first text layer) and the lm_head at
+    the top level, tied to the embedding per the top-level config's ``tie_word_embeddings``.
+
+    transformers' ``...ForConditionalGeneration`` classes keep the language model under
+    ``model.language_model`` and ``lm_head`` outside it (e.g. ``models/mistral3/modeling_mistral3.py``).
+    """
+
+    def moved(tensors: tuple[TensorSpec, ...]) -> list[TensorSpec]:
+        return [
+            t if t.component is Component.LM_HEAD else
+            TensorSpec(text_prefix + t.name.removeprefix("model."), t.shape, t.component, t.split)
+            for t in tensors
+        ]
+
+    head = [t for t in moved(text.head) if t.component is not Component.LM_HEAD]
+    return model_spec(
+        cfg,
+        hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size,
+        layers=list(text.layers),
+        embedding=[*towers, *moved(text.embedding)],
+        head=[*head, *([] if tied else lm_head(text.vocab_size, text.hidden_size))],
+        tie_word_embeddings=tied,
+        max_position_embeddings=text.max_position_embeddings,
+        notes=(*text.notes, *notes),
+        final_logit_softcapping=text.final_logit_softcapping,
+        sdpa_supported=text.sdpa_supported,
+    )
+
+
 __all__ = [
     "ATTN",
     "MLP",
@@ -374,4 +419,5 @@ __all__ = [
     "router",
     "token_embedding",
     "torch_dtype_of",
+    "with_towers",
 ]

@@ -1,4 +1,4 @@
-"""DeepSeek decoders with multi-head latent attention (MLA): deepseek_v2, deepseek_v3.
+"""DeepSeek decoders with multi-head latent attention (MLA): deepseek_v2, deepseek_v3, kimi_k2.
 
 Follows transformers ``models/deepseek_v2/modeling_deepseek_v2.py`` and
 ``models/deepseek_v3/modeling_deepseek_v3.py``:
@@ -14,6 +14,13 @@ Follows transformers ``models/deepseek_v2/modeling_deepseek_v2.py`` and
   ``moe_intermediate_size`` wide and ``n_shared_experts`` shared experts fused into one SwiGLU
   ``mlp.shared_experts`` of width ``moe_intermediate_size * n_shared_experts``. transformers
   ignores ``moe_layer_freq``.
+
+``kimi_k2`` (Moonshot AI's Kimi K2) is DeepSeek-V3's architecture under another model_type, which
+transformers does not register: its config names ``DeepseekV3ForCausalLM`` and the remote code
+``configuration_deepseek.DeepseekV3Config`` / ``modeling_deepseek.py`` of the model repository
+(moonshotai/Kimi-K2-Instruct), a copy of DeepSeek-V3's; it is counted as transformers' deepseek_v3
+class counts that config (the remote code keeps one module per expert: the same parameters), and
+omitted fields take DeepseekV3Config's defaults.
 
 The router's ``e_score_correction_bias`` (DeepSeek-V3) is a buffer, not a parameter; the
 multi-token-prediction layers a V3 checkpoint stores (``num_nextn_predict_layers``) are not
@@ -74,10 +81,12 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "mlp_bias": False,
     },
 }
+_DEFAULTS["kimi_k2"] = _DEFAULTS["deepseek_v3"]
 _ALIASES: dict[str, dict[str, str]] = {
     "deepseek_v2": {"num_experts": "n_routed_experts"},
     "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
 }
+_ALIASES["kimi_k2"] = _ALIASES["deepseek_v3"]
 
 
 def mla_tensors(
@@ -103,7 +112,7 @@ def mla_tensors(
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a deepseek_v2 / deepseek_v3 config."""
+    """ModelSpec of a deepseek_v2 / deepseek_v3 / kimi_k2 config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES[model_type])
     h = cfg.int("hidden_size")

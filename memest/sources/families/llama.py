@@ -1,15 +1,27 @@
-"""Llama-style decoders: llama, mistral, qwen2, qwen3.
+"""Llama-style decoders: llama, mistral, ministral3, qwen2, qwen3, smollm3, granite, internlm3, minicpm.
 
 Pre-norm RMSNorm layers, rotary attention with grouped-query K/V, SwiGLU MLP, untied lm_head by
 default. Follows transformers ``models/llama/modeling_llama.py`` (``attention_bias`` on all four
-projections, ``mlp_bias``), ``models/mistral`` (no biases, one sliding window for every layer),
+projections, ``mlp_bias``), ``models/mistral`` and ``models/ministral3`` (no biases, one sliding window for every layer),
 ``models/qwen2`` (bias on Q/K/V only; sliding window only when ``use_sliding_window``, on layers
 from ``max_window_layers`` on) and ``models/qwen3`` (``attention_bias`` on all four projections,
-RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128).
+RMSNorm ``q_norm``/``k_norm`` over head_dim, ``head_dim`` defaulting to 128) and
+``models/smollm3/modeling_smollm3.py`` (llama's tensors, tied by default; rotary embeddings skipped
+on every ``no_rope_layer_interval``-th layer, which holds no parameter; a sliding window, with
+``use_sliding_window``, only on the layers ``layer_types`` marks sliding, by default the NoPE ones:
+``SmolLM3Config.__post_init__``); ``models/granite/modeling_granite.py`` is llama's tensors too (its
+embedding, attention, residual and logit multipliers are scalars, not parameters). ``minicpm`` (OpenBMB
+MiniCPM 1 / 2 / 4, a config-only family: transformers does not ship it) follows the
+``modeling_minicpm.py`` of its Hub repositories (e.g. openbmb/MiniCPM-2B-sft-bf16): llama's tensors
+and names (``scale_emb`` / ``scale_depth`` / ``dim_model_base`` are scalars), tied by default; its MoE
+variant (``num_experts``) is refused. ``internlm3`` is built by transformers as ``LlamaForCausalLM``
+with ``models/internlm3/configuration_internlm3.py`` (``qkv_bias`` / ``bias`` are aliases of
+``attention_bias`` / ``mlp_bias``, which must agree).
 """
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     gated_mlp,
@@ -44,6 +56,16 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "tie_word_embeddings": False,
         "sliding_window": 4096,
     },
+    "ministral3": {
+        "vocab_size": 131072,
+        "intermediate_size": 14336,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": False,
+        "sliding_window": None,
+    },
     "qwen2": {
         "vocab_size": 151936,
         "intermediate_size": 22016,
@@ -68,7 +90,70 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
     },
+    "smollm3": {
+        "vocab_size": 128256,
+        "intermediate_size": 11008,
+        "num_key_value_heads": 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "no_rope_layer_interval": 4,
+    },
+    "granite": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    "internlm3": {
+        "vocab_size": 128512,
+        "intermediate_size": 10240,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    # MiniCPMConfig (the Hub repos' configuration_minicpm.py, e.g. a copy at index id 16286247153)
+    "minicpm": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
 }
+
+
+# attribute_map of the config classes that have one: an alias in the JSON sets the stored field
+_ALIASES: dict[str, dict[str, str]] = {"internlm3": {"qkv_bias": "attention_bias", "bias": "mlp_bias"}}
+
+
+def smollm3_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
+    """Per-layer sliding windows of smollm3 (``SmolLM3Config.__post_init__``, ``SmolLM3Attention``).
+
+    None everywhere unless ``use_sliding_window`` and a window; then the layers ``layer_types``
+    marks sliding, by default those ``no_rope_layers`` marks 0 (every ``no_rope_layer_interval``-th).
+    """
+    window = cfg.int("sliding_window", default=None) if cfg.bool("use_sliding_window") else None
+    if window is None or cfg.has("layer_types"):
+        return layer_windows(cfg, num_layers, window)
+    rope = cfg.get("no_rope_layers", default=None)
+    if rope is None:
+        interval = cfg.int("no_rope_layer_interval")
+        rope = [int((n + 1) % interval != 0) for n in range(num_layers)]
+    return [None if has_rope else window for has_rope in rope]
 
 
 def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
@@ -85,9 +170,15 @@ def qwen_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a llama / mistral / qwen2 / qwen3 config."""
+    """ModelSpec of a llama-style config (see the module docstring for the families)."""
     model_type = cfg.model_type
-    cfg = cfg.with_defaults(_DEFAULTS[model_type])
+    if model_type == "minicpm" and cfg.int("num_experts", default=0, minimum=0):
+        raise ConfigError(f"config of {cfg.name!r}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
+                          "not counted by memest; pass a dense MiniCPM config")
+    cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES.get(model_type))
+    if model_type == "internlm3" and cfg.bool("attention_bias") != cfg.bool("mlp_bias"):
+        raise ConfigError(f"config of {cfg.name!r}: InternLM3 with qkv_bias different from bias is not supported "
+                          "(transformers builds it as Llama, one bias setting for all projections); make them equal")
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")
     k = cfg.int("num_key_value_heads", default=a)
@@ -104,13 +195,13 @@ def build(cfg: HFConfig) -> ModelSpec:
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias, qk_norm = False, True
         windows = qwen_windows(cfg, num_layers)
-    elif model_type == "mistral":
+    elif model_type in ("mistral", "ministral3"):
         qkv_bias = o_bias = mlp_bias = False
         windows = [cfg.int("sliding_window", default=None)] * num_layers
-    else:  # llama: full attention everywhere
+    else:  # llama, granite, internlm3, minicpm: full attention everywhere; smollm3: its own windows
         qkv_bias = o_bias = cfg.bool("attention_bias")
         mlp_bias = cfg.bool("mlp_bias")
-        windows = [None] * num_layers
+        windows = smollm3_windows(cfg, num_layers) if model_type == "smollm3" else [None] * num_layers
 
     tensors = (
         *norm("input_layernorm", h),

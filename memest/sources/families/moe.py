@@ -1,4 +1,4 @@
-"""Llama-style mixture-of-experts decoders: mixtral, qwen2_moe, qwen3_moe.
+"""Llama-style mixture-of-experts decoders: mixtral, qwen2_moe, qwen3_moe, granitemoe, minimax_m2.
 
 Attention as in the dense family; the MLP of an MoE layer is a router ``mlp.gate (E, h)`` and E
 routed SwiGLU experts stored fused (``mlp.experts.gate_up_proj (E, 2i, h)``,
@@ -11,6 +11,13 @@ routed SwiGLU experts stored fused (``mlp.experts.gate_up_proj (E, 2i, h)``,
   ``(n + 1) % decoder_sparse_step == 0``, else a dense MLP ``intermediate_size`` wide.
 - ``models/qwen3_moe/modeling_qwen3_moe.py``: as qwen2_moe without the shared expert, with
   ``attention_bias`` on all four projections and RMSNorm ``q_norm``/``k_norm`` over head_dim.
+- ``models/granitemoe/modeling_granitemoe.py``: mixtral's layers under other names (router
+  ``block_sparse_moe.router.weight (E, h)``, experts ``block_sparse_moe.experts.*``), with
+  ``attention_bias`` on all four projections and no sliding window; its multipliers are scalars.
+- ``models/minimax_m2/modeling_minimax_m2.py``: mixtral's layers without biases or sliding window,
+  a config-given ``head_dim`` (default 128), partial rotary (``rotary_dim``) and RMSNorm
+  ``q_norm``/``k_norm`` over the full projection widths (a*d and k*d, as OLMo-2); the router's
+  ``e_score_correction_bias`` is a buffer (not counted).
 """
 
 from __future__ import annotations
@@ -79,13 +86,38 @@ _DEFAULTS: dict[str, dict[str, object]] = {
         "num_experts": 128,
         "mlp_only_layers": None,
     },
+    "granitemoe": {
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "hidden_act": "silu",
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "minimax_m2": {
+        "vocab_size": 200064,
+        "intermediate_size": 1536,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 196608,
+        "tie_word_embeddings": False,
+        "num_experts_per_tok": 8,
+        "num_local_experts": 256,
+    },
 }
+# where each family keeps its MoE block: (router module, experts prefix)
+_MOE_NAMES: dict[str, tuple[str, str]] = {"granitemoe": ("block_sparse_moe.router", "block_sparse_moe.experts")}
 
 # their attribute_map: an alias in the JSON sets the stored field
 _ALIASES: dict[str, dict[str, str]] = {
     "mixtral": {"num_experts": "num_local_experts"},
     "qwen2_moe": {},
     "qwen3_moe": {"num_local_experts": "num_experts"},
+    "granitemoe": {},
+    "minimax_m2": {"num_experts": "num_local_experts"},
 }
 
 
@@ -102,7 +134,7 @@ def _qwen2_moe_windows(cfg: HFConfig, num_layers: int) -> list[int | None]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a mixtral / qwen2_moe / qwen3_moe config."""
+    """ModelSpec of a mixtral / qwen2_moe / qwen3_moe / granitemoe / minimax_m2 config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES[model_type])
     h = cfg.int("hidden_size")
@@ -114,12 +146,18 @@ def build(cfg: HFConfig) -> ModelSpec:
     activation = cfg.str("hidden_act")
     top_k = cfg.int("num_experts_per_tok")
 
-    if model_type == "mixtral":
+    full_qk_norm = model_type == "minimax_m2"
+    if model_type in ("mixtral", "granitemoe", "minimax_m2"):
         num_experts = cfg.int("num_local_experts")
         expert_i = cfg.int("intermediate_size")
         moe_layers = [True] * num_layers
-        windows = [cfg.int("sliding_window", default=None)] * num_layers
-        qkv_bias = o_bias = qk_norm = False
+        qk_norm = False
+        if model_type == "mixtral":
+            windows = [cfg.int("sliding_window", default=None)] * num_layers
+            qkv_bias = o_bias = False
+        else:
+            windows = [None] * num_layers
+            qkv_bias = o_bias = model_type == "granitemoe" and cfg.bool("attention_bias")
     else:
         num_experts = cfg.int("num_experts", minimum=0)
         expert_i = cfg.int("moe_intermediate_size")
@@ -138,12 +176,14 @@ def build(cfg: HFConfig) -> ModelSpec:
     attention_tensors = (
         *gqa_projections(h, a, k, d, qkv_bias=qkv_bias, o_bias=o_bias),
         *(norm("self_attn.q_norm", d) + norm("self_attn.k_norm", d) if qk_norm else []),
+        *(norm("self_attn.q_norm", a * d) + norm("self_attn.k_norm", k * d) if full_qk_norm else []),
     )
     norms = (*norm("input_layernorm", h), *norm("post_attention_layernorm", h))
     shared_i = cfg.int("shared_expert_intermediate_size", minimum=0) if model_type == "qwen2_moe" else 0
+    router_name, experts_prefix = _MOE_NAMES.get(model_type, ("mlp.gate", "mlp.experts"))
     moe_tensors = (
-        *router("mlp.gate", h, num_experts),
-        *expert_stack(h, expert_i, num_experts),
+        *router(router_name, h, num_experts),
+        *expert_stack(h, expert_i, num_experts, prefix=experts_prefix),
         *(
             gated_mlp(h, shared_i, prefix="mlp.shared_expert")
             + linear("mlp.shared_expert_gate", h, 1, Component.ROUTER, Split.NONE)
@@ -170,7 +210,8 @@ def build(cfg: HFConfig) -> ModelSpec:
             (moe, window),
             lambda: LayerSpec(
                 attention=AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, sliding_window=window,
-                                        qk_norm="head" if qk_norm else "none"),
+                                        rope="concat" if full_qk_norm else "rotate",
+                                        qk_norm="head" if qk_norm else "full" if full_qk_norm else "none"),
                 mlp=moe_mlp if moe else dense_mlp,
                 norm="rms",
                 tensors=(*attention_tensors, *(moe_tensors if moe else gated_mlp(h, dense_i)), *norms),
