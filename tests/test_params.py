@@ -31,7 +31,7 @@ from memest.errors import ConfigError, UnsupportedArchitectureError
 from memest.sources import catalog, load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
-from memest.spec import Component, ModelSpec
+from memest.spec import Component, ModelSpec, StateSpec
 
 # Remote-code class names transformers does not define, mapped to the native class of the same
 # model_type (same parameters): the Hub's Phi-3.5-MoE config names its trust_remote_code class
@@ -806,7 +806,8 @@ def test_jamba_layer_kinds() -> None:
     kinds = [layer.attention.kind for layer in spec.layers]
     assert [n for n, kind in enumerate(kinds) if kind == "gqa"] == [4, 12, 20, 28]
     mamba = spec.layers[0].attention
-    assert mamba.state_elements == 8192 * 4 + 8192 * 16  # conv state + SSM state, per sequence
+    # per sequence: conv state over d_in = 2 x 4096 channels, kernel 4; SSM state d_in x d_state 16
+    assert mamba.state == StateSpec(conv_channels=8192, conv_kernel=4, ssm_elements=8192 * 16)
     assert [layer.mlp.is_moe for layer in spec.layers] == [n % 2 == 1 for n in range(32)]
 
 

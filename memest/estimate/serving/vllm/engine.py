@@ -69,7 +69,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
-        layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
+        layout = paged_layout(kv_layers(kinds, par.tp, e, state_e=c), s.block_size)  # mamba_cache_dtype auto
         weights = loaded_bytes(spec, s, stage) + rope_cache_block(spec, c)
         peak = vllm_budget.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
