@@ -568,7 +568,9 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     (re.compile(r"experts?\.\d+\.|\.experts\.|routed"), Component.EXPERTS),
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
     (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
-    (re.compile(r"mamba|mixer|ssm|A_log|(^|\.)D$"), Component.OTHER),  # state-space mixers
+    # state-space mixers; Nemotron-H names every block's module "mixer", its attention and MLPs too
+    (re.compile(r"mamba|ssm|A_log|(^|\.)D$|mixer\.(?!(q_proj|k_proj|v_proj|o_proj|up_proj|down_proj|shared_experts"
+                r"|fc\d_latent_proj)\b)"), Component.OTHER),
     (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
     (
         re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"),
@@ -579,7 +581,8 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
         Component.ATTENTION,
     ),
     (
-        re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|\.wi|\.wo\b|intermediate|shared_expert", re.IGNORECASE),
+        re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|\.wi|\.wo\b|intermediate|shared_expert|(^|\.)(up|down)_proj",
+                   re.IGNORECASE),
         Component.MLP,
     ),
 )

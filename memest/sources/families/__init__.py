@@ -26,8 +26,10 @@ from memest.sources.families import (
     gpt2,
     gpt_oss,
     jamba,
+    lfm2,
     llama,
     moe,
+    nemotron_h,
     neox,
     olmo,
     opt,
@@ -66,6 +68,8 @@ ADAPTERS: dict[str, Adapter] = {
     "bert": bert.build,
     "t5": t5.build,
     "jamba": jamba.build,
+    "nemotron_h": nemotron_h.build,
+    "lfm2": lfm2.build,
 }
 
 

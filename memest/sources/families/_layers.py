@@ -36,8 +36,8 @@ def listed_kinds(cfg: HFConfig, key: str, num_layers: int | None, known: Mapping
     """
     types = cfg.get(key, default=None)
     if not isinstance(types, list) or (num_layers is not None and len(types) != num_layers):
-        want = f"{num_layers} entries (one per layer)" if num_layers is not None else "a list of layer types"
-        raise ConfigError(f"config of {cfg.name!r}: {key!r} must be {want}, got {types!r}")
+        want = f"list {num_layers} entries (one per layer)" if num_layers is not None else "be a list of layer types"
+        raise ConfigError(f"config of {cfg.name!r}: {key!r} must {want}, got {types!r}")
     out = []
     for i, value in enumerate(types):
         kind = known.get(value) if isinstance(value, str) else None
