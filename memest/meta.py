@@ -191,6 +191,7 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     if isinstance(built_types, list) and all(isinstance(t, str) for t in built_types):
         facts.layer_types = built_types  # as transformers derives them (Llama 4 chunked layers, Nemotron-H)
     facts.chunk = _positive_attr(built, "attention_chunk_size")
+    facts.built = built
     facts.encoder_tokens = _image_tokens(cfg)
 
     seen: set[int] = set()
@@ -399,7 +400,24 @@ class _Facts:
             chunk=None,
             encoder_tokens=0,
             text=text,
+            built=None,
         )
+
+    def value(self, *names: str) -> Any:
+        """The first of ``names`` the built transformers config has (its class defaults filled in),
+        else the raw config's; None when neither has one."""
+        for name in names:
+            value = getattr(self.built, name, None) if self.built is not None else None
+            if value is None:
+                value = self.text.raw.get(name)
+            if value is not None:
+                return value
+        return None
+
+    def positive(self, *names: str) -> int | None:
+        """:meth:`value` when it is a positive int."""
+        value = self.value(*names)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _layer_spec(
@@ -538,26 +556,30 @@ def _state(tensors: list[TensorSpec], facts: _Facts, layer_type: str | None) -> 
     if conv is None or len(conv) != 3:
         raise UnsupportedArchitectureError("a state-space layer without a conv1d.weight (channels, 1, kernel): "
                                            "memest cannot size its per-sequence state")
-    t = facts.text
     if any(x.name.startswith("linear_attn.") for x in tensors):
-        k_heads, v_heads = _positive(t, "linear_num_key_heads"), _positive(t, "linear_num_value_heads")
-        k_dim, v_dim = _positive(t, "linear_key_head_dim"), _positive(t, "linear_value_head_dim")
+        k_heads, v_heads = facts.positive("linear_num_key_heads"), facts.positive("linear_num_value_heads")
+        k_dim, v_dim = facts.positive("linear_key_head_dim"), facts.positive("linear_value_head_dim")
         if not (k_heads and v_heads and k_dim and v_dim):
             raise UnsupportedArchitectureError("a linear-attention layer without linear_num_key_heads / "
                                                "linear_num_value_heads / linear_key_head_dim / linear_value_head_dim")
-        return "linear", gated_deltanet_state(k_heads, v_heads, k_dim, v_dim, conv[2])
+        return "linear", gated_deltanet_state(k_heads, v_heads, k_dim, v_dim, conv[2],
+                                              ssm_dtype=_ssm_dtype(facts.value("mamba_ssm_dtype")))
     if len(a_log) == 2:
         return "mamba", mamba1_state(a_log[0], a_log[1], conv[2])
-    n = _positive(t, "ssm_state_size", "state_size", "mamba_d_state", "d_state")
-    groups = _positive(t, "n_groups", "mamba_n_groups", "ngroups") or 1
+    n = facts.positive("ssm_state_size", "state_size", "mamba_d_state", "d_state")
+    groups = facts.positive("n_groups", "mamba_n_groups", "ngroups") or 1
     if not n:
         raise UnsupportedArchitectureError("a Mamba-2 layer without ssm_state_size / state_size / mamba_d_state: "
                                            "memest cannot size its per-sequence state")
     d_in = conv[0] - 2 * groups * n
     heads = a_log[0]
-    ssm_dtype = t.raw.get("mamba_ssm_cache_dtype")
     return "mamba", mamba2_state(d_in, groups, n, heads, d_in // heads, conv[2],
-                                 ssm_dtype=ssm_dtype if isinstance(ssm_dtype, str) and ssm_dtype != "auto" else None)
+                                 ssm_dtype=_ssm_dtype(facts.value("mamba_ssm_cache_dtype")))
+
+
+def _ssm_dtype(value: Any) -> str | None:
+    """The SSM state's dtype a config fixes (``float32``), None for the model's (absent or ``auto``)."""
+    return value if isinstance(value, str) and value != "auto" else None
 
 
 _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (

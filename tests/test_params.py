@@ -165,6 +165,8 @@ DEFAULT_CLASSES = {
     "bert": "BertForMaskedLM",
     "t5": "T5ForConditionalGeneration",
     "jamba": "JambaForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -184,6 +186,10 @@ DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAUL
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
 DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
+# nemotron_h's depth is its block list: the class default one (NemotronHConfig.__post_init__)
+DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
+                               "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
+DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
@@ -596,6 +602,38 @@ for _cls in (
     "BertForQuestionAnswering",
 ):
     VARIANTS[f"bert-{_cls}"] = {**_BERT, "architectures": [_cls], "id2label": {"0": "a", "1": "b", "2": "c"}}
+# Nemotron Nano 9B v2 (nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json: hidden 4480, heads 40 / kv 8 / head_dim 128,
+# mamba 128 heads x 80, n_groups 8, ssm_state_size 128, conv_kernel 4, pattern below), shrunk: the first 16
+# symbols of its hybrid_override_pattern, narrow widths
+NEMOTRON_H_NANO_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+VARIANTS["nemotron_h-nano-pattern"] = {
+    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "vocab_size": 97,
+    "hybrid_override_pattern": NEMOTRON_H_NANO_PATTERN[:16], "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "intermediate_size": 96, "mamba_num_heads": 8, "mamba_head_dim": 10, "n_groups": 2,
+    "ssm_state_size": 8, "conv_kernel": 4, "max_position_embeddings": 128,
+}
+# Nemotron 3 style: MoE blocks with a latent projection, legacy field names, the block list spelled out
+VARIANTS["nemotron_h-moe-latent-list"] = {
+    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "vocab_size": 97,
+    "layers_block_type": ["linear_attention", "moe", "full_attention", "moe", "linear_attention", "mlp"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "mamba_num_heads": 8, "mamba_head_dim": 10, "mamba_n_groups": 1, "ssm_state_size": 8, "mamba_d_conv": 4,
+    "mamba_conv_bias": False, "use_bias": True, "mlp_bias": True, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24, "moe_shared_expert_intermediate_size": 40, "moe_latent_size": 16,
+}
+# LFM2-350M geometry (hidden 1024, 16 layers, 16 heads / 8 kv, conv_L_cache 3, attention at full_attn_idxs
+# [2, 5, 8, 10, 12, 14]), shrunk
+VARIANTS["lfm2-350m-full_attn_idxs"] = {
+    "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 16,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192, "conv_L_cache": 3,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+}
+VARIANTS["lfm2-layer_types-untied-bias"] = {
+    "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "intermediate_size": 160,
+    "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {
     **_BERT,

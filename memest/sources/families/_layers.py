@@ -80,11 +80,13 @@ def mamba2_state(d_inner: int, n_groups: int, d_state: int, num_heads: int, head
                      ssm_elements=num_heads * head_dim * d_state, ssm_dtype=ssm_dtype)
 
 
-def gated_deltanet_state(k_heads: int, v_heads: int, k_dim: int, v_dim: int, d_conv: int) -> StateSpec:
+def gated_deltanet_state(k_heads: int, v_heads: int, k_dim: int, v_dim: int, d_conv: int, *,
+                         ssm_dtype: str | None = None) -> StateSpec:
     """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): conv over q, k and v
-    (2 Hk dk + Hv dv channels) and the recurrent state (Hv, dv, dk) (``gated_delta_net_state_shape``)."""
+    (2 Hk dk + Hv dv channels) and the recurrent state (Hv, dv, dk) (``gated_delta_net_state_shape``),
+    the latter in the config's ``mamba_ssm_dtype`` when it names one."""
     return StateSpec(conv_channels=2 * k_heads * k_dim + v_heads * v_dim, conv_kernel=d_conv,
-                     ssm_elements=v_heads * v_dim * k_dim)
+                     ssm_elements=v_heads * v_dim * k_dim, ssm_dtype=ssm_dtype)
 
 
 def short_conv_state(hidden_size: int, d_conv: int) -> StateSpec:
