@@ -304,3 +304,26 @@ def test_bad_layer_kinds_exit_2_on_the_cli(tmp_path, raw: dict, message: str) ->
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
+
+
+def test_mllama_cross_attention_layers_on_the_meta_path() -> None:
+    pytest.importorskip("transformers")
+    from memest import meta
+
+    # a shrunken Llama-3.2-Vision: 5 text layers, layer 3 a cross-attention layer; one image = 4 tiles x
+    # ((56 / 14)^2 + 1) = 68 tokens
+    raw = {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
+           "text_config": {"model_type": "mllama_text_model", "hidden_size": 64, "num_hidden_layers": 5,
+                           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                           "vocab_size": 128300, "cross_attention_layers": [3]},
+           "vision_config": {"model_type": "mllama_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+                             "num_global_layers": 1, "attention_heads": 4, "intermediate_size": 64, "image_size": 56,
+                             "patch_size": 14, "max_num_tiles": 4, "vision_output_dim": 64,
+                             "intermediate_layers_indices": [0]}}
+    spec = meta.spec_from_meta(HFConfig(raw, name="test", source="test"), trust_remote_code=False)
+    assert [layer.attention.kind for layer in spec.layers] == ["gqa", "gqa", "gqa", "cross", "gqa"]
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    # per token: 4 self-attention layers x 2 KV heads x (16 + 16) x 2 B = 512 B (the cross layer adds nothing);
+    # per request: 68 image tokens x 128 B = 8,704 B
+    assert bytes_per_token(layers) == 512
+    assert state_bytes_per_sequence(layers) == 8_704
