@@ -167,6 +167,8 @@ DEFAULT_CLASSES = {
     "jamba": "JambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -190,6 +192,8 @@ DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
 DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
                                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
+DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
@@ -633,6 +637,21 @@ VARIANTS["lfm2-layer_types-untied-bias"] = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "intermediate_size": 160,
     "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
     "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+# state-spaces/mamba-130m-hf geometry (hidden 768, 24 layers, state 16, conv 4, vocab 50280), shrunk
+VARIANTS["mamba-130m-shrunk"] = {
+    "model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "vocab_size": 97, "state_size": 16, "conv_kernel": 4, "expand": 2,
+}
+VARIANTS["mamba-bias-rank-untied"] = {
+    "model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "vocab_size": 97, "state_size": 8, "use_bias": True, "use_conv_bias": False, "time_step_rank": 6,
+    "tie_word_embeddings": False,
+}
+# Mamba-Codestral-7B geometry (hidden 4096, 64 layers, 128 heads x 64, n_groups 8, state 128), shrunk
+VARIANTS["mamba2-codestral-shrunk"] = {
+    "model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "vocab_size": 97, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 8, "use_bias": True,
 }
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {

@@ -28,6 +28,7 @@ from memest.sources.families import (
     jamba,
     lfm2,
     llama,
+    mamba,
     moe,
     nemotron_h,
     neox,
@@ -70,6 +71,8 @@ ADAPTERS: dict[str, Adapter] = {
     "jamba": jamba.build,
     "nemotron_h": nemotron_h.build,
     "lfm2": lfm2.build,
+    "mamba": mamba.build,
+    "mamba2": mamba.build,
 }
 
 

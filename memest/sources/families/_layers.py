@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from memest.errors import ConfigError
 from memest.sources.config import HFConfig
-from memest.spec import StateSpec
+from memest.spec import Component, Split, StateSpec, TensorSpec
 
 
 def listed_kinds(cfg: HFConfig, key: str, num_layers: int | None, known: Mapping[str, str]) -> list[str]:
@@ -93,3 +93,26 @@ def short_conv_state(hidden_size: int, d_conv: int) -> StateSpec:
     """LFM2's short convolution: a conv state of hidden_size channels, no SSM
     (``short_conv_state_shape``; transformers ``Lfm2ShortConv``: ``conv_L_cache`` columns)."""
     return StateSpec(conv_channels=hidden_size, conv_kernel=d_conv)
+
+
+def mamba2_mixer(hidden_size: int, d_inner: int, n_groups: int, d_state: int, num_heads: int, d_conv: int, *,
+                 bias: bool, conv_bias: bool, prefix: str = "mixer.") -> list[TensorSpec]:
+    """The parameters of a Mamba-2 mixer (transformers ``Mamba2Mixer``, ``NemotronHMamba2Mixer``):
+    ``in_proj (d_in + conv_dim + heads, h)``, depthwise ``conv1d (conv_dim, 1, K)`` with conv_dim =
+    d_in + 2 G N, ``dt_bias`` / ``A_log`` / ``D`` (heads), gated RMSNorm ``norm (d_in)``,
+    ``out_proj (h, d_in)``; tensor parallelism splits the mixer by heads (vLLM ``MambaMixer2``)."""
+    conv_dim = d_inner + 2 * n_groups * d_state
+    other = Component.OTHER
+    tensors = [
+        TensorSpec(f"{prefix}in_proj.weight", (d_inner + conv_dim + num_heads, hidden_size), other, Split.COL),
+        *([TensorSpec(f"{prefix}in_proj.bias", (d_inner + conv_dim + num_heads,), other, Split.COL)] if bias else []),
+        TensorSpec(f"{prefix}conv1d.weight", (conv_dim, 1, d_conv), other, Split.COL),
+        *([TensorSpec(f"{prefix}conv1d.bias", (conv_dim,), other, Split.COL)] if conv_bias else []),
+        TensorSpec(f"{prefix}dt_bias", (num_heads,), other, Split.COL),
+        TensorSpec(f"{prefix}A_log", (num_heads,), other, Split.COL),
+        TensorSpec(f"{prefix}D", (num_heads,), other, Split.COL),
+        TensorSpec(f"{prefix}norm.weight", (d_inner,), Component.NORM, Split.COL),
+        TensorSpec(f"{prefix}out_proj.weight", (hidden_size, d_inner), other, Split.ROW),
+        *([TensorSpec(f"{prefix}out_proj.bias", (hidden_size,), other, Split.NONE)] if bias else []),
+    ]
+    return tensors

@@ -34,7 +34,6 @@ from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     MLP,
-    OTHER,
     gqa_projections,
     intern,
     linear,
@@ -44,7 +43,7 @@ from memest.sources.families._build import (
     router,
     token_embedding,
 )
-from memest.sources.families._layers import listed_kinds, mamba2_state, pattern_kinds
+from memest.sources.families._layers import listed_kinds, mamba2_mixer, mamba2_state, pattern_kinds
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 # NemotronHConfig defaults (models/nemotron_h/configuration_nemotron_h.py) of the fields read here
@@ -96,20 +95,6 @@ def block_kinds(cfg: HFConfig) -> list[str]:
     return pattern_kinds(cfg, "hybrid_override_pattern", PATTERN_SYMBOLS)
 
 
-def _mamba_tensors(cfg: HFConfig, h: int, d_inner: int, conv_dim: int, heads: int, kernel: int) -> list[TensorSpec]:
-    p = "mixer."
-    return [
-        *linear(f"{p}in_proj", h, d_inner + conv_dim + heads, OTHER, Split.COL, bias=cfg.bool("use_bias")),
-        TensorSpec(f"{p}conv1d.weight", (conv_dim, 1, kernel), OTHER, Split.COL),
-        *([TensorSpec(f"{p}conv1d.bias", (conv_dim,), OTHER, Split.COL)] if cfg.bool("use_conv_bias") else []),
-        TensorSpec(f"{p}dt_bias", (heads,), OTHER, Split.COL),
-        TensorSpec(f"{p}A_log", (heads,), OTHER, Split.COL),
-        TensorSpec(f"{p}norm.weight", (d_inner,), Component.NORM, Split.COL),
-        TensorSpec(f"{p}D", (heads,), OTHER, Split.COL),
-        *linear(f"{p}out_proj", d_inner, h, OTHER, Split.ROW, bias=cfg.bool("use_bias")),
-    ]
-
-
 def _mlp_tensors(h: int, i: int, prefix: str, *, bias: bool) -> list[TensorSpec]:
     return [*linear(f"{prefix}.up_proj", h, i, MLP, Split.COL, bias=bias),
             *linear(f"{prefix}.down_proj", i, h, MLP, Split.ROW, bias=bias)]
@@ -133,7 +118,8 @@ def build(cfg: HFConfig) -> ModelSpec:
         state = mamba2_state(d_inner, groups, n, heads, head_dim, kernel,
                              ssm_dtype=None if ssm_dtype == "auto" else ssm_dtype)
         mixers["mamba"] = (AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state=state), no_mlp,
-                           tuple(_mamba_tensors(cfg, h, d_inner, d_inner + 2 * groups * n, heads, kernel)))
+                           tuple(mamba2_mixer(h, d_inner, groups, n, heads, kernel, bias=cfg.bool("use_bias"),
+                                              conv_bias=cfg.bool("use_conv_bias"))))
     if "attention" in kinds_of_blocks:
         a = cfg.int("num_attention_heads")
         k = cfg.int("num_key_value_heads", default=a)
