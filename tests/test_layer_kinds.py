@@ -218,6 +218,28 @@ def test_hf_generate_counts_the_conv_states() -> None:
     assert kv >= 12_288 * 900 + 61_440  # at least the prompt's positions and the states
 
 
+QWEN3_NEXT_80B = {  # Qwen/Qwen3-Next-80B-A3B-Instruct geometry
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 2048,
+    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+    "vocab_size": 151936, "intermediate_size": 5120, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+    "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "max_position_embeddings": 262144,
+}
+
+
+def test_qwen3_next_full_and_linear_layers() -> None:
+    spec = _spec(QWEN3_NEXT_80B)
+    kinds = [layer.attention.kind for layer in spec.layers]
+    assert kinds == ["linear", "linear", "linear", "gqa"] * 12
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    # 12 full layers x 2 KV heads x (256 + 256) x 2 B = 24,576 B/token
+    assert bytes_per_token(layers) == 24_576
+    # 36 GDN layers: conv (2 x 16 x 128 + 32 x 128 = 8,192) x 3 = 24,576 elements, recurrent 32 x 128 x 128 =
+    # 524,288; (24,576 + 524,288) x 2 B = 1,097,728 B each
+    assert state_bytes_per_sequence(layers) == 36 * 1_097_728
+
+
 # ---- the meta fallback classifies the same layers (Nemotron-H: every block is a "mixer") ----------
 
 
@@ -227,7 +249,11 @@ def test_hf_generate_counts_the_conv_states() -> None:
      "hybrid_override_pattern": NANO_9B_V2["hybrid_override_pattern"][:16], "vocab_size": 97},
     {**LFM2_350M, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
      "intermediate_size": 192},
-], ids=["nemotron_h", "lfm2"])
+    {**QWEN3_NEXT_80B, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4, "head_dim": 16,
+     "vocab_size": 97, "intermediate_size": 96, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+     "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40},
+], ids=["nemotron_h", "lfm2", "qwen3_next"])
 def test_meta_fallback_agrees_on_kinds_and_states(raw: dict) -> None:
     pytest.importorskip("transformers")
     from memest import meta

@@ -169,6 +169,7 @@ DEFAULT_CLASSES = {
     "lfm2": "Lfm2ForCausalLM",
     "mamba": "MambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -194,6 +195,7 @@ DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
@@ -652,6 +654,22 @@ VARIANTS["mamba-bias-rank-untied"] = {
 VARIANTS["mamba2-codestral-shrunk"] = {
     "model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
     "vocab_size": 97, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 8, "use_bias": True,
+}
+# Qwen3-Next-80B-A3B geometry (hidden 2048, 48 layers, every 4th full attention with 16 heads / 2 KV / head_dim
+# 256, Gated DeltaNet 16 key / 32 value heads of 128, conv 4, 512 experts of 512, top-10, shared expert 512), shrunk
+VARIANTS["qwen3_next-80b-shrunk"] = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40,
+}
+VARIANTS["qwen3_next-layer_types-dense-bias"] = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+    "attention_bias": True, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 40, "mlp_only_layers": [1], "decoder_sparse_step": 2,
 }
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {

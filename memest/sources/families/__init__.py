@@ -35,6 +35,7 @@ from memest.sources.families import (
     olmo,
     opt,
     phi,
+    qwen3_next,
     t5,
 )
 from memest.spec import ModelSpec
@@ -73,6 +74,7 @@ ADAPTERS: dict[str, Adapter] = {
     "lfm2": lfm2.build,
     "mamba": mamba.build,
     "mamba2": mamba.build,
+    "qwen3_next": qwen3_next.build,
 }
 
 

@@ -116,3 +116,22 @@ def mamba2_mixer(hidden_size: int, d_inner: int, n_groups: int, d_state: int, nu
         *([TensorSpec(f"{prefix}out_proj.bias", (hidden_size,), other, Split.NONE)] if bias else []),
     ]
     return tensors
+
+
+def gated_deltanet_mixer(hidden_size: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int, d_conv: int, *,
+                         prefix: str = "linear_attn.") -> list[TensorSpec]:
+    """The parameters of a Gated DeltaNet layer (transformers ``Qwen3NextGatedDeltaNet``):
+    ``in_proj_qkvz (2 Hk dk + 2 Hv dv, h)``, ``in_proj_ba (2 Hv, h)``, depthwise ``conv1d (2 Hk dk +
+    Hv dv, 1, K)`` without bias, ``dt_bias`` / ``A_log`` (Hv), gated RMSNorm ``norm (dv)``,
+    ``out_proj (h, Hv dv)``; tensor parallelism splits it by heads (vLLM ``Qwen3NextGatedDeltaNet``)."""
+    key, value = k_heads * k_dim, v_heads * v_dim
+    attn = Component.ATTENTION
+    return [
+        TensorSpec(f"{prefix}conv1d.weight", (2 * key + value, 1, d_conv), attn, Split.COL),
+        TensorSpec(f"{prefix}in_proj_qkvz.weight", (2 * key + 2 * value, hidden_size), attn, Split.COL),
+        TensorSpec(f"{prefix}in_proj_ba.weight", (2 * v_heads, hidden_size), attn, Split.COL),
+        TensorSpec(f"{prefix}dt_bias", (v_heads,), attn, Split.COL),
+        TensorSpec(f"{prefix}A_log", (v_heads,), Component.OTHER, Split.COL),
+        TensorSpec(f"{prefix}norm.weight", (v_dim,), Component.NORM),
+        TensorSpec(f"{prefix}out_proj.weight", (hidden_size, value), attn, Split.ROW),
+    ]
