@@ -142,7 +142,7 @@ def test_gated_deltanet_state_of_qwen35_27b() -> None:
 
 
 def test_short_conv_state_of_lfm2() -> None:
-    # LFM2-350M: hidden 1024, conv_L_cache 3: vLLM 1024 x 2 x 2 B = 4,096 B; transformers 1024 x 3 x 2 = 6,144 B
+    # LFM2 (LFM2_350M below): hidden 1024, conv_L_cache 3: vLLM 1024 x 2 x 2 B = 4,096 B; transformers 1024 x 3 x 2 = 6,144 B
     layer = _state_layer("conv", short_conv_state(1024, 3))
     assert kv_layer(layer, 1, 2) == KVLayer("state", 0, state_bytes=4_096)
     assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 6_144
@@ -192,7 +192,9 @@ def test_nemotron_h_vllm_serves_requests() -> None:
     assert est.serving.largest_concurrency > 0 and est.serving.kv_cache_blocks > 0
 
 
-LFM2_350M = {  # LFM2-350M geometry: hidden 1024, 16 layers, 16 heads / 8 KV, attention at full_attn_idxs
+# the LFM2 text config of LiquidAI/LFM2.5-VL-450M as public ports quote it: hidden 1024, 16 layers, 16 heads / 8 KV,
+# conv_L_cache 3, attention at full_attn_idxs [2, 5, 8, 10, 12, 14]
+LFM2_350M = {
     "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": 1024, "num_hidden_layers": 16,
     "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 65536, "intermediate_size": 4608,
     "conv_L_cache": 3, "full_attn_idxs": [2, 5, 8, 10, 12, 14], "max_position_embeddings": 128000,
@@ -218,13 +220,14 @@ def test_hf_generate_counts_the_conv_states() -> None:
     assert kv >= 12_288 * 900 + 61_440  # at least the prompt's positions and the states
 
 
-QWEN3_NEXT_80B = {  # Qwen/Qwen3-Next-80B-A3B-Instruct geometry
+# Qwen3NextConfig's class defaults (transformers documents them against Qwen/Qwen3-Next-80B-A3B-Instruct):
+# 48 layers, every 4th full attention with 16 heads / 2 KV heads of 256, Gated DeltaNet 16 key / 32 value heads
+# of 128, conv 4
+QWEN3_NEXT_80B = {
     "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 2048,
     "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-    "vocab_size": 151936, "intermediate_size": 5120, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
-    "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
-    "max_position_embeddings": 262144,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
 }
 
 
@@ -240,6 +243,20 @@ def test_qwen3_next_full_and_linear_layers() -> None:
     assert state_bytes_per_sequence(layers) == 36 * 1_097_728
 
 
+def test_granite_4_h_layers() -> None:
+    # layer_types in the legacy spelling; hidden 1536: mamba d_in 3072 = 48 heads x 64, 1 group, state 128, conv 4
+    raw = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 1536,
+           "num_hidden_layers": 8, "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 100352,
+           "layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 2, "mamba_n_heads": 48, "mamba_d_head": 64,
+           "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4, "num_local_experts": 0,
+           "shared_intermediate_size": 4096}
+    layers = kv_layers(_spec(raw).layer_kinds(), 1, 2)
+    # 1 attention layer x 4 KV heads x (128 + 128) x 2 B = 2,048 B/token
+    assert bytes_per_token(layers) == 2_048
+    # 7 Mamba-2 layers: conv (3072 + 2 x 1 x 128) x 3 = 9,984 elements, SSM 48 x 64 x 128 = 393,216; x 2 B
+    assert state_bytes_per_sequence(layers) == 7 * (9_984 + 393_216) * 2
+
+
 # ---- the meta fallback classifies the same layers (Nemotron-H: every block is a "mixer") ----------
 
 
@@ -251,9 +268,13 @@ def test_qwen3_next_full_and_linear_layers() -> None:
      "intermediate_size": 192},
     {**QWEN3_NEXT_80B, "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4, "head_dim": 16,
      "vocab_size": 97, "intermediate_size": 96, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-     "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+      "linear_key_head_dim": 8, "linear_value_head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
      "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40},
-], ids=["nemotron_h", "lfm2", "qwen3_next"])
+    {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64,
+     "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
+     "layer_types": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 8, "mamba_n_groups": 2,
+     "mamba_d_state": 8, "num_local_experts": 4, "intermediate_size": 24, "shared_intermediate_size": 40},
+], ids=["nemotron_h", "lfm2", "qwen3_next", "granitemoehybrid"])
 def test_meta_fallback_agrees_on_kinds_and_states(raw: dict) -> None:
     pytest.importorskip("transformers")
     from memest import meta

@@ -170,6 +170,7 @@ DEFAULT_CLASSES = {
     "mamba": "MambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -195,6 +196,7 @@ DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
@@ -640,7 +642,7 @@ VARIANTS["lfm2-layer_types-untied-bias"] = {
     "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
     "layer_types": ["conv", "full_attention", "conv", "full_attention"],
 }
-# state-spaces/mamba-130m-hf geometry (hidden 768, 24 layers, state 16, conv 4, vocab 50280), shrunk
+# Mamba-1, shrunk (MambaConfig's state 16, conv 4, expand 2)
 VARIANTS["mamba-130m-shrunk"] = {
     "model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
     "vocab_size": 97, "state_size": 16, "conv_kernel": 4, "expand": 2,
@@ -650,13 +652,12 @@ VARIANTS["mamba-bias-rank-untied"] = {
     "vocab_size": 97, "state_size": 8, "use_bias": True, "use_conv_bias": False, "time_step_rank": 6,
     "tie_word_embeddings": False,
 }
-# Mamba-Codestral-7B geometry (hidden 4096, 64 layers, 128 heads x 64, n_groups 8, state 128), shrunk
+# Mamba-2, shrunk: heads x head_dim = expand x hidden, several groups, biases
 VARIANTS["mamba2-codestral-shrunk"] = {
     "model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
     "vocab_size": 97, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 8, "use_bias": True,
 }
-# Qwen3-Next-80B-A3B geometry (hidden 2048, 48 layers, every 4th full attention with 16 heads / 2 KV / head_dim
-# 256, Gated DeltaNet 16 key / 32 value heads of 128, conv 4, 512 experts of 512, top-10, shared expert 512), shrunk
+# Qwen3-Next layout (every 4th layer full attention, Gated DeltaNet elsewhere, MoE with a gated shared expert), shrunk
 VARIANTS["qwen3_next-80b-shrunk"] = {
     "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 8,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
@@ -670,6 +671,22 @@ VARIANTS["qwen3_next-layer_types-dense-bias"] = {
     "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
     "attention_bias": True, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
     "shared_expert_intermediate_size": 40, "mlp_only_layers": [1], "decoder_sparse_step": 2,
+}
+# Granite-4.0-H layout (layer_types "mamba" / "attention", MoE beside a shared MLP, no rotary), shrunk
+VARIANTS["granitemoehybrid-tiny-shrunk"] = {
+    "model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
+    "layer_types": ["mamba", "mamba", "attention", "mamba", "mamba", "attention"], "mamba_n_heads": 8,
+    "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_d_conv": 4, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "intermediate_size": 24, "shared_intermediate_size": 40,
+    "position_embedding_type": "nope",
+}
+VARIANTS["granitemoehybrid-dense-bias"] = {
+    "model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 97, "head_dim": 32,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"], "mamba_n_heads": 4,
+    "mamba_n_groups": 2, "mamba_d_state": 8, "num_local_experts": 0, "shared_intermediate_size": 40,
+    "attention_bias": True, "mamba_proj_bias": True, "mamba_conv_bias": False, "position_embedding_type": "rope",
 }
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {

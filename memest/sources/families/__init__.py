@@ -25,6 +25,7 @@ from memest.sources.families import (
     gemma,
     gpt2,
     gpt_oss,
+    granitemoehybrid,
     jamba,
     lfm2,
     llama,
@@ -75,6 +76,7 @@ ADAPTERS: dict[str, Adapter] = {
     "mamba": mamba.build,
     "mamba2": mamba.build,
     "qwen3_next": qwen3_next.build,
+    "granitemoehybrid": granitemoehybrid.build,
 }
 
 
