@@ -458,8 +458,9 @@ def _layer_spec(
     layer_type = facts.layer_types[index] if isinstance(facts.layer_types, list) and index < len(facts.layer_types) \
         else None
     self_attention = any(_ATTN_PROJ.search(t.name) and not _CROSS.search(t.name) for t in tensors)
-    state = None if self_attention else _state(tensors, facts, layer_type)
-    if state is not None:
+    # a Mamba mixer beside the attention (Falcon-H1) keeps its state too
+    state = _state(tensors, facts, None if self_attention else layer_type)
+    if state is not None and not self_attention:
         attention = AttentionSpec(kind=state[0], num_heads=0, num_kv_heads=0, head_dim=0, state=state[1])
     elif cross and not self_attention:  # a cross-attention-only layer (mllama): the image tokens per request
         attention = AttentionSpec(kind="cross", num_heads=facts.heads, num_kv_heads=facts.kv, head_dim=facts.head_dim,
@@ -485,6 +486,7 @@ def _layer_spec(
             head_dim=facts.head_dim,
             sliding_window=window,
             chunk_size=facts.chunk if layer_type == "chunked_attention" and window is None else None,
+            state=state[1] if state is not None else None,
             cross_attention=cross,
             causal=causal,
         )

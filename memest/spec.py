@@ -200,7 +200,8 @@ class AttentionSpec:
         kv_lora_rank: MLA latent width cached per token.
         qk_rope_head_dim: MLA decoupled RoPE key width cached per token.
         state: The per-sequence state of a ``mamba`` / ``linear`` / ``conv`` layer (required for
-            those kinds, None for the others).
+            those kinds); on a ``gqa`` layer, the state of a Mamba mixer that runs beside its
+            attention (Falcon-H1: each layer caches K/V and a state); None otherwise.
         kv_shared: One tensor serves as both K and V (Gemma 4 global layers
             ``attention_k_eq_v``): the cache holds it once.
         encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
@@ -252,11 +253,13 @@ class AttentionSpec:
                 num_kv_heads = 0 with num_heads = 0 is an attention-free mixer (Mamba, RWKV).
 
 
-        A state kind without its :class:`StateSpec` (or a state on another kind) is an adapter's
-        bug: ValueError.
+        A state kind without its :class:`StateSpec` (or a state on an ``mla``, ``cross`` or ``none``
+        layer) is an adapter's bug: ValueError.
         """
-        if (self.kind in STATE_KINDS) != (self.state is not None):
-            raise ValueError(f"attention kind {self.kind!r}: a state is required exactly for {sorted(STATE_KINDS)}")
+        if self.kind in STATE_KINDS and self.state is None:
+            raise ValueError(f"attention kind {self.kind!r}: a state is required for {sorted(STATE_KINDS)}")
+        if self.state is not None and self.kind not in (*STATE_KINDS, "gqa"):
+            raise ValueError(f"attention kind {self.kind!r} keeps no state")
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
         a, k = self.num_heads, self.num_kv_heads

@@ -257,6 +257,23 @@ def test_granite_4_h_layers() -> None:
     assert state_bytes_per_sequence(layers) == 7 * (9_984 + 393_216) * 2
 
 
+def test_falcon_h1_layers_cache_kv_and_a_state() -> None:
+    # Falcon-H1 style: 24 layers, each attention (8 heads / 2 KV x 128) and Mamba-2 (d_ssm 3072 = 48 heads x 64,
+    # 1 group, state 256, conv 4)
+    raw = {"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 2048,
+           "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128,
+           "vocab_size": 65537, "intermediate_size": 4608, "mamba_d_ssm": 3072, "mamba_n_heads": 48,
+           "mamba_d_head": 64, "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4}
+    layers = kv_layers(_spec(raw).layer_kinds(), 1, 2)
+    # per token: 24 x 2 KV heads x (128 + 128) x 2 B = 24,576 B
+    assert bytes_per_token(layers) == 24_576
+    # per sequence: conv (3072 + 2 x 256) x 3 = 10,752, SSM 48 x 64 x 256 = 786,432: 797,184 x 2 B = 1,594,368 per layer
+    assert state_bytes_per_sequence(layers) == 24 * 1_594_368
+    # vLLM: 24 attention + 24 Mamba specs, 2 groups; block 16 x cdiv(1,594,368, 16 x 1,024) = 16 x 98 = 1,568 tokens
+    layout = paged_layout(layers, 16)
+    assert len(layout.groups) == 2 and layout.min_block_size == 1_568
+
+
 # ---- the meta fallback classifies the same layers (Nemotron-H: every block is a "mixer") ----------
 
 
@@ -274,7 +291,10 @@ def test_granite_4_h_layers() -> None:
      "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
      "layer_types": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 8, "mamba_n_groups": 2,
      "mamba_d_state": 8, "num_local_experts": 4, "intermediate_size": 24, "shared_intermediate_size": 40},
-], ids=["nemotron_h", "lfm2", "qwen3_next", "granitemoehybrid"])
+    {"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+     "mamba_d_ssm": 96, "mamba_n_heads": 6, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8},
+], ids=["nemotron_h", "lfm2", "qwen3_next", "granitemoehybrid", "falcon_h1"])
 def test_meta_fallback_agrees_on_kinds_and_states(raw: dict) -> None:
     pytest.importorskip("transformers")
     from memest import meta

@@ -171,6 +171,7 @@ DEFAULT_CLASSES = {
     "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -197,6 +198,7 @@ DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_atte
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["falcon_h1"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
@@ -687,6 +689,19 @@ VARIANTS["granitemoehybrid-dense-bias"] = {
     "layer_types": ["linear_attention", "full_attention", "linear_attention"], "mamba_n_heads": 4,
     "mamba_n_groups": 2, "mamba_d_state": 8, "num_local_experts": 0, "shared_intermediate_size": 40,
     "attention_bias": True, "mamba_proj_bias": True, "mamba_conv_bias": False, "position_embedding_type": "rope",
+}
+# Falcon-H1: attention and Mamba-2 in every layer, mamba_d_ssm given, shrunk
+VARIANTS["falcon_h1-shrunk"] = {
+    "model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "mamba_d_ssm": 96, "mamba_n_heads": 6, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8,
+}
+VARIANTS["falcon_h1-rmsnorm-biases-tied"] = {
+    "model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 97, "intermediate_size": 96,
+    "mamba_d_ssm": None, "mamba_expand": 2, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+    "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "mamba_conv_bias": False,
+    "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
 }
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {

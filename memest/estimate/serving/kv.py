@@ -69,7 +69,7 @@ from typing import Literal
 from memest.estimate.dtypes import nbytes
 from memest.estimate.serving.common import weight_dtype
 from memest.estimate.sharding import Stage
-from memest.spec import LayerSpec, ModelSpec
+from memest.spec import LayerSpec, ModelSpec, StateSpec
 from memest.workload import ServingConfig
 
 KV_DTYPE_BYTES_AUTO = "auto"
@@ -143,7 +143,7 @@ class KVLayer:
 def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
              state_e: float | None = None) -> KVLayer | None:
     """The cache of one layer on one TP rank, or None when it caches nothing (encoders, MLP-only
-    blocks).
+    blocks); a layer that also runs a Mamba mixer has a second cache (:func:`kv_caches`).
 
     Args:
         layer: The layer.
@@ -161,11 +161,8 @@ def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
     a = layer.attention
     if layer.stack == "encoder" or not a.causal or a.kind == "none":
         return None
-    if a.state is not None:
-        se = e if state_e is None else state_e
-        ssm_e = nbytes(a.state.ssm_dtype) if a.state.ssm_dtype else se
-        conv = a.state.conv_elements(tp, transformers=transformers)
-        return KVLayer("state", 0, state_bytes=math.ceil(conv * se + a.state.ssm_elements_on(tp) * ssm_e))
+    if a.has_state:
+        return _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
     if a.kind == "mla":
         return KVLayer("mla", math.ceil((a.kv_lora_rank + a.qk_rope_head_dim) * e))
     if a.kind not in ("gqa", "cross"):
@@ -184,14 +181,36 @@ def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
     return KVLayer("full", math.ceil(per))
 
 
+def _state_cache(state: StateSpec | None, tp: int, se: float, *, transformers: bool) -> KVLayer:
+    """The state cache of ``state``: conv elements at ``se`` bytes, SSM elements at the dtype the
+    config fixes, else ``se``."""
+    assert state is not None
+    ssm_e = nbytes(state.ssm_dtype) if state.ssm_dtype else se
+    conv = state.conv_elements(tp, transformers=transformers)
+    return KVLayer("state", 0, state_bytes=math.ceil(conv * se + state.ssm_elements_on(tp) * ssm_e))
+
+
+def kv_caches(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
+              state_e: float | None = None) -> tuple[KVLayer, ...]:
+    """Every cache one layer keeps on one TP rank: :func:`kv_layer`'s, and the state of a Mamba
+    mixer running beside the attention (Falcon-H1, whose layers vLLM gives a ``FullAttentionSpec``
+    and a ``MambaSpec`` each)."""
+    kv = kv_layer(layer, tp, e, transformers=transformers, state_e=state_e)
+    if kv is None:
+        return ()
+    a = layer.attention
+    if a.kind == "gqa" and a.state is not None:
+        return kv, _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
+    return (kv,)
+
+
 def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float, *,
               transformers: bool = False, state_e: float | None = None) -> list[tuple[KVLayer, int]]:
     """The distinct caches of some layers (``ModelSpec.layer_kinds`` of a stage) with their counts
-    (``transformers``, ``state_e``: see :func:`kv_layer`)."""
+    (:func:`kv_caches`; ``transformers``, ``state_e``: see :func:`kv_layer`)."""
     out: dict[KVLayer, int] = {}
     for layer, n in kinds:
-        kv = kv_layer(layer, tp, e, transformers=transformers, state_e=state_e)
-        if kv is not None:
+        for kv in kv_caches(layer, tp, e, transformers=transformers, state_e=state_e):
             out[kv] = out.get(kv, 0) + n
     return list(out.items())
 

@@ -22,6 +22,7 @@ from memest.sources.families import (
     bloom,
     deepseek,
     falcon,
+    falcon_h1,
     gemma,
     gpt2,
     gpt_oss,
@@ -77,6 +78,7 @@ ADAPTERS: dict[str, Adapter] = {
     "mamba2": mamba.build,
     "qwen3_next": qwen3_next.build,
     "granitemoehybrid": granitemoehybrid.build,
+    "falcon_h1": falcon_h1.build,
 }
 
 

@@ -96,11 +96,14 @@ def short_conv_state(hidden_size: int, d_conv: int) -> StateSpec:
 
 
 def mamba2_mixer(hidden_size: int, d_inner: int, n_groups: int, d_state: int, num_heads: int, d_conv: int, *,
-                 bias: bool, conv_bias: bool, prefix: str = "mixer.") -> list[TensorSpec]:
-    """The parameters of a Mamba-2 mixer (transformers ``Mamba2Mixer``, ``NemotronHMamba2Mixer``):
-    ``in_proj (d_in + conv_dim + heads, h)``, depthwise ``conv1d (conv_dim, 1, K)`` with conv_dim =
-    d_in + 2 G N, ``dt_bias`` / ``A_log`` / ``D`` (heads), gated RMSNorm ``norm (d_in)``,
-    ``out_proj (h, d_in)``; tensor parallelism splits the mixer by heads (vLLM ``MambaMixer2``)."""
+                 bias: bool, conv_bias: bool, prefix: str = "mixer.", gated_norm: bool = True,
+                 out_bias: bool | None = None) -> list[TensorSpec]:
+    """The parameters of a Mamba-2 mixer (transformers ``Mamba2Mixer``, ``NemotronHMamba2Mixer``,
+    ``FalconH1Mixer``): ``in_proj (d_in + conv_dim + heads, h)``, depthwise ``conv1d (conv_dim, 1, K)``
+    with conv_dim = d_in + 2 G N, ``dt_bias`` / ``A_log`` / ``D`` (heads), gated RMSNorm ``norm
+    (d_in)`` (Falcon-H1: only with ``mamba_rms_norm``), ``out_proj (h, d_in)`` (its bias ``out_bias``,
+    default ``bias``); tensor parallelism splits the mixer by heads (vLLM ``MambaMixer2``)."""
+    out_bias = bias if out_bias is None else out_bias
     conv_dim = d_inner + 2 * n_groups * d_state
     other = Component.OTHER
     tensors = [
@@ -111,9 +114,9 @@ def mamba2_mixer(hidden_size: int, d_inner: int, n_groups: int, d_state: int, nu
         TensorSpec(f"{prefix}dt_bias", (num_heads,), other, Split.COL),
         TensorSpec(f"{prefix}A_log", (num_heads,), other, Split.COL),
         TensorSpec(f"{prefix}D", (num_heads,), other, Split.COL),
-        TensorSpec(f"{prefix}norm.weight", (d_inner,), Component.NORM, Split.COL),
+        *([TensorSpec(f"{prefix}norm.weight", (d_inner,), Component.NORM, Split.COL)] if gated_norm else []),
         TensorSpec(f"{prefix}out_proj.weight", (hidden_size, d_inner), other, Split.ROW),
-        *([TensorSpec(f"{prefix}out_proj.bias", (hidden_size,), other, Split.NONE)] if bias else []),
+        *([TensorSpec(f"{prefix}out_proj.bias", (hidden_size,), other, Split.NONE)] if out_bias else []),
     ]
     return tensors
 

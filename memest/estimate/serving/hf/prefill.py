@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.estimate.serving.kv import kv_layer
+from memest.estimate.serving.kv import kv_caches
 from memest.spec import AttentionSpec, LayerSpec, ModelSpec
 
 FP32 = 4
@@ -215,12 +215,8 @@ def layer_cache_bytes(layer: LayerSpec, b: int, p: int, e: float) -> int:
     layers without a cache). Sliding-window layers count every token: the cache keeps a view of the
     prefill's full K/V (``DynamicSlidingWindowLayer.update``); a state layer its state, a
     cross-attention layer its encoder tokens."""
-    kv = kv_layer(layer, 1, e, transformers=True)
-    if kv is None:
-        return 0
-    if kv.kind in ("state", "cross"):
-        return kv.sequence_bytes(p) * b
-    return kv.bytes_per_token * b * p
+    return sum(kv.sequence_bytes(p) * b if kv.kind in ("state", "cross") else kv.bytes_per_token * b * p
+               for kv in kv_caches(layer, 1, e, transformers=True))
 
 
 def _model_held(spec: ModelSpec, code: ForwardCode, b: int, p: int, c: float) -> float:
