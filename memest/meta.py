@@ -20,6 +20,7 @@ Limitations:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memest.errors import MissingDependencyError, UnsupportedArchitectureError
@@ -480,10 +481,14 @@ def _layer_spec(
             causal=causal,
         )
     else:
+        heads = _module_heads(module, facts)
         attention = AttentionSpec(
-            num_heads=facts.heads,
-            num_kv_heads=facts.kv,
-            head_dim=facts.head_dim,
+            num_heads=heads.num_heads,
+            num_kv_heads=heads.num_kv_heads,
+            head_dim=heads.head_dim,
+            v_head_dim=heads.v_head_dim,
+            kv_shared=heads.kv_shared,
+            kv_reused=heads.kv_reused,
             sliding_window=window,
             chunk_size=facts.chunk if layer_type == "chunked_attention" and window is None else None,
             state=state[1] if state is not None else None,
@@ -519,6 +524,50 @@ def _layer_spec(
             stack=stack,  # type: ignore[arg-type]
         )
     return layer
+
+
+@dataclass(frozen=True)
+class _Heads:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int = 0
+    kv_shared: bool = False
+    kv_reused: bool = False
+
+
+def _module_heads(module: Any, facts: _Facts) -> _Heads:
+    """A layer's own attention geometry, read from its self-attention module when it has separate
+    ``q_proj`` / ``k_proj`` / ``v_proj`` linears (per-layer KV heads and head dims: MiMo-V2-Flash's
+    sliding layers, Gemma 4's global layers), else the config's.
+
+    ``head_dim`` is the module's attribute; KV heads are ``k_proj`` outputs / head_dim, V's head dim
+    ``v_proj`` outputs / KV heads; a module built without ``v_proj`` (``v_proj = None``: Gemma 4
+    ``attention_k_eq_v``) uses K as V; one without ``k_proj`` reads another layer's cache (Gemma 4
+    ``num_kv_shared_layers``).
+    """
+    from torch import nn
+
+    default = _Heads(facts.heads, facts.kv, facts.head_dim)
+    for sub in module.modules():
+        q = getattr(sub, "q_proj", None)
+        if not isinstance(q, nn.Linear) or "cross" in type(sub).__name__.lower():
+            continue
+        d = getattr(sub, "head_dim", None)
+        if not isinstance(d, int) or d <= 0:
+            return default
+        k_proj, v_proj = getattr(sub, "k_proj", None), getattr(sub, "v_proj", None)
+        groups = getattr(sub, "num_key_value_groups", None)
+        if not isinstance(k_proj, nn.Linear):
+            if hasattr(sub, "k_proj") or getattr(sub, "is_kv_shared_layer", False):
+                return _Heads(facts.heads, facts.kv, d, kv_reused=True)
+            return default
+        kv = k_proj.out_features // d
+        heads = kv * groups if isinstance(groups, int) and groups > 0 else facts.heads
+        if isinstance(v_proj, nn.Linear):
+            return _Heads(heads, kv, d, v_head_dim=v_proj.out_features // kv)
+        return _Heads(heads, kv, d, kv_shared=hasattr(sub, "v_proj") and v_proj is None)
+    return default
 
 
 _ATTN_PROJ = re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|query_key_value|c_attn|Wqkv|query|key|value|q_a_proj"

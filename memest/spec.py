@@ -204,6 +204,8 @@ class AttentionSpec:
             attention (Falcon-H1: each layer caches K/V and a state); None otherwise.
         kv_shared: One tensor serves as both K and V (Gemma 4 global layers
             ``attention_k_eq_v``): the cache holds it once.
+        kv_reused: The layer attends over another layer's cached K and V and caches nothing itself
+            (Gemma 4 ``num_kv_shared_layers``; vLLM ``kv_sharing_target_layer_name``).
         encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
             of one image, max_num_tiles x (patches + 1)).
         cross_attention: True for a decoder layer that also attends to encoder outputs (T5).
@@ -233,6 +235,7 @@ class AttentionSpec:
     qk_rope_head_dim: int = 0
     state: StateSpec | None = None
     kv_shared: bool = False
+    kv_reused: bool = False
     encoder_tokens: int = 0
     cross_attention: bool = False
     causal: bool = True

@@ -394,3 +394,40 @@ def test_mllama_cross_attention_layers_on_the_meta_path() -> None:
     # per request: 68 image tokens x 128 B = 8,704 B
     assert bytes_per_token(layers) == 512
     assert state_bytes_per_sequence(layers) == 8_704
+
+
+def _meta_spec(raw: dict):
+    pytest.importorskip("transformers")
+    from memest import meta
+
+    return meta.spec_from_meta(HFConfig(json.loads(json.dumps(raw)), name="test", source="test"),
+                               trust_remote_code=False)
+
+
+def test_mimo_v2_flash_per_layer_heads_and_dims_on_the_meta_path() -> None:
+    # MiMoV2FlashAttention: K head dim 192 -> 24 here, V 128 -> 16; sliding layers double the KV heads (2 -> 4);
+    # layers 0 and 5 full (MiMoV2FlashConfig: the first and every 6th)
+    spec = _meta_spec({"model_type": "mimo_v2_flash", "architectures": ["MiMoV2FlashForCausalLM"], "hidden_size": 64,
+                       "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 24,
+                       "v_head_dim": 16, "vocab_size": 97, "intermediate_size": 96, "moe_intermediate_size": 16,
+                       "n_routed_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32})
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    # full: 2 KV heads x (24 + 16) x 2 B = 160 B/token; sliding: 4 x 40 x 2 = 320 B/token, window 32
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 160), 2),
+                                                            (KVLayer("sliding", 320, window=32), 4)]
+
+
+def test_gemma4_k_eq_v_and_shared_kv_layers_on_the_meta_path() -> None:
+    # Gemma4TextConfig: full layers get global_head_dim (32 here) and num_global_key_value_heads (1) with
+    # attention_k_eq_v (no v_proj: K serves as V); the last num_kv_shared_layers (2) reuse earlier layers' caches
+    types = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+    spec = _meta_spec({"model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 64,
+                       "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                       "global_head_dim": 32, "num_global_key_value_heads": 1, "attention_k_eq_v": True,
+                       "num_kv_shared_layers": 2, "vocab_size": 97, "intermediate_size": 96, "sliding_window": 32,
+                       "vocab_size_per_layer_input": 97, "hidden_size_per_layer_input": 8, "layer_types": types})
+    assert [layer.attention.kv_reused for layer in spec.layers] == [False] * 4 + [True] * 2
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    # sliding layers 0, 1, 3: 2 KV heads x (16 + 16) x 2 B = 128 B/token; full layer 2: 1 head x 32 (K = V) x 2 = 64
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 64), 1),
+                                                            (KVLayer("sliding", 128, window=32), 3)]

@@ -159,7 +159,7 @@ def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
             whatever ``--kv-cache-dtype`` is; None = ``e``.
     """
     a = layer.attention
-    if layer.stack == "encoder" or not a.causal or a.kind == "none":
+    if layer.stack == "encoder" or not a.causal or a.kind == "none" or a.kv_reused:
         return None
     if a.has_state:
         return _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
