@@ -189,7 +189,24 @@ def test_nemotron_h_vllm_serves_requests() -> None:
     est = estimate(_spec(NANO_9B_V2, "nvidia/NVIDIA-Nemotron-Nano-9B-v2"),
                    ServingConfig(max_model_len=32_768), get_device("H100"))
     assert est.serving.kv_cache_bytes_per_token == 16_384
+    assert est.serving.state_bytes_per_sequence == 143_548_416  # a term of its own, never 0
     assert est.serving.largest_concurrency > 0 and est.serving.kv_cache_blocks > 0
+    # vLLM pages: attention block 16 x cdiv(5,316,608, 16 x 4,096) = 16 x 82 = 1,312 tokens, page 1,312 x 4,096 =
+    # 5,373,952 B; one request's state: 27 Mamba layers x 1 padded page = 145,096,704 B
+    terms = {t.name: t.bytes for t in est.per_device.terms}
+    assert terms["kv_cache.state"] == 27 * 5_373_952
+    # attention: 4 layers x cdiv(32768, 1312) = 25 pages x 5,373,952 B
+    assert terms["kv_cache"] == 4 * 25 * 5_373_952
+
+
+def test_pure_mamba_serves_with_its_state() -> None:
+    # Mamba-2 only: nothing per token, 2 layers x (conv (128 + 2 x 1 x 16) x 3 + SSM 4 x 32 x 16) x 2 B per sequence
+    raw = {"model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+           "num_heads": 4, "head_dim": 32, "n_groups": 1, "state_size": 16, "vocab_size": 97}
+    est = estimate(_spec(raw), ServingConfig(max_model_len=1_024), get_device("H100"))
+    assert est.serving.kv_cache_bytes_per_token == 0
+    assert est.serving.state_bytes_per_sequence == 2 * (160 * 3 + 2_048) * 2
+    assert est.serving.largest_concurrency > 0
 
 
 # the LFM2 text config of LiquidAI/LFM2.5-VL-450M as public ports quote it: hidden 1024, 16 layers, 16 heads / 8 KV,

@@ -319,6 +319,14 @@ class PagedLayout:
         pages = sum(_group_pages(g, max_model_len, max_num_batched_tokens) * g.num_layers for g in self.groups)
         return pages * self.page_bytes
 
+    def request_state_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The part of :meth:`request_bytes` in state and cross-attention groups: what a request holds
+        whatever its length (state pages padded to the attention page)."""
+        if self.page_covers_layers:
+            return 0
+        return sum(_group_pages(g, max_model_len, max_num_batched_tokens) * g.num_layers for g in self.groups
+                   if g.kind in ("state", "cross")) * self.page_bytes
+
     def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
         """vLLM's 'Maximum concurrency for max_model_len tokens per request'."""
         per_request = self.blocks_per_request(max_model_len, max_num_batched_tokens)
@@ -440,3 +448,12 @@ def kv_bytes_per_token(spec: ModelSpec, s: ServingConfig, stage: Stage | None = 
     """KV-cache bytes one token takes on one rank, over the rank's attention layers (windows ignored)."""
     start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
     return bytes_per_token(kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s)))
+
+
+def kv_state_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage | None = None, *, transformers: bool = False) -> int:
+    """Bytes one sequence holds on one rank whatever its length (:func:`state_bytes_per_sequence`;
+    conv states in the served dtype, vLLM's ``mamba_cache_dtype`` auto)."""
+    start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
+    layers = kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s),
+                       transformers=transformers, state_e=nbytes(weight_dtype(spec, s)))
+    return state_bytes_per_sequence(layers)
