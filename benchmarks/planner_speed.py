@@ -8,7 +8,7 @@ Three figures:
   Llama-2-70B (parallel layouts, ZeRO stages, micro-batches, recompute, LoRA), each estimated once on
   a freshly loaded spec, so that nothing is remembered from an earlier pass: what a plan of that
   model pays per candidate;
-- **planner**: ``memest.plan.plan`` over the whole catalog of devices, counting the setups it
+- **planner**: ``memest.planning.search.plan`` over the whole catalog of devices, counting the setups it
   estimated (``Plan.evaluated``) and the setups it decided (``Plan.setups``: estimated, pruned, or
   ruled out by a cheaper fit) per second of wall time. Max queries are timed separately.
 
@@ -115,7 +115,7 @@ def training_grid_rate(repeat: int) -> tuple[float, int]:
 
 
 def planner_rows(repeat: int) -> list[tuple[str, int, int, float, float, float]]:
-    from memest.plan import DeviceChoice, Space, plan
+    from memest.planning.search import DeviceChoice, Space, plan
 
     rows = []
     for label, model, workload, allow in PLANS:

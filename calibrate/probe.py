@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from memest import measure
+from memest.calibration import measure
 from memest.calibration import distributed, runner
 from memest.calibration.request import Request
 

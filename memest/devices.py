@@ -21,7 +21,7 @@ underscores, and accepts aliases (``h100``, ``H100-SXM``, ``v5e``, ``m3-max-64gb
 consumer cards' (RTX 2080 Ti to 5090, Arc) and the newest parts' (B300, GB300, H20, H800, A800, L40,
 RTX PRO 6000, Trainium2 / Inferentia2 as their instance price / chips) are rough figures. Devices nobody
 rents by the hour here (Apple, Jetson, MI210, MI300A, MI355X, TPU v7, Max 1550 / 1100) and custom sizes
-have none (``None``): :class:`memest.costs.PriceTable` ranks them after every priced device unless a
+have none (``None``): :class:`memest.planning.costs.PriceTable` ranks them after every priced device unless a
 price is given.
 """
 

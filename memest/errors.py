@@ -8,13 +8,52 @@ offending value (with ``!r``), states the rule and suggests the fix. The CLI pri
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 
 class MemestError(Exception):
     """Base class of every error memest raises on bad input or a missing resource."""
 
 
 class InputError(MemestError, ValueError):
-    """A value the user gave breaks a rule (non-positive size, impossible parallelism, ...)."""
+    """A value the user gave breaks a rule (non-positive size, impossible parallelism, ...).
+
+    With ``field`` (the setting at fault, e.g. ``"seq_len"``) the message is a template whose
+    ``{name}`` placeholders name settings: ``str()`` renders them as keywords (``seq_len``, the Python
+    API's names), :meth:`render` as the caller names them (the CLI: ``--seq-len``). Without it the
+    message is plain text.
+
+    Attributes:
+        field: The setting at fault, or None.
+        template: The message with its placeholders (the plain message when ``field`` is None).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        self.template = message
+        super().__init__(self.render(keyword) if field is not None else message)
+
+    def render(self, name: Callable[[str], str | None]) -> str:
+        """The message with every placeholder ``{setting}`` replaced by ``name(setting)`` (left as it
+        is where that returns None)."""
+        if self.field is None:
+            return self.template
+        return _PLACEHOLDER.sub(lambda m: name(m.group(1)) or m.group(0), self.template)
+
+    def named(self, name: Callable[[str], str | None]) -> InputError:
+        """The same error with its message rendered by ``name`` (the CLI's flags); ``field`` kept."""
+        out = InputError(self.render(name))
+        out.field = self.field
+        return out
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+
+
+def keyword(setting: str) -> str:
+    """A setting as the Python API names it: its keyword, the mode as ``mode``."""
+    return {"train": "mode='train'", "serve": "mode='serve'", "finetune": "mode"}.get(setting, setting)
 
 
 class UnknownModelError(MemestError, LookupError):

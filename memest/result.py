@@ -11,6 +11,7 @@ Bytes are ints everywhere; only :mod:`memest.report` turns them into GiB.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -216,3 +217,37 @@ class Estimate:
     def terms(self) -> tuple[Term, ...]:
         """The terms of :attr:`per_device`."""
         return self.per_device.terms
+
+
+def plain(value: Any) -> Any:
+    """A value as JSON-ready data: dataclasses as dicts of their fields, enums as their values,
+    tuples as lists (bytes stay ints)."""
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def rank_dict(rank: RankEstimate) -> dict[str, Any]:
+    """One rank's figures and terms as plain data (the ``ranks`` entries of ``--json``)."""
+    return {
+        "label": rank.label,
+        "count": rank.count,
+        "allocated_bytes": rank.allocated_bytes,
+        "reserved_bytes": rank.reserved_bytes,
+        "device_used_bytes": rank.device_used_bytes,
+        "low_bytes": rank.low_bytes,
+        "high_bytes": rank.high_bytes,
+        "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in rank.terms],
+    }
+
+
+def estimate_dict(est: Estimate) -> dict[str, Any]:
+    """The ranks of an estimate as plain data (calibration records, benchmarks)."""
+    return {"ranks": [rank_dict(r) for r in est.ranks], "assumptions": list(est.assumptions),
+            "serving": plain(est.serving) if est.serving else None, "host_bytes": est.host_bytes}

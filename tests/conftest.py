@@ -4,9 +4,28 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MEMEST_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers (cpu_measure, validation cases)
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers (cpu_measure, trace_models, inprocess)
+
+TINY_LLAMA = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
+    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
+}
+"""A tiny Llama: 202,048 parameters = embed 1000 x 64 = 64,000 + 2 layers x 36,992 (q 64x64 4,096, k and v
+64x32 2,048 each, o 4,096, gate/up/down 64x128 8,192 each, two norms 64 each) + final norm 64 + lm_head 64,000."""
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The ModelSpec of :data:`TINY_LLAMA` (built once; specs are not mutated by estimates)."""
+    from memest.sources import spec_from_config
+    from memest.sources.config import HFConfig
+
+    return spec_from_config(HFConfig(TINY_LLAMA, name="tiny", source="test"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,6 @@
-"""benchmarks/accuracy.py: records re-estimated, the per-task reports' rows imported, one summary."""
+"""memest.validation.accuracy (benchmarks/accuracy.py's report): records re-estimated, the per-task
+modules' rows imported, one summary."""
 
-import importlib.util
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,16 +9,13 @@ import pytest
 
 from memest.calibration.records import read_records
 from memest.errors import UnknownModelError
+from memest.validation import accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("memest_benchmarks_accuracy", ROOT / "benchmarks" / "accuracy.py")
-accuracy = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = accuracy
-_spec.loader.exec_module(accuracy)
 
 
 @dataclass
-class _TrainingCase:  # the shape of benchmarks/training_cases.py's Row.case
+class _TrainingCase:  # the shape of memest.validation.training's Row.case
     id: str
     metric: str
     measured_bytes: int
@@ -33,7 +29,7 @@ class _TrainingRow:
 
 
 @dataclass
-class _Comparison:  # the shape of benchmarks/serving_cases.py's Comparison
+class _Comparison:  # the shape of memest.validation.serving's Comparison
     case: str
     figure: str
     predicted: float

@@ -57,6 +57,7 @@ def fp32_train():
     return calibrate_here({"train": True, "precision": "fp32", **TRAIN})
 
 
+@pytest.mark.slow
 def test_measured_weights_and_optimizer_states_are_exact(fp32_train):
     payload, result = fp32_train
     m = result.ranks[0].measurement
@@ -68,6 +69,7 @@ def test_measured_weights_and_optimizer_states_are_exact(fp32_train):
     assert "GRADIENT" not in m.by_category  # the peak is at the loss backward, before any gradient (F1)
 
 
+@pytest.mark.slow
 def test_timeline_and_allocator_total_agree(fp32_train):
     m = fp32_train[1].ranks[0].measurement
     assert m.peak_method == "timeline"
@@ -82,10 +84,12 @@ def _within(result):
                                              f"{row.measured:,} ({row.error:+.1%})")
 
 
+@pytest.mark.slow
 def test_full_fp32_within_tolerance(fp32_train):
     _within(fp32_train[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags", [
     pytest.param({"train": True, "precision": "bf16", **TRAIN}, id="train-bf16"),
     pytest.param({"train": True, "precision": "mixed", **TRAIN}, id="train-mixed"),
@@ -120,6 +124,7 @@ def fsdp2_record(tmp_path_factory):
                               "--steps", "5")
 
 
+@pytest.mark.slow
 def test_fsdp2_two_processes_gather_on_rank_0(fsdp2_record):
     rec = fsdp2_record
     assert [m["rank"] for m in rec["measured"]] == [0, 1]
@@ -129,12 +134,14 @@ def test_fsdp2_two_processes_gather_on_rank_0(fsdp2_record):
     assert all(m["static"]["weights"] == 4 * P // 2 for m in rec["measured"])
 
 
+@pytest.mark.slow
 def test_fsdp2_within_tolerance(fsdp2_record):
     predicted = fsdp2_record["predicted"]["ranks"][0]["allocated_bytes"]
     for m in fsdp2_record["measured"]:
         assert abs(predicted - m["peak_allocated_bytes"]) <= TOLERANCE * m["peak_allocated_bytes"], m["step_peak_bytes"]
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_within_tolerance(tmp_path):
     rec = calibrate_torchrun(tmp_path, "--train", "--precision", "fp32")
     predicted = rec["predicted"]["ranks"][0]["allocated_bytes"]

@@ -14,7 +14,7 @@ from memest.calibration.request import calibration_workload, check_supported, jo
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import runtime
-from memest.measure import Measurement
+from memest.calibration.measure import Measurement
 from memest.result import Kind, RankEstimate, Term
 from memest.sources import load_model
 from memest.workload import Engine, Precision, ServingConfig, TrainingConfig
@@ -28,7 +28,7 @@ TINY = str(ROOT / "calibrate" / "models" / "tiny-llama")
 
 def test_flags_round_trip_to_the_cli_enums():
     job = job_from_flags({"train": True, "precision": "bf16", "optimizer": "sgd_momentum", "micro_batch_size": 4})
-    w = job.workload(load_model(TINY))
+    w = calibration_workload(job, load_model(TINY), 1)
     assert isinstance(w, TrainingConfig)
     assert (w.precision, w.optimizer.value, w.micro_batch_size) == (Precision.BF16, "sgd_momentum", 4)
 
@@ -322,7 +322,7 @@ def test_cuda_meter_carries_peaks_across_steps_and_reads_the_context(monkeypatch
     import sys
     import types
 
-    from memest import measure
+    from memest.calibration import measure
 
     stats = iter([
         # baseline (start): what the warm-up left

@@ -7,10 +7,17 @@ import sys
 
 import pytest
 
+from inprocess import run_memest
+
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
+    return run_memest(*args, env=ENV)
+
+
+def run_subprocess(*args: str) -> subprocess.CompletedProcess:
+    """A real ``python -m memest``: start-up, the console entry point and the process's exit code."""
     return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
 
 
@@ -45,8 +52,8 @@ def test_json_has_the_documented_keys():
 
 
 def test_check_exit_code_when_it_does_not_fit():
-    assert run("hf", "meta-llama/Llama-2-70b-hf", "--serve", "--check", "--gpu", "A100-80GB").returncode == 3
-    assert run("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--check", "--gpu", "A100-80GB", "--max-model-len", "4096").returncode == 0
+    assert run_subprocess("hf", "meta-llama/Llama-2-70b-hf", "--serve", "--check", "--gpu", "A100-80GB").returncode == 3
+    assert run_subprocess("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--check", "--gpu", "A100-80GB", "--max-model-len", "4096").returncode == 0
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -80,7 +87,7 @@ def test_malformed_config_file(tmp_path):
 
 
 def test_usage_errors_exit_2():
-    assert run("hf", "gpt2", "--no-such-flag").returncode == 2
+    assert run_subprocess("hf", "gpt2", "--no-such-flag").returncode == 2
 
 
 def test_models_and_gpus_list():
@@ -93,4 +100,4 @@ def test_models_and_gpus_list():
 
 
 def test_python_dash_m_and_console_script_agree():
-    assert run("--help").returncode == 0
+    assert run_subprocess("--help").returncode == 0

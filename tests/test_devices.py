@@ -1,12 +1,12 @@
 """The accelerator catalog: every required device, aliases, capacities in bytes, custom sizes."""
 
 import json
-import sys
+import os
 
 import pytest
 
-from memest.cli import main
-from memest.costs import PriceTable
+from inprocess import run_memest
+from memest.planning.costs import PriceTable
 from memest.devices import DEVICES, GiB, MiB, _key, get_device, metal_working_set_bytes
 from memest.errors import UnknownDeviceError
 from memest.estimate import runtime
@@ -162,16 +162,10 @@ def test_custom_device_gets_the_documented_generic_runtime_defaults():
 
 
 def _main(monkeypatch, capsys, *args):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.delenv("MEMEST_DEBUG", raising=False)
-    monkeypatch.setattr(sys, "argv", ["memest", *args])
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """(exit code, stdout, stderr) of ``memest ARGS`` through main(), in-process (tests/inprocess.py)."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMEST_DEBUG"} | {"HF_HUB_OFFLINE": "1"}
+    out = run_memest(*args, env=env)
+    return out.returncode, out.stdout, out.stderr
 
 
 @pytest.mark.parametrize("size", ["48XB", "0GB", "-4GB", "nanGB", "1e30GB", "infGiB", "0.0001MB", "my-card:48XB",

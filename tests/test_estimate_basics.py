@@ -19,18 +19,8 @@ from memest.sources import load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.workload import Parallelism, ServingConfig, TrainingConfig
 
-TINY = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
-    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
-}
 TINY_PARAMS = 202_048
 H100 = get_device("H100-80GB")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return spec_from_config(HFConfig(TINY, name="tiny", source="test"))
 
 
 def test_tiny_param_count(tiny):

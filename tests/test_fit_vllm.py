@@ -1,4 +1,4 @@
-"""The fit rule for vLLM (memest/fit.py): vLLM starts with its gpu_memory_utilization, its KV pool
+"""The fit rule for vLLM (memest/planning/fit.py): vLLM starts with its gpu_memory_utilization, its KV pool
 holds batch_size requests of max_model_len, and what it holds on the device stays within capacity;
 --headroom is not applied to vLLM and the output says so. Training and transformers generate keep
 the headroom rule.
@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from memest.cli import app
 from memest.devices import get_device
 from memest.estimate import estimate
-from memest.fit import usable_bytes, verdict
+from memest.planning.fit import usable_bytes, verdict
 from memest.sources import load_model
 from memest.workload import Engine, ServingConfig, TrainingConfig
 
@@ -98,7 +98,7 @@ def test_encoder_only_model_needs_no_kv_pool():
     # scheduler's max_num_seqs (1024 on >= 70 GiB devices) bounds the requests, not the pool.
     from memest.devices import get_device
     from memest.estimate import estimate
-    from memest.fit import verdict
+    from memest.planning.fit import verdict
     from memest.sources import load_model
     from memest.workload import ServingConfig
 

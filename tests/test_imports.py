@@ -8,7 +8,7 @@ HEAVY = ("torch", "transformers", "huggingface_hub", "accelerate")
 
 def test_cli_import_is_light():
     code = (
-        "import sys, memest.cli, memest.estimate, memest.plan, memest.report, memest.sources;"
+        "import sys, memest.cli, memest.estimate, memest.planning.search, memest.report, memest.sources;"
         f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,17 +7,17 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
+from inprocess import run_memest
 from memest.devices import get_device
 from memest.errors import ConfigError, InputError
 from memest.estimate import estimate
 from memest.estimate.sharding import stages
 from memest.estimate.training import lora_adapters, moments
-from memest.options import (
+from memest.cli.options import (
     ENGINE_ONLY,
     METHOD_ONLY,
     SERVING_ONLY,
@@ -25,7 +25,7 @@ from memest.options import (
     WORKLOAD_OPTIONS,
     JobOptions,
 )
-from memest.plan import assess
+from memest.planning.search import assess
 from memest.report import render, to_dict, to_markdown
 from memest.sources import load_model
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, StateSpec, TensorSpec
@@ -55,7 +55,7 @@ H100 = get_device("H100")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_memest(*args, env=ENV)  # in-process (tests/inprocess.py); test_cli.py runs real subprocesses
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess, message: str) -> None:
@@ -137,7 +137,7 @@ def test_tp_on_key_value_projections_without_kv_heads_is_an_input_error():
                                                 TensorSpec("attention.key.weight", (H, H), Component.ATTENTION, Split.KV)))
     rwkv_like = spec.replace(layers=(kv_layer, kv_layer))
     validate(rwkv_like, TrainingConfig(seq_len=256))  # tp 1: nothing to divide
-    with pytest.raises(InputError, match=r"--tp 2 cannot split the key/value projections of tiny-mamba.*use --tp 1"):
+    with pytest.raises(InputError, match=r"^tp 2 cannot split the key/value projections of tiny-mamba.*use tp 1"):
         validate(rwkv_like, TrainingConfig(seq_len=256, parallelism=Parallelism(tp=2)))
 
 
@@ -251,7 +251,7 @@ ENUMS = {"precision": Precision, "optimizer": Optimizer, "recompute": Recompute,
 def _built(monkeypatch, base: dict, name: str | None):
     """The workload the options build from ``base`` with ``name`` at its sample value, the scope check
     bypassed."""
-    from memest import options
+    from memest.cli import options
 
     monkeypatch.setattr(options, "_check_scope", lambda values, mode: None)
     values = dict(base)
@@ -303,10 +303,10 @@ def test_calibrate_serving_reads_hf_flags():
     from memest.calibration.request import calibration_workload
 
     spec = load_model("meta-llama/Llama-3.2-1B")
-    w = calibration_workload(job(serve=True, max_new_tokens=4, max_model_len=64), spec, 1)
+    w = calibration_workload(job(serve=True, max_new_tokens=4, max_model_len=64).values, spec, 1)
     assert (w.engine, w.max_new_tokens) == (Engine.HF, 4)
-    with pytest.raises(InputError, match="--gpu-memory-utilization is a --engine vllm flag"):
-        calibration_workload(job(serve=True, gpu_memory_utilization=0.5), spec, 1)
+    with pytest.raises(InputError, match="^gpu_memory_utilization is a engine vllm flag"):  # the library names keywords
+        calibration_workload(job(serve=True, gpu_memory_utilization=0.5).values, spec, 1)
 
 
 # ---- 4. serving data parallelism ----
@@ -336,7 +336,7 @@ def test_serving_layout_errors(args, message):
 # ---- 5. --target-len ----
 
 def test_target_len_needs_an_encoder_decoder_model():
-    with pytest.raises(InputError, match="--target-len applies to encoder-decoder models .* is causal_lm"):
+    with pytest.raises(InputError, match="^target_len applies to encoder-decoder models .* is causal_lm"):
         estimate(load_model(LLAMA), TrainingConfig(seq_len=512, target_len=64), H100)
     t5 = load_model("google-t5/t5-small")
     # accepted, and it shapes the decoder's activations (compared inside backward: the peak of this small
@@ -409,7 +409,7 @@ def test_learned_positions(model, positions):
 def test_training_beyond_a_learned_position_table_is_refused(model, positions):
     spec = load_model(model)
     estimate(spec, TrainingConfig(seq_len=positions), H100)
-    with pytest.raises(InputError, match=f"--seq-len {positions + 1} is more than the {positions} positions"):
+    with pytest.raises(InputError, match=f"^seq_len {positions + 1} is more than the {positions} positions"):
         estimate(spec, TrainingConfig(seq_len=positions + 1), H100)
 
 
@@ -519,7 +519,7 @@ def test_calibrate_auto_without_cuda_warns():
 
 def test_cpu_run_checked_against_available_ram(monkeypatch):
     from memest.calibration.compare import local_device
-    from memest.commands import calibrate
+    from memest.cli import calibrate
 
     spec = load_model("meta-llama/Llama-3.2-1B")
     w = TrainingConfig(seq_len=128)
@@ -535,7 +535,7 @@ def test_cpu_run_checked_against_available_ram(monkeypatch):
 
 
 def test_host_available_bytes_is_within_physical_memory():
-    from memest.commands.calibrate import host_available_bytes
+    from memest.cli.calibrate import host_available_bytes
 
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     assert 0 < host_available_bytes() <= physical
@@ -648,7 +648,7 @@ def test_plot_without_matplotlib_is_refused_before_any_work(monkeypatch, tmp_pat
     import importlib.util
 
     from memest.errors import MissingDependencyError
-    from memest.plot import plot_path
+    from memest.report.plot import plot_path
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))

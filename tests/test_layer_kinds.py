@@ -314,7 +314,7 @@ def test_falcon_h1_layers_cache_kv_and_a_state() -> None:
 ], ids=["nemotron_h", "lfm2", "qwen3_next", "granitemoehybrid", "falcon_h1"])
 def test_meta_fallback_agrees_on_kinds_and_states(raw: dict) -> None:
     pytest.importorskip("transformers")
-    from memest import meta
+    from memest.sources import meta
 
     analytic = _spec(raw)
     from_meta = meta.spec_from_meta(HFConfig(json.loads(json.dumps(raw)), name="test", source="test"),
@@ -365,7 +365,7 @@ def test_unknown_pattern_symbol_names_key_and_symbol() -> None:
 
 
 def test_unknown_layer_type_on_the_meta_path() -> None:
-    from memest import meta
+    from memest.sources import meta
 
     raw = {"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
            "layer_types": ["linear_attention", "bogus"]}
@@ -392,7 +392,7 @@ def test_bad_layer_kinds_exit_2_on_the_cli(tmp_path, raw: dict, message: str) ->
 
 def test_mllama_cross_attention_layers_on_the_meta_path() -> None:
     pytest.importorskip("transformers")
-    from memest import meta
+    from memest.sources import meta
 
     # a shrunken Llama-3.2-Vision: 5 text layers, layer 3 a cross-attention layer; one image = 4 tiles x
     # ((56 / 14)^2 + 1) = 68 tokens
@@ -415,7 +415,7 @@ def test_mllama_cross_attention_layers_on_the_meta_path() -> None:
 
 def _meta_spec(raw: dict):
     pytest.importorskip("transformers")
-    from memest import meta
+    from memest.sources import meta
 
     return meta.spec_from_meta(HFConfig(json.loads(json.dumps(raw)), name="test", source="test"),
                                trust_remote_code=False)

@@ -15,7 +15,7 @@ from memest.estimate.training import lora_targets_tensor
 from memest.lora_targets import ALL_LINEAR, ATTENTION, layer_modules, nameable_modules
 from memest.sources import catalog, load_model
 from memest.spec import ModelSpec
-from memest.workload import _validate_lora_targets
+from memest.workload.validate import _validate_lora_targets
 
 CATALOG = sorted(catalog.entries())
 

@@ -26,7 +26,7 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is first imported (lazily)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from memest import meta
+from memest.sources import meta
 from memest.errors import ConfigError, UnsupportedArchitectureError
 from memest.sources import catalog, load_model, spec_from_config
 from memest.sources.config import HFConfig

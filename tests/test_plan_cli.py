@@ -11,6 +11,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from inprocess import run_memest
 from memest.cli import app
 from memest.errors import InputError
 
@@ -23,7 +24,7 @@ def invoke(*args: str):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV, timeout=120)
+    return run_memest(*args, env=ENV)  # through main(), in-process (tests/inprocess.py)
 
 
 SERVE = ("meta-llama/Llama-2-70b-hf", "--serve", "--max-model-len", "4096", "--batch-size", "4")
@@ -41,9 +42,10 @@ def test_plan_json_lists_fits_cheapest_first_with_peak_and_headroom():
             for f in fits]
     assert keys == sorted(keys)
     for f in fits:
-        # vLLM (memest.fit): what the engine holds against the whole device, --headroom not applied
-        assert f["device_used_bytes"] <= f["usable_bytes"] == f["memory_bytes"]
-        assert f["free_bytes"] == f["memory_bytes"] - f["device_used_bytes"]
+        # vLLM (memest.planning.fit): what the engine holds (needed_bytes) against the whole device, --headroom not applied;
+        # device_used_bytes is the job's own memory, as in `memest hf --json` (below the budget the engine holds)
+        assert f["device_used_bytes"] < f["needed_bytes"] <= f["usable_bytes"] == f["memory_bytes"]
+        assert f["free_bytes"] == f["memory_bytes"] - f["needed_bytes"]
         assert set(f["largest"]) == {"batch_size", "max_model_len"}
         assert f["largest"]["batch_size"]["value"] >= 4  # the asked batch fits, so the largest is at least it
     assert doc["prices_usd_per_hour"] == {"H100-80GB": 3.0, "A100-80GB": 1.8, "L40S": 1.5}
@@ -58,7 +60,8 @@ def test_the_printed_flags_reproduce_a_fit_with_memest_hf(job):
         assert hf.exit_code == 0, hf.output
         again = json.loads(hf.stdout)
         assert again["fits"] is True
-        assert again["needed_bytes"] == f["device_used_bytes"]
+        assert again["needed_bytes"] == f["needed_bytes"]
+        assert again["per_device"]["device_used_bytes"] == f["device_used_bytes"]  # one meaning per key
         assert again["device"]["count"] == f["count"]
 
 

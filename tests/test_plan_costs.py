@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from memest.costs import PER_DOUBLING, Cost, PriceTable, doubling_penalty, parse_cost_flags, penalty, read_cost_file
+from memest.planning.costs import PER_DOUBLING, Cost, PriceTable, doubling_penalty, parse_cost_flags, penalty, read_cost_file
 from memest.devices import get_device
 from memest.errors import InputError, UnknownDeviceError
-from memest.plan import DeviceChoice, Space, plan
+from memest.planning.search import DeviceChoice, Space, plan
 from memest.sources import load_model
 from memest.workload import Offload, Parallelism, Recompute, TrainingConfig
 
@@ -45,7 +45,7 @@ def test_penalties_are_looked_up_by_value_and_enum():
 
 
 def _documented_rows() -> dict[str, tuple[float, float, bool]]:
-    from memest import costs
+    from memest.planning import costs
 
     rows = {}
     for line in costs.__doc__.splitlines():
@@ -57,7 +57,7 @@ def _documented_rows() -> dict[str, tuple[float, float, bool]]:
 
 def test_the_documented_table_matches_the_data():
     # the module docstring's table is what users read; its numbers must be the ones used
-    from memest import costs
+    from memest.planning import costs
 
     rows = _documented_rows()
     for name, p in PER_DOUBLING.items():

@@ -12,8 +12,8 @@ import pytest
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import usable_bytes, verdict
-from memest.maxfit import CAPS, Largest, largest, limits
+from memest.planning.fit import usable_bytes, verdict
+from memest.planning.maxfit import CAPS, Largest, largest, limits
 from memest.sources import load_model
 from memest.workload import Engine, Parallelism, Recompute, ServingConfig, TrainingConfig
 

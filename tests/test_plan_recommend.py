@@ -20,15 +20,15 @@ import pytest
 from typer.testing import CliRunner
 
 from memest.cli import app
-from memest.costs import Cost, PriceTable
+from memest.planning.costs import Cost, PriceTable
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.estimate.serving import MAX_PP_QUERY, smallest_parallelism
+from memest.planning.search import MAX_PP_QUERY, smallest_parallelism
 from memest.estimate.serving.vllm.engine import vllm_ranks
-from memest.fit import verdict
-from memest.maxfit import largest_utilization
-from memest.plan import DeviceChoice, Space, _utilization_cost, assess, plan, recommend
+from memest.planning.fit import verdict
+from memest.planning.maxfit import largest_utilization
+from memest.planning.search import DeviceChoice, Space, _utilization_cost, assess, plan, recommend
 from memest.report import serving_lines
 from memest.sources import load_model
 from memest.workload import Parallelism, ServingConfig, TrainingConfig, divisors, validate
@@ -98,7 +98,7 @@ FEWEST_CASES = [
 @pytest.mark.parametrize(("model", "asked", "device"), FEWEST_CASES)
 def test_fewest_devices_is_the_smallest_layout_the_verdict_accepts(model, asked, device):
     # brute force over the layouts the query documents: tp a power of two dividing a node, pp a power of
-    # two up to MAX_PP_QUERY (and the layers); each judged by memest.fit.verdict
+    # two up to MAX_PP_QUERY (and the layers); each judged by memest.planning.fit.verdict
     spec, device = load_model(model), get_device(device)
     fitting = []
     for tp in (t for t in (1, 2, 4, 8, 16, 32, 64) if device.per_node % t == 0):

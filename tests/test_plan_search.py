@@ -14,12 +14,12 @@ import math
 
 import pytest
 
-from memest.costs import Cost, PriceTable, doubling_penalty, penalty
+from memest.planning.costs import Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import Device, get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import usable_bytes, verdict
-from memest.plan import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
+from memest.planning.fit import usable_bytes, verdict
+from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
 from memest.sources import load_model
 from memest.workload import (
     Method,
@@ -279,7 +279,7 @@ def test_rtx_cards_one_per_server_never_use_tensor_parallelism():
     device = get_device("RTX-4090")
     assert device.per_node == 1
     # vLLM holds gpu_memory_utilization x 24 GiB + 2.42 GiB outside its budget with pp > 1 (CUDA graphs
-    # 0.91, context 0.51, NCCL 1.0): 0.85 leaves room for it, the default 0.9 does not (memest.fit)
+    # 0.91, context 0.51, NCCL 1.0): 0.85 leaves room for it, the default 0.9 does not (memest.planning.fit)
     job = ServingConfig(max_model_len=4096, gpu_memory_utilization=0.85)
     result = plan(spec, job, Space(allow_offload=True, devices=(DeviceChoice(device, 16),)), max_queries=False)
     assert result.best is not None and result.best.setup.workload.parallelism.tp == 1
@@ -326,7 +326,7 @@ def test_nothing_fits_within_the_limit():
 @pytest.mark.parametrize(("space", "message"), [
     (Space(allow_offload=True, devices=()), "no device type to plan for"),
     (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 0),)), "must be at least 1"),
-    (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),), global_batch_size=0), "--global-batch-size is 0"),
+    (Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),), global_batch_size=0), "^global_batch_size is 0"),
 ])
 def test_bad_spaces_are_input_errors(space, message):
     spec = load_model("meta-llama/Llama-2-7b-hf")
@@ -336,7 +336,7 @@ def test_bad_spaces_are_input_errors(space, message):
 
 def test_a_workload_invalid_whatever_the_layout_is_reported_not_hidden():
     spec = load_model("meta-llama/Llama-2-7b-hf")
-    with pytest.raises(InputError, match="--seq-len is 0"):
+    with pytest.raises(InputError, match="^seq_len is 0"):
         plan(spec, TrainingConfig(seq_len=0), Space(allow_offload=True, devices=(DeviceChoice(get_device("H100"), 8),)))
 
 

@@ -10,7 +10,7 @@ from memest.devices import get_device
 from memest.errors import InputError, MissingDependencyError
 from memest.estimate import estimate
 from memest.sources import load_model
-from memest.sweep import MAX_POINTS, parse_size, parse_values, sweep
+from memest.planning.sweep import MAX_POINTS, parse_size, parse_values, sweep
 from memest.workload import Parallelism, Recompute, ServingConfig, TrainingConfig
 
 HEADROOM = 0.10
@@ -20,7 +20,7 @@ HEADROOM = 0.10
     ("4096", 4096), ("4k", 4096), ("4K", 4096), ("128k", 131072), ("1M", 1048576), (" 2k ", 2048),
 ])
 def test_sizes_use_binary_k_and_m(text, expected):
-    assert parse_size(text, "--seq-len") == expected
+    assert parse_size(text, "seq_len") == expected
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -33,12 +33,12 @@ def test_sizes_use_binary_k_and_m(text, expected):
     ("512", (512,)),
 ])
 def test_ranges(text, expected):
-    assert parse_values(text, "--seq-len") == expected
+    assert parse_values(text, "seq_len") == expected
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("0", "--seq-len '0' is not a positive size"),
-    ("1.5k", "--seq-len '1.5k' is not a positive size"),
+    ("0", "^seq_len '0' is not a positive size"),
+    ("1.5k", "^seq_len '1.5k' is not a positive size"),
     ("4k..1k", "the range ends below its start"),
     ("1..4:x1", "the step must be"),
     ("1..4:-1", "the step must be"),
@@ -46,7 +46,7 @@ def test_ranges(text, expected):
 ])
 def test_bad_ranges_are_input_errors(text, message):
     with pytest.raises(InputError, match=message):
-        parse_values(text, "--seq-len")
+        parse_values(text, "seq_len")
 
 
 def test_each_point_is_the_estimate_at_that_value():
@@ -81,11 +81,11 @@ def test_a_setting_of_the_other_mode_is_refused():
 @pytest.mark.parametrize("suffix", [".png", ".svg", ".pdf"])
 def test_plot_writes_an_image(tmp_path, suffix):
     pytest.importorskip("matplotlib")
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     spec = load_model("meta-llama/Llama-2-70b-hf")
     result = sweep(spec, ServingConfig(max_model_len=4096, parallelism=Parallelism(tp=4)), get_device("H100"),
-                   "batch_size", parse_values("1..1024", "--batch-size"), headroom=HEADROOM)
+                   "batch_size", parse_values("1..1024", "batch_size"), headroom=HEADROOM)
     out = plot_sweep(result, tmp_path / f"sweep{suffix}")
     data = out.read_bytes()
     magic = {".png": data.startswith(b"\x89PNG"), ".svg": b"<svg" in data[:2000], ".pdf": data.startswith(b"%PDF")}
@@ -103,7 +103,7 @@ def test_plot_writes_an_image(tmp_path, suffix):
 
 
 def test_plot_refuses_other_formats(tmp_path):
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     spec = load_model("meta-llama/Llama-2-7b-hf")
     result = sweep(spec, ServingConfig(), get_device("H100"), "batch_size", (1, 2), headroom=HEADROOM)
@@ -112,7 +112,7 @@ def test_plot_refuses_other_formats(tmp_path):
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
-    from memest.plot import plot_sweep
+    from memest.report.plot import plot_sweep
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     spec = load_model("meta-llama/Llama-2-7b-hf")

@@ -12,7 +12,8 @@ from memest.cli import app
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.estimate.serving import largest_concurrency, largest_max_model_len, smallest_parallelism
+from memest.estimate.serving import largest_concurrency, largest_max_model_len
+from memest.planning.search import smallest_parallelism
 from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.sources import load_model
@@ -124,9 +125,9 @@ def test_hf_generate_peak_by_hand() -> None:
 
 def test_engine_version_checked() -> None:
     spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
-    with pytest.raises(InputError, match=r"--engine-version '0\.5'.*0\.19"):
+    with pytest.raises(InputError, match=r"^engine_version '0\.5'.*0\.19"):
         estimate(spec, ServingConfig(engine_version="0.5"), H100)
-    with pytest.raises(InputError, match="--block-size 24"):
+    with pytest.raises(InputError, match="^block_size 24"):
         estimate(spec, ServingConfig(block_size=24), H100)
     with pytest.raises(InputError, match="max_position_embeddings"):
         estimate(spec, ServingConfig(max_model_len=200_000), H100)

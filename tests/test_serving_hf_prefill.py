@@ -146,6 +146,7 @@ REAL_GENERATE_TOLERANCE = 0.01
 """Analytic peak within 1% of ``model.generate``'s measured peak on the CPU."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "opt", "olmo2", "falcon", "phi", "bloom"])
 def test_tiny_models_against_a_real_generate_on_the_cpu(family: str) -> None:
     # GPT-NeoX is left out: its CPU attention kernel copies the strided q/k/v slices of the fused

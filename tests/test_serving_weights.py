@@ -180,5 +180,5 @@ def test_vllm_refuses_float16_for_gemma2():
     from memest.sources import load_model
     from memest.workload import ServingConfig, validate
 
-    with pytest.raises(InputError, match="vLLM refuses --dtype fp16 for model_type 'gemma2'"):
+    with pytest.raises(InputError, match="vLLM refuses dtype fp16 for model_type 'gemma2'"):
         validate(load_model("google/gemma-2-9b"), ServingConfig(dtype="fp16"))

@@ -114,6 +114,7 @@ FULL_SIZE_JOBS = {
 FULL_SIZE_KNOWN: dict[tuple[str, str], str] = {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "job"),
     [pytest.param(m, j, id=f"{m.split('/')[1]}-{n}",

@@ -11,14 +11,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from inprocess import run_memest
 from trace_models import tiny_config
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "memest", *args], capture_output=True, text=True, env=ENV,
-                          timeout=300, check=False)
+    return run_memest(*args, env=ENV, timeout=300)  # through main(), in-process (tests/inprocess.py)
 
 
 @pytest.fixture(scope="module")

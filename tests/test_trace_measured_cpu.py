@@ -107,6 +107,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workload", "dtype"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_trace_matches_a_real_cpu_run(workload, dtype) -> None:
     if isinstance(workload, TrainingConfig):

@@ -2,8 +2,6 @@
 and the trace table's sizes for tiny models."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -11,13 +9,15 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import torch
+from inprocess import run_memest
 from trace_models import shrink, tiny_config
 
 from memest.devices import get_device
 from memest.errors import InputError, UnsupportedArchitectureError
 from memest.sources import catalog, load_config, spec_from_config
 from memest.sources.config import HFConfig
-from memest.trace import _model, console, trace
+from memest.report import trace as console
+from memest.trace import _model, trace
 from memest.trace.compare import ComparisonRow
 from memest.workload import Engine, ServingConfig, TrainingConfig
 
@@ -56,8 +56,7 @@ def test_encoder_decoder_models_are_refused_in_one_line() -> None:
 
 
 def test_cli_refuses_t5_trace_in_one_line() -> None:
-    out = subprocess.run([sys.executable, "-m", "memest", "hf", "google-t5/t5-small", "--train", "--trace"],
-                         capture_output=True, text=True, env=ENV, timeout=300, check=False)
+    out = run_memest("hf", "google-t5/t5-small", "--train", "--trace", env=ENV, timeout=300)
     assert out.returncode == 2
     assert out.stderr.startswith("Error: 'google-t5/t5-small' is an encoder-decoder model (t5)")
     assert out.stderr.count("\n") == 1

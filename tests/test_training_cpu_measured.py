@@ -51,6 +51,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("precision", "attn", "lora", "recompute", "batch", "seq"), CASES)
 def test_estimate_matches_profiled_cpu_step(tmp_path, precision, attn, lora, recompute, batch, seq):
     """A few tokens put the peak at the optimizer step (fp32 weights, grads, Adam states and the
@@ -82,6 +83,7 @@ def test_estimate_matches_profiled_cpu_step(tmp_path, precision, attn, lora, rec
     assert rank.allocated_bytes == pytest.approx(measured.peak, rel=ACTIVATION_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_layer_saved_tensors_match_autograd(tmp_path):
     """One bf16 Llama layer keeps exactly what the module docstring of activations.py lists.
 

@@ -31,11 +31,6 @@ from memest.workload import (
     TrainingConfig,
 )
 
-TINY = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
-    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
-}
 P = 202_048
 LAYER = 36_992
 NORMS = 5
@@ -46,11 +41,6 @@ BF16_TENSORS = 2 * P + NORMS * (512 - 128)   # every parameter's own bf16 tensor
 FP32_TENSORS = 4 * P + NORMS * (512 - 256)
 FP32_SHARDS_4 = P + NORMS * (512 - 64)        # 4P/4 over 4 ranks, each parameter sharded on its own (FSDP2)
 H100 = get_device("H100-80GB")
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return spec_from_config(HFConfig(TINY, name="tiny", source="test"))
 
 
 def _kinds(terms) -> dict[Kind, int]:
@@ -298,7 +288,7 @@ def test_qlora_trl_keeps_fp32_checkpoints_and_mlp(tiny):
 
 
 def test_cli_hybrid_shard_and_dp_flags():
-    from memest.options import WORKLOAD_OPTIONS, JobOptions
+    from memest.cli.options import WORKLOAD_OPTIONS, JobOptions
     from memest.sources import load_model
 
     spec = load_model("meta-llama/Llama-3.1-8B")

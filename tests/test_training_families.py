@@ -119,20 +119,10 @@ def test_gpt_bigcode_mask_buffer_is_weights_not_parameters():
     assert est.per_device.term("weights.buffers").kind is Kind.WEIGHTS
 
 
-TINY_LLAMA = {
-    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
-    "max_position_embeddings": 256, "torch_dtype": "bfloat16",
-}
 P = 202_048
-"""Parameters of TINY_LLAMA (tests/test_training_estimate.py): embed 64,000 + 2 x 36,992 + 64 + 64,000."""
+"""Parameters of the ``tiny`` fixture (tests/conftest.py): embed 64,000 + 2 x 36,992 + 64 + 64,000."""
 BF16_TENSORS = 2 * P + 5 * (512 - 128)
 """Its bf16 parameters, each in a 512-B block (the five 64-element norms take 512 B instead of 128)."""
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return spec_from_config(HFConfig(TINY_LLAMA, name="tiny", source="test"))
 
 
 def test_deepspeed_bf16_zero0_step_copies_gradients_to_fp32(tiny):

@@ -1,7 +1,7 @@
 """Every serve case of benchmarks/data/validation_cases.json against memest, figure by figure.
 
 Expected values are the published measurements (vLLM start-up logs, the transformers docs); the
-predictions come from benchmarks/serving_cases.py, which also writes benchmarks/serving_cases.md.
+predictions come from memest/validation/serving.py (benchmarks/serving_cases.py writes benchmarks/serving_cases.md).
 Like with like: vLLM's logged weights, activation peak, available KV memory, KV tokens/blocks and
 maximum concurrency against the same quantities of vLLM's arithmetic; peak allocated against peak
 allocated for transformers generate.
@@ -9,9 +9,7 @@ allocated for transformers generate.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +17,7 @@ import pytest
 os.environ.setdefault("MEMEST_OFFLINE", "1")  # no Hub in tests: uncatalogued models skip
 
 from memest.errors import MemestError
-
-_spec = importlib.util.spec_from_file_location(
-    "serving_cases", Path(__file__).resolve().parent.parent / "benchmarks" / "serving_cases.py")
-assert _spec and _spec.loader
-cases_module = importlib.util.module_from_spec(_spec)
-sys.modules["serving_cases"] = cases_module  # dataclasses look their module up
-_spec.loader.exec_module(cases_module)
+from memest.validation import serving as cases_module
 
 WEIGHTS_TOLERANCE = 0.01
 """Weights within 1% (the issue's goal)."""

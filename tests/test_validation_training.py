@@ -2,7 +2,7 @@
 qlora) against memest, like with like.
 
 The mapping from each case's published settings to memest's inputs, and the metric compared, live
-in ``benchmarks/training_cases.py`` (which also writes the report ``benchmarks/training_cases.md``).
+in ``memest/validation/training.py`` (``benchmarks/training_cases.py`` writes its report ``benchmarks/training_cases.md``).
 Expected values are the published figures. Tolerances: HIGH_TOLERANCE (10%) for tensor-byte figures
 of high-confidence cases, DEVICE_TOLERANCE (15%) for reserved / nvidia-smi figures (allocator slack
 is a fixed share in memest), MEDIUM_TOLERANCE (25%) for medium-confidence cases, which are sanity
@@ -12,15 +12,14 @@ errors too.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from memest.validation import training as tc
+from memest.validation.cases import load_cases
 
-import training_cases as tc
+REPORT = Path(__file__).resolve().parents[1] / "benchmarks" / "training_cases.md"
 
 KNOWN_GAPS = {
     "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: the gist's ZeRO-2 figures fit a first-iteration reading "
@@ -33,7 +32,7 @@ ROWS = tc.rows()
 
 
 def test_every_training_case_is_compared():
-    published = {c["id"] for c in json.loads(tc.CASES_JSON.read_text()) if c["kind"] in tc.KINDS}
+    published = {c["id"] for c in load_cases(*tc.KINDS)}
     compared = {r.case.id.split("@")[0] for r in ROWS}
     assert compared == published
 
@@ -55,5 +54,5 @@ def test_median_error_goal():
 
 def test_report_is_current():
     """benchmarks/training_cases.md is what the script generates now."""
-    report = Path(tc.__file__).with_suffix(".md").read_text()
+    report = REPORT.read_text()
     assert report.startswith(tc.markdown(ROWS))

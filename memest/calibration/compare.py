@@ -1,7 +1,7 @@
 """Predicted versus measured, like with like, per rank; and whether the fit verdict was right.
 
 Pure Python (no torch): it works on :class:`~memest.result.RankEstimate` and
-:class:`~memest.measure.Measurement`, so records can be re-compared anywhere.
+:class:`~memest.calibration.measure.Measurement`, so records can be re-compared anywhere.
 
 What is compared with what:
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from memest.devices import DEVICES, GiB, Device, get_device
 from memest.errors import UnknownDeviceError
-from memest.measure import Measurement
+from memest.calibration.measure import Measurement
 from memest.result import Estimate, Kind, RankEstimate
 
 ARCH_BY_CAPABILITY = {"7.0": "volta", "7.2": "volta", "7.5": "turing", "8.0": "ampere", "8.6": "ampere",
@@ -281,7 +281,7 @@ def evaluate(spec: Any, workload: Any, payloads: list[dict[str, Any]], *, headro
         ValueError: ``payloads`` is empty.
     """
     from memest.estimate import estimate
-    from memest.plan import verdict
+    from memest.planning.search import verdict
     from memest.workload import ServingConfig
 
     if not payloads:

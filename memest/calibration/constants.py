@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.calibration.records import record_ref
-from memest.measure import Measurement
+from memest.calibration.measure import Measurement
 
 SCHEMA = 1
 ABOUT = ("Runtime constants measured by `memest calibrate`, per device family (arch). Written by "

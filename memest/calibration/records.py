@@ -25,7 +25,7 @@ from memest.calibration.compare import RankComparison, VerdictCheck
 from memest.calibration.request import Request
 from memest.devices import Device
 from memest.errors import InputError
-from memest.report import estimate_to_dict, workload_dict
+from memest.result import estimate_dict, plain
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import Workload
@@ -73,7 +73,7 @@ def build_record(
         "inputs": {
             "mode": workload.mode,
             "flags": dict(request.flags),
-            "workload": workload_dict(workload),
+            "workload": plain(workload),
             "steps": steps,
             "nproc": request.nproc,
             "weights": "checkpoint" if request.weights else "random",
@@ -88,7 +88,7 @@ def build_record(
             "count": request.nproc,
         },
         "measured": [p["measurement"] | {"static": p.get("static", {})} for p in payloads],
-        "predicted": estimate_to_dict(estimate),
+        "predicted": estimate_dict(estimate),
         "comparison": {
             "verdict": {"predicted_fits": verdict.predicted_fits, "measured_fits": verdict.measured_fits,
                         "headroom": verdict.headroom, "status": verdict.status},

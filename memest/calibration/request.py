@@ -1,7 +1,7 @@
 """What one calibration runs, as plain data that crosses process boundaries (torchrun workers).
 
 A :class:`Request` holds the model reference and the workload flags exactly as ``memest hf``
-takes them (:data:`memest.options.WORKLOAD_OPTIONS`), plus how to run: backend, steps, processes,
+takes them (:func:`memest.workload.settings.settings`), plus how to run: backend, steps, processes,
 weights. :func:`check_supported` says which workloads calibrate can really run and raises an
 :class:`~memest.errors.InputError` naming the flag and the fix for the others.
 """
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import inspect
-import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from memest.errors import InputError
-from memest.options import WORKLOAD_OPTIONS, JobOptions
 from memest.spec import ModelSpec
 from memest.workload import (
     Engine,
@@ -32,6 +30,8 @@ from memest.workload import (
     Workload,
     validate,
 )
+from memest.workload.resolve import device, resolve
+from memest.workload.settings import enum_of, settings
 
 BACKENDS = ("auto", "cuda", "cpu")
 DEFAULT_TRAIN_STEPS = 3
@@ -62,8 +62,8 @@ class Request:
     weights: bool = False
     tag: str | None = None
 
-    def job(self) -> JobOptions:
-        """The workload flags as the CLI would have parsed them (defaults for the missing ones)."""
+    def job(self) -> dict[str, Any]:
+        """The workload settings as the CLI would have parsed them (defaults for the missing ones)."""
         return job_from_flags(self.flags)
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,29 +81,30 @@ def _value(x: Any) -> Any:
     return x.value if isinstance(x, Enum) else x
 
 
-def flags_of(job: JobOptions) -> dict[str, Any]:
-    """The flag values of parsed options, as plain JSON data (enums as their values)."""
-    return {k: (v.value if isinstance(v, Enum) else v) for k, v in job.values.items()}
+def flags_of(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings' values as plain JSON data (enums as their values)."""
+    return {k: (v.value if isinstance(v, Enum) else v) for k, v in values.items()}
 
 
-def job_from_flags(flags: dict[str, Any]) -> JobOptions:
+def job_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """Parsed workload options from plain flag values (``{"precision": "bf16"}``); defaults fill the rest.
 
     Raises:
         InputError: an unknown flag name, or a value that is not one of the flag's choices.
     """
-    unknown = sorted(set(flags) - set(WORKLOAD_OPTIONS))
+    known = settings()
+    unknown = sorted(set(flags) - set(known))
     if unknown:
         raise InputError(f"unknown workload flag(s) {', '.join(map(repr, unknown))}; "
                          f"use names of 'memest hf' options such as 'micro_batch_size'")
     values: dict[str, Any] = {}
-    for name, (annotation, default) in WORKLOAD_OPTIONS.items():
-        raw = flags.get(name, default)
+    for name, setting in known.items():
+        raw = flags.get(name, setting.default)
         if name == "prepare_kbit_training" and isinstance(raw, bool):
             # records written while the flag was a switch: on was PEFT's upcast alone, off (under QLoRA) none
             qlora = str(_value(flags.get("finetune")) or "").lower() == "qlora"
             raw = "peft" if raw else ("none" if qlora else None)
-        enum = _enum_of(annotation)
+        enum = enum_of(setting.type)
         if enum is not None and raw is not None and not isinstance(raw, enum):
             try:
                 raw = enum(str(raw).lower())
@@ -111,19 +112,10 @@ def job_from_flags(flags: dict[str, Any]) -> JobOptions:
                 choices = ", ".join(m.value for m in enum)
                 raise InputError(f"--{name.replace('_', '-')} {raw!r} is not one of {choices}") from None
         values[name] = raw
-    return JobOptions(values)
+    return values
 
 
-def _enum_of(annotation: Any) -> type[Enum] | None:
-    """The Enum class inside ``Annotated[Enum | None, ...]``, if any."""
-    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
-    for candidate in (base, *typing.get_args(base)):
-        if inspect.isclass(candidate) and issubclass(candidate, Enum):
-            return candidate
-    return None
-
-
-def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: int | None = None) -> Workload:
+def calibration_workload(job: Mapping[str, Any], spec: ModelSpec, nproc: int, steps: int | None = None) -> Workload:
     """The workload calibrate runs and estimates: ``memest hf``'s, with ``--gpus`` = ``--nproc``.
 
     Serving is modelled as what runs: transformers ``generate`` (``--engine hf``, the installed
@@ -136,19 +128,19 @@ def calibration_workload(job: JobOptions, spec: ModelSpec, nproc: int, steps: in
     """
     if nproc < 1:
         raise InputError(f"--nproc is {nproc}; it must be at least 1")
-    gpus = job.values["gpus"]
+    gpus = job["gpus"]
     if gpus not in (1, nproc):
         raise InputError(f"--gpus {gpus} differs from --nproc {nproc}; calibrate runs one process per device, "
                          f"so pass --nproc {gpus} (or drop --gpus)")
     if steps is not None and steps < 1:
         raise InputError(f"--steps is {steps}; it must be at least 1")
-    values = dict(job.values, gpus=nproc)
+    values = dict(job, gpus=nproc)
     if not (values["train"] or values["finetune"]):
         values["engine"] = Engine.HF  # what runs: vLLM-only flags are refused as for 'memest hf --engine hf'
-    workload = JobOptions(values).workload(spec)
+    workload = resolve(values, spec, device(values))
     if isinstance(workload, TrainingConfig):
         runs = framework_that_runs(workload, nproc)
-        asked = job.values.get("framework", Framework.AUTO)
+        asked = job.get("framework", Framework.AUTO)
         if asked not in (Framework.AUTO, runs):
             raise InputError(f"calibrate runs this job under {runs.value} (plain PyTorch in one process, DDP for "
                              f"--zero-stage 0, FSDP2 for 2/3 or --precision fsdp2); drop --framework {asked.value}")

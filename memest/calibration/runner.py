@@ -70,7 +70,7 @@ def environment(backend: str) -> dict[str, Any]:
     """Versions and device facts for the record: memest, torch, transformers, peft, CUDA, driver."""
     import torch
 
-    from memest.measure import driver_version
+    from memest.calibration.measure import driver_version
 
     def version(dist: str) -> str | None:
         try:
@@ -118,12 +118,12 @@ def measure(request: Request, *, progress: Progress = _quiet, env: Any = None) -
     """
     from memest.calibration import distributed
     from memest.calibration.models import import_stack
-    from memest.measure import CpuMeter, CudaMeter, first_line, is_out_of_memory
+    from memest.calibration.measure import CpuMeter, CudaMeter, first_line, is_out_of_memory
 
     torch, _ = import_stack()
     cfg = load_config(request.model)
     job = request.job()
-    spec = spec_from_config(cfg, trust_remote_code=job.trust_remote_code)
+    spec = spec_from_config(cfg, trust_remote_code=bool(job["trust_remote_code"]))
     workload = calibration_workload(job, spec, request.nproc, request.steps)
     backend = resolve_backend(request.backend)
     check_supported(workload, backend=backend, nproc=request.nproc, spec=spec)

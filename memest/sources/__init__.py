@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from memest.errors import UnknownModelError, UnsupportedArchitectureError
+from memest.errors import InputError, UnknownModelError, UnsupportedArchitectureError
 from memest.sources import catalog
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
@@ -43,11 +43,23 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
         raise UnknownModelError("empty model reference; pass a Hub id, a catalog name or a path (see 'memest models')")
     path = Path(ref).expanduser()
     if path.exists():
+        if revision is not None:
+            raise InputError(f"{{revision}} {revision!r} names a Hub revision, but {ref!r} is a local path; drop "
+                             "{revision} (or check out that revision there)", field="revision")
         raw, where = read_local(path)
         return HFConfig(raw, name=_local_name(path), source=where)
     hit = catalog.resolve(ref)
     if hit is not None:
-        return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
+        if revision is None:
+            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note)
+        why = "the Hub is offline (HF_HUB_OFFLINE)"
+        if not hub_offline():
+            try:
+                return HFConfig(fetch_config(hit.model_id, revision=revision), name=hit.model_id, source="hub")
+            except HubUnreachableError as exc:
+                why = f"the Hub is unreachable: {exc}"
+        raise InputError(f"{{revision}} {revision!r} needs the Hub, and {why}: the offline catalog holds one revision "
+                         f"of {hit.model_id}; drop {{revision}} to use it", field="revision")
     if _looks_like_path(ref):
         raise UnknownModelError(f"no such file or directory: {ref!r}; pass an existing config.json, params.json or model folder")
     why = "not in the offline catalog; pass a Hub id (org/name) or a path"
@@ -100,7 +112,7 @@ def load_model(reference: str, *, trust_remote_code: bool = False, revision: str
 
 def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     try:
-        from memest import meta
+        from memest.sources import meta
     except ImportError as exc:  # pragma: no cover
         raise UnsupportedArchitectureError(str(exc)) from exc
     try:

@@ -1,6 +1,6 @@
 """The transformers model a trace runs: built from the config on the meta device, adapted to the job.
 
-Building follows :mod:`memest.meta` (the families' builder): ``AutoConfig.for_model`` on the raw
+Building follows :mod:`memest.sources.meta` (the families' builder): ``AutoConfig.for_model`` on the raw
 config, the class its ``architectures`` names when it is a head for the spec's task (else the task's auto
 class: ``AutoModelForCausalLM``, ``AutoModelForMaskedLM``; encoder-decoder models are refused), instantiated under
 ``torch.device("meta")`` with an explicit dtype, and remote code only when the user allows it.

@@ -8,13 +8,11 @@ Two engines (``--engine``):
 
 What both share: :mod:`.common` (served dtypes, weights as stored and as loaded) and :mod:`.kv`
 (the KV cache per token, paged and contiguous). Inverse queries: :func:`largest_max_model_len`
-and :func:`largest_concurrency` (each engine's own arithmetic, no search over estimates);
-:func:`smallest_parallelism` (estimates each layout and judges it by :func:`memest.fit.verdict`).
+and :func:`largest_concurrency` (each engine's own arithmetic, no search over estimates); the
+fewest devices that fit is a search over estimates: :func:`memest.planning.search.smallest_parallelism`.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from memest.devices import Device
 from memest.errors import InputError
@@ -23,9 +21,9 @@ from memest.estimate.serving.hf import generate as hf_generate
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig, tp_head_problem, validate
+from memest.workload import Engine, ServingConfig
 
-__all__ = ["MAX_PP_QUERY", "estimate_serving", "largest_concurrency", "largest_max_model_len", "smallest_parallelism"]
+__all__ = ["estimate_serving", "largest_concurrency", "largest_max_model_len"]
 
 
 def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
@@ -61,41 +59,3 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     if s.engine is Engine.HF:
         return hf_generate.largest_batch(spec, s, device, max_model_len)
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)
-
-
-MAX_PP_QUERY = 16
-""":func:`smallest_parallelism` tries pipeline degrees up to this."""
-
-
-def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if device.per_node % t == 0 and tp_head_problem(spec, t) is None]
-    pps = [p for p in (1, 2, 4, 8, 16) if p <= min(spec.num_layers, MAX_PP_QUERY)]
-    out = [Parallelism(tp=t, pp=p) for t in tps for p in pps]
-    return sorted(out, key=lambda par: (par.tp * par.pp, par.pp))
-
-
-def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device, *, headroom: float) -> Parallelism | None:
-    """The fewest devices (tp first, then pp) on which the job fits by the verdict's own rule
-    (:func:`memest.fit.verdict`: for vLLM, it starts, its pool holds ``batch_size`` requests of
-    max_model_len, and it stays within the device's capacity).
-
-    Tries each power-of-two layout with tp dividing a node that the model's heads allow (the
-    planner's rules, with the other degrees asked kept; one replica), up to :data:`MAX_PP_QUERY`
-    pipeline stages (vLLM splits layers unevenly, so any pp up to num_layers runs); transformers
-    generate runs on one device only. None when none fits.
-    """
-    from memest.fit import verdict  # planning sits above the estimate (this search belongs to it)
-
-    for candidate in _parallel_candidates(spec, device):
-        if s.engine is Engine.HF and (candidate.pp > 1 or candidate.tp > 1):
-            continue
-        par = dataclasses.replace(s.parallelism, tp=candidate.tp, pp=candidate.pp, dp=1, cp=1, zero_stage=0)
-        trial = s.replace(parallelism=par)
-        try:
-            validate(spec, trial)
-            est = estimate_serving(spec, trial, device)
-        except InputError:
-            continue
-        if verdict(est, device, par.world_size, headroom).fits:
-            return par
-    return None

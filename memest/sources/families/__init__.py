@@ -2,7 +2,7 @@
 
 ``ADAPTERS`` maps a config's ``model_type`` to the function that builds its ModelSpec. A family
 without an adapter falls back to instantiating the transformers class on the meta device
-(:mod:`memest.meta`), which needs torch and transformers.
+(:mod:`memest.sources.meta`), which needs torch and transformers.
 
 Omitted fields take the default of the family's transformers config class (``configuration_<type>.py``),
 as transformers itself would, e.g. ``tie_word_embeddings`` (gemma, gpt2: true; llama: false) or a

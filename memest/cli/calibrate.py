@@ -16,9 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
-from memest.cli import EXIT_NO_FIT, JsonOpt, _console, app
+from memest.cli.app import EXIT_NO_FIT, JsonOpt, _console, app
 from memest.errors import InputError
-from memest.options import JobOptions, workload_options
+from memest.cli.options import JobOptions, workload_options
 
 ModelArg = Annotated[str | None, typer.Argument(
     help="Hub id or catalog name, a model folder or a config.json (as for 'memest hf'); omit with --suite.",
@@ -81,6 +81,9 @@ def calibrate_command(
         _run_suite(suite, device=None if device is Backend.AUTO else device.value, steps=steps, record=record,
                    results_dir=results_dir, case_timeout=case_timeout)
         return
+    if case_timeout is not None:
+        raise InputError(f"--case-timeout {case_timeout:g} applies to --suite runs (each case in its own process); a "
+                         "single MODEL runs in this process: drop --case-timeout, or pass --suite NAME")
     if model is None:
         raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
     if device is Backend.CPU and job.gpu:
@@ -93,10 +96,10 @@ def calibrate_command(
     from memest.sources import load_model
 
     spec = load_model(model, trust_remote_code=job.trust_remote_code, revision=job.revision)
-    workload = calibration_workload(job, spec, nproc, steps)
+    workload = calibration_workload(job.values, spec, nproc, steps)
     check_supported(workload, backend=device.value, nproc=nproc, spec=spec)
     _check_cpu_run(spec, workload, device, nproc)
-    request = Request(model=model, flags=flags_of(job), backend=device.value, steps=steps, nproc=nproc, weights=weights,
+    request = Request(model=model, flags=flags_of(job.values), backend=device.value, steps=steps, nproc=nproc, weights=weights,
                       tag=record_tag)
     n_steps = default_steps(request, workload, spec)
     payloads = run(request, progress=_progress())
@@ -183,7 +186,7 @@ def _progress() -> Any:
 def _run_suite(name: str, *, device: str | None, steps: int | None, record: bool, results_dir: Path | None,
                case_timeout: float | None) -> None:
     from memest.calibration.suites import TIMED_OUT, load_suite, run_suite
-    from memest.tables import Narrowest, name_col, new_table, prose_col
+    from memest.report.tables import Narrowest, name_col, new_table, prose_col
 
     s = load_suite(name)
     out_dir = results_dir or s.root / "calibrate" / "results"
@@ -207,7 +210,7 @@ def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Pa
     from rich.text import Text
 
     from memest.report import describe_model, describe_workload, size
-    from memest.tables import Narrowest, name_col, new_table, number_col
+    from memest.report.tables import Narrowest, name_col, new_table, number_col
 
     first = result.ranks[0].measurement
     versions = rec["versions"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import Verdict, verdict
+from memest.planning.fit import Verdict, verdict
 from memest.spec import ModelSpec
 from memest.workload import Engine, ServingConfig, TrainingConfig, Workload
 
@@ -87,7 +87,7 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
         workload: The setup; every field but ``setting`` is held.
         device: The accelerator.
         setting: A field of :data:`QUERIES` for the workload's mode.
-        headroom: Share of device memory kept free (the fit rule of :mod:`memest.fit`).
+        headroom: Share of device memory kept free (the fit rule of :mod:`memest.planning.fit`).
         cap: The largest value tried (default :data:`CAPS`).
 
     Raises:
@@ -150,11 +150,11 @@ UTILIZATION_STEP = 100
 def largest_utilization(spec: ModelSpec, workload: ServingConfig, device: Device, *, headroom: float,
                         below: float | None = None) -> float | None:
     """The largest ``--gpu-memory-utilization`` (a multiple of 0.01, at most 1.0 and, with ``below``,
-    under it) at which the vLLM ``workload`` fits ``device`` (:func:`memest.fit.verdict`); None when
+    under it) at which the vLLM ``workload`` fits ``device`` (:func:`memest.planning.fit.verdict`); None when
     none does, or the engine is not vLLM.
 
     Utilization pulls the fit rule two ways: vLLM's share grows with it, so what the process holds
-    on the device (rule 3 of :mod:`memest.fit`) grows with it, while the KV pool left after the
+    on the device (rule 3 of :mod:`memest.planning.fit`) grows with it, while the KV pool left after the
     weights and the activation peak (rules 1 and 2) grows with it too. Rule 3 alone holds up to some
     value u3, found by bisection; the job fits at some value exactly when it fits at u3, because at
     any lower value the pool is no larger. ``tests/test_plan_maxfit.py`` compares it with a scan of

@@ -86,7 +86,7 @@ def render(result: TraceResult, comparison: Comparison) -> Any:
     from rich.console import Group
     from rich.text import Text
 
-    from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
+    from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 
     per = result.per_device
     table = new_table(name_col("kind"), number_col("estimate"), number_col("trace"), number_col("trace − estimate"),
@@ -195,7 +195,7 @@ def trace_for_cli(cfg: HFConfig, workload: Workload, device: Device, estimate: E
         result = dataclasses.replace(result, settings=(*result.settings, note))
     comparison = compare(result, estimate)
     if plot is not None:
-        from memest.trace.plot import plot_timeline
+        from memest.report.trace_plot import plot_timeline
 
         plot_timeline(result, plot, estimate_allocated_bytes=comparison.allocated.analytic_bytes)
     return result, comparison

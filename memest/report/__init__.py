@@ -6,21 +6,20 @@ always labelled; parameter counts use decimal suffixes (B = 10^9).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
 from memest import __version__
 from memest.devices import GiB, MiB
-from memest.maxfit import Largest
-from memest.plan import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
-from memest.result import Estimate, RankEstimate
+from memest.planning.maxfit import Largest
+from memest.planning.search import Assessment, Candidate, Fit, Plan, hf_command, setup_flags
+from memest.result import RankEstimate, plain, rank_dict
 from memest.spec import ModelSpec
-from memest.sweep import Sweep
-from memest.tables import Narrowest, name_col, new_table, number_col, prose_col
+from memest.planning.sweep import Sweep
+from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload.settings import describe
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -72,67 +71,11 @@ def describe_model(spec: ModelSpec) -> str:
 
 
 def describe_workload(w: Workload) -> str:
-    """One line of the workload's main settings."""
-    par = w.parallelism
-    degrees = " ".join(f"{n} {getattr(par, n)}" for n in ("tp", "pp", "dp", "cp", "ep") if getattr(par, n) > 1)
-    if isinstance(w, TrainingConfig):
-        parts = [
-            w.mode,
-            f"precision {w.precision.value}",
-            f"optimizer {w.optimizer.value}",
-            f"micro_batch_size {w.micro_batch_size}",
-            f"seq_len {w.seq_len}",
-            f"recompute {w.recompute.value}",
-        ]
-        if w.method.value != "full":
-            parts.append(f"lora_rank {w.lora.rank} on {w.lora.targets}")
-        if par.zero_stage:
-            parts.append(f"zero_stage {par.zero_stage}")
-        if w.offload.value != "none":
-            parts.append(f"offload {w.offload.value}")
-    else:
-        parts = [
-            "serve",
-            f"engine {w.engine.value}",
-            f"dtype {w.dtype}",
-            f"batch_size {w.batch_size}",
-            f"max_model_len {w.max_model_len}" if w.max_model_len else "max_model_len = model max",
-        ]
-        if w.quantization != "none":
-            parts.append(f"quantization {w.quantization}")
-        if w.kv_cache_dtype != "auto":
-            parts.append(f"kv_cache_dtype {w.kv_cache_dtype}")
-    if degrees:
-        parts.append(degrees)
-    return " · ".join(parts)
+    """One line of the workload's main settings (:func:`memest.workload.settings.describe`)."""
+    return describe(w)
 
 
 # ---- JSON ----
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _rank_dict(rank: RankEstimate) -> dict[str, Any]:
-    return {
-        "label": rank.label,
-        "count": rank.count,
-        "allocated_bytes": rank.allocated_bytes,
-        "reserved_bytes": rank.reserved_bytes,
-        "device_used_bytes": rank.device_used_bytes,
-        "low_bytes": rank.low_bytes,
-        "high_bytes": rank.high_bytes,
-        "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in rank.terms],
-    }
 
 
 _BASIS_WORDS = {"measured": "measured", "nominal": "nominal", "working set": "Metal working set", "user": "as given"}
@@ -152,9 +95,10 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "cost": _finite(c.cost),
         "lossless": c.lossless,
         "devices": c.devices,
-        "device_used_bytes": c.verdict.needed_bytes,
+        "device_used_bytes": c.estimate.per_device.device_used_bytes,
+        "needed_bytes": c.verdict.needed_bytes,
         "usable_bytes": c.verdict.usable_bytes,
-        "workload": _plain(c.workload),
+        "workload": plain(c.workload),
     }
 
 
@@ -185,7 +129,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
             "notes": list(spec.notes),
         },
         "mode": a.workload.mode,
-        "workload": _plain(a.workload),
+        "workload": plain(a.workload),
         "device": {"name": v.device.name, "memory_bytes": v.device.memory_bytes, "count": v.count,
                    "measured_capacity": v.device.measured},
         "per_device": {
@@ -196,7 +140,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
             "high_bytes": per.high_bytes,
         },
         "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in per.terms],
-        "ranks": [_rank_dict(r) for r in est.ranks],
+        "ranks": [rank_dict(r) for r in est.ranks],
         "fits": v.fits,
         "headroom": v.headroom,
         "headroom_applied": v.headroom_applied,
@@ -217,7 +161,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
             "evaluated": a.recommendation.evaluated,
         }
     if est.serving is not None:
-        out["serving"] = _plain(est.serving)
+        out["serving"] = plain(est.serving)
     if est.host_bytes:
         out["host_bytes_per_node"] = est.host_bytes
     return out
@@ -286,7 +230,7 @@ def _fits_on_line(a: Assessment) -> str:
 def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     """The serving summary as (text, rich style) lines: the engine's KV arithmetic, its start-up
     error if it would refuse the job, and the inverse queries (largest length, concurrency, devices)."""
-    from memest.estimate.serving import MAX_PP_QUERY
+    from memest.planning.search import MAX_PP_QUERY
 
     s = a.estimate.serving
     if s is None or not isinstance(a.workload, ServingConfig):
@@ -342,7 +286,7 @@ def _higher_utilization(a: Assessment) -> str:
 
 
 def _vllm_verdict_line(a: Assessment) -> str:
-    """The vLLM fit rule of :mod:`memest.fit` in words."""
+    """The vLLM fit rule of :mod:`memest.planning.fit` in words."""
     v, s = a.verdict, a.estimate.serving
     assert s is not None and isinstance(a.workload, ServingConfig)
     util = a.workload.gpu_memory_utilization
@@ -469,17 +413,6 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def estimate_to_dict(est: Estimate) -> dict[str, Any]:
-    """The ranks of an estimate as plain data (for benchmarks and calibration records)."""
-    return {"ranks": [_rank_dict(r) for r in est.ranks], "assumptions": list(est.assumptions),
-            "serving": _plain(est.serving) if est.serving else None, "host_bytes": est.host_bytes}
-
-
-def workload_dict(w: Workload) -> dict[str, Any]:
-    """A workload as plain data."""
-    return _plain(w)
-
-
 # ---- memest plan ----
 
 
@@ -561,12 +494,13 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
         "lossless": s.lossless,
         "notes": list(s.notes),
         "flags": setup_flags(s.workload, s.count, p.workload, s.device),
-        "parallelism": _plain(s.workload.parallelism),
-        "workload": _plain(s.workload),
+        "parallelism": plain(s.workload.parallelism),
+        "workload": plain(s.workload),
         "memory_bytes": s.device.memory_bytes,
         "allocated_bytes": per.allocated_bytes,
         "reserved_bytes": per.reserved_bytes,
-        "device_used_bytes": v.needed_bytes,
+        "device_used_bytes": per.device_used_bytes,
+        "needed_bytes": v.needed_bytes,
         "high_bytes": v.high_bytes,
         "usable_bytes": v.usable_bytes,
         "free_bytes": v.free_bytes,
@@ -579,7 +513,7 @@ def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
 def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
 
-    With ``given`` (the user's workload flags, :meth:`memest.options.JobOptions.given_flags`), each
+    With ``given`` (the user's workload flags, :func:`memest.workload.settings.given_flags`), each
     fit has ``command``: the ``memest hf`` line that estimates it.
     """
     fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]
@@ -591,7 +525,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
                   "max_position_embeddings": p.spec.max_position_embeddings},
         "mode": p.workload.mode,
-        "workload": _plain(p.workload),
+        "workload": plain(p.workload),
         "headroom": p.headroom,
         "ranking": ["usd_per_hour", "communication", "disruption", "changes"],
         "allow_method_change": p.space.allow_method_change,

@@ -1,5 +1,5 @@
 """The fit rule: whether a job fits a device. One rule, used by ``memest hf``, the planner
-(:mod:`memest.plan`), the max queries (:mod:`memest.maxfit`) and sweeps (:mod:`memest.sweep`).
+(:mod:`memest.planning.search`), the max queries (:mod:`memest.planning.maxfit`) and sweeps (:mod:`memest.planning.sweep`).
 
 **Training and transformers generate** (``--engine hf``): the per-device *device used* figure
 (what nvidia-smi would show: peak reserved + CUDA context + library workspaces) is at most

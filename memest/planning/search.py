@@ -1,6 +1,6 @@
 """Does it fit, and what is the cheapest setup that does — answered by search over the estimator.
 
-The fit rule lives in :mod:`memest.fit` (re-exported here): per-device *device used* at most
+The fit rule lives in :mod:`memest.planning.fit` (re-exported here): per-device *device used* at most
 ``(1 - headroom)`` x capacity; for vLLM, the engine starts with its gpu_memory_utilization, its KV
 pool holds the batch, and its footprint is within capacity.
 
@@ -8,12 +8,12 @@ The planner
 ===========
 
 :func:`plan` enumerates setups, estimates them and returns, for each device type, the cheapest
-setup that fits, all ranked by :class:`memest.costs.Cost`: **money** (devices x the per-device
+setup that fits, all ranked by :class:`memest.planning.costs.Cost`: **money** (devices x the per-device
 price), then **communication** (tensor parallel within a node; pipeline and data parallel across
 nodes; ZeRO-3's re-gathers), then **disruption** (recompute, accumulation, 8-bit optimizer,
 offload; LoRA/QLoRA only when the method may change; quantized weights and an fp8 KV cache for
 serving only when quantization is allowed), then the fewest changed settings. The weights are
-data, in :mod:`memest.costs` (its docstring has the table).
+data, in :mod:`memest.planning.costs` (its docstring has the table).
 
 Search space
 ------------
@@ -48,7 +48,7 @@ Search space
 Search order and pruning
 ------------------------
 
-A setup fits when the device fits (:mod:`memest.fit`) and, with offload, the host RAM it needs
+A setup fits when the device fits (:mod:`memest.planning.fit`) and, with offload, the host RAM it needs
 per server (``Estimate.host_bytes``) is within ``Space.host_memory_bytes``.
 
 Per device type, counts are visited in increasing order and the visit stops once a count's money
@@ -81,18 +81,20 @@ import math
 import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from memest.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
+from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import DEVICES, Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.estimate.serving import smallest_parallelism
-from memest.fit import Verdict, verdict
-from memest.maxfit import Largest, largest_utilization, limits
+from memest.estimate.serving import estimate_serving
+from memest.planning.fit import Verdict, verdict
+from memest.planning.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    Engine,
     KbitPrep,
     Method,
     Offload,
@@ -103,14 +105,16 @@ from memest.workload import (
     TrainingConfig,
     Workload,
     divisors,
+    tp_head_problem,
     validate,
     workload_notes,
 )
+from memest.workload.settings import cli_flag, settings, value_of
 
 __all__ = [
     "Assessment", "Candidate", "Change", "DeviceChoice", "Fit", "Plan", "Recommendation", "Setup", "Space",
     "Verdict", "assess", "device_counts", "fitting_devices", "hf_command", "plan", "recommend", "rules_of_thumb",
-    "setup_flags",
+    "setup_flags", "smallest_parallelism",
     "verdict",
 ]
 
@@ -542,7 +546,7 @@ class _Search:
         for n in device_counts(device, choice.max_count, choice.min_count):
             usd = n * price
             if best is not None and (usd > best[0].usd_per_hour or math.isinf(usd)):
-                break  # an unpriced device: more of it cannot cost less (memest.costs)
+                break  # an unpriced device: more of it cannot cost less (memest.planning.costs)
             ranked = []
             for layout in self.layouts(device, n):
                 self.setups += layout.size
@@ -589,13 +593,14 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
             invalid whatever the parallelism (a non-positive seq_len, ...).
     """
     if not space.devices:
-        raise InputError("no device type to plan for; pass --gpu NAME or --gpus-available SPEC")
+        raise InputError("no device type to plan for; pass {gpu} NAME or {gpus_available} SPEC", field="gpus_available")
     for choice in space.devices:
         if choice.max_count < 1 or choice.min_count < 1:
             raise InputError(f"device count limits for {choice.device.name} must be at least 1 "
                              f"(got {choice.min_count}..{choice.max_count})")
     if space.global_batch_size is not None and space.global_batch_size < 1:
-        raise InputError(f"--global-batch-size is {space.global_batch_size}; it must be a positive integer")
+        raise InputError(f"{{global_batch_size}} is {space.global_batch_size}; it must be a positive integer",
+                         field="global_batch_size")
     if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
         raise InputError(f"host_memory_bytes is {space.host_memory_bytes}; it must not be negative")
     plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
@@ -620,23 +625,20 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
 
 
 def _flag_items(w: Workload, count: int) -> dict[str, str]:
-    """The planner-controlled settings of a workload as ``memest hf`` flags (flag -> value)."""
-    par = w.parallelism
-    items = {"--gpus": str(count), "--tp": str(par.tp), "--pp": str(par.pp), "--ep": str(par.ep)}
-    if isinstance(w, TrainingConfig):
-        items |= {
-            "--dp": str(par.dp),
-            "--zero-stage": str(par.zero_stage),
-            "--sequence-parallel": "on" if par.sequence_parallel else "",
-            "--recompute": w.recompute.value,
-            "--micro-batch-size": str(w.micro_batch_size),
-            "--grad-accum-steps": str(w.grad_accum_steps),
-            "--optimizer": w.optimizer.value,
-            "--offload": w.offload.value,
-            "--finetune": "" if w.method is Method.FULL else w.method.value,
-        }
-    else:
-        items |= {"--quantization": w.quantization, "--kv-cache-dtype": w.kv_cache_dtype}
+    """The planner-controlled settings of a workload (each :class:`~memest.workload.settings.Setting`
+    with ``planned`` for its mode) as ``memest hf`` flags (flag -> value; a switch is ``on`` or empty)."""
+    training = isinstance(w, TrainingConfig)
+    items = {cli_flag("gpus"): str(count)}
+    for name, s in sorted(settings().items(), key=lambda item: item[1].group != "parallelism"):  # the layout first
+        if s.planned not in ("all", "training" if training else "serving"):
+            continue
+        value = value_of(w, s)
+        if isinstance(value, bool):
+            items[cli_flag(name)] = "on" if value else ""
+        else:
+            items[cli_flag(name)] = str(value.value if isinstance(value, Enum) else value)
+    if training:
+        items[cli_flag("finetune")] = "" if w.method is Method.FULL else w.method.value
     return items
 
 
@@ -672,7 +674,11 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     return " ".join([*parts, setup] if setup else parts)
 
 
-_SEARCHED = frozenset({"--gpu", "--gpus", "--dp", "--tp", "--pp", "--sequence-parallel"})
+SEARCHED = {"gpus": 1, "dp": None, "tp": None, "pp": 1, "sequence_parallel": False}
+"""Settings :func:`plan` chooses itself, with the values it starts from (sequence parallelism is
+turned on wherever a layout has tp > 1)."""
+
+_SEARCHED = frozenset({cli_flag("gpu"), *map(cli_flag, SEARCHED)})
 """Flags the planner chooses: a setup's own values replace the user's."""
 
 
@@ -775,15 +781,15 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
     of method or numerics is never recommended to save only communication or disruption.
 
     For a vLLM job that fails only because the process would hold more than the device has (rule 3
-    of :mod:`memest.fit`), the user's own setup with the largest lower ``--gpu-memory-utilization``
-    that fits (:func:`memest.maxfit.largest_utilization`) is a candidate too, costed like the
+    of :mod:`memest.planning.fit`), the user's own setup with the largest lower ``--gpu-memory-utilization``
+    that fits (:func:`memest.planning.maxfit.largest_utilization`) is a candidate too, costed like the
     planner's setups (:func:`_utilization_cost`; the setting itself is free, one change) and ranked
-    with them by :class:`memest.costs.Cost`; it is lossless (the weights and numerics are the same;
+    with them by :class:`memest.planning.costs.Cost`; it is lossless (the weights and numerics are the same;
     only the KV pool shrinks, and the job still fits).
 
     Args:
         fewest: The layout of the fewest-devices query
-            (:func:`memest.estimate.serving.smallest_parallelism`); the counts searched are widened to
+            (:func:`smallest_parallelism`); the counts searched are widened to
             include its device count, so the recommendation finds a fit wherever that query found one.
     """
     count = workload.parallelism.world_size
@@ -833,7 +839,7 @@ def _utilization_cost(workload: ServingConfig, usd_per_hour: float) -> Cost:
 def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, headroom: float,
                        price: float) -> tuple[Cost, Candidate] | None:
     """The user's vLLM setup with the largest lower gpu_memory_utilization that fits, when the only
-    rule it breaks is the device's capacity (rule 3 of :mod:`memest.fit`); else None."""
+    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None."""
     if not isinstance(workload, ServingConfig):
         return None
     count = workload.parallelism.world_size
@@ -918,9 +924,9 @@ class Assessment:
         notes: What the user should know about the workload that the estimate does not show
             (:func:`memest.workload.workload_notes`: a sequence beyond the trained length).
         fewest: Serving: the fewest devices' layout on which the job fits by the same rule
-            (:func:`memest.estimate.serving.smallest_parallelism`); None when none fits, or training.
+            (:func:`smallest_parallelism`); None when none fits, or training.
         utilization: vLLM jobs that do not fit: the largest ``--gpu-memory-utilization`` at which
-            they would (:func:`memest.maxfit.largest_utilization`); None when none would, or the
+            they would (:func:`memest.planning.maxfit.largest_utilization`); None when none would, or the
             job fits.
     """
 
@@ -984,3 +990,39 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
             f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
             "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
             f"frozen base saves{traced}",)
+
+
+MAX_PP_QUERY = 16
+""":func:`smallest_parallelism` tries pipeline degrees up to this."""
+
+
+def _parallel_candidates(spec: ModelSpec, device: Device) -> list[Parallelism]:
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if device.per_node % t == 0 and tp_head_problem(spec, t) is None]
+    pps = [p for p in (1, 2, 4, 8, 16) if p <= min(spec.num_layers, MAX_PP_QUERY)]
+    out = [Parallelism(tp=t, pp=p) for t in tps for p in pps]
+    return sorted(out, key=lambda par: (par.tp * par.pp, par.pp))
+
+
+def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device, *, headroom: float) -> Parallelism | None:
+    """The fewest devices (tp first, then pp) on which the job fits by the verdict's own rule
+    (:func:`memest.planning.fit.verdict`: for vLLM, it starts, its pool holds ``batch_size`` requests of
+    max_model_len, and it stays within the device's capacity).
+
+    Tries each power-of-two layout with tp dividing a node that the model's heads allow (the
+    planner's rules, with the other degrees asked kept; one replica), up to :data:`MAX_PP_QUERY`
+    pipeline stages (vLLM splits layers unevenly, so any pp up to num_layers runs); transformers
+    generate runs on one device only. None when none fits.
+    """
+    for candidate in _parallel_candidates(spec, device):
+        if s.engine is Engine.HF and (candidate.pp > 1 or candidate.tp > 1):
+            continue
+        par = dataclasses.replace(s.parallelism, tp=candidate.tp, pp=candidate.pp, dp=1, cp=1, zero_stage=0)
+        trial = s.replace(parallelism=par)
+        try:
+            validate(spec, trial)
+            est = estimate_serving(spec, trial, device)
+        except InputError:
+            continue
+        if verdict(est, device, par.world_size, headroom).fits:
+            return par
+    return None

@@ -1,8 +1,8 @@
 """Sweeps: the estimate at each value of one setting, to see where a job stops fitting.
 
 ``memest sweep MODEL --seq-len 1k..128k`` estimates the job at every value of the range and
-reports each term per point; with ``--plot`` it draws them (:mod:`memest.plot`). The exact point
-where the job stops fitting comes from the max query of :mod:`memest.maxfit`, not from the grid.
+reports each term per point; with ``--plot`` it draws them (:mod:`memest.report.plot`). The exact point
+where the job stops fitting comes from the max query of :mod:`memest.planning.maxfit`, not from the grid.
 
 Range syntax (:func:`parse_values`), sizes with k = 2^10 and M = 2^20 (``128k`` = 131072, as
 context lengths are written):
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.fit import Verdict, usable_bytes, verdict
-from memest.maxfit import FLAGS, QUERIES, Largest, largest
+from memest.planning.fit import Verdict, usable_bytes, verdict
+from memest.planning.maxfit import FLAGS, QUERIES, Largest, largest
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import TrainingConfig, Workload
@@ -41,13 +41,15 @@ _SIZE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
 
 def parse_size(text: str, flag: str) -> int:
     """A positive integer with an optional k (x 1024) or M (x 1024^2) suffix: ``4k`` -> 4096.
+    ``flag`` is the setting's keyword (``seq_len``), named in the error as a placeholder.
 
     Raises:
         InputError: not a positive integer with an optional k/M suffix.
     """
     m = _SIZE.match(text)
     if not m or int(m.group(1)) == 0:
-        raise InputError(f"{flag} {text!r} is not a positive size; write e.g. 4096, 4k or 1M (k = 1024)")
+        raise InputError(f"{{{flag}}} {text!r} is not a positive size; write e.g. 4096, 4k or 1M (k = 1024)",
+                         field=flag)
     return int(m.group(1)) * _SUFFIX[m.group(2).lower()]
 
 
@@ -66,14 +68,15 @@ def parse_values(text: str, flag: str) -> tuple[int, ...]:
         low_text, _, high_text = bounds.partition("..")
         low, high = parse_size(low_text, flag), parse_size(high_text, flag)
         if high < low:
-            raise InputError(f"{flag} {text!r}: the range ends below its start; write LOW..HIGH, e.g. 1k..128k")
+            raise InputError(f"{{{flag}}} {text!r}: the range ends below its start; write LOW..HIGH, e.g. 1k..128k",
+                             field=flag)
         values = _steps(low, high, step.strip(), flag, text)
     else:
         values = [parse_size(text, flag)]
     if not values:
-        raise InputError(f"{flag} {text!r} names no value; write e.g. 1k..128k or 1k,4k,16k")
+        raise InputError(f"{{{flag}}} {text!r} names no value; write e.g. 1k..128k or 1k,4k,16k", field=flag)
     if len(values) > MAX_POINTS:
-        raise InputError(f"{flag} {text!r} names more than {MAX_POINTS} points; use a larger step")
+        raise InputError(f"{{{flag}}} {text!r} names more than {MAX_POINTS} points; use a larger step", field=flag)
     return tuple(values)
 
 
@@ -84,7 +87,8 @@ def _steps(low: int, high: int, step: str, flag: str, text: str) -> list[int]:
     elif step[:1] in ("x", "*") and step[1:].isdigit() and int(step[1:]) >= 2:
         factor = int(step[1:])
     elif step:
-        raise InputError(f"{flag} {text!r}: the step must be ':+N' (add N) or ':xF' with an integer F >= 2")
+        raise InputError(f"{{{flag}}} {text!r}: the step must be ':+N' (add N) or ':xF' with an integer F >= 2",
+                         field=flag)
     values, v = [], low
     while v < high and len(values) <= MAX_POINTS:
         values.append(v)
@@ -141,7 +145,7 @@ class Sweep:
 
     @property
     def headroom_applied(self) -> bool:
-        """False for vLLM, whose gpu_memory_utilization sets its share (:mod:`memest.fit`)."""
+        """False for vLLM, whose gpu_memory_utilization sets its share (:mod:`memest.planning.fit`)."""
         return all(p.verdict.headroom_applied for p in self.points if p.verdict is not None)
 
     @property

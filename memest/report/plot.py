@@ -13,7 +13,7 @@ from typing import Any
 from memest.errors import InputError, MissingDependencyError
 from memest.report import GiB, describe_workload, size_label
 from memest.result import Kind
-from memest.sweep import Sweep
+from memest.planning.sweep import Sweep
 
 FORMATS = (".png", ".svg", ".pdf")
 """File types ``--plot`` writes (``memest sweep`` and ``memest hf --trace``); matplotlib picks the

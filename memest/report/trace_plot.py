@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memest.errors import InputError, MissingDependencyError
-from memest.plot import plot_path
+from memest.report.plot import plot_path
 from memest.report import GiB
 from memest.result import Kind
 from memest.trace.result import TraceResult
@@ -31,7 +31,7 @@ def plot_timeline(result: TraceResult, path: Path, *, estimate_allocated_bytes: 
 
     Raises:
         MissingDependencyError: matplotlib is not installed.
-        InputError: the suffix is not one of :data:`memest.plot.FORMATS`, or the file cannot be written.
+        InputError: the suffix is not one of :data:`memest.report.plot.FORMATS`, or the file cannot be written.
     """
     try:
         import matplotlib

@@ -1,0 +1,425 @@
+"""memest's Python API: the estimate, the plan and the sweep of the CLI, as functions.
+
+>>> import memest
+>>> r = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="train", gpu="H100-80GB", gpus=8, zero_stage=3)
+>>> r.fits, r.per_device.allocated_bytes > 0
+(True, True)
+
+Keyword names are the CLI's flags with underscores (``--micro-batch-size`` -> ``micro_batch_size``);
+``mode`` is ``train``, ``lora``, ``qlora`` or ``serve`` (the CLI's ``--train``, ``--finetune lora``,
+``--finetune qlora``, ``--serve``). Enum settings take their values as strings (``precision="bf16"``).
+Each function returns a :class:`Report`: ``to_dict()`` is the JSON the CLI prints with ``--json``
+for the same settings (the CLI calls these functions), and its keys are attributes
+(``r.per_device.allocated_bytes``). Bad input raises :class:`memest.InputError` with the CLI's
+message, naming keywords where the CLI names flags (``seq_len`` for ``--seq-len``); its ``field``
+is the keyword at fault.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from memest.devices import GiB
+from memest.errors import InputError
+from memest.spec import ModelSpec
+
+MODES = ("train", "lora", "qlora", "serve")
+"""The ``mode`` keyword's values."""
+
+
+class Report:
+    """A result as the CLI's ``--json`` prints it, its keys readable as attributes.
+
+    ``to_dict()`` gives the JSON data (a copy); ``r.fits``, ``r.per_device.allocated_bytes``,
+    ``r["terms"][0]["bytes"]`` read it. ``result`` is the library's own object (an
+    :class:`~memest.planning.search.Assessment`, :class:`~memest.planning.search.Plan` or :class:`~memest.planning.sweep.Sweep`).
+    """
+
+    __slots__ = ("_data", "result")
+
+    def __init__(self, data: Mapping[str, Any], result: Any = None) -> None:
+        self._data = data
+        self.result = result
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON data (integer bytes), as ``--json`` prints it."""
+        return copy.deepcopy(dict(self._data))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # not a key (and _data itself while unpickling)
+            raise AttributeError(name)
+        try:
+            return _view(self._data[name])
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no {name!r}; its keys: {', '.join(self._data)}") from None
+
+    def __getitem__(self, key: str) -> Any:
+        return _view(self._data[key])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __dir__(self) -> list[str]:
+        return [*self._data, "to_dict", "result"]
+
+    def __repr__(self) -> str:
+        keys = ", ".join(list(self._data)[:8])
+        return f"<{type(self).__name__} {keys}, ...>"
+
+
+def _view(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return Report(value)
+    if isinstance(value, list):
+        return [_view(v) for v in value]
+    return value
+
+
+class MemoryEstimate(Report):
+    """:func:`estimate_memory`'s answer (``memest hf --json``)."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, data: Mapping[str, Any], result: Any, config: Any) -> None:
+        super().__init__(data, result)
+        self.config = config
+
+
+class MemoryPlan(Report):
+    """:func:`plan_memory`'s answer (``memest plan --json``)."""
+
+    __slots__ = ()
+
+
+class MemorySweep(Report):
+    """:func:`sweep_memory`'s answer (``memest sweep --json``)."""
+
+    __slots__ = ()
+
+
+# ---- settings ----
+
+
+def mode_values(mode: str | None) -> dict[str, Any]:
+    """The mode settings ``mode`` stands for (none for None: the settings decide, as without a mode flag).
+
+    Raises:
+        InputError: not one of :data:`MODES`.
+    """
+    from memest.workload import Method
+
+    if mode is None:
+        return {}
+    if mode == "train":
+        return {"train": True}
+    if mode in ("lora", "qlora"):
+        return {"finetune": Method(mode)}
+    if mode == "serve":
+        return {"serve": True}
+    raise InputError(f"mode {mode!r} is not one of {', '.join(MODES)}", field="mode")
+
+
+def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments as settings (``mode`` replacing the mode settings), checked and completed.
+
+    Raises:
+        InputError: an unknown keyword, a mode setting passed as a keyword, a value of the wrong type.
+    """
+    from memest.workload.resolve import complete
+
+    for name, instead in (("train", "train"), ("finetune", "lora"), ("serve", "serve")):
+        if name in given:
+            raise InputError(f"pass the mode as mode={instead!r} (one of {', '.join(MODES)}), not {name}=", field=name)
+    return complete({**given, **mode_values(mode)})
+
+
+def checkpoint_params(values: Mapping[str, Any], spec: ModelSpec) -> tuple[tuple[str, int], ...]:
+    """With ``exact_weights``, the checkpoint's parameters per stored dtype (read from the Hub's
+    safetensors headers); else nothing."""
+    if not values.get("exact_weights"):
+        return ()
+    from memest.sources.hub import safetensors_parameter_counts
+
+    return safetensors_parameter_counts(spec.name, revision=values.get("revision"))
+
+
+def _model(model: str, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
+    from memest.sources import load_config, spec_from_config
+
+    cfg = load_config(model, revision=values["revision"])
+    return cfg, spec_from_config(cfg, trust_remote_code=values["trust_remote_code"])
+
+
+# ---- the three answers ----
+
+
+def estimate_memory(model: str, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
+    """Per-device memory of a job: ``memest hf MODEL ... --json`` as a :class:`MemoryEstimate`.
+
+    Args:
+        model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json.
+        mode: ``train``, ``lora``, ``qlora`` or ``serve``.
+        settings: The CLI's workload flags with underscores (``gpu="H100"``, ``gpus=8``,
+            ``seq_len=8192``, ``precision="bf16"``).
+
+    Raises:
+        InputError: a setting the job would not read, a value out of range, an impossible layout.
+        UnknownModelError, UnknownDeviceError, ConfigError: as the CLI.
+    """
+    return estimate_values(model, settings_of(mode, settings))
+
+
+def estimate_values(model: str, values: Mapping[str, Any]) -> MemoryEstimate:
+    """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
+    from memest.planning.search import assess
+    from memest.report import to_dict
+    from memest.workload import resolve
+
+    cfg, spec = _model(model, values)
+    device = resolve.device(values)
+    workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec))
+    result = assess(spec, workload, device, headroom=resolve.headroom(values),
+                    device_given=resolve.gpu_name(values) is not None)
+    return MemoryEstimate(to_dict(result), result, cfg)
+
+
+PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "global_batch_size": None,
+                                 "allow_method_change": False, "allow_quantization": False, "allow_offload": False,
+                                 "cost": None, "costs": None, "host_memory": None}
+"""The planner's own keywords (the CLI's search flags) and their defaults (None: the planner's)."""
+
+
+
+def plan_memory(model: str, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
+                global_batch_size: int | None = None, allow_method_change: bool = False,
+                allow_quantization: bool = False, allow_offload: bool = False,
+                cost: Mapping[str, float] | Iterable[str] | None = None, costs: str | Path | None = None,
+                host_memory: float | None = None, **settings: Any) -> MemoryPlan:
+    """The cheapest setups that fit: ``memest plan MODEL ... --json`` as a :class:`MemoryPlan`.
+
+    Args:
+        gpus_available: Device types and counts, ``"8xH100,32xA100-80GB,L4"`` (default: every
+            catalog device, or ``gpu``).
+        max_gpus: Most devices of one type to try.
+        global_batch_size: Training: sequences per optimizer step to hold.
+        allow_method_change, allow_quantization, allow_offload: Widen the search (see ``memest plan --help``).
+        cost: Prices in USD per device-hour, ``{"H100": 2.49}`` or ``["H100=2.49"]``.
+        costs: A JSON file of prices.
+        host_memory: CPU RAM per server in GiB that offload may use.
+        settings: The workload, as for :func:`estimate_memory` (``gpus``, ``dp``, ``tp``, ``pp`` and
+            ``sequence_parallel`` are searched: the values given are ignored).
+
+    Raises:
+        InputError: as ``memest plan``.
+    """
+    search = {"gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
+              "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
+              "allow_offload": allow_offload, "cost": cost, "costs": costs, "host_memory": host_memory}
+    return plan_values(model, settings_of(mode, settings), search)
+
+
+def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
+    """:func:`plan_memory` from complete settings and the planner's keywords; the CLI's path.
+
+    Raises:
+        InputError: a search keyword the mode does not read, bad prices or devices, hybrid-shard
+            FSDP without ``dp_shard``.
+    """
+    from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
+    from memest.report import plan_to_dict
+    from memest.sources import load_model
+    from memest.workload import FsdpStrategy, resolve
+    from memest.workload.settings import given_flags
+
+    s = {**PLAN_DEFAULTS, **search}
+    max_gpus = DEFAULT_MAX_DEVICES if s["max_gpus"] is None else s["max_gpus"]
+    host_memory = DEFAULT_HOST_MEMORY_BYTES / GiB if s["host_memory"] is None else s["host_memory"]
+    if not host_memory >= 0:  # also NaN
+        what = "is negative" if host_memory < 0 else "is not a size"
+        raise InputError(f"{{host_memory}} {host_memory:g} GiB {what}; give the CPU RAM per server in GiB, or 0 to "
+                         "rule out offload", field="host_memory")
+    serving = resolve.mode_of(values) == "serve"
+    if serving and s["allow_method_change"]:
+        raise InputError("{allow_method_change} lets a training plan try LoRA / QLoRA; for serving use "
+                         "{allow_quantization}", field="allow_method_change")
+    if serving and s["allow_offload"]:
+        raise InputError("{allow_offload} lets a training plan try CPU offload of optimizer states and parameters; "
+                         "serving offloads nothing: drop it", field="allow_offload")
+    if serving and s["global_batch_size"] is not None:
+        raise InputError("{global_batch_size} is the sequences per optimizer step of a training plan; a serving plan "
+                         "holds {batch_size} concurrent sequences per replica: drop it", field="global_batch_size")
+    if not serving and s["allow_quantization"]:
+        raise InputError("{allow_quantization} lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
+                         "training use {allow_method_change} (QLoRA)", field="allow_quantization")
+    space = Space(devices=device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus),
+                  prices=price_table(s["cost"], s["costs"]), allow_method_change=s["allow_method_change"],
+                  allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
+                  global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * GiB))
+    if values["fsdp"] is not None and FsdpStrategy(values["fsdp"]) is FsdpStrategy.HYBRID_SHARD \
+            and values["dp_shard"] is None:
+        raise InputError("plan with {fsdp} hybrid_shard needs {dp_shard} N (ranks per shard group, e.g. 8): the "
+                         "default depends on the device count, which plan searches", field="dp_shard")
+    given = given_flags(values)
+    # the count is searched: give the job the fewest devices its cp x tp x pp allow
+    job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
+    spec = load_model(model, trust_remote_code=values["trust_remote_code"], revision=values["revision"])
+    device = resolve.device(job)
+    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec))
+    result = plan(spec, workload, space, headroom=resolve.headroom(values))
+    return MemoryPlan(plan_to_dict(result, model=model, given=given), result)
+
+
+def searched_given(values: Mapping[str, Any]) -> list[str]:
+    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start."""
+    from memest.planning.search import SEARCHED
+
+    return [n for n, start in SEARCHED.items() if values[n] != start]
+
+
+_AVAILABLE_ITEM = re.compile(r"^\s*(?:([-+]?\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
+
+
+def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tuple[Any, ...]:
+    """The device types of ``gpus_available`` (or ``gpu``, or the whole catalog) with their limits.
+
+    Raises:
+        InputError: both gpu and gpus_available, a malformed or repeated item, a count below 1.
+        UnknownDeviceError: an unknown device name.
+    """
+    from memest.devices import DEVICES, get_device
+    from memest.planning.search import DeviceChoice
+
+    if max_gpus < 1:
+        raise InputError(f"{{max_gpus}} is {max_gpus}; it must be at least 1", field="max_gpus")
+    if available is not None and gpu is not None:
+        raise InputError("pass either {gpu} NAME or {gpus_available} SPEC, not both", field="gpus_available")
+    if gpu is not None:
+        return (DeviceChoice(get_device(gpu), max_gpus),)
+    if available is None:
+        return tuple(DeviceChoice(d, max_gpus) for d in DEVICES)
+    out: dict[str, Any] = {}
+    for item in available.split(","):
+        m = _AVAILABLE_ITEM.match(item)
+        if not m:
+            raise InputError(f"{{gpus_available}} {available!r}: empty item; write e.g. '8xH100,16xA100-80GB'",
+                             field="gpus_available")
+        count = int(m.group(1)) if m.group(1) else max_gpus
+        if count < 1:
+            raise InputError(f"{{gpus_available}} item {item.strip()!r}: the count must be at least 1, a positive "
+                             f"number of devices (got {count}); write e.g. 2x{m.group(2)}", field="gpus_available")
+        device = get_device(m.group(2))
+        if device.name in out:
+            raise InputError(f"{{gpus_available}} lists {device.name} twice; give it once with its count",
+                             field="gpus_available")
+        out[device.name] = DeviceChoice(device, count)
+    return tuple(out.values())
+
+
+def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None) -> Any:
+    """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping) applied."""
+    from memest.planning.costs import PriceTable, parse_cost_flags, read_cost_file
+
+    table = PriceTable.catalog()
+    if costs is not None:
+        table = table.with_overrides(read_cost_file(costs))
+    if cost:
+        items = [f"{k}={v}" for k, v in cost.items()] if isinstance(cost, Mapping) else list(cost)
+        table = table.with_overrides(parse_cost_flags(items))
+    return table
+
+
+def sweep_memory(model: str, *, mode: str | None = None, **settings: Any) -> MemorySweep:
+    """The estimate across a range of one setting: ``memest sweep MODEL ... --json`` as a :class:`MemorySweep`.
+
+    One of ``seq_len``, ``micro_batch_size``, ``batch_size``, ``max_model_len`` is a range: a string as
+    the CLI takes it (``"1k..128k"``, ``"1..64:+8"``, ``"1,2,4"``) or a sequence of ints. Without
+    ``mode``, sweeping ``seq_len`` or ``micro_batch_size`` means training, else serving.
+
+    Raises:
+        InputError: no setting or more than one holds a range; as ``memest sweep``.
+    """
+    from memest.planning.sweep import SWEEPABLE
+
+    ranged: dict[str, str | None] = {}
+    for name in SWEEPABLE:
+        value = settings.pop(name, None)
+        if value is not None and not isinstance(value, str):
+            if isinstance(value, bool) or not isinstance(value, int | list | tuple | range):
+                raise InputError(f"{{{name}}} {value!r}: give an int, a range string such as '1k..128k' or a "
+                                 "sequence of ints", field=name)
+            value = ",".join(str(int(v)) for v in (value if not isinstance(value, int) else [value]))
+        ranged[name] = value
+    return sweep_values(model, settings_of(mode, settings), ranged)
+
+
+def split_sweep(values: Mapping[str, Any],
+                ranged: Mapping[str, str | None]) -> tuple[str, tuple[int, ...], dict[str, Any]]:
+    """Which setting is swept, its values, and the settings with every ranged one a plain value (the
+    swept one at its first value). Without a mode, sweeping a training setting (seq_len,
+    micro_batch_size) means training.
+
+    Raises:
+        InputError: no setting or more than one holds a range.
+    """
+    from memest.planning.sweep import SWEEPABLE, parse_values
+    from memest.workload.resolve import MAX_INT
+    from memest.workload.settings import settings
+
+    out = dict(values)
+    swept: list[tuple[str, tuple[int, ...]]] = []
+    for name in SWEEPABLE:
+        raw = ranged.get(name)
+        parsed = parse_values(raw, name) if raw is not None else (values.get(name, settings()[name].default),)
+        if parsed[-1] is not None and parsed[-1] > MAX_INT:
+            raise InputError(f"{{{name}}} {raw!r} reaches {parsed[-1]:,}, beyond anything memest can size (at most "
+                             f"{MAX_INT:,}, as for every integer setting); end the range lower", field=name)
+        if len(parsed) > 1:
+            swept.append((name, parsed))
+        out[name] = parsed[0]
+    if len(swept) != 1:
+        given = ", ".join("{" + n + "}" for n, _ in swept)
+        raise InputError(("sweep one setting at a time (ranges given: " + given + ")") if swept else
+                         "give one setting a range, e.g. {seq_len} 1k..128k, {micro_batch_size} 1..64, "
+                         "{batch_size} 1..256 or {max_model_len} 4k..128k", field=swept[0][0] if swept else "seq_len")
+    setting, points = swept[0]
+    if not (out["train"] or out["finetune"] or out["serve"]):
+        out["train" if setting in ("seq_len", "micro_batch_size") else "serve"] = True
+    return setting, points, out
+
+
+def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
+    """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
+    from memest.report import sweep_to_dict
+    from memest.sources import load_model
+    from memest.planning.sweep import sweep
+    from memest.workload import resolve
+
+    setting, points, job = split_sweep(values, ranged)
+    spec = load_model(model, trust_remote_code=job["trust_remote_code"], revision=job["revision"])
+    device = resolve.device(job)
+    workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec))
+    result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
+    return MemorySweep(sweep_to_dict(result), result)
+
+
+def _advertise_settings(func: Any) -> None:
+    """Give ``func`` a signature that lists every setting keyword (``help(memest.estimate_memory)``,
+    editors) in place of its ``**settings``; the function itself still takes them as keywords."""
+    import inspect
+
+    from memest.workload.settings import settings
+
+    sig = inspect.signature(func)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    names = {p.name for p in own}
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(s.default, "value", s.default))
+             for name, s in settings().items() if name not in names and name not in ("train", "finetune", "serve")]
+    func.__signature__ = sig.replace(parameters=[*own, *extra])
+
+
+for _func in (estimate_memory, plan_memory, sweep_memory):
+    _advertise_settings(_func)

@@ -1,0 +1,70 @@
+"""``memest models`` and ``memest gpus``: the offline model catalog and the accelerator catalog."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from memest.cli.app import JsonOpt, _console, app
+
+
+@app.command("models")
+def models_command(
+    json_: JsonOpt = False,
+) -> None:
+    """List the offline catalog: models memest knows without network."""
+    from memest.report import count
+    from memest.sources import catalog, load_model
+
+    items = []
+    for model_id in catalog.entries():
+        spec = load_model(model_id)
+        items.append((model_id, spec.model_type, spec.num_params, spec.num_layers, spec.max_position_embeddings))
+    if json_:
+        typer.echo(json.dumps([{"name": n, "model_type": t, "num_params": p, "num_layers": layers,
+                                "max_position_embeddings": ctx} for n, t, p, layers, ctx in items], indent=2))
+        return
+    from memest.report.tables import Narrowest, name_col, new_table, number_col
+
+    title = "memest offline catalog (sources: memest/catalog/SOURCES.md)"
+    numbers = ("params", "layers", "max context")
+    wide = new_table(name_col("model"), name_col("model_type"), *map(number_col, numbers), title=title)
+    narrow = new_table(name_col("model (model_type)"), *map(number_col, numbers), title=title)  # the type below
+    for n, t, p, layers, ctx in items:
+        wide.add_row(n, t, count(p), str(layers), f"{ctx:,}" if ctx else "-")
+        narrow.add_row(f"{n}\n[dim]{t}[/dim]", count(p), str(layers), f"{ctx:,}" if ctx else "-")
+    _console().print(Narrowest(wide, narrow))
+
+
+@app.command("gpus")
+def gpus_command(
+    json_: JsonOpt = False,
+) -> None:
+    """List the accelerator catalog: memory per device and where each capacity comes from."""
+    from memest.devices import DEVICES
+    from memest.report import gib
+
+    if json_:
+        typer.echo(json.dumps([{"name": d.name, "memory_bytes": d.memory_bytes, "vendor": d.vendor, "kind": d.kind,
+                                "arch": d.arch, "per_node": d.per_node, "hourly_usd": d.hourly_usd,
+                                "capacity_basis": d.capacity_basis, "measured": d.measured, "source": d.source,
+                                "aliases": list(d.aliases)}
+                               for d in DEVICES], indent=2))
+        return
+    from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
+
+    title = ("memest accelerator catalog (memory per device; GiB = 2^30 bytes). Capacity: measured = a published "
+             "reading of the usable total, nominal = the vendor's figure, working set = Apple's Metal share of unified "
+             "RAM. Any size also works: --gpu 48GB, --gpu my-card:47.5GiB")
+    wide = new_table(name_col("device"), number_col("memory"), prose_col("capacity"), number_col("$/h"),
+                     prose_col("source"), prose_col("aliases"), title=title)
+    narrow = new_table(name_col("device"), number_col("memory"), number_col("$/h"),
+                       prose_col("capacity: source (aliases)"), title=title)
+    for d in DEVICES:
+        price = "-" if d.hourly_usd is None else f"{d.hourly_usd:.2f}"
+        aliases = ", ".join(d.aliases[:3])
+        wide.add_row(d.name, gib(d.memory_bytes), d.capacity_basis, price, d.source, aliases)
+        narrow.add_row(d.name, gib(d.memory_bytes), price,
+                       f"{d.capacity_basis}: {d.source}" + (f" [dim]({aliases})[/dim]" if aliases else ""))
+    _console().print(Narrowest(wide, narrow))

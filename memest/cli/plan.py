@@ -1,0 +1,94 @@
+"""``memest plan``: the cheapest setups that fit, ranked by cost (see :mod:`memest.planning.search`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.devices import GiB
+from memest.errors import InputError
+from memest.cli.options import JobOptions, flag_name, workload_options
+from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES
+
+SEARCH = "Search"
+
+GpusAvailableOpt = Annotated[str | None, typer.Option(
+    "--gpus-available", rich_help_panel=SEARCH, show_default=False,
+    help="Device types to consider and how many of each you can get: '8xH100,32xA100-80GB,L4' "
+         "(no count: up to --max-gpus). Default: every catalog device, or --gpu.")]
+MaxGpusOpt = Annotated[int, typer.Option("--max-gpus", rich_help_panel=SEARCH,
+                                         help="Most devices of one type to try.")]
+GlobalBatchOpt = Annotated[int | None, typer.Option(
+    "--global-batch-size", rich_help_panel=SEARCH, show_default=False,
+    help="Training: sequences per optimizer step to hold (micro-batch x accumulation x dp) "
+         "Default: hold the per-replica batch (micro-batch x accumulation).")]
+AllowMethodOpt = Annotated[bool, typer.Option("--allow-method-change", rich_help_panel=SEARCH,
+                                              help="Training: consider LoRA / QLoRA instead of the method asked.")]
+AllowQuantOpt = Annotated[bool, typer.Option("--allow-quantization", rich_help_panel=SEARCH,
+                                             help="Serving: consider int8/int4/fp8 weights and an fp8 KV cache.")]
+AllowOffloadOpt = Annotated[bool, typer.Option("--allow-offload", rich_help_panel=SEARCH,
+                                               help="Training: consider CPU offload of optimizer states and "
+                                                    "parameters (slow: the ranking has no throughput model).")]
+CostOpt = Annotated[list[str] | None, typer.Option(
+    "--cost", rich_help_panel=SEARCH, show_default=False,
+    help="Price of a device in USD per device-hour, NAME=USD (repeatable), e.g. --cost H100=2.49.")]
+CostsOpt = Annotated[Path | None, typer.Option(
+    "--costs", rich_help_panel=SEARCH, show_default=False,
+    help='JSON file of device name -> USD per device-hour, e.g. {"H100": 2.49, "A100-80GB": 1.29}.')]
+TopOpt = Annotated[int, typer.Option("--top", rich_help_panel=SEARCH, help="Rows to print (JSON has every fit).")]
+HostMemoryOpt = Annotated[float, typer.Option(
+    "--host-memory", rich_help_panel=SEARCH,
+    help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
+
+@app.command("plan")
+@workload_options
+def plan_command(
+    model: ModelArg,
+    *,
+    gpus_available: GpusAvailableOpt = None,
+    max_gpus: MaxGpusOpt = DEFAULT_MAX_DEVICES,
+    global_batch_size: GlobalBatchOpt = None,
+    allow_method_change: AllowMethodOpt = False,
+    allow_quantization: AllowQuantOpt = False,
+    allow_offload: AllowOffloadOpt = False,
+    cost: CostOpt = None,
+    costs: CostsOpt = None,
+    top: TopOpt = 10,
+    host_memory: HostMemoryOpt = DEFAULT_HOST_MEMORY_BYTES / GiB,
+    json_: JsonOpt = False,
+    markdown: MarkdownOpt = False,
+    job: JobOptions,
+) -> None:
+    """The cheapest setups that fit MODEL, ranked by $/h, then communication, then disruption.
+
+    Searches device type and count, TP/PP/DP, ZeRO, recompute, micro-batch with accumulation and the 8-bit
+    optimizer (LoRA/QLoRA, quantization and CPU offload only when allowed). --gpus, --dp, --tp and --pp are
+    searched, not taken (--ep and --cp are kept); the other workload flags are the job and the starting
+    point of each setting.
+    """
+    from memest.api import plan_values, searched_given
+    from memest.report import plan_to_markdown, render_plan
+
+    check_output_format(json_, markdown)
+    if top < 1:
+        raise InputError(f"--top is {top}; it must be at least 1 (rows of the table; --json has every fit)")
+    answer = plan_values(model, job.values, {
+        "gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
+        "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
+        "allow_offload": allow_offload, "cost": cost, "costs": costs, "host_memory": host_memory})
+    ignored = [flag_name(n) for n in searched_given(job.values)]
+    if ignored:
+        typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "
+                   "--gpus-available or --max-gpus; sequence parallelism is tried wherever tp > 1).", err=True)
+    if json_:
+        typer.echo(json.dumps(answer.to_dict(), indent=2))
+        return
+    given = job.given_flags()
+    if markdown:
+        typer.echo(plan_to_markdown(answer.result, top=top, model=model, given=given), nl=False)
+    else:
+        _console().print(render_plan(answer.result, top=top, model=model, given=given))

@@ -1,0 +1,49 @@
+"""What the user wants to run: training or serving settings, precision recipes, parallelism.
+
+- :mod:`~memest.workload.config`: the enums and the workload dataclasses, whose user-facing fields
+  declare themselves as settings;
+- :mod:`~memest.workload.settings`: the table of those settings (keyword, help, scope, default);
+- :mod:`~memest.workload.resolve`: a workload from the settings a user gave (the defaults that depend
+  on the model or the device, the mode, the parallel layout) and the refusal of settings the job
+  would not read;
+- :mod:`~memest.workload.validate`: checks of a workload against a model.
+
+Every error is an :class:`~memest.errors.InputError` whose message names settings as ``{name}``
+placeholders; the CLI renders them as flags, the Python API as keywords.
+"""
+
+from memest.workload.config import (
+    BLOCK_SIZES,
+    ENGINE_VERSIONS,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    VLLM_NO_FLOAT16,
+    WEIGHT_DTYPES,
+    AttnImplementation,
+    Engine,
+    Framework,
+    FsdpStrategy,
+    JobSettings,
+    KbitPrep,
+    LoraConfig,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    Recompute,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+    resolve_framework,
+)
+from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
+
+__all__ = [
+    "BLOCK_SIZES", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
+    "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "Loss",
+    "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "TrainingConfig",
+    "Workload", "divisors", "lora_module_names", "resolve_framework", "tp_head_problem", "validate",
+    "workload_notes",
+]

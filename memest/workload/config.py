@@ -1,0 +1,546 @@
+"""What the user wants to run: training or serving settings, precision recipes, parallelism.
+
+Every setting uses the ecosystem's word for it (the HF Trainer, DeepSpeed, Megatron-LM, vLLM). The
+fields a user sets declare themselves as settings (:func:`memest.workload.declare.setting`: keyword,
+help, scope, group, the default a user gets); :class:`JobSettings` holds the few that are not part of
+a workload (the mode, the model source, the device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from memest.devices import DEFAULT_DEVICE
+from memest.workload.declare import nested, setting
+
+
+class Method(str, Enum):
+    """What is trained."""
+
+    FULL = "full"
+    """Every parameter (full fine-tune or pre-training)."""
+    LORA = "lora"
+    """Low-rank adapters on a frozen base at its storage dtype (PEFT LoRA)."""
+    QLORA = "qlora"
+    """LoRA on a base quantized to NF4 by bitsandbytes (Dettmers et al. 2023)."""
+
+
+class Precision(str, Enum):
+    """Training precision recipes; bytes per parameter of each in ``memest.estimate.training``."""
+
+    MIXED = "mixed"
+    """bf16 weights and gradients for compute, fp32 master weights in the optimizer (DeepSpeed
+    bf16/ZeRO, Megatron-LM ``--bf16``)."""
+    FP16 = "fp16"
+    """As ``mixed`` with fp16 compute weights and dynamic loss scaling (DeepSpeed ``fp16``)."""
+    AMP = "amp"
+    """fp32 weights, gradients and optimizer; torch.autocast runs matmuls in bf16 (HF Trainer
+    ``bf16=True``)."""
+    FSDP2 = "fsdp2"
+    """PyTorch FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16)``: fp32 sharded parameters and
+    optimizer, bf16 compute copies gathered per unit."""
+    BF16 = "bf16"
+    """Pure bf16: weights, gradients and optimizer states all bf16, no fp32 master."""
+    FP32 = "fp32"
+    """Everything fp32."""
+
+
+class Optimizer(str, Enum):
+    """Optimizers, named as the HF Trainer's ``optim`` values name them where one exists."""
+
+    ADAMW = "adamw"
+    """torch.optim.AdamW with its default ``foreach`` kernels (HF ``adamw_torch`` before torch
+    2.8, torchtune, torchtitan): two states (exp_avg, exp_avg_sq) per parameter, and one
+    state-sized temporary (``_foreach_sqrt`` of exp_avg_sq) during the step. DeepSpeed and
+    Megatron-LM run their fused Adam instead (no temporary)."""
+    ADAMW_FUSED = "adamw_fused"
+    """torch.optim.AdamW(fused=True) (HF ``adamw_torch_fused``, the Trainer default from torch
+    2.8): the same states, no step temporary."""
+    ADAMW8BIT = "adamw8bit"
+    """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 256-value block
+    (tensors under 4096 elements keep fp32 states)."""
+    PAGED_ADAMW8BIT = "paged_adamw8bit"
+    """As adamw8bit, states in CUDA unified memory that pages to host under pressure."""
+    ADAFACTOR = "adafactor"
+    """Adafactor: factored second moment (one row and one column vector per matrix), no momentum."""
+    LION = "lion"
+    """Lion: one momentum state per parameter."""
+    SGD = "sgd"
+    """SGD without momentum: no state."""
+    SGD_MOMENTUM = "sgd_momentum"
+    """SGD with momentum: one state per parameter."""
+
+
+class Recompute(str, Enum):
+    """Activation checkpointing (Korthikanti et al. 2022 terms)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    """Recompute the attention core (scores, softmax, dropout) in backward; keep the rest
+    (Megatron-LM ``--recompute-granularity selective``)."""
+    SELECTIVE_OP = "selective_op"
+    """torchtitan ``selective_ac_option = "op"``: keep each layer's input and the outputs of every
+    other matmul and of the attention kernel; recompute the rest one layer at a time."""
+    FULL = "full"
+    """Keep only each layer's input; rebuild one layer's activations at a time in backward
+    (HF ``gradient_checkpointing``, Megatron ``--recompute-granularity full``)."""
+
+
+class Framework(str, Enum):
+    """Who runs the training step: it decides where gradients live and which buffers exist.
+
+    ``auto`` picks one from the precision recipe and the parallelism (see
+    :func:`resolve_framework`).
+    """
+
+    AUTO = "auto"
+    PYTORCH = "pytorch"
+    """Plain PyTorch autograd in one process (HF Trainer on one device, torchtune and litgpt
+    single-device recipes): gradients appear during backward and are freed by
+    ``zero_grad(set_to_none=True)``; optimizer states appear at the first step."""
+    DDP = "ddp"
+    """torch DistributedDataParallel: as ``pytorch`` plus gradient buckets covering every
+    parameter (``gradient_as_bucket_view=False``, the default)."""
+    DEEPSPEED = "deepspeed"
+    """DeepSpeed ZeRO 0-3 with its FusedAdam: contiguous gradient buffers, reduce buckets, fp32
+    master and gradient partitions."""
+    MEGATRON = "megatron"
+    """Megatron-LM: an fp32 ``main_grad`` buffer for every parameter, the distributed optimizer
+    sharding fp32 master weights and Adam states over dp when ``zero_stage`` >= 1, fused norms."""
+    FSDP = "fsdp"
+    """PyTorch FSDP (``fully_shard``, torchtitan): sharded parameters gathered one unit at a time,
+    sharded gradients reduced in ``reduce_dtype``."""
+
+
+class FsdpStrategy(str, Enum):
+    """PyTorch FSDP sharding strategies (``torch.distributed.fsdp.ShardingStrategy``), as ZeRO
+    stages over a sharding group."""
+
+    FULL_SHARD = "full_shard"
+    """Parameters, gradients and optimizer states sharded (ZeRO-3)."""
+    SHARD_GRAD_OP = "shard_grad_op"
+    """Gradients and optimizer states sharded; parameters stay gathered from forward to backward
+    (ZeRO-2)."""
+    HYBRID_SHARD = "hybrid_shard"
+    """FULL_SHARD inside each node, replicated across nodes."""
+    NO_SHARD = "no_shard"
+    """Replicas, like DDP (ZeRO-0)."""
+
+
+class AttnImplementation(str, Enum):
+    """Attention kernels, named as transformers' ``attn_implementation`` names them."""
+
+    SDPA = "sdpa"
+    """torch scaled_dot_product_attention (flash / memory-efficient kernels): keeps Q, K, V, the
+    output and an fp32 logsumexp; K and V are not repeated to num_heads (transformers >= 4.5x
+    passes ``enable_gqa``)."""
+    FLASH_ATTENTION_2 = "flash_attention_2"
+    """The flash-attn package: as ``sdpa``."""
+    EAGER = "eager"
+    """Matmul + softmax: K and V repeated to num_heads, the s x s scores' fp32 softmax and its
+    16-bit copy stored."""
+
+
+class Loss(str, Enum):
+    """How the cross-entropy over the vocabulary is computed."""
+
+    DEFAULT = "default"
+    """Full logits, upcast to fp32 (transformers ``ForCausalLMLoss``, torchtune, torchtitan)."""
+    CHUNKED = "chunked"
+    """torchtune ``CEWithChunkedOutputLoss``: 8 chunks, each upcast separately; the fp32
+    log-probabilities of all chunks are still kept for backward."""
+    FUSED = "fused"
+    """A fused linear cross-entropy (Liger, Cut Cross-Entropy, unsloth) that never materializes
+    the logits of more than one chunk of tokens."""
+
+
+class Offload(str, Enum):
+    """DeepSpeed ZeRO-Offload / FSDP CPU offload."""
+
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    """Optimizer states (and fp32 master) in host RAM; the step runs on the CPU."""
+    PARAMS = "params"
+    """Optimizer states and parameters in host RAM (ZeRO-3 / FSDP only)."""
+
+
+class KbitPrep(str, Enum):
+    """How a QLoRA script prepares the NF4 model before training: which dtype its non-quantized weights
+    (embeddings, norms, lm_head) end in, and so the residual stream's dtype.
+
+    bitsandbytes ``Linear4bit.forward`` casts its input to ``bnb_4bit_compute_dtype`` and its output back
+    to the input's dtype (``bitsandbytes/nn/modules.py``, 0.43), and transformers' ``LlamaRMSNorm`` /
+    ``MistralRMSNorm`` return ``weight * x.to(input_dtype)``, which type promotion makes fp32 when the
+    weight is fp32: fp32 norm weights make the whole residual stream fp32.
+    """
+
+    NONE = "none"
+    """No preparation: every non-quantized weight stays 16-bit, the residual stream is in the compute
+    dtype (a script that calls ``get_peft_model`` on the NF4 model directly)."""
+    PEFT = "peft"
+    """PEFT ``prepare_model_for_kbit_training`` alone (``peft/utils/other.py``): every fp16/bf16 parameter
+    that is not ``Params4bit`` is upcast to fp32 (embeddings, norms, lm_head), so the residual stream
+    and the logits are fp32; no autocast (a plain training loop)."""
+    TRL = "trl"
+    """trl ``SFTTrainer`` with ``bf16=True`` (``trl/trainer/sft_trainer.py``, 0.13: a 4-bit model goes
+    through ``prepare_model_for_kbit_training``, ``get_peft_model``, then ``peft_module_casting_to_bf16``
+    in ``trl/trainer/utils.py``): norms (modules named ``*norm*``) stay fp32, ``embed_tokens`` and
+    ``lm_head`` go back to bf16; the residual stream is fp32 and the HF Trainer runs the forward under
+    ``torch.autocast(bf16)``. The default: the most common QLoRA path, and the costlier one to
+    under-predict (its layer checkpoints are twice ``none``'s). Scripts modelled on the QLoRA paper's
+    ``qlora.py`` make the same casts and also cast the adapters to bf16 (not modelled: adapters stay fp32)."""
+
+
+class Engine(str, Enum):
+    """Serving engines whose memory behaviour memest models."""
+
+    VLLM = "vllm"
+    """vLLM: weights + profiled activation peak + non-torch memory; the rest of
+    ``gpu_memory_utilization`` x capacity becomes paged KV-cache blocks."""
+    HF = "hf"
+    """transformers ``generate``: a contiguous cache for batch x (prompt + new tokens)."""
+
+
+WEIGHT_DTYPES = ("auto", "fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8", "int4", "nf4", "fp4", "fp8", "gptq", "awq", "mxfp4")
+KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
+"""model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
+"""vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34")}
+"""Engine versions whose memory arithmetic memest models, newest (the default) first.
+vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
+Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
+token (and runs eager attention by default)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """How the job is spread over devices. World size = tp x pp x cp x dp.
+
+    Attributes:
+        tp: Tensor-parallel degree (Megatron-LM column/row splits; vLLM ``tensor_parallel_size``).
+        pp: Pipeline-parallel degree (layers split into pp stages; 1F1B schedule for training).
+        dp: Data-parallel degree (replicas, or the sharding group of ZeRO / FSDP).
+        cp: Context-parallel degree (the sequence split across devices; ring attention).
+        ep: Expert-parallel degree (routed experts split across the dp x cp ranks of MoE layers).
+        zero_stage: DeepSpeed ZeRO stage over the dp ranks: 0 replicas, 1 optimizer states
+            sharded, 2 + gradients, 3 + parameters (FSDP FULL_SHARD = 3, SHARD_GRAD_OP = 2).
+        sequence_parallel: Megatron sequence parallelism: with tp > 1, the activations outside the
+            tensor-parallel regions are split over tp too.
+        dp_shard: Ranks the ZeRO / FSDP states are sharded over (torchtitan ``dp_shard``; FSDP
+            HYBRID_SHARD shards inside a node and replicates across nodes). None: all dp x cp ranks.
+    """
+
+    tp: int = setting(1, group="parallelism", unset=None, planned="all", describe="changed",
+                      help="Tensor-parallel degree (serving default: {gpus} / (pp x dp)).")
+    pp: int = setting(1, group="parallelism", planned="all", describe="changed", help="Pipeline-parallel degree.")
+    dp: int = setting(1, group="parallelism", unset=None, planned="training", describe="changed",
+                      help="Data-parallel degree: replicas of the model (training default: {gpus} / (tp x pp x cp); "
+                           "serving default: 1).")
+    cp: int = setting(1, group="parallelism", scope="training", describe="changed", help="Context-parallel degree.",
+                      what="context parallelism of training", fix="for serving split the model with {tp} / {pp}")
+    ep: int = setting(1, group="parallelism", planned="all", describe="changed", help="Expert-parallel degree (MoE).")
+    zero_stage: int = setting(0, group="training", scope="training", bounds=(0, 3), planned="all",
+                              describe="changed",
+                              help="DeepSpeed ZeRO stage over the data-parallel devices (FSDP FULL_SHARD = 3, "
+                                   "SHARD_GRAD_OP = 2).",
+                              what="DeepSpeed ZeRO sharding of training states",
+                              fix="serving keeps whole weights on each replica: drop it")
+    sequence_parallel: bool = setting(False, group="parallelism", scope="training", planned="all",
+                                      help="Megatron sequence parallelism with {tp}.",
+                                      what="Megatron sequence parallelism of training activations")
+    dp_shard: int | None = setting(None, group="parallelism", scope="training",
+                                   help="Ranks ZeRO / FSDP states are sharded over (default: all dp x cp ranks).",
+                                   what="ranks that shard ZeRO / FSDP states")
+
+    @property
+    def world_size(self) -> int:
+        """Devices in the job."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def shard_degree(self) -> int:
+        """N: ranks that share one copy of the sharded states (dp_shard, else dp x cp)."""
+        return self.dp_shard if self.dp_shard is not None else self.dp * self.cp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoraConfig:
+    """LoRA adapter settings (PEFT names).
+
+    Attributes:
+        rank: r, the adapters' inner width.
+        targets: ``attention`` (every attention projection: q, k, v, o; PEFT's ``target_modules=None``
+            default for llama-style models adapts only q_proj and v_proj), ``all-linear`` (every linear layer of
+            the decoder, as PEFT's ``target_modules="all-linear"``), or a comma-separated list of
+            module names (``q_proj,v_proj``).
+        dropout: PEFT ``lora_dropout``: above 0 each adapted linear keeps a dropout mask and its
+            own copy of the input.
+    """
+
+    rank: int = setting(16, group="training", scope="training", methods=("lora", "qlora"), help="LoRA rank r.",
+                        what="LoRA adapters", describe="always")
+    targets: str = setting("attention", group="training", scope="training", methods=("lora", "qlora"),
+                           what="LoRA adapters", describe="always",
+                           help="attention (every attention projection: q, k, v, o; PEFT's target_modules=None picks "
+                                "q_proj,v_proj for llama-style models), all-linear, or module names (q_proj,v_proj).")
+    dropout: float = setting(0.0, group="training", scope="training", methods=("lora", "qlora"), what="LoRA adapters",
+                             help="PEFT lora_dropout (each adapted linear keeps a mask and a copy of its input).")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """A training (or fine-tuning) job, per device.
+
+    Attributes:
+        method: Full training, LoRA or QLoRA.
+        micro_batch_size: Sequences per device per forward (b).
+        seq_len: Tokens per sequence (s).
+        grad_accum_steps: Micro-batches per optimizer step.
+        precision: The precision recipe.
+        optimizer: The optimizer.
+        recompute: Activation checkpointing.
+        attn_implementation: ``sdpa`` / ``flash_attention_2`` (no s x s scores kept) or ``eager``.
+        loss: ``default`` (full logits, fp32 upcast), ``chunked`` or ``fused`` (see :class:`Loss`).
+        lora: Adapter settings (LoRA and QLoRA only).
+        offload: CPU offload.
+        parallelism: TP/PP/DP/CP/EP degrees and the ZeRO stage.
+        framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
+        set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
+            gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
+            HF Trainer before torch 2.0). Only the ``pytorch`` and ``ddp`` frameworks free them.
+        target_len: Decoder tokens per sequence of an encoder-decoder model (T5); None = seq_len.
+        prepare_kbit_training: QLoRA only: how the script prepared the NF4 model (:class:`KbitPrep`):
+            ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
+            ``none``.
+    """
+
+    method: Method = Method.FULL
+    micro_batch_size: int = setting(1, group="training", scope="training", planned="all", describe="always",
+                                    help="Sequences per device per forward.", what="sequences per device per forward",
+                                    fix="for serving use {batch_size} (concurrent sequences)")
+    seq_len: int = setting(2048, group="training", scope="training", unset=None, describe="always",
+                           help="Tokens per training sequence (default: min(2048, max_position_embeddings)).",
+                           what="tokens per training sequence", fix="for serving use {max_model_len}")
+    grad_accum_steps: int = setting(1, group="training", scope="training", planned="all",
+                                    help="Micro-batches per optimizer step.",
+                                    what="micro-batches per optimizer step")
+    precision: Precision = setting(Precision.MIXED, group="training", scope="training", describe="always",
+                                   help="Precision recipe: mixed (bf16 + fp32 master), fp16, amp (fp32 params + "
+                                        "autocast), fsdp2, bf16 (pure), fp32.",
+                                   what="the training precision recipe", fix="for serving use {dtype}")
+    optimizer: Optimizer = setting(Optimizer.ADAMW, group="training", scope="training", planned="all",
+                                   describe="always", help="Optimizer.",
+                                   what="the optimizer's states", fix="serving has no optimizer: drop it")
+    recompute: Recompute = setting(Recompute.NONE, group="training", scope="training", planned="all", describe="always",
+                                   help="Activation checkpointing.", what="activation checkpointing in backward")
+    attn_implementation: AttnImplementation = setting(
+        AttnImplementation.SDPA, group="training", scope="training", help="sdpa, flash_attention_2 or eager (eager "
+                                                                          "stores the s x s scores).",
+        what="the attention kernel's saved activations")
+    loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", what="the training loss's logits",
+                         help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or fused "
+                              "(Liger / Cut Cross-Entropy).")
+    lora: LoraConfig = nested("lora_", LoraConfig)
+    offload: Offload = setting(Offload.NONE, group="training", scope="training", planned="all", describe="changed",
+                               help="CPU offload of optimizer states (or also params, ZeRO-3).",
+                               what="CPU offload of training states")
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    framework: Framework = setting(Framework.AUTO, group="training", scope="training",
+                                   what="who runs the training step",
+                                   help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
+                                        "deepspeed, megatron, fsdp; auto picks from {precision} and parallelism.")
+    set_grads_to_none: bool = setting(True, group="training", scope="training", off="keep_grads",
+                                      what="gradients between steps",
+                                      help="zero_grad(set_to_none=True) frees gradients between steps (PyTorch >= "
+                                           "2.0); {keep_grads} for torch 1.x.")
+    target_len: int | None = setting(None, group="training", scope="training",
+                                     what="decoder tokens per training sequence",
+                                     fix="for serving use {max_model_len}",
+                                     help="Decoder tokens per sequence of an encoder-decoder model "
+                                          "(default: {seq_len}).")
+    prepare_kbit_training: KbitPrep = setting(
+        KbitPrep.TRL, group="training", scope="training", methods=("qlora",), unset=None, what="QLoRA's preparation "
+                                                                                               "of the NF4 model",
+        help="QLoRA: how the script prepares the NF4 model. trl (default: trl SFTTrainer with bf16=True: norms fp32, "
+             "embeddings and lm_head bf16, fp32 residual stream and layer checkpoints, autocast), peft (PEFT "
+             "prepare_model_for_kbit_training alone: embeddings, norms, lm_head fp32, no autocast) or none (no "
+             "preparation: 16-bit non-quantized weights and residual stream).")
+
+    @property
+    def mode(self) -> str:
+        """``train`` for full training, else the fine-tuning method."""
+        return "train" if self.method is Method.FULL else self.method.value
+
+    def replace(self, **changes: Any) -> TrainingConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingConfig:
+    """An inference server (or ``generate`` loop), per device.
+
+    Attributes:
+        dtype: Weight dtype (``auto`` = the checkpoint's; fp32 checkpoints in bf16 under vLLM,
+            in fp32 under transformers; :func:`memest.estimate.serving.common.weight_dtype`).
+        quantization: Weight quantization applied to an unquantized model (``none`` keeps the
+            checkpoint's own quantization_config, if any).
+        kv_cache_dtype: KV-cache element type (``auto`` = the weight dtype).
+        max_model_len: Longest sequence (prompt + output) in tokens; None = the model's
+            max_position_embeddings.
+        batch_size: Concurrent sequences that must each reach max_model_len.
+        engine: Whose memory behaviour to model.
+        gpu_memory_utilization: The share of device memory vLLM may use.
+        max_num_batched_tokens: Tokens per forward (vLLM's profiling run); None = vLLM's default.
+        max_num_seqs: Sequences per forward (vLLM; sizes the sampler's logits in profiling);
+            None = the engine's default.
+        block_size: Tokens per paged KV block.
+        enforce_eager: No CUDA graphs (vLLM ``--enforce-eager``).
+        engine_version: Whose version of the engine's arithmetic to model (see
+            :data:`ENGINE_VERSIONS`); None = the newest.
+        prompt_len: hf: tokens in each prompt (prefill); None = max_model_len - max_new_tokens.
+        max_new_tokens: hf: tokens generated per sequence; None = 0 when max_model_len is the
+            total, else what max_model_len leaves after the prompt.
+        checkpoint_params: Parameters per stored dtype of the checkpoint (safetensors header names:
+            ``BF16``, ``F32``, ``I8``, ``U8``, ``F8_E4M3``, ...), from ``exact_weights``; scales
+            the analytic weight bytes to the checkpoint's exact total.
+        parallelism: TP/PP degrees (and dp replicas).
+    """
+
+    dtype: str = setting("auto", group="serving", scope="serving", describe="always",
+                         help="Weight dtype: auto (the checkpoint's), bf16, fp16, fp32.",
+                         what="weight dtype of the served model", fix="for training use {precision}")
+    quantization: str = setting("none", group="serving", scope="serving", planned="all", describe="changed",
+                                help="Weight quantization applied to an unquantized model: none (keep the checkpoint's "
+                                     "quantization_config), int8 (bitsandbytes LLM.int8), nf4 (bitsandbytes, double "
+                                     "quant), fp4 (bitsandbytes load_in_4bit defaults), int4/awq, gptq, fp8 (vLLM "
+                                     "online), mxfp4.",
+                                what="weight quantization of the served model",
+                                fix="QLoRA's base is NF4 by definition ({finetune} qlora: bitsandbytes NF4, double "
+                                    "quant): drop {quantization}")
+    kv_cache_dtype: str = setting("auto", group="serving", scope="serving", planned="all", describe="changed",
+                                  help="KV-cache dtype: auto (the weight dtype), fp8.", what="KV-cache element type",
+                                  fix="training keeps no KV cache: drop it")
+    max_model_len: int | None = setting(None, group="serving", scope="serving", describe="always",
+                                        help="Longest sequence (prompt + output) in tokens (default: the model's "
+                                             "max_position_embeddings).",
+                                        what="longest prompt + output", fix="for training use {seq_len}")
+    batch_size: int = setting(1, group="serving", scope="serving", describe="always",
+                              help="Concurrent sequences, each up to max_model_len.",
+                              what="concurrent sequences", fix="for training use {micro_batch_size}")
+    engine: Engine = setting(Engine.VLLM, group="serving", scope="serving", describe="always",
+                             what="the serving engine modelled",
+                             help="Serving engine to model: vllm (paged KV, start-up budget) or hf "
+                                  "(transformers generate).")
+    engine_version: str | None = setting(None, group="serving", scope="serving", what="the serving engine's version",
+                                         help="Engine version whose memory arithmetic to model: vllm 0.19 (V1), 0.6, "
+                                              "0.2; hf 5, 4.34 (default: the newest).")
+    prompt_len: int | None = setting(None, group="serving", scope="serving", engine="hf",
+                                     what="prompt tokens of generate",
+                                     fix="for training use {seq_len}",
+                                     help="hf: prompt tokens per sequence (default: max_model_len - max_new_tokens).")
+    max_new_tokens: int | None = setting(None, group="serving", scope="serving", engine="hf", what="tokens generated",
+                                         fix="for training use {seq_len}",
+                                         help="hf: tokens generated per sequence.")
+    gpu_memory_utilization: float = setting(0.9, group="serving", scope="serving", engine="vllm",
+                                            help="Share of device memory vLLM may use.",
+                                            what="vLLM's share of device memory", fix="for training use {headroom}")
+    max_num_batched_tokens: int | None = setting(None, group="serving", scope="serving", engine="vllm",
+                                                 what="vLLM's tokens per forward",
+                                                 help="Tokens per forward in vLLM's profiling run (default: "
+                                                      "vLLM's for the device).")
+    max_num_seqs: int | None = setting(None, group="serving", scope="serving", engine="vllm",
+                                       what="vLLM's sequences per forward",
+                                       help="Sequences per forward in vLLM's profiling run.")
+    block_size: int = setting(16, group="serving", scope="serving", engine="vllm", help="Tokens per paged KV block.",
+                              what="vLLM's paged-KV block")
+    enforce_eager: bool = setting(False, group="serving", scope="serving", engine="vllm", help="No CUDA graphs (vLLM).",
+                                  what="vLLM without CUDA graphs")
+    checkpoint_params: tuple[tuple[str, int], ...] = ()
+    parallelism: Parallelism = field(default_factory=Parallelism)
+
+    @property
+    def mode(self) -> str:
+        """Always ``serve``."""
+        return "serve"
+
+    def replace(self, **changes: Any) -> ServingConfig:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+Workload = TrainingConfig | ServingConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSettings:
+    """The settings that are not part of a workload: the mode, where the model comes from, the device.
+
+    A declaration only (:func:`memest.workload.settings.settings` reads its fields); callers pass these
+    settings by keyword, and :func:`memest.workload.resolve.resolve` turns them into a workload.
+
+    Attributes:
+        train: Full training (every weight trained).
+        finetune: Fine-tuning with adapters (LoRA or QLoRA).
+        serve: Serving (the default when no mode is given).
+        trust_remote_code: Allow the model's own Python code (only from the folder or repo named).
+        revision: Hub revision of config.json.
+        exact_weights: Serving: read the checkpoint's safetensors headers for the exact weight total.
+        gpu: The accelerator; None = the default device (and list every device that fits).
+        gpus: Devices in the job.
+        fsdp: PyTorch FSDP sharding strategy: sets the framework and the ZeRO stage.
+        headroom: Share of device memory to keep free.
+    """
+
+    train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
+    finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.")
+    serve: bool = setting(False, group="model", help="Estimate inference serving (the default).")
+    trust_remote_code: bool = setting(False, group="model", help="Allow the model's own Python code from the Hub when "
+                                                                 "its family has no analytic adapter.")
+    revision: str | None = setting(None, group="model", help="Hub revision (branch, tag or commit) of config.json.")
+    exact_weights: bool = setting(False, group="serving", scope="serving",
+                                  what="the checkpoint's stored weight bytes for serving",
+                                  help="Read the checkpoint's safetensors headers on the Hub (parameters per stored "
+                                       "dtype, no weights downloaded) and use their exact total.")
+    gpu: str | None = setting(None, group="parallelism", help=f"Accelerator (see 'memest gpus') (default: "
+                                                             f"{DEFAULT_DEVICE}, and list every device that fits).")
+    gpus: int = setting(1, group="parallelism", help="Devices in the job (tp x pp x cp x dp).")
+    fsdp: FsdpStrategy | None = setting(None, group="parallelism", scope="training",
+                                        what="PyTorch FSDP sharding of training states",
+                                        help="PyTorch FSDP sharding strategy (sets {framework} fsdp and the ZeRO "
+                                             "stage; hybrid_shard shards within a node).")
+    headroom: float = setting(0.10, group="parallelism", help="Share of device memory to keep free (not applied to "
+                                                              "vLLM: {gpu_memory_utilization} sets its share).")
+
+
+def resolve_framework(t: TrainingConfig) -> Framework:
+    """The framework ``auto`` stands for, from the precision recipe and the parallelism.
+
+    - ``fsdp2`` precision: FSDP (torchtitan, FSDP2 mixed precision);
+    - tp or pp > 1: FSDP with ZeRO stage 2-3 (torchtitan's FSDP + TP/PP; DeepSpeed's pipeline
+      engine supports only stage 1), else Megatron-LM;
+    - ``mixed`` / ``fp16``: DeepSpeed (its bf16 / fp16 modes keep fp32 master weights);
+    - any other precision with ZeRO stage >= 1: FSDP (HF Trainer / accelerate ``--fsdp``);
+    - more than one data-parallel rank: DDP;
+    - else plain PyTorch in one process (HF Trainer, torchtune, litgpt).
+    """
+    if t.framework is not Framework.AUTO:
+        return t.framework
+    par = t.parallelism
+    if t.precision is Precision.FSDP2:
+        return Framework.FSDP
+    if par.tp > 1 or par.pp > 1:
+        return Framework.FSDP if par.zero_stage >= 2 else Framework.MEGATRON
+    if t.precision in (Precision.MIXED, Precision.FP16):
+        return Framework.DEEPSPEED
+    if par.zero_stage >= 1:
+        return Framework.FSDP
+    if par.dp * par.cp > 1:
+        return Framework.DDP
+    return Framework.PYTORCH

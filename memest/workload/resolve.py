@@ -1,0 +1,334 @@
+"""A workload from the settings a user gave, with the defaults and checks every caller gets.
+
+``values`` maps setting keywords (:func:`memest.workload.settings.settings`) to what the user gave;
+missing ones take their defaults. :func:`resolve` picks the mode, refuses settings the job would not
+read (:func:`check_scope`), and fills in what depends on the model, the device or other settings:
+the training sequence length (min(2048, max_position_embeddings)), the serving tensor-parallel degree
+(what ``gpus`` leaves after pp x dp), the data-parallel degree, ``fsdp`` as a ZeRO stage and
+framework, and FSDP hybrid-shard groups (one node).
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from memest.devices import DEFAULT_DEVICE, Device, get_device
+from memest.errors import InputError
+from memest.spec import ModelSpec
+from memest.workload.config import (
+    Engine,
+    Framework,
+    FsdpStrategy,
+    KbitPrep,
+    LoraConfig,
+    Method,
+    Parallelism,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+)
+from memest.workload.settings import Setting, defaults, enum_of, settings
+from memest.workload.validate import divisors, tp_head_problem
+
+MAX_INT = 2**31 - 1
+"""The largest value an integer setting takes (sequences, tokens, devices, ranks): larger ones
+describe no real job and would make the divisor searches of the planner slow."""
+
+FSDP_ZERO_STAGE = {FsdpStrategy.FULL_SHARD: 3, FsdpStrategy.HYBRID_SHARD: 3, FsdpStrategy.SHARD_GRAD_OP: 2,
+                   FsdpStrategy.NO_SHARD: 0}
+"""The ZeRO stage each FSDP sharding strategy is."""
+
+
+def complete(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with the defaults of the settings not given.
+
+    Raises:
+        InputError: a name that is no setting.
+    """
+    known = settings()
+    unknown = [n for n in values if n not in known]
+    if unknown:
+        raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
+    return defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
+
+
+def _coerce(s: Setting, value: Any) -> Any:
+    """A setting's value as its type: an enum from its value (any case); others checked, not converted.
+
+    Raises:
+        InputError: a value of another type, or not one of an enum's values.
+    """
+    if value is None:
+        if s.default is None:
+            return None
+        raise InputError(f"{{{s.name}}} is None; drop it for its default ({_shown(s.default)})", field=s.name)
+    enum = enum_of(s.type)
+    if enum is not None:
+        if isinstance(value, enum):
+            return value
+        try:
+            return enum(str(value).lower()) if isinstance(value, str) else enum(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in enum)
+            raise InputError(f"{{{s.name}}} {value!r} is not one of {choices}", field=s.name) from None
+    kinds = [k for k in (s.type, *typing.get_args(s.type)) if isinstance(k, type) and k is not type(None)]
+    kind = kinds[0] if kinds else object
+    ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, int | float) and not isinstance(value, bool),
+          str: isinstance(value, str)}.get(kind, True)
+    if not ok:
+        raise InputError(f"{{{s.name}}} {value!r} is not {_article(kind)}", field=s.name)
+    return value
+
+
+def _shown(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+def _article(kind: type) -> str:
+    return {bool: "True or False", int: "an integer", float: "a number", str: "a string"}.get(kind, kind.__name__)
+
+
+def given(values: Mapping[str, Any], name: str) -> bool:
+    """True when a setting differs from its default (was given)."""
+    return values[name] != settings()[name].default
+
+
+def mode_of(values: Mapping[str, Any]) -> str:
+    """``train``, ``finetune`` or ``serve`` (the default).
+
+    Raises:
+        InputError: more than one mode.
+    """
+    modes = [m for m in ("train", "serve") if values["train" if m == "train" else "serve"]]
+    modes += ["finetune"] if values["finetune"] else []
+    if len(modes) > 1:
+        raise InputError(f"choose one of {{train}}, {{finetune}}, {{serve}} (got "
+                         f"{', '.join('{' + m + '}' for m in modes)})",
+                         field=modes[-1])
+    return modes[0] if modes else "serve"
+
+
+def check_scope(values: Mapping[str, Any], mode: str) -> None:
+    """Refuse settings the chosen mode, method or engine would not read (each :class:`Setting`'s
+    ``scope``, ``methods`` and ``engine``).
+
+    Raises:
+        InputError: such a setting differs from its default.
+    """
+    defaulted = not (values["train"] or values["finetune"] or values["serve"])
+    training = mode != "serve"
+    for name, s in settings().items():
+        if not given(values, name):
+            continue
+        if s.scope in ("training", "serving") and (s.scope == "training") != training:
+            fix = s.fix
+            if defaulted:  # serving because no mode was given
+                fix = f"add {{train}} or {{finetune}} (serving is the default), or {fix}"
+            raise InputError(f"{{{name}}} is a {s.scope} flag ({s.what}); {fix}", field=name)
+        if training and s.methods:
+            method = values["finetune"] or Method.FULL
+            if Method(method).value not in s.methods:
+                needs = " or ".join(f"{{finetune}} {m}" for m in s.methods)
+                asked = "{train}" if method is Method.FULL else f"{{finetune}} {Method(method).value}"
+                raise InputError(f"{{{name}}} applies to {needs}, not {asked}; drop it", field=name)
+        if not training and s.engine is not None:
+            engine = Engine(values["engine"])
+            if s.engine != engine.value:
+                raise InputError(f"{{{name}}} is a {{engine}} {s.engine} flag; {{engine}} {engine.value} does not "
+                                 f"read it: drop it or pass {{engine}} {s.engine}", field=name)
+
+
+def check_sizes(values: Mapping[str, Any]) -> None:
+    """Integer settings at most :data:`MAX_INT`; device counts and degrees at least 1.
+
+    Raises:
+        InputError: a value outside those bounds.
+    """
+    for name, value in values.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_INT:
+            raise InputError(f"{{{name}}} {value} is beyond anything memest can size (at most {MAX_INT:,}); give a "
+                             "realistic value", field=name)
+    for name in ("gpus", "pp", "cp", "ep", "tp", "dp"):
+        value = values[name]
+        if value is not None and value < 1:
+            raise InputError(f"{{{name}}} is {value}; it must be at least 1", field=name)
+
+
+def gpu_name(values: Mapping[str, Any]) -> str | None:
+    """The ``gpu`` name as given, or None when it was not.
+
+    Raises:
+        InputError: an empty name.
+    """
+    name = values["gpu"]
+    if name is not None and not name.strip():
+        raise InputError(f"{{gpu}} {name!r} is empty; pass a device name such as H100 (see 'memest gpus'), or drop "
+                         f"{{gpu}} for the default {DEFAULT_DEVICE}", field="gpu")
+    return name
+
+
+def device(values: Mapping[str, Any]) -> Device:
+    """The ``gpu`` device, or the default.
+
+    Raises:
+        InputError: an empty name.
+        UnknownDeviceError: an unknown name.
+    """
+    return get_device(gpu_name(values) or DEFAULT_DEVICE)
+
+
+def headroom(values: Mapping[str, Any]) -> float:
+    """``headroom``, checked.
+
+    Raises:
+        InputError: not in [0, 1).
+    """
+    h = values["headroom"]
+    if not 0 <= h < 1:
+        raise InputError(f"{{headroom}} {h} must be in [0, 1), e.g. 0.1 for 10%", field="headroom")
+    return float(h)
+
+
+def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope: bool = True,
+            checkpoint_params: tuple[tuple[str, int], ...] = ()) -> Workload:
+    """The workload ``values`` describe for ``spec`` on ``device``.
+
+    Args:
+        values: Settings by keyword; missing ones take their defaults.
+        scope: Refuse settings the job would not read (:func:`check_scope`).
+        checkpoint_params: The checkpoint's parameters per stored dtype, for ``exact_weights``.
+
+    Raises:
+        InputError: conflicting modes, a setting the mode (method, engine) does not read, a size out
+            of bounds, or a device count the parallel degrees do not divide.
+    """
+    v = complete(values)
+    mode = mode_of(v)
+    if scope:
+        check_scope(v, mode)
+    check_sizes(v)
+    if mode != "serve":
+        return _training(v, spec, device)
+    max_len = v["max_model_len"]
+    if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
+        max_len = v["prompt_len"] + v["max_new_tokens"]
+    return ServingConfig(
+        dtype=v["dtype"],
+        quantization=v["quantization"],
+        kv_cache_dtype=v["kv_cache_dtype"],
+        max_model_len=max_len,
+        batch_size=v["batch_size"],
+        engine=Engine(v["engine"]),
+        gpu_memory_utilization=v["gpu_memory_utilization"],
+        max_num_batched_tokens=v["max_num_batched_tokens"],
+        max_num_seqs=v["max_num_seqs"],
+        block_size=v["block_size"],
+        enforce_eager=v["enforce_eager"],
+        engine_version=v["engine_version"],
+        prompt_len=v["prompt_len"],
+        max_new_tokens=v["max_new_tokens"],
+        checkpoint_params=checkpoint_params,
+        parallelism=serving_parallelism(v, spec),
+    )
+
+
+def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:
+    par, framework = training_parallelism(v, device)
+    return TrainingConfig(
+        method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
+        micro_batch_size=v["micro_batch_size"],
+        seq_len=v["seq_len"] if v["seq_len"] is not None else min(2048, spec.max_position_embeddings or 2048),
+        grad_accum_steps=v["grad_accum_steps"],
+        precision=v["precision"],
+        optimizer=v["optimizer"],
+        recompute=v["recompute"],
+        attn_implementation=v["attn_implementation"],
+        loss=v["loss"],
+        lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"], dropout=v["lora_dropout"]),
+        offload=v["offload"],
+        parallelism=par,
+        framework=framework,
+        set_grads_to_none=v["set_grads_to_none"],
+        target_len=v["target_len"],
+        prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
+    )
+
+
+def serving_parallelism(v: Mapping[str, Any], spec: ModelSpec) -> Parallelism:
+    """Serving degrees from gpus, tp, pp and dp: gpus = tp x pp x dp. Without tp, tp is what gpus
+    leaves after pp x dp (vLLM ``tensor_parallel_size``; dp = 1 unless given).
+
+    Raises:
+        InputError: gpus not divisible by pp x dp, or not tp x pp x dp; a default tp that cannot
+            split the heads (the message names the default and suggests tp / dp).
+    """
+    gpus, pp, dp, tp = v["gpus"], v["pp"], v["dp"], v["tp"]
+    if tp is None:
+        group = pp * (dp or 1)
+        if gpus % group:
+            what = "pp x dp" if dp is not None else "{pp}"
+            raise InputError(f"{{gpus}} {gpus} is not divisible by {what} = {group}; use a multiple of {group} "
+                             "({gpus} = tp x pp x dp)", field="gpus")
+        tp = gpus // group
+        problem = tp_head_problem(spec, tp)
+        if problem:
+            ok = max(t for t in divisors(gpus // pp) if tp_head_problem(spec, t) is None)
+            raise InputError(f"{{gpus}} {gpus} serves with tensor parallelism {tp} by default (gpus / (pp x dp)), "
+                             f"which {problem[0]}; pass {{tp}} and {{dp}}, e.g. {{tp}} {ok} {{dp}} {gpus // (pp * ok)}",
+                             field="gpus")
+        dp = dp or 1
+    elif dp is None:
+        if gpus % (tp * pp):
+            raise InputError(f"{{gpus}} {gpus} is not divisible by tp x pp = {tp * pp}; use a multiple of {tp * pp}",
+                             field="gpus")
+        dp = gpus // (tp * pp)
+    elif gpus != tp * pp * dp:
+        raise InputError(f"{{gpus}} {gpus} is not tp x pp x dp = {tp * pp * dp}; pass {{gpus}} {tp * pp * dp} or drop "
+                         "{dp}", field="gpus")
+    return Parallelism(tp=tp, pp=pp, dp=dp, ep=v["ep"])
+
+
+def training_parallelism(v: Mapping[str, Any], device: Device) -> tuple[Parallelism, Framework]:
+    """Parallel degrees and framework from gpus/dp, tp/pp/cp/ep, zero_stage/fsdp: dp = gpus /
+    (tp x pp x cp) unless given; ``fsdp`` sets the framework and its ZeRO stage; hybrid_shard shards
+    over the ranks of one node (``device.per_node``) unless dp_shard is given.
+
+    Raises:
+        InputError: sequence parallelism without tp > 1, gpus and dp disagree, gpus is not
+            divisible, or fsdp conflicts with zero_stage / framework.
+    """
+    tp, pp, cp = v["tp"] or 1, v["pp"], v["cp"]
+    if v["sequence_parallel"] and tp == 1:
+        raise InputError("{sequence_parallel} needs {tp} > 1: it splits the activations outside the tensor-parallel "
+                         "regions over the tp ranks; add {tp} N or drop it", field="sequence_parallel")
+    group = tp * pp * cp
+    gpus, dp = v["gpus"], v["dp"]
+    if dp is not None:
+        if gpus not in (1, dp * group):
+            raise InputError(f"{{gpus}} {gpus} is not dp x tp x pp x cp = {dp * group}; drop one of {{gpus}} / {{dp}}",
+                             field="gpus")
+    else:
+        if gpus % group:
+            raise InputError(f"{{gpus}} {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}",
+                             field="gpus")
+        dp = gpus // group
+    zero, framework, dp_shard = v["zero_stage"], Framework(v["framework"]), v["dp_shard"]
+    fsdp = FsdpStrategy(v["fsdp"]) if v["fsdp"] is not None else None
+    if fsdp is not None:
+        if framework not in (Framework.AUTO, Framework.FSDP):
+            raise InputError(f"{{fsdp}} {fsdp.value} runs under FSDP; drop {{framework}} {framework.value}",
+                             field="fsdp")
+        stage = FSDP_ZERO_STAGE[fsdp]
+        if zero not in (0, stage):
+            raise InputError(f"{{fsdp}} {fsdp.value} is ZeRO stage {stage}; drop {{zero_stage}} {zero}", field="fsdp")
+        zero, framework = stage, Framework.FSDP
+        if fsdp is FsdpStrategy.HYBRID_SHARD and dp_shard is None:
+            dp_shard = math.gcd(dp * cp, max(1, device.per_node // (tp * pp)))
+    par = Parallelism(tp=tp, pp=pp, cp=cp, dp=dp, ep=v["ep"], zero_stage=zero,
+                      sequence_parallel=v["sequence_parallel"], dp_shard=dp_shard)
+    return par, framework

@@ -1,0 +1,346 @@
+"""Checks of a workload against itself and a model: each raises :class:`~memest.errors.InputError`
+with a one-line message naming the setting (a ``{name}`` placeholder the CLI renders as its flag and
+the Python API as its keyword), the value and the fix."""
+
+from __future__ import annotations
+
+from memest import lora_targets
+from memest.errors import InputError
+from memest.spec import ModelSpec, Split
+from memest.workload.config import (
+    BLOCK_SIZES,
+    ENGINE_VERSIONS,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    VLLM_NO_FLOAT16,
+    WEIGHT_DTYPES,
+    AttnImplementation,
+    Engine,
+    Framework,
+    Loss,
+    Method,
+    Offload,
+    Precision,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+    resolve_framework,
+)
+
+
+def validate(spec: ModelSpec, workload: Workload) -> None:
+    """Check a workload against a model.
+
+    Raises:
+        InputError: a size is not positive, a parallel degree does not divide what it splits,
+            a setting does not apply to the model or the method.
+    """
+    par = workload.parallelism
+    for name in ("tp", "pp", "dp", "cp", "ep"):
+        value = getattr(par, name)
+        if value < 1:
+            raise InputError(f"{{{name}}} is {value}; it must be at least 1", field=name)
+    if par.zero_stage not in (0, 1, 2, 3):
+        raise InputError(f"{{zero_stage}} is {par.zero_stage}; it must be 0, 1, 2 or 3", field="zero_stage")
+    problem = tp_head_problem(spec, par.tp)
+    if problem:
+        raise InputError(f"{{tp}} {par.tp} {problem[0]}; {problem[1]}", field="tp")
+    if par.pp > spec.num_layers:
+        raise InputError(f"{{pp}} {par.pp} is more than the {spec.num_layers} layers of {spec.name}; use {{pp}} <= "
+                         f"{spec.num_layers}", field="pp")
+    if par.ep > 1:
+        if spec.num_experts == 0:
+            raise InputError(f"{{ep}} {par.ep} needs a mixture-of-experts model; {spec.name} has no experts",
+                             field="ep")
+        if spec.num_experts % par.ep:
+            raise InputError(f"{{ep}} {par.ep} does not divide the {spec.num_experts} experts of {spec.name}",
+                             field="ep")
+        if (par.dp * par.cp * par.tp) % par.ep:
+            raise InputError(f"{{ep}} {par.ep} must divide the dp x cp x tp ranks ({par.dp * par.cp * par.tp})",
+                             field="ep")
+    if isinstance(workload, TrainingConfig):
+        _validate_training(workload)
+        _validate_training_model(spec, workload)
+    else:
+        _validate_serving(workload)
+        _validate_serving_model(spec, workload)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (at least 1), ascending, found in O(sqrt n) steps: n may be a user's
+    value (a micro-batch of 10^9 has 100 divisors, found in 31,623 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
+
+
+def tp_head_problem(spec: ModelSpec, tp: int) -> tuple[str, str] | None:
+    """Why tensor parallelism ``tp`` cannot split the attention of ``spec``, and the fix; or None.
+
+    tp must divide num_heads of every layer with heads, and either divide num_kv_heads or be a
+    multiple of it (vLLM ``QKVParallelLinear`` replicates KV heads beyond num_kv_heads). Layers
+    without heads (Mamba mixers, RWKV) set no head rule, but key/value projections in them cannot be
+    divided by KV heads. The reason reads after "--tp N" (``"does not divide num_heads (32) of
+    MODEL"``), the fix after it (``"use a tp that divides 32"``).
+    """
+    if tp == 1:
+        return None
+    kinds = spec.layer_kinds()
+    # KV projections are divided by min(tp, num_kv_heads) (memest.estimate.sharding): of the layer
+    # that holds them, and of the model for whole-stage sums
+    headless_kv = any(t.split is Split.KV for layer, _ in kinds if not layer.attention.has_heads for t in layer.tensors)
+    if headless_kv or (spec.num_kv_heads == 0 and any(t.split is Split.KV for t, _ in spec.tensors())):
+        return (f"cannot split the key/value projections of {spec.name}, whose layers have no KV heads "
+                "(num_kv_heads 0) to divide them by", "use {tp} 1")
+    for a, k in dict.fromkeys((layer.attention.num_heads, layer.attention.num_kv_heads)
+                              for layer, _ in kinds if layer.attention.has_heads):
+        if a % tp:
+            return f"does not divide num_heads ({a}) of {spec.name}", f"use a tp that divides {a}"
+        if tp > k and tp % k:
+            return (f"is above num_kv_heads ({k}) of {spec.name} but not a multiple of it",
+                    "KV heads cannot be replicated evenly: use a divisor or a multiple of it")
+        if tp <= k and k % tp:
+            return f"does not divide num_kv_heads ({k}) of {spec.name}", f"use a tp that divides {k}"
+    return None
+
+
+def workload_notes(spec: ModelSpec, workload: Workload) -> tuple[str, ...]:
+    """What the user should know about a valid workload that its estimate does not show.
+
+    A sequence beyond ``max_position_embeddings`` of a model with rotary or ALiBi positions runs (the
+    memory is what is estimated) but the model was not trained at that length: it needs RoPE scaling
+    (``rope_scaling``) or relies on extrapolation. Models with a learned position table cannot run it
+    at all (:func:`validate` refuses).
+    """
+    limit = spec.max_position_embeddings
+    if not limit or spec.learned_positions is not None:
+        return ()
+    if isinstance(workload, TrainingConfig):
+        flag, length = "--seq-len", workload.seq_len
+    elif workload.engine is Engine.HF and workload.max_model_len is not None:
+        flag, length = "--max-model-len", workload.max_model_len
+    else:
+        return ()
+    if length <= limit:
+        return ()
+    alibi = any(layer.attention.alibi for layer, _ in spec.layer_kinds())
+    how = "relies on ALiBi extrapolation" if alibi else "needs RoPE scaling (rope_scaling) or extrapolation"
+    return (f"{flag} {length:,} is beyond {spec.name}'s max_position_embeddings ({limit:,}): the model was not "
+            f"trained on sequences this long and {how}; memory is estimated for the length asked",)
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise InputError(f"{{{flag}}} is {value}; it must be a positive integer", field=flag)
+
+
+_ATTN_VALUES = frozenset(e.value for e in AttnImplementation)
+_LOSS_VALUES = frozenset(e.value for e in Loss)
+
+
+def _validate_training(t: TrainingConfig) -> None:
+    _positive("micro_batch_size", t.micro_batch_size)
+    _positive("seq_len", t.seq_len)
+    _positive("grad_accum_steps", t.grad_accum_steps)
+    if t.target_len is not None:
+        _positive("target_len", t.target_len)
+    for flag, value, enum, values in (("attn_implementation", t.attn_implementation, AttnImplementation, _ATTN_VALUES),
+                                      ("loss", t.loss, Loss, _LOSS_VALUES)):
+        if value not in values:
+            raise InputError(f"{{{flag}}} {value!r} is not one of {', '.join(e.value for e in enum)}", field=flag)
+    if t.method is not Method.FULL:
+        _positive("lora_rank", t.lora.rank)
+        if not 0 <= t.lora.dropout < 1:
+            raise InputError(f"{{lora_dropout}} {t.lora.dropout} must be in [0, 1)", field="lora_dropout")
+    par = t.parallelism
+    if par.cp > 1 and t.seq_len % (2 * par.cp):
+        raise InputError(f"{{seq_len}} {t.seq_len} must be divisible by 2 x cp ({2 * par.cp}) for context parallelism",
+                         field="seq_len")
+    if par.dp_shard is not None:
+        group = par.dp * par.cp
+        if par.dp_shard < 1 or group % par.dp_shard:
+            raise InputError(f"{{dp_shard}} {par.dp_shard} must divide the dp x cp ranks ({group}); use a divisor "
+                             f"of {group}", field="dp_shard")
+    if t.offload is not Offload.NONE and par.zero_stage == 0:
+        raise InputError(f"{{offload}} {t.offload.value} needs ZeRO ({{zero_stage}} 1-3 or FSDP); add {{zero_stage}} 3",
+                         field="offload")
+    if t.offload is Offload.PARAMS and par.zero_stage != 3:
+        raise InputError("{offload} params needs {zero_stage} 3 (parameters are only offloaded when sharded)",
+                         field="offload")
+    if t.method is Method.QLORA and t.precision is Precision.FP32:
+        raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32",
+                         field="finetune")
+    _validate_framework(t, resolve_framework(t))
+
+
+def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
+    """Checks that need the model: decoder length, sequence length, LoRA targets.
+
+    Raises:
+        InputError: ``--target-len`` on a model without a decoder stack of its own (not seq2seq);
+            a length beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`);
+            ``--lora-targets`` naming no module or a module the model does not have; ``--lora-rank``
+            above the hidden size.
+    """
+    if t.target_len is not None and spec.task != "seq2seq":
+        raise InputError(f"{{target_len}} applies to encoder-decoder models (T5); {spec.name} is {spec.task}: "
+                         "drop {target_len} and set the whole sequence with {seq_len}", field="target_len")
+    table = spec.learned_positions
+    if table is not None:
+        for flag, value in (("seq_len", t.seq_len), ("target_len", t.target_len)):
+            if value is not None and value > table:
+                raise InputError(f"{{{flag}}} {value} is more than the {table} positions of {spec.name}'s learned "
+                                 f"position embeddings (no row for position {table}); use {{{flag}}} <= {table}",
+                                 field=flag)
+    if t.method is not Method.FULL:
+        _validate_lora_targets(spec, t.lora.targets)
+        if t.lora.rank > spec.hidden_size:
+            raise InputError(f"{{lora_rank}} {t.lora.rank} is more than {spec.name}'s hidden size "
+                             f"({spec.hidden_size}): "
+                             "the adapters would be larger than a full-rank update; use {lora_rank} <= "
+                             f"{spec.hidden_size} (typically 8-256)", field="lora_rank")
+
+
+def lora_module_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Module names (the last part, ``q_proj``) that ``--lora-targets`` may name, in model order
+    (:func:`memest.lora_targets.nameable_modules`)."""
+    return lora_targets.nameable_modules(spec)
+
+
+def _validate_lora_targets(spec: ModelSpec, targets: str) -> None:
+    """``--lora-targets``: ``attention`` (needs attention projections), ``all-linear``, or module
+    names of :func:`lora_module_names`.
+
+    Raises:
+        InputError: an empty list or item, an unknown name (PEFT raises "Target modules ... not
+            found" when none matches), or ``attention`` on a model without attention projections.
+    """
+    known = lora_module_names(spec)
+    choices = ", ".join(known) or "none"
+    if targets == lora_targets.ALL_LINEAR:
+        return
+    if targets == lora_targets.ATTENTION:
+        if not lora_targets.layer_modules(spec, targets):
+            raise InputError(f"{{lora_targets}} attention: {spec.name} has no attention projections; name its modules "
+                             f"instead (it has {choices}) or use all-linear", field="lora_targets")
+        return
+    items = lora_targets.named_modules(targets)
+    if not any(items) or not all(items):
+        raise InputError(f"{{lora_targets}} {targets!r} has an empty module name; write attention, all-linear, or "
+                         f"names separated by commas from those of {spec.name}: {choices}", field="lora_targets")
+    unknown = [x for x in items if x not in known]
+    if unknown:
+        raise InputError(f"{{lora_targets}} names {', '.join(map(repr, unknown))}, not a module of {spec.name} (PEFT "
+                         f"would raise 'Target modules not found'); use attention, all-linear or some of: {choices}",
+                         field="lora_targets")
+
+
+def _validate_framework(t: TrainingConfig, fw: Framework) -> None:
+    par = t.parallelism
+    name = fw.value
+    if fw is Framework.PYTORCH and par.world_size > 1:
+        raise InputError(f"{{framework}} pytorch runs one process, but the job has {par.world_size} devices; "
+                         "use {framework} ddp, fsdp, deepspeed or megatron", field="framework")
+    if fw in (Framework.PYTORCH, Framework.DDP) and par.zero_stage:
+        raise InputError(f"{{framework}} {name} does not shard states; drop {{zero_stage}} {par.zero_stage} "
+                         "or use {framework} deepspeed / fsdp", field="framework")
+    if fw in (Framework.PYTORCH, Framework.DDP) and (par.tp > 1 or par.pp > 1):
+        raise InputError(f"{{framework}} {name} has no tensor or pipeline parallelism; use {{framework}} megatron",
+                         field="framework")
+    if fw is Framework.MEGATRON and par.zero_stage > 1:
+        raise InputError(f"{{framework}} megatron shards only optimizer states (distributed optimizer = "
+                         f"{{zero_stage}} 1), not {{zero_stage}} {par.zero_stage}", field="framework")
+    if fw is Framework.FSDP and par.zero_stage == 1:
+        raise InputError("FSDP has no ZeRO-1; use {zero_stage} 2 (SHARD_GRAD_OP) or 3 (FULL_SHARD)", field="zero_stage")
+    if t.precision is Precision.FSDP2 and fw is not Framework.FSDP:
+        raise InputError(f"{{precision}} fsdp2 is FSDP's mixed precision; it cannot run under {{framework}} {name}",
+                         field="precision")
+    if t.offload is not Offload.NONE and fw not in (Framework.DEEPSPEED, Framework.FSDP):
+        raise InputError(f"{{offload}} {t.offload.value} is a DeepSpeed / FSDP feature; use {{framework}} deepspeed "
+                         "or fsdp", field="offload")
+    if t.offload is Offload.OPTIMIZER and fw is Framework.FSDP:
+        raise InputError("FSDP offloads parameters, gradients and optimizer states together (CPUOffloadPolicy); "
+                         "use {offload} params, or {framework} deepspeed for optimizer-only offload", field="offload")
+
+
+def _validate_serving(s: ServingConfig) -> None:
+    _positive("batch_size", s.batch_size)
+    _positive("block_size", s.block_size)
+    if s.engine is Engine.VLLM and s.block_size not in BLOCK_SIZES:
+        raise InputError(f"{{block_size}} {s.block_size} is not one vLLM accepts; use one of "
+                         f"{', '.join(map(str, BLOCK_SIZES))}", field="block_size")
+    if s.max_model_len is not None:
+        _positive("max_model_len", s.max_model_len)
+    if s.max_num_batched_tokens is not None:
+        _positive("max_num_batched_tokens", s.max_num_batched_tokens)
+        if s.engine is Engine.VLLM and s.max_num_seqs is not None and s.max_num_batched_tokens < s.max_num_seqs:
+            raise InputError(f"{{max_num_batched_tokens}} {s.max_num_batched_tokens} is less than {{max_num_seqs}} "
+                             f"{s.max_num_seqs}; vLLM refuses it (SchedulerConfig: max_num_batched_tokens must be >= "
+                             "max_num_seqs): raise it or lower {max_num_seqs}", field="max_num_batched_tokens")
+    if s.max_num_seqs is not None:
+        _positive("max_num_seqs", s.max_num_seqs)
+        if s.engine is Engine.VLLM and s.batch_size > s.max_num_seqs:
+            raise InputError(f"{{batch_size}} {s.batch_size} is more than {{max_num_seqs}} {s.max_num_seqs}: vLLM "
+                             "runs at most max_num_seqs requests at once (the rest queue); raise {max_num_seqs} or "
+                             "lower {batch_size}", field="batch_size")
+    if s.prompt_len is not None:
+        _positive("prompt_len", s.prompt_len)
+    if s.max_new_tokens is not None:
+        _positive("max_new_tokens", s.max_new_tokens)
+    if s.prompt_len is not None and s.max_new_tokens is not None and s.max_model_len is not None \
+            and s.prompt_len + s.max_new_tokens > s.max_model_len:
+        raise InputError(f"{{prompt_len}} {s.prompt_len} + {{max_new_tokens}} {s.max_new_tokens} exceeds "
+                         f"{{max_model_len}} "
+                         f"{s.max_model_len}; raise {{max_model_len}} or shorten them", field="prompt_len")
+    versions = ENGINE_VERSIONS[s.engine.value]
+    if s.engine_version is not None and s.engine_version not in versions:
+        raise InputError(f"{{engine_version}} {s.engine_version!r} is not a {s.engine.value} version memest models; "
+                         f"use one of {', '.join(versions)}", field="engine_version")
+    if s.engine is Engine.HF and (s.parallelism.tp > 1 or s.parallelism.pp > 1):
+        raise InputError("{engine} hf models one device (generate has no tensor/pipeline parallelism); "
+                         "use {engine} vllm for {tp}/{pp}", field="engine")
+    if not 0 < s.gpu_memory_utilization <= 1:
+        raise InputError(f"{{gpu_memory_utilization}} is {s.gpu_memory_utilization}; it must be in (0, 1]",
+                         field="gpu_memory_utilization")
+    if s.dtype not in WEIGHT_DTYPES:
+        raise InputError(f"{{dtype}} {s.dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}", field="dtype")
+    if s.quantization not in QUANTIZATIONS:
+        raise InputError(f"{{quantization}} {s.quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
+                         field="quantization")
+    if s.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}",
+                         field="kv_cache_dtype")
+
+
+def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
+    """Checks that need the model: the length, and for vLLM the dtype.
+
+    Raises:
+        InputError: for vLLM, ``--dtype fp16`` for a model type vLLM refuses it for (:data:`VLLM_NO_FLOAT16`);
+        InputError: for vLLM, max_model_len beyond the model's max_position_embeddings (vLLM
+            refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); for any engine, a length
+            beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`).
+    """
+    if s.engine is Engine.VLLM and s.dtype in ("fp16", "float16") and spec.model_type in VLLM_NO_FLOAT16:
+        raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} "
+                         "(numerical instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use "
+                         "{dtype} bf16 or fp32", field="dtype")
+    limit = spec.max_position_embeddings
+    if s.engine is Engine.VLLM and s.max_model_len is not None and limit is not None and s.max_model_len > limit:
+        raise InputError(f"{{max_model_len}} {s.max_model_len} is more than {spec.name}'s max_position_embeddings "
+                         f"({limit}); use {{max_model_len}} <= {limit}", field="max_model_len")
+    table = spec.learned_positions
+    total = s.max_model_len
+    if total is None and s.prompt_len is not None:
+        total = s.prompt_len + (s.max_new_tokens or 0)
+    if table is not None and total is not None and total > table:
+        raise InputError(f"a sequence of {total} tokens is more than the {table} positions of {spec.name}'s learned "
+                         f"position embeddings (no row for position {table}); keep {{max_model_len}} (or "
+                         f"{{prompt_len}} + "
+                         f"{{max_new_tokens}}) <= {table}", field="max_model_len")
