@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from inprocess import run_memest
 
 from memest.devices import get_device
 from memest.errors import ConfigError
@@ -382,8 +381,7 @@ def test_bad_layer_kinds_exit_2_on_the_cli(tmp_path, raw: dict, message: str) ->
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
-    out = subprocess.run([sys.executable, "-m", "memest", "hf", str(path), "--serve"], capture_output=True,
-                         text=True, timeout=120, env=env)
+    out = run_memest("hf", str(path), "--serve", env=env)  # in-process (tests/inprocess.py)
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
