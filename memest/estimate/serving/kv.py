@@ -290,8 +290,8 @@ class PagedLayout:
 
     @property
     def min_block_size(self) -> int:
-        """Smallest tokens-per-page over the groups."""
-        return min(g.block_size for g in self.groups)
+        """Smallest tokens-per-page over the groups (``block_size`` when there is none)."""
+        return min((g.block_size for g in self.groups), default=self.block_size)
 
     def num_blocks(self, available_bytes: int) -> int:
         """Blocks that fit ``available_bytes`` (vLLM ``get_num_blocks``; 0 when none)."""
