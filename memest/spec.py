@@ -204,6 +204,8 @@ class AttentionSpec:
             attention (Falcon-H1: each layer caches K/V and a state); None otherwise.
         kv_shared: One tensor serves as both K and V (Gemma 4 global layers
             ``attention_k_eq_v``): the cache holds it once.
+        index_head_dim: The key width a sparse-attention indexer caches per token beside an MLA
+            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``); 0 without an indexer.
         kv_reused: The layer attends over another layer's cached K and V and caches nothing itself
             (Gemma 4 ``num_kv_shared_layers``; vLLM ``kv_sharing_target_layer_name``).
         encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
@@ -236,6 +238,7 @@ class AttentionSpec:
     state: StateSpec | None = None
     kv_shared: bool = False
     kv_reused: bool = False
+    index_head_dim: int = 0
     encoder_tokens: int = 0
     cross_attention: bool = False
     causal: bool = True

@@ -446,3 +446,19 @@ def test_gemma4_k_eq_v_and_shared_kv_layers_on_the_meta_path() -> None:
     # sliding layers 0, 1, 3: 2 KV heads x (16 + 16) x 2 B = 128 B/token; full layer 2: 1 head x 32 (K = V) x 2 = 64
     assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 64), 1),
                                                             (KVLayer("sliding", 128, window=32), 3)]
+
+
+def test_mla_with_a_sparse_attention_indexer() -> None:
+    # DeepSeek-V3.2: the MLA latent 512 + 64 = 576 x 2 B = 1,152 B/token, and the indexer's keys: vLLM
+    # DeepseekV32IndexerCache, 128 fp8 values + 128 / 128 fp32 scales x 4 B = 132 B/token (uint8, any KV dtype)
+    layer = _layer(kind="mla", num_heads=128, num_kv_heads=128, head_dim=192, v_head_dim=128, kv_lora_rank=512,
+                   qk_rope_head_dim=64, index_head_dim=128)
+    from memest.estimate.serving.kv import kv_caches
+
+    assert kv_caches(layer, 1, 2) == (KVLayer("mla", 1_152), KVLayer("mla", 132))
+    assert kv_caches(layer, 1, 1)[1].bytes_per_token == 132  # fp8 KV: the indexer is unchanged
+    # transformers DynamicIndexedLayer: the keys at the cache dtype, 128 x 2 B
+    assert kv_caches(layer, 1, 2, transformers=True)[1] == KVLayer("full", 256)
+    # vLLM: both specs are full attention of different widths: one group, a page of 61 x (1,152 + 132) x 16 B
+    layout = paged_layout(kv_layers([(layer, 61)], 1, 2), 16)
+    assert layout.page_bytes == 61 * (1_152 + 132) * 16 and len(layout.groups) == 1

@@ -478,6 +478,7 @@ def _layer_spec(
             q_lora_rank=facts.q_lora_rank,
             kv_lora_rank=facts.kv_lora_rank,
             qk_rope_head_dim=facts.qk_rope_head_dim,
+            index_head_dim=(facts.positive("index_head_dim") or 0) if re.search(r"(^|\.)indexer\.", names) else 0,
             causal=causal,
         )
     else:

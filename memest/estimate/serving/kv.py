@@ -192,16 +192,33 @@ def _state_cache(state: StateSpec | None, tp: int, se: float, *, transformers: b
 
 def kv_caches(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
               state_e: float | None = None) -> tuple[KVLayer, ...]:
-    """Every cache one layer keeps on one TP rank: :func:`kv_layer`'s, and the state of a Mamba
-    mixer running beside the attention (Falcon-H1, whose layers vLLM gives a ``FullAttentionSpec``
-    and a ``MambaSpec`` each)."""
+    """Every cache one layer keeps on one TP rank: :func:`kv_layer`'s, the state of a Mamba mixer
+    running beside the attention (Falcon-H1, whose layers vLLM gives a ``FullAttentionSpec`` and a
+    ``MambaSpec`` each), and the key cache of a sparse-attention indexer beside MLA (DeepSeek-V3.2,
+    GLM-5: a second ``MLAAttentionSpec`` per layer)."""
     kv = kv_layer(layer, tp, e, transformers=transformers, state_e=state_e)
     if kv is None:
         return ()
     a = layer.attention
     if a.kind == "gqa" and a.state is not None:
         return kv, _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
+    if a.kind == "mla" and a.index_head_dim:
+        return kv, _indexer_cache(a.index_head_dim, e, transformers=transformers)
     return (kv,)
+
+
+INDEXER_QUANT_BLOCK = 128
+"""Indexer keys per fp32 scale in vLLM's fp8 indexer cache (``quant_block_size``)."""
+
+
+def _indexer_cache(index_head_dim: int, e: float, *, transformers: bool) -> KVLayer:
+    """A DSA indexer's key cache: vLLM ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` of one
+    head, uint8): fp8 keys and one fp32 scale per 128, ``d_i + d_i / 128 x 4`` bytes per token
+    whatever the KV dtype (132 for d_i = 128); transformers ``DynamicIndexedLayer``: the keys at the
+    cache dtype."""
+    if transformers:
+        return KVLayer("full", math.ceil(index_head_dim * e))
+    return KVLayer("mla", index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4)
 
 
 def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float, *,
