@@ -140,6 +140,9 @@ class ServingSummary:
 
     Attributes:
         kv_cache_bytes_per_token: KV-cache bytes one token takes on one device.
+        state_bytes_per_sequence: Cache bytes one sequence holds on one device whatever its length:
+            the states of Mamba / linear-attention / short-conv layers and cross-attention layers'
+            encoder K/V (0 for attention-only models).
         max_model_len: Tokens per sequence used for the estimate.
         kv_cache_tokens: Tokens the engine's KV pool holds per device (vLLM's 'GPU KV cache size',
             SGLang's max_total_num_tokens, TensorRT-LLM's 'max tokens in paged KV cache').
@@ -188,6 +191,7 @@ class ServingSummary:
     largest_concurrency: int = 0
     batch_size: int = 0
     device_bytes: int = 0
+    state_bytes_per_sequence: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -112,10 +112,24 @@ class TensorSpec:
         return self.name.rsplit(".", 1)[0] if "." in self.name else ""
 
 
-AttentionKind = Literal["gqa", "mla", "mamba", "none"]
-"""``gqa``: softmax attention over cached K and V (MHA when num_kv_heads = num_heads, MQA when 1);
-``mla``: DeepSeek multi-head latent attention; ``mamba``: a state-space mixer with a fixed state per
-sequence; ``none``: no token mixing."""
+AttentionKind = Literal["gqa", "mla", "cross", "mamba", "linear", "conv", "none"]
+"""What a layer's token mixer is, and so what it caches (:mod:`memest.estimate.serving.kv` derives
+every engine's cache from it):
+
+- ``gqa``: softmax self-attention over cached K and V (MHA when num_kv_heads = num_heads, MQA when
+  1): every token of the sequence (full), at most :attr:`AttentionSpec.sliding_window` tokens
+  (sliding), or the tokens of the current :attr:`AttentionSpec.chunk_size` chunk (chunked local
+  attention, Llama 4 ``attention_chunk_size``);
+- ``mla``: DeepSeek multi-head latent attention: one latent of kv_lora_rank + qk_rope_head_dim
+  elements per token;
+- ``cross``: a layer that attends only to encoder outputs (mllama ``cross_attention_layers``): it
+  caches K and V of :attr:`AttentionSpec.encoder_tokens` per request, nothing per generated token;
+- ``mamba`` (Mamba / Mamba-2 SSM), ``linear`` (linear attention: Gated DeltaNet, lightning
+  attention), ``conv`` (short convolution, LFM2): a fixed-size state per sequence
+  (:class:`StateSpec`), nothing per token;
+- ``none``: no token mixing (an MLP-only block of Nemotron-H)."""
+STATE_KINDS: frozenset[str] = frozenset({"mamba", "linear", "conv"})
+"""The kinds that keep a fixed-size state per sequence instead of per-token K and V."""
 RopeKind = Literal["none", "rotate", "concat"]
 """How queries and keys get their positions: ``none`` (learned or ALiBi positions: Q and K are the
 projection's outputs, or views of them), ``rotate`` (a rotary embedding over the whole head:
@@ -129,6 +143,55 @@ Qwen3, Gemma 3), ``full`` (over all heads of the projection: OLMo-2), ``none``."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StateSpec:
+    """The recurrent state one sequence keeps in a state layer (``mamba``, ``linear``, ``conv``).
+
+    Two parts, as vLLM's ``MambaStateShapeCalculator`` (``vllm/model_executor/layers/mamba/
+    mamba_utils.py``) and transformers' ``LinearAttentionLayer`` (``cache_utils.py``) hold them:
+
+    - the conv state: the last inputs of the depthwise causal convolution, ``conv_channels`` wide
+      plus ``groups x group_channels`` (Mamba-2's B and C, 2 x ssm_state_size per group); vLLM keeps
+      ``conv_kernel - 1`` columns, transformers ``conv_kernel``;
+    - the SSM / recurrent state: ``ssm_elements`` (Mamba d_in x N, Mamba-2 heads x head_dim x N,
+      Gated DeltaNet v_heads x v_dim x k_dim, lightning attention heads x d x d).
+
+    Tensor parallelism divides both by tp (vLLM ``divide(conv_dim, tp)``, ``divide(num_heads, tp)``);
+    Mamba-2 first grows ``groups`` to tp when tp does not divide it (``extra_groups_for_head_shards``).
+
+    Attributes:
+        conv_channels: Conv-state channels outside the groups (0: no conv state).
+        conv_kernel: The convolution's kernel width K.
+        groups: Mamba-2 ``n_groups`` (0 for other mixers).
+        group_channels: Conv-state channels per group.
+        ssm_elements: Elements of the recurrent state (0: none, LFM2's short convolution).
+        ssm_dtype: The recurrent state's dtype when the config fixes it (``mamba_ssm_cache_dtype``:
+            ``float32``); None = the model's dtype.
+    """
+
+    conv_channels: int = 0
+    conv_kernel: int = 0
+    groups: int = 0
+    group_channels: int = 0
+    ssm_elements: int = 0
+    ssm_dtype: str | None = None
+
+    def conv_elements(self, tp: int, *, transformers: bool = False) -> int:
+        """Conv-state elements per sequence on one of ``tp`` ranks (vLLM: K - 1 columns;
+        ``transformers``: its cache's K columns, on one rank)."""
+        if not self.conv_channels and not self.groups:
+            return 0
+        groups = self.groups
+        if groups and groups % tp:
+            groups = tp  # vLLM extra_groups_for_head_shards: n_groups + (tp - n_groups)
+        width = self.conv_kernel if transformers else self.conv_kernel - 1
+        return (self.conv_channels + groups * self.group_channels) // tp * width
+
+    def ssm_elements_on(self, tp: int) -> int:
+        """Recurrent-state elements per sequence on one of ``tp`` ranks."""
+        return self.ssm_elements // tp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionSpec:
     """The token mixer of one layer.
 
@@ -139,11 +202,22 @@ class AttentionSpec:
         head_dim: Per-head dimension of queries and keys (d), from the config when it gives one.
         v_head_dim: Per-head dimension of values; equal to head_dim except for MLA.
         sliding_window: Tokens a sliding-window layer attends to; None for full attention.
+        chunk_size: Chunked local attention (Llama 4 ``attention_chunk_size``): tokens attend
+            within their chunk only; None otherwise.
         q_lora_rank: MLA query compression rank (None: queries are not compressed).
         kv_lora_rank: MLA latent width cached per token.
         qk_rope_head_dim: MLA decoupled RoPE key width cached per token.
-        state_elements: Elements of recurrent state kept per sequence (conv + SSM state of a
-            mamba layer); zero for attention layers.
+        state: The per-sequence state of a ``mamba`` / ``linear`` / ``conv`` layer (required for
+            those kinds); on a ``gqa`` layer, the state of a Mamba mixer that runs beside its
+            attention (Falcon-H1: each layer caches K/V and a state); None otherwise.
+        kv_shared: One tensor serves as both K and V (Gemma 4 global layers
+            ``attention_k_eq_v``): the cache holds it once.
+        index_head_dim: The key width a sparse-attention indexer caches per token beside an MLA
+            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``); 0 without an indexer.
+        kv_reused: The layer attends over another layer's cached K and V and caches nothing itself
+            (Gemma 4 ``num_kv_shared_layers``; vLLM ``kv_sharing_target_layer_name``).
+        encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
+            of one image, max_num_tiles x (patches + 1)).
         cross_attention: True for a decoder layer that also attends to encoder outputs (T5).
         causal: False for bidirectional encoder attention (BERT, the T5 encoder).
         rope: How Q and K get their positions (see :data:`RopeKind`).
@@ -165,10 +239,15 @@ class AttentionSpec:
     head_dim: int
     v_head_dim: int = 0
     sliding_window: int | None = None
+    chunk_size: int | None = None
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
-    state_elements: int = 0
+    state: StateSpec | None = None
+    kv_shared: bool = False
+    kv_reused: bool = False
+    index_head_dim: int = 0
+    encoder_tokens: int = 0
     cross_attention: bool = False
     causal: bool = True
     rope: RopeKind = "rotate"
@@ -186,7 +265,15 @@ class AttentionSpec:
                 multiple of num_kv_heads (grouped-query attention gives every KV head the same number
                 of query heads; transformers' ``repeat_kv`` and vLLM refuse other configs).
                 num_kv_heads = 0 with num_heads = 0 is an attention-free mixer (Mamba, RWKV).
+
+
+        A state kind without its :class:`StateSpec` (or a state on an ``mla``, ``cross`` or ``none``
+        layer) is an adapter's bug: ValueError.
         """
+        if self.kind in STATE_KINDS and self.state is None:
+            raise ValueError(f"attention kind {self.kind!r}: a state is required for {sorted(STATE_KINDS)}")
+        if self.state is not None and self.kind not in (*STATE_KINDS, "gqa"):
+            raise ValueError(f"attention kind {self.kind!r} keeps no state")
         if self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
         a, k = self.num_heads, self.num_kv_heads
@@ -200,6 +287,11 @@ class AttentionSpec:
             raise ConfigError(f"num_attention_heads ({a}) is not divisible by num_key_value_heads ({k}): each KV head "
                               "must serve the same number of query heads (vLLM refuses the config, transformers fails "
                               f"in repeat_kv); set num_key_value_heads to a divisor of {a}")
+
+    @property
+    def has_state(self) -> bool:
+        """True for layers that keep a fixed-size state per sequence (mamba, linear, conv)."""
+        return self.kind in STATE_KINDS
 
     @property
     def has_heads(self) -> bool:
@@ -452,7 +544,7 @@ class ModelSpec:
     def reference_layer(self) -> LayerSpec:
         """The layer whose attention/MLP facts are quoted as the model's (first decoder layer)."""
         for layer in self.layers:
-            if layer.stack == "decoder" and layer.attention.kind != "mamba":
+            if layer.stack == "decoder" and layer.attention.kind in ("gqa", "mla"):
                 return layer
         return self.layers[0]
 

@@ -28,7 +28,7 @@ from memest.cli.options import (
 from memest.planning.search import assess
 from memest.report import render, to_dict, to_markdown
 from memest.sources import load_model
-from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
+from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, StateSpec, TensorSpec
 from memest.workload import (
     AttnImplementation,
     Engine,
@@ -86,7 +86,8 @@ def tiny_mamba() -> ModelSpec:
         TensorSpec("norm.weight", (H,), Component.NORM),
     )
     layer = LayerSpec(attention=AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0,
-                                              state_elements=D_IN * K + D_IN * N),
+                                              state=StateSpec(conv_channels=D_IN, conv_kernel=K,
+                                                              ssm_elements=D_IN * N)),
                       mlp=MLPSpec(gated=False, intermediate_size=4 * H), tensors=mixer)
     return ModelSpec(name="tiny-mamba", model_type="mamba", architecture="MambaForCausalLM", hidden_size=H,
                      vocab_size=V, max_position_embeddings=None, tie_word_embeddings=False, layers=(layer, layer),

@@ -31,7 +31,7 @@ from memest.errors import ConfigError, UnsupportedArchitectureError
 from memest.sources import catalog, load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
-from memest.spec import Component, ModelSpec
+from memest.spec import Component, ModelSpec, StateSpec
 
 # Remote-code class names transformers does not define, mapped to the native class of the same
 # model_type (same parameters): the Hub's Phi-3.5-MoE config names its trust_remote_code class
@@ -202,6 +202,13 @@ DEFAULT_CLASSES = {
     "bert": "BertForMaskedLM",
     "t5": "T5ForConditionalGeneration",
     "jamba": "JambaForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "mamba": "MambaForCausalLM",
+    "mamba2": "Mamba2ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -241,6 +248,15 @@ DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
 DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
 # Glm4MoeConfig has no head_dim default and its 4096 / 96 heads do not divide; GLM-4.5 sets 128
 DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
+# nemotron_h's depth is its block list: the class default one (NemotronHConfig.__post_init__)
+DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
+                               "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
+DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
+DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["falcon_h1"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
 # deepseek_v2's class default num_experts_per_tok is None, which its router cannot use
 DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
@@ -987,6 +1003,97 @@ for _cls in (
     "BertForQuestionAnswering",
 ):
     VARIANTS[f"bert-{_cls}"] = {**_BERT, "architectures": [_cls], "id2label": {"0": "a", "1": "b", "2": "c"}}
+# Nemotron Nano 9B v2 (nvidia/NVIDIA-Nemotron-Nano-9B-v2 config.json: hidden 4480, heads 40 / kv 8 / head_dim 128,
+# mamba 128 heads x 80, n_groups 8, ssm_state_size 128, conv_kernel 4, pattern below), shrunk: the first 16
+# symbols of its hybrid_override_pattern, narrow widths
+NEMOTRON_H_NANO_PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
+VARIANTS["nemotron_h-nano-pattern"] = {
+    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "vocab_size": 97,
+    "hybrid_override_pattern": NEMOTRON_H_NANO_PATTERN[:16], "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "intermediate_size": 96, "mamba_num_heads": 8, "mamba_head_dim": 10, "n_groups": 2,
+    "ssm_state_size": 8, "conv_kernel": 4, "max_position_embeddings": 128,
+}
+# Nemotron 3 style: MoE blocks with a latent projection, legacy field names, the block list spelled out
+VARIANTS["nemotron_h-moe-latent-list"] = {
+    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 64, "vocab_size": 97,
+    "layers_block_type": ["linear_attention", "moe", "full_attention", "moe", "linear_attention", "mlp"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 96,
+    "mamba_num_heads": 8, "mamba_head_dim": 10, "mamba_n_groups": 1, "ssm_state_size": 8, "mamba_d_conv": 4,
+    "mamba_conv_bias": False, "use_bias": True, "mlp_bias": True, "n_routed_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 24, "moe_shared_expert_intermediate_size": 40, "moe_latent_size": 16,
+}
+# LFM2-350M geometry (hidden 1024, 16 layers, 16 heads / 8 kv, conv_L_cache 3, attention at full_attn_idxs
+# [2, 5, 8, 10, 12, 14]), shrunk
+VARIANTS["lfm2-350m-full_attn_idxs"] = {
+    "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 16,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192, "conv_L_cache": 3,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+}
+VARIANTS["lfm2-layer_types-untied-bias"] = {
+    "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "intermediate_size": 160,
+    "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+# Mamba-1, shrunk (MambaConfig's state 16, conv 4, expand 2)
+VARIANTS["mamba-130m-shrunk"] = {
+    "model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "vocab_size": 97, "state_size": 16, "conv_kernel": 4, "expand": 2,
+}
+VARIANTS["mamba-bias-rank-untied"] = {
+    "model_type": "mamba", "architectures": ["MambaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "vocab_size": 97, "state_size": 8, "use_bias": True, "use_conv_bias": False, "time_step_rank": 6,
+    "tie_word_embeddings": False,
+}
+# Mamba-2, shrunk: heads x head_dim = expand x hidden, several groups, biases
+VARIANTS["mamba2-codestral-shrunk"] = {
+    "model_type": "mamba2", "architectures": ["Mamba2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "vocab_size": 97, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 8, "use_bias": True,
+}
+# Qwen3-Next layout (every 4th layer full attention, Gated DeltaNet elsewhere, MoE with a gated shared expert), shrunk
+VARIANTS["qwen3_next-80b-shrunk"] = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 8,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40,
+}
+VARIANTS["qwen3_next-layer_types-dense-bias"] = {
+    "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"],
+    "attention_bias": True, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+    "shared_expert_intermediate_size": 40, "mlp_only_layers": [1], "decoder_sparse_step": 2,
+}
+# Granite-4.0-H layout (layer_types "mamba" / "attention", MoE beside a shared MLP, no rotary), shrunk
+VARIANTS["granitemoehybrid-tiny-shrunk"] = {
+    "model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
+    "layer_types": ["mamba", "mamba", "attention", "mamba", "mamba", "attention"], "mamba_n_heads": 8,
+    "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_d_conv": 4, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "intermediate_size": 24, "shared_intermediate_size": 40,
+    "position_embedding_type": "nope",
+}
+VARIANTS["granitemoehybrid-dense-bias"] = {
+    "model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 97, "head_dim": 32,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"], "mamba_n_heads": 4,
+    "mamba_n_groups": 2, "mamba_d_state": 8, "num_local_experts": 0, "shared_intermediate_size": 40,
+    "attention_bias": True, "mamba_proj_bias": True, "mamba_conv_bias": False, "position_embedding_type": "rope",
+}
+# Falcon-H1: attention and Mamba-2 in every layer, mamba_d_ssm given, shrunk
+VARIANTS["falcon_h1-shrunk"] = {
+    "model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+    "mamba_d_ssm": 96, "mamba_n_heads": 6, "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8,
+}
+VARIANTS["falcon_h1-rmsnorm-biases-tied"] = {
+    "model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 97, "intermediate_size": 96,
+    "mamba_d_ssm": None, "mamba_expand": 2, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
+    "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "mamba_conv_bias": False,
+    "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
+}
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {
     **_BERT,
@@ -1402,7 +1509,8 @@ def test_jamba_layer_kinds() -> None:
     kinds = [layer.attention.kind for layer in spec.layers]
     assert [n for n, kind in enumerate(kinds) if kind == "gqa"] == [4, 12, 20, 28]
     mamba = spec.layers[0].attention
-    assert mamba.state_elements == 8192 * 4 + 8192 * 16  # conv state + SSM state, per sequence
+    # per sequence: conv state over d_in = 2 x 4096 channels, kernel 4; SSM state d_in x d_state 16
+    assert mamba.state == StateSpec(conv_channels=8192, conv_kernel=4, ssm_elements=8192 * 16)
     assert [layer.mlp.is_moe for layer in spec.layers] == [n % 2 == 1 for n in range(32)]
 
 

@@ -14,7 +14,7 @@ from memest.estimate.serving.kv import (
     paged_layout,
 )
 from memest.sources import load_model
-from memest.spec import AttentionSpec, LayerSpec, MLPSpec
+from memest.spec import AttentionSpec, LayerSpec, MLPSpec, StateSpec
 from memest.workload import Parallelism, ServingConfig
 
 MLP = MLPSpec(gated=True, intermediate_size=128)
@@ -61,9 +61,13 @@ def test_mla_latent_is_not_split_by_tp() -> None:
 
 
 def test_mamba_state_is_per_sequence_and_split_by_tp() -> None:
-    layer = _layer(kind="mamba", num_heads=1, num_kv_heads=1, head_dim=1, state_elements=1000)
+    state = StateSpec(conv_channels=100, conv_kernel=5, ssm_elements=600)
+    layer = _layer(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state=state)
     kv = kv_layer(layer, 2, 2)
-    assert kv.bytes_per_token == 0 and kv.state_bytes == 1000 // 2 * 2
+    # vLLM, tp 2: conv 100 / 2 channels x (5 - 1) columns = 200, SSM 600 / 2 = 300: 500 x 2 B
+    assert kv.kind == "state" and kv.bytes_per_token == 0 and kv.state_bytes == 1000
+    # transformers keeps K = 5 conv columns on one rank: 100 x 5 + 600 = 1100 elements x 2 B
+    assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 2200
 
 
 def test_uniform_layout_blocks_tokens_concurrency() -> None:
@@ -109,7 +113,7 @@ def test_mixed_width_full_layers_share_one_page() -> None:
 
 def test_mamba_hybrid_grows_attention_block_size() -> None:
     # attention 1024 B/token; mamba state 100,000 B: block = 16 x cdiv(100000, 16 x 1024) = 112 tokens
-    layers = [(KVLayer("full", 1024), 1), (KVLayer("mamba", 0, state_bytes=100_000), 7)]
+    layers = [(KVLayer("full", 1024), 1), (KVLayer("state", 0, state_bytes=100_000), 7)]
     layout = paged_layout(layers, 16)
     assert layout.groups[0].block_size == 112
     assert layout.page_bytes == 112 * 1024

@@ -240,12 +240,13 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
         return []
     w = a.workload
     out: list[tuple[str, str]] = []
-    if s.engine == "vllm" and s.kv_cache_bytes_per_token == 0:
+    state = f" + {gib(s.state_bytes_per_sequence)} per sequence (states)" if s.state_bytes_per_sequence else ""
+    if s.engine == "vllm" and s.kv_cache_bytes_per_token == 0 and not s.state_bytes_per_sequence:
         out.append((f"vLLM {s.engine_version}: no KV cache (encoder-only: each request is one forward) · "
                     f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested left free (non-KV "
                     f"{gib(s.non_kv_bytes)}) · max_num_seqs bounds the requests at once: {s.largest_concurrency:,}", ""))
     elif s.engine == "vllm":
-        out.append((f"vLLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token · available "
+        out.append((f"vLLM {s.engine_version}: KV cache {s.kv_cache_bytes_per_token:,} B/token{state} · available "
                     f"{gib(s.kv_budget_bytes)} of {gib(s.requested_bytes)} requested (non-KV {gib(s.non_kv_bytes)}) · pool "
                     f"{s.kv_cache_tokens:,} tokens ({s.kv_cache_blocks:,} blocks) · max concurrency "
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
@@ -272,7 +273,7 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                         "--max-model-len or the --quantization", "bold red"))
         return out  # n_ctx is the capacity: the quant search above answers it
     else:
-        out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token · "
+        out.append((f"transformers {s.engine_version} generate: KV cache {s.kv_cache_bytes_per_token:,} B/token{state} · "
                     f"non-KV peak {gib(s.non_kv_bytes)}", ""))
     higher = _higher_utilization(a)
     if s.engine_error == "no_memory":
@@ -385,7 +386,8 @@ def _vllm_verdict_line(a: Assessment) -> str:
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
     note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
     pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
-            if s.kv_cache_bytes_per_token else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
+            if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
+            else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
             f"requests of {s.max_model_len:,} tokens")
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"

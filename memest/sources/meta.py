@@ -20,6 +20,7 @@ Limitations:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memest.errors import MissingDependencyError, UnsupportedArchitectureError
@@ -31,6 +32,7 @@ from memest.spec import (
     MLPSpec,
     ModelSpec,
     Split,
+    StateSpec,
     TaskKind,
     TensorSpec,
 )
@@ -215,6 +217,7 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     Raises:
         UnsupportedArchitectureError: see :func:`build_on_meta`; also when no layer stack is found.
     """
+    _check_layer_types(cfg.text)
     model = build_on_meta(cfg, trust_remote_code=trust_remote_code)
     import transformers
 
@@ -227,6 +230,13 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
     task = _task(type(model).__name__, bool(getattr(model.config, "is_encoder_decoder", False)))
     hidden = _positive(text, "hidden_size", "n_embd", "d_model", "dim") or 0
     facts = _Facts.from_config(text, hidden)
+    built = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    built_types = getattr(built, "layer_types", None)
+    if isinstance(built_types, list) and all(isinstance(t, str) for t in built_types):
+        facts.layer_types = built_types  # as transformers derives them (Llama 4 chunked layers, Nemotron-H)
+    facts.chunk = _positive_attr(built, "attention_chunk_size")
+    facts.built = built
+    facts.encoder_tokens = _image_tokens(cfg)
 
     seen: set[int] = set()
     kinds: dict[Any, LayerSpec] = {}
@@ -279,6 +289,40 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
             ),
         ),
     )
+
+
+# layer_types words of the families transformers builds; the layer's tensors decide its kind
+_LAYER_TYPE_WORDS = frozenset({
+    "full_attention", "sliding_attention", "chunked_attention", "linear_attention", "conv", "mamba", "attention",
+    "moe", "mlp", "hybrid", "hybrid_sliding", "indexed_attention", "compressed_sparse_attention",
+    "heavily_compressed_attention",
+})
+
+
+def _check_layer_types(text: HFConfig) -> None:
+    """A ``layer_types`` entry memest does not know is a ConfigError naming it (``layer_types[3] = 'foo'``)."""
+    from memest.sources.families._layers import listed_kinds
+
+    if isinstance(text.raw.get("layer_types"), list):
+        listed_kinds(text, "layer_types", None, {word: word for word in sorted(_LAYER_TYPE_WORDS)})
+
+
+def _positive_attr(obj: Any, name: str) -> int | None:
+    value = getattr(obj, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _image_tokens(cfg: HFConfig) -> int:
+    """Encoder positions a cross-attention layer caches per request: one image of mllama's vision
+    tower, ``max_num_tiles x ((image_size / patch_size)^2 + 1)`` (``MllamaVisionModel``: a class
+    token per tile); 0 when the config has no such tower."""
+    vision = cfg.raw.get("vision_config")
+    if not isinstance(vision, dict):
+        return 0
+    tiles, image, patch = (vision.get(k) for k in ("max_num_tiles", "image_size", "patch_size"))
+    if not all(isinstance(v, int) and v > 0 for v in (tiles, image, patch)):
+        return 0
+    return tiles * ((image // patch) ** 2 + 1)
 
 
 def _quantization(cfg: HFConfig) -> Any:
@@ -397,7 +441,27 @@ class _Facts:
             if text.raw.get("use_sliding_window") is False
             else _positive(text, "sliding_window", "window_size"),
             layer_types=text.raw.get("layer_types"),
+            chunk=None,
+            encoder_tokens=0,
+            text=text,
+            built=None,
         )
+
+    def value(self, *names: str) -> Any:
+        """The first of ``names`` the built transformers config has (its class defaults filled in),
+        else the raw config's; None when neither has one."""
+        for name in names:
+            value = getattr(self.built, name, None) if self.built is not None else None
+            if value is None:
+                value = self.text.raw.get(name)
+            if value is not None:
+                return value
+        return None
+
+    def positive(self, *names: str) -> int | None:
+        """:meth:`value` when it is a positive int."""
+        value = self.value(*names)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _layer_spec(
@@ -432,13 +496,21 @@ def _layer_spec(
         window = facts.window
     if causal is None:
         causal = stack == "decoder"
-    cross = bool(re.search(r"EncDecAttention|crossattention|encoder_attn|cross_attn", names))
+    cross = bool(re.search(_CROSS, names))
     if not causal and not cross:
         stack = "encoder"  # bidirectional layers (BERT-style) form an encoder stack
-    if re.search(r"\bA_log\b|\.A_log|mixer\.|mamba\.|ssm", names):
-        attention = AttentionSpec(
-            kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=_mamba_state(tensors)
-        )
+    layer_type = facts.layer_types[index] if isinstance(facts.layer_types, list) and index < len(facts.layer_types) \
+        else None
+    self_attention = any(_ATTN_PROJ.search(t.name) and not _CROSS.search(t.name) for t in tensors)
+    # a Mamba mixer beside the attention (Falcon-H1) keeps its state too
+    state = _state(tensors, facts, None if self_attention else layer_type)
+    if state is not None and not self_attention:
+        attention = AttentionSpec(kind=state[0], num_heads=0, num_kv_heads=0, head_dim=0, state=state[1])
+    elif cross and not self_attention:  # a cross-attention-only layer (mllama): the image tokens per request
+        attention = AttentionSpec(kind="cross", num_heads=facts.heads, num_kv_heads=facts.kv, head_dim=facts.head_dim,
+                                  encoder_tokens=facts.encoder_tokens)
+    elif not self_attention and not cross and re.search(r"(^|\s)(mixer|mamba)\.", names):
+        attention = AttentionSpec(kind="none", num_heads=0, num_kv_heads=0, head_dim=0)  # MLP-only block
     elif "kv_a_proj" in names or "kv_b_proj" in names:
         attention = AttentionSpec(
             kind="mla",
@@ -449,14 +521,21 @@ def _layer_spec(
             q_lora_rank=facts.q_lora_rank,
             kv_lora_rank=facts.kv_lora_rank,
             qk_rope_head_dim=facts.qk_rope_head_dim,
+            index_head_dim=(facts.positive("index_head_dim") or 0) if re.search(r"(^|\.)indexer\.", names) else 0,
             causal=causal,
         )
     else:
+        heads = _module_heads(module, facts)
         attention = AttentionSpec(
-            num_heads=facts.heads,
-            num_kv_heads=facts.kv,
-            head_dim=facts.head_dim,
+            num_heads=heads.num_heads,
+            num_kv_heads=heads.num_kv_heads,
+            head_dim=heads.head_dim,
+            v_head_dim=heads.v_head_dim,
+            kv_shared=heads.kv_shared,
+            kv_reused=heads.kv_reused,
             sliding_window=window,
+            chunk_size=facts.chunk if layer_type == "chunked_attention" and window is None else None,
+            state=state[1] if state is not None else None,
             cross_attention=cross,
             causal=causal,
         )
@@ -491,17 +570,111 @@ def _layer_spec(
     return layer
 
 
-def _mamba_state(tensors: list[TensorSpec]) -> int:
-    """Recurrent state per sequence of a Mamba(-1) mixer: conv (d_in x K) + SSM (d_in x N) elements.
+@dataclass(frozen=True)
+class _Heads:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    v_head_dim: int = 0
+    kv_shared: bool = False
+    kv_reused: bool = False
 
-    Read from ``conv1d.weight (d_in, 1, K)`` and ``A_log (d_in, N)``; 0 when the layout differs
-    (Mamba-2 keeps ``A_log`` per head and a grouped state this cannot infer).
+
+def _module_heads(module: Any, facts: _Facts) -> _Heads:
+    """A layer's own attention geometry, read from its self-attention module when it has separate
+    ``q_proj`` / ``k_proj`` / ``v_proj`` linears (per-layer KV heads and head dims: MiMo-V2-Flash's
+    sliding layers, Gemma 4's global layers), else the config's.
+
+    ``head_dim`` is the module's attribute; KV heads are ``k_proj`` outputs / head_dim, V's head dim
+    ``v_proj`` outputs / KV heads; a module built without ``v_proj`` (``v_proj = None``: Gemma 4
+    ``attention_k_eq_v``) uses K as V; one without ``k_proj`` reads another layer's cache (Gemma 4
+    ``num_kv_shared_layers``).
     """
-    conv = next((t.shape for t in tensors if t.name.endswith("conv1d.weight") and len(t.shape) == 3), None)
-    a_log = next((t.shape for t in tensors if t.name.endswith("A_log") and len(t.shape) == 2), None)
-    if conv is None or a_log is None or conv[0] != a_log[0]:
-        return 0
-    return conv[0] * conv[2] + a_log[0] * a_log[1]
+    from torch import nn
+
+    default = _Heads(facts.heads, facts.kv, facts.head_dim)
+    for sub in module.modules():
+        q = getattr(sub, "q_proj", None)
+        if not isinstance(q, nn.Linear) or "cross" in type(sub).__name__.lower():
+            continue
+        d = getattr(sub, "head_dim", None)
+        if not isinstance(d, int) or d <= 0:
+            return default
+        k_proj, v_proj = getattr(sub, "k_proj", None), getattr(sub, "v_proj", None)
+        groups = getattr(sub, "num_key_value_groups", None)
+        if not isinstance(k_proj, nn.Linear):
+            if hasattr(sub, "k_proj") or getattr(sub, "is_kv_shared_layer", False):
+                return _Heads(facts.heads, facts.kv, d, kv_reused=True)
+            return default
+        kv = k_proj.out_features // d
+        heads = kv * groups if isinstance(groups, int) and groups > 0 else facts.heads
+        if isinstance(v_proj, nn.Linear):
+            return _Heads(heads, kv, d, v_head_dim=v_proj.out_features // kv)
+        return _Heads(heads, kv, d, kv_shared=hasattr(sub, "v_proj") and v_proj is None)
+    return default
+
+
+_ATTN_PROJ = re.compile(r"(^|\.)(q_proj|k_proj|v_proj|qkv_proj|query_key_value|c_attn|Wqkv|query|key|value|q_a_proj"
+                        r"|kv_a_proj_with_mqa|kv_b_proj|q|k|v)\.weight$")
+"""A softmax attention's projection (GDN's ``in_proj_qkvz`` is not one)."""
+_CROSS = re.compile(r"EncDecAttention|crossattention|encoder_attn|cross_attn")
+
+
+def _state(tensors: list[TensorSpec], facts: _Facts, layer_type: str | None) -> tuple[str, StateSpec] | None:
+    """The kind and per-sequence state of a state layer (None for other layers), read from its
+    tensors and the config (:mod:`memest.sources.families._layers`).
+
+    - LFM2 short convolution: ``conv.conv.weight (h, 1, L)``;
+    - Gated DeltaNet (``linear_attn.``): ``conv1d.weight (2 Hk dk + Hv dv, 1, K)`` and the config's
+      ``linear_*`` head counts and dims;
+    - Mamba(-1): ``A_log (d_in, N)`` and ``conv1d.weight (d_in, 1, K)``;
+    - Mamba-2: ``A_log (heads,)`` and ``conv1d.weight (d_in + 2 G N, 1, K)``, N and G from the config.
+
+    Raises:
+        UnsupportedArchitectureError: a state layer whose state cannot be read (never a silent 0).
+    """
+    from memest.sources.families._layers import gated_deltanet_state, mamba1_state, mamba2_state, short_conv_state
+
+    def shape(pattern: str) -> tuple[int, ...] | None:
+        return next((t.shape for t in tensors if re.search(pattern, t.name)), None)
+
+    short = shape(r"(^|\.)conv\.conv\.weight$")
+    if short is not None and len(short) == 3:
+        return "conv", short_conv_state(short[0], short[2])
+    conv = shape(r"conv1d\.weight$")
+    a_log = shape(r"(^|\.)A_log$")
+    if a_log is None:
+        if layer_type in ("conv", "linear_attention", "mamba"):
+            raise UnsupportedArchitectureError(f"layer_types names a {layer_type!r} layer whose state memest cannot "
+                                               "read from its parameters (no A_log / conv weight)")
+        return None
+    if conv is None or len(conv) != 3:
+        raise UnsupportedArchitectureError("a state-space layer without a conv1d.weight (channels, 1, kernel): "
+                                           "memest cannot size its per-sequence state")
+    if any(x.name.startswith("linear_attn.") for x in tensors):
+        k_heads, v_heads = facts.positive("linear_num_key_heads"), facts.positive("linear_num_value_heads")
+        k_dim, v_dim = facts.positive("linear_key_head_dim"), facts.positive("linear_value_head_dim")
+        if not (k_heads and v_heads and k_dim and v_dim):
+            raise UnsupportedArchitectureError("a linear-attention layer without linear_num_key_heads / "
+                                               "linear_num_value_heads / linear_key_head_dim / linear_value_head_dim")
+        return "linear", gated_deltanet_state(k_heads, v_heads, k_dim, v_dim, conv[2],
+                                              ssm_dtype=_ssm_dtype(facts.value("mamba_ssm_dtype")))
+    if len(a_log) == 2:
+        return "mamba", mamba1_state(a_log[0], a_log[1], conv[2])
+    n = facts.positive("ssm_state_size", "state_size", "mamba_d_state", "d_state")
+    groups = facts.positive("n_groups", "mamba_n_groups", "ngroups") or 1
+    if not n:
+        raise UnsupportedArchitectureError("a Mamba-2 layer without ssm_state_size / state_size / mamba_d_state: "
+                                           "memest cannot size its per-sequence state")
+    d_in = conv[0] - 2 * groups * n
+    heads = a_log[0]
+    return "mamba", mamba2_state(d_in, groups, n, heads, d_in // heads, conv[2],
+                                 ssm_dtype=_ssm_dtype(facts.value("mamba_ssm_cache_dtype")))
+
+
+def _ssm_dtype(value: Any) -> str | None:
+    """The SSM state's dtype a config fixes (``float32``), None for the model's (absent or ``auto``)."""
+    return value if isinstance(value, str) and value != "auto" else None
 
 
 _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
@@ -512,7 +685,9 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     (re.compile(r"experts?\.\d+\.|\.experts\.|routed"), Component.EXPERTS),
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
     (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
-    (re.compile(r"mamba|mixer|ssm|A_log|(^|\.)D$"), Component.OTHER),  # state-space mixers
+    # state-space mixers; Nemotron-H names every block's module "mixer", its attention and MLPs too
+    (re.compile(r"mamba|ssm|A_log|(^|\.)D$|mixer\.(?!(q_proj|k_proj|v_proj|o_proj|up_proj|down_proj|shared_experts"
+                r"|fc\d_latent_proj)\b)"), Component.OTHER),
     (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
     (
         re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"),
@@ -523,7 +698,8 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
         Component.ATTENTION,
     ),
     (
-        re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|\.wi|\.wo\b|intermediate|shared_expert", re.IGNORECASE),
+        re.compile(r"mlp|ffn|feed_forward|fc\d|c_fc|dense|\.wi|\.wo\b|intermediate|shared_expert|(^|\.)(up|down)_proj",
+                   re.IGNORECASE),
         Component.MLP,
     ),
 )

@@ -2,16 +2,29 @@
 
 Per layer and token on one tensor-parallel rank (e = bytes per KV-cache element):
 
+Everything derives from each layer's :class:`~memest.spec.AttentionSpec` (its ``kind`` and what it
+caches); :func:`kv_layer` turns one layer into a :class:`KVLayer`:
+
 - softmax attention (MHA/GQA/MQA): ``k_r x (d + d_v) x e`` with ``k_r = max(1, k / t)``: KV heads
   are split over tp and replicated once tp exceeds k (vLLM ``QKVParallelLinear``; ``num_kv_heads``
-  of ``Attention`` is ``max(1, k // tp)``);
+  of ``Attention`` is ``max(1, k // tp)``); K and V head dims may differ (``head_size_v`` of
+  ``FullAttentionSpec``); ``k_r x d x e`` when K = V share one tensor (``kv_shared``). Each layer has
+  its own k, d and d_v (full and sliding layers may differ);
+- sliding-window layers keep at most the window; chunked local attention (Llama 4) the current
+  chunk (transformers caches it as a sliding window of ``attention_chunk_size``);
 - MLA (DeepSeek-V2/V3): ``(kv_lora_rank + qk_rope_head_dim) x e``: one latent shared by all heads,
   the same on every TP rank (vLLM ``MLAAttentionSpec``: ``num_kv_heads=1``, ``head_size=576``);
-- state-space layers (Jamba's mamba): no per-token cache; a fixed state of ``state_elements / t``
-  elements per sequence (vLLM ``MambaSpec``);
-- cross-attention decoders additionally cache the encoder's K and V.
+- cross-attention layers (mllama): K and V of the request's encoder tokens, fixed per request
+  (``CrossAttentionSpec``), nothing per generated token;
+- state layers (Mamba / Mamba-2, linear attention, short convolution): no per-token cache; a fixed
+  state per sequence of conv + SSM elements (:class:`~memest.spec.StateSpec`, vLLM ``MambaSpec``
+  with the shapes of ``MambaStateShapeCalculator``: conv K - 1 columns; transformers'
+  ``LinearAttentionLayer`` keeps K), in the model dtype (vLLM ``mamba_cache_dtype`` ``auto``) or the
+  SSM dtype the config fixes (``mamba_ssm_cache_dtype``);
+- decoders that also attend to an encoder (T5, GPT-2 ``add_cross_attention``) count the encoder's K
+  and V per token beside their own (an encoder as long as the sequence).
 
-Sliding-window layers keep at most the window. vLLM's paged allocator (``block_size`` tokens per
+ vLLM's paged allocator (``block_size`` tokens per
 page) is followed line by line from ``vllm/v1/core/kv_cache_utils.py`` and
 ``vllm/v1/kv_cache_interface.py`` (vLLM 0.19):
 
@@ -51,11 +64,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from memest.estimate.dtypes import nbytes
 from memest.estimate.serving.common import weight_dtype
 from memest.estimate.sharding import Stage
-from memest.spec import LayerSpec, ModelSpec
+from memest.spec import LayerSpec, ModelSpec, StateSpec
 from memest.workload import ServingConfig
 
 KV_DTYPE_BYTES_AUTO = "auto"
@@ -75,96 +89,172 @@ def kv_dtype_bytes(spec: ModelSpec, s: ServingConfig) -> float:
     return kv_element_bytes(s.kv_cache_dtype, weight_dtype(spec, s))
 
 
+KVKind = Literal["full", "sliding", "chunked", "mla", "cross", "state"]
+"""What one layer caches, as vLLM's ``get_kv_cache_spec`` names it (``vllm/v1/kv_cache_interface.py``):
+``full`` (``FullAttentionSpec``), ``sliding`` (``SlidingWindowSpec``), ``chunked``
+(``ChunkedLocalAttentionSpec``), ``mla`` (``MLAAttentionSpec``), ``cross`` (``CrossAttentionSpec``:
+the encoder's tokens of a request), ``state`` (``MambaSpec``: mamba, linear attention, short conv)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KVLayer:
     """What one layer caches on one TP rank.
 
     Attributes:
-        kind: ``full`` (full attention), ``sliding`` (sliding window), ``mla``, ``mamba``.
-        bytes_per_token: Cache bytes per token (0 for mamba).
-        window: Tokens a sliding layer attends to (None otherwise).
-        state_bytes: Bytes of recurrent state per sequence (mamba only).
+        kind: See :data:`KVKind`.
+        bytes_per_token: Cache bytes per cached position (a ``cross`` layer's positions are the
+            request's encoder tokens; 0 for ``state``).
+        window: Tokens a sliding layer attends to, or a chunked layer's chunk (None otherwise).
+        state_bytes: Bytes of recurrent state per sequence (``state`` only).
+        encoder_tokens: Positions a ``cross`` layer caches per request.
     """
 
-    kind: str
+    kind: KVKind
     bytes_per_token: int
     window: int | None = None
     state_bytes: int = 0
+    encoder_tokens: int = 0
 
     @property
     def is_attention(self) -> bool:
-        """True for layers with a per-token cache."""
-        return self.kind != "mamba"
+        """True for layers whose cache is paged by tokens (every kind but ``state``)."""
+        return self.kind != "state"
+
+    @property
+    def per_generated_token(self) -> int:
+        """Bytes one more token of a sequence adds here (windows ignored): 0 for ``cross`` and
+        ``state`` layers, whose cache does not grow with the sequence."""
+        return 0 if self.kind in ("cross", "state") else self.bytes_per_token
+
+    def sequence_bytes(self, tokens: int) -> int:
+        """Bytes one sequence of ``tokens`` positions holds in a contiguous cache (transformers):
+        a full layer every token, a sliding or chunked layer at most its window
+        (``DynamicSlidingWindowLayer``, which transformers also uses for ``chunked_attention`` with
+        ``sliding_window = attention_chunk_size``), a cross layer its encoder tokens, a state layer
+        its state."""
+        if self.kind == "state":
+            return self.state_bytes
+        if self.kind == "cross":
+            return self.bytes_per_token * self.encoder_tokens
+        kept = tokens if self.window is None else min(tokens, self.window)
+        return self.bytes_per_token * kept
 
 
-def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False) -> KVLayer | None:
-    """The cache of one layer on one TP rank, or None when it caches nothing (encoders).
+def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
+             state_e: float | None = None) -> KVLayer | None:
+    """The cache of one layer on one TP rank, or None when it caches nothing (encoders, MLP-only
+    blocks); a layer that also runs a Mamba mixer has a second cache (:func:`kv_caches`).
 
     Args:
         layer: The layer.
         tp: Tensor-parallel degree.
-        e: Bytes per cache element.
+        e: Bytes per KV-cache element.
         transformers: The layout of transformers' own cache (``--engine hf``): layers whose
             attention broadcasts K and V to all query heads before the cache update
             (:attr:`AttentionSpec.kv_broadcast`, Falcon's ``new_decoder_architecture``) cache
-            num_heads heads.
+            num_heads heads; conv states keep K columns (``LinearAttentionLayer``) where vLLM keeps
+            K - 1 (``MambaStateShapeCalculator``).
+        state_e: Bytes per element of a state layer's conv state (and of its SSM state unless the
+            config fixes that dtype): vLLM's ``mamba_cache_dtype`` ``auto`` is the model dtype,
+            whatever ``--kv-cache-dtype`` is; None = ``e``.
     """
     a = layer.attention
-    if layer.stack == "encoder" or not a.causal:
+    if layer.stack == "encoder" or not a.causal or a.kind == "none" or a.kv_reused:
         return None
+    if a.has_state:
+        return _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
     if a.kind == "mla":
         return KVLayer("mla", math.ceil((a.kv_lora_rank + a.qk_rope_head_dim) * e))
-    if a.kind == "mamba":
-        return KVLayer("mamba", 0, state_bytes=math.ceil(a.state_elements / tp * e))
-    if a.kind != "gqa":
-        return None
+    if a.kind not in ("gqa", "cross"):
+        raise ValueError(f"no cache rule for attention kind {a.kind!r}")
     heads = a.num_heads if transformers and a.kv_broadcast else a.num_kv_heads
     k_local = max(1, heads // tp)
-    per = k_local * (a.head_dim + a.v_head_dim) * e
+    per = k_local * (a.head_dim if a.kv_shared else a.head_dim + a.v_head_dim) * e
+    if a.kind == "cross":
+        return KVLayer("cross", math.ceil(per), encoder_tokens=a.encoder_tokens)
     if a.cross_attention:
         per *= 2
     if a.sliding_window is not None:
         return KVLayer("sliding", math.ceil(per), window=a.sliding_window)
+    if a.chunk_size is not None:
+        return KVLayer("chunked", math.ceil(per), window=a.chunk_size)
     return KVLayer("full", math.ceil(per))
 
 
+def _state_cache(state: StateSpec | None, tp: int, se: float, *, transformers: bool) -> KVLayer:
+    """The state cache of ``state``: conv elements at ``se`` bytes, SSM elements at the dtype the
+    config fixes, else ``se``."""
+    assert state is not None
+    ssm_e = nbytes(state.ssm_dtype) if state.ssm_dtype else se
+    conv = state.conv_elements(tp, transformers=transformers)
+    return KVLayer("state", 0, state_bytes=math.ceil(conv * se + state.ssm_elements_on(tp) * ssm_e))
+
+
+def kv_caches(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
+              state_e: float | None = None) -> tuple[KVLayer, ...]:
+    """Every cache one layer keeps on one TP rank: :func:`kv_layer`'s, the state of a Mamba mixer
+    running beside the attention (Falcon-H1, whose layers vLLM gives a ``FullAttentionSpec`` and a
+    ``MambaSpec`` each), and the key cache of a sparse-attention indexer beside MLA (DeepSeek-V3.2,
+    GLM-5: a second ``MLAAttentionSpec`` per layer)."""
+    kv = kv_layer(layer, tp, e, transformers=transformers, state_e=state_e)
+    if kv is None:
+        return ()
+    a = layer.attention
+    if a.kind == "gqa" and a.state is not None:
+        return kv, _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
+    if a.kind == "mla" and a.index_head_dim:
+        return kv, _indexer_cache(a.index_head_dim, e, transformers=transformers)
+    return (kv,)
+
+
+INDEXER_QUANT_BLOCK = 128
+"""Indexer keys per fp32 scale in vLLM's fp8 indexer cache (``quant_block_size``)."""
+
+
+def _indexer_cache(index_head_dim: int, e: float, *, transformers: bool) -> KVLayer:
+    """A DSA indexer's key cache: vLLM ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` of one
+    head, uint8): fp8 keys and one fp32 scale per 128, ``d_i + d_i / 128 x 4`` bytes per token
+    whatever the KV dtype (132 for d_i = 128); transformers ``DynamicIndexedLayer``: the keys at the
+    cache dtype."""
+    if transformers:
+        return KVLayer("full", math.ceil(index_head_dim * e))
+    return KVLayer("mla", index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4)
+
+
 def kv_layers(kinds: Iterable[tuple[LayerSpec, int]], tp: int, e: float, *,
-              transformers: bool = False) -> list[tuple[KVLayer, int]]:
+              transformers: bool = False, state_e: float | None = None) -> list[tuple[KVLayer, int]]:
     """The distinct caches of some layers (``ModelSpec.layer_kinds`` of a stage) with their counts
-    (``transformers``: see :func:`kv_layer`)."""
+    (:func:`kv_caches`; ``transformers``, ``state_e``: see :func:`kv_layer`)."""
     out: dict[KVLayer, int] = {}
     for layer, n in kinds:
-        kv = kv_layer(layer, tp, e, transformers=transformers)
-        if kv is not None:
+        for kv in kv_caches(layer, tp, e, transformers=transformers, state_e=state_e):
             out[kv] = out.get(kv, 0) + n
     return list(out.items())
 
 
 def bytes_per_token(layers: Iterable[tuple[KVLayer, int]]) -> int:
-    """KV-cache bytes one token adds on a rank, over all its attention layers (windows ignored)."""
-    return sum(kv.bytes_per_token * n for kv, n in layers)
+    """KV-cache bytes one token adds on a rank, over all its attention layers (windows ignored;
+    cross and state layers add nothing per token: :attr:`KVLayer.per_generated_token`)."""
+    return sum(kv.per_generated_token * n for kv, n in layers)
+
+
+def state_bytes_per_sequence(layers: Iterable[tuple[KVLayer, int]]) -> int:
+    """Bytes one sequence holds on a rank whatever its length: state layers' states and cross
+    layers' encoder K/V."""
+    return sum((kv.state_bytes + kv.bytes_per_token * kv.encoder_tokens) * n for kv, n in layers
+               if kv.kind in ("state", "cross"))
 
 
 def contiguous_cache_bytes(layers: Iterable[tuple[KVLayer, int]], batch: int, tokens: int) -> int:
-    """Bytes of a contiguous cache (transformers ``DynamicCache`` / ``StaticCache``) on one rank.
-
-    Every full-attention layer holds ``batch x tokens`` positions, a sliding layer at most its
-    window (transformers ``DynamicSlidingWindowLayer`` / ``SlidingWindowLayer``), a mamba layer
-    its state per sequence.
+    """Bytes of a contiguous cache (transformers ``DynamicCache`` / ``StaticCache``) on one rank:
+    ``batch`` sequences of :meth:`KVLayer.sequence_bytes` in every layer.
 
     Args:
         layers: The rank's caches with counts.
         batch: Sequences (b).
         tokens: Positions cached per sequence (prompt + generated tokens).
     """
-    total = 0
-    for kv, n in layers:
-        if kv.kind == "mamba":
-            total += kv.state_bytes * batch * n
-            continue
-        kept = tokens if kv.window is None else min(tokens, kv.window)
-        total += kv.bytes_per_token * kept * batch * n
-    return total
+    return sum(kv.sequence_bytes(tokens) * batch * n for kv, n in layers)
 
 
 # ---- vLLM's paged layout ----
@@ -175,16 +265,18 @@ class KVGroup:
     """One KV-cache group of vLLM's allocator (its layers share one block table).
 
     Attributes:
-        kind: ``full``, ``mla``, ``sliding`` or ``mamba``.
+        kind: The layers' :data:`KVKind`.
         block_size: Tokens per page of this group.
-        window: Sliding window (sliding groups).
+        window: Sliding window or attention chunk (sliding and chunked groups).
         num_layers: Real layers in the group (padding layers excluded).
+        encoder_tokens: Positions a cross group caches per request.
     """
 
-    kind: str
+    kind: KVKind
     block_size: int
     window: int | None
     num_layers: int
+    encoder_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +307,8 @@ class PagedLayout:
 
     @property
     def min_block_size(self) -> int:
-        """Smallest tokens-per-page over the groups."""
-        return min(g.block_size for g in self.groups)
+        """Smallest tokens-per-page over the groups (``block_size`` when there is none)."""
+        return min((g.block_size for g in self.groups), default=self.block_size)
 
     def num_blocks(self, available_bytes: int) -> int:
         """Blocks that fit ``available_bytes`` (vLLM ``get_num_blocks``; 0 when none)."""
@@ -243,6 +335,14 @@ class PagedLayout:
             return sum(_group_pages(g, max_model_len, max_num_batched_tokens) for g in self.groups) * self.page_bytes
         pages = sum(_group_pages(g, max_model_len, max_num_batched_tokens) * g.num_layers for g in self.groups)
         return pages * self.page_bytes
+
+    def request_state_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The part of :meth:`request_bytes` in state and cross-attention groups: what a request holds
+        whatever its length (state pages padded to the attention page)."""
+        if self.page_covers_layers:
+            return 0
+        return sum(_group_pages(g, max_model_len, max_num_batched_tokens) * g.num_layers for g in self.groups
+                   if g.kind in ("state", "cross")) * self.page_bytes
 
     def max_concurrency(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> float:
         """vLLM's 'Maximum concurrency for max_model_len tokens per request'."""
@@ -271,11 +371,17 @@ class PagedLayout:
 
 
 def _group_pages(g: KVGroup, max_model_len: int, max_num_batched_tokens: int) -> int:
-    if g.kind == "mamba":
-        return 1
+    """Pages one request takes in a group (``max_memory_usage_bytes`` of its spec / page size)."""
+    if g.kind == "state":
+        return 1  # MambaSpec, mamba_cache_mode "none": one state per request
+    if g.kind == "cross":
+        return -(-g.encoder_tokens // g.block_size)  # CrossAttentionSpec: the encoder's tokens
     if g.kind == "sliding" and g.window is not None:
         tokens = min(g.window - 1 + max_num_batched_tokens, max_model_len)
         return -(-tokens // g.block_size) + 1
+    if g.kind == "chunked" and g.window is not None:
+        tokens = min(g.window + max_num_batched_tokens, max_model_len)  # ChunkedLocalAttentionSpec
+        return -(-tokens // g.block_size)
     return -(-max_model_len // g.block_size)
 
 
@@ -287,17 +393,18 @@ def paged_layout(layers: list[tuple[KVLayer, int]], block_size: int) -> PagedLay
         block_size: ``--block-size`` (tokens per page).
     """
     attention = [(kv, n) for kv, n in layers if kv.is_attention]
-    mamba = [(kv, n) for kv, n in layers if not kv.is_attention]
+    states = [(kv, n) for kv, n in layers if not kv.is_attention]
     if not layers:
         return PagedLayout((), 0, 1, block_size)
-    if mamba:
-        return _mamba_hybrid_layout(attention, mamba, block_size)
+    if states:
+        return _mamba_hybrid_layout(attention, states, block_size)
     if len(attention) == 1:
         kv, n = attention[0]
-        group = KVGroup(kv.kind, block_size, kv.window, n)
+        group = KVGroup(kv.kind, block_size, kv.window, n, kv.encoder_tokens)
         return PagedLayout((group,), kv.bytes_per_token * block_size, n, block_size)
-    kinds = {("sliding", kv.window) if kv.kind == "sliding" else ("full", None) for kv, _ in attention}
-    if len(kinds) == 1 and ("full", None) in kinds:
+    kinds = {(kv.kind, kv.window, kv.encoder_tokens) if kv.kind in ("sliding", "chunked", "cross") else ("full", None, 0)
+             for kv, _ in attention}
+    if len(kinds) == 1 and ("full", None, 0) in kinds:
         # UniformTypeKVCacheSpecs: one group, a page covers every layer
         page = sum(kv.bytes_per_token * block_size * n for kv, n in attention)
         group = KVGroup(attention[0][0].kind, block_size, None, sum(n for _, n in attention))
@@ -327,29 +434,30 @@ def _hybrid_layout(attention: list[tuple[KVLayer, int]], block_size: int) -> Pag
         num_groups = -(-n // group_size)
         for i in range(num_groups):
             real = len(range(i, n, num_groups))
-            groups.append(KVGroup(kv.kind, blocks[kv], kv.window, real))
+            groups.append(KVGroup(kv.kind, blocks[kv], kv.window, real, kv.encoder_tokens))
     return PagedLayout(tuple(groups), page, group_size, block_size)
 
 
 def _mamba_hybrid_layout(
-    attention: list[tuple[KVLayer, int]], mamba: list[tuple[KVLayer, int]], block_size: int
+    attention: list[tuple[KVLayer, int]], states: list[tuple[KVLayer, int]], block_size: int
 ) -> PagedLayout:
+    """Attention and state layers (mamba, linear attention, short conv: all ``MambaSpec``)."""
     attn_bpt = max((kv.bytes_per_token for kv, _ in attention), default=0)
-    mamba_page = max(kv.state_bytes for kv, _ in mamba)
+    mamba_page = max(kv.state_bytes for kv, _ in states)
     attn_block = block_size
     if attn_bpt and attn_bpt * block_size < mamba_page:
         attn_block = 16 * -(-mamba_page // (16 * attn_bpt))
     page = max(attn_bpt * attn_block, mamba_page)
-    counts = [n for _, n in attention + mamba]
+    counts = [n for _, n in attention + states]
     group_size = min(counts)
     if max(counts) < group_size * 1.5:
         group_size = max(counts)
     groups: list[KVGroup] = []
-    for kv, n in attention + mamba:
+    for kv, n in attention + states:
         num_groups = -(-n // group_size)
         for i in range(num_groups):
             real = len(range(i, n, num_groups))
-            groups.append(KVGroup(kv.kind, attn_block, kv.window, real))
+            groups.append(KVGroup(kv.kind, attn_block, kv.window, real, kv.encoder_tokens))
     return PagedLayout(tuple(groups), page, group_size, block_size)
 
 
@@ -357,3 +465,12 @@ def kv_bytes_per_token(spec: ModelSpec, s: ServingConfig, stage: Stage | None = 
     """KV-cache bytes one token takes on one rank, over the rank's attention layers (windows ignored)."""
     start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
     return bytes_per_token(kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s)))
+
+
+def kv_state_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage | None = None, *, transformers: bool = False) -> int:
+    """Bytes one sequence holds on one rank whatever its length (:func:`state_bytes_per_sequence`;
+    conv states in the served dtype, vLLM's ``mamba_cache_dtype`` auto)."""
+    start, stop = (stage.start, stage.stop) if stage else (0, spec.num_layers)
+    layers = kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s),
+                       transformers=transformers, state_e=nbytes(weight_dtype(spec, s)))
+    return state_bytes_per_sequence(layers)

@@ -220,23 +220,12 @@ def layer_windows(cfg: HFConfig, num_layers: int, window: int | None) -> list[in
     Raises:
         ConfigError: ``layer_types`` has the wrong length or an unknown entry.
     """
+    from memest.sources.families._layers import listed_kinds
 
-    types = cfg.get("layer_types", default=None)
-    if types is None:
+    if cfg.get("layer_types", default=None) is None:
         return [window] * num_layers
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise ConfigError(
-            f"config of {cfg.name!r}: 'layer_types' must list {num_layers} entries (one per layer), got {types!r}"
-        )
-    windows: list[int | None] = []
-    for kind in types:
-        if kind == "full_attention":
-            windows.append(None)
-        elif kind == "sliding_attention":
-            windows.append(window)
-        else:
-            raise ConfigError(f"config of {cfg.name!r}: unknown layer type {kind!r} in 'layer_types'")
-    return windows
+    kinds = listed_kinds(cfg, "layer_types", num_layers, {"full_attention": "full", "sliding_attention": "sliding"})
+    return [window if kind == "sliding" else None for kind in kinds]
 
 
 def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:

@@ -10,7 +10,8 @@ K = mamba_d_conv, R = mamba_dt_rank (``"auto"`` = ceil(h / 16)): ``in_proj (2 d_
 depthwise ``conv1d (d_in, 1, K)`` (+ bias), ``x_proj (R + 2N, d_in)``, ``dt_proj (d_in, R)`` + bias,
 ``A_log (d_in, N)``, ``D (d_in,)``, ``out_proj (h, d_in)``, RMSNorms over R, N, N; ``mamba_proj_bias``
 adds biases to in_proj and out_proj. Its recurrent state per sequence is the conv state
-(d_in x K, as transformers' cache keeps it) plus the SSM state (d_in x N) elements.
+(d_in x K as transformers' cache keeps it, d_in x (K - 1) in vLLM) plus the SSM state (d_in x N)
+elements (:func:`memest.sources.families._layers.mamba1_state`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from memest.sources.families._build import (
     router,
     token_embedding,
 )
+from memest.sources.families._layers import mamba1_state
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 # JambaConfig defaults (models/jamba/configuration_jamba.py) of the fields read here
@@ -99,9 +101,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     activation = cfg.str("hidden_act")
 
     attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d)
-    mamba = AttentionSpec(
-        kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state_elements=d_in * kernel + d_in * n
-    )
+    mamba = AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0, state=mamba1_state(d_in, n, kernel))
     mixers = {
         "attention": tuple(gqa_projections(h, a, k, d)),
         "mamba": tuple(

@@ -47,7 +47,14 @@ from memest.estimate.serving.common import (
     weight_dtype,
 )
 from memest.estimate.serving.hf import prefill as hf_prefill
-from memest.estimate.serving.kv import KVLayer, bytes_per_token, contiguous_cache_bytes, kv_dtype_bytes, kv_layers
+from memest.estimate.serving.kv import (
+    KVLayer,
+    bytes_per_token,
+    contiguous_cache_bytes,
+    kv_dtype_bytes,
+    kv_layers,
+    state_bytes_per_sequence,
+)
 from memest.estimate.sharding import stage_tensors, stages
 from memest.estimate.weights import QuantScheme, is_quantized, serving_weight_layout, tensor_bytes
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
@@ -316,6 +323,7 @@ def estimate_generate(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
     usable = usable_bytes(device)
     summary = ServingSummary(
         kv_cache_bytes_per_token=per_token,
+        state_bytes_per_sequence=state_bytes_per_sequence(layers),
         max_model_len=total_len,
         kv_cache_tokens=s.batch_size * total_len,
         kv_cache_blocks=0,

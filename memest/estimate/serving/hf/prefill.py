@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.estimate.serving.kv import kv_layer
+from memest.estimate.serving.kv import kv_caches
 from memest.spec import AttentionSpec, LayerSpec, ModelSpec
 
 FP32 = 4
@@ -213,11 +213,10 @@ def uses_sdpa(spec: ModelSpec) -> bool:
 def layer_cache_bytes(layer: LayerSpec, b: int, p: int, e: float) -> int:
     """Bytes of one layer's transformers cache after the prefill of b prompts of p tokens (0 for
     layers without a cache). Sliding-window layers count every token: the cache keeps a view of the
-    prefill's full K/V (``DynamicSlidingWindowLayer.update``); a mamba layer its state."""
-    kv = kv_layer(layer, 1, e, transformers=True)
-    if kv is None:
-        return 0
-    return kv.bytes_per_token * b * p + kv.state_bytes * b
+    prefill's full K/V (``DynamicSlidingWindowLayer.update``); a state layer its state, a
+    cross-attention layer its encoder tokens."""
+    return sum(kv.sequence_bytes(p) * b if kv.kind in ("state", "cross") else kv.bytes_per_token * b * p
+               for kv in kv_caches(layer, 1, e, transformers=True))
 
 
 def _model_held(spec: ModelSpec, code: ForwardCode, b: int, p: int, c: float) -> float:

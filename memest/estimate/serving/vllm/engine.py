@@ -25,7 +25,14 @@ from memest.estimate.serving.common import (
     stage_weight_bytes,
     weight_dtype,
 )
-from memest.estimate.serving.kv import PagedLayout, kv_bytes_per_token, kv_dtype_bytes, kv_layers, paged_layout
+from memest.estimate.serving.kv import (
+    PagedLayout,
+    kv_bytes_per_token,
+    kv_dtype_bytes,
+    kv_layers,
+    kv_state_bytes,
+    paged_layout,
+)
 from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.weights import loaded_bytes, mla_dequantized, rope_cache_block
 from memest.estimate.sharding import Stage, vllm_stages
@@ -69,7 +76,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
-        layout = paged_layout(kv_layers(kinds, par.tp, e), s.block_size)
+        layout = paged_layout(kv_layers(kinds, par.tp, e, state_e=c), s.block_size)  # mamba_cache_dtype auto
         weights = loaded_bytes(spec, s, stage) + rope_cache_block(spec, c)
         peak = vllm_budget.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
@@ -101,11 +108,14 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
     if rounding > 0:
         terms.append(Term("weights.block_rounding", Kind.WEIGHTS, rounding,
                           "caching-allocator rounding of vLLM's merged weight tensors (2 MiB segments)"))
-    terms += [
-        Term("kv_cache", Kind.KV_CACHE, need,
-             f"{s.batch_size} requests x {max_len} tokens in {r.layout.block_size}-token pages "
-             f"({r.layout.page_bytes:,} B/page, windows capped)"),
-    ]
+    state = s.batch_size * r.layout.request_state_bytes(max_len, mnbt)
+    terms.append(Term("kv_cache", Kind.KV_CACHE, need - state,
+                      f"{s.batch_size} requests x {max_len} tokens in {r.layout.min_block_size}-token pages "
+                      f"({r.layout.page_bytes:,} B/page, windows capped)"))
+    if state:
+        terms.append(Term("kv_cache.state", Kind.KV_CACHE, state,
+                          f"{s.batch_size} requests x one page per state / cross-attention layer: recurrent and conv "
+                          "states, encoder K/V (fixed per request)"))
     p = r.peak
     if p.persistent:
         terms.append(Term("activations.moe_workspace", Kind.ACTIVATIONS, p.persistent,
@@ -173,6 +183,7 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
     layout = limiting.layout
     tokens = layout.tokens(blocks)
     per_token = max(kv_bytes_per_token(spec, s, r.stage) for r in ranks)
+    state = max(kv_state_bytes(spec, s, r.stage) for r in ranks)
     worst = min(ranks, key=lambda r: r.budget.available - r.layout.request_bytes(max_len, mnbt))
     needed = worst.layout.request_bytes(max_len, mnbt)
     available = worst.budget.available
@@ -184,6 +195,7 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
         error = "max_model_len"
     return ServingSummary(
         kv_cache_bytes_per_token=per_token,
+        state_bytes_per_sequence=state,
         max_model_len=max_len,
         kv_cache_tokens=tokens,
         kv_cache_blocks=blocks,
