@@ -7,8 +7,17 @@ The Python API (see README.md "Python API"): :func:`estimate_memory` (``memest h
 
 __version__ = "0.1.0"
 
-from memest.api import MemoryEstimate, MemoryPlan, MemorySweep, Report, estimate_memory, plan_memory, sweep_memory
-from memest.errors import InputError, MemestError
-
 __all__ = ["InputError", "MemestError", "MemoryEstimate", "MemoryPlan", "MemorySweep", "Report", "__version__",
            "estimate_memory", "plan_memory", "sweep_memory"]
+
+_FROM = {"InputError": "memest.errors", "MemestError": "memest.errors"}
+
+
+def __getattr__(name: str):  # the API is loaded on first use: `python -m memest` starts with nothing loaded
+    if name in __all__ and name != "__version__":
+        import importlib
+
+        value = getattr(importlib.import_module(_FROM.get(name, "memest.api")), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memest' has no attribute {name!r}")
