@@ -78,6 +78,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from memest import lora_targets
 from memest.estimate.runtime import cuda_block_bytes
 from memest.memo import remembered
 from memest.spec import Component, LayerSpec, Split, TensorSpec
@@ -100,14 +101,15 @@ class LoraActivations:
     """What LoRA adapters add to a layer's saved tensors.
 
     Attributes:
-        targets: Module names (the last component, ``q_proj``) that carry adapters.
+        targets: PEFT ``target_modules`` (:func:`memest.lora_targets.peft_target_modules`: ``q_proj``,
+            ``attn.c_proj``); a linear carries an adapter when PEFT matches its module against them.
         all_linear: True for PEFT ``all-linear``: every projection of the layer.
         rank: r.
         adapter_bytes: Bytes per element of the adapters' inputs (PEFT casts to fp32: 4).
         dropout: ``lora_dropout`` (0 keeps no mask).
     """
 
-    targets: frozenset[str]
+    targets: tuple[str, ...]
     all_linear: bool
     rank: int
     adapter_bytes: int = 4
@@ -119,7 +121,7 @@ class LoraActivations:
             return False
         if self.all_linear:
             return True
-        return tensor.module.rsplit(".", 1)[-1] in self.targets
+        return lora_targets.peft_matches(tensor.module, self.targets)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
