@@ -105,9 +105,9 @@ def test_bad_price_overrides(overrides, error, message):
 
 def test_cost_flags():
     assert parse_cost_flags(["H100=2.49", " L4 = 0.5"]) == {"H100": 2.49, "L4": 0.5}
-    with pytest.raises(InputError, match=r"--cost 'H100' must be NAME=USD"):
+    with pytest.raises(InputError, match=r"^cost 'H100' must be NAME=USD, e.g. cost H100=2.49$"):
         parse_cost_flags(["H100"])
-    with pytest.raises(InputError, match=r"--cost 'H100=cheap': 'cheap' is not a number"):
+    with pytest.raises(InputError, match=r"^cost 'H100=cheap': 'cheap' is not a number"):
         parse_cost_flags(["H100=cheap"])
 
 

@@ -302,7 +302,7 @@ class CudaMeter:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise MissingDependencyError(
                 f"no CUDA device {index} (torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}); "
-                "install a CUDA build of torch or use --device cpu"
+                "install a CUDA build of torch or use {device} cpu", field="device"
             )
         self.index = index
         self.device = torch.device("cuda", index)

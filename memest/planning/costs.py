@@ -196,11 +196,12 @@ def parse_cost_flags(values: Iterable[str]) -> dict[str, float]:
     for item in values:
         name, sep, usd = item.partition("=")
         if not sep or not name.strip():
-            raise InputError(f"--cost {item!r} must be NAME=USD, e.g. --cost H100=2.49")
+            raise InputError(f"{{cost}} {item!r} must be NAME=USD, e.g. {{cost}} H100=2.49", field="cost")
         try:
             out[name.strip()] = float(usd)
         except ValueError:
-            raise InputError(f"--cost {item!r}: {usd!r} is not a number of USD per device-hour") from None
+            raise InputError(f"{{cost}} {item!r}: {usd!r} is not a number of USD per device-hour",
+                             field="cost") from None
     return out
 
 
@@ -217,20 +218,25 @@ def read_cost_file(path: str | Path) -> dict[str, float]:
     p = Path(path).expanduser()
     example = 'pass a JSON object like {"H100": 2.49}'
     if p.exists() and not p.is_file():
-        raise InputError(f"--costs {str(path)!r} is {'a directory' if p.is_dir() else 'not a regular file'}; {example}")
+        raise InputError(f"{{costs}} {str(path)!r} is {'a directory' if p.is_dir() else 'not a regular file'}; {example}",
+                         field="costs")
     try:
         with p.open("rb") as fh:
             data = fh.read(MAX_COST_FILE_BYTES + 1)
         raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
-        raise InputError(f"--costs {str(path)!r}: no such file; {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r}: no such file; {example}", field="costs") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"--costs {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise InputError(f"{{costs}} {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})",
+                         field="costs") from None
     except UnicodeDecodeError:
-        raise InputError(f"--costs {str(path)!r} is not UTF-8 text (a binary file?); {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r} is not UTF-8 text (a binary file?); {example}",
+                         field="costs") from None
     except (OSError, RecursionError, ValueError) as exc:
-        raise InputError(f"--costs {str(path)!r} cannot be read ({type(exc).__name__}); {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r} cannot be read ({type(exc).__name__}); {example}",
+                         field="costs") from None
     if not isinstance(raw, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                                             and v >= 0 for v in raw.values()):
-        raise InputError(f"--costs {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}")
+        raise InputError(f"{{costs}} {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}",
+                         field="costs")
     return {str(k): float(v) for k, v in raw.items()}

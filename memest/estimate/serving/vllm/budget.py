@@ -149,8 +149,8 @@ def check_version(version: str) -> str:
         InputError: not a modelled version.
     """
     if version not in VLLM_VERSIONS:
-        raise InputError(f"--engine-version {version!r} is not a vLLM version memest models; use one of "
-                         f"{', '.join(VLLM_VERSIONS)}")
+        raise InputError(f"{{engine_version}} {version!r} is not a vLLM version memest models; use one of "
+                         f"{', '.join(VLLM_VERSIONS)}", field="engine_version")
     return version
 
 
