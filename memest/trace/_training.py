@@ -1,6 +1,6 @@
 """One training step as a fine-tuning script runs it, on meta tensors, under the tracker.
 
-The step is the steady state a measurement reads after warm-up (DESIGN.md, "Measuring"): the
+The step is the steady state a measurement reads after warm-up (DESIGN.md, "Measuring (calibrate)"): the
 optimizer states exist before it starts (they are created by one step on zero gradients, after
 which the peak is reset, as ``torch.cuda.reset_peak_memory_stats`` would be), then
 ``grad_accum_steps`` micro-batches (two at most: every later one repeats the second) of forward
