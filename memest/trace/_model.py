@@ -174,8 +174,9 @@ def lm_head(model: Any) -> Any:
 def lora_targets(spec: ModelSpec, targets: str) -> list[str]:
     """The module names PEFT should target for memest's ``--lora-targets``.
 
-    ``attention``: the last names of the attention projections of the spec's layers; ``all-linear``:
-    those of every linear projection of a layer; otherwise the comma-separated names as given
+    ``attention``: the last names of the attention projections of the spec's layers (a longer
+    suffix, ``attn.c_proj``, where an MLP linear shares the last name); ``all-linear``: those of
+    every linear projection of a layer; otherwise the comma-separated names as given
     (:func:`memest.lora_targets.peft_target_modules`).
     """
     names = peft_target_modules(spec, targets)
