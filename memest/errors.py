@@ -13,23 +13,19 @@ from collections.abc import Callable
 
 
 class MemestError(Exception):
-    """Base class of every error memest raises on bad input or a missing resource."""
+    """Base class of every error memest raises on bad input or a missing resource.
 
-
-class InputError(MemestError, ValueError):
-    """A value the user gave breaks a rule (non-positive size, impossible parallelism, ...).
-
-    With ``field`` (the setting at fault, e.g. ``"seq_len"``) the message is a template whose
-    ``{name}`` placeholders name settings: ``str()`` renders them as keywords (``seq_len``, the Python
-    API's names), :meth:`render` as the caller names them (the CLI: ``--seq-len``). Without it the
-    message is plain text.
+    With ``field`` (the setting or option at fault, e.g. ``"seq_len"``) the message is a template
+    whose ``{name}`` placeholders name settings: ``str()`` renders them as keywords (``seq_len``, the
+    Python API's names), :meth:`render` as the caller names them (the CLI: ``--seq-len``). Without it
+    the message is plain text. The library's messages name no CLI flag.
 
     Attributes:
         field: The setting at fault, or None.
         template: The message with its placeholders (the plain message when ``field`` is None).
     """
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str = "", *, field: str | None = None) -> None:
         self.field = field
         self.template = message
         super().__init__(self.render(keyword) if field is not None else message)
@@ -41,11 +37,16 @@ class InputError(MemestError, ValueError):
             return self.template
         return _PLACEHOLDER.sub(lambda m: name(m.group(1)) or m.group(0), self.template)
 
-    def named(self, name: Callable[[str], str | None]) -> InputError:
+    def named(self, name: Callable[[str], str | None]) -> MemestError:
         """The same error with its message rendered by ``name`` (the CLI's flags); ``field`` kept."""
-        out = InputError(self.render(name))
+        out = type(self)(self.render(name))
         out.field = self.field
         return out
+
+
+class InputError(MemestError, ValueError):
+    """A value the user gave breaks a rule (non-positive size, impossible parallelism, ...); its
+    message names settings as ``{field}`` placeholders (see :class:`MemestError`)."""
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")

@@ -13,10 +13,12 @@ A value is ``attention``, ``all-linear`` or comma-separated module names. On a l
   (state-space mixers, routers, vision towers);
 - names: the weights whose module's last name (``q_proj``) is one of them.
 
-What the rule names for PEFT and what may be named: :func:`peft_target_modules` (module names as
-PEFT matches them, by the last name), :func:`layer_modules` (layer-relative module paths, for a
-narrower match), :func:`nameable_modules` (the names a value may list). Standard library and
-memest.spec only: the estimator, the trace, calibration and the workload's checks all read it.
+What the rule names for PEFT and what may be named: :func:`peft_target_modules` (the
+``target_modules`` list that makes PEFT adapt exactly those modules), :func:`peft_matches` (PEFT's
+match of such a list against a module name, which the estimator counts adapters by),
+:func:`layer_modules` (layer-relative module paths), :func:`nameable_modules` (the names a value may
+list). Standard library and memest.spec only: the estimator, the trace, calibration and the
+workload's checks all read it.
 """
 
 from __future__ import annotations
@@ -60,17 +62,38 @@ def layer_modules(spec: ModelSpec, targets: str) -> list[str]:
     return list(out)
 
 
+def peft_matches(module: str, target_modules: tuple[str, ...] | list[str]) -> bool:
+    """True when PEFT adapts a module of this name for a list of ``target_modules``: the name is one
+    of them or ends with ``"." + target`` (``peft/tuners/tuners_utils.py`` ``check_target_module_exists``)."""
+    return any(module == target or module.endswith("." + target) for target in target_modules)
+
+
+def _suffix(module: str, others: list[str]) -> str:
+    """The shortest dotted suffix of ``module`` (``c_proj``, then ``attn.c_proj``) that none of
+    ``others`` matches as PEFT does; the whole path when every shorter one is shared."""
+    parts = module.split(".")
+    for start in range(len(parts) - 1, 0, -1):
+        suffix = ".".join(parts[start:])
+        if not any(peft_matches(other, (suffix,)) for other in others):
+            return suffix
+    return module
+
+
 def peft_target_modules(spec: ModelSpec, targets: str) -> list[str]:
-    """PEFT ``target_modules`` for ``targets``: the last names of the modules :func:`adapts` takes on
-    the layers (``attention``, ``all-linear``), in model order; or the names given."""
-    if targets in (ATTENTION, ALL_LINEAR):
-        out: dict[str, None] = {}
-        for layer, _ in spec.layer_kinds():
-            for t in layer.tensors:
-                if adapts(t, targets):
-                    out[short_name(t)] = None
-        return list(out)
-    return [x for x in named_modules(targets) if x]
+    """PEFT ``target_modules`` for ``targets``, in model order.
+
+    ``attention``, ``all-linear``: for each module :func:`adapts` takes on the layers, its last name
+    (``q_proj``), or a longer suffix of its layer path where a module it does not take shares the last
+    name (GPT-2's ``attn.c_proj`` beside ``mlp.c_proj``; BERT's ``attention.output.dense`` beside
+    ``output.dense``), so that PEFT, matching by suffix (:func:`peft_matches`), adapts exactly those.
+    Names: as given (PEFT adapts every module of that last name).
+    """
+    if targets not in (ATTENTION, ALL_LINEAR):
+        return [x for x in named_modules(targets) if x]
+    chosen = layer_modules(spec, targets)
+    others = list(dict.fromkeys(t.module for layer, _ in spec.layer_kinds() for t in layer.tensors
+                                if (t.is_linear_weight or len(t.shape) == 2) and t.module not in chosen))
+    return list(dict.fromkeys(_suffix(m, others) for m in chosen))
 
 
 def nameable_modules(spec: ModelSpec) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
 """The LoRA-target rule (:mod:`memest.lora_targets`) and its four readers: the estimator
-(``estimate.training.lora_targets_tensor``), the trace (``trace._model.lora_targets``, PEFT
+(``estimate.training.lora_targets_tensor``, its adapters ``lora_adapters`` and its activations'
+``LoraActivations.adapts``), the trace (``trace._model.lora_targets``, PEFT
 ``target_modules``), calibration (``calibration.training.lora_target_modules``) and the workload's
 check (``workload._validate_lora_targets``) select the same layer modules for every catalog model and
 every ``--lora-targets`` value; and PEFT itself, on tiny meta-device models, adapts what they name.
@@ -11,10 +12,12 @@ import pytest
 
 from memest.calibration.training import lora_target_modules
 from memest.errors import InputError
-from memest.estimate.training import lora_targets_tensor
-from memest.lora_targets import ALL_LINEAR, ATTENTION, layer_modules, nameable_modules
+from memest.estimate.sharding import stages
+from memest.estimate.training import execution, lora_adapters, lora_targets_tensor
+from memest.lora_targets import ALL_LINEAR, ATTENTION, layer_modules, nameable_modules, peft_target_modules
 from memest.sources import catalog, load_model
 from memest.spec import ModelSpec
+from memest.workload import Framework, LoraConfig, Method, TrainingConfig
 from memest.workload.validate import _validate_lora_targets
 
 CATALOG = sorted(catalog.entries())
@@ -37,12 +40,21 @@ def _values(spec: ModelSpec) -> list[str]:
 
 
 def _estimator(spec: ModelSpec, targets: str) -> list[str]:
-    out: dict[str, None] = {}
+    """The layer linears the estimator adapts; its rule, its adapters' count and its activations agree
+    (the count also takes same-named mixer projections, component ``OTHER``, as PEFT does)."""
+    rule: dict[str, None] = {}
     for layer, _ in spec.layer_kinds():
         for t in layer.tensors:
             if lora_targets_tensor(t, targets):
-                out[t.module] = None
-    return list(out)
+                rule[t.module] = None
+    in_layers = {id(t) for layer, _ in spec.layer_kinds() for t in layer.tensors if t.is_linear_weight}
+    whole = stages(spec.num_layers, 1)[0]
+    counted = {tn.module for tn, _, _ in lora_adapters(spec, whole, LoraConfig(rank=8, targets=targets), 1)
+               if id(tn) in in_layers}
+    lora = execution(spec, TrainingConfig(method=Method.LORA, lora=LoraConfig(targets=targets)), Framework.PYTORCH).lora
+    saved = {t.module for layer, _ in spec.layer_kinds() for t in layer.tensors if lora is not None and lora.adapts(t)}
+    assert counted == saved == set(rule), targets
+    return list(rule)
 
 
 def _accepted(spec: ModelSpec, targets: str) -> bool:
@@ -81,30 +93,13 @@ def test_the_four_readers_select_the_same_layer_modules(model: str) -> None:
         if targets != ALL_LINEAR:
             assert lora_target_modules(spec, targets) == sorted(chosen), targets
         names = trace_target_modules(spec, targets)
-        if targets in (ATTENTION, ALL_LINEAR):  # the last names of the chosen modules, in model order
-            assert names == list(dict.fromkeys(m.rsplit(".", 1)[-1] for m in chosen)), targets
-        else:  # names as given, stripped
+        if targets not in (ATTENTION, ALL_LINEAR):  # names as given, stripped
             assert names == [x.strip() for x in targets.split(",")], targets
-            peft = [m for m in linears if _peft_matches(f"model.layers.0.{m}", names)]
-            assert peft == chosen, targets  # PEFT adapts by last name: every same-named linear of a layer
+        # PEFT, matching by suffix, adapts exactly the chosen modules (for names: every same-named linear)
+        assert [m for m in linears if _peft_matches(f"model.layers.0.{m}", names)] == chosen, targets
 
 
-SHARED_LAST_NAMES = {
-    "bigcode/octocoder": "attn.c_proj and mlp.c_proj",
-    "openai-community/gpt2": "attn.c_proj and mlp.c_proj",
-    "openai-community/gpt2-xl": "attn.c_proj and mlp.c_proj",
-    "google-bert/bert-base-uncased": "attention.output.dense, intermediate.dense and output.dense",
-    "google-bert/bert-large-uncased": "attention.output.dense, intermediate.dense and output.dense",
-}
-"""Models whose attention projection shares its last name with MLP linears."""
-
-
-@pytest.mark.parametrize("model", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=(
-        f"{SHARED_LAST_NAMES[m]} share a last name: the trace's PEFT target_modules for attention (last names) "
-        "adapt MLP linears too, as estimate.training.lora_adapters counts them, while the estimator's activations "
-        "and calibration (layer paths) adapt the attention only"))) if m in SHARED_LAST_NAMES else m
-    for m in CATALOG])
+@pytest.mark.parametrize("model", CATALOG)
 def test_peft_adapts_the_attention_the_trace_names(model: str) -> None:
     pytest.importorskip("torch")
     from memest.trace._model import lora_targets as trace_target_modules
@@ -129,9 +124,35 @@ def test_the_rule_by_hand() -> None:
     assert layer_modules(gpt2, ATTENTION) == ["attn.c_attn", "attn.c_proj"]
     assert layer_modules(gpt2, "c_proj") == ["attn.c_proj", "mlp.c_proj"]
     # Jamba: the mamba mixers' in_proj / out_proj are nameable, but no layer linear memest adapts
+    # attention takes attn.c_proj, not mlp.c_proj: PEFT gets the longer suffix where the last name is shared
+    assert peft_target_modules(gpt2, ATTENTION) == ["c_attn", "attn.c_proj"]
+    # BertLayer: attention.self.{query,key,value}, attention.output.dense, intermediate.dense, output.dense
+    bert = load_model("google-bert/bert-base-uncased")
+    assert peft_target_modules(bert, ATTENTION) == ["query", "key", "value", "attention.output.dense"]
     jamba = load_model("ai21labs/Jamba-v0.1")
     assert {"in_proj", "out_proj"} <= set(nameable_modules(jamba))
     assert layer_modules(jamba, "in_proj,out_proj") == []
+
+
+@pytest.mark.parametrize(("model", "expected"), [
+    # GPT2Block (n_embd 768, 12 layers; Conv1D weights): attn.c_attn 768 -> 2304, attn.c_proj 768 -> 768;
+    # r = 8: 8 * (768 + 2304) + 8 * (768 + 768) = 24,576 + 12,288 = 36,864 per layer; x 12 = 442,368
+    # (mlp.c_proj 3072 -> 768, 8 * 3,840 = 30,720 per layer, is not attention)
+    ("openai-community/gpt2", 442_368),
+    # gpt2-xl (n_embd 1600, 48 layers): 8 * (1600 + 4800) + 8 * (1600 + 1600) = 51,200 + 25,600 = 76,800; x 48
+    ("openai-community/gpt2-xl", 3_686_400),
+    # octocoder (gpt_bigcode, n_embd 6144, 40 layers, 48 heads of 128, multi-query): c_attn 6144 -> 6144 + 2 * 128
+    # = 6400; 8 * (6144 + 6400) + 8 * (6144 + 6144) = 100,352 + 98,304 = 198,656 per layer; x 40 = 7,946,240
+    ("bigcode/octocoder", 7_946_240),
+    # BertLayer (hidden 768, 12 layers): query, key, value, attention.output.dense all 768 -> 768:
+    # 4 * 8 * (768 + 768) = 49,152 per layer; x 12 = 589,824 (intermediate.dense and output.dense, 768 <-> 3072, not)
+    ("google-bert/bert-base-uncased", 589_824),
+])
+def test_attention_adapter_parameters_by_hand(model: str, expected: int) -> None:
+    spec = load_model(model)
+    whole = stages(spec.num_layers, 1)[0]
+    adapters = lora_adapters(spec, whole, LoraConfig(rank=8, targets=ATTENTION), 1)
+    assert sum(local * count for _, local, count in adapters) == expected
 
 
 PEFT_FAMILIES = ["llama", "qwen2", "gemma2", "phi", "phi3", "gpt2", "gpt_neox", "falcon", "bloom", "opt", "olmo2"]

@@ -29,6 +29,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from memest.sources import meta
 from memest.errors import ConfigError, UnsupportedArchitectureError
 from memest.sources import catalog, load_model, spec_from_config
+from memest.workload.settings import cli_flag
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
 from memest.spec import Component, ModelSpec, StateSpec
@@ -1665,8 +1666,9 @@ def test_remote_code_needs_the_flag() -> None:
         "architectures": ["MyCustomForCausalLM"],
         "auto_map": {"AutoModelForCausalLM": "modeling_custom.MyCustomForCausalLM"},
     }
-    with pytest.raises(UnsupportedArchitectureError, match="--trust-remote-code"):
+    with pytest.raises(UnsupportedArchitectureError, match="pass trust_remote_code to run it") as exc:
         _analytic(raw)
+    assert "pass --trust-remote-code to run it" in exc.value.render(cli_flag)  # as the CLI prints it
 
 
 def test_unknown_model_type_without_remote_code() -> None:

@@ -68,7 +68,7 @@ def test_compressed_tensors_config() -> None:
 
 
 def test_unknown_method_names_the_fix() -> None:
-    with pytest.raises(InputError, match="'hqq'.*--quantization"):
+    with pytest.raises(InputError, match="'hqq'.*pass quantization to choose"):
         scheme_of(QuantizationSpec(method="hqq", bits=4))
 
 
@@ -120,7 +120,7 @@ def test_safetensors_counts_offline_names_the_fix(monkeypatch: pytest.MonkeyPatc
     from memest.sources import hub
 
     monkeypatch.setenv("MEMEST_OFFLINE", "1")
-    with pytest.raises(HubUnreachableError, match="drop --exact-weights"):
+    with pytest.raises(HubUnreachableError, match="drop exact_weights or go online"):
         hub.safetensors_parameter_counts("meta-llama/Llama-3.1-8B")
 
 

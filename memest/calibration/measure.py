@@ -1,61 +1,11 @@
 """Measuring real memory on a device: the backends behind ``memest calibrate``.
 
-Two backends share one protocol (PyTorch ``test/distributed/_tools/test_mem_tracker.py``, DESIGN.md
-"Measuring"): the caller builds the model and runs a warm-up step, then :meth:`start` records a
-baseline, the caller runs N >= 2 steps (the first creates no optimizer state after warm-up, but a
-step-1-only measurement would miss steady-state buffers), and :meth:`stop` reads the peaks.
-
-**CUDA** (:class:`CudaMeter`). Created before the first tensor touches the device, it reads the
-CUDA context: the device memory our process uses once the context exists and no tensor does
-(NVML per-process used when the driver reports our pid, else NVML device used after minus
-before initialisation). :meth:`CudaMeter.start` runs ``gc.collect()``, ``empty_cache()``,
-``reset_peak_memory_stats()`` and ``reset_accumulated_memory_stats()``; :meth:`CudaMeter.stop`
-reads ``torch.cuda.memory_stats()`` (keys documented in ``torch/cuda/memory.py``):
-
-- ``allocated_bytes.all.peak`` — peak allocated (tensor blocks, 512 B rounding), the figure
-  ``torch.cuda.max_memory_allocated()`` returns;
-- ``reserved_bytes.all.peak`` / ``.current`` — the caching allocator's segments;
-- ``active_bytes.all.peak`` — allocated plus blocks freed but still in use by a stream (what
-  torchtune and MemTracker's test report);
-- ``requested_bytes.all.peak`` — bytes asked for before the 512 B rounding;
-- ``num_alloc_retries`` / ``num_ooms`` — failed ``cudaMalloc`` calls that flushed the cache and
-  out-of-memory errors raised (non-zero retries mean the peak was squeezed by the allocator);
-
-plus ``torch.cuda.mem_get_info()`` (free, total) and NVML (``pynvml`` from the ``nvidia-ml-py``
-package, extra ``memest[gpu]``): the device's used memory (what nvidia-smi shows) and our
-process's used memory. What nvidia-smi would show for the job at its peak is taken as peak
-reserved + the non-torch memory after the steps (process used - reserved now): the caching
-allocator does not give segments back during the steps, so reserved at the end is its peak
-unless the allocator retried.
-
-**CPU** (:class:`CpuMeter`). There is no caching allocator and no context: tensors are allocated
-and freed directly (c10 ``DefaultCPUAllocator``). The measured steps run under
-``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``; PyTorch's
-memory timeline (``torch/profiler/_memory_profiler.py``: ``MemoryProfile``,
-``MemoryProfileTimeline._coalesce_timeline``) replays every allocation and free the profiler saw,
-each tensor storage categorised by data-flow analysis as PARAMETER, OPTIMIZER_STATE, INPUT,
-TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL or unknown. Tensors alive before the profile and
-touched inside it (weights, optimizer states from the warm-up) count from the start. The peak is
-the largest sum over categories, with the categories at that moment. It counts storage bytes as
-requested (no allocator rounding), only tensors: not Python objects, oneDNN scratch buffers or
-OpenMP workspaces, so it is comparable with peak **allocated**, never with RSS.
-
-A second CPU figure checks the first without the timeline's data-flow analysis (which fails on
-some FSDP2 steps with ``AssertionError: version mismatch``): the bytes of every tensor the job
-holds when the profile starts (parameters, buffers, optimizer states, the batch: counted by
-walking them) plus the highest ``total_allocated`` of the profiler's allocation events (the CPU
-allocator's running total of what was allocated since the profile began, net of frees; c10
-``ProfiledCPUMemoryReporter``). When the timeline fails, this is the peak (``peak_method``
-``allocations``).
-
-The CPU allocator reports a free to the profiler only on a thread where memory profiling is on
-(c10 ``ProfiledCPUMemoryReporter::Delete`` checks the thread-local ``memoryProfilingEnabled()``).
-Under ``--nproc`` > 1 gloo sometimes drops the last reference to a collective's buffer on its own
-worker thread: that free is never seen, so both figures keep the buffer alive to the end of the
-profile. Each step is therefore profiled separately and the smallest step peak reported (see
-:class:`CpuMeter`); on tiny-llama FSDP2 over two processes a step is inflated (by the root unit's
-2.1 MB all-gather output, sometimes with a layer's) about one time in three; use ``--steps 5`` or
-more there.
+Two meters share one protocol: the caller builds the model and runs a warm-up step, :meth:`start`
+records a baseline, the caller runs N >= 2 steps, :meth:`stop` reads the peaks into a
+:class:`Measurement`. :class:`CudaMeter` reads the caching allocator's statistics, the CUDA
+context and NVML; :class:`CpuMeter` the profiler's memory timeline (:func:`timeline_peak`) and its
+allocation events (:func:`allocations_peak`), one step at a time. What each figure means and why:
+DESIGN.md, "Measuring (calibrate)".
 
 torch is imported inside the functions and methods of this module only; importing it is cheap.
 """
@@ -302,7 +252,7 @@ class CudaMeter:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise MissingDependencyError(
                 f"no CUDA device {index} (torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}); "
-                "install a CUDA build of torch or use --device cpu"
+                "install a CUDA build of torch or use {device} cpu", field="device"
             )
         self.index = index
         self.device = torch.device("cuda", index)

@@ -118,20 +118,21 @@ def check_weights(reference: str) -> None:
     path = Path(reference).expanduser()
     if path.is_dir():
         if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
-            raise InputError(f"--weights loads the checkpoint's weights, but {reference!r} holds no weight files "
-                             "(*.safetensors, *.bin); add them, or drop --weights to run with random ones")
+            raise InputError(f"{{weights}} loads the checkpoint's weights, but {reference!r} holds no weight files "
+                             "(*.safetensors, *.bin); add them, or drop {weights} to run with random ones",
+                             field="weights")
         return
     if path.exists():
-        raise InputError(f"--weights needs a model folder or a Hub id; {reference!r} is a file (a config holds no "
-                         "weights): pass its folder, or drop --weights")
+        raise InputError(f"{{weights}} needs a model folder or a Hub id; {reference!r} is a file (a config holds no "
+                         "weights): pass its folder, or drop {weights}", field="weights")
     if hub_offline():
         from huggingface_hub import try_to_load_from_cache
 
         if not any(isinstance(try_to_load_from_cache(reference, name), str)
                    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                                 "pytorch_model.bin.index.json")):
-            raise InputError(f"--weights downloads the weights of {reference!r}, but the Hub is offline "
-                             "(HF_HUB_OFFLINE) and they are not cached; go online, or drop --weights")
+            raise InputError(f"{{weights}} downloads the weights of {reference!r}, but the Hub is offline "
+                             "(HF_HUB_OFFLINE) and they are not cached; go online, or drop {weights}", field="weights")
 
 
 def decoder_layers(model: Any) -> list[Any]:

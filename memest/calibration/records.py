@@ -130,7 +130,7 @@ def resolve_reference(reference: str) -> str:
 
 def _cannot_write(path: Path, exc: OSError) -> InputError:
     return InputError(f"cannot write calibration records to {str(path)!r}: {exc.strerror or exc}; "
-                      "pass --results-dir to a writable folder or --no-record")
+                      "pass {results_dir} to a writable folder or {no_record}", field="results_dir")
 
 
 def check_writable_folder(folder: Path) -> None:
@@ -147,7 +147,7 @@ def check_writable_folder(folder: Path) -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise InputError(f"cannot write calibration records to {str(folder)!r}: {str(existing)!r} is not a folder; "
-                         "pass --results-dir to a writable folder or --no-record")
+                         "pass {results_dir} to a writable folder or {no_record}", field="results_dir")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise _cannot_write(folder, PermissionError(13, "Permission denied"))
 

@@ -114,7 +114,7 @@ def job_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
                 raw = enum(str(raw).lower())
             except ValueError:
                 choices = ", ".join(m.value for m in enum)
-                raise InputError(f"--{name.replace('_', '-')} {raw!r} is not one of {choices}") from None
+                raise InputError(f"{{{name}}} {raw!r} is not one of {choices}", field=name) from None
         values[name] = raw
     return values
 
@@ -131,14 +131,14 @@ def calibration_workload(job: Mapping[str, Any], spec: ModelSpec, nproc: int, st
         InputError: ``--gpus`` differs from ``--nproc``, or the flags are inconsistent.
     """
     if nproc < 1:
-        raise InputError(f"--nproc is {nproc}; it must be at least 1")
+        raise InputError(f"{{nproc}} is {nproc}; it must be at least 1", field="nproc")
     gpus = job["gpus"]
     if gpus not in (1, nproc):
-        raise InputError(f"--gpus {gpus} differs from --nproc {nproc}; calibrate runs one process per device, "
-                         f"so pass --nproc {gpus} (or drop --gpus)")
+        raise InputError(f"{{gpus}} {gpus} differs from {{nproc}} {nproc}; calibrate runs one process per device, "
+                         f"so pass {{nproc}} {gpus} (or drop {{gpus}})", field="gpus")
     if steps is not None and not 1 <= steps <= MAX_STEPS:
-        raise InputError(f"--steps is {steps}; it must be between 1 and {MAX_STEPS:,} (the peak is reached by the "
-                         "second step)")
+        raise InputError(f"{{steps}} is {steps}; it must be between 1 and {MAX_STEPS:,} (the peak is reached by the "
+                         "second step)", field="steps")
     values = dict(job, gpus=nproc)
     if not (values["train"] or values["finetune"]):
         values["engine"] = Engine.HF  # what runs: vLLM-only flags are refused as for 'memest hf --engine hf'
@@ -148,7 +148,8 @@ def calibration_workload(job: Mapping[str, Any], spec: ModelSpec, nproc: int, st
         asked = job.get("framework", Framework.AUTO)
         if asked not in (Framework.AUTO, runs):
             raise InputError(f"calibrate runs this job under {runs.value} (plain PyTorch in one process, DDP for "
-                             f"--zero-stage 0, FSDP2 for 2/3 or --precision fsdp2); drop --framework {asked.value}")
+                             f"{{zero_stage}} 0, FSDP2 for 2/3 or {{precision}} fsdp2); drop {{framework}} {asked.value}",
+                             field="zero_stage")
         workload = workload.replace(framework=runs)
     if isinstance(workload, ServingConfig):
         changes: dict[str, Any] = {"engine": Engine.HF, "engine_version": workload.engine_version or _transformers_major()}
@@ -192,21 +193,22 @@ def check_supported(workload: Workload, *, backend: str, nproc: int, spec: Model
         InputError: the workload needs something calibrate does not run, or memest cannot estimate.
     """
     if backend not in BACKENDS:
-        raise InputError(f"--device {backend!r} is not one of {', '.join(BACKENDS)}")
+        raise InputError(f"{{device}} {backend!r} is not one of {', '.join(BACKENDS)}", field="device")
     if isinstance(workload, ServingConfig) and nproc > 1:
-        raise InputError(f"calibrate serves on one device; --nproc {nproc} with --serve is not measured (use --nproc 1)")
+        raise InputError(f"calibrate serves on one device; {{nproc}} {nproc} with {{serve}} is not measured (use {{nproc}} 1)",
+                         field="nproc")
     par = workload.parallelism
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(par, name) > 1:
-            raise InputError(f"calibrate runs data parallelism only; --{name} {getattr(par, name)} is not measured "
-                             f"(drop --{name}, or check it with 'memest hf' and the published cases)")
+            raise InputError(f"calibrate runs data parallelism only; {{{name}}} {getattr(par, name)} is not measured "
+                             f"(drop {{{name}}}, or check it with 'memest hf' and the published cases)", field=name)
     if isinstance(workload, ServingConfig):
         if workload.quantization != "none":
-            raise InputError(f"calibrate serves unquantized weights; --quantization {workload.quantization} is not "
-                             "measured (drop it)")
+            raise InputError(f"calibrate serves unquantized weights; {{quantization}} {workload.quantization} is not "
+                             "measured (drop it)", field="quantization")
         if workload.kv_cache_dtype != "auto":
-            raise InputError(f"calibrate uses the HF cache at the weight dtype; --kv-cache-dtype "
-                             f"{workload.kv_cache_dtype} is not measured (drop it)")
+            raise InputError(f"calibrate uses the HF cache at the weight dtype; {{kv_cache_dtype}} "
+                             f"{workload.kv_cache_dtype} is not measured (drop it)", field="kv_cache_dtype")
     else:
         _check_training(workload, backend=backend, nproc=nproc)
     if spec is not None:
@@ -224,44 +226,49 @@ def _check_length(spec: ModelSpec, workload: Workload) -> None:
     """
     limit = spec.max_position_embeddings
     if isinstance(workload, TrainingConfig):
-        flag, length = "--seq-len", workload.seq_len
+        flag, length = "seq_len", workload.seq_len
     else:
-        flag, length = "--max-model-len", workload.max_model_len
+        flag, length = "max_model_len", workload.max_model_len
     if limit and length is not None and length > limit:
-        raise InputError(f"{flag} {length:,} is beyond the {limit:,} positions of {spec.name} "
-                         f"(max_position_embeddings); calibrate runs the model, so pass {flag} {limit} or less "
-                         "('memest hf' estimates longer sequences)")
+        raise InputError(f"{{{flag}}} {length:,} is beyond the {limit:,} positions of {spec.name} "
+                         f"(max_position_embeddings); calibrate runs the model, so pass {{{flag}}} {limit} or less "
+                         "('memest hf' estimates longer sequences)", field=flag)
 
 
 def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
     z = t.parallelism.zero_stage
     shard = t.parallelism.dp_shard
     if shard not in (None, t.parallelism.dp * t.parallelism.cp):
-        raise InputError(f"--dp-shard {shard} (hybrid sharding) is not calibrated; calibrate shards over all "
-                         f"{nproc} processes: drop --dp-shard / --fsdp hybrid_shard")
+        raise InputError(f"{{dp_shard}} {shard} (hybrid sharding) is not calibrated; calibrate shards over all "
+                         f"{nproc} processes: drop {{dp_shard}} / {{fsdp}} hybrid_shard", field="dp_shard")
     if t.recompute is Recompute.SELECTIVE:
-        raise InputError("--recompute selective is Megatron's; transformers models checkpoint whole layers: "
-                         "use --recompute full or none")
+        raise InputError("{recompute} selective is Megatron's; transformers models checkpoint whole layers: "
+                         "use {recompute} full or none", field="recompute")
     if _value(t.loss) != "default":
-        raise InputError(f"--loss {_value(t.loss)} is not run by calibrate (it uses the model's own loss); drop --loss")
+        raise InputError(f"{{loss}} {_value(t.loss)} is not run by calibrate (it uses the model's own loss); drop {{loss}}",
+                         field="loss")
     if t.offload is not Offload.NONE:
-        raise InputError(f"--offload {t.offload.value} is not measured by calibrate; drop --offload")
+        raise InputError(f"{{offload}} {t.offload.value} is not measured by calibrate; drop {{offload}}",
+                         field="offload")
     if _value(t.attn_implementation) not in ("sdpa", "eager", "flash_attention_2"):
-        raise InputError(f"--attn-implementation {_value(t.attn_implementation)!r} is not one of sdpa, eager, "
-                         "flash_attention_2")
+        raise InputError(f"{{attn_implementation}} {_value(t.attn_implementation)!r} is not one of sdpa, eager, "
+                         "flash_attention_2", field="attn_implementation")
     if backend == "cpu":
         if _value(t.attn_implementation) == "flash_attention_2":
-            raise InputError("--attn-implementation flash_attention_2 needs CUDA; use sdpa with --device cpu")
+            raise InputError("{attn_implementation} flash_attention_2 needs CUDA; use sdpa with {device} cpu",
+                             field="attn_implementation")
         if t.method is Method.QLORA or t.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-            raise InputError("bitsandbytes (QLoRA, 8-bit optimizers) needs CUDA; drop it or use --device cuda")
+            raise InputError("bitsandbytes (QLoRA, 8-bit optimizers) needs CUDA; drop it or use {device} cuda",
+                             field="device")
     if nproc > 1 and z >= 2 and t.precision in (Precision.MIXED, Precision.FP16):
-        raise InputError(f"--precision {t.precision.value} keeps a separate fp32 master copy (DeepSpeed style), "
-                         f"which calibrate does not shard; with --zero-stage {z} use --precision fsdp2, bf16 or fp32")
+        raise InputError(f"{{precision}} {t.precision.value} keeps a separate fp32 master copy (DeepSpeed style), "
+                         f"which calibrate does not shard; with {{zero_stage}} {z} use {{precision}} fsdp2, bf16 or fp32",
+                         field="precision")
     if nproc > 1 and t.precision is Precision.FSDP2 and z < 2:
-        raise InputError(f"--precision fsdp2 shards parameters over the {nproc} processes; add --zero-stage 3 "
-                         "(FULL_SHARD) or 2 (SHARD_GRAD_OP)")
+        raise InputError(f"{{precision}} fsdp2 shards parameters over the {nproc} processes; add {{zero_stage}} 3 "
+                         "(FULL_SHARD) or 2 (SHARD_GRAD_OP)", field="precision")
     if z == 1:
-        raise InputError("--zero-stage 1 (optimizer states sharded, gradients not) is DeepSpeed's; calibrate runs "
-                         "DDP (--zero-stage 0), FSDP2 SHARD_GRAD_OP (2) or FULL_SHARD (3)")
+        raise InputError("{zero_stage} 1 (optimizer states sharded, gradients not) is DeepSpeed's; calibrate runs "
+                         "DDP ({zero_stage} 0), FSDP2 SHARD_GRAD_OP (2) or FULL_SHARD (3)", field="zero_stage")
     if nproc > 1 and t.method is Method.QLORA:
-        raise InputError("QLoRA is calibrated on one device; use --nproc 1")
+        raise InputError("QLoRA is calibrated on one device; use {nproc} 1", field="nproc")

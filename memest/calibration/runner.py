@@ -61,8 +61,8 @@ def default_steps(request: Request, workload: Any, spec: Any) -> int:
         return lengths(spec, workload).new
     steps = request.steps if request.steps is not None else DEFAULT_TRAIN_STEPS
     if steps < 2:
-        raise InputError(f"--steps {steps}: measure at least 2 steps (the first after warm-up can miss "
-                         "steady-state buffers)")
+        raise InputError(f"{{steps}} {steps}: measure at least 2 steps (the first after warm-up can miss "
+                         "steady-state buffers)", field="steps")
     return steps
 
 
@@ -224,8 +224,8 @@ def run(request: Request, *, progress: Progress = _quiet) -> list[dict[str, Any]
             return [measure(request, progress=progress)]
         return distributed.launch(request.to_dict(), request.nproc, progress=progress)
     if env.world_size != request.nproc and request.nproc != 1:
-        raise InputError(f"--nproc {request.nproc} differs from the torchrun world size {env.world_size}; "
-                         f"drop --nproc inside torchrun")
+        raise InputError(f"{{nproc}} {request.nproc} differs from the torchrun world size {env.world_size}; "
+                         f"drop {{nproc}} inside torchrun", field="nproc")
     request = Request.from_dict(dict(request.to_dict(), nproc=env.world_size))
     payload = measure(request, progress=progress if env.rank == 0 else _quiet, env=env)
     if payload["measurement"]["outcome"] != "ok":

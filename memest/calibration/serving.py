@@ -90,9 +90,10 @@ def prepare_serving(model: Any, spec: Any, s: ServingConfig, *, device: Any, voc
     n = lengths(spec, s)
     generates = spec.task in ("causal_lm", "seq2seq")
     if generates and n.new < 2:
-        raise InputError(f"calibrate measures at least 2 decode steps; --max-new-tokens is {n.new} "
-                         "(raise it, or --max-model-len above the prompt)")
+        raise InputError(f"calibrate measures at least 2 decode steps; {{max_new_tokens}} is {n.new} "
+                         "(raise it, or {max_model_len} above the prompt)", field="max_new_tokens")
     if n.prompt < 1:
-        raise InputError(f"--max-model-len leaves no prompt before {n.new} new tokens; raise --max-model-len")
+        raise InputError(f"{{max_model_len}} leaves no prompt before {n.new} new tokens; raise {{max_model_len}}",
+                         field="max_model_len")
     model.eval()
     return ServingSession(model, s.batch_size, n.prompt, n.new if generates else 0, vocab_size, device)

@@ -120,7 +120,8 @@ def make_optimizer(params: list[Any], optimizer: Optimizer, *, device_type: str)
     if optimizer is Optimizer.LION:
         return Lion(params, lr=LEARNING_RATE)
     if device_type != "cuda":
-        raise InputError(f"--optimizer {optimizer.value} (bitsandbytes) needs CUDA; use --device cuda")
+        raise InputError(f"{{optimizer}} {optimizer.value} (bitsandbytes) needs CUDA; use {{device}} cuda",
+                         field="optimizer")
     bnb = _bitsandbytes()
     if optimizer is Optimizer.ADAMW8BIT:
         return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
@@ -224,8 +225,8 @@ def lora_target_modules(spec: Any, targets: str) -> list[str] | str:
         return ALL_LINEAR
     modules = layer_modules(spec, targets)
     if not modules:
-        raise InputError(f"--lora-targets {targets!r} matches no linear layer of {spec.name}; "
-                         "use attention, all-linear, or module names such as q_proj,v_proj")
+        raise InputError(f"{{lora_targets}} {targets!r} matches no linear layer of {spec.name}; "
+                         "use attention, all-linear, or module names such as q_proj,v_proj", field="lora_targets")
     return sorted(modules)
 
 
@@ -238,7 +239,7 @@ def apply_lora(model: Any, spec: Any, t: TrainingConfig) -> Any:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
-        raise MissingDependencyError("--finetune lora needs peft: pip install peft") from exc
+        raise MissingDependencyError("{finetune} lora needs peft: pip install peft", field="finetune") from exc
     config = LoraConfig(r=t.lora.rank, lora_alpha=2 * t.lora.rank, lora_dropout=t.lora.dropout, bias="none",
                         target_modules=lora_target_modules(spec, t.lora.targets))
     return get_peft_model(model, config)  # PEFT's default autocast_adapter_dtype: fp32 adapters on a 16-bit base
@@ -402,8 +403,8 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
     runnable = wrap(model)
     params = [p for p in runnable.parameters() if p.requires_grad]
     if not params:
-        raise InputError(f"{spec.name} has no trainable parameter under --finetune {t.method.value}; "
-                         "check --lora-targets")
+        raise InputError(f"{spec.name} has no trainable parameter under {{finetune}} {t.method.value}; "
+                         "check {lora_targets}", field="finetune")
     import torch
 
     if recipe.master and any(p.dtype in (torch.bfloat16, torch.float16) for p in params):

@@ -16,6 +16,7 @@ from memest.calibration.distributed import RUN_DIR_ENV, DistEnv
 from memest.calibration.request import Request
 from memest.calibration.runner import run, write_json
 from memest.errors import MemestError
+from memest.workload.settings import cli_flag
 
 
 def _progress(message: str) -> None:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gathered = run(request, progress=_progress if env is None or env.rank == 0 else (lambda _: None))
     except MemestError as exc:
-        print(f"[memest] Error: {exc}", flush=True)
+        print(f"[memest] Error: {exc.render(cli_flag)}", flush=True)  # the calibrate command's flags
         return 2
     run_dir = os.environ.get(RUN_DIR_ENV)
     if gathered is not None and run_dir:

@@ -128,7 +128,8 @@ def calibrate_command(
     else:
         _console().print(render(spec, workload, result, rec, where))
     if not_recorded is not None:
-        raise InputError(f"{not_recorded}; the measurement printed above was not recorded")
+        raise InputError(f"{not_recorded.template}; the measurement printed above was not recorded",
+                         field=not_recorded.field)
     if not result.fits:
         raise typer.Exit(EXIT_NO_FIT)
 

@@ -20,7 +20,7 @@ import typer
 
 from memest.api import checkpoint_params, gguf_tensors
 from memest.devices import Device
-from memest.errors import InputError
+from memest.errors import InputError, MemestError
 from memest.spec import ModelSpec
 from memest.workload import Engine, Method, Workload, resolve
 from memest.workload.resolve import check_scope
@@ -37,8 +37,8 @@ def flag_name(name: str) -> str:
 
 
 def cli_message(exc: BaseException) -> str:
-    """An error's message as the CLI prints it: the settings an :class:`InputError` names as flags."""
-    return exc.render(flag_name) if isinstance(exc, InputError) else str(exc)
+    """An error's message as the CLI prints it: the settings a :class:`MemestError` names as flags."""
+    return exc.render(flag_name) if isinstance(exc, MemestError) else str(exc)
 
 
 def _help(s: Setting) -> str:
@@ -172,7 +172,7 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
         job = JobOptions({name: kwargs.pop(name) for name in WORKLOAD_OPTIONS})
         try:
             return func(job=job, **kwargs)
-        except InputError as exc:  # the library names settings; a command's user knows them as flags
+        except MemestError as exc:  # the library names settings; a command's user knows them as flags
             if exc.field is None:
                 raise
             raise exc.named(flag_name) from exc

@@ -1,75 +1,11 @@
 """Activation memory of training: the tensors autograd keeps for backward, listed one by one.
 
-Symbols (see ``memest.estimate``): b micro-batch, s seq_len, h hidden_size, a heads, k KV heads,
-d head_dim, i intermediate_size, V vocab, t tp, E experts, topk experts per token. Byte sizes:
-
-    c  the compute dtype (matmul outputs): 2 under bf16/fp16 and autocast, 4 in fp32
-    r  the residual stream and the norms: the parameters' dtype (4 under autocast over fp32
-       parameters, which is what ``amp`` means)
-    m  a dropout-mask element: 1 (CUDA ``native_dropout`` keeps a bool mask)
-
 A layer's saved tensors are a list of :class:`Saved` entries (bytes per token each), built from the
-layer's facts (:class:`~memest.spec.LayerSpec`: norm kind and position, attention kind, rotary and
-QK-norm, MLP activation, experts) by following the transformers 5.24 module code; every count was
-read off the saved tensors of a traced step (``memest.trace``, ``benchmarks/trace_findings.md``) and,
-for Llama, of a real CPU step (``tests/test_training_cpu_measured.py``). Per token and layer:
-
-- **Norms.** RMSNorm ``rms`` (``LlamaRMSNorm``): the fp32 copy of its input (4w; the input itself
-  when r = 4), the fp32 rstd (4 per row) and, when its weight trains, the normalized input cast
-  back to dtype r (r·w). ``rms_fp32`` (Gemma ``(1 + w)``, OLMo-2): the normalized input stays fp32
-  (4w) until the product with the weight is cast. LayerNorm (``native_layer_norm``): its input
-  (r·w, the residual stream itself, shared by two norms of the same input) and fp32 mean and rstd
-  (8). Fused norms (Megatron / Transformer Engine): input and rstd. A norm's output is kept by the
-  linears that read it (below); a post-norm's output (OLMo-2, Gemma 2/3 ``post_*``) is only added.
-- **A tensor read by linears** is kept once (r·w) when a reader's weight trains; under autocast
-  every reader keeps its own c·w cast. A frozen linear keeps nothing (bitsandbytes' ``MatMul4Bit``
-  included: it keeps the quantized weight only); a LoRA-adapted one keeps its input cast to the
-  adapter dtype (PEFT ``lora.bnb.Linear4bit.forward`` / ``lora.Linear.forward``: without autocast
-  ``x.to(lora_A.weight.dtype)``, a 4·w fp32 copy per adapter, or the input itself when it already is
-  fp32; under autocast lora_A's c·w cast of its input), A's output (4·r; c·r under autocast) and,
-  with ``lora_dropout``, the mask (and the dropout's output is the copy kept).
-- **Behind bitsandbytes 4-bit linears** (QLoRA) the dense MLP's intermediates are at r, not c:
-  ``Linear4bit`` returns its input's dtype (:attr:`Execution.quantized_outputs`).
-- **Attention**, flash / SDPA: Q and K as the kernel reads them (after the rotary embedding or
-  QK-norm: new tensors; without rotary views of the projection), V, the output (a·d·c) and the
-  fp32 logsumexp (4a). A fused QKV projection stays alive whole ((a + 2k)·d·c) while V is a view
-  of it. With ``rope="concat"`` Q is laid out head-major, so flash's output (laid out like Q) is
-  copied by ``transpose(1, 2).contiguous()`` (a·d·c) for the output projection; the
-  memory-efficient kernel (head dims of Q and V differ: MLA) returns sequence-major memory.
-  **Eager** (``--attn-implementation eager``, or a family transformers runs eagerly only,
-  ``ModelSpec.sdpa_supported``): Q, K and V at a heads
-  (3·a·d·c: ``repeat_kv`` and the matmuls' copies), the fp32 softmax of the s x s scores (4·a·s)
-  and its c-byte copy (none in fp32), the soft-capping ``tanh`` (c·a·s, Gemma 2), or with sinks a
-  c-byte softmax over s + 1 columns and its int64 max indices (gpt-oss), the dropout mask and
-  output (m·a·s + c·a·s) when attention dropout > 0, and the contiguous output copy (a·d·c).
-  **MLA**: the q_a / kv_a norms, kv_b's output (a·(d_nope + d_v)·c, alive through V), Q and K
-  (a·d·c each), the output and logsumexp.
-- **MLP**, gated: gate and up outputs, the activation's output and the product (4·i·c; the product
-  only when the down projection trains); ``relu`` keeps only its output; composite GELUs written in
-  Python (``gelu_new``) keep four i-sized tensors in place of the gate; gpt-oss's clamped SwiGLU
-  (``swiglu_limit``) keeps gate_up (2i), the clamped gate, the sigmoid, ``up + 1`` and the GLU (6i)
-  besides the product, and holds the clamped up and the gated output (when not kept) in locals, with
-  the per-route gathered bias (2i, a forward temporary: under recompute, rebuilt layer + these). Plain: the activation's input and output (2·i·c), ``relu`` its output only.
-- **MoE** (transformers' grouped_mm experts): the router's fp32 softmax (4·E), routing bookkeeping
-  (top-k indices, the sort permutation, ``perm // topk``, the inverse permutation: 4 x 8·topk; the
-  routing weights and their gathered copy: 2 x 4·topk; their normalizer: 4), the gathered inputs
-  (topk·h·c, when the experts train), topk x the gated MLP above, the expert outputs weighted by
-  the routing weights (topk·h·c), and the shared experts as a dense MLP.
-- **Dropout** on the residual branches: one mask per branch (2·m·h).
-
-Tensors inside the tensor-parallel regions (Q/K/V, attention output, MLP intermediates) are divided
-by t; norm inputs and outputs and dropout masks by t only with sequence parallelism (Korthikanti et
-al. 2022, §4.2.2). For GPT-style layers with eager attention and dropout this reproduces their
-34·s·b·h + 5·a·s²·b (§4.1) term by term.
-
-Recompute: ``full`` keeps each layer's input (r·h) and rebuilds one layer at a time in backward;
-``selective`` drops the eager s x s tensors (the attention core is recomputed); ``selective_op``
-(torchtitan) keeps the layer input and the outputs of every other matmul and of the attention
-kernel (``torchtitan/models/llama/parallelize_llama.py``, ``_save_list`` and its "every second
-mm" rule).
-
-The lists are built once per (layer, hidden, eager s, execution, selective, input gradient) and
-remembered (:mod:`memest.memo`): the planner asks for the same layers thousands of times.
+layer's facts (:class:`~memest.spec.LayerSpec`) and how the forward runs (:class:`Execution`, with
+LoRA adapters :class:`LoraActivations`), following the transformers 5.24 module code; recompute
+(``full``, ``selective``, ``selective_op``) picks what stays. The lists are remembered
+(:mod:`memest.memo`). Symbols, the per-block counts and their sources: DESIGN.md, "Training:
+activations".
 """
 
 from __future__ import annotations
@@ -78,6 +14,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from memest import lora_targets
 from memest.estimate.runtime import cuda_block_bytes
 from memest.memo import remembered
 from memest.spec import Component, LayerSpec, Split, TensorSpec
@@ -100,14 +37,15 @@ class LoraActivations:
     """What LoRA adapters add to a layer's saved tensors.
 
     Attributes:
-        targets: Module names (the last component, ``q_proj``) that carry adapters.
+        targets: PEFT ``target_modules`` (:func:`memest.lora_targets.peft_target_modules`: ``q_proj``,
+            ``attn.c_proj``); a linear carries an adapter when PEFT matches its module against them.
         all_linear: True for PEFT ``all-linear``: every projection of the layer.
         rank: r.
         adapter_bytes: Bytes per element of the adapters' inputs (PEFT casts to fp32: 4).
         dropout: ``lora_dropout`` (0 keeps no mask).
     """
 
-    targets: frozenset[str]
+    targets: tuple[str, ...]
     all_linear: bool
     rank: int
     adapter_bytes: int = 4
@@ -119,7 +57,7 @@ class LoraActivations:
             return False
         if self.all_linear:
             return True
-        return tensor.module.rsplit(".", 1)[-1] in self.targets
+        return lora_targets.peft_matches(tensor.module, self.targets)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -141,8 +141,8 @@ def scheme_of(q: QuantizationSpec) -> QuantScheme:
         return QuantScheme("compressed-tensors", q.bits, group_size=q.group_size, block_shape=q.block_shape,
                            granularity=strategy, scale_bytes=2)
     raise InputError(
-        f"quantization method {q.method!r} in the config is not modelled; pass --quantization to choose one "
-        f"({', '.join(sorted(SCHEMES))})"
+        f"quantization method {q.method!r} in the config is not modelled; pass {{quantization}} to choose one "
+        f"({', '.join(sorted(SCHEMES))})", field="quantization"
     )
 
 

@@ -1,47 +1,9 @@
 """What a setup costs: money per hour, then communication, then disruption — as data.
 
-``memest plan`` ranks the setups that fit by a :class:`Cost`, compared in this order:
-
-1. **usd_per_hour** — devices x the per-device price (:class:`PriceTable`: the catalog's
-   ``Device.hourly_usd``, overridden by ``--cost NAME=USD`` or ``--costs FILE``). Money first:
-   no amount of communication or disruption outweighs a cheaper bill. A device with no price (a
-   custom size, a Mac, a part nobody rents by the hour) costs ``inf``: its setups rank after every
-   priced one (it is not free, and its bill is unknown), and among its own counts the fewest devices
-   win; a price given for it makes it compete.
-2. **communication** — the sum of :data:`PER_DOUBLING` over the parallel degrees (log2 of each)
-   and of :data:`PENALTIES` for the ZeRO stage. Tensor parallelism stays within a node (NVLink);
-   pipeline and data parallelism cross nodes.
-3. **disruption** — what the job gives up to fit: recompute, accumulation instead of a larger
-   micro-batch, an 8-bit optimizer, CPU offload; LoRA/QLoRA instead of the method asked (only with
-   ``--allow-method-change``); quantized weights and an fp8 KV cache when serving (only with
-   ``--allow-quantization``).
-4. **changes** — how many settings differ from the plain default (no ZeRO, no recompute, ...): of
-   two setups equal in everything else, the simpler one.
-
-| setting | communication | disruption | lossless | why |
-|---|---:|---:|:-:|---|
-| tp (per doubling) | 1 | | yes | all-reduces activations twice per layer, forward and backward; NVLink within a node |
-| pp (per doubling) | 2 | | yes | pipeline bubble (pp - 1) / (m + pp - 1) of the step; point-to-point across nodes |
-| ep (per doubling) | 1 | | yes | two all-to-alls per MoE layer |
-| zero_stage 1 | 0 | | yes | reduce-scatter + all-gather: the same volume as DDP's all-reduce (ZeRO paper §7.2.1) |
-| zero_stage 2 | 0 | | yes | likewise |
-| zero_stage 3 | 1 | | yes | parameters re-gathered in forward and backward: 1.5x DDP's volume (ZeRO paper §7.2.2) |
-| sequence_parallel True | 0 | | yes | all-gather + reduce-scatter replace the all-reduce: the same volume (Korthikanti §4.2.2) |
-| micro-batch halved, accumulation doubled (per halving) | | 1 | yes | same global batch, smaller matmuls |
-| recompute selective | | 1 | yes | the attention core is recomputed in backward (a few % compute) |
-| recompute full | | 4 | yes | one extra forward per step (~33% compute) |
-| optimizer adamw8bit | | 3 | no | 8-bit states (bitsandbytes); usually matches AdamW |
-| offload optimizer | | 6 | yes | the optimizer step runs on the CPU over PCIe |
-| offload params | | 10 | yes | parameters stream from host memory every step |
-| method lora | | 20 | no | trains adapters instead of every weight |
-| method qlora | | 30 | no | adapters on an NF4 base |
-| kv_cache_dtype fp8 | | 2 | no | halves the KV cache; small accuracy cost on most models |
-| quantization fp8 | | 3 | no | 8-bit float weights (fp8 devices only) |
-| quantization int8 | | 5 | no | 8-bit integer weights |
-| quantization int4 | | 8 | no | 4-bit weights (AWQ-style groups of 128); measurable quality cost |
-
-The weights are judgement, kept in one place so they can be argued with and changed; throughput is
-not modelled (a faster device that finishes sooner is not credited for it).
+:class:`Cost` orders the setups that fit (usd_per_hour, communication, disruption, changes);
+:class:`PriceTable` prices devices from the catalog and the user's prices
+(:func:`parse_cost_flags`, :func:`read_cost_file`); :data:`PER_DOUBLING` and :data:`PENALTIES`
+hold the weights. The order, the weights and why each is what it is: DESIGN.md, "Costs".
 """
 
 from __future__ import annotations
@@ -196,11 +158,12 @@ def parse_cost_flags(values: Iterable[str]) -> dict[str, float]:
     for item in values:
         name, sep, usd = item.partition("=")
         if not sep or not name.strip():
-            raise InputError(f"--cost {item!r} must be NAME=USD, e.g. --cost H100=2.49")
+            raise InputError(f"{{cost}} {item!r} must be NAME=USD, e.g. {{cost}} H100=2.49", field="cost")
         try:
             out[name.strip()] = float(usd)
         except ValueError:
-            raise InputError(f"--cost {item!r}: {usd!r} is not a number of USD per device-hour") from None
+            raise InputError(f"{{cost}} {item!r}: {usd!r} is not a number of USD per device-hour",
+                             field="cost") from None
     return out
 
 
@@ -217,20 +180,25 @@ def read_cost_file(path: str | Path) -> dict[str, float]:
     p = Path(path).expanduser()
     example = 'pass a JSON object like {"H100": 2.49}'
     if p.exists() and not p.is_file():
-        raise InputError(f"--costs {str(path)!r} is {'a directory' if p.is_dir() else 'not a regular file'}; {example}")
+        raise InputError(f"{{costs}} {str(path)!r} is {'a directory' if p.is_dir() else 'not a regular file'}; {example}",
+                         field="costs")
     try:
         with p.open("rb") as fh:
             data = fh.read(MAX_COST_FILE_BYTES + 1)
         raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError:
-        raise InputError(f"--costs {str(path)!r}: no such file; {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r}: no such file; {example}", field="costs") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"--costs {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise InputError(f"{{costs}} {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})",
+                         field="costs") from None
     except UnicodeDecodeError:
-        raise InputError(f"--costs {str(path)!r} is not UTF-8 text (a binary file?); {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r} is not UTF-8 text (a binary file?); {example}",
+                         field="costs") from None
     except (OSError, RecursionError, ValueError) as exc:
-        raise InputError(f"--costs {str(path)!r} cannot be read ({type(exc).__name__}); {example}") from None
+        raise InputError(f"{{costs}} {str(path)!r} cannot be read ({type(exc).__name__}); {example}",
+                         field="costs") from None
     if not isinstance(raw, dict) or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                                             and v >= 0 for v in raw.values()):
-        raise InputError(f"--costs {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}")
+        raise InputError(f"{{costs}} {str(path)!r} must hold a JSON object of device name -> USD per hour, e.g. {{\"H100\": 2.49}}",
+                         field="costs")
     return {str(k): float(v) for k, v in raw.items()}

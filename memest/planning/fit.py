@@ -1,36 +1,10 @@
-"""The fit rule: whether a job fits a device. One rule, used by ``memest hf``, the planner
-(:mod:`memest.planning.search`), the max queries (:mod:`memest.planning.maxfit`) and sweeps (:mod:`memest.planning.sweep`).
-
-**Training and transformers generate** (``--engine hf``): the per-device *device used* figure
-(what nvidia-smi would show: peak reserved + CUDA context + library workspaces) is at most
-``(1 - headroom)`` x the device's memory.
-
-**vLLM, SGLang and TensorRT-LLM** (``--engine vllm``, ``sglang``, ``trtllm``:
-:data:`UPFRONT_ENGINES`) take their memory up front, so what matters is whether the engine starts
-and then holds the job, not how much the job's own tensors take. The job fits when
-
-1. the engine starts with its share of the device (vLLM ``gpu_memory_utilization``, SGLang
-   ``mem_fraction_static``, TensorRT-LLM ``free_gpu_memory_fraction``): the weights (and, for vLLM
-   and TensorRT-LLM, the activations and runtime memory) leave room for a KV pool that holds at
-   least one request of max_model_len (otherwise the engine refuses at start-up or the request is
-   rejected; :attr:`ServingSummary.engine_error`);
-2. its KV pool holds ``batch_size`` sequences of ``max_model_len`` tokens at once
-   (:attr:`ServingSummary.largest_concurrency`, which also counts the engine's cap on running
-   requests; with fewer, the engine would queue the rest);
-3. what the process holds on the device stays within the device's capacity
-   (:attr:`ServingSummary.device_bytes`: for vLLM the budget ``gpu_memory_utilization x capacity``
-   plus the CUDA graphs and, for 0.19, the CUDA context and NCCL outside it; for SGLang the context,
-   weights, KV pool and request table; for TensorRT-LLM the non-KV memory and the KV blocks).
-
-``--headroom`` is not applied to these engines: their fraction already is their share of the
-device, so the verdict compares against the whole capacity and says so
-(:attr:`Verdict.headroom_applied`).
-
-**llama.cpp / Ollama** (``--engine llama.cpp`` / ``ollama``) allocate fixed buffers at start-up:
-the job fits when, on every GPU, the model buffer of its layers + their KV cache + the compute
-buffer + the CUDA context are within ``(1 - headroom)`` x the device's memory (the generic rule
-applied to the GPU that needs the most). The layers ``-ngl`` leaves out run from host RAM, which
-the estimate reports (:attr:`memest.result.Estimate.host_bytes`) but the verdict does not judge.
+"""The fit rule: whether a job fits a device (:func:`verdict`, a :class:`Verdict`). One rule, used
+by ``memest hf``, the planner (:mod:`memest.planning.search`), the max queries
+(:mod:`memest.planning.maxfit`) and sweeps (:mod:`memest.planning.sweep`): the device-used figure
+within ``(1 - headroom)`` of the device for training, transformers and llama.cpp / Ollama; start,
+hold the batch and stay within the device for the engines that take their memory up front
+(:data:`UPFRONT_ENGINES`, headroom not applied). The rule engine by engine: DESIGN.md, "The fit
+rule".
 """
 
 from __future__ import annotations

@@ -32,19 +32,22 @@ def plot_path(path: str | Path) -> Path:
 
     out = Path(path).expanduser()
     if importlib.util.find_spec("matplotlib") is None:  # found without importing it (the fast path stays fast)
-        raise MissingDependencyError("--plot needs matplotlib; install it with: pip install 'memest[plot]'")
+        raise MissingDependencyError("{plot} needs matplotlib; install it with: pip install 'memest[plot]'",
+                                     field="plot")
     if out.suffix.lower() not in FORMATS:
-        raise InputError(f"--plot {str(path)!r}: the file must end in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+        raise InputError(f"{{plot}} {str(path)!r}: the file must end in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}",
+                         field="plot")
     folder = out.parent
     if not folder.is_dir():
-        raise InputError(f"--plot {str(path)!r}: the folder {str(folder)!r} does not exist; create it or write elsewhere")
+        raise InputError(f"{{plot}} {str(path)!r}: the folder {str(folder)!r} does not exist; create it or write elsewhere",
+                         field="plot")
     existed = out.exists()
     try:  # probe: append mode leaves an existing file as it is; a new one is removed again
         with open(out, "ab"):
             pass
     except OSError as exc:
-        raise InputError(f"--plot {str(path)!r} cannot be written ({exc.strerror}); choose a file in a folder "
-                         "you can write") from None
+        raise InputError(f"{{plot}} {str(path)!r} cannot be written ({exc.strerror}); choose a file in a folder "
+                         "you can write", field="plot") from None
     if not existed:
         out.unlink(missing_ok=True)
     return out
@@ -71,7 +74,8 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:
-        raise MissingDependencyError("--plot needs matplotlib; install it with: pip install 'memest[plot]'") from exc
+        raise MissingDependencyError("{plot} needs matplotlib; install it with: pip install 'memest[plot]'",
+                                     field="plot") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

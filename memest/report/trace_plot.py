@@ -39,7 +39,8 @@ def plot_timeline(result: TraceResult, path: Path, *, estimate_allocated_bytes: 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise MissingDependencyError("--plot needs matplotlib; install with: pip install 'memest[plot]'") from exc
+        raise MissingDependencyError("{plot} needs matplotlib; install with: pip install 'memest[plot]'",
+                                     field="plot") from exc
     path = plot_path(path)
     rank = result.per_device
     points = rank.timeline
@@ -66,7 +67,7 @@ def plot_timeline(result: TraceResult, path: Path, *, estimate_allocated_bytes: 
     try:
         fig.savefig(path)
     except OSError as exc:
-        raise InputError(f"--plot {str(path)!r} cannot be written: {exc}") from exc
+        raise InputError(f"{{plot}} {str(path)!r} cannot be written: {exc}", field="plot") from exc
     finally:
         plt.close(fig)
     return path

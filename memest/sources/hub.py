@@ -99,8 +99,8 @@ def safetensors_parameter_counts(repo_id: str, *, revision: str | None = None) -
     """
     if hub_offline():
         raise HubUnreachableError(
-            f"--exact-weights reads the safetensors headers of {repo_id!r} on the Hub, which is offline "
-            "(HF_HUB_OFFLINE / MEMEST_OFFLINE); drop --exact-weights or go online"
+            f"{{exact_weights}} reads the safetensors headers of {repo_id!r} on the Hub, which is offline "
+            "(HF_HUB_OFFLINE / MEMEST_OFFLINE); drop {exact_weights} or go online", field="exact_weights"
         )
     try:
         from huggingface_hub import get_safetensors_metadata
@@ -111,18 +111,22 @@ def safetensors_parameter_counts(repo_id: str, *, revision: str | None = None) -
             SafetensorsParsingError,
         )
     except ImportError as exc:  # pragma: no cover - a core dependency
-        raise MissingDependencyError("--exact-weights needs huggingface_hub: pip install huggingface_hub") from exc
+        raise MissingDependencyError("{exact_weights} needs huggingface_hub: pip install huggingface_hub",
+                                     field="exact_weights") from exc
     _check_reachable()
     try:
         meta = get_safetensors_metadata(repo_id, revision=revision)
     except GatedRepoError as exc:
         raise UnknownModelError(f"{repo_id!r} is gated on the Hub; accept its license on huggingface.co and set HF_TOKEN") from exc
     except RepositoryNotFoundError as exc:
-        raise UnknownModelError(f"no Hub repository {repo_id!r}; check the id (org/name) or drop --exact-weights") from exc
+        raise UnknownModelError(f"no Hub repository {repo_id!r}; check the id (org/name) or drop {{exact_weights}}",
+                                field="exact_weights") from exc
     except NotASafetensorsRepoError as exc:
-        raise UnknownModelError(f"{repo_id!r} has no safetensors checkpoint; drop --exact-weights") from exc
+        raise UnknownModelError(f"{repo_id!r} has no safetensors checkpoint; drop {{exact_weights}}",
+                                field="exact_weights") from exc
     except SafetensorsParsingError as exc:
-        raise UnknownModelError(f"the safetensors headers of {repo_id!r} cannot be parsed ({exc}); drop --exact-weights") from exc
+        raise UnknownModelError(f"the safetensors headers of {repo_id!r} cannot be parsed ({exc}); drop {{exact_weights}}",
+                                field="exact_weights") from exc
     except (OSError, ValueError) as exc:  # network errors are OSError subclasses
         raise UnknownModelError(f"cannot read the safetensors headers of {repo_id!r}: {type(exc).__name__}") from exc
     return tuple(sorted((str(dtype), int(n)) for dtype, n in meta.parameter_count.items()))

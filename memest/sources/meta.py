@@ -107,7 +107,8 @@ def build_on_meta(
         if not trust_remote_code:
             raise UnsupportedArchitectureError(
                 f"model_type {model_type!r} of {cfg.name!r} is not in transformers {transformers.__version__}; "
-                "its config points to code in the model repository (auto_map): pass --trust-remote-code to run it"
+                "its config points to code in the model repository (auto_map): pass {trust_remote_code} to run it",
+                field="trust_remote_code"
             )
         return _build_remote(cfg, torch, transformers, arch, dtype)
 

@@ -65,13 +65,13 @@ def model_class(cfg: HFConfig, config: Any, task: str) -> Any:
 
     if task == "seq2seq" or getattr(config, "is_encoder_decoder", False):
         raise UnsupportedArchitectureError(
-            f"{cfg.name!r} is an encoder-decoder model ({cfg.model_type}): --trace runs decoder-only and masked-LM "
-            "models only, not encoder-decoder ones yet; drop --trace and use the analytic estimate"
+            f"{cfg.name!r} is an encoder-decoder model ({cfg.model_type}): {{trace}} runs decoder-only and masked-LM "
+            "models only, not encoder-decoder ones yet; drop {trace} and use the analytic estimate", field="trace"
         )
     if task not in TASK_CLASSES:
         raise UnsupportedArchitectureError(
-            f"{cfg.name!r} ({cfg.model_type}) is a {task} model: --trace runs causal and masked language models "
-            "only; drop --trace and use the analytic estimate"
+            f"{cfg.name!r} ({cfg.model_type}) is a {task} model: {{trace}} runs causal and masked language models "
+            "only; drop {trace} and use the analytic estimate", field="trace"
         )
     auto, suffixes = TASK_CLASSES[task]
     arch = cfg.architecture
@@ -174,13 +174,14 @@ def lm_head(model: Any) -> Any:
 def lora_targets(spec: ModelSpec, targets: str) -> list[str]:
     """The module names PEFT should target for memest's ``--lora-targets``.
 
-    ``attention``: the last names of the attention projections of the spec's layers; ``all-linear``:
-    those of every linear projection of a layer; otherwise the comma-separated names as given
+    ``attention``: the last names of the attention projections of the spec's layers (a longer
+    suffix, ``attn.c_proj``, where an MLP linear shares the last name); ``all-linear``: those of
+    every linear projection of a layer; otherwise the comma-separated names as given
     (:func:`memest.lora_targets.peft_target_modules`).
     """
     names = peft_target_modules(spec, targets)
     if not names:
-        raise InputError(f"--lora-targets {targets!r} matches no linear layer of {spec.name}")
+        raise InputError(f"{{lora_targets}} {targets!r} matches no linear layer of {spec.name}", field="lora_targets")
     return names
 
 

@@ -144,7 +144,8 @@ def _trace_serving(job: _Job, s: ServingConfig, stack: contextlib.ExitStack, dec
     _serving.check_supported(s)
     if job.spec.task != "causal_lm":
         raise InputError(f"serving {job.spec.name} ({job.spec.task}) cannot be traced: the serving trace runs "
-                         "transformers generate, which needs a causal LM; drop --trace and use the analytic estimate")
+                         "transformers generate, which needs a causal LM; drop {trace} and use the analytic estimate",
+                         field="trace")
     dtype = _model.torch_dtype(weight_dtype(job.spec, s))
     model = job.build(dtype, "sdpa")
     layers, head = _model.decoder_layers(model), _model.lm_head(model)

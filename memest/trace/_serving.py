@@ -37,13 +37,13 @@ def check_supported(s: ServingConfig) -> None:
         InputError: quantized weights or KV cache, tensor or pipeline parallelism.
     """
     if s.quantization != "none":
-        raise InputError(f"--quantization {s.quantization} cannot be traced (quantized kernels have no meta "
-                         "implementation); trace the unquantized model")
+        raise InputError(f"{{quantization}} {s.quantization} cannot be traced (quantized kernels have no meta "
+                         "implementation); trace the unquantized model", field="quantization")
     if s.kv_cache_dtype != "auto":
-        raise InputError(f"--kv-cache-dtype {s.kv_cache_dtype} cannot be traced: transformers' cache keeps K/V in "
-                         "the model dtype; trace with --kv-cache-dtype auto")
+        raise InputError(f"{{kv_cache_dtype}} {s.kv_cache_dtype} cannot be traced: transformers' cache keeps K/V in "
+                         "the model dtype; trace with {kv_cache_dtype} auto", field="kv_cache_dtype")
     if s.parallelism.tp > 1 or s.parallelism.pp > 1:
-        raise InputError("serving with --tp/--pp cannot be traced: the trace runs one device's model")
+        raise InputError("serving with {tp}/{pp} cannot be traced: the trace runs one device's model", field="tp")
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
@@ -87,7 +87,8 @@ def run_generate(model: Any, s: ServingConfig, max_model_len: int, tracker: Stor
 
     prompt = max_model_len - decode_steps
     if prompt < 1:
-        raise InputError(f"--max-model-len {max_model_len} is too short to trace a prompt and {decode_steps} decode steps")
+        raise InputError(f"{{max_model_len}} {max_model_len} is too short to trace a prompt and {decode_steps} decode steps",
+                         field="max_model_len")
     model.eval()
     # transformers 5.2x renames past_key_values to cache (the old name warns until 5.40)
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

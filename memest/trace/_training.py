@@ -1,6 +1,6 @@
 """One training step as a fine-tuning script runs it, on meta tensors, under the tracker.
 
-The step is the steady state a measurement reads after warm-up (DESIGN.md, "Measuring"): the
+The step is the steady state a measurement reads after warm-up (DESIGN.md, "Measuring (calibrate)"): the
 optimizer states exist before it starts (they are created by one step on zero gradients, after
 which the peak is reset, as ``torch.cuda.reset_peak_memory_stats`` would be), then
 ``grad_accum_steps`` micro-batches (two at most: every later one repeats the second) of forward
@@ -105,8 +105,9 @@ def make_optimizer(params: list[torch.Tensor], optimizer: Optimizer) -> torch.op
     if optimizer is Optimizer.ADAFACTOR:
         return torch.optim.Adafactor(params, lr=1e-3, foreach=True)
     raise InputError(
-        f"--optimizer {optimizer.value} cannot be traced (its kernels come from bitsandbytes or an external "
-        "package with no meta implementation); trace with adamw, adamw_fused, adafactor, sgd or sgd_momentum"
+        f"{{optimizer}} {optimizer.value} cannot be traced (its kernels come from bitsandbytes or an external "
+        "package with no meta implementation); trace with adamw, adamw_fused, adafactor, sgd or sgd_momentum",
+        field="optimizer"
     )
 
 
@@ -285,22 +286,24 @@ def check_supported(t: TrainingConfig) -> None:
     """
     par = t.parallelism
     if t.method.value == "qlora":
-        raise InputError("--finetune qlora cannot be traced: bitsandbytes NF4 kernels have no meta implementation; "
-                         "trace --finetune lora for the adapters and activations")
+        raise InputError("{finetune} qlora cannot be traced: bitsandbytes NF4 kernels have no meta implementation; "
+                         "trace {finetune} lora for the adapters and activations", field="finetune")
     if t.offload.value != "none":
-        raise InputError(f"--offload {t.offload.value} cannot be traced (host memory is outside the simulation)")
+        raise InputError(f"{{offload}} {t.offload.value} cannot be traced (host memory is outside the simulation)",
+                         field="offload")
     if t.loss != "default":
-        raise InputError(f"--loss {t.loss} cannot be traced: transformers computes the full cross-entropy; "
-                         "trace with --loss default")
+        raise InputError(f"{{loss}} {t.loss} cannot be traced: transformers computes the full cross-entropy; "
+                         "trace with {loss} default", field="loss")
     for name in ("tp", "pp", "cp", "ep"):
         if getattr(par, name) > 1:
-            raise InputError(f"--{name} {getattr(par, name)} cannot be traced: the trace simulates data-parallel "
-                             "sharding (FSDP2 / ZeRO-2/3) only; drop --" + name)
+            raise InputError(f"{{{name}}} {getattr(par, name)} cannot be traced: the trace simulates data-parallel "
+                             f"sharding (FSDP2 / ZeRO-2/3) only; drop {{{name}}}", field=name)
     if par.zero_stage == 1:
-        raise InputError("--zero-stage 1 cannot be traced: FSDP2 shards gradients too; trace --zero-stage 2 or 3")
+        raise InputError("{zero_stage} 1 cannot be traced: FSDP2 shards gradients too; trace {zero_stage} 2 or 3",
+                         field="zero_stage")
     if resolve_framework(t) is Framework.MEGATRON:
-        raise InputError("--framework megatron cannot be traced (Megatron-LM's model code is not transformers'); "
-                         "trace with --framework deepspeed, pytorch or fsdp")
+        raise InputError("{framework} megatron cannot be traced (Megatron-LM's model code is not transformers'); "
+                         "trace with {framework} deepspeed, pytorch or fsdp", field="framework")
 
 
 def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: TraceRecipe, *, device: str,

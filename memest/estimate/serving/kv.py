@@ -1,62 +1,10 @@
 """KV cache of one rank: bytes per token per layer, paged layouts, and the engines' token arithmetic.
 
-Per layer and token on one tensor-parallel rank (e = bytes per KV-cache element):
-
-Everything derives from each layer's :class:`~memest.spec.AttentionSpec` (its ``kind`` and what it
-caches); :func:`kv_layer` turns one layer into a :class:`KVLayer`:
-
-- softmax attention (MHA/GQA/MQA): ``k_r x (d + d_v) x e`` with ``k_r = max(1, k / t)``: KV heads
-  are split over tp and replicated once tp exceeds k (vLLM ``QKVParallelLinear``; ``num_kv_heads``
-  of ``Attention`` is ``max(1, k // tp)``); K and V head dims may differ (``head_size_v`` of
-  ``FullAttentionSpec``); ``k_r x d x e`` when K = V share one tensor (``kv_shared``). Each layer has
-  its own k, d and d_v (full and sliding layers may differ);
-- sliding-window layers keep at most the window; chunked local attention (Llama 4) the current
-  chunk (transformers caches it as a sliding window of ``attention_chunk_size``);
-- MLA (DeepSeek-V2/V3): ``(kv_lora_rank + qk_rope_head_dim) x e``: one latent shared by all heads,
-  the same on every TP rank (vLLM ``MLAAttentionSpec``: ``num_kv_heads=1``, ``head_size=576``);
-- cross-attention layers (mllama): K and V of the request's encoder tokens, fixed per request
-  (``CrossAttentionSpec``), nothing per generated token;
-- state layers (Mamba / Mamba-2, linear attention, short convolution): no per-token cache; a fixed
-  state per sequence of conv + SSM elements (:class:`~memest.spec.StateSpec`, vLLM ``MambaSpec``
-  with the shapes of ``MambaStateShapeCalculator``: conv K - 1 columns; transformers'
-  ``LinearAttentionLayer`` keeps K), in the model dtype (vLLM ``mamba_cache_dtype`` ``auto``) or the
-  SSM dtype the config fixes (``mamba_ssm_cache_dtype``);
-- decoders that also attend to an encoder (T5, GPT-2 ``add_cross_attention``) count the encoder's K
-  and V per token beside their own (an encoder as long as the sequence).
-
- vLLM's paged allocator (``block_size`` tokens per
-page) is followed line by line from ``vllm/v1/core/kv_cache_utils.py`` and
-``vllm/v1/kv_cache_interface.py`` (vLLM 0.19):
-
-- a page of a layer is ``block_size`` x its bytes per token (``AttentionSpec.page_size_bytes``);
-- layers with one spec form one group: ``num_blocks = available // page // num_layers``
-  (``get_num_blocks``), the logged 'GPU KV cache size' is ``num_blocks x block_size``;
-- full-attention layers of different widths share one group whose page is the sum of the layers'
-  pages (``UniformTypeKVCacheSpecs``);
-- hybrid models (full + sliding-window layers, Gemma 2/3, gpt-oss, Mistral with ``layer_types``)
-  use the hybrid allocator: pages unified to the largest by growing block sizes, layers of each
-  type split into groups of ``group_size`` layers (the smallest type's count, or the largest when
-  it is below 1.5x the smallest), ``num_blocks = available // page // group_size`` and the logged
-  size is ``num_blocks // num_groups x min block_size`` (``_get_kv_cache_groups_uniform_page_size``,
-  ``get_kv_cache_config_from_groups``, ``_report_kv_cache_config``);
-- a request of ``max_model_len`` tokens needs ``cdiv(L, block_size)`` pages per full-attention
-  group and ``cdiv(min(W - 1 + max_num_batched_tokens, L), block_size) + 1`` per sliding group
-  (``FullAttentionSpec`` / ``SlidingWindowSpec.max_memory_usage_bytes``); the logged 'Maximum
-  concurrency' is ``num_blocks / cdiv(sum of those, page)``
-  (``get_max_concurrency_for_kv_cache_config``);
-- mamba hybrids grow the attention block size to ``16 x cdiv(mamba page, 16 x attention bytes per
-  token)`` so that one attention page holds a whole mamba state, which is padded to that page
-  (``HybridAttentionMambaModelConfig.verify_and_update_config``); a sequence takes one mamba page.
-
-transformers ``generate`` keeps a contiguous cache instead (``DynamicCache``: every layer holds
-``batch x tokens`` keys and values, sliding layers at most the window; ``StaticCache``
-preallocates ``max_cache_len``): :func:`contiguous_cache_bytes`. Its heads are the model code's:
-Falcon's ``new_decoder_architecture`` caches K and V broadcast to all num_heads
-(``kv_layer(..., transformers=True)``).
-
-fp8 KV caches (``--kv-cache-dtype fp8``) store one byte per element. vLLM keeps one fp32
-``k_scale`` / ``v_scale`` per layer (``BaseKVCacheMethod``), not per token: a few bytes counted with
-the weights, nothing per token.
+:func:`kv_layer` turns one layer's :class:`~memest.spec.AttentionSpec` into a :class:`KVLayer`
+(bytes per token, a state per sequence); :func:`paged_layout` follows vLLM 0.19's paged allocator
+(pages, groups, blocks, concurrency); :func:`contiguous_cache_bytes` is transformers' contiguous
+cache. The formulas per attention kind and the allocator's rules, with their sources: DESIGN.md,
+"KV cache".
 """
 
 from __future__ import annotations

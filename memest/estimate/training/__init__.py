@@ -31,12 +31,9 @@ from memest.estimate.training.deepspeed import DEEPSPEED_REDUCE_BUCKET, DEEPSPEE
 from memest.estimate.training.lora import (
     ADAPTER_BYTES,
     _targeted,
-    attention_targets,
     lora_adapter_numel,
     lora_adapters,
     lora_targets_tensor,
-    target_names,
-    targets_of,
 )
 from memest.estimate.training.optimizers import BNB_BLOCK, BNB_MIN_8BIT_SIZE, optimizer_bytes, state_bytes_per_param
 from memest.estimate.training.recipes import RECIPES, Recipe, kbit_weight_bytes
@@ -45,7 +42,7 @@ from memest.estimate.training.table import MOMENT_TABLE, MOMENTS
 
 __all__ = [
     "ADAPTER_BYTES", "BNB_BLOCK", "BNB_MIN_8BIT_SIZE", "DEEPSPEED_REDUCE_BUCKET", "DEEPSPEED_VERSION", "LOSS_CHUNKS",
-    "MOMENTS", "MOMENT_TABLE", "RECIPES", "Recipe", "_logits", "_logits_forward", "_targeted", "attention_targets",
+    "MOMENTS", "MOMENT_TABLE", "RECIPES", "Recipe", "_logits", "_logits_forward", "_targeted",
     "estimate_training", "execution", "kbit_weight_bytes", "lora_adapter_numel", "lora_adapters",
-    "lora_targets_tensor", "moments", "optimizer_bytes", "state_bytes_per_param", "target_names", "targets_of",
+    "lora_targets_tensor", "moments", "optimizer_bytes", "state_bytes_per_param",
 ]

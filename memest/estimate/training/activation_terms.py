@@ -12,6 +12,7 @@ import math
 import operator
 from typing import NamedTuple
 
+from memest import lora_targets
 from memest.estimate.activations import (
     Execution,
     LoraActivations,
@@ -24,7 +25,7 @@ from memest.estimate.activations import (
 from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel
-from memest.estimate.training.lora import ADAPTER_BYTES, attention_targets, lora_adapters, targets_of
+from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
@@ -105,11 +106,9 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
         r, autocast = c, False
     lora = None
     if t.method is not Method.FULL:
-        names, all_linear = targets_of(t.lora.targets)
-        if t.lora.targets == "attention":
-            names = attention_targets(spec)
-        lora = LoraActivations(targets=names, all_linear=all_linear, rank=t.lora.rank, adapter_bytes=ADAPTER_BYTES,
-                               dropout=t.lora.dropout)
+        lora = LoraActivations(targets=tuple(lora_targets.peft_target_modules(spec, t.lora.targets)),
+                               all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
+                               adapter_bytes=ADAPTER_BYTES, dropout=t.lora.dropout)
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)

@@ -14,23 +14,6 @@ ADAPTER_BYTES = 4
 4 B weights, 4 B gradients, fp32 Adam states."""
 
 
-
-def targets_of(targets: str) -> tuple[frozenset[str], bool]:
-    """(module names, all-linear) of a ``--lora-targets`` value; ``attention`` names no module (it
-    selects by component, see :func:`attention_targets`)."""
-    if targets == "all-linear":
-        return frozenset(), True
-    if targets == "attention":
-        return frozenset(), False
-    return frozenset(x.strip() for x in targets.split(",") if x.strip()), False
-
-
-def attention_targets(spec: ModelSpec) -> frozenset[str]:
-    """The module names of every attention projection of ``spec`` (``--lora-targets attention``)."""
-    return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
-                     if tn.component is Component.ATTENTION and tn.is_linear_weight)
-
-
 def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
     """True when ``--lora-targets`` puts an adapter on this layer tensor: a 2-D linear weight of the
     attention (``attention``), of any block (``all-linear``), or of a named module."""
@@ -40,35 +23,23 @@ def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:
 _targeted = lora_targets_tensor  # the name memest.calibration imports
 
 
-
-def target_names(spec: ModelSpec, targets: str) -> frozenset[str]:
-    """Module names (the last component) LoRA adapts for ``--lora-targets``: the named ones, the
-    attention projections (``attention``) or every linear of the layers (``all-linear``)."""
-    names, all_linear = targets_of(targets)
-    if targets == "attention":
-        return attention_targets(spec)
-    if all_linear:
-        return frozenset(tn.module.rsplit(".", 1)[-1] for layer, _ in spec.layer_kinds() for tn in layer.tensors
-                         if tn.is_linear_weight and len(tn.shape) == 2)
-    return names
-
-
 def lora_adapters(spec: ModelSpec, stage: Stage, lora: LoraConfig, tp: int) -> tuple[tuple[TensorSpec, int, int], ...]:
     """(targeted weight, adapter elements on one rank, count) of a pipeline stage (the spec's own tensors).
 
     PEFT matches ``target_modules`` by module name anywhere in the model: besides the layers' linears
     it adapts same-named linears outside them (a multimodal checkpoint's vision tower ``q_proj``),
     whose adapters are trained (they get optimizer states and fp32 gradient buffers) though a
-    text-only step never runs them. ``all-linear`` takes the layers' linears.
+    text-only step never runs them. ``all-linear`` takes the layers' linears. The match is PEFT's
+    against the ``target_modules`` memest passes it (:func:`memest.lora_targets.peft_target_modules`).
     """
-    names = target_names(spec, lora.targets)
+    names = lora_targets.peft_target_modules(spec, lora.targets)
     out: list[tuple[TensorSpec, int, int]] = []
     for tn, count in stage_tensors(spec, stage):
         if len(tn.shape) != 2 or not tn.name.endswith("weight"):
             continue
         layer_linear = tn.is_linear_weight
         outside = tn.component is Component.OTHER and lora.targets != "all-linear"
-        if (layer_linear or outside) and tn.module.rsplit(".", 1)[-1] in names:
+        if (layer_linear or outside) and lora_targets.peft_matches(tn.module, names):
             out.append((tn, lora_adapter_numel(tn, lora.rank, tp), count))
     return tuple(out)
 

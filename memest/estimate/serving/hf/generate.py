@@ -1,33 +1,10 @@
 """transformers ``generate`` on one device: the peak allocated bytes of a prefill + decode loop.
 
-Symbols: b batch, p prompt tokens, n new tokens, h hidden_size, a heads, i intermediate_size,
-V vocab_size, c bytes per activation element. The peak is the larger of two moments:
-
-- **prefill**: weights + the largest moment of the prompt's forward with the cache written so far
-  (transformers 5: :mod:`memest.estimate.serving.hf.prefill`, moment by moment, checked against the trace;
-  sliding-window layers hold all p tokens until the first decode step) or, after the last layer,
-  the final norm, the lm_head and ``generate``'s fp32 copy of the last logits;
-- **last decode step**: weights + the cache of b x (p + n - 1) tokens (the last generated token is
-  never fed back; sliding layers at most the window) + the copy ``torch.cat`` makes of one layer's
-  cache while it grows (``DynamicCache`` / the legacy tuple cache: old and new tensors of one layer
-  are alive together).
-
-transformers 4.34 (``--engine-version 4.34``, for the published runs of that era; not traced): the
-largest layer's transients at b x p tokens — the MLP's intermediates (gated: gate, up, activation
-and product, 4 i; plain: fc output and activation, 2 i) or attention's Q, K, V and output, plus two
-h-sized tensors (residual and normed input) — and eager attention's fp32 scores and their cast,
-b x a x p^2 x (4 + c) (eager was 4.34's default); or the logits of every prompt position
-(b x p x V x c), which Llama-family models upcast to fp32 (``logits = logits.float()``).
-
-The weights are counted as the caching allocator holds them (:func:`allocations`), and
-GPT-BigCode's ``max_positions x max_positions`` bool causal-mask buffer (``GPTBigCodeModel.__init__``)
-in both versions (it is still registered in transformers 5.24: findings §7).
-
-bitsandbytes 4-bit linears dequantize their weight for inputs of more than one token
-(``bnb.matmul_4bit`` -> ``MatMul4Bit``: ``dequantize_4bit(...)`` in the stored dtype, then
-``.to(compute_dtype)``): the largest linear's copy at both dtypes is alive during prefill; LLM.int8
-converts each weight to its tiled layout on the first forward (``F.transform``), one layer's copy
-at a time.
+:func:`generate_peak` takes the larger of the prefill (transformers 5:
+:mod:`memest.estimate.serving.hf.prefill`; 4.34: the largest layer's transients and the logits)
+and the last decode step (weights + the cache + one layer's growing copy);
+:func:`estimate_generate` makes the estimate, :func:`largest_batch` / :func:`largest_tokens` the
+max queries. The moments and their sources: DESIGN.md, "transformers generate".
 """
 
 from __future__ import annotations

@@ -1,69 +1,10 @@
 """The prefill of transformers 5 ``generate``, moment by moment: what a no-grad forward keeps alive.
 
-Without autograd nothing is saved for backward: a tensor lives while a Python name (a local of a
-``forward`` still running, an argument, a returned tuple) refers to it. The prefill peak is
-therefore the largest of a few moments of one decoder layer, with the KV cache of the layers run so
-far, plus what the model's ``forward`` holds for the whole pass. Followed in transformers 5.24
-(``models/<family>/modeling_<family>.py``, ``cache_utils.py``, ``integrations/moe.py``,
-``activations.py``) and checked tensor by tensor against :mod:`memest.trace`
-(``tests/test_trace_agreement.py``; ``benchmarks/trace_findings.md`` §5-§7) and against
-``model.generate`` run for real on the CPU (``tests/test_serving_hf_prefill.py``).
-
-Symbols: b sequences, p prompt tokens, T = b x p, h hidden_size, a heads, k KV heads, d head_dim,
-i intermediate_size (one expert's for MoE), S = T x top-k routed rows, c bytes per activation
-element, w bytes of a routing weight. Per prefill (for the whole batch):
-
-- **held by the model** through every layer: ``inputs_embeds`` (T·h·c; the model's ``forward``
-  keeps the name), the learned position embeddings (GPT-2, GPT-BigCode, OPT: T·h·c) or the rotary
-  cos/sin ((b, p, d) each) — ``generate`` passes (b, p) position ids made from the attention mask —,
-  ``generate``'s int64 inputs (attention mask, position ids, input ids: 4 x 8·T), and the attention
-  masks the family materialises: eager attention adds a (b, 1, p, p) mask in the
-  compute dtype per attention type (full, sliding: ``eager_mask``'s ``torch.where`` over the
-  batch-expanded bool mask); with SDPA the causal mask is skipped (``is_causal``) unless the prompt
-  reaches a sliding window (``_ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``)
-  or the family forbids the skip (Falcon: ``create_causal_mask(..., allow_is_causal_skip=False)``),
-  and then one (1, 1, p, p) bool mask exists (``sdpa_mask`` expands it over the batch as a view).
-- **attention moment**: the layer's input and its norm output (``held_at_attention`` h-sized
-  tensors), then the projections q (a·d), k and v (k·d each) and the three a·d temporaries of
-  ``apply_rotary_pos_emb`` on q (``q * cos``, ``rotate_half(q)``, the product with sin) — the
-  KV cache of this layer is not written yet; without rotary, q, k, v and the attention output.
-  In fp32 with grouped-query heads and no mask, SDPA has no fused kernel on CUDA and runs its math
-  fallback: K and V repeated, the scaled q, the b x a x p x p scores and their masked copy and a
-  (p, p) float causal bias (:func:`_math_sdpa`).
-  **Eager** attention (families whose ``sdpa_supported`` is False: bloom, gemma2, gpt-oss) writes
-  the cache first, then holds q, K and V repeated to a heads (``repeat_kv``, when k < a) and the
-  b x a x p x p scores: the masked scores in c and, inside ``softmax(..., dtype=float32)``, the fp32
-  copy and the fp32 result (c + 8 bytes per score; :class:`ForwardCode` gives each family's count).
-- **norm moment** (RMSNorm: ``hidden.to(float32)``, ``pow``, ``* rsqrt``, the cast back): 8·h + 4
-  bytes per token beside the layer's held tensors (the same in fp32, where the final cast and the
-  weight product take the place of the upcast). LayerNorm (``native_layer_norm``) has none.
-- **MLP moment**: ``held_at_mlp`` h-sized tensors (Llama: the layer input, the post-attention
-  residual and the norm output; with ``inputs_embeds`` the 4·h·c of findings §5) plus the MLP's own:
-  gated, separate gate/up (``down(act(gate(x)) * up(x))``): act, up and product, 3·i·c; gated with a
-  fused gate_up (Phi-3): 2·i + act + product = 4·i·c; plain: the fc output and the activation's
-  tensors — 2·i·c for a fused activation (``F.gelu``, ReLU, SiLU), 4·i·c for GELU-tanh written in
-  Python (``NewGELUActivation``: ``0.5 * x``, ``pow(x, 3)``, ``0.044715 * pow``), 5·i·c for
-  ``bloom_gelu_forward`` and ``FastGELUActivation``. Eager families also still hold the attention
-  probabilities the attention returned (the decoder layer's ``_``).
-- **MoE** (``grouped_mm_experts_forward``): the gathered rows ``hidden[perm // top_k]`` (S·h·c)
-  with the gate_up output (2·i) and the gating's tensors (act, product: 2·i; gpt-oss's clamped,
-  sigmoid-gated GLU: 5·i, plus its gathered gate_up bias 2·i), S·c each; or, at the end, the
-  gathered rows, the down output, its product with the routing weights and that product permuted
-  back (S·h·(2·c + 2·w); w = 4 where the router returns fp32 weights: Mixtral, DeepSeek); the
-  router logits (E·c per token), the top-k ids and weights, the sort's int64 ids and permutation,
-  the histogram's int32 input and the sorted weights; shared experts (DeepSeek) run after the
-  routed ones, beside their (T, h) output.
-- **end of prefill**: the final norm, then the logits of the last position only
-  (``logits_to_keep=1``: b x V x c) and ``generate``'s fp32 copy (b x V x 4).
-
-The peak is the largest moment of any layer with the cache of the layers before it (and its own,
-once written). transformers' ``DynamicSlidingWindowLayer`` keeps a *view* of the prefill's full
-K/V, so sliding-window layers hold all p tokens until the first decode step.
-
-Limitations: index tensors of fewer than T elements, partial rotary (cos/sin counted at d), the
-q/k RMSNorms of Qwen3/OLMo2/Gemma3 inside attention, and MLA's expanded K/V inside attention are
-left out (each below 1 % of the traced prefill peaks); Jamba's mamba mixer is not modelled (its
-CUDA kernels cannot be traced: findings §8); encoder-decoder models are treated as one stack.
+Without autograd a tensor lives while a Python name refers to it, so the prefill peak is the
+largest of a few moments of one decoder layer (:func:`prefill_peak`), with the KV cache of the
+layers run so far, or the end of the prefill (:func:`end_of_prefill`); :class:`ForwardCode` holds
+what differs between families' forward code. The moments, their tensors and the limitations:
+DESIGN.md, "transformers prefill, moment by moment".
 """
 
 from __future__ import annotations

@@ -1,59 +1,10 @@
 """vLLM's start-up memory budget, version by version: what it profiles and what it leaves for KV.
 
-vLLM sizes its KV cache once, at start-up: it loads the weights, runs one profiling forward of
-``max_num_batched_tokens`` tokens (plus, on the last pipeline stage, the sampler over
-``max_num_seqs`` requests), measures, and gives the KV cache what is left of its share of the
-device. The arithmetic differs by version; ``--engine-version`` picks one:
-
-``0.19`` (V1 engine, the default; ``vllm/v1/worker/gpu_worker.py`` ``determine_available_memory``,
-``vllm/utils/mem_utils.py`` ``memory_profiling``)::
-
-    requested  = ceil(gpu_memory_utilization x total)            # request_memory()
-    available  = requested - weights - torch_peak_increase - non_torch_increase
-
-  The CUDA context and the NCCL communicators exist before the initial snapshot and are *not*
-  subtracted; only the non-torch memory that the profiling forward adds is (custom all-reduce and
-  NCCL buffers at tp > 1). CUDA graphs are captured after the KV cache is allocated and sit outside
-  the budget (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS`` off, the 0.19 default).
-
-``0.6`` (V0 engine after vLLM PR #10511, Dec 2024; ``vllm/worker/worker.py``)::
-
-    available  = gpu_memory_utilization x total - weights - activation_peak - non_torch
-
-  ``non_torch`` is measured from before the engine existed, so it includes the CUDA context.
-
-``0.2`` (V0 engine, Dec 2023, after vLLM PR #2031; ``vllm/worker/worker.py``
-``profile_num_available_blocks``)::
-
-    num_gpu_blocks = (gpu_memory_utilization x total - (total - free after profiling)) // block
-
-  i.e. everything the process holds after the profiling run (context, NCCL, the allocator's cached
-  segments) is subtracted.
-
-The profiled torch peak (V1) is modelled from the code the profile run executes:
-
-- the sampler on the last stage (``GPUModelRunner._dummy_sampler_run`` + ``Sampler`` +
-  ``TopKTopPSampler.forward_native``): hidden states of T tokens, N = min(max_num_seqs, T) rows
-  of logits in the model dtype, their fp32 copy, the fp32 softmax and the exponential noise of
-  ``random_sample`` (3 x N x V x 4 B), and the Triton top-k/top-p buffer of min(#SMs, N) rows
-  (``apply_top_k_top_p_triton``);
-- the forward: per token of the largest layer ``4 i/t + 3.25 h`` elements for a dense MLP (gate/up
-  output, activation and product, plus hidden, residual and norm buffers — the 3.25 h is fitted
-  to cases vllm019_llama31_8b_pp2 and _fp32, the only runs where the forward, not the sampler,
-  sets the peak); MoE layers use the fused-experts workspaces ``T x top_k x (max(i/t, h) +
-  max(2 i/t, h))`` (``TritonExperts.workspace_shapes``), which the workspace manager keeps for
-  the rest of the run, so they add to every later peak; MLA adds the profile-only dummy tensor
-  of ``chunked_prefill_workspace_size x a/t x (qk_nope_head_dim + v_head_dim)``
-  (``MLAAttention.forward`` when ``attn_metadata is None``);
-- the cuBLAS workspace the first matmul allocates (``memest.estimate.runtime``).
-
-V0's sampler (0.6, 0.2) sorts and scatters full-vocabulary rows (top-k/top-p in fp32 with int64
-indices, then softmax, log-softmax and multinomial noise); its peak is modelled as
-``N x V x (c + 36)`` bytes, the 36 fitted to case vllm065dev_llama3_8b_h100_tp1_tp2 (1.26 GiB at
-N = 256, V = 128,256).
-
-Non-torch memory that the forward adds (custom all-reduce / NCCL buffers, kernels loaded lazily)
-cannot be derived from a model: :data:`NON_TORCH_INCREASE` holds the measured values.
+:func:`engine_settings` gives a version's defaults, :func:`profile_peak` the profiling forward's
+peak, :func:`non_torch_bytes` the measured non-torch memory, :func:`budget` what the KV cache gets
+of the engine's share and :func:`outside_budget_bytes` what sits outside it (CUDA graphs, and for
+0.19 the context and NCCL). The arithmetic of each version (0.19, 0.6, 0.2) and the cases its
+constants are fitted to: DESIGN.md, "vLLM's start-up budget".
 """
 
 from __future__ import annotations
@@ -149,8 +100,8 @@ def check_version(version: str) -> str:
         InputError: not a modelled version.
     """
     if version not in VLLM_VERSIONS:
-        raise InputError(f"--engine-version {version!r} is not a vLLM version memest models; use one of "
-                         f"{', '.join(VLLM_VERSIONS)}")
+        raise InputError(f"{{engine_version}} {version!r} is not a vLLM version memest models; use one of "
+                         f"{', '.join(VLLM_VERSIONS)}", field="engine_version")
     return version
 
 
