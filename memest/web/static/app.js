@@ -125,8 +125,10 @@ function svg(tag, attrs, text) {
 function drawBar(terms, capacity, usable) {
   const bar = $("bar");
   for (const el of [...bar.children]) if (el.tagName !== "title") el.remove();
+  const width = Math.max(Math.round(bar.getBoundingClientRect().width), 200);  // user units = pixels: text keeps its shape
+  bar.setAttribute("viewBox", `0 0 ${width} 120`);
   const total = terms.reduce((s, t) => s + t.bytes, 0);
-  const scale = 1000 / (Math.max(total, capacity) * 1.04 || 1);
+  const scale = width / (Math.max(total, capacity) * 1.04 || 1);
   let x = 0;
   const legend = $("legend");
   legend.replaceChildren();
@@ -149,11 +151,14 @@ function drawBar(terms, capacity, usable) {
     const lx = bytes * scale;
     bar.appendChild(svg("line", { x1: lx, x2: lx, y1: 20, y2: 100, stroke: color, "stroke-width": 3,
                                   "stroke-dasharray": label.startsWith("usable") ? "6 4" : "", "data-line": label.split(" ")[0] }));
-    const anchor = lx > 800 ? "end" : "start";
+    const anchor = lx > width * 0.7 ? "end" : "start";
     bar.appendChild(svg("text", { x: lx + (anchor === "end" ? -4 : 4), y, "font-size": 13, fill: color,
                                   "text-anchor": anchor }, label));
   }
 }
+
+let last = null;
+window.addEventListener("resize", () => { if (last) drawBar(...last); });
 
 function render(e, command) {
   const pd = e.per_device;
@@ -166,7 +171,8 @@ function render(e, command) {
   $("band").textContent = `Device used ${gib(pd.device_used_bytes)} (band ${gib(pd.low_bytes)} – ${gib(pd.high_bytes)}); ` +
     `peak allocated ${gib(pd.allocated_bytes)}, reserved ${gib(pd.reserved_bytes)}; usable ${gib(e.usable_bytes)} ` +
     `of ${gib(e.device.memory_bytes)}.`;
-  drawBar(e.terms, e.device.memory_bytes, e.usable_bytes);
+  last = [e.terms, e.device.memory_bytes, e.usable_bytes];
+  drawBar(...last);
   const rec = $("recommendation");
   rec.replaceChildren();
   const r = e.recommendation || {};
