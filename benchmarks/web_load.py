@@ -101,8 +101,10 @@ def main() -> None:
         print("  ", e)
     print(f"latency p50 {q[49] * 1e3:.1f} ms, p99 {q[98] * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")
     print(f"throughput {len(latencies) / wall:.0f} requests/s over {wall:.1f} s wall")
-    print(f"server VmRSS: after warm-up {rss_start / 1024:.1f} MiB, peak {max(samples) / 1024:.1f} MiB, "
-          f"end {rss_end / 1024:.1f} MiB (sampled each second, {len(samples)} samples)")
+    quarters = [samples[min(len(samples) - 1, round(f * (len(samples) - 1)))] / 1024 for f in (0.25, 0.5, 0.75, 1)]
+    print(f"server VmRSS: after warm-up {rss_start / 1024:.1f} MiB; at 25/50/75/100% of the run "
+          f"{' / '.join(f'{q:.1f}' for q in quarters)} MiB; peak {max(samples) / 1024:.1f} MiB, end "
+          f"{rss_end / 1024:.1f} MiB (sampled each second, {len(samples)} samples)")
     sys.exit(1 if errors or len(latencies) != total else 0)
 
 
