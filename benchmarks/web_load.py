@@ -1,5 +1,6 @@
 """A bounded load test of ``memest serve``: CLIENTS concurrent clients each send REQUESTS estimate requests
-to 127.0.0.1, then it stops. Prints the errors (must be zero), p50 / p99 latency, throughput, and the
+to 127.0.0.1, then it stops. Prints the errors (must be zero: an error is any answer but HTTP 200, or one
+that differs from the same request's answer before the load), p50 / p99 latency, throughput, and the
 server's resident memory (VmRSS) before, during and after the run.
 
 Reproduce: ``.venv/bin/python benchmarks/web_load.py`` (needs ``pip install 'memest[web]'``);
@@ -38,10 +39,14 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def client(port: int, n: int, offset: int, latencies: list[float], errors: list[str]) -> None:
+def client(port: int, n: int, offset: int, latencies: list[float], errors: list[str],
+           expected: dict[int, bytes] | None = None) -> None:
+    """Send ``n`` requests on one keep-alive connection; with ``expected``, each answer must be the same
+    bytes as the warm-up's answer to the same body (concurrency changes no figure), else it records them."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(n):
-        body = BODIES[(offset + i) % len(BODIES)]
+        which = (offset + i) % len(BODIES)
+        body = BODIES[which]
         start = time.perf_counter()
         try:
             conn.request("POST", "/v1/estimate", body=body, headers={"content-type": "application/json"})
@@ -49,6 +54,10 @@ def client(port: int, n: int, offset: int, latencies: list[float], errors: list[
             data = r.read()
             if r.status != 200 or b'"per_device"' not in data:
                 errors.append(f"HTTP {r.status}: {data[:200]!r}")
+            elif expected is not None and which in expected and data != expected[which]:
+                errors.append(f"body {which}: an answer differs from the warm-up's")
+            elif expected is not None:
+                expected.setdefault(which, data)
         except (OSError, http.client.HTTPException) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
             conn.close()
@@ -76,12 +85,13 @@ def main() -> None:
             except OSError:
                 time.sleep(0.1)
         warm: list[float] = []
-        client(port, 2 * len(BODIES), 0, warm, [])  # first requests load the models: not measured
+        answers: dict[int, bytes] = {}
+        client(port, 2 * len(BODIES), 0, warm, [], answers)  # first requests load the models: not measured
         rss_start = rss_kib(server.pid)
         samples = [rss_start]
         latencies: list[float] = []
         errors: list[str] = []
-        threads = [threading.Thread(target=client, args=(port, args.requests, k, latencies, errors))
+        threads = [threading.Thread(target=client, args=(port, args.requests, k, latencies, errors, answers))
                    for k in range(args.clients)]
         t0 = time.perf_counter()
         for t in threads:
