@@ -126,6 +126,23 @@ def test_pick_a_model_move_a_slider(server, browser, tmp_path):
     print(f"screenshots in {tmp_path}")
 
 
+def test_training_mode_shows_the_training_sliders(server, browser):
+    """Mode chosen with the keyboard: the micro-batch and sequence-length sliders replace the serving ones,
+    and the estimate is a training one (Llama-3.1-8B full training on one L4 cannot fit: 16 B/param of
+    mixed-precision model states alone are 8.03e9 x 16 B = 119.7 GiB against 22.49 GiB)."""
+    from selenium.webdriver.support.ui import Select
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(server + "/?model=meta-llama%2FLlama-3.1-8B&gpu=L4")
+    wait.until(lambda d: d.find_element(By.ID, "verdict").text.startswith("Fits"))
+    Select(browser.find_element(By.ID, "mode")).select_by_value("train")
+    wait.until(lambda d: d.find_element(By.ID, "verdict").text.startswith("Does not fit on 1 × L4"))
+    assert browser.find_element(By.ID, "micro_batch_size").is_displayed()
+    assert not browser.find_element(By.ID, "batch_size").is_displayed()
+    assert "--train" in browser.find_element(By.ID, "command").get_attribute("value")
+    assert "mode=train" in browser.current_url
+
+
 def test_a_bad_value_shows_the_one_line_error(server, browser):
     wait = WebDriverWait(browser, 20)
     browser.get(server + "/?model=no-such/model-xyz")

@@ -216,7 +216,7 @@ async function start() {
   }
   if (gpu.dataset.wanted) gpu.value = gpu.dataset.wanted;
   fitContextSlider();
-  for (const id of ["mode", "gpu", "gpus", ...SLIDERS]) $(id).addEventListener("input", schedule);
+  for (const id of ["mode", "gpu", "gpus", ...SLIDERS]) for (const ev of ["input", "change"]) $(id).addEventListener(ev, schedule);
   $("model").addEventListener("change", () => { fitContextSlider(); schedule(); });
   $("model").addEventListener("input", () => { if (models[$("model").value.trim()]) { fitContextSlider(); schedule(); } });
   $("config").addEventListener("input", schedule);
