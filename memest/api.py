@@ -158,21 +158,43 @@ def gguf_tensors(values: Mapping[str, Any]) -> tuple[tuple[str, str, tuple[int, 
     return read_tensors(path)
 
 
-def _model(model: str, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
-    from memest.sources import load_config, spec_from_config
+Model = str | Mapping[str, Any]
+"""A model reference (a Hub id, a catalog name, a path), or a config.json's contents as a mapping."""
 
-    cfg = load_config(model, revision=values["revision"])
+
+def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
+    """The config and the spec of ``model`` (a mapping: read as a config.json's contents, with no
+    place to load model code from).
+
+    Raises:
+        InputError: a revision with a config given as data.
+    """
+    from memest.sources import config_from_data, load_config, spec_from_config
+
+    if isinstance(model, Mapping):
+        if values["revision"] is not None:
+            raise InputError(f"{{revision}} {values['revision']!r} names a Hub revision, but the model is a config "
+                             "given as data; drop {revision}", field="revision")
+        cfg = config_from_data(dict(model))
+    else:
+        cfg = load_config(model, revision=values["revision"])
     return cfg, spec_from_config(cfg, trust_remote_code=values["trust_remote_code"])
+
+
+def _name(model: Model, spec: ModelSpec) -> str:
+    """The model as a ``memest hf`` command names it: the reference as given, or a config given as data's name."""
+    return spec.name if isinstance(model, Mapping) else model
 
 
 # ---- the three answers ----
 
 
-def estimate_memory(model: str, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
+def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
     """Per-device memory of a job: ``memest hf MODEL ... --json`` as a :class:`MemoryEstimate`.
 
     Args:
-        model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json.
+        model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json; or a
+            config.json's contents as a mapping (data only: its model code is never loaded).
         mode: ``train``, ``lora``, ``qlora`` or ``serve``.
         settings: The CLI's workload flags with underscores (``gpu="H100"``, ``gpus=8``,
             ``seq_len=8192``, ``precision="bf16"``).
@@ -184,7 +206,7 @@ def estimate_memory(model: str, *, mode: str = "serve", **settings: Any) -> Memo
     return estimate_values(model, settings_of(mode, settings))
 
 
-def estimate_values(model: str, values: Mapping[str, Any]) -> MemoryEstimate:
+def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
     """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
     from memest.planning.search import assess
     from memest.report import to_dict
@@ -206,7 +228,7 @@ PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "glob
 
 
 
-def plan_memory(model: str, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
+def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
                 global_batch_size: int | None = None, allow_method_change: bool = False,
                 allow_quantization: bool = False, allow_offload: bool = False,
                 cost: Mapping[str, float] | Iterable[str] | None = None, costs: str | Path | None = None,
@@ -234,7 +256,7 @@ def plan_memory(model: str, *, mode: str = "serve", gpus_available: str | None =
     return plan_values(model, settings_of(mode, settings), search)
 
 
-def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
+def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
     """:func:`plan_memory` from complete settings and the planner's keywords; the CLI's path.
 
     Raises:
@@ -243,7 +265,6 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
     """
     from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
     from memest.report import plan_to_dict
-    from memest.sources import load_model
     from memest.workload import FsdpStrategy, resolve
     from memest.workload.settings import given_flags
 
@@ -278,12 +299,12 @@ def plan_values(model: str, values: Mapping[str, Any], search: Mapping[str, Any]
     given = given_flags(values)
     # the count is searched: give the job the fewest devices its cp x tp x pp allow
     job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
-    spec = load_model(model, trust_remote_code=values["trust_remote_code"], revision=values["revision"])
+    _, spec = _model(model, values)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values))
     result = plan(spec, workload, space, headroom=resolve.headroom(values))
-    return MemoryPlan(plan_to_dict(result, model=model, given=given), result)
+    return MemoryPlan(plan_to_dict(result, model=_name(model, spec), given=given), result)
 
 
 def searched_given(values: Mapping[str, Any]) -> list[str]:
@@ -345,7 +366,7 @@ def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | P
     return table
 
 
-def sweep_memory(model: str, *, mode: str | None = None, **settings: Any) -> MemorySweep:
+def sweep_memory(model: Model, *, mode: str | None = None, **settings: Any) -> MemorySweep:
     """The estimate across a range of one setting: ``memest sweep MODEL ... --json`` as a :class:`MemorySweep`.
 
     One of ``seq_len``, ``micro_batch_size``, ``batch_size``, ``max_model_len`` is a range: a string as
@@ -404,15 +425,14 @@ def split_sweep(values: Mapping[str, Any],
     return setting, points, out
 
 
-def sweep_values(model: str, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
+def sweep_values(model: Model, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
     """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
     from memest.planning.sweep import sweep
     from memest.report import sweep_to_dict
-    from memest.sources import load_model
     from memest.workload import resolve
 
     setting, points, job = split_sweep(values, ranged)
-    spec = load_model(model, trust_remote_code=job["trust_remote_code"], revision=job["revision"])
+    _, spec = _model(model, job)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec),
                                gguf_tensors=gguf_tensors(job))

@@ -197,3 +197,19 @@ def test_the_functions_list_every_setting_keyword():
         params = inspect.signature(func).parameters
         assert set(settings()) - {"train", "finetune", "serve"} <= set(params), func.__name__
         assert params["precision"].default == "mixed" and params["seq_len"].default is None
+
+
+def test_a_config_given_as_data_is_the_model_it_describes():
+    """The catalog's Llama-3.1-8B config.json passed as a dict: the catalog model's terms, named config.json,
+    with no place to load model code from; a Hub revision makes no sense for it."""
+    import json
+    from pathlib import Path
+
+    path = Path(memest.__file__).parent / "catalog" / "meta-llama" / "Llama-3.1-8B" / "config.json"
+    cfg = json.loads(path.read_text())
+    given = memest.estimate_memory(cfg, mode="serve", gpu="L4")
+    named = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="serve", gpu="L4")
+    assert given.to_dict()["terms"] == named.to_dict()["terms"] and given.model.name == "config.json" and given.config.code_from is None
+    assert memest.plan_memory(cfg, gpus_available="2xL4").fits[0].command.startswith("memest hf config.json ")
+    with pytest.raises(memest.InputError, match="revision"):
+        memest.estimate_memory(cfg, revision="main")

@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("memest.validation", 6),
     ("memest.api", 7),
     ("memest.cli", 8),
+    ("memest.web", 8),
     ("memest.__main__", 8),
 )
 

@@ -15,15 +15,11 @@ def models_command(
 ) -> None:
     """List the offline catalog: models memest knows without network."""
     from memest.report import count
-    from memest.sources import catalog, load_model
+    from memest.report.catalogs import models_list
 
-    items = []
-    for model_id in catalog.entries():
-        spec = load_model(model_id)
-        items.append((model_id, spec.model_type, spec.num_params, spec.num_layers, spec.max_position_embeddings))
+    items = models_list()
     if json_:
-        typer.echo(json.dumps([{"name": n, "model_type": t, "num_params": p, "num_layers": layers,
-                                "max_position_embeddings": ctx} for n, t, p, layers, ctx in items], indent=2))
+        typer.echo(json.dumps(items, indent=2))
         return
     from memest.report.tables import Narrowest, name_col, new_table, number_col
 
@@ -31,7 +27,9 @@ def models_command(
     numbers = ("params", "layers", "max context")
     wide = new_table(name_col("model"), name_col("model_type"), *map(number_col, numbers), title=title)
     narrow = new_table(name_col("model (model_type)"), *map(number_col, numbers), title=title)  # the type below
-    for n, t, p, layers, ctx in items:
+    for m in items:
+        n, t, p, layers, ctx = (m["name"], m["model_type"], m["num_params"], m["num_layers"],
+                                m["max_position_embeddings"])
         wide.add_row(n, t, count(p), str(layers), f"{ctx:,}" if ctx else "-")
         narrow.add_row(f"{n}\n[dim]{t}[/dim]", count(p), str(layers), f"{ctx:,}" if ctx else "-")
     _console().print(Narrowest(wide, narrow))
@@ -44,13 +42,10 @@ def gpus_command(
     """List the accelerator catalog: memory per device and where each capacity comes from."""
     from memest.devices import DEVICES
     from memest.report import gib
+    from memest.report.catalogs import gpus_list
 
     if json_:
-        typer.echo(json.dumps([{"name": d.name, "memory_bytes": d.memory_bytes, "vendor": d.vendor, "kind": d.kind,
-                                "arch": d.arch, "per_node": d.per_node, "hourly_usd": d.hourly_usd,
-                                "capacity_basis": d.capacity_basis, "measured": d.measured, "source": d.source,
-                                "aliases": list(d.aliases)}
-                               for d in DEVICES], indent=2))
+        typer.echo(json.dumps(gpus_list(), indent=2))
         return
     from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from memest.errors import InputError, UnknownModelError, UnsupportedArchitectureError
 from memest.sources import catalog
 from memest.sources.config import HFConfig, check_parameter_count, validate_fields
 from memest.sources.families import ADAPTERS, supported_model_types
 from memest.sources.hub import HubUnreachableError, fetch_config, hub_offline
-from memest.sources.local import read_local
+from memest.sources.local import check_config_data, config_from_meta_params, is_meta_params, read_local
 from memest.spec import ModelSpec
 
-__all__ = ["load_config", "load_model", "spec_from_config"]
+__all__ = ["config_from_data", "load_config", "load_model", "spec_from_config"]
 
 
 _HUB_URL = re.compile(r"^(?:https?://)?(?:www\.)?(?:huggingface\.co|hf\.co)/([^/\s]+/[^/\s]+?)(?:/(?:tree|blob|resolve)/.*)?/?$")
@@ -75,6 +76,20 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     matches = catalog.close_matches(ref)
     hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
     raise UnknownModelError(f"unknown model {ref!r}: {why}{hint} (list the catalog with 'memest models')")
+
+
+def config_from_data(raw: Any, *, name: str = "config.json") -> HFConfig:
+    """The config of a config.json's (or a Meta params.json's) contents given as data, not read from
+    anywhere: checked as a file's would be, with no place to load model code from (``code_from`` None),
+    so it never runs remote code.
+
+    Raises:
+        ConfigError: not a JSON object, or nested too deeply.
+    """
+    data = check_config_data(raw, name)
+    if is_meta_params(data, name):
+        data = config_from_meta_params(data, name)
+    return HFConfig(data, name=name, source="given data")
 
 
 def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> ModelSpec:

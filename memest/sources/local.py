@@ -50,7 +50,7 @@ def read_local(path: Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(f"{where!r} is larger than {MAX_CONFIG_BYTES // 2**20} MiB, too big for a config.json; "
                           "pass the model's config.json")
     raw = parse_config(data, where)
-    if path.name == "params.json" or ("dim" in raw and "n_layers" in raw and "model_type" not in raw):
+    if is_meta_params(raw, path.name):
         raw = config_from_meta_params(raw, where)
     return raw, where
 
@@ -102,12 +102,27 @@ def parse_config(data: bytes, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where!r} nests lists or objects too deeply to be a config; fix the file") from exc
     except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() digits
         raise ConfigError(f"{where!r} holds a number too long to read ({str(exc).split(':')[0]}); fix the file") from exc
+    return check_config_data(raw, where)
+
+
+def check_config_data(raw: Any, where: str) -> dict[str, Any]:
+    """``raw`` (parsed JSON, read from a file or given as data) when it can be a config: a JSON object
+    nesting at most :data:`MAX_NESTING` levels.
+
+    Raises:
+        ConfigError: not an object, or nested too deeply.
+    """
     if not isinstance(raw, dict):
         raise ConfigError(f"{where!r} holds a JSON {type(raw).__name__}, not an object; pass a config.json")
     if _depth(raw) > MAX_NESTING:
         raise ConfigError(f"{where!r} nests lists or objects more than {MAX_NESTING} levels deep; a config nests a "
                           "few: fix the file")
     return raw
+
+
+def is_meta_params(raw: dict[str, Any], name: str) -> bool:
+    """True when ``raw`` (read as ``name``) is a Meta ``params.json``, not an HF config."""
+    return name == "params.json" or ("dim" in raw and "n_layers" in raw and "model_type" not in raw)
 
 
 def _depth(value: Any) -> int:

@@ -1,0 +1,204 @@
+"""A request body checked against the settings' declarations, and the OpenAPI document they make.
+
+A body is a JSON object: ``model`` (a catalog name or Hub id) or ``config`` (a config.json's contents),
+``mode``, and any setting keyword of the Python API (:func:`memest.workload.settings.settings`), each of
+the JSON type its declaration names; ``/v1/plan`` also takes the planner's keywords
+(:data:`memest.api.PLAN_DEFAULTS`) and ``/v1/sweep`` a range (a string such as ``"1k..128k"``, an integer
+or a list of integers) for the sweepable settings. A body of the wrong shape is a :class:`SchemaError`
+(HTTP 422); a value of the right type that breaks a rule is the library's InputError (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from memest.errors import InputError
+
+REFUSED: dict[str, str] = {
+    "trust_remote_code": "the service never runs a model's own code; use the CLI on your own machine for that",
+    "gguf": "it names a file, and the service reads no files; use 'memest hf --gguf FILE' on your machine",
+    "costs": "it names a file, and the service reads no files; give the prices as cost, e.g. {\"H100\": 2.49}",
+}
+"""Keywords a request may not set, and why (a request names no files and runs no code)."""
+
+MODE_FIELDS = ("train", "finetune", "serve")
+"""The mode settings, given in a request as ``mode``."""
+
+
+class SchemaError(Exception):
+    """A request body of the wrong shape: not an object, a field of the wrong JSON type, an unknown field."""
+
+
+@functools.cache
+def setting_types() -> dict[str, dict[str, Any]]:
+    """Every setting keyword's JSON schema (type, default, description, enum values), from its declaration."""
+    from enum import Enum
+
+    from memest.errors import keyword
+    from memest.workload.settings import enum_of, settings
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, s in settings().items():
+        if name in MODE_FIELDS or name in REFUSED:
+            continue
+        enum = enum_of(s.type)
+        kinds = [k for k in (s.type, *typing.get_args(s.type)) if isinstance(k, type) and k is not type(None)]
+        base = kinds[0] if kinds else str
+        schema: dict[str, Any] = {"type": "string"} if enum is not None else {
+            "type": {bool: "boolean", int: "integer", float: "number"}.get(base, "string")}
+        if enum is not None:
+            schema["enum"] = [m.value for m in enum]
+        default = s.default
+        schema["default"] = default.value if isinstance(default, Enum) else default
+        schema["description"] = InputError(s.help, field=s.name).render(keyword)
+        if default is None:
+            schema["nullable"] = True
+        out[name] = schema
+    return out
+
+
+def _sweep_schema(base: dict[str, Any]) -> dict[str, Any]:
+    return {**base, "type": None, "oneOf": [{"type": "integer"}, {"type": "string"},
+                                             {"type": "array", "items": {"type": "integer"}}]}
+
+
+@functools.cache
+def fields(kind: str) -> dict[str, dict[str, Any]]:
+    """The JSON schema of each field a request of ``kind`` (``estimate``, ``plan``, ``sweep``) takes."""
+    from memest.api import MODES
+    from memest.planning.sweep import SWEEPABLE
+
+    out: dict[str, dict[str, Any]] = {
+        "model": {"type": "string", "description": "A catalog name (GET /v1/models) or a Hub id; not a path."},
+        "config": {"type": "object", "description": "A config.json's contents (data only: no model code is run), "
+                                                    "in place of model."},
+        "mode": {"type": "string", "enum": list(MODES), "nullable": kind == "sweep",
+                 "default": None if kind == "sweep" else "serve"},
+        **setting_types(),
+    }
+    if kind == "plan":
+        out |= {"gpus_available": {"type": "string", "nullable": True, "description": "'8xH100,32xA100-80GB,L4'"},
+                "max_gpus": {"type": "integer", "nullable": True}, "global_batch_size": {"type": "integer",
+                                                                                       "nullable": True},
+                "allow_method_change": {"type": "boolean"}, "allow_quantization": {"type": "boolean"},
+                "allow_offload": {"type": "boolean"},
+                "cost": {"type": "object", "nullable": True, "additionalProperties": {"type": "number"},
+                         "description": "USD per device-hour, {\"H100\": 2.49}"},
+                "host_memory": {"type": "number", "nullable": True, "description": "CPU RAM per server, GiB"}}
+    if kind == "sweep":
+        out |= {name: _sweep_schema(out[name]) for name in SWEEPABLE}
+    return out
+
+
+def _json_type_ok(value: Any, schema: Mapping[str, Any]) -> bool:
+    if value is None:
+        return bool(schema.get("nullable"))
+    if "oneOf" in schema:
+        return any(_json_type_ok(value, s) for s in schema["oneOf"])
+    kind = schema["type"]
+    if kind == "array":
+        return isinstance(value, list) and all(_json_type_ok(v, schema["items"]) for v in value)
+    if kind == "object":
+        if not isinstance(value, dict):
+            return False
+        inner = schema.get("additionalProperties")
+        return inner is None or all(_json_type_ok(v, inner) for v in value.values())
+    return {"boolean": isinstance(value, bool), "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, int | float) and not isinstance(value, bool),
+            "string": isinstance(value, str)}[kind]
+
+
+_TYPE_WORDS = {"boolean": "true or false", "integer": "an integer", "number": "a number", "string": "a string",
+               "object": "a JSON object", "array": "a list", None: "an integer, a range string or a list of integers"}
+
+
+def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
+    """The model (a reference, or a config mapping), the mode and the other keywords of a request body.
+
+    Raises:
+        SchemaError: not an object, an unknown field, a field of the wrong JSON type, neither or both of
+            ``model`` and ``config``.
+        InputError: a refused keyword (:data:`REFUSED`), a model that is a file-system path.
+    """
+    if not isinstance(body, dict):
+        raise SchemaError(f"the body is a JSON {type(body).__name__}; send a JSON object such as "
+                          '{"model": "meta-llama/Llama-3.1-8B", "mode": "serve", "gpu": "H100"}')
+    for name in body:
+        if name in REFUSED:
+            raise InputError(f"{name} is not taken here: {REFUSED[name]}", field=name)
+        if name in MODE_FIELDS:
+            raise InputError(f"give the mode as mode (one of train, lora, qlora, serve), not {name}", field=name)
+    known = fields(kind)
+    unknown = [n for n in body if n not in known]
+    if unknown:
+        raise SchemaError(f"unknown field {unknown[0]!r}; the fields are: {', '.join(known)}")
+    for name, value in body.items():
+        if not _json_type_ok(value, known[name]):
+            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {_TYPE_WORDS[known[name]['type']]}"
+                              + (" or null" if known[name].get("nullable") and known[name]["type"] else ""))
+    if ("model" in body) == ("config" in body):
+        raise SchemaError("give one of model (a catalog name or Hub id) or config (a config.json's contents)")
+    rest = {k: v for k, v in body.items() if k not in ("model", "config", "mode")}
+    mode = body.get("mode", known["mode"]["default"])
+    if "config" in body:
+        return body["config"], mode, rest
+    return check_reference(body["model"]), mode, rest
+
+
+def check_reference(model: str) -> str:
+    """``model`` when it names a catalog model or a Hub repository, never a file.
+
+    Raises:
+        InputError: it looks like a path or names something on this machine's disk.
+    """
+    ref = model.strip()
+    looks_like_path = (ref.startswith((".", "/", "~")) or ref.endswith(".json") or ref.count("/") > 1
+                       or "\\" in ref or ".." in ref or ":" in ref.split("/")[0])
+    try:
+        on_disk = bool(ref) and (Path(ref).exists() or Path(ref).is_symlink())
+    except (OSError, ValueError):
+        on_disk = True
+    if looks_like_path or on_disk:
+        raise InputError(f"model {model!r:.120} is a file-system path; the service reads no files: give a catalog "
+                         "name or a Hub id (org/name), or paste the config.json's contents as config", field="model")
+    return ref
+
+
+def openapi() -> dict[str, Any]:
+    """The OpenAPI 3 document of the service, its request schemas generated from the settings."""
+    from memest import __version__
+
+    def body(kind: str) -> dict[str, Any]:
+        props = {}
+        for name, schema in fields(kind).items():
+            s = {k: v for k, v in schema.items() if v is not None or k == "default"}
+            if s.get("type") is None:
+                s.pop("type", None)
+            props[name] = s
+        return {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "properties": props}}}}
+
+    errors = {"400": {"description": "bad input: {\"error\": one line naming the value and the fix}"},
+              "413": {"description": "body over 1 MB"}, "422": {"description": "body of the wrong shape"},
+              "504": {"description": "the request took longer than the service's time limit"}}
+    paths: dict[str, Any] = {}
+    for kind, what in (("estimate", "Per-device memory of a job: memest hf --json"),
+                       ("plan", "The cheapest setups that fit: memest plan --json"),
+                       ("sweep", "The estimate across a range of one setting: memest sweep --json")):
+        paths[f"/v1/{kind}"] = {"post": {"summary": what, "requestBody": body(kind),
+                                         "responses": {"200": {"description": "the CLI's --json"}, **errors}}}
+    paths["/v1/command"] = {"post": {"summary": "The memest hf command line of an estimate request",
+                                     "requestBody": body("estimate"),
+                                     "responses": {"200": {"description": "{\"command\": \"memest hf ...\"}"},
+                                                   **errors}}}
+    for path, what in (("/v1/models", "The offline catalog: memest models --json"),
+                       ("/v1/gpus", "The accelerator catalog: memest gpus --json"),
+                       ("/v1/health", "{\"status\": \"ok\", \"version\": ...}")):
+        paths[path] = {"get": {"summary": what, "responses": {"200": {"description": "JSON"}}}}
+    return {"openapi": "3.0.3", "info": {"title": "memest", "version": __version__,
+                                         "description": "How much accelerator memory a model needs, per device."},
+            "paths": paths}

@@ -1,0 +1,186 @@
+"""The web service (memest.web) in-process through Starlette's TestClient: answers equal the Python API's
+``to_dict()`` (the CLI's --json), bad input is one line with the right status, requests name no files
+and run no code, and ``memest serve`` binds this machine only unless told."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'memest[web]'")
+pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+import memest  # noqa: E402
+from memest.web.app import MAX_BODY_BYTES, create_app  # noqa: E402
+from tests.inprocess import run_memest  # noqa: E402
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+CATALOG_CONFIG = Path(memest.__file__).parent / "catalog" / "meta-llama" / "Llama-3.1-8B" / "config.json"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _one_line_error(r, status):
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert list(body) == ["error"] and "\n" not in body["error"] and "Traceback" not in body["error"]
+    return body["error"]
+
+
+def test_estimate_equals_the_python_api(client):
+    settings = {"mode": "serve", "gpu": "L4", "max_model_len": 8192, "batch_size": 4}
+    r = client.post("/v1/estimate", json={"model": LLAMA, **settings})
+    assert r.status_code == 200
+    assert r.json() == memest.estimate_memory(LLAMA, **settings).to_dict()
+
+
+def test_training_estimate_equals_the_python_api(client):
+    settings = {"mode": "train", "gpu": "H100", "gpus": 8, "zero_stage": 3, "seq_len": 4096, "micro_batch_size": 2}
+    r = client.post("/v1/estimate", json={"model": LLAMA, **settings})
+    assert r.status_code == 200
+    assert r.json() == memest.estimate_memory(LLAMA, **settings).to_dict()
+
+
+def test_plan_and_sweep_equal_the_python_api(client):
+    plan = {"mode": "serve", "gpus_available": "4xL4", "max_model_len": 8192}
+    assert client.post("/v1/plan", json={"model": LLAMA, **plan}).json() == memest.plan_memory(LLAMA, **plan).to_dict()
+    sweep = {"gpu": "L4", "max_model_len": "1k..8k"}  # 1k, 2k, 4k, 8k: four points
+    r = client.post("/v1/sweep", json={"model": LLAMA, **sweep})
+    assert r.status_code == 200 and r.json() == memest.sweep_memory(LLAMA, **sweep).to_dict()
+    r = client.post("/v1/sweep", json={"model": LLAMA, "gpu": "L4", "max_model_len": [1024, 2048, 4096, 8192]})
+    assert r.json() == memest.sweep_memory(LLAMA, **sweep).to_dict()
+
+
+def test_pasted_config_is_the_catalog_model(client):
+    """The catalog's own config.json pasted as data gives the catalog model's numbers, named config.json."""
+    cfg = json.loads(CATALOG_CONFIG.read_text())
+    pasted = client.post("/v1/estimate", json={"config": cfg, "gpu": "L4"}).json()
+    named = client.post("/v1/estimate", json={"model": LLAMA, "gpu": "L4"}).json()
+    assert pasted["per_device"] == named["per_device"] and pasted["terms"] == named["terms"]
+    assert pasted["model"]["name"] == "config.json" and pasted["model"]["source"] == "given data"
+
+
+def test_bad_setting_is_400_with_the_api_message(client):
+    with pytest.raises(memest.InputError) as raised:
+        memest.estimate_memory(LLAMA, mode="train", seq_len=0)
+    message = _one_line_error(client.post("/v1/estimate", json={"model": LLAMA, "mode": "train", "seq_len": 0}), 400)
+    assert message == str(raised.value)
+    assert "seq_len" in message and "--seq-len" not in message  # the request's keyword, not the CLI's flag
+    assert "unknown model" in _one_line_error(client.post("/v1/estimate", json={"model": "no-such/model-xyz"}), 400)
+    # a string of the right JSON type that is no mode's name: the library's rule, so 400
+    assert "'fly' is not one of train" in _one_line_error(client.post("/v1/estimate", json={"model": LLAMA,
+                                                                                            "mode": "fly"}), 400)
+
+
+@pytest.mark.parametrize("body", [
+    [1, 2],                                               # not an object
+    {"model": LLAMA, "seq_len": "4096"},                  # a string for an integer
+    {"model": LLAMA, "mode": "train", "micro_batch_size": True},  # a boolean is no integer
+    {"model": LLAMA, "enforce_eager": "yes"},             # a string for a boolean
+    {"model": 7},                                         # a number for the model
+    {"model": LLAMA, "no_such_setting": 1},               # an unknown field
+    {"gpu": "L4"},                                        # neither model nor config
+    {"model": LLAMA, "config": {}},                       # both
+    {"config": "not an object"},
+])
+def test_wrong_json_types_are_422(client, body):
+    _one_line_error(client.post("/v1/estimate", json=body), 422)
+
+
+def test_body_that_is_not_json_is_422(client):
+    _one_line_error(client.post("/v1/estimate", content=b"{not json", headers={"content-type": "application/json"}),
+                    422)
+
+
+def test_body_over_one_megabyte_is_413(client):
+    body = b'{"model": "' + b"a" * MAX_BODY_BYTES + b'"}'  # 1 MiB of name, plus the 13 bytes around it
+    _one_line_error(client.post("/v1/estimate", content=body), 413)
+
+
+@pytest.mark.parametrize("model", ["/etc/passwd", "./config.json", "~/models/llama", "memest", "tests",
+                                   "config.json", "..\\x", "a/b/c", "C:/models/x"])
+def test_a_path_as_model_is_refused(client, model):
+    """Absolute, relative and home paths, names of folders in the server's working directory, .json files."""
+    message = _one_line_error(client.post("/v1/estimate", json={"model": model}), 400)
+    assert "file-system path" in message
+
+
+@pytest.mark.parametrize("field, value", [("trust_remote_code", True), ("trust_remote_code", False),
+                                          ("gguf", "/tmp/x.gguf")])
+def test_code_and_files_are_refused(client, field, value):
+    assert field in _one_line_error(client.post("/v1/estimate", json={"model": LLAMA, field: value}), 400)
+
+
+def test_plan_costs_file_is_refused(client):
+    assert "costs" in _one_line_error(client.post("/v1/plan", json={"model": LLAMA, "costs": "/etc/passwd"}), 400)
+
+
+def test_pasted_config_with_remote_code_never_loads_it(client, tmp_path):
+    """An auto_map config of an unknown model_type: refused as unsupported (a 400), its code never fetched."""
+    cfg = {"model_type": "no_such_family_xyz", "auto_map": {"AutoConfig": "evil.Config"}, "hidden_size": 64}
+    r = client.post("/v1/estimate", json={"config": cfg})
+    assert r.status_code == 400
+
+
+def test_models_and_gpus_equal_the_cli(client):
+    for command in ("models", "gpus"):
+        cli = run_memest(command, "--json")
+        assert cli.returncode == 0, cli.stderr
+        assert client.get(f"/v1/{command}").json() == json.loads(cli.stdout)
+
+
+def test_health_docs_and_page(client):
+    assert client.get("/v1/health").json() == {"status": "ok", "version": memest.__version__}
+    doc = client.get("/openapi.json").json()
+    assert set(doc["paths"]) >= {"/v1/estimate", "/v1/plan", "/v1/sweep", "/v1/models", "/v1/gpus", "/v1/health"}
+    # every setting keyword the Python API takes appears in the estimate schema (train/finetune/serve as mode)
+    props = doc["paths"]["/v1/estimate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert {"seq_len", "max_model_len", "batch_size", "micro_batch_size", "gpu", "gpus", "mode"} <= set(props)
+    assert client.get("/docs").status_code == 200
+    page = client.get("/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN, nothing from the network
+
+
+def test_no_cors_and_unknown_routes_are_json(client):
+    r = client.options("/v1/estimate", headers={"origin": "https://example.com", "access-control-request-method":
+                                                "POST"})
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+    assert client.get("/v1/nope").status_code == 404 and "error" in client.get("/v1/nope").json()
+
+
+def test_a_request_past_the_time_limit_is_504():
+    with TestClient(create_app(timeout_s=1e-9)) as slow:
+        _one_line_error(slow.post("/v1/estimate", json={"model": LLAMA}), 504)
+
+
+def test_command_is_the_hf_line(client):
+    r = client.post("/v1/command", json={"model": LLAMA, "gpu": "L4", "max_model_len": 8192, "batch_size": 4})
+    # the settings given, as flags in the declaration order (serving's, then the device's)
+    assert r.json() == {"command": f"memest hf {LLAMA} --serve --max-model-len 8192 --batch-size 4 --gpu L4"}
+
+
+def test_serve_binds_localhost_unless_told(monkeypatch):
+    import uvicorn
+
+    calls = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
+    assert run_memest("serve").returncode == 0
+    assert run_memest("serve", "--host", "0.0.0.0", "--port", "8123").returncode == 0
+    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", 8000), ("0.0.0.0", 8123)]
+
+
+def test_serve_without_the_extra_refuses_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
+    r = run_memest("serve")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().count("\n") == 0 and "pip install 'memest[web]'" in r.stderr
