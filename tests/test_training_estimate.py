@@ -146,6 +146,32 @@ def test_deepspeed_zero2_step_casts_the_partition_to_fp32(tiny):
     assert backward["workspace.reduce_bucket"] == 477 * 2 * 1024 * 1024
 
 
+def test_deepspeed_zero3_keeps_small_parameters_whole_and_copies_a_bucket_to_reduce_scatter(tiny):
+    # DeepSpeed 0.19.5 ZeRO-3 (parameter_offload.py mark_persistent_parameters): every parameter of <= 1e5
+    # elements (stage3_param_persistence_threshold) is never partitioned; the tiny llama's largest, the
+    # embedding and lm_head, have 64,000, so every parameter is whole on each rank, each its own bf16 tensor:
+    # BF16_TENSORS = 2 x 202,048 + 5 norms x (512 - 128) = 406,016 B, beside the 2P/8 flat partition
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=3))
+    m = moments(tiny, w, H100)
+    for moment in ("loss_backward", "optimizer_step"):
+        assert {t.name: t.bytes for t in m[moment]}["weights.persistent"] == BF16_TENSORS == 406_016
+    # reduce_scatter_coalesced (comm/coalesced_collectives.py) torch.cats a bucket's gradients into one new
+    # tensor: min(5e8, P = 202,048) x 2 B = 404,096 B -> 790 blocks of 512 B = 404,480, at the first layer's
+    # backward, not before any gradient exists
+    first = {t.name: t.bytes for t in m["last_layer_backward"]}
+    assert first["workspace.reduce_scatter_input"] == 404_480
+    assert "workspace.reduce_scatter_input" not in {t.name for t in m["loss_backward"]}
+    # LoRA r = 4 on q, k, v, o: the frozen bf16 base whole as above, and the fp32 adapters (each < 1e5) whole:
+    # per layer q 4x64 + 64x4 = 512, k and v 4x64 + 32x4 = 384 each, o 512 -> 1,792 elements x 2 layers x 4 B
+    # = 14,336 B, every tensor (1,024 or 512 B) a whole number of 512-B blocks
+    lora = w.replace(method=Method.LORA, lora=LoraConfig(rank=4, targets="attention"))
+    step = {t.name: t.bytes for t in moments(tiny, lora, H100)["optimizer_step"]}
+    assert step["weights.persistent"] == BF16_TENSORS + 14_336
+    # below ZeRO-3 DeepSpeed keeps every weight whole anyway: no such term
+    assert "weights.persistent" not in {t.name for t in moments(tiny, w.replace(
+        parallelism=Parallelism(dp=8, zero_stage=2)), H100)["optimizer_step"]}
+
+
 def test_deepspeed_zero1_reduces_to_a_partition_before_the_step(tiny):
     # ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.5): full bf16 param.grad through backward;
     # after it reduce_gradients moves them into the 5e8-element bucket (477 x 2 MiB, see the ZeRO-2 test) and

@@ -23,6 +23,16 @@ before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during bac
 partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
 needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
 included.
+
+Stage 3 besides (``zero/parameter_offload.py``, ``zero/stage3.py``, ``comm/coalesced_collectives.py``):
+a parameter of at most ``stage3_param_persistence_threshold`` = 1e5 elements is never partitioned
+(``mark_persistent_parameters`` sets ``ds_persist``; ``partition_parameters.py`` keeps its partition on the
+device too): every rank holds it whole beside its share of the flat partition (term ``weights.persistent``).
+Each bucket of gradients is reduce-scattered by ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``,
+which ``torch.cat``s the bucket's gradients, interleaved and padded per rank, into a new flat tensor of the
+bucket's size: up to ``reduce_bucket_size`` elements at the gradient dtype, made when a bucket fills in the
+layers' backward (term ``workspace.reduce_scatter_input``, at the first layer's backward; the copy is skipped only for a bucket of one tensor divisible by the
+ranks, which memest does not single out).
 """
 
 from __future__ import annotations
@@ -30,12 +40,13 @@ from __future__ import annotations
 import math
 
 from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.sharding import layer_shard_numel
+from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.training.lora import ADAPTER_BYTES
 from memest.estimate.training.protocol import FrameworkStates, StateContext, zero3_weight_shards
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.trained import Gradients, blocks, param_gradients
 from memest.result import Kind, Term
-from memest.workload import Offload
+from memest.workload import Method, Offload
 
 DEEPSPEED_VERSION = "0.19.5"
 """The DeepSpeed release the ``deepspeed`` framework follows (tag v0.19.5, commit cf44300453eb)."""
@@ -43,6 +54,13 @@ DEEPSPEED_VERSION = "0.19.5"
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
+
+PARAM_PERSISTENCE_THRESHOLD = 100_000
+"""DeepSpeed ``stage3_param_persistence_threshold`` default, in elements (``deepspeed/runtime/zero/config.py``
+v0.19.5 line 221, ``param_persistence_threshold: int = Field(pp_int(1e5))``): ZeRO-3 never partitions a
+parameter of at most this many elements (``parameter_offload.py`` ``mark_persistent_parameters``:
+``param.ds_numel <= param_threshold``; ``stage3_model_persistence_threshold``, the cap on their total,
+defaults to ``sys.maxsize``)."""
 
 
 FLAT_STATES = True
@@ -76,6 +94,7 @@ def states(ctx: StateContext) -> FrameworkStates:
     backward: tuple[Term, ...] = ()
     step_grads = None
     reduction: tuple[Term, ...] = ()
+    reduce_input: tuple[Term, ...] = ()
     if z == 1:
         backward = (bucket,)  # DeepSpeedZeroOptimizer allocates it at the first gradient hook
         gradients = param_gradients(ctx.groups, gb, f"P_trainable x {gb} B (ZeRO-1 keeps full gradients through backward)")
@@ -98,7 +117,13 @@ def states(ctx: StateContext) -> FrameworkStates:
             gradients = Gradients(all=partition_bytes, before_first_layer=partition_bytes,
                                   formula=f"P_trainable x {gb} B / {n} (grads_in_partition)")
     else:
-        persistent = (bucket,)
+        persistent = (bucket, *_persistent_params(ctx))
+        # reduce_scatter_coalesced's torch.cat copy of a bucket (at most the bucket, at most what trains),
+        # made when a bucket fills during the layers' backward: counted at the first layer's
+        reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE,
+                         cuda_block_bytes(min(DEEPSPEED_REDUCE_BUCKET, numel) * gb),
+                         f"min(reduce_bucket_size 5e8, P_trainable) x {gb} B (reduce_scatter_coalesced's "
+                         "interleaved copy of a bucket)"),)
         if not offloaded:
             persistent += (Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
                                 f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"),)
@@ -116,4 +141,29 @@ def states(ctx: StateContext) -> FrameworkStates:
         gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
                          f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
-                           step=step, step_grads=step_grads, reduction=reduction)
+                           reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
+
+
+def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
+    """ZeRO-3's persistent parameters (:data:`PARAM_PERSISTENCE_THRESHOLD`), each whole on every rank in its
+    own tensor: under full training every small parameter at the weight dtype; under LoRA the frozen base's
+    small ones at it and the small fp32 adapters. QLoRA's 4-bit base is left out (not modelled)."""
+    t = ctx.t
+    if t.method is Method.QLORA:
+        return ()
+    weight = RECIPES[t.precision].weight
+    small = PARAM_PERSISTENCE_THRESHOLD
+    total = 0
+    if t.method is Method.FULL:
+        total = sum(cuda_block_bytes(local * weight) * c for _, local, c in ctx.trainable if local <= small)
+    else:
+        par, k = t.parallelism, ctx.spec.num_kv_heads
+        total = sum(cuda_block_bytes(numel * weight) * c for tn, c in stage_tensors(ctx.spec, ctx.stage)
+                    if (numel := shard_numel(tn, par, k)) <= small)
+        total += sum(cuda_block_bytes(local * ADAPTER_BYTES) * c for _, local, c in ctx.trainable if local <= small)
+    if not total:
+        return ()
+    return (Term("weights.persistent", Kind.WEIGHTS, total,
+                 f"parameters of <= 1e5 elements whole x {weight} B" + ("" if t.method is Method.FULL else
+                                                                       " (LoRA's: x 4 B)")
+                 + " (stage3_param_persistence_threshold: never partitioned)"),)
