@@ -239,12 +239,24 @@ def test_qlora_weights(tiny):
 
 
 def test_offload_host_ram_per_node(tiny):
-    # DeepSpeed ZeRO-2, optimizer offloaded, 8 ranks on one node: fp32 master 4 + Adam 8 + fp32 grads 4
-    # per parameter, each rank a 1/8 shard -> 16 P bytes per node
+    # DeepSpeed 0.19.5 ZeRO-2, optimizer offloaded, 8 ranks on one node (stage_1_and_2.py, cpu_offload): per
+    # parameter in host RAM fp32 master 4 + Adam 8 + fp32 grads 4 + the bf16 partition buffer
+    # (param_buffer_of_bit16_for_cpu_offload_groups) 2 = 18 B, each rank a 1/8 shard -> 18 P bytes per node;
+    # besides, on every rank temp_grad_buffer_for_cpu_offload: the largest parameter (embed, 64,000) x 2 B =
+    # 128,000 B, x 8 ranks = 1,024,000
     w = TrainingConfig(seq_len=16, offload=Offload.OPTIMIZER, parallelism=Parallelism(dp=8, zero_stage=2))
     est = estimate(tiny, w, H100)
-    assert est.host_bytes == 16 * P
+    assert est.host_bytes == 18 * P + 8 * 128_000 == 4_660_864
     assert Kind.OPTIMIZER_STATES not in est.per_device.by_kind()
+    # on the GPU temp_grad_buffer_for_gpu_offload, the same 64,000 x 2 B = 128,000 B (250 blocks of 512 B)
+    step = {t.name: t.bytes for t in moments(tiny, w, H100)["optimizer_step"]}
+    assert step["workspace.offload_grad_buffer"] == 128_000
+    # under gradient accumulation accumulated_grads_in_cpu adds each partition parameter at 2 B: 20 P
+    assert estimate(tiny, w.replace(grad_accum_steps=2), H100).host_bytes == 20 * P + 8 * 128_000
+    # ZeRO-3 (stage3.py): the bf16 gradient partition grad_partitions_flat_buffer lives on the offload device
+    # instead: 4 + 8 + 4 + 2 = 18 B per parameter, no per-rank buffer
+    z3 = w.replace(parallelism=Parallelism(dp=8, zero_stage=3))
+    assert estimate(tiny, z3, H100).host_bytes == 18 * P
 
 
 def test_pipeline_first_stage_keeps_in_flight_microbatches(tiny):
@@ -352,12 +364,14 @@ def test_masked_lm_loss_runs_at_the_logits_dtype():
 def test_lora_param_offload_keeps_the_frozen_base_in_host_ram():
     # ZeRO-3 with offload_param moves every parameter to the host, the frozen bf16 base too:
     # Llama-2-7B base 6,738,415,616 x 2 B = 13,476,831,232; adapters on q,k,v,o at r 16:
-    # 16 x (4096 + 4096) x 4 x 32 = 16,777,216 params x (4 master + 8 Adam + 4 grads + 2 weight) B
-    # = 301,989,888; per node (2 ranks sharing the states): (13,476,831,232 + 301,989,888) / 2 x 2
+    # 16 x (4096 + 4096) x 4 x 32 = 16,777,216 params x (4 master + 8 Adam + 4 grads + 2 weight + 4 the fp32
+    # adapters' gradient partition, grad_partitions_flat_buffer, on the offload device: stage3.py) = 22 B
+    # -> 369,098,752;
+    # per node (2 ranks sharing the states): (13,476,831,232 + 369,098,752) / 2 x 2
     from memest.sources import load_model
     from memest.workload import Framework, Offload
 
     t = TrainingConfig(method=Method.LORA, framework=Framework.DEEPSPEED, offload=Offload.PARAMS,
                        parallelism=Parallelism(dp=2, zero_stage=3))
     est = estimate(load_model("meta-llama/Llama-2-7b-hf"), t, get_device("H100-80GB"))
-    assert est.host_bytes == 13_476_831_232 + 301_989_888 == 13_778_821_120
+    assert est.host_bytes == 13_476_831_232 + 369_098_752 == 13_845_929_984

@@ -33,6 +33,12 @@ which ``torch.cat``s the bucket's gradients, interleaved and padded per rank, in
 bucket's size: up to ``reduce_bucket_size`` elements at the gradient dtype, made when a bucket fills in the
 layers' backward (term ``workspace.reduce_scatter_input``, at the first layer's backward; the copy is skipped only for a bucket of one tensor divisible by the
 ranks, which memest does not single out).
+
+Optimizer offload (``offload_optimizer`` device cpu) moves the fp32 master, the optimizer states and the fp32
+gradient partition to host RAM (:func:`offload_host_bytes_per_param` for the host copies beyond those);
+ZeRO-1/2 (``stage_1_and_2.py``, ``cpu_offload``) keeps on the GPU, besides the full 16-bit weights and the
+reduce bucket, ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements at the parameters' dtype,
+allocated at initialisation (term ``workspace.offload_grad_buffer``).
 """
 
 from __future__ import annotations
@@ -99,6 +105,7 @@ def states(ctx: StateContext) -> FrameworkStates:
         backward = (bucket,)  # DeepSpeedZeroOptimizer allocates it at the first gradient hook
         gradients = param_gradients(ctx.groups, gb, f"P_trainable x {gb} B (ZeRO-1 keeps full gradients through backward)")
         if offloaded:
+            persistent = (_offload_grad_buffer(ctx),)
             step_grads = Term("gradients", Kind.GRADIENTS, 0, "param.grad dropped after the reduction (offloaded)")
             reduction = (bucket,)
         else:
@@ -110,7 +117,9 @@ def states(ctx: StateContext) -> FrameworkStates:
             reduction = (bucket, partition)
     elif z == 2:
         backward = (bucket,)
-        if not offloaded:
+        if offloaded:
+            persistent = (_offload_grad_buffer(ctx),)
+        else:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
             partition_bytes = cuda_block_bytes(math.ceil(sharded_numel * gb / n))
@@ -167,3 +176,44 @@ def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
                  f"parameters of <= 1e5 elements whole x {weight} B" + ("" if t.method is Method.FULL else
                                                                        " (LoRA's: x 4 B)")
                  + " (stage3_param_persistence_threshold: never partitioned)"),)
+
+
+def _param_bytes(ctx: StateContext) -> int:
+    """Bytes per element of the parameters DeepSpeed's optimizer holds (its ``self.dtype``): the weight dtype,
+    LoRA's fp32 adapters."""
+    return RECIPES[ctx.t.precision].weight if ctx.t.method is Method.FULL else ADAPTER_BYTES
+
+
+def _offload_grad_buffer(ctx: StateContext) -> Term:
+    """ZeRO-1/2 under optimizer offload: ``temp_grad_buffer_for_gpu_offload`` (``stage_1_and_2.py`` v0.19.5
+    ``__init__``, under ``if self.cpu_offload``: ``torch.zeros(largest_param_numel, device=current_device,
+    dtype=self.dtype)``), kept for the run."""
+    b = _param_bytes(ctx)
+    largest = max((local for _, local, _ in ctx.trainable), default=0)
+    return Term("workspace.offload_grad_buffer", Kind.WORKSPACE, cuda_block_bytes(largest * b),
+                f"largest trainable parameter x {b} B (temp_grad_buffer_for_gpu_offload)")
+
+
+def offload_host_bytes_per_param(zero_stage: int, param_b: int, grad_b: int, grad_accum_steps: int) -> int:
+    """Host bytes per trainable element (1/N of them per rank) that DeepSpeed v0.19.5's optimizer offload holds
+    beyond the fp32 master, the optimizer states and the fp32 gradient partition
+    (``single_partition_of_fp32_groups[i].grad`` at ZeRO-1/2, ``fp32_partitioned_groups_flat[i].grad`` =
+    ``subgroup_gradient_buffer`` at ZeRO-3, both on the offload device):
+
+    - ZeRO-1/2 (``stage_1_and_2.py``): ``param_buffer_of_bit16_for_cpu_offload_groups``, the partition at the
+      parameters' dtype (``param_b``, pinned), and under gradient accumulation ``accumulated_grads_in_cpu``
+      (``buffer_to_accumulate_to_in_cpu``: each partition parameter at its dtype; used only when
+      ``micro_step_id > 0 or not is_gradient_accumulation_boundary()``, ``copy_grads_in_partition``);
+    - ZeRO-3 (``stage3.py`` ``_setup_for_real_optimizer``): ``grad_partitions_flat_buffer``, the gradient
+      partition at the gradient-accumulation dtype (``grad_b``), allocated on ``self.device``, the offload
+      device, and pinned.
+    """
+    if zero_stage >= 3:
+        return grad_b
+    return param_b * (2 if grad_accum_steps > 1 else 1)
+
+
+def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param_b: int) -> int:
+    """ZeRO-1/2's ``temp_grad_buffer_for_cpu_offload``: the largest parameter at the parameters' dtype, in host RAM
+    on every rank (``stage_1_and_2.py`` v0.19.5 ``__init__``, pinned); none at ZeRO-3."""
+    return 0 if zero_stage >= 3 else largest_param_numel * param_b
