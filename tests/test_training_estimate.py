@@ -13,7 +13,9 @@ from memest.devices import get_device
 from memest.estimate import estimate
 from memest.estimate.activations import Execution, layer_activations
 from memest.estimate.training import moments
+from memest.estimate.training.deepspeed import gathered_peak_numel
 from memest.result import Kind, RankEstimate
+from memest.sources import load_model
 from memest.workload import (
     AttnImplementation,
     Framework,
@@ -161,6 +163,8 @@ def test_deepspeed_zero3_keeps_small_parameters_whole_and_copies_a_bucket_to_red
     first = {t.name: t.bytes for t in m["last_layer_backward"]}
     assert first["workspace.reduce_scatter_input"] == 404_480
     assert "workspace.reduce_scatter_input" not in {t.name for t in m["loss_backward"]}
+    # every parameter persistent: none is ever gathered
+    assert "workspace.gathered_params" not in {t.name for t in m["loss_backward"]}
     # LoRA r = 4 on q, k, v, o: the frozen bf16 base whole as above, and the fp32 adapters (each < 1e5) whole:
     # per layer q 4x64 + 64x4 = 512, k and v 4x64 + 32x4 = 384 each, o 512 -> 1,792 elements x 2 layers x 4 B
     # = 14,336 B, every tensor (1,024 or 512 B) a whole number of 512-B blocks
@@ -170,6 +174,34 @@ def test_deepspeed_zero3_keeps_small_parameters_whole_and_copies_a_bucket_to_red
     # below ZeRO-3 DeepSpeed keeps every weight whole anyway: no such term
     assert "weights.persistent" not in {t.name for t in moments(tiny, w.replace(
         parallelism=Parallelism(dp=8, zero_stage=2)), H100)["optimizer_step"]}
+
+
+def test_zero3_coordinator_keeps_prefetched_and_reused_parameters_gathered():
+    # four 10-element parameters used 0 1 2 3 | 3 2 1 0 (forward, backward); prefetch 10, max_live 25,
+    # max_reuse 15 (partitioned_param_coordinator.py, v0.19.5):
+    # step 0: gather p0 (10), prefetch p1 (20); p0's next use is beyond 15 elements of trace: released (10)
+    # steps 1, 2: p1 / p2 already gathered, prefetch the next (20), release the current (10)
+    # step 3: prefetch passes over gathered p3 (its backward use) and gathers p2 (20); p3 is used next: kept
+    # step 4: budget min(25 - 20, 10) = 5 > 0 prefetches p1 whole: 30 (the cap is overshot by one parameter)
+    # step 5: budget 5 prefetches p0: 30; then releases down to 0
+    numel, forward = (10, 10, 10, 10), (0, 1, 2, 3)
+    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=10, max_live=25) == 30
+    # no prefetch: only the module's own parameter, and p3 kept from its forward to its backward: 10
+    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=0, max_live=25) == 10
+    # a large reuse distance keeps every parameter from its forward to its backward: all 40
+    assert gathered_peak_numel(numel, forward, max_reuse=1000, prefetch=0, max_live=25) == 40
+
+
+def test_zero3_gathers_up_to_the_live_parameter_cap():
+    # Llama-2-7B (q, k, v, o 16,777,216; gate, up, down 45,088,768; embed and lm_head 131,072,000 elements),
+    # ZeRO-3 defaults: each fetch prefetches 5e7 more elements while a module uses 28.9M on average, so
+    # the gathered parameters run up to stage3_max_live_parameters (1e9) and overshoot it by at most the
+    # module fetched (the lm_head, 131,072,000) and one prefetched parameter (45,088,768): between
+    # 1e9 and 1,176,160,768 elements, at 2 B
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=3))
+    gathered = {t.name: t.bytes for t in moments(spec, w, H100)["loss_backward"]}["workspace.gathered_params"]
+    assert 2 * 10**9 <= gathered <= 2 * 1_176_160_768
 
 
 def test_deepspeed_zero1_reduces_to_a_partition_before_the_step(tiny):

@@ -61,6 +61,22 @@ DEEPSPEED_VERSION = "0.19.5"
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
 
+MAX_REUSE_DISTANCE = 1_000_000_000
+"""DeepSpeed ``stage3_max_reuse_distance`` default, in elements (``deepspeed/runtime/zero/config.py`` v0.19.5,
+``max_reuse_distance: int = Field(pp_int(1e9))``): a released module's parameters stay gathered when they are
+used again before this many parameter elements have been fetched
+(``partitioned_param_coordinator.py`` ``__params_to_release``)."""
+
+PREFETCH_BUCKET = 50_000_000
+"""DeepSpeed ``stage3_prefetch_bucket_size`` default, in elements (``config.py`` v0.19.5,
+``prefetch_bucket_size: int = Field(pp_int(5e7))``): at each fetch the coordinator all-gathers the next
+parameters of the trace until this many elements are in flight (``_fetch_sub_module_impl``)."""
+
+MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed ``stage3_max_live_parameters`` default, in elements (``config.py`` v0.19.5,
+``max_live_parameters: int = Field(pp_int(1e9))``): prefetching stops once this many are gathered
+(``max_params_to_prefetch = min(max_n_available - n_available, prefetch_bucket_sz)``)."""
+
 PARAM_PERSISTENCE_THRESHOLD = 100_000
 """DeepSpeed ``stage3_param_persistence_threshold`` default, in elements (``deepspeed/runtime/zero/config.py``
 v0.19.5 line 221, ``param_persistence_threshold: int = Field(pp_int(1e5))``): ZeRO-3 never partitions a
@@ -146,9 +162,15 @@ def states(ctx: StateContext) -> FrameworkStates:
     if z >= 3:
         spec, stage, par = ctx.spec, ctx.stage, t.parallelism
         weight = RECIPES[t.precision].weight
-        largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
-        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
-                         f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+        if t.method is Method.QLORA:  # bitsandbytes' 4-bit storage under ZeRO-3 is not modelled
+            largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
+                             f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+        else:
+            live = gathered_peak_numel(*_module_trace(ctx))
+            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, live * weight,
+                             f"peak gathered parameters x {weight} B (ZeRO-3 coordinator: kept while re-used within "
+                             "stage3_max_reuse_distance 1e9 elements, stage3_prefetch_bucket_size 5e7 prefetched)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
                            reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
 
@@ -217,3 +239,77 @@ def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param
     """ZeRO-1/2's ``temp_grad_buffer_for_cpu_offload``: the largest parameter at the parameters' dtype, in host RAM
     on every rank (``stage_1_and_2.py`` v0.19.5 ``__init__``, pinned); none at ZeRO-3."""
     return 0 if zero_stage >= 3 else largest_param_numel * param_b
+
+
+def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The partitioned parameters of a stage (their local element counts) and the order a step's forward
+    uses them (parameter ids): every tensor its own module (the embeddings, each layer's tensors as listed,
+    the head; a tied lm_head re-uses the embedding matrix). Persistent parameters
+    (:data:`PARAM_PERSISTENCE_THRESHOLD`) are never gathered and left out."""
+    spec, stage, par = ctx.spec, ctx.stage, ctx.t.parallelism
+    k = spec.num_kv_heads
+    numel: list[int] = []
+    forward: list[int] = []
+
+    def use(n: int) -> None:
+        if n > PARAM_PERSISTENCE_THRESHOLD:
+            forward.append(len(numel))
+            numel.append(n)
+
+    if stage.first:
+        for tn in spec.embedding:
+            use(shard_numel(tn, par, k))
+    embedding = forward[:]
+    for layer, count in spec.layer_kinds(stage.start, stage.stop):
+        for _ in range(count):
+            for tn in layer.tensors:
+                use(shard_numel(tn, par, layer.attention.num_kv_heads))
+    if stage.last:
+        for tn in spec.head:
+            use(shard_numel(tn, par, k))
+        if spec.tie_word_embeddings and embedding:  # the lm_head is the embedding matrix, the largest of them
+            forward.append(max(embedding, key=numel.__getitem__))
+    return tuple(numel), tuple(forward)
+
+
+def gathered_peak_numel(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
+                        prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS) -> int:
+    """The most parameter elements gathered at once over a step, as ZeRO-3's coordinator keeps them with a
+    complete trace (``partitioned_param_coordinator.py`` v0.19.5). ``numel``: each parameter's elements;
+    ``forward``: the parameter ids in forward order; the trace is the forward then its reverse (the backward).
+    At each step the module's parameter is gathered if it is not, then the next parameters of the trace are
+    prefetched until ``prefetch`` elements are in flight (at most ``max_live`` gathered in all; gathered ones
+    are passed over, marked as fetched for that later use); after the module runs, its parameter is released
+    unless it was fetched for a later use or is used again before ``max_reuse`` elements of the trace have
+    been traversed (``__params_to_release``)."""
+    trace = (*forward, *reversed(forward))
+    available = [False] * len(numel)
+    fetched_for = [-1] * len(numel)  # __most_recent_step_id_param_fetched_for: the latest trace step fetched for
+    live = peak = 0
+    queue = 0  # the prefetch queue: the first trace position not yet popped
+    for step, param in enumerate(trace):
+        if not available[param]:
+            available[param], live = True, live + numel[param]
+        queue = max(queue, step + 1)
+        budget, in_flight = min(max_live - live, prefetch), 0
+        while queue < len(trace) and in_flight < budget:
+            ahead = trace[queue]
+            fetched_for[ahead] = max(fetched_for[ahead], queue)
+            if not available[ahead]:
+                available[ahead], live = True, live + numel[ahead]
+                in_flight += numel[ahead]
+            queue += 1
+        peak = max(peak, live)
+        if fetched_for[param] > step + 1:
+            continue  # prefetched for a later use: kept
+        traversed, reused = 0, False
+        for later in trace[step + 1:]:
+            if traversed >= max_reuse:
+                break
+            if later == param:
+                reused = True
+                break
+            traversed += numel[later]
+        if not reused:
+            available[param], live = False, live - numel[param]
+    return peak
