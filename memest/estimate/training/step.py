@@ -14,9 +14,9 @@ from itertools import chain
 from memest.devices import Device
 from memest.estimate import runtime
 from memest.estimate.sharding import Stage, stages
+from memest.estimate.training import deepspeed
 from memest.estimate.training.activation_terms import ActivationTerms, activation_terms, activations_input
 from memest.estimate.training.assumptions import assumptions
-from memest.estimate.training import deepspeed
 from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
 from memest.estimate.training.optimizers import state_bytes_per_param
 from memest.estimate.training.protocol import states_input
