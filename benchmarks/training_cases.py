@@ -51,8 +51,19 @@ WORST_CASES = """
   consistent with a first iteration, before DeepSpeed creates the Adam states lazily at the first
   step: its steady 19.4 GB = 2P + 4P/N (fp32 master) + 2P/N (gradient partition) + the 1 GB reduce
   bucket, without the 8P/N of Adam; its ZeRO-2 + offload row (13.4 GB = 2P) agrees. memest estimates
-  the steady state (states allocated), 6.7 GB more. The ZeRO-3 rows, whose states exist from
-  initialization, agree within 11%.
+  the steady state (states allocated), 6.7 GB more. DeepSpeed 0.19.5's ``stage_1_and_2.py`` holds, at
+  the step, the partition, its flattened copy and the fp32 cast that memest counts; no buffer is
+  over-counted there. The ZeRO-2 bs4 row (steady 27.2 GB, Adam states present) agrees (-3%).
+- **ds_gist_llama7b_zero3_* (medium).** ZeRO-3's gathered parameters now follow the coordinator
+  (``partitioned_param_coordinator.py``): each fetch prefetches 5e7 more elements, so they run up to
+  ``stage3_max_live_parameters`` (1e9, 2.1 GiB in bf16 with the lm_head fetched beyond it), not two
+  layers (0.75 GiB): the no-checkpointing row moved from -10.7% to -8.8%, the bs2 checkpointed row from
+  +2.3% to +9.3%; bs8 agrees (-0.3%), the optimizer-offload row is +12%. Two rows stay unexplained:
+  bs8 with grad_accum 2 (-39%: 24.8 GB above the same run without accumulation, which DeepSpeed
+  0.19.5 does not allocate: micro-batches accumulate into the existing gradient partition), and
+  optimizer + parameter offload at bs4 (+82%: 5.7 GB above its steady memory, less than the layer
+  checkpoints and fp32 loss path of 4 x 4096 tokens that the bs8 row shows in full). The source does
+  not state dtype, optimizer or attention; neither row changed a formula.
 - **unsloth_llama31_8b_qlora_max_context (medium, -13.5%).** Compared through its HF + FA2 column,
   assumed to be trl's SFTTrainer (fp32 checkpoints, ``--prepare-kbit-training trl``): at 28,454
   tokens memest predicts 68.5 GiB of the 80 GB card. The slope of that column (2.47 MB per token

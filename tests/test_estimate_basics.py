@@ -107,8 +107,11 @@ PER_TENSOR_16BIT = 2 * TINY_PARAMS + NORMS * (512 - 128)
     (1, PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
     # ZeRO-2: one flat bf16 gradient partition (grads_in_partition), 2P/4 = 101,024 B -> 101,376
     (2, PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
-    # ZeRO-3: one flat bf16 weight partition and one gradient partition, 2P/4 each
-    (3, _block(2 * TINY_PARAMS // 4), _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
+    # ZeRO-3: one flat bf16 weight partition and one gradient partition, 2P/4 each; besides, every tiny
+    # parameter has at most 64,000 <= 1e5 elements (stage3_param_persistence_threshold): never partitioned,
+    # each also whole on every rank in its own tensor (parameter_offload.py mark_persistent_parameters):
+    # 101,376 + PER_TENSOR_16BIT (406,016) = 507,392 B of weights
+    (3, _block(2 * TINY_PARAMS // 4) + PER_TENSOR_16BIT, _block(2 * TINY_PARAMS // 4), 3 * _block(4 * TINY_PARAMS // 4)),
 ])
 def test_zero_stages_shard_model_states(tiny, zero, weights, grads, optimizer):
     # the model states at the optimizer step (training.moments)

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from memest.devices import get_device
 from memest.estimate import estimate
 from memest.estimate.training import moments
+from memest.estimate.training.deepspeed import MAX_LIVE_PARAMETERS
 from memest.result import ALLOCATED_KINDS, Kind
 from memest.sources import load_model
 from memest.workload import (
@@ -102,6 +103,11 @@ def test_memory_never_falls_when_layers_grow(model, method, precision, recompute
 def test_more_zero_sharding_never_raises_memory(model, framework, dp, recompute, b):
     spec = SPECS[model]
     stages = [0, 1, 2, 3] if framework is Framework.DEEPSPEED else [0, 2, 3]
+    if framework is Framework.DEEPSPEED and spec.num_params * (1 - 1 / dp) <= 2 * MAX_LIVE_PARAMETERS:
+        # ZeRO-3 trades the whole weights for up to stage3_max_live_parameters (1e9) elements gathered at
+        # once, overshot by the module fetched and the last prefetch (partitioned_param_coordinator.py): it
+        # holds less only when the P (1 - 1/N) elements it stops keeping exceed that, with a 2x margin
+        stages = [0, 1, 2]
     figures = []
     for zero in stages:
         w = TrainingConfig(precision=Precision.MIXED, framework=framework, recompute=recompute, micro_batch_size=b,

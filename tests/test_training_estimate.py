@@ -13,7 +13,9 @@ from memest.devices import get_device
 from memest.estimate import estimate
 from memest.estimate.activations import Execution, layer_activations
 from memest.estimate.training import moments
+from memest.estimate.training.deepspeed import gathered_peak_numel
 from memest.result import Kind, RankEstimate
+from memest.sources import load_model
 from memest.workload import (
     AttnImplementation,
     Framework,
@@ -146,6 +148,62 @@ def test_deepspeed_zero2_step_casts_the_partition_to_fp32(tiny):
     assert backward["workspace.reduce_bucket"] == 477 * 2 * 1024 * 1024
 
 
+def test_deepspeed_zero3_keeps_small_parameters_whole_and_copies_a_bucket_to_reduce_scatter(tiny):
+    # DeepSpeed 0.19.5 ZeRO-3 (parameter_offload.py mark_persistent_parameters): every parameter of <= 1e5
+    # elements (stage3_param_persistence_threshold) is never partitioned; the tiny llama's largest, the
+    # embedding and lm_head, have 64,000, so every parameter is whole on each rank, each its own bf16 tensor:
+    # BF16_TENSORS = 2 x 202,048 + 5 norms x (512 - 128) = 406,016 B, beside the 2P/8 flat partition
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=3))
+    m = moments(tiny, w, H100)
+    for moment in ("loss_backward", "optimizer_step"):
+        assert {t.name: t.bytes for t in m[moment]}["weights.persistent"] == BF16_TENSORS == 406_016
+    # reduce_scatter_coalesced (comm/coalesced_collectives.py) torch.cats a bucket's gradients into one new
+    # tensor: min(5e8, P = 202,048) x 2 B = 404,096 B -> 790 blocks of 512 B = 404,480, at the first layer's
+    # backward, not before any gradient exists
+    first = {t.name: t.bytes for t in m["last_layer_backward"]}
+    assert first["workspace.reduce_scatter_input"] == 404_480
+    assert "workspace.reduce_scatter_input" not in {t.name for t in m["loss_backward"]}
+    # every parameter persistent: none is ever gathered
+    assert "workspace.gathered_params" not in {t.name for t in m["loss_backward"]}
+    # LoRA r = 4 on q, k, v, o: the frozen bf16 base whole as above, and the fp32 adapters (each < 1e5) whole:
+    # per layer q 4x64 + 64x4 = 512, k and v 4x64 + 32x4 = 384 each, o 512 -> 1,792 elements x 2 layers x 4 B
+    # = 14,336 B, every tensor (1,024 or 512 B) a whole number of 512-B blocks
+    lora = w.replace(method=Method.LORA, lora=LoraConfig(rank=4, targets="attention"))
+    step = {t.name: t.bytes for t in moments(tiny, lora, H100)["optimizer_step"]}
+    assert step["weights.persistent"] == BF16_TENSORS + 14_336
+    # below ZeRO-3 DeepSpeed keeps every weight whole anyway: no such term
+    assert "weights.persistent" not in {t.name for t in moments(tiny, w.replace(
+        parallelism=Parallelism(dp=8, zero_stage=2)), H100)["optimizer_step"]}
+
+
+def test_zero3_coordinator_keeps_prefetched_and_reused_parameters_gathered():
+    # four 10-element parameters used 0 1 2 3 | 3 2 1 0 (forward, backward); prefetch 10, max_live 25,
+    # max_reuse 15 (partitioned_param_coordinator.py, v0.19.5):
+    # step 0: gather p0 (10), prefetch p1 (20); p0's next use is beyond 15 elements of trace: released (10)
+    # steps 1, 2: p1 / p2 already gathered, prefetch the next (20), release the current (10)
+    # step 3: prefetch passes over gathered p3 (its backward use) and gathers p2 (20); p3 is used next: kept
+    # step 4: budget min(25 - 20, 10) = 5 > 0 prefetches p1 whole: 30 (the cap is overshot by one parameter)
+    # step 5: budget 5 prefetches p0: 30; then releases down to 0
+    numel, forward = (10, 10, 10, 10), (0, 1, 2, 3)
+    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=10, max_live=25) == 30
+    # no prefetch: only the module's own parameter, and p3 kept from its forward to its backward: 10
+    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=0, max_live=25) == 10
+    # a large reuse distance keeps every parameter from its forward to its backward: all 40
+    assert gathered_peak_numel(numel, forward, max_reuse=1000, prefetch=0, max_live=25) == 40
+
+
+def test_zero3_gathers_up_to_the_live_parameter_cap():
+    # Llama-2-7B (q, k, v, o 16,777,216; gate, up, down 45,088,768; embed and lm_head 131,072,000 elements),
+    # ZeRO-3 defaults: each fetch prefetches 5e7 more elements while a module uses 28.9M on average, so
+    # the gathered parameters run up to stage3_max_live_parameters (1e9) and overshoot it by at most the
+    # module fetched (the lm_head, 131,072,000) and one prefetched parameter (45,088,768): between
+    # 1e9 and 1,176,160,768 elements, at 2 B
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    w = TrainingConfig(seq_len=16, parallelism=Parallelism(dp=8, zero_stage=3))
+    gathered = {t.name: t.bytes for t in moments(spec, w, H100)["loss_backward"]}["workspace.gathered_params"]
+    assert 2 * 10**9 <= gathered <= 2 * 1_176_160_768
+
+
 def test_deepspeed_zero1_reduces_to_a_partition_before_the_step(tiny):
     # ZeRO-1 (deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeed 0.19.5): full bf16 param.grad through backward;
     # after it reduce_gradients moves them into the 5e8-element bucket (477 x 2 MiB, see the ZeRO-2 test) and
@@ -213,12 +271,24 @@ def test_qlora_weights(tiny):
 
 
 def test_offload_host_ram_per_node(tiny):
-    # DeepSpeed ZeRO-2, optimizer offloaded, 8 ranks on one node: fp32 master 4 + Adam 8 + fp32 grads 4
-    # per parameter, each rank a 1/8 shard -> 16 P bytes per node
+    # DeepSpeed 0.19.5 ZeRO-2, optimizer offloaded, 8 ranks on one node (stage_1_and_2.py, cpu_offload): per
+    # parameter in host RAM fp32 master 4 + Adam 8 + fp32 grads 4 + the bf16 partition buffer
+    # (param_buffer_of_bit16_for_cpu_offload_groups) 2 = 18 B, each rank a 1/8 shard -> 18 P bytes per node;
+    # besides, on every rank temp_grad_buffer_for_cpu_offload: the largest parameter (embed, 64,000) x 2 B =
+    # 128,000 B, x 8 ranks = 1,024,000
     w = TrainingConfig(seq_len=16, offload=Offload.OPTIMIZER, parallelism=Parallelism(dp=8, zero_stage=2))
     est = estimate(tiny, w, H100)
-    assert est.host_bytes == 16 * P
+    assert est.host_bytes == 18 * P + 8 * 128_000 == 4_660_864
     assert Kind.OPTIMIZER_STATES not in est.per_device.by_kind()
+    # on the GPU temp_grad_buffer_for_gpu_offload, the same 64,000 x 2 B = 128,000 B (250 blocks of 512 B)
+    step = {t.name: t.bytes for t in moments(tiny, w, H100)["optimizer_step"]}
+    assert step["workspace.offload_grad_buffer"] == 128_000
+    # under gradient accumulation accumulated_grads_in_cpu adds each partition parameter at 2 B: 20 P
+    assert estimate(tiny, w.replace(grad_accum_steps=2), H100).host_bytes == 20 * P + 8 * 128_000
+    # ZeRO-3 (stage3.py): the bf16 gradient partition grad_partitions_flat_buffer lives on the offload device
+    # instead: 4 + 8 + 4 + 2 = 18 B per parameter, no per-rank buffer
+    z3 = w.replace(parallelism=Parallelism(dp=8, zero_stage=3))
+    assert estimate(tiny, z3, H100).host_bytes == 18 * P
 
 
 def test_pipeline_first_stage_keeps_in_flight_microbatches(tiny):
@@ -326,12 +396,14 @@ def test_masked_lm_loss_runs_at_the_logits_dtype():
 def test_lora_param_offload_keeps_the_frozen_base_in_host_ram():
     # ZeRO-3 with offload_param moves every parameter to the host, the frozen bf16 base too:
     # Llama-2-7B base 6,738,415,616 x 2 B = 13,476,831,232; adapters on q,k,v,o at r 16:
-    # 16 x (4096 + 4096) x 4 x 32 = 16,777,216 params x (4 master + 8 Adam + 4 grads + 2 weight) B
-    # = 301,989,888; per node (2 ranks sharing the states): (13,476,831,232 + 301,989,888) / 2 x 2
+    # 16 x (4096 + 4096) x 4 x 32 = 16,777,216 params x (4 master + 8 Adam + 4 grads + 2 weight + 4 the fp32
+    # adapters' gradient partition, grad_partitions_flat_buffer, on the offload device: stage3.py) = 22 B
+    # -> 369,098,752;
+    # per node (2 ranks sharing the states): (13,476,831,232 + 369,098,752) / 2 x 2
     from memest.sources import load_model
     from memest.workload import Framework, Offload
 
     t = TrainingConfig(method=Method.LORA, framework=Framework.DEEPSPEED, offload=Offload.PARAMS,
                        parallelism=Parallelism(dp=2, zero_stage=3))
     est = estimate(load_model("meta-llama/Llama-2-7b-hf"), t, get_device("H100-80GB"))
-    assert est.host_bytes == 13_476_831_232 + 301_989_888 == 13_778_821_120
+    assert est.host_bytes == 13_476_831_232 + 369_098_752 == 13_845_929_984

@@ -93,8 +93,11 @@ def test_llama2_70b_zero3_on_8_h100_does_not_fit():
     # ZeRO-3 shards all 16 B/param over 8 ranks: 16 x 68,976,648,192 / 8 = 137,953,296,384 B ~ 138 GB per device,
     # in five flat partitions: the bf16 weights and gradients (2P/8 = 17,244,162,048 B each: their 2-MiB
     # segments, 8,223 x 2 MiB, leave 718,848 B <= 1 MiB unsplit) and the fp32 master and Adam m, v (4P/8 =
-    # 34,488,324,096 B each: 1,437,696 B left over > 1 MiB, split off)
-    assert model_state_bytes(result.estimate) == 16 * LLAMA2_70B_PARAMS // 8 + 2 * 718_848 == 137_954_734_080
+    # 34,488,324,096 B each: 1,437,696 B left over > 1 MiB, split off); besides, the 161 RMSNorm weights (2 per
+    # layer x 80 + the final one, 8,192 elements each <= stage3_param_persistence_threshold 1e5) are never
+    # partitioned: each whole on every rank, 8,192 x 2 B = 16,384 B (a 512-B multiple): 161 x 16,384 = 2,637,824 B
+    expected = 16 * LLAMA2_70B_PARAMS // 8 + 2 * 718_848 + 161 * 16_384
+    assert model_state_bytes(result.estimate) == expected == 137_957_371_904
     assert not result.verdict.fits
     rec = result.recommendation
     assert rec is not None and rec.cheapest is not None

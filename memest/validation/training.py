@@ -31,6 +31,7 @@ from memest.workload import (
     LoraConfig,
     Loss,
     Method,
+    Offload,
     Optimizer,
     Parallelism,
     Precision,
@@ -224,6 +225,20 @@ def build_cases() -> list[Case]:
                            recompute=rec, parallelism=Parallelism(dp=8, zero_stage=zero), framework=Framework.DEEPSPEED)
         out.append(Case(cid, llama7b, w, get_device("A800-80GB"), "allocated",
                         round(pub[cid]["measured"]["max_memory_allocated_GB"] * GB), ds_note, MEDIUM_TOLERANCE,
+                        "max_memory_allocated (GB)"))
+    # the same table's other rows (all with HF gradient checkpointing; the ZeRO++ row is not modelled)
+    for cid, zero, b, ga, offload in (("ds_gist_llama7b_zero2_bs1_ckpt_offload_optimizer", 2, 1, 8, Offload.OPTIMIZER),
+                                      ("ds_gist_llama7b_zero2_bs4_ckpt", 2, 4, 2, Offload.NONE),
+                                      ("ds_gist_llama7b_zero3_bs2_ckpt_offload_optimizer", 3, 2, 4, Offload.OPTIMIZER),
+                                      ("ds_gist_llama7b_zero3_bs4_ckpt_offload_optimizer_param", 3, 4, 2, Offload.PARAMS),
+                                      ("ds_gist_llama7b_zero3_bs8_ckpt", 3, 8, 1, Offload.NONE),
+                                      ("ds_gist_llama7b_zero3_bs8_ga2_ckpt", 3, 8, 2, Offload.NONE)):
+        w = TrainingConfig(micro_batch_size=b, seq_len=4096, grad_accum_steps=ga, precision=Precision.MIXED,
+                           recompute=Recompute.FULL, offload=offload, parallelism=Parallelism(dp=8, zero_stage=zero),
+                           framework=Framework.DEEPSPEED)
+        out.append(Case(cid, llama7b, w, get_device("A800-80GB"), "allocated",
+                        round(pub[cid]["measured"]["max_memory_allocated_GB"] * GB),
+                        ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
     return out
 

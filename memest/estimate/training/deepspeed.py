@@ -23,6 +23,22 @@ before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during bac
 partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
 needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
 included.
+
+Stage 3 besides (``zero/parameter_offload.py``, ``zero/stage3.py``, ``comm/coalesced_collectives.py``):
+a parameter of at most ``stage3_param_persistence_threshold`` = 1e5 elements is never partitioned
+(``mark_persistent_parameters`` sets ``ds_persist``; ``partition_parameters.py`` keeps its partition on the
+device too): every rank holds it whole beside its share of the flat partition (term ``weights.persistent``).
+Each bucket of gradients is reduce-scattered by ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``,
+which ``torch.cat``s the bucket's gradients, interleaved and padded per rank, into a new flat tensor of the
+bucket's size: up to ``reduce_bucket_size`` elements at the gradient dtype, made when a bucket fills in the
+layers' backward (term ``workspace.reduce_scatter_input``, at the first layer's backward; the copy is skipped only for a bucket of one tensor divisible by the
+ranks, which memest does not single out).
+
+Optimizer offload (``offload_optimizer`` device cpu) moves the fp32 master, the optimizer states and the fp32
+gradient partition to host RAM (:func:`offload_host_bytes_per_param` for the host copies beyond those);
+ZeRO-1/2 (``stage_1_and_2.py``, ``cpu_offload``) keeps on the GPU, besides the full 16-bit weights and the
+reduce bucket, ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements at the parameters' dtype,
+allocated at initialisation (term ``workspace.offload_grad_buffer``).
 """
 
 from __future__ import annotations
@@ -30,12 +46,13 @@ from __future__ import annotations
 import math
 
 from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.sharding import layer_shard_numel
+from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.training.lora import ADAPTER_BYTES
 from memest.estimate.training.protocol import FrameworkStates, StateContext, zero3_weight_shards
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.trained import Gradients, blocks, param_gradients
 from memest.result import Kind, Term
-from memest.workload import Offload
+from memest.workload import Method, Offload
 
 DEEPSPEED_VERSION = "0.19.5"
 """The DeepSpeed release the ``deepspeed`` framework follows (tag v0.19.5, commit cf44300453eb)."""
@@ -43,6 +60,29 @@ DEEPSPEED_VERSION = "0.19.5"
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000
 """DeepSpeed ``reduce_bucket_size`` default, in elements (``deepspeed/runtime/zero/config.py``)."""
+
+MAX_REUSE_DISTANCE = 1_000_000_000
+"""DeepSpeed ``stage3_max_reuse_distance`` default, in elements (``deepspeed/runtime/zero/config.py`` v0.19.5,
+``max_reuse_distance: int = Field(pp_int(1e9))``): a released module's parameters stay gathered when they are
+used again before this many parameter elements have been fetched
+(``partitioned_param_coordinator.py`` ``__params_to_release``)."""
+
+PREFETCH_BUCKET = 50_000_000
+"""DeepSpeed ``stage3_prefetch_bucket_size`` default, in elements (``config.py`` v0.19.5,
+``prefetch_bucket_size: int = Field(pp_int(5e7))``): at each fetch the coordinator all-gathers the next
+parameters of the trace until this many elements are in flight (``_fetch_sub_module_impl``)."""
+
+MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed ``stage3_max_live_parameters`` default, in elements (``config.py`` v0.19.5,
+``max_live_parameters: int = Field(pp_int(1e9))``): prefetching stops once this many are gathered
+(``max_params_to_prefetch = min(max_n_available - n_available, prefetch_bucket_sz)``)."""
+
+PARAM_PERSISTENCE_THRESHOLD = 100_000
+"""DeepSpeed ``stage3_param_persistence_threshold`` default, in elements (``deepspeed/runtime/zero/config.py``
+v0.19.5 line 221, ``param_persistence_threshold: int = Field(pp_int(1e5))``): ZeRO-3 never partitions a
+parameter of at most this many elements (``parameter_offload.py`` ``mark_persistent_parameters``:
+``param.ds_numel <= param_threshold``; ``stage3_model_persistence_threshold``, the cap on their total,
+defaults to ``sys.maxsize``)."""
 
 
 FLAT_STATES = True
@@ -76,10 +116,12 @@ def states(ctx: StateContext) -> FrameworkStates:
     backward: tuple[Term, ...] = ()
     step_grads = None
     reduction: tuple[Term, ...] = ()
+    reduce_input: tuple[Term, ...] = ()
     if z == 1:
         backward = (bucket,)  # DeepSpeedZeroOptimizer allocates it at the first gradient hook
         gradients = param_gradients(ctx.groups, gb, f"P_trainable x {gb} B (ZeRO-1 keeps full gradients through backward)")
         if offloaded:
+            persistent = (_offload_grad_buffer(ctx),)
             step_grads = Term("gradients", Kind.GRADIENTS, 0, "param.grad dropped after the reduction (offloaded)")
             reduction = (bucket,)
         else:
@@ -91,14 +133,22 @@ def states(ctx: StateContext) -> FrameworkStates:
             reduction = (bucket, partition)
     elif z == 2:
         backward = (bucket,)
-        if not offloaded:
+        if offloaded:
+            persistent = (_offload_grad_buffer(ctx),)
+        else:
             # allocated whole at the first reduction, once the bucket has filled; until then the
             # bucket (counted) holds the first gradients
             partition_bytes = cuda_block_bytes(math.ceil(sharded_numel * gb / n))
             gradients = Gradients(all=partition_bytes, before_first_layer=partition_bytes,
                                   formula=f"P_trainable x {gb} B / {n} (grads_in_partition)")
     else:
-        persistent = (bucket,)
+        persistent = (bucket, *_persistent_params(ctx))
+        # reduce_scatter_coalesced's torch.cat copy of a bucket (at most the bucket, at most what trains),
+        # made when a bucket fills during the layers' backward: counted at the first layer's
+        reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE,
+                         cuda_block_bytes(min(DEEPSPEED_REDUCE_BUCKET, numel) * gb),
+                         f"min(reduce_bucket_size 5e8, P_trainable) x {gb} B (reduce_scatter_coalesced's "
+                         "interleaved copy of a bucket)"),)
         if not offloaded:
             persistent += (Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
                                 f"P_trainable x {gb} B / {n} (grad_partitions_flat_buffer)"),)
@@ -112,8 +162,154 @@ def states(ctx: StateContext) -> FrameworkStates:
     if z >= 3:
         spec, stage, par = ctx.spec, ctx.stage, t.parallelism
         weight = RECIPES[t.precision].weight
-        largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
-        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
-                         f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+        if t.method is Method.QLORA:  # bitsandbytes' 4-bit storage under ZeRO-3 is not modelled
+            largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
+                             f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+        else:
+            live = gathered_peak_numel(*_module_trace(ctx))
+            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, live * weight,
+                             f"peak gathered parameters x {weight} B (ZeRO-3 coordinator: kept while re-used within "
+                             "stage3_max_reuse_distance 1e9 elements, stage3_prefetch_bucket_size 5e7 prefetched)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
-                           step=step, step_grads=step_grads, reduction=reduction)
+                           reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
+
+
+def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
+    """ZeRO-3's persistent parameters (:data:`PARAM_PERSISTENCE_THRESHOLD`), each whole on every rank in its
+    own tensor: under full training every small parameter at the weight dtype; under LoRA the frozen base's
+    small ones at it and the small fp32 adapters. QLoRA's 4-bit base is left out (not modelled)."""
+    t = ctx.t
+    if t.method is Method.QLORA:
+        return ()
+    weight = RECIPES[t.precision].weight
+    small = PARAM_PERSISTENCE_THRESHOLD
+    total = 0
+    if t.method is Method.FULL:
+        total = sum(cuda_block_bytes(local * weight) * c for _, local, c in ctx.trainable if local <= small)
+    else:
+        par, k = t.parallelism, ctx.spec.num_kv_heads
+        total = sum(cuda_block_bytes(numel * weight) * c for tn, c in stage_tensors(ctx.spec, ctx.stage)
+                    if (numel := shard_numel(tn, par, k)) <= small)
+        total += sum(cuda_block_bytes(local * ADAPTER_BYTES) * c for _, local, c in ctx.trainable if local <= small)
+    if not total:
+        return ()
+    return (Term("weights.persistent", Kind.WEIGHTS, total,
+                 f"parameters of <= 1e5 elements whole x {weight} B" + ("" if t.method is Method.FULL else
+                                                                       " (LoRA's: x 4 B)")
+                 + " (stage3_param_persistence_threshold: never partitioned)"),)
+
+
+def _param_bytes(ctx: StateContext) -> int:
+    """Bytes per element of the parameters DeepSpeed's optimizer holds (its ``self.dtype``): the weight dtype,
+    LoRA's fp32 adapters."""
+    return RECIPES[ctx.t.precision].weight if ctx.t.method is Method.FULL else ADAPTER_BYTES
+
+
+def _offload_grad_buffer(ctx: StateContext) -> Term:
+    """ZeRO-1/2 under optimizer offload: ``temp_grad_buffer_for_gpu_offload`` (``stage_1_and_2.py`` v0.19.5
+    ``__init__``, under ``if self.cpu_offload``: ``torch.zeros(largest_param_numel, device=current_device,
+    dtype=self.dtype)``), kept for the run."""
+    b = _param_bytes(ctx)
+    largest = max((local for _, local, _ in ctx.trainable), default=0)
+    return Term("workspace.offload_grad_buffer", Kind.WORKSPACE, cuda_block_bytes(largest * b),
+                f"largest trainable parameter x {b} B (temp_grad_buffer_for_gpu_offload)")
+
+
+def offload_host_bytes_per_param(zero_stage: int, param_b: int, grad_b: int, grad_accum_steps: int) -> int:
+    """Host bytes per trainable element (1/N of them per rank) that DeepSpeed v0.19.5's optimizer offload holds
+    beyond the fp32 master, the optimizer states and the fp32 gradient partition
+    (``single_partition_of_fp32_groups[i].grad`` at ZeRO-1/2, ``fp32_partitioned_groups_flat[i].grad`` =
+    ``subgroup_gradient_buffer`` at ZeRO-3, both on the offload device):
+
+    - ZeRO-1/2 (``stage_1_and_2.py``): ``param_buffer_of_bit16_for_cpu_offload_groups``, the partition at the
+      parameters' dtype (``param_b``, pinned), and under gradient accumulation ``accumulated_grads_in_cpu``
+      (``buffer_to_accumulate_to_in_cpu``: each partition parameter at its dtype; used only when
+      ``micro_step_id > 0 or not is_gradient_accumulation_boundary()``, ``copy_grads_in_partition``);
+    - ZeRO-3 (``stage3.py`` ``_setup_for_real_optimizer``): ``grad_partitions_flat_buffer``, the gradient
+      partition at the gradient-accumulation dtype (``grad_b``), allocated on ``self.device``, the offload
+      device, and pinned.
+    """
+    if zero_stage >= 3:
+        return grad_b
+    return param_b * (2 if grad_accum_steps > 1 else 1)
+
+
+def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param_b: int) -> int:
+    """ZeRO-1/2's ``temp_grad_buffer_for_cpu_offload``: the largest parameter at the parameters' dtype, in host RAM
+    on every rank (``stage_1_and_2.py`` v0.19.5 ``__init__``, pinned); none at ZeRO-3."""
+    return 0 if zero_stage >= 3 else largest_param_numel * param_b
+
+
+def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The partitioned parameters of a stage (their local element counts) and the order a step's forward
+    uses them (parameter ids): every tensor its own module (the embeddings, each layer's tensors as listed,
+    the head; a tied lm_head re-uses the embedding matrix). Persistent parameters
+    (:data:`PARAM_PERSISTENCE_THRESHOLD`) are never gathered and left out."""
+    spec, stage, par = ctx.spec, ctx.stage, ctx.t.parallelism
+    k = spec.num_kv_heads
+    numel: list[int] = []
+    forward: list[int] = []
+
+    def use(n: int) -> None:
+        if n > PARAM_PERSISTENCE_THRESHOLD:
+            forward.append(len(numel))
+            numel.append(n)
+
+    if stage.first:
+        for tn in spec.embedding:
+            use(shard_numel(tn, par, k))
+    embedding = forward[:]
+    for layer, count in spec.layer_kinds(stage.start, stage.stop):
+        for _ in range(count):
+            for tn in layer.tensors:
+                use(shard_numel(tn, par, layer.attention.num_kv_heads))
+    if stage.last:
+        for tn in spec.head:
+            use(shard_numel(tn, par, k))
+        if spec.tie_word_embeddings and embedding:  # the lm_head is the embedding matrix, the largest of them
+            forward.append(max(embedding, key=numel.__getitem__))
+    return tuple(numel), tuple(forward)
+
+
+def gathered_peak_numel(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
+                        prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS) -> int:
+    """The most parameter elements gathered at once over a step, as ZeRO-3's coordinator keeps them with a
+    complete trace (``partitioned_param_coordinator.py`` v0.19.5). ``numel``: each parameter's elements;
+    ``forward``: the parameter ids in forward order; the trace is the forward then its reverse (the backward).
+    At each step the module's parameter is gathered if it is not, then the next parameters of the trace are
+    prefetched until ``prefetch`` elements are in flight (at most ``max_live`` gathered in all; gathered ones
+    are passed over, marked as fetched for that later use); after the module runs, its parameter is released
+    unless it was fetched for a later use or is used again before ``max_reuse`` elements of the trace have
+    been traversed (``__params_to_release``)."""
+    trace = (*forward, *reversed(forward))
+    available = [False] * len(numel)
+    fetched_for = [-1] * len(numel)  # __most_recent_step_id_param_fetched_for: the latest trace step fetched for
+    live = peak = 0
+    queue = 0  # the prefetch queue: the first trace position not yet popped
+    for step, param in enumerate(trace):
+        if not available[param]:
+            available[param], live = True, live + numel[param]
+        queue = max(queue, step + 1)
+        budget, in_flight = min(max_live - live, prefetch), 0
+        while queue < len(trace) and in_flight < budget:
+            ahead = trace[queue]
+            fetched_for[ahead] = max(fetched_for[ahead], queue)
+            if not available[ahead]:
+                available[ahead], live = True, live + numel[ahead]
+                in_flight += numel[ahead]
+            queue += 1
+        peak = max(peak, live)
+        if fetched_for[param] > step + 1:
+            continue  # prefetched for a later use: kept
+        traversed, reused = 0, False
+        for later in trace[step + 1:]:
+            if traversed >= max_reuse:
+                break
+            if later == param:
+                reused = True
+                break
+            traversed += numel[later]
+        if not reused:
+            available[param], live = False, live - numel[param]
+    return peak

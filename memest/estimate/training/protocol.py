@@ -80,7 +80,8 @@ class FrameworkStates(NamedTuple):
         persistent: Alive through the whole step (DDP buckets, Megatron's main_grad, ZeRO-3's bucket).
         backward_buffers: From backward's start (DeepSpeed's reduce bucket).
         layer_buffers: While a layer runs its backward (FSDP's unsharded gradients).
-        reduce_input: From the second layer's backward on (FSDP: the previous unit's reduce-scatter input).
+        reduce_input: At the first layer's backward (FSDP: the previous unit's reduce-scatter input; DeepSpeed
+            ZeRO-3: a bucket's reduce-scatter copy).
         gathered: Gathered weights alive at every moment (ZeRO-3's current + prefetched layers; FSDP's root).
         gathered_unit: FSDP: one layer unit gathered at the compute dtype (how many are alive: per moment).
         gathered_formula: How ``gathered_unit`` is computed.

@@ -14,9 +14,10 @@ from itertools import chain
 from memest.devices import Device
 from memest.estimate import runtime
 from memest.estimate.sharding import Stage, stages
+from memest.estimate.training import deepspeed
 from memest.estimate.training.activation_terms import ActivationTerms, activation_terms, activations_input
 from memest.estimate.training.assumptions import assumptions
-from memest.estimate.training.lora import lora_adapters
+from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
 from memest.estimate.training.optimizers import state_bytes_per_param
 from memest.estimate.training.protocol import states_input
 from memest.estimate.training.recipes import RECIPES
@@ -50,7 +51,7 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=assumptions(spec, t, fw, peaks[worst]),
-                    host_bytes=_host_bytes(spec, t, device), extra=extra)
+                    host_bytes=_host_bytes(spec, t, fw, device), extra=extra)
 
 
 def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | None = None) -> dict[str, list[Term]]:
@@ -137,10 +138,11 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     return tuple(chosen), name
 
 
-def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
+def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
     """Host RAM per node for offloaded states: fp32 master, optimizer states and fp32 gradients
     (and with ``--offload params`` the 16-bit parameters, a LoRA / QLoRA model's frozen base
-    included), for the ranks of one node."""
+    included), for the ranks of one node; under DeepSpeed its further host copies
+    (:func:`.deepspeed.offload_host_bytes_per_param`, :func:`.deepspeed.offload_host_bytes_per_rank`)."""
     if t.offload is Offload.NONE:
         return 0
     recipe = RECIPES[t.precision]
@@ -152,6 +154,18 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     else:
         states = state_bytes_per_param(t.optimizer, recipe.state)
     per_param = recipe.master + states + 4
+    per_rank = 0
+    if fw is Framework.DEEPSPEED:
+        param_b = recipe.weight if t.method is Method.FULL else ADAPTER_BYTES
+        grad_b = recipe.grad if t.method is Method.FULL else ADAPTER_BYTES
+        z = t.parallelism.zero_stage
+        per_param += deepspeed.offload_host_bytes_per_param(z, param_b, grad_b, t.grad_accum_steps)
+        if t.method is Method.FULL:
+            largest = max(tn.numel for tn, _ in spec.tensors())
+        else:
+            largest = max((local for stage in stages(spec.num_layers, 1)
+                           for _, local, _ in lora_adapters(spec, stage, t.lora, 1)), default=0)
+        per_rank = deepspeed.offload_host_bytes_per_rank(largest, z, param_b)
     frozen = 0.0
     if t.offload is Offload.PARAMS:
         per_param += recipe.weight
@@ -162,4 +176,4 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
                                   scheme=SCHEMES["nf4"])
     par = t.parallelism
     ranks_per_node = min(device.per_node, par.world_size)
-    return math.ceil((p * per_param + frozen) / (par.tp * par.pp * par.shard_degree) * ranks_per_node)
+    return math.ceil((p * per_param + frozen) / (par.tp * par.pp * par.shard_degree) * ranks_per_node) + per_rank * ranks_per_node
