@@ -20,16 +20,16 @@ import pytest
 
 os.environ.setdefault("MEMEST_OFFLINE", "1")  # the models a log names resolve offline or not at all
 
-import test_validation_engines as engines_tests  # noqa: E402  (the tolerances of the same cases)
-import test_validation_llamacpp as llamacpp_tests  # noqa: E402
-import test_validation_serving as serving_tests  # noqa: E402
+import test_validation_engines as engines_tests
+import test_validation_llamacpp as llamacpp_tests
+import test_validation_serving as serving_tests
 
-from memest.check import Row, check_log, gguf_file_type, largest_gap  # noqa: E402
-from memest.devices import GiB, MiB  # noqa: E402
-from memest.errors import InputError  # noqa: E402
-from memest.logs import read_bytes, read_log  # noqa: E402
-from memest.result import Kind  # noqa: E402
-from memest.validation import cases, engines  # noqa: E402
+from memest.check import Row, check_log, gguf_file_type, largest_gap
+from memest.devices import GiB, MiB
+from memest.errors import InputError
+from memest.logs import read_bytes, read_log
+from memest.result import Kind
+from memest.validation import cases, engines
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"
 

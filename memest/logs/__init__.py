@@ -14,7 +14,7 @@ from memest.errors import InputError
 from memest.logs import llamacpp, sglang, vllm
 from memest.logs.record import FIGURES, EngineLog, Logged
 
-__all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_log", "read_bytes"]
+__all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
 
 FORMATS: dict[str, ModuleType] = {"SGLang": sglang, "llama.cpp / Ollama": llamacpp, "vLLM (0.6, V1)": vllm}
 """The formats read, in the order they are tried (the most specific markers first)."""

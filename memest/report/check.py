@@ -13,7 +13,7 @@ from memest.report import size
 from memest.report.tables import Narrowest, name_col, new_table, number_col
 
 
-def value(n: int | float, unit: str) -> str:
+def value(n: float, unit: str) -> str:
     """A figure in its unit, labelled."""
     if unit == "bytes":
         return size(n)
