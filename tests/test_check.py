@@ -38,6 +38,10 @@ V1_LOG = LOGS / "vllm019_llama31_8b_h100_16384.log"
 @ d3121e059da88662db39a926a3ead964be97359b (vLLM 0.19.0, H100 80GB)."""
 V065_LOG = LOGS / "vllm065dev_llama3_8b_tp1.log"
 """vllm-project/vllm PR #10511, youkaichao's comment of 2024-12-14 (the tp 1 block)."""
+V065_TP2_LOG = LOGS / "vllm065dev_llama3_8b_tp2.log"
+"""The same comment's ``-tp 2`` block."""
+SGLANG_ARGS_LOG = LOGS / "sglang_lmcache2400_qwen3_14b_server_args.log"
+"""LMCache/LMCache issue #2400 (sammshen, 2026-01-14): an SGLang server_args line."""
 V064_LOG = LOGS / "vllm064_llama31_8b_rtx3090_20k.log"
 """vllm-project/vllm issue #10517, kaspersiminski's comment of 2024-12-02 (the 20k block, RTX 3090)."""
 V07_LOG = LOGS / "vllm07_llama32_11b_vision_h100.log"
@@ -105,6 +109,13 @@ def test_vllm_065_profile_table() -> None:
                             "requested": gib(71.29), "kv_cache_memory": gib(53.29)}
 
 
+def test_vllm_serve_command_line() -> None:
+    log = read_log(V065_TP2_LOG.read_text())  # '$ vllm serve meta-llama/Meta-Llama-3-8B -tp 2'
+    assert (log.model, log.settings) == ("meta-llama/Meta-Llama-3-8B", {"tp": 2, "gpu_memory_utilization": 0.90})
+    assert _values(log) == {"weights": gib(7.48), "non_torch": gib(3.58), "activation_peak": gib(1.26),
+                            "requested": gib(71.29)}
+
+
 def test_vllm_064_profile_line() -> None:
     log = read_log(V064_LOG.read_text())
     assert log.model is None and log.device_total_bytes == gib(23.58)
@@ -129,6 +140,26 @@ def test_sglang_log() -> None:
         "k_size": gib(27.13), "v_size": gib(27.13),  # 'K size: 27.13 GB, V size: 27.13 GB' (GB = 2^30 B)
         "kv_cache_tokens": 444_500, "context_len": 131_072,  # 'max_total_num_tokens=444500, ..., context_len=131072'
     }
+
+
+def test_sglang_server_args_and_mem_usage() -> None:
+    """sglang0444_gemma3_4b_it_h200_default (sglang PR #4826): server_args, 'mem usage=8.13 GB', '#tokens: 834615'."""
+    log = read_log(_excerpt("sglang0444_gemma3_4b_it_h200_default"))
+    assert log.model == "google/gemma-3-4b-it"
+    assert log.settings == {"kv_cache_dtype": "auto", "mem_fraction_static": 0.88, "chunked_prefill_size": 8192,
+                            "page_size": 1, "tp": 1}
+    assert _values(log) == {"weights": gib(8.13), "k_size": gib(54.12), "v_size": gib(54.12),
+                            "kv_cache_tokens": 834_615}
+
+
+def test_sglang_server_args_line() -> None:
+    from memest.logs import sglang
+
+    log = sglang.parse(SGLANG_ARGS_LOG.read_text())
+    assert log.model == "Qwen/Qwen3-14B"
+    assert log.settings == {"kv_cache_dtype": "auto", "mem_fraction_static": 0.835, "chunked_prefill_size": 8192}
+    with pytest.raises(InputError, match=r"\(SGLang\) prints none of its memory figures"):
+        read_log(SGLANG_ARGS_LOG.read_text(), "sglang.log")  # the excerpt stops before the weights load
 
 
 def test_sglang_tokens_line() -> None:
@@ -195,6 +226,15 @@ def test_vllm_065_end_to_end() -> None:
     for r in c.rows:
         assert abs(r.error) <= serving_tests.TOLERANCES[keys[r.figure]], (r.figure, r.error)
     assert set(c.not_logged) == {"non_kv", "kv_cache_tokens", "kv_cache_blocks", "max_concurrency"}
+
+
+def test_vllm_065_tp2_end_to_end() -> None:
+    c = check_log(read_log(V065_TP2_LOG.read_text()), gpu="H100")
+    keys = {"weights": "tp2_weights_per_gpu_GiB", "activation_peak": "tp2_activation_peak_GiB",
+            "non_torch": "tp2_non_torch_per_gpu_GiB", "requested": "instance_budget_GiB"}
+    assert {r.figure for r in c.rows} == set(keys)
+    for r in c.rows:
+        assert abs(r.error) <= serving_tests.TOLERANCES[keys[r.figure]], (r.figure, r.error)
 
 
 def test_sglang_end_to_end() -> None:
@@ -271,6 +311,12 @@ def test_a_model_not_resolvable_offline() -> None:
     text = V1_LOG.read_text().replace("meta-llama/Llama-3.1-8B-Instruct", "acme/not-a-model-7b")
     with pytest.raises(InputError, match=r"'acme/not-a-model-7b' is not in memest's offline catalog; pass it with model"):
         check_log(read_log(text))
+
+
+def test_a_logged_model_outside_the_catalog() -> None:
+    """gemma-3-4b-it is not in the offline catalog (tests/test_validation_engines.py marks its case so)."""
+    with pytest.raises(InputError, match=r"'google/gemma-3-4b-it' is not in memest's offline catalog; pass it with model"):
+        check_log(read_log(_excerpt("sglang0444_gemma3_4b_it_h200_default")))
 
 
 def test_a_path_resolves_by_its_last_components() -> None:

@@ -44,7 +44,7 @@ def read_log(text: str, name: str = "<log>") -> EngineLog:
         if module.detect(text):
             log: EngineLog = module.parse(text)
             if not log.figures:
-                raise InputError(f"log {name!r} looks like a {log.format} log but prints none of its memory figures "
+                raise InputError(f"log {name!r} ({log.format}) prints none of its memory figures "
                                  f"({', '.join(repr(line) for line in module.FIGURE_LINES)}); pass the whole start-up log")
             return log
     raise InputError(f"log {name!r} is not a start-up log memest reads (formats read: {_formats()}); pass the "

@@ -51,10 +51,10 @@ def _value(raw: str) -> Any:
 
 
 def _server_args(text: str) -> tuple[dict[str, Any], str | None]:
-    m = first(r"server_args=ServerArgs\((.*)\)", text)
+    m = first(r"server_args=ServerArgs\((.*)", text)  # to the end of the line: excerpts cut it short
     if m is None:
         return {}, None
-    args = {k: _value(v) for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", m.group(1))}
+    args = {k: _value(v.rstrip(")")) for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", m.group(1))}
     settings = {name: args[key] for key, name in SERVER_ARGS.items() if args.get(key) is not None}
     if args.get("dtype") not in (None, "auto"):
         settings["dtype"] = args["dtype"]
@@ -74,6 +74,6 @@ def parse(text: str) -> EngineLog:
     figures["k_size"] = size_figure(rf"KV Cache is allocated\..*?K size: {SIZE}", text)
     figures["v_size"] = size_figure(rf"KV Cache is allocated\..*?V size: {SIZE}", text)
     figures["kv_cache_tokens"] = (count_figure(rf"max_total_num_tokens={NUMBER}", text, "tokens")
-                                  or count_figure(rf"KV Cache is allocated\. #tokens: {NUMBER}", text, "tokens"))
+                                  or count_figure(rf"KV Cache is allocated\..*?#tokens: {NUMBER}", text, "tokens"))
     figures["context_len"] = count_figure(rf"max_total_num_tokens=.*?context_len={NUMBER}", text, "tokens")
     return EngineLog(engine="sglang", format="SGLang", model=model, settings=settings, figures=keep(figures))

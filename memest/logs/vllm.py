@@ -58,6 +58,14 @@ ENGINE_LINE = r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: 
 TOTAL = (rf"total_memory={SIZE}", rf"total_gpu_memory\s*[(=]?\s*{SIZE}")
 UTILIZATION = (r"Requested memory: ([0-9.]+) \(util\)", r"gpu_memory_utilization\s*[(=]?\s*([0-9.]+)")
 
+SERVE_FLAGS: dict[str, str] = {
+    "tensor-parallel-size": "tp", "tp": "tp", "pipeline-parallel-size": "pp", "pp": "pp",
+    "max-model-len": "max_model_len", "gpu-memory-utilization": "gpu_memory_utilization",
+    "max-num-seqs": "max_num_seqs", "max-num-batched-tokens": "max_num_batched_tokens", "block-size": "block_size",
+    "kv-cache-dtype": "kv_cache_dtype", "dtype": "dtype", "quantization": "quantization", "q": "quantization",
+}
+"""``vllm serve`` flags (dashes or underscores) -> memest's setting names, read from a command line in the log."""
+
 DTYPES = {"torch.bfloat16": "bf16", "bfloat16": "bf16", "torch.float16": "fp16", "float16": "fp16", "half": "fp16",
           "torch.float32": "fp32", "float32": "fp32", "float": "fp32"}
 """vLLM's dtype as printed -> memest's ``dtype``."""
@@ -66,6 +74,24 @@ DTYPES = {"torch.bfloat16": "bf16", "bfloat16": "bf16", "torch.float16": "fp16",
 def detect(text: str) -> bool:
     """True when ``text`` is a vLLM log."""
     return any(re.search(m, text) for m in MARKERS)
+
+
+def _serve_flags(text: str) -> tuple[str | None, dict[str, Any]]:
+    """The model and the flags of a ``vllm serve MODEL ...`` command line in the log."""
+    m = first(r"vllm serve (\S+)([^\n]*)", text)
+    if m is None:
+        return None, {}
+    out: dict[str, Any] = {}
+    for flag, value in re.findall(r"(?:^|\s)--?([a-z][\w-]*)[ =]([^\s-][^\s]*)", m.group(2)):
+        name = SERVE_FLAGS.get(flag.replace("_", "-"))
+        if name is not None:
+            out[name] = int(value) if value.isdigit() else number(value) if re.fullmatch(r"[0-9.]+", value) else value
+    return m.group(1), out
+
+
+def _quantization(name: str) -> str:
+    """vLLM's quantization method as memest names it (``awq_marlin`` -> ``awq``)."""
+    return name.removesuffix("_marlin")
 
 
 def _config_value(config: str, key: str) -> str | None:
@@ -105,7 +131,7 @@ def _settings(text: str) -> tuple[dict[str, Any], str | None, str | None]:
             out["dtype"] = DTYPES[dtype]
         quant = _config_value(config, "quantization")
         if quant not in (None, "None"):
-            out["quantization"] = quant
+            out["quantization"] = _quantization(quant)
         kv = _config_value(config, "kv_cache_dtype")
         if kv is not None:
             out["kv_cache_dtype"] = kv
@@ -119,9 +145,10 @@ def _settings(text: str) -> tuple[dict[str, Any], str | None, str | None]:
                          ("block_size", "block_size"), ("kv_cache_dtype", "kv_cache_dtype")):
         if key in args and setting not in out and isinstance(args[key], int | float | str):
             out[setting] = args[key]
-    if model is None:
-        serve = first(r"vllm serve (\S+)", text)
-        model = serve.group(1) if serve else None
+    served, flags = _serve_flags(text)
+    model = model or served
+    for name, value in flags.items():
+        out.setdefault(name, DTYPES.get(value, value) if name == "dtype" else value)
     if version is None:
         banner = first(r"\bversion (\d+\.\d+[.\w+-]*)", text)
         version = banner.group(1) if banner else None
