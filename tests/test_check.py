@@ -380,3 +380,19 @@ def test_cli_model_given_for_a_log_without_one() -> None:
     assert out.returncode == 0, out.stderr
     assert {f["figure"] for f in json.loads(out.stdout)[0]["figures"]} == {
         "weights", "non_torch", "kv_cache_memory", "kv_cache_blocks", "max_concurrency"}
+
+
+def test_cli_names_the_log_at_fault(tmp_path: Path) -> None:
+    out = _cli(str(V1_LOG), str(V064_LOG))
+    assert out.returncode == 2 and out.stderr.strip().startswith(f"Error: {V064_LOG}: the vLLM V0 log does not name")
+
+
+def test_cli_a_job_memest_refuses(tmp_path: Path) -> None:
+    """llama.cpp issue #11200's excerpt shows a q8_0 V cache but not its flash_attn line: memest refuses the job
+    (llama.cpp quantizes V only with flash attention), in one line."""
+    path = tmp_path / "server.log"
+    path.write_text(_excerpt("llamacpp_b4462_qwen25coder32b_q8_0_kvq8_fa_2x3090ti"))
+    out = _cli(str(path), "--model", "Qwen/Qwen2.5-32B", "--gpu", "RTX-3090")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the job the log describes is not one memest estimates" in lines[0]

@@ -247,17 +247,26 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
             log's settings are invalid for memest.
     """
     notes: list[str] = []
-    model_name, spec = _model(log, model)
-    device = _device(log, gpu, notes)
+    try:
+        model_name, spec = _model(log, model)
+        device = _device(log, gpu, notes)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc.template}", field=exc.field) from exc
     version = modelled_version(log, engine_version)
-    values = job_values(log, spec, version)
-    workload = resolve.resolve(values, spec, device)
-    validate(spec, workload)
+    try:
+        values = job_values(log, spec, version)
+        workload = resolve.resolve(values, spec, device)
+        validate(spec, workload)
+    except InputError as exc:
+        raise InputError(f"{name}: the job the log describes is not one memest estimates: {exc}") from exc
     e = estimate(spec, workload, device)
     ours = predicted(log, e)
     rows = tuple(Row(k, TERMS[k], ours[k], f.value, f.unit, f.line) for k, f in log.figures.items() if k in ours)
     if log.version and version:
         notes.append(f"{log.format} {log.version}, compared with memest's {log.engine} {version} arithmetic")
+    elif version is None:
+        notes.append(f"the log prints no {log.engine} version: memest's default {log.engine} "
+                     f"{ENGINE_VERSIONS[log.engine][0]} arithmetic applies")
     return Check(name=name, log=log, model=model_name, engine_version=version, device=device, rows=rows,
                  not_compared=tuple(k for k in log.figures if k not in ours),
                  not_logged=tuple(k for k in ours if k not in log.figures),
