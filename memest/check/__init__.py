@@ -257,9 +257,9 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
         values = job_values(log, spec, version)
         workload = resolve.resolve(values, spec, device)
         validate(spec, workload)
+        e = estimate(spec, workload, device)
     except InputError as exc:
         raise InputError(f"{name}: the job the log describes is not one memest estimates: {exc}") from exc
-    e = estimate(spec, workload, device)
     ours = predicted(log, e)
     rows = tuple(Row(k, TERMS[k], ours[k], f.value, f.unit, f.line) for k, f in log.figures.items() if k in ours)
     if log.version and version:

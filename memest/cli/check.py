@@ -31,7 +31,7 @@ def _read(name: str) -> str:
     if name == "-":
         return read_bytes(sys.stdin.buffer.read(), "-")
     path = Path(name)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():
         raise InputError(f"log {name!r} is not a file; pass the path of an engine's start-up log, or '-' for stdin")
     return read_bytes(path.read_bytes(), name)
 
