@@ -396,3 +396,11 @@ def test_cli_a_job_memest_refuses(tmp_path: Path) -> None:
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "the job the log describes is not one memest estimates" in lines[0]
+
+
+def test_every_figure_has_a_term_entry() -> None:
+    """Each figure a parser may report (memest.logs.FIGURES) is mapped to the estimate's term it measures."""
+    from memest.check import TERMS
+    from memest.logs import FIGURES
+
+    assert set(TERMS) == set(FIGURES)
