@@ -36,7 +36,7 @@ _SIGINT_BEFORE = signal.signal(signal.SIGINT, _interrupted_while_starting) if _S
 import typer  # noqa: E402
 
 # Each command module registers its command on `app` when imported.
-from memest.cli import calibrate, catalog, hf, plan, serve, sweep  # noqa: E402,F401  (registration)
+from memest.cli import calibrate, catalog, check, hf, plan, serve, sweep  # noqa: E402,F401  (registration)
 from memest.cli.app import EXIT_INPUT, EXIT_NO_FIT, EXIT_UNEXPECTED, PIPE_WIDTH, app, output_width  # noqa: E402
 from memest.cli.options import cli_message  # noqa: E402
 from memest.errors import MemestError  # noqa: E402

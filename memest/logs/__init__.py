@@ -1,0 +1,56 @@
+"""Engine start-up logs: which engine wrote one, the job it ran and the memory figures it printed.
+
+:func:`read_log` detects the format from the text and hands it to that format's parser (one module
+each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`), which returns an :class:`EngineLog`. A log
+missing a figure simply lacks that key; :mod:`memest.check` compares the figures it has. This layer
+only extracts: it predicts nothing (DESIGN.md, "Layers").
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from memest.errors import InputError
+from memest.logs import llamacpp, sglang, vllm
+from memest.logs.record import FIGURES, EngineLog, Logged
+
+__all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
+
+FORMATS: dict[str, ModuleType] = {"SGLang": sglang, "llama.cpp / Ollama": llamacpp, "vLLM (0.6, V1)": vllm}
+"""The formats read, in the order they are tried (the most specific markers first)."""
+
+
+def read_bytes(data: bytes, name: str) -> str:
+    """A log file's text.
+
+    Raises:
+        InputError: the file is empty or binary (not text).
+    """
+    if not data.strip():
+        raise InputError(f"log {name!r} is empty; pass an engine's start-up log (formats read: {_formats()})")
+    if b"\x00" in data[:65536]:
+        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log "
+                         f"(formats read: {_formats()})")
+    return data.decode("utf-8", errors="replace")
+
+
+def read_log(text: str, name: str = "<log>") -> EngineLog:
+    """The engine, job and figures of a start-up log.
+
+    Raises:
+        InputError: no format's lines are in ``text``, or it has none of the figures its format prints.
+    """
+    for module in FORMATS.values():
+        if module.detect(text):
+            log: EngineLog = module.parse(text)
+            if not log.figures:
+                raise InputError(f"log {name!r} ({log.format}) prints none of its memory figures "
+                                 f"({', '.join(repr(line) for line in module.FIGURE_LINES)}); pass the whole start-up log")
+            return log
+    raise InputError(f"log {name!r} is not a start-up log memest reads (formats read: {_formats()}); pass the "
+                     "engine's log from its start to 'ready'")
+
+
+def _formats() -> str:
+    return ", ".join(FORMATS)
+

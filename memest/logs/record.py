@@ -1,0 +1,72 @@
+"""What an engine's start-up log says: the job it ran and the memory figures it printed.
+
+A parser (:mod:`memest.logs.vllm`, :mod:`.sglang`, :mod:`.llamacpp`) fills an :class:`EngineLog`
+from the text; nothing here knows an engine's line formats. Bytes are ints (the log's GiB / MiB
+figures times 2^30 / 2^20, rounded); counts are ints; ratios are floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Logged:
+    """One figure the engine printed.
+
+    Attributes:
+        value: Bytes (int), a count (int) or a ratio (float, ``x``).
+        unit: ``bytes``, ``tokens``, ``blocks``, ``requests`` or ``x``.
+        line: The log line it was read from (stripped), so a reader can find it.
+    """
+
+    value: int | float
+    unit: str
+    line: str
+
+
+@dataclass(frozen=True)
+class EngineLog:
+    """A start-up log, read.
+
+    Attributes:
+        engine: The engine as memest names it (``vllm``, ``sglang``, ``llama.cpp``).
+        format: The log format read, for messages (``vLLM V1``, ``vLLM 0.6 worker``, ``SGLang``, ``llama.cpp``).
+        version: The engine version the log prints (``0.19.0``), or None.
+        model: The model the log names (Hub id or path as printed), or None.
+        gpu: The accelerator name the log prints, or None.
+        device_total_bytes: The device's total memory as the log prints it, or None.
+        settings: The job's settings the log shows, keyed by memest's setting names
+            (:mod:`memest.workload.config`: ``tp``, ``max_model_len``, ``gpu_memory_utilization``, ...).
+        figures: The memory figures, keyed by the names in :data:`FIGURES`.
+    """
+
+    engine: str
+    format: str
+    version: str | None = None
+    model: str | None = None
+    gpu: str | None = None
+    device_total_bytes: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, Logged] = field(default_factory=dict)
+
+
+FIGURES: dict[str, str] = {
+    "weights": "model weights on one device (vLLM 'Model loading took', SGLang's load delta, llama.cpp's model buffer)",
+    "activation_peak": "vLLM's profiled activation peak ('torch peak memory increase')",
+    "non_torch": "vLLM's non-torch memory (CUDA context, NCCL) in the budget",
+    "requested": "vLLM's budget: gpu_memory_utilization x total memory",
+    "non_kv": "vLLM's 'Total non KV cache memory'",
+    "kv_cache_memory": "memory for the KV pool (vLLM 'Available KV cache memory', llama.cpp 'KV self size')",
+    "kv_cache_tokens": "tokens the KV pool holds (vLLM 'GPU KV cache size', SGLang max_total_num_tokens)",
+    "kv_cache_blocks": "paged blocks of the KV pool (vLLM '# GPU blocks')",
+    "max_concurrency": "requests of max_model_len tokens the pool holds (vLLM 'Maximum concurrency')",
+    "k_size": "SGLang's K buffers",
+    "v_size": "SGLang's V buffers",
+    "context_len": "SGLang's context length",
+    "kv_buffer": "llama.cpp's KV buffer on the first GPU",
+    "compute_buffer": "llama.cpp's compute buffer on the first GPU",
+    "file_size": "the GGUF file's size",
+}
+"""Every figure a parser may report, and what it is."""
