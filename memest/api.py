@@ -129,12 +129,15 @@ def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
     Raises:
         InputError: an unknown keyword, a mode setting passed as a keyword, a value of the wrong type.
     """
-    from memest.workload.resolve import complete
+    from memest.workload.resolve import check_scope, complete, mode_of
 
     for name, instead in (("train", "train"), ("finetune", "lora"), ("serve", "serve")):
         if name in given:
             raise InputError(f"pass the mode as mode={instead!r} (one of {', '.join(MODES)}), not {name}=", field=name)
-    return complete({**given, **mode_values(mode)})
+    values = complete({**given, **mode_values(mode)})
+    if mode is not None:  # a keyword the job would not read is refused even at its default value
+        check_scope(values, mode_of(values), given_names=given.keys())
+    return values
 
 
 def checkpoint_params(values: Mapping[str, Any], spec: ModelSpec) -> tuple[tuple[str, int], ...]:

@@ -155,10 +155,13 @@ class JobOptions:
                                gguf_tensors=gguf_tensors(self.values))
 
 
-def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
+def workload_options(func: Callable[..., Any], *, refuse_typed: bool = True) -> Callable[..., Any]:
     """Give a typer command every workload flag; it receives them as ``job: JobOptions``.
 
     The command's own parameters come first in ``--help``; it must declare ``job: JobOptions``.
+    With ``refuse_typed``, a flag typed on the command line that the job would not read is refused
+    even at its default value (:func:`memest.workload.resolve.check_scope`); ``memest sweep`` infers
+    the mode from its ranges later and checks then.
     """
     sig = inspect.signature(func, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "job"]
@@ -169,8 +172,13 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
+        ctx = kwargs.pop("memest_context")
         job = JobOptions({name: kwargs.pop(name) for name in WORKLOAD_OPTIONS})
+        typed = {name for name in WORKLOAD_OPTIONS  # a flag typed at its default value is still refused
+                 if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         try:
+            if refuse_typed:
+                check_scope(job.values, resolve.mode_of(job.values), given_names=typed)
             return func(job=job, **kwargs)
         except MemestError as exc:  # the library names settings; a command's user knows them as flags
             if exc.field is None:
@@ -179,8 +187,9 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else p
               for p in own]
-    wrapper.__signature__ = sig.replace(parameters=[*params, *shared])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in (*params, *shared)}
+    context = inspect.Parameter("memest_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    wrapper.__signature__ = sig.replace(parameters=[*params, *shared, context])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in (*params, *shared, context)}
     return wrapper
 
 
@@ -208,7 +217,7 @@ def ranged_workload_options(*names: str) -> Callable[[Callable[..., Any]], Calla
         return param.replace(annotation=Annotated[str | None, option], default=None)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        wrapper = workload_options(func)
+        wrapper = workload_options(func, refuse_typed=False)
         sig = inspect.signature(wrapper)
         params = [ranged(p) if p.name in names else p for p in sig.parameters.values()]
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any
 
@@ -115,17 +115,21 @@ def mode_of(values: Mapping[str, Any]) -> str:
     return modes[0] if modes else "serve"
 
 
-def check_scope(values: Mapping[str, Any], mode: str) -> None:
+def check_scope(values: Mapping[str, Any], mode: str, given_names: Collection[str] | None = None) -> None:
     """Refuse settings the chosen mode, method or engine would not read (each :class:`Setting`'s
     ``scope``, ``methods`` and ``engine``).
 
+    Args:
+        given_names: The settings the caller named (a CLI flag typed, a keyword passed), whatever
+            their value; None: those that differ from their defaults.
+
     Raises:
-        InputError: such a setting differs from its default.
+        InputError: such a setting was given.
     """
     defaulted = not (values["train"] or values["finetune"] or values["serve"])
     training = mode != "serve"
     for name, s in settings().items():
-        if not given(values, name):
+        if not (name in given_names if given_names is not None else given(values, name)):
             continue
         if s.scope in ("training", "serving") and (s.scope == "training") != training:
             fix = s.fix
