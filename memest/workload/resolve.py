@@ -20,6 +20,7 @@ from typing import Any
 from memest.devices import DEFAULT_DEVICE, Device, get_device
 from memest.errors import InputError
 from memest.spec import ModelSpec
+from memest.workload import stacks
 from memest.workload.config import (
     Engine,
     Framework,
@@ -257,6 +258,10 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
 
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:
+    group = (v["tp"] or 1) * v["pp"] * v["cp"]
+    replicas = v["dp"] or max(1, v["gpus"] // group)
+    stack, assumed = stacks.stack_of(v, replicas)
+    v = stacks.apply(v, stack, replicas)
     par, framework = training_parallelism(v, device)
     return TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
@@ -275,6 +280,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         set_grads_to_none=v["set_grads_to_none"],
         target_len=v["target_len"],
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
+        stack=stack,
+        stack_assumed=assumed,
     )
 
 

@@ -24,8 +24,8 @@ from memest.workload.config import (
     ServingConfig,
     TrainingConfig,
     Workload,
-    resolve_framework,
 )
+from memest.workload.stacks import resolve_framework
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
