@@ -366,6 +366,7 @@ class TrainingConfig:
         stack: The training stack whose defaults filled the settings not given (None: a workload
             built directly, at the fields' own defaults).
         stack_assumed: Why the stack was assumed when none was named ("" when it was named).
+        config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
         framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
         set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
@@ -415,6 +416,7 @@ class TrainingConfig:
                                        "sharding; deepspeed with {zero_stage}; accelerate with {fsdp}; megatron with "
                                        "{tp} / {pp}). Flags given override its defaults.")
     stack_assumed: str = ""
+    config_notes: tuple[str, ...] = ()
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",
                                    what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
@@ -622,6 +624,7 @@ class JobSettings:
     settings by keyword, and :func:`memest.workload.resolve.resolve` turns them into a workload.
 
     Attributes:
+        config: Config files whose settings fill those not given (:mod:`memest.workload.files`).
         train: Full training (every weight trained).
         finetune: Fine-tuning with adapters (LoRA or QLoRA).
         serve: Serving (the default when no mode is given).
@@ -635,6 +638,9 @@ class JobSettings:
         headroom: Share of device memory to keep free.
     """
 
+    config: tuple[str, ...] = setting((), group="model", unset=None, type=list[str] | None,
+                                      help="A DeepSpeed JSON or accelerate config YAML whose settings to use "
+                                           "(repeatable; flags given override them).")
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
     finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.")
     serve: bool = setting(False, group="model", help="Estimate inference serving (the default).")

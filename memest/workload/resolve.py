@@ -20,7 +20,7 @@ from typing import Any
 from memest.devices import DEFAULT_DEVICE, Device, get_device
 from memest.errors import InputError
 from memest.spec import ModelSpec
-from memest.workload import stacks
+from memest.workload import files, stacks
 from memest.workload.config import (
     Engine,
     Framework,
@@ -56,7 +56,11 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = [n for n in values if n not in known]
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
-    return defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
+    out = defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
+    if out["config"]:
+        found, _ = files.read(out["config"])
+        out |= {name: _coerce(known[name], value) for name, value in found.items() if not given(out, name)}
+    return out
 
 
 def _coerce(s: Setting, value: Any) -> Any:
@@ -282,6 +286,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
         stack=stack,
         stack_assumed=assumed,
+        config_notes=files.read(v["config"])[1] if v["config"] else (),
     )
 
 

@@ -109,6 +109,9 @@ def given_flags(values: dict[str, Any]) -> dict[str, str]:
             if value or s.off:
                 out[cli_flag(name if value else (s.off or name))] = ""
             continue
+        if isinstance(value, list | tuple):  # a repeatable setting: each value after its flag
+            out[cli_flag(name)] = f" {cli_flag(name)} ".join(map(str, value))
+            continue
         out[cli_flag(name)] = str(value.value if isinstance(value, Enum) else value)
     return out
 
