@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from inprocess import run_memest
+
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.sources import load_model

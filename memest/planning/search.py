@@ -199,8 +199,10 @@ class Space:
         allow_stack_change: Training: layouts the job's stack cannot run (tensor / pipeline parallelism
             under a stack without it, :attr:`memest.workload.StackDefaults.model_parallel`), run by
             Megatron-LM.
-        allow_optimizer_change: Training: 8-bit AdamW in place of the 32-bit AdamW asked.
-        allow_batch_reshape: Training: a smaller micro-batch with more accumulation steps.
+        allow_optimizer_change: Training: 8-bit AdamW in place of the 32-bit AdamW asked (``memest plan``
+            and :func:`memest.plan_memory` turn it off unless asked).
+        allow_batch_reshape: Training: a smaller micro-batch with more accumulation steps (off in
+            ``memest plan`` unless asked, as above).
         host_memory_bytes: Host RAM per server for offloaded states (``Estimate.host_bytes``); a
             setup that needs more does not fit. None: not checked.
     """
@@ -213,8 +215,8 @@ class Space:
     lossless_only: bool = False
     global_batch_size: int | None = None
     allow_stack_change: bool = False
-    allow_optimizer_change: bool = False
-    allow_batch_reshape: bool = False
+    allow_optimizer_change: bool = True
+    allow_batch_reshape: bool = True
     host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
 
 
@@ -846,12 +848,11 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
         low, high = min(low, fewest.world_size), max(high, fewest.world_size)
     choice = DeviceChoice(device, max_count=high, min_count=low)
     price = PriceTable.catalog().price(device)
-    allowed = {"allow_stack_change": allow_stack_change, "allow_batch_reshape": True}
     any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True,
-                                            allow_optimizer_change=True, **allowed),
+                                            allow_stack_change=allow_stack_change),
                       headroom=headroom, max_queries=False)
-    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, **allowed), headroom=headroom,
-                    max_queries=False)
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change),
+                    headroom=headroom, max_queries=False)
 
     def candidate(p: Plan) -> tuple[Cost, Candidate] | None:
         fit = p.best
