@@ -220,13 +220,14 @@ def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
-                    device_given=resolve.gpu_name(values) is not None)
+                    device_given=resolve.gpu_name(values) is not None,
+                    allow_stack_change=values["allow_stack_change"])
     return MemoryEstimate(to_dict(result), result, cfg)
 
 
 PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "global_batch_size": None,
                                  "allow_method_change": False, "allow_quantization": False, "allow_offload": False,
-                                 "cost": None, "costs": None, "host_memory": None}
+                                 "allow_optimizer_change": False, "allow_batch_reshape": False, "top": 1, "cost": None, "costs": None, "host_memory": None}
 """The planner's own keywords (the CLI's search flags) and their defaults (None: the planner's)."""
 
 
@@ -234,6 +235,7 @@ PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "glob
 def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
                 global_batch_size: int | None = None, allow_method_change: bool = False,
                 allow_quantization: bool = False, allow_offload: bool = False,
+                allow_optimizer_change: bool = False, allow_batch_reshape: bool = False, top: int = 1,
                 cost: Mapping[str, float] | Iterable[str] | None = None, costs: str | Path | None = None,
                 host_memory: float | None = None, **settings: Any) -> MemoryPlan:
     """The cheapest setups that fit: ``memest plan MODEL ... --json`` as a :class:`MemoryPlan`.
@@ -243,7 +245,9 @@ def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None
             catalog device, or ``gpu``).
         max_gpus: Most devices of one type to try.
         global_batch_size: Training: sequences per optimizer step to hold.
-        allow_method_change, allow_quantization, allow_offload: Widen the search (see ``memest plan --help``).
+        allow_method_change, allow_quantization, allow_offload, allow_optimizer_change, allow_batch_reshape:
+            Widen the search (see ``memest plan --help``).
+        top: The best setups of each device type to return (the ``top`` best overall are among them).
         cost: Prices in USD per device-hour, ``{"H100": 2.49}`` or ``["H100=2.49"]``.
         costs: A JSON file of prices.
         host_memory: CPU RAM per server in GiB that offload may use.
@@ -255,7 +259,8 @@ def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None
     """
     search = {"gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
               "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
-              "allow_offload": allow_offload, "cost": cost, "costs": costs, "host_memory": host_memory}
+              "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
+              "allow_batch_reshape": allow_batch_reshape, "top": top, "cost": cost, "costs": costs, "host_memory": host_memory}
     return plan_values(model, settings_of(mode, settings), search)
 
 
@@ -294,7 +299,8 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     space = Space(devices=device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus),
                   prices=price_table(s["cost"], s["costs"]), allow_method_change=s["allow_method_change"],
                   allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
-                  global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * GiB))
+                  allow_optimizer_change=s["allow_optimizer_change"], allow_batch_reshape=s["allow_batch_reshape"],
+                  allow_stack_change=values["allow_stack_change"], global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * GiB))
     if values["fsdp"] is not None and FsdpStrategy(values["fsdp"]) is FsdpStrategy.HYBRID_SHARD \
             and values["dp_shard"] is None:
         raise InputError("plan with {fsdp} hybrid_shard needs {dp_shard} N (ranks per shard group, e.g. 8): the "
@@ -306,7 +312,7 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values))
-    result = plan(spec, workload, space, headroom=resolve.headroom(values))
+    result = plan(spec, workload, space, headroom=resolve.headroom(values), top=s["top"])
     return MemoryPlan(plan_to_dict(result, model=_name(model, spec), given=given), result)
 
 

@@ -196,7 +196,7 @@ def test_the_functions_list_every_setting_keyword():
     for func in (memest.estimate_memory, memest.plan_memory, memest.sweep_memory):
         params = inspect.signature(func).parameters
         assert set(settings()) - {"train", "finetune", "serve"} <= set(params), func.__name__
-        assert params["precision"].default == "mixed" and params["seq_len"].default is None
+        assert params["precision"].default is None and params["seq_len"].default is None  # None: the stack's recipe
 
 
 def test_a_config_given_as_data_is_the_model_it_describes():

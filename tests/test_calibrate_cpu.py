@@ -172,6 +172,7 @@ def _fail_on_measured_step(monkeypatch, exc):
 def test_out_of_memory_is_recorded_as_did_not_fit(tmp_path, monkeypatch):
     _fail_on_measured_step(monkeypatch, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     result = CliRunner().invoke(app, ["calibrate", TINY, "--train", "--device", "cpu", "--results-dir", str(tmp_path),
+                                      "--precision", "mixed", "--optimizer", "adamw",  # the old default pinned
                                       "--micro-batch-size", "2", "--seq-len", "128", "--json"])
     assert result.exit_code == 3, result.output
     [line] = (tmp_path / "cpu.jsonl").read_text().splitlines()
@@ -185,6 +186,7 @@ def test_out_of_memory_is_recorded_as_did_not_fit(tmp_path, monkeypatch):
 def test_ctrl_c_leaves_no_record(tmp_path, monkeypatch):
     _fail_on_measured_step(monkeypatch, KeyboardInterrupt())
     result = CliRunner().invoke(app, ["calibrate", TINY, "--train", "--device", "cpu", "--results-dir", str(tmp_path),
+                                      "--precision", "mixed", "--optimizer", "adamw",  # the old default pinned
                                       "--micro-batch-size", "2", "--seq-len", "128"])
     assert result.exit_code == 130  # the CLI's "interrupted"
     assert not list(tmp_path.iterdir())

@@ -244,7 +244,7 @@ SAMPLES = {
     "micro_batch_size": 2, "seq_len": 1024, "grad_accum_steps": 2, "precision": "bf16", "optimizer": "lion",
     "recompute": "full", "zero_stage": 1, "offload": "optimizer", "lora_rank": 8, "lora_targets": "all-linear",
     "attn_implementation": "eager", "loss": "fused", "lora_dropout": 0.1, "target_len": 64, "framework": "ddp",
-    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": "peft", "batch_size": 4,
+    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": "none", "batch_size": 4,
     "max_model_len": 1024, "dtype": "fp16", "quantization": "int8", "kv_cache_dtype": "fp8", "engine": "hf",
     "engine_version": "0.6", "prompt_len": 100, "max_new_tokens": 10, "gpu_memory_utilization": 0.8,
     "max_num_batched_tokens": 1024, "max_num_seqs": 8, "block_size": 32, "enforce_eager": True, "dp_shard": 2,
@@ -645,7 +645,9 @@ def test_impossible_values_are_refused_fast(args, message):
 
 
 def test_method_change_replaces_train_in_the_printed_command():
-    out = run("hf", "meta-llama/Llama-2-7b-hf", "--train", "--gpu", "A100-80GB")
+    # the old default recipe pinned (DeepSpeed, bf16 + fp32 master): its cheapest fit is LoRA
+    out = run("hf", "meta-llama/Llama-2-7b-hf", "--train", "--gpu", "A100-80GB", "--precision", "mixed",
+              "--framework", "deepspeed")
     assert "--finetune lora (in place of --train)" in out.stdout
     fits = json.loads(run("plan", LLAMA, "--train", "--seq-len", "8192", "--allow-method-change", "--json",
                           "--gpus-available", "1xL4").stdout)["fits"]

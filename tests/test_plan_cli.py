@@ -95,7 +95,8 @@ def test_cost_overrides_on_the_command_line_and_in_a_file(tmp_path):
 def test_method_change_and_quantization_are_opt_in():
     plain = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--json").stdout)
     assert all(f["workload"]["method"] == "full" for f in plain["fits"])
-    allowed = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--allow-method-change", "--json").stdout)
+    allowed = json.loads(invoke("plan", *TRAIN, "--gpu", "L4", "--max-gpus", "8", "--allow-method-change",
+                                "--allow-batch-reshape", "--json").stdout)  # reshaping was on by default before
     assert allowed["fits"][0]["workload"]["method"] in ("lora", "qlora")
     # vLLM on an L4 (24 GiB) at tp > 1 holds 0.9 x 24 + 2.42 GiB (CUDA graphs, context, NCCL outside its
     # budget) > 24 GiB: the job asks for a smaller gpu_memory_utilization

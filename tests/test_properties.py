@@ -124,7 +124,8 @@ def test_full_recompute_never_stores_more_activations_than_selective(model, meth
 @given(dense, adapters, precisions, batches, seqs, targets, st.sampled_from([8, 16, 64]))
 def test_lora_never_needs_more_model_states_than_full_fine_tuning(model, method, precision, b, s, lora_targets,
                                                                   rank):
-    # README: "Cheapest fit: --finetune lora → 29.28 GiB per device" (the search's method change) rests on
+    # `memest hf meta-llama/Llama-2-7b-hf --train --precision mixed --framework deepspeed --gpu A100-80GB`:
+    # "Cheapest fit: --finetune lora → 29.28 GiB per device" (the search's method change) rests on
     # LoRA/QLoRA freezing the base: "LoRA adapters ... trained with the optimizer's full states" only on
     # the adapters. Weights + gradients + optimizer states never exceed full fine-tuning's; activations
     # can (PEFT's fp32 input copies: the next test).

@@ -90,6 +90,19 @@ def flags_of(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (v.value if isinstance(v, Enum) else v) for k, v in values.items()}
 
 
+def _stored_default(name: str, raw: Any, setting: Any, flags: dict[str, Any]) -> bool:
+    """True for a value a record stored only because it was the setting's default then: the field's
+    default, on a job whose mode or method does not read it (records written before the setting's
+    default became the stack's)."""
+    if _value(raw) != _value(setting.field_default):
+        return False
+    training = bool(flags.get("train") or flags.get("finetune"))
+    if setting.scope == ("serving" if training else "training"):
+        return True
+    method = str(_value(flags.get("finetune")) or "full").lower()
+    return training and bool(setting.methods) and method not in setting.methods
+
+
 def job_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """Parsed workload options from plain flag values (``{"precision": "bf16"}``); defaults fill the rest.
 
@@ -115,6 +128,8 @@ def job_from_flags(flags: dict[str, Any]) -> dict[str, Any]:
             except ValueError:
                 choices = ", ".join(m.value for m in enum)
                 raise InputError(f"{{{name}}} {raw!r} is not one of {choices}", field=name) from None
+        if setting.default is None and raw is not None and _stored_default(name, raw, setting, flags):
+            raw = None
         values[name] = raw
     return values
 

@@ -111,6 +111,8 @@ def make_optimizer(params: list[Any], optimizer: Optimizer, *, device_type: str)
 
     if optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=LEARNING_RATE)
+    if optimizer is Optimizer.ADAMW_FUSED:  # the HF Trainer's adamw_torch_fused (CPU kernels from torch 2.4)
+        return torch.optim.AdamW(params, lr=LEARNING_RATE, fused=True)
     if optimizer is Optimizer.ADAFACTOR:
         return torch.optim.Adafactor(params, lr=1e-2)
     if optimizer is Optimizer.SGD:

@@ -33,13 +33,20 @@ AllowQuantOpt = Annotated[bool, typer.Option("--allow-quantization", rich_help_p
 AllowOffloadOpt = Annotated[bool, typer.Option("--allow-offload", rich_help_panel=SEARCH,
                                                help="Training: consider CPU offload of optimizer states and "
                                                     "parameters (slow: the ranking has no throughput model).")]
+AllowOptimizerOpt = Annotated[bool, typer.Option("--allow-optimizer-change", rich_help_panel=SEARCH,
+                                                 help="Training: consider 8-bit AdamW in place of the AdamW asked.")]
+AllowReshapeOpt = Annotated[bool, typer.Option("--allow-batch-reshape", rich_help_panel=SEARCH,
+                                               help="Training: consider a smaller micro-batch with more "
+                                                    "accumulation steps (the same batch per step).")]
 CostOpt = Annotated[list[str] | None, typer.Option(
     "--cost", rich_help_panel=SEARCH, show_default=False,
     help="Price of a device in USD per device-hour, NAME=USD (repeatable), e.g. --cost H100=2.49.")]
 CostsOpt = Annotated[Path | None, typer.Option(
     "--costs", rich_help_panel=SEARCH, show_default=False,
     help='JSON file of device name -> USD per device-hour, e.g. {"H100": 2.49, "A100-80GB": 1.29}.')]
-TopOpt = Annotated[int, typer.Option("--top", rich_help_panel=SEARCH, help="Rows to print (JSON has every fit).")]
+TopOpt = Annotated[int | None, typer.Option("--top", rich_help_panel=SEARCH, show_default=False,
+                                            help="The N best setups overall (JSON: the N best of each device "
+                                                 "type). Default: the best of each device type, 10 rows.")]
 HostMemoryOpt = Annotated[float, typer.Option(
     "--host-memory", rich_help_panel=SEARCH,
     help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
@@ -55,9 +62,11 @@ def plan_command(
     allow_method_change: AllowMethodOpt = False,
     allow_quantization: AllowQuantOpt = False,
     allow_offload: AllowOffloadOpt = False,
+    allow_optimizer_change: AllowOptimizerOpt = False,
+    allow_batch_reshape: AllowReshapeOpt = False,
     cost: CostOpt = None,
     costs: CostsOpt = None,
-    top: TopOpt = 10,
+    top: TopOpt = None,
     host_memory: HostMemoryOpt = DEFAULT_HOST_MEMORY_BYTES / GiB,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
@@ -65,8 +74,8 @@ def plan_command(
 ) -> None:
     """The cheapest setups that fit MODEL, ranked by $/h, then communication, then disruption.
 
-    Searches device type and count, TP/PP/DP, ZeRO, recompute, micro-batch with accumulation and the 8-bit
-    optimizer (LoRA/QLoRA, quantization and CPU offload only when allowed). --gpus, --dp, --tp and --pp are
+    Searches device type and count, TP/PP/DP, ZeRO and recompute within the job's stack (the 8-bit optimizer,
+    micro-batch reshaping, another stack, LoRA/QLoRA, quantization and CPU offload only when allowed). --gpus, --dp, --tp and --pp are
     searched, not taken (--ep and --cp are kept); the other workload flags are the job and the starting
     point of each setting.
     """
@@ -74,12 +83,14 @@ def plan_command(
     from memest.report import plan_to_markdown, render_plan
 
     check_output_format(json_, markdown)
-    if top < 1:
-        raise InputError(f"--top is {top}; it must be at least 1 (rows of the table; --json has every fit)")
+    if top is not None and top < 1:
+        raise InputError(f"--top is {top}; it must be at least 1 (the best setups to print)")
     answer = plan_values(model, job.values, {
         "gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
         "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
-        "allow_offload": allow_offload, "cost": cost, "costs": costs, "host_memory": host_memory})
+        "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
+        "allow_batch_reshape": allow_batch_reshape, "top": top or 1, "cost": cost, "costs": costs,
+        "host_memory": host_memory})
     ignored = [flag_name(n) for n in searched_given(job.values)]
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "
@@ -89,6 +100,6 @@ def plan_command(
         return
     given = job.given_flags()
     if markdown:
-        typer.echo(plan_to_markdown(answer.result, top=top, model=model, given=given), nl=False)
+        typer.echo(plan_to_markdown(answer.result, top=top or 10, model=model, given=given), nl=False)
     else:
-        _console().print(render_plan(answer.result, top=top, model=model, given=given))
+        _console().print(render_plan(answer.result, top=top or 10, model=model, given=given))

@@ -20,7 +20,10 @@ Search space
 
 - **device type**: the ones the user lists (``--gpu``, ``--gpus-available``), else the catalog;
 - **device count** N: powers of two and whole nodes (multiples of ``per_node``), up to a maximum;
-- **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica):
+- **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica); a training job stays in its
+  stack (:mod:`memest.workload.stacks`): tp and pp are searched only where the stack runs them
+  (Megatron-LM, NeMo, torchtitan) or with ``allow_stack_change`` (such a setup runs under
+  Megatron-LM, and its printed command says ``--stack megatron``);
 
   - tp divides ``per_node`` (tensor parallelism stays within a node) and passes
     :func:`memest.workload.validate` (tp divides the heads; the KV-head rules);
@@ -39,9 +42,10 @@ Search space
 
 - **settings**, each from the user's value towards less memory (never the other way):
   ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
-  ``micro_batch_size`` (divisors of the one asked, with ``grad_accum_steps`` raised to hold the
-  global batch: ``--global-batch-size`` when given, else the per-replica batch
-  micro_batch_size x grad_accum_steps), ``optimizer`` (adamw, adamw_fused -> adamw8bit), ``offload``,
+  ``micro_batch_size`` (with ``allow_batch_reshape``: divisors of the one asked, with
+  ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
+  per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
+  ``allow_optimizer_change``: adamw, adamw_fused -> adamw8bit), ``offload``,
   ``method`` (full -> lora -> qlora, with ``allow_method_change``); serving: ``quantization``
   (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
 
@@ -95,6 +99,7 @@ from memest.planning.maxfit import Largest, largest_utilization, limits
 from memest.result import Estimate
 from memest.spec import ModelSpec
 from memest.workload import (
+    STACKS,
     Engine,
     KbitPrep,
     Method,
@@ -103,6 +108,7 @@ from memest.workload import (
     Parallelism,
     Recompute,
     ServingConfig,
+    Stack,
     TrainingConfig,
     Workload,
     divisors,
@@ -190,6 +196,13 @@ class Space:
             optimizer, no method change, no quantization).
         global_batch_size: Training: sequences per optimizer step to hold (micro_batch_size x
             grad_accum_steps x dp); None holds the per-replica batch instead.
+        allow_stack_change: Training: layouts the job's stack cannot run (tensor / pipeline parallelism
+            under a stack without it, :attr:`memest.workload.StackDefaults.model_parallel`), run by
+            Megatron-LM.
+        allow_optimizer_change: Training: 8-bit AdamW in place of the 32-bit AdamW asked (``memest plan``
+            and :func:`memest.plan_memory` turn it off unless asked).
+        allow_batch_reshape: Training: a smaller micro-batch with more accumulation steps (off in
+            ``memest plan`` unless asked, as above).
         host_memory_bytes: Host RAM per server for offloaded states (``Estimate.host_bytes``); a
             setup that needs more does not fit. None: not checked.
     """
@@ -201,6 +214,9 @@ class Space:
     allow_offload: bool = False
     lossless_only: bool = False
     global_batch_size: int | None = None
+    allow_stack_change: bool = False
+    allow_optimizer_change: bool = True
+    allow_batch_reshape: bool = True
     host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
 
 
@@ -252,7 +268,7 @@ class Plan:
         workload: The workload asked for (the search's starting point).
         space: What the search could change.
         headroom: Share of memory kept free.
-        fits: The cheapest fitting setup of each device type, cheapest first.
+        fits: The cheapest fitting setups of each device type (``top`` of each), cheapest first.
         no_fit: Device types on which nothing fits within their count limit.
         evaluated: Estimates computed.
         setups: Setups decided at the counts visited: estimated, skipped by pruning, or ruled out
@@ -340,6 +356,12 @@ def _onwards(order: tuple[Any, ...], asked: Any) -> list[Any]:
     return list(order[order.index(asked):]) if asked in order else [asked]
 
 
+def _runs_model_parallel(w: Workload) -> bool:
+    """Whether a training job's stack runs tensor / pipeline parallelism (a job with no stack: any)."""
+    stack = getattr(w, "stack", None)
+    return stack is None or STACKS[stack].model_parallel
+
+
 def device_counts(device: Device, max_count: int, min_count: int = 1) -> list[int]:
     """Counts the planner tries: powers of two and whole nodes (multiples of per_node) in
     [min_count, max_count], plus min_count itself, ascending."""
@@ -395,11 +417,14 @@ class _Search:
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
         cp = user.cp if self.training else 1  # serving: one replica of tp x pp
-        for tp in divisors(device.per_node):
+        model_parallel = not self.training or self.space.allow_stack_change or _runs_model_parallel(self.base)
+        for tp in divisors(device.per_node) if model_parallel else [user.tp]:
             if n % (tp * cp):
                 continue
             rest = n // (tp * cp)
-            for pp in divisors(rest):
+            for pp in divisors(rest) if model_parallel else [user.pp]:
+                if rest % pp:
+                    continue
                 if self.training and self.spec.num_layers % pp:
                     continue  # training: even stages; serving: vLLM splits any pp <= num_layers
                 dp = rest // pp if self.training else 1
@@ -423,9 +448,13 @@ class _Search:
             return None
         else:
             per_replica = g // par.dp
-        batch = [(b, per_replica // b) for b in reversed(divisors(w.micro_batch_size)) if per_replica % b == 0]
+        sizes = reversed(divisors(w.micro_batch_size)) if self.space.allow_batch_reshape else [w.micro_batch_size]
+        batch = [(b, per_replica // b) for b in sizes if per_replica % b == 0]
+        if not batch:
+            return None  # the micro-batch asked cannot hold the batch on this many replicas
         recompute = _onwards(RECOMPUTE_ORDER, w.recompute)
-        optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if lossy and w.optimizer in ADAM_32BIT else [])
+        eight_bit = lossy and self.space.allow_optimizer_change and w.optimizer in ADAM_32BIT
+        optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if eight_bit else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
@@ -508,6 +537,8 @@ class _Search:
         if parallelism is None:
             parallelism = layout.parallelisms[key] = dataclasses.replace(layout.par, **par)
         fields["parallelism"] = parallelism
+        if self.training and (parallelism.tp > 1 or parallelism.pp > 1) and not _runs_model_parallel(self.base):
+            fields["stack"] = Stack.MEGATRON  # only with allow_stack_change (see _parallelisms)
         w = layout.workloads[cfg] = type(self.base)(**fields)
         return w
 
@@ -540,14 +571,21 @@ class _Search:
         limit = self.space.host_memory_bytes
         return not host or limit is None or result[1].host_bytes <= limit
 
-    def best_for(self, choice: DeviceChoice) -> Fit | None:
-        """The cheapest fitting setup on one device type (None when nothing fits)."""
+    def best_for(self, choice: DeviceChoice, top: int = 1) -> list[Fit]:
+        """The ``top`` cheapest fitting setups on one device type, cheapest first (none when nothing
+        fits). Counts and setups are visited in cost order, so the search stops once the next one
+        costs at least the ``top``-th fit found."""
         device = choice.device
         price = self.space.prices.price(device)
-        best: tuple[Cost, _Layout, tuple[int, ...], int] | None = None
+        best: list[tuple[Cost, int, _Layout, tuple[int, ...], int]] = []
+
+        def bar() -> Cost | None:
+            return best[top - 1][0] if len(best) >= top else None
+
         for n in device_counts(device, choice.max_count, choice.min_count):
             usd = n * price
-            if best is not None and (usd > best[0].usd_per_hour or math.isinf(usd)):
+            limit = bar()
+            if limit is not None and (usd > limit.usd_per_hour or math.isinf(usd)):
                 break  # an unpriced device: more of it cannot cost less (memest.planning.costs)
             ranked = []
             for layout in self.layouts(device, n):
@@ -558,14 +596,16 @@ class _Search:
                     ranked.append((self.cost(usd, layout, cfg), len(ranked), layout, cfg))
             ranked.sort(key=lambda r: (r[0], r[1]))
             for cost, _, layout, cfg in ranked:
-                if best is not None and cost >= best[0]:
+                limit = bar()
+                if limit is not None and cost >= limit:
                     break
                 if self.fits(device, layout, cfg):
-                    best = (cost, layout, cfg, n)
-                    break
-        if best is None:
-            return None
-        cost, layout, cfg, n = best
+                    best.append((cost, len(best), layout, cfg, n))
+                    best.sort(key=lambda b: (b[0], b[1]))
+                    del best[top:]
+        return [self._fit(device, layout, cfg, n, cost) for cost, _, layout, cfg, n in best]
+
+    def _fit(self, device: Device, layout: _Layout, cfg: tuple[int, ...], n: int, cost: Cost) -> Fit:
         result = layout.results[cfg]
         assert result is not None
         w, est, _ = result
@@ -576,8 +616,8 @@ class _Search:
 
 
 def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float = 0.10, max_queries: bool = True,
-         prune: bool = True) -> Plan:
-    """The cheapest fitting setup of each device type in ``space``, ranked by cost.
+         prune: bool = True, top: int = 1) -> Plan:
+    """The ``top`` cheapest fitting setups of each device type in ``space``, ranked by cost.
 
     Args:
         spec: The model.
@@ -589,6 +629,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
             max_model_len) that fits each answer.
         prune: Skip layouts whose floor setups do not fit (exact under the documented
             monotonicity; False estimates every setup cheaper than the answer).
+        top: Fits per device type (so the ``top`` best overall are among them).
 
     Raises:
         InputError: no device type, a non-positive count or global batch, or a workload that is
@@ -614,11 +655,10 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
         if isinstance(workload, ServingConfig) and not runs_on(workload.engine.value, choice.device.vendor):
             no_fit.append(choice)  # the engine does not run there
             continue
-        fit = search.best_for(choice)
-        if fit is None:
+        fits = search.best_for(choice, top)
+        if not fits:
             no_fit.append(choice)
-        else:
-            found.append(fit)
+        found += fits
     found.sort(key=lambda f: f.setup.cost)
     if max_queries:
         found = [dataclasses.replace(f, limits=limits(spec, f.setup.workload, f.setup.device, headroom=headroom))
@@ -657,7 +697,7 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
     (the user's other flags stay as they were)."""
     base = _flag_items(asked, asked.parallelism.world_size)
     items = _flag_items(workload, count)
-    keep = {"--gpus", "--dp", "--tp", "--pp"}
+    keep = {"--gpus", "--dp", "--tp", "--pp", cli_flag("stack")}  # a printed fix names its stack
     parts = [f"--gpu {shlex.quote(device.ref)}"] if device is not None else []
     for flag, value in items.items():
         if flag in keep or value != base[flag]:
@@ -757,7 +797,8 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     """A fit as changes to the workload asked (one Change per flag group that differs)."""
     old = _flag_items(asked, asked.parallelism.world_size)
     new = _flag_items(fit.setup.workload, fit.setup.count)
-    out = []
+    stack = cli_flag("stack")
+    out = [Change(f"{stack} {new[stack]}", 0.0, True)] if new.get(stack, "None") != "None" else []
     par_diff = [f for f in _PARALLEL_FLAGS if f in new and new[f] != old[f]]
     if par_diff:
         more = fit.setup.count - asked.parallelism.world_size
@@ -778,7 +819,7 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
 
 
 def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *,
-              fewest: Parallelism | None = None) -> Recommendation:
+              fewest: Parallelism | None = None, allow_stack_change: bool = False) -> Recommendation:
     """The cheapest fitting setup on ``device`` (from the count asked up to 64 times it), and the
     cheapest lossless one, found by :func:`plan`.
 
@@ -792,7 +833,11 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
     with them by :class:`memest.planning.costs.Cost`; it is lossless (the weights and numerics are the same;
     only the KV pool shrinks, and the job still fits).
 
+    Every fix stays in the job's stack (a fix names it) unless ``allow_stack_change``; micro-batch
+    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics).
+
     Args:
+        allow_stack_change: Also layouts the job's stack cannot run (:attr:`Space.allow_stack_change`).
         fewest: The layout of the fewest-devices query
             (:func:`smallest_parallelism`); the counts searched are widened to
             include its device count, so the recommendation finds a fit wherever that query found one.
@@ -803,9 +848,11 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
         low, high = min(low, fewest.world_size), max(high, fewest.world_size)
     choice = DeviceChoice(device, max_count=high, min_count=low)
     price = PriceTable.catalog().price(device)
-    any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True),
+    any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True,
+                                            allow_stack_change=allow_stack_change),
                       headroom=headroom, max_queries=False)
-    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True), headroom=headroom, max_queries=False)
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change),
+                    headroom=headroom, max_queries=False)
 
     def candidate(p: Plan) -> tuple[Cost, Candidate] | None:
         fit = p.best
@@ -955,9 +1002,9 @@ class Assessment:
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
-           device_given: bool = True, search: bool = True) -> Assessment:
+           device_given: bool = True, search: bool = True, allow_stack_change: bool = False) -> Assessment:
     """Estimate ``workload``, judge the fit on ``device`` and, when it does not fit, search for the
-    cheapest setup that does.
+    cheapest setup that does (within the job's stack unless ``allow_stack_change``).
 
     Raises:
         InputError: the workload is invalid for the model.
@@ -968,7 +1015,8 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     serving = isinstance(workload, ServingConfig)
     fewest = smallest_parallelism(spec, workload, device, headroom=headroom) if serving else None
     utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
-    rec = recommend(spec, workload, device, headroom, fewest=fewest) if search and not v.fits else None
+    rec = (recommend(spec, workload, device, headroom, fewest=fewest, allow_stack_change=allow_stack_change)
+           if search and not v.fits else None)
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())

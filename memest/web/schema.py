@@ -74,11 +74,13 @@ def fields(kind: str) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {
         "model": {"type": "string", "description": "A catalog name (GET /v1/models) or a Hub id; not a path."},
-        "config": {"type": "object", "description": "A config.json's contents (data only: no model code is run), "
-                                                    "in place of model."},
         "mode": {"type": "string", "enum": list(MODES), "nullable": kind == "sweep",
                  "default": None if kind == "sweep" else "serve"},
-        **setting_types(),
+        # the setting `config` names files (DeepSpeed / accelerate); the service reads none: here `config`
+        # is a pasted config.json
+        **{name: schema for name, schema in setting_types().items() if name != "config"},
+        "config": {"type": "object", "description": "A config.json's contents (data only: no model code is run), "
+                                                    "in place of model."},
     }
     if kind == "plan":
         out |= {"gpus_available": {"type": "string", "nullable": True, "description": "'8xH100,32xA100-80GB,L4'"},

@@ -6,6 +6,8 @@
 - :mod:`~memest.workload.resolve`: a workload from the settings a user gave (the defaults that depend
   on the model or the device, the mode, the parallel layout) and the refusal of settings the job
   would not read;
+- :mod:`~memest.workload.stacks`: what each training stack does by default (the settings a user did
+  not give, and who runs the step);
 - :mod:`~memest.workload.validate`: checks of a workload against a model.
 
 Every error is an :class:`~memest.errors.InputError` whose message names settings as ``{name}``
@@ -35,17 +37,18 @@ from memest.workload.config import (
     Precision,
     Recompute,
     ServingConfig,
+    Stack,
     TrainingConfig,
     Workload,
-    resolve_framework,
     runs_on,
 )
+from memest.workload.stacks import STACKS, StackDefaults, resolve_framework
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
 
 __all__ = [
     "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
     "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "Loss",
-    "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "TrainingConfig",
-    "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on", "tp_head_problem", "validate",
+    "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
+    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on", "tp_head_problem", "validate",
     "workload_notes",
 ]

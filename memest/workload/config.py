@@ -115,6 +115,26 @@ class Framework(str, Enum):
     sharded gradients reduced in ``reduce_dtype``."""
 
 
+class Stack(str, Enum):
+    """The training stacks whose defaults memest knows (:mod:`memest.workload.stacks` says what each
+    does by default, read from its source)."""
+
+    HF_TRAINER = "hf-trainer"
+    TRL = "trl"
+    ACCELERATE = "accelerate"
+    TORCHTUNE = "torchtune"
+    TORCHTITAN = "torchtitan"
+    AXOLOTL = "axolotl"
+    LLAMAFACTORY = "llamafactory"
+    UNSLOTH = "unsloth"
+    LITGPT = "litgpt"
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+    NEMO = "nemo"
+    FSDP = "fsdp"
+    PYTORCH = "pytorch"
+
+
 class FsdpStrategy(str, Enum):
     """PyTorch FSDP sharding strategies (``torch.distributed.fsdp.ShardingStrategy``), as ZeRO
     stages over a sharding group."""
@@ -319,8 +339,8 @@ class LoraConfig:
     rank: int = setting(16, group="training", scope="training", methods=("lora", "qlora"), help="LoRA rank r.",
                         what="LoRA adapters", describe="always")
     targets: str = setting("attention", group="training", scope="training", methods=("lora", "qlora"),
-                           what="LoRA adapters", describe="always",
-                           help="attention (every attention projection: q, k, v, o; PEFT's target_modules=None picks "
+                           what="LoRA adapters", describe="always", unset=None,
+                           help="(default: the {stack}'s) attention (every attention projection: q, k, v, o; PEFT's target_modules=None picks "
                                 "q_proj,v_proj for llama-style models), all-linear, or module names (q_proj,v_proj).")
     dropout: float = setting(0.0, group="training", scope="training", methods=("lora", "qlora"), what="LoRA adapters",
                              help="PEFT lora_dropout (each adapted linear keeps a mask and a copy of its input).")
@@ -343,6 +363,10 @@ class TrainingConfig:
         lora: Adapter settings (LoRA and QLoRA only).
         offload: CPU offload.
         parallelism: TP/PP/DP/CP/EP degrees and the ZeRO stage.
+        stack: The training stack whose defaults filled the settings not given (None: a workload
+            built directly, at the fields' own defaults).
+        stack_assumed: Why the stack was assumed when none was named ("" when it was named).
+        config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
         framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
         set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
@@ -363,27 +387,36 @@ class TrainingConfig:
     grad_accum_steps: int = setting(1, group="training", scope="training", planned="all",
                                     help="Micro-batches per optimizer step.",
                                     what="micro-batches per optimizer step")
-    precision: Precision = setting(Precision.MIXED, group="training", scope="training", describe="always",
+    precision: Precision = setting(Precision.MIXED, group="training", scope="training", describe="always", unset=None,
                                    help="Precision recipe: mixed (bf16 + fp32 master), fp16, amp (fp32 params + "
-                                        "autocast), fsdp2, bf16 (pure), fp32.",
+                                        "autocast), fsdp2, bf16 (pure), fp32 (default: the {stack}'s bf16 recipe).",
                                    what="the training precision recipe", fix="for serving use {dtype}")
-    optimizer: Optimizer = setting(Optimizer.ADAMW, group="training", scope="training", planned="all",
-                                   describe="always", help="Optimizer.",
+    optimizer: Optimizer = setting(Optimizer.ADAMW, group="training", scope="training", planned="all", unset=None,
+                                   describe="always", help="Optimizer (default: the {stack}'s).",
                                    what="the optimizer's states", fix="serving has no optimizer: drop it")
     recompute: Recompute = setting(Recompute.NONE, group="training", scope="training", planned="all", describe="always",
-                                   help="Activation checkpointing.", what="activation checkpointing in backward")
+                                   unset=None, help="Activation checkpointing (default: the {stack}'s).", what="activation checkpointing in backward")
     attn_implementation: AttnImplementation = setting(
-        AttnImplementation.SDPA, group="training", scope="training", help="sdpa, flash_attention_2 or eager (eager "
-                                                                          "stores the s x s scores).",
+        AttnImplementation.SDPA, group="training", scope="training", unset=None,
+        help="sdpa, flash_attention_2 or eager (eager stores the s x s scores) (default: the {stack}'s).",
         what="the attention kernel's saved activations")
     loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", what="the training loss's logits",
-                         help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or fused "
-                              "(Liger / Cut Cross-Entropy).")
+                         unset=None, help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or "
+                                          "fused (Liger / Cut Cross-Entropy) (default: the {stack}'s).")
     lora: LoraConfig = nested("lora_", LoraConfig)
     offload: Offload = setting(Offload.NONE, group="training", scope="training", planned="all", describe="changed",
                                help="CPU offload of optimizer states (or also params, ZeRO-3).",
                                what="CPU offload of training states")
     parallelism: Parallelism = field(default_factory=Parallelism)
+    stack: Stack | None = setting(None, group="training", scope="training", what="the training stack's defaults",
+                                  planned="training",
+                                  help="The training stack whose defaults apply: hf-trainer, trl, accelerate, "
+                                       "torchtune, torchtitan, axolotl, llamafactory, unsloth, litgpt, deepspeed, "
+                                       "megatron, nemo, fsdp, pytorch (default: hf-trainer on one device or without "
+                                       "sharding; deepspeed with {zero_stage}; accelerate with {fsdp}; megatron with "
+                                       "{tp} / {pp}). Flags given override its defaults.")
+    stack_assumed: str = ""
+    config_notes: tuple[str, ...] = ()
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",
                                    what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
@@ -591,6 +624,7 @@ class JobSettings:
     settings by keyword, and :func:`memest.workload.resolve.resolve` turns them into a workload.
 
     Attributes:
+        config: Config files whose settings fill those not given (:mod:`memest.workload.files`).
         train: Full training (every weight trained).
         finetune: Fine-tuning with adapters (LoRA or QLoRA).
         serve: Serving (the default when no mode is given).
@@ -600,9 +634,13 @@ class JobSettings:
         gpu: The accelerator; None = the default device (and list every device that fits).
         gpus: Devices in the job.
         fsdp: PyTorch FSDP sharding strategy: sets the framework and the ZeRO stage.
+        allow_stack_change: Recommendations may leave the job's stack (and then name the new one).
         headroom: Share of device memory to keep free.
     """
 
+    config: tuple[str, ...] = setting((), group="model", unset=None, type=list[str] | None,
+                                      help="A DeepSpeed JSON or accelerate config YAML whose settings to use "
+                                           "(repeatable; flags given override them).")
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
     finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.")
     serve: bool = setting(False, group="model", help="Estimate inference serving (the default).")
@@ -623,12 +661,18 @@ class JobSettings:
                                         what="PyTorch FSDP sharding of training states",
                                         help="PyTorch FSDP sharding strategy (sets {framework} fsdp and the ZeRO "
                                              "stage; hybrid_shard shards within a node).")
+    allow_stack_change: bool = setting(False, group="training", scope="training",
+                                       what="fixes outside the training stack",
+                                       help="Also offer fixes the job's {stack} cannot run (tensor / pipeline "
+                                            "parallelism outside Megatron-LM, NeMo, torchtitan); they name the "
+                                            "stack that runs them.")
     headroom: float = setting(0.10, group="parallelism", help="Share of device memory to keep free (not applied to "
                                                               "vLLM: {gpu_memory_utilization} sets its share).")
 
 
 def resolve_framework(t: TrainingConfig) -> Framework:
-    """The framework ``auto`` stands for, from the precision recipe and the parallelism.
+    """The framework ``auto`` stands for without a stack, from the precision recipe and the
+    parallelism (a job's stack decides first: :func:`memest.workload.stacks.resolve_framework`).
 
     - ``fsdp2`` precision: FSDP (torchtitan, FSDP2 mixed precision);
     - tp or pp > 1: FSDP with ZeRO stage 2-3 (torchtitan's FSDP + TP/PP; DeepSpeed's pipeline

@@ -20,6 +20,7 @@ from typing import Any
 from memest.devices import DEFAULT_DEVICE, Device, get_device
 from memest.errors import InputError
 from memest.spec import ModelSpec
+from memest.workload import files, stacks
 from memest.workload.config import (
     Engine,
     Framework,
@@ -55,7 +56,11 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = [n for n in values if n not in known]
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
-    return defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
+    out = defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
+    if out["config"]:
+        found, _ = files.read(out["config"])
+        out |= {name: _coerce(known[name], value) for name, value in found.items() if not given(out, name)}
+    return out
 
 
 def _coerce(s: Setting, value: Any) -> Any:
@@ -261,6 +266,10 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
 
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:
+    group = (v["tp"] or 1) * v["pp"] * v["cp"]
+    replicas = v["dp"] or max(1, v["gpus"] // group)
+    stack, assumed = stacks.stack_of(v, replicas)
+    v = stacks.apply(v, stack, replicas)
     par, framework = training_parallelism(v, device)
     return TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
@@ -279,6 +288,9 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         set_grads_to_none=v["set_grads_to_none"],
         target_len=v["target_len"],
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
+        stack=stack,
+        stack_assumed=assumed,
+        config_notes=files.read(v["config"])[1] if v["config"] else (),
     )
 
 

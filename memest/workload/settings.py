@@ -20,6 +20,7 @@ import typing
 from enum import Enum
 from typing import Any
 
+from memest.workload import stacks
 from memest.workload.config import JobSettings, Parallelism, ServingConfig, TrainingConfig
 from memest.workload.declare import GROUPS, MISSING, Setting, nested, setting
 
@@ -108,6 +109,9 @@ def given_flags(values: dict[str, Any]) -> dict[str, str]:
             if value or s.off:
                 out[cli_flag(name if value else (s.off or name))] = ""
             continue
+        if isinstance(value, list | tuple):  # a repeatable setting: each value after its flag
+            out[cli_flag(name)] = f" {cli_flag(name)} ".join(map(str, value))
+            continue
         out[cli_flag(name)] = str(value.value if isinstance(value, Enum) else value)
     return out
 
@@ -125,9 +129,14 @@ def reads(workload: Any, s: Setting) -> bool:
 
 
 def describe(workload: Any) -> str:
-    """One line of a workload's main settings: the mode, then each setting whose ``describe`` says to
+    """One line of a workload's main settings: the mode, the stack and its recipe in words (with why it
+    was assumed), then each setting whose ``describe`` says to
     show it (``seq_len 8192``; a setting at None is shown as ``= default``)."""
     parts = [workload.mode]
+    stack = getattr(workload, "stack", None)
+    if stack is not None:
+        words = stacks.recipe_words(stack, workload.precision, workload.optimizer)
+        parts.append(words + (f" (assumed: {workload.stack_assumed})" if workload.stack_assumed else ""))
     for name, s in settings().items():
         if s.describe is None or not reads(workload, s):
             continue

@@ -24,8 +24,8 @@ from memest.workload.config import (
     ServingConfig,
     TrainingConfig,
     Workload,
-    resolve_framework,
 )
+from memest.workload.stacks import resolve_framework
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
@@ -118,6 +118,11 @@ def workload_notes(spec: ModelSpec, workload: Workload) -> tuple[str, ...]:
     (``rope_scaling``) or relies on extrapolation. Models with a learned position table cannot run it
     at all (:func:`validate` refuses).
     """
+    said = tuple(getattr(workload, "config_notes", ()))
+    return said + _length_notes(spec, workload)
+
+
+def _length_notes(spec: ModelSpec, workload: Workload) -> tuple[str, ...]:
     limit = spec.max_position_embeddings
     if not limit or spec.learned_positions is not None:
         return ()

@@ -1,0 +1,227 @@
+"""What each training stack does by default, read from its source at a stated version.
+
+One row per :class:`~memest.workload.config.Stack`: the precision recipe its "bf16" switch runs, who runs
+the step on one device and on several, its default optimizer, attention kernel, loss, activation
+checkpointing, QLoRA preparation and LoRA targets. :func:`stack_of` picks the stack a job names or
+implies; :func:`apply` fills the settings a user did not give from it (what the user gave wins);
+:func:`recipe_words` is the job line's sentence ("HF Trainer 4.57, bf16=True: fp32 params, autocast
+bf16, adamw_torch_fused").
+
+Sources (each row cites the file that sets its defaults):
+
+- transformers 4.57 ``src/transformers/training_args.py``: ``default_optim = "adamw_torch"``, then
+  ``"adamw_torch_fused"`` when ``is_torch_greater_or_equal_than_2_8``; ``gradient_checkpointing`` False;
+  ``bf16=True`` runs ``accelerator.autocast()`` over fp32 parameters (the model is loaded in fp32 unless
+  ``torch_dtype`` says otherwise). ``modeling_utils`` picks ``sdpa`` when torch has it.
+- trl 0.2x ``trl/trainer/sft_config.py`` (``SFTConfig`` subclasses ``TrainingArguments``: its ``optim``
+  and bf16 path) and ``trl/trainer/sft_trainer.py`` (4-bit model: ``prepare_model_for_kbit_training``,
+  ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`).
+- accelerate ``accelerate config`` FSDP: ``fsdp_sharding_strategy`` FULL_SHARD, ``mixed_precision bf16``
+  as FSDP ``MixedPrecision(param_dtype=bf16)`` over fp32 sharded parameters.
+- torchtune 0.6 ``recipes/configs/llama3_1/8B_full.yaml`` / ``8B_full_single_device.yaml``: ``dtype: bf16``
+  (parameters and optimizer states bf16, no fp32 master), ``optimizer: torch.optim.AdamW`` with
+  ``fused: True``, ``loss: torchtune.modules.loss.CEWithChunkedOutputLoss``,
+  ``enable_activation_checkpointing: True``; ``full_finetune_distributed`` shards with FSDP2 ``fully_shard``.
+- torchtitan ``torchtitan/models/llama3/train_configs/llama3_8b.toml``: ``mixed_precision_param = "bfloat16"``
+  (FSDP2, fp32 reduce), ``[activation_checkpoint] mode = "selective"``, ``selective_ac_option = "op"``;
+  ``[optimizer] name = "AdamW"`` with ``implementation = "fused"`` (``config/job_config.py``).
+- axolotl ``examples/llama-3/fft-8b.yaml``: ``bf16: auto`` loads the weights in bf16 and trains them in
+  place (pure bf16 states); the optimizer falls to the Trainer's default.
+- LLaMA-Factory ``src/llamafactory/hparams/finetuning_args.py``: ``lora_target`` default ``"all"``
+  (every linear), ``pure_bf16`` False (``model/adapter.py`` upcasts trained parameters to fp32);
+  ``model_args.py`` ``disable_gradient_checkpointing`` False (checkpointing on).
+- unsloth ``unsloth/models/llama.py``: ``use_gradient_checkpointing="unsloth"`` (full checkpointing,
+  checkpoints offloaded: modelled as ``full``), its fused cross-entropy, LoRA on every linear in its
+  examples.
+- litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
+  = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
+  ``FSDPStrategy`` (FULL_SHARD).
+- DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
+  optimizer (FusedAdam); ZeRO stage as given.
+- Megatron-LM ``megatron/training/arguments.py`` ``--bf16``: bf16 parameters, fp32 ``main_grad`` and master;
+  ``--use-distributed-optimizer`` is off unless asked. NeMo 2 ``MegatronMixedPrecision("bf16-mixed")``
+  with ``use_distributed_optimizer=True`` (``nemo/collections/llm/recipes/*``).
+- PyTorch FSDP2 ``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))``;
+  a plain PyTorch loop with ``torch.autocast(bf16)`` over fp32 parameters and ``torch.optim.AdamW``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memest.workload import config
+from memest.workload.config import (
+    AttnImplementation,
+    Framework,
+    KbitPrep,
+    Loss,
+    Optimizer,
+    Precision,
+    Recompute,
+    Stack,
+    TrainingConfig,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StackDefaults:
+    """What one stack does when the user does not say otherwise.
+
+    Attributes:
+        label: Its name and the version read (``HF Trainer 4.57``).
+        bf16: How its users ask for bf16 (``bf16=True``).
+        precision: The recipe that runs.
+        recipe: That recipe in words (``fp32 params, autocast bf16``).
+        optimizer: Its default optimizer, as memest's value.
+        optimizer_name: The stack's own name for it (``adamw_torch_fused``).
+        one: Who runs the step on one device.
+        many: Who runs it on several data-parallel devices, and the ZeRO stage it shards with.
+        recompute: Its activation checkpointing default.
+        loss: Its loss.
+        attn: Its attention kernel.
+        kbit: How it prepares a QLoRA model.
+        lora_targets: The layers its LoRA adapts (memest's ``lora_targets`` value).
+        model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
+    """
+
+    label: str
+    bf16: str
+    precision: Precision
+    recipe: str
+    optimizer: Optimizer
+    optimizer_name: str
+    one: Framework = Framework.PYTORCH
+    many: tuple[Framework, int] = (Framework.DDP, 0)
+    recompute: Recompute = Recompute.NONE
+    loss: Loss = Loss.DEFAULT
+    attn: AttnImplementation = AttnImplementation.SDPA
+    kbit: KbitPrep = KbitPrep.PEFT
+    lora_targets: str = "attention"
+    model_parallel: bool = False
+
+
+_TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
+            "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused"}
+
+STACKS: dict[Stack, StackDefaults] = {
+    Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
+    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, **_TRAINER),
+    Stack.ACCELERATE: StackDefaults(label="accelerate FSDP", bf16="mixed_precision: bf16", precision=Precision.FSDP2,
+                                    recipe="fp32 sharded params, bf16 compute copies", optimizer=Optimizer.ADAMW,
+                                    optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3)),
+    Stack.TORCHTUNE: StackDefaults(label="torchtune 0.6", bf16="dtype: bf16", precision=Precision.BF16,
+                                   recipe="pure bf16 params and states", optimizer=Optimizer.ADAMW_FUSED,
+                                   optimizer_name="AdamW(fused=True)", many=(Framework.FSDP, 3),
+                                   recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE),
+    Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
+                                    precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
+                                                                      "fp32 reduce",
+                                    optimizer=Optimizer.ADAMW_FUSED, optimizer_name="AdamW fused",
+                                    one=Framework.FSDP, many=(Framework.FSDP, 3), recompute=Recompute.SELECTIVE_OP,
+                                    kbit=KbitPrep.NONE, model_parallel=True),
+    Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
+                                 recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
+                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT),
+    Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
+                                      recipe="fp32 trained params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
+                                      optimizer_name="adamw_torch_fused", recompute=Recompute.FULL,
+                                      kbit=KbitPrep.NONE, lora_targets="all-linear"),
+    Stack.UNSLOTH: StackDefaults(label="unsloth", bf16="bf16=True", precision=Precision.AMP,
+                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
+                                 optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
+                                 kbit=KbitPrep.NONE, lora_targets="all-linear"),
+    Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
+                                recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
+                                optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+    Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
+                                   recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
+                                   optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0)),
+    Stack.MEGATRON: StackDefaults(label="Megatron-LM", bf16="--bf16", precision=Precision.MIXED,
+                                  recipe="bf16 params, fp32 main_grad and master", optimizer=Optimizer.ADAMW,
+                                  optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 0),
+                                  model_parallel=True),
+    Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
+                              recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
+                              optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
+                              model_parallel=True),
+    Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
+                              precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
+                              optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,
+                              many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+    Stack.PYTORCH: StackDefaults(label="PyTorch", bf16="torch.autocast(bf16)", precision=Precision.AMP,
+                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
+                                 optimizer_name="torch AdamW", kbit=KbitPrep.NONE),
+}
+"""Every stack's defaults (sources in the module docstring)."""
+
+_FRAMEWORK_STACK = {Framework.PYTORCH: Stack.PYTORCH, Framework.DDP: Stack.PYTORCH,
+                    Framework.DEEPSPEED: Stack.DEEPSPEED, Framework.MEGATRON: Stack.MEGATRON,
+                    Framework.FSDP: Stack.FSDP}
+"""The stack a framework named without a stack stands for."""
+
+
+def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
+    """The stack of a job, and why it was assumed ("" when the job names it).
+
+    No stack named: a named framework is its own stack; ``tp`` / ``pp`` is Megatron-LM, ``fsdp``
+    accelerate, a ZeRO stage DeepSpeed, anything else the HF Trainer.
+    """
+    if v["stack"] is not None:
+        return Stack(v["stack"]), ""
+    framework = Framework(v["framework"])
+    if framework is not Framework.AUTO:
+        return _FRAMEWORK_STACK[framework], f"framework {framework.value}"
+    if (v["tp"] or 1) > 1 or v["pp"] > 1:
+        return Stack.MEGATRON, "tensor / pipeline parallelism"
+    if v["fsdp"] is not None:
+        return Stack.ACCELERATE, "FSDP sharding"
+    if v["zero_stage"]:
+        return Stack.DEEPSPEED, "a ZeRO stage"
+    return Stack.HF_TRAINER, "no stack named"
+
+
+def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
+    """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
+
+    A stack that shards over several devices by default (torchtune, NeMo's distributed optimizer) gets
+    its ZeRO stage when neither it nor FSDP was given.
+    """
+    d = STACKS[stack]
+    out = dict(v)
+    fill = {"precision": d.precision, "optimizer": d.optimizer,
+            "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
+            "prepare_kbit_training": d.kbit}
+    out |= {name: value for name, value in fill.items() if out[name] is None}
+    if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
+            and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
+        out["zero_stage"] = d.many[1]
+    return out
+
+
+def resolve_framework(t: TrainingConfig) -> Framework:
+    """Who runs a job's step: the framework it names, else its stack's (a ZeRO stage under a stack that
+    is not DeepSpeed or Megatron-LM: FSDP, as the Trainer's ``fsdp`` argument runs it through accelerate;
+    any stack with tp / pp: what
+    :func:`memest.workload.config.resolve_framework` picks, Megatron-LM or FSDP + TP), else the
+    choice from precision and parallelism (a workload built with no stack)."""
+    if t.framework is not Framework.AUTO or t.stack is None:
+        return config.resolve_framework(t)
+    d, par = STACKS[t.stack], t.parallelism
+    if d.one in (Framework.DEEPSPEED, Framework.MEGATRON):
+        return d.one
+    if par.tp > 1 or par.pp > 1:
+        return config.resolve_framework(t)
+    if par.zero_stage >= 1:
+        return Framework.FSDP
+    return d.many[0] if par.dp * par.cp > 1 else d.one
+
+
+def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> str:
+    """The job line's sentence for a stack: its name, how its users ask for bf16 and what that runs,
+    and its optimizer (the stack's own words where the user kept its defaults)."""
+    d = STACKS[stack]
+    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
+    opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
+    return f"{d.label}, {d.bf16}: {recipe}, {opt}"

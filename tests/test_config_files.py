@@ -1,0 +1,86 @@
+"""Config files as input (memest/workload/files.py): real files from the projects' repositories
+(tests/data/configs/README.md cites each), each with the workload derived by hand from its keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from inprocess import run_memest
+
+from memest.devices import get_device
+from memest.errors import InputError
+from memest.sources import load_model
+from memest.workload import Framework, FsdpStrategy, Offload, Precision, Recompute, Stack, resolve_framework
+from memest.workload.resolve import resolve
+from memest.workload.validate import workload_notes
+
+DATA = Path(__file__).resolve().parent / "data" / "configs"
+ZERO3 = str(DATA / "ds_config_zero3.json")
+FSDP = str(DATA / "accelerate_fsdp.yaml")
+LLAMA = "meta-llama/Llama-2-7b-hf"
+A100 = get_device("A100-80GB")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load_model(LLAMA)
+
+
+def test_transformers_zero3_json(llama):
+    # "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    # -> ZeRO-3 with parameters (and so optimizer states) offloaded; "fp16": {"enabled": true} -> DeepSpeed fp16;
+    # no train_micro_batch_size_per_gpu / gradient_accumulation_steps keys -> memest's 1 and 1
+    t = resolve({"train": True, "config": [ZERO3], "gpus": 8}, llama, A100)
+    assert t.stack is Stack.DEEPSPEED and resolve_framework(t) is Framework.DEEPSPEED
+    assert (t.parallelism.zero_stage, t.offload, t.precision) == (3, Offload.PARAMS, Precision.FP16)
+    assert (t.micro_batch_size, t.grad_accum_steps, t.parallelism.dp) == (1, 1, 8)
+
+
+def test_accelerate_fsdp_yaml(llama):
+    # distributed_type FSDP, fsdp_sharding_strategy FULL_SHARD -> ZeRO-3 under FSDP; num_processes 2 x
+    # num_machines 1 (absent) -> 2 devices; mixed_precision bf16 -> MixedPrecision(param_dtype=bf16) over fp32
+    # shards (memest fsdp2); fsdp_activation_checkpointing false, fsdp_offload_params false
+    t = resolve({"train": True, "config": [FSDP]}, llama, A100)
+    assert t.stack is Stack.ACCELERATE and resolve_framework(t) is Framework.FSDP
+    assert (t.parallelism.zero_stage, t.parallelism.dp, t.precision) == (3, 2, Precision.FSDP2)
+    assert (t.recompute, t.offload) == (Recompute.NONE, Offload.NONE)
+
+
+def test_flags_given_override_the_file(llama):
+    t = resolve({"train": True, "config": [ZERO3], "gpus": 8, "zero_stage": 2, "offload": "optimizer"}, llama, A100)
+    assert (t.parallelism.zero_stage, t.offload, t.precision) == (2, Offload.OPTIMIZER, Precision.FP16)
+    f = resolve({"train": True, "config": [FSDP], "fsdp": FsdpStrategy.SHARD_GRAD_OP, "gpus": 4}, llama, A100)
+    assert (f.parallelism.zero_stage, f.parallelism.dp) == (2, 4)
+
+
+def test_auto_is_said_in_the_assumptions(llama, tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": true}, '
+                    '"zero_optimization": {"stage": 2}}')
+    t = resolve({"train": True, "config": [str(path)], "gpus": 2}, llama, A100)
+    assert t.micro_batch_size == 1 and t.precision is Precision.MIXED and t.parallelism.zero_stage == 2
+    assert any("train_micro_batch_size_per_gpu is \"auto\"" in note for note in workload_notes(llama, t))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{\n  "zero_optimization": {\n    "stage": 3,\n  }\n}', "line 4: malformed JSON"),
+    ("distributed_type: FSDP\nfsdp_config: [unclosed\n", "line 3: malformed YAML"),
+    ("model: llama\n", "not a format memest reads"),
+    ('{"zero_optimization": {"stage": "three"}}', "zero_optimization.stage is 'three'; expected 0, 1, 2 or 3"),
+], ids=["json", "yaml", "unknown", "type"])
+def test_bad_files_are_one_line_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.cfg"
+    path.write_text(text)
+    out = run_memest("hf", LLAMA, "--train", "--config", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], lines
+
+
+def test_the_library_names_no_flag():
+    from memest.workload import files
+
+    with pytest.raises(InputError) as exc:
+        files.read([str(DATA / "README.md")])
+    assert exc.value.field == "config"
