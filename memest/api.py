@@ -18,6 +18,7 @@ is the keyword at fault.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -158,7 +159,7 @@ def gguf_tensors(values: Mapping[str, Any]) -> tuple[tuple[str, str, tuple[int, 
     return read_tensors(path)
 
 
-Model = str | Mapping[str, Any]
+Model = str | os.PathLike[str] | Mapping[str, Any]
 """A model reference (a Hub id, a catalog name, a path), or a config.json's contents as a mapping."""
 
 
@@ -167,10 +168,15 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     place to load model code from).
 
     Raises:
-        InputError: a revision with a config given as data.
+        InputError: a revision with a config given as data; a model that is neither a reference nor a mapping.
     """
     from memest.sources import config_from_data, load_config, spec_from_config
 
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str | Mapping):
+        raise InputError(f"model {model!r} is not a model reference; pass a Hub id or catalog name (a string such as "
+                         "'meta-llama/Llama-3.1-8B'), a path, or a config.json's contents as a dict", field="model")
     if isinstance(model, Mapping):
         if values["revision"] is not None:
             raise InputError(f"{{revision}} {values['revision']!r} names a Hub revision, but the model is a config "
@@ -183,7 +189,7 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
 
 def _name(model: Model, spec: ModelSpec) -> str:
     """The model as a ``memest hf`` command names it: the reference as given, or a config given as data's name."""
-    return spec.name if isinstance(model, Mapping) else model
+    return spec.name if isinstance(model, Mapping) else os.fspath(model)
 
 
 # ---- the three answers ----
