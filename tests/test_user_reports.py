@@ -53,3 +53,62 @@ def test_the_max_model_len_search_starts_where_the_prompt_and_new_tokens_fit():
 
 def test_hf_takes_the_same_flags():
     assert run_memest("hf", "meta-llama/Llama-3.1-8B", *HF_FIXED, "--gpu", "H100").returncode == 0
+
+
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "vocab_size": 256, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "float16"}
+
+
+def _write_gguf(path, layers: int, hidden: int, ffn: int = 128, vocab: int = 256, qkv: bool = False) -> None:
+    """A llama-layout GGUF (convert_hf_to_gguf.py's names), f16 matrices and f32 norms, all zeros."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((vocab, hidden), dtype=np.float16))
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.zeros((hidden,), dtype=np.float32))
+        for name in (("attn_qkv",) if qkv else ("attn_q", "attn_k", "attn_v")) + ("attn_output",):
+            rows = 3 * hidden if name == "attn_qkv" else hidden
+            w.add_tensor(f"blk.{i}.{name}.weight", np.zeros((rows, hidden), dtype=np.float16))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.zeros((hidden,), dtype=np.float32))
+        for name in ("ffn_gate", "ffn_up"):
+            w.add_tensor(f"blk.{i}.{name}.weight", np.zeros((ffn, hidden), dtype=np.float16))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", np.zeros((hidden, ffn), dtype=np.float16))
+    w.add_tensor("output_norm.weight", np.zeros((hidden,), dtype=np.float32))
+    w.add_tensor("output.weight", np.zeros((vocab, hidden), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gguf_of_another_model_is_refused(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, layers=2, hidden=64)
+    r = run_memest("hf", "meta-llama/Llama-3.1-8B", "--engine", "llama.cpp", "--gguf", str(path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # both sides named: the file's 2 layers / hidden 64, Llama-3.1-8B's 32 layers / hidden 4096
+    assert "2 layers, hidden size 64" in r.stderr and "32 layers, hidden size 4096" in r.stderr and "--gguf" in r.stderr
+
+
+def test_a_gguf_with_another_layout_is_refused(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    path = tmp_path / "fused.gguf"
+    _write_gguf(path, layers=2, hidden=64, qkv=True)  # one attn_qkv where a llama has attn_q / attn_k / attn_v
+    r = run_memest("hf", str(tmp_path), "--engine", "llama.cpp", "--gguf", str(path))
+    assert r.returncode == 2 and "no attn_k, attn_q, attn_v tensors" in r.stderr, r.stderr
+
+
+def test_the_gguf_of_the_model_is_used_and_named_once(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(path, layers=2, hidden=64)
+    r = run_memest("hf", str(tmp_path), "--engine", "llama.cpp", "--gguf", str(path))
+    assert r.returncode == 0, r.stderr
+    assert "GGUF GGUF" not in r.stdout and "GGUF file" in r.stdout

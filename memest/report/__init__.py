@@ -262,7 +262,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
     elif s.engine in ("llama.cpp", "ollama"):
         e = a.estimate.extra
-        out.append((f"{s.engine} {s.engine_version}: {e['llamacpp_file_type'].upper()} GGUF "
+        ftype = e["llamacpp_file_type"]
+        kind = "GGUF file" if ftype == "gguf" else f"{ftype.upper()} GGUF"  # a given file: its own mix of types
+        out.append((f"{s.engine} {s.engine_version}: {kind} "
                     f"{gib(e['llamacpp_file_bytes'])} · {e['llamacpp_offloaded_layers']}/{e['llamacpp_layers']} layers "
                     f"on the GPU · KV {s.kv_cache_bytes_per_token:,} B/cell x {s.kv_cache_tokens:,} cells · host RAM "
                     f"{gib(a.estimate.host_bytes)} (mmapped file pages, host KV, host buffers)", ""))
