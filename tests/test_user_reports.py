@@ -112,3 +112,29 @@ def test_the_gguf_of_the_model_is_used_and_named_once(tmp_path):
     r = run_memest("hf", str(tmp_path), "--engine", "llama.cpp", "--gguf", str(path))
     assert r.returncode == 0, r.stderr
     assert "GGUF GGUF" not in r.stdout and "GGUF file" in r.stdout
+
+
+@pytest.mark.parametrize(("kwargs", "text"), [
+    (dict(model="openai-community/gpt2", mode="lora", lora_targets=["c_attn"]), dict(lora_targets="c_attn")),
+    (dict(model="openai-community/gpt2", mode="lora", lora_targets=("c_attn", "c_proj")),
+     dict(lora_targets="c_attn,c_proj")),
+    (dict(model="EleutherAI/pythia-160m", engine="llama.cpp", gpus=2, tensor_split=[1, 1]),
+     dict(tensor_split="1,1")),
+    (dict(model="EleutherAI/pythia-160m", engine="llama.cpp", gpus=2, tensor_split=(10, 6.5)),
+     dict(tensor_split="10,6.5")),
+])
+def test_a_list_setting_takes_a_list_as_its_comma_separated_text(kwargs, text):
+    as_list = memest.estimate_memory(**kwargs).to_dict()
+    assert as_list == memest.estimate_memory(**(kwargs | text)).to_dict()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(mode="lora", lora_targets=["c_attn", 3]), "lora_targets item 3 is not a string"),
+    (dict(mode="lora", lora_targets=[]), "lora_targets is an empty list"),
+    (dict(engine="llama.cpp", gpus=2, tensor_split=[1, "a"]), "tensor_split item 'a' is not a number"),
+    (dict(gpu=["H100"]), "gpu ['H100'] is not a string"),  # a one-value setting takes no list
+])
+def test_a_list_of_the_wrong_items_is_an_input_error(kwargs, message):
+    with pytest.raises(memest.InputError) as info:
+        memest.estimate_memory("openai-community/gpt2", **kwargs)
+    assert message in str(info.value)

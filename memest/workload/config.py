@@ -319,7 +319,7 @@ class LoraConfig:
     rank: int = setting(16, group="training", scope="training", methods=("lora", "qlora"), help="LoRA rank r.",
                         what="LoRA adapters", describe="always")
     targets: str = setting("attention", group="training", scope="training", methods=("lora", "qlora"),
-                           what="LoRA adapters", describe="always",
+                           what="LoRA adapters", describe="always", items=str,
                            help="attention (every attention projection: q, k, v, o; PEFT's target_modules=None picks "
                                 "q_proj,v_proj for llama-style models), all-linear, or module names (q_proj,v_proj).")
     dropout: float = setting(0.0, group="training", scope="training", methods=("lora", "qlora"), what="LoRA adapters",
@@ -563,7 +563,7 @@ class ServingConfig:
                                what="llama.cpp's flash attention",
                                help="llama.cpp -fa (needed for a quantized V cache; pads n_ctx to 256).")
     tensor_split: tuple[float, ...] = setting((), group="serving", scope="serving", engine=GGUF_ENGINES, unset=None,
-                                              type=str, what="llama.cpp's layer split over GPUs",
+                                              type=str, items=float, what="llama.cpp's layer split over GPUs",
                                               help="llama.cpp -ts: each GPU's share of the layers, e.g. 10,6 "
                                                    "(default: by device memory).")
     gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()

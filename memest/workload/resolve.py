@@ -61,6 +61,8 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
 def _coerce(s: Setting, value: Any) -> Any:
     """A setting's value as its type: an enum from its value (any case); others checked, not converted.
 
+    A list or tuple of a list setting's items (:attr:`Setting.items`) becomes its comma-separated text.
+
     Raises:
         InputError: a value of another type, or not one of an enum's values.
     """
@@ -77,6 +79,8 @@ def _coerce(s: Setting, value: Any) -> Any:
         except ValueError:
             choices = ", ".join(m.value for m in enum)
             raise InputError(f"{{{s.name}}} {value!r} is not one of {choices}", field=s.name) from None
+    if s.items is not None and isinstance(value, list | tuple):
+        return _joined(s, value)
     kinds = [k for k in (s.type, *typing.get_args(s.type)) if isinstance(k, type) and k is not type(None)]
     kind = kinds[0] if kinds else object
     ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
@@ -85,6 +89,25 @@ def _coerce(s: Setting, value: Any) -> Any:
     if not ok:
         raise InputError(f"{{{s.name}}} {value!r} is not {_article(kind)}", field=s.name)
     return value
+
+
+def _joined(s: Setting, items: list[Any] | tuple[Any, ...]) -> str:
+    """A list setting's items as the comma-separated text the CLI takes (``["q_proj", "v_proj"]`` ->
+    ``"q_proj,v_proj"``).
+
+    Raises:
+        InputError: no items, or an item of another type.
+    """
+    kind = s.items
+    for item in items:
+        ok = isinstance(item, str) if kind is str else isinstance(item, int | float) and not isinstance(item, bool)
+        if not ok:
+            raise InputError(f"{{{s.name}}} item {item!r} is not {_article(kind)}; give a list of them or one "
+                             "comma-separated string", field=s.name)
+    if not items:
+        raise InputError(f"{{{s.name}}} is an empty list; give at least one item, or drop it for its default",
+                         field=s.name)
+    return ",".join(str(item) for item in items)
 
 
 def _shown(value: Any) -> str:
