@@ -138,3 +138,25 @@ def test_a_list_of_the_wrong_items_is_an_input_error(kwargs, message):
     with pytest.raises(memest.InputError) as info:
         memest.estimate_memory("openai-community/gpt2", **kwargs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("command", ["hf", "plan"])
+def test_finetune_full_is_refused_pointing_to_train(command):
+    r = run_memest(command, "openai-community/gpt2", "--finetune", "full")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--finetune 'full' is not one of lora, qlora" in r.stderr and "--train" in r.stderr
+
+
+def test_finetune_help_lists_lora_and_qlora():
+    r = run_memest("hf", "--help")
+    line = next(x for x in r.stdout.splitlines() if "--finetune " in x)
+    assert "<lora|qlora>" in line and "full" not in line
+
+
+def test_the_python_api_refuses_finetune_full_too():
+    from memest.workload.resolve import complete
+
+    with pytest.raises(memest.InputError) as info:
+        complete({"finetune": "full"})
+    assert info.value.field == "finetune" and "use mode='train'" in str(info.value)
+    assert complete({"finetune": "QLoRA"})["finetune"].value == "qlora"

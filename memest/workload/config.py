@@ -604,7 +604,8 @@ class JobSettings:
     """
 
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
-    finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.")
+    finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.",
+                                      choices=("lora", "qlora"), fix="to train every parameter use {train}")
     serve: bool = setting(False, group="model", help="Estimate inference serving (the default).")
     trust_remote_code: bool = setting(False, group="model", help="Allow the model's own Python code from the Hub when "
                                                                  "its family has no analytic adapter.")

@@ -72,13 +72,17 @@ def _coerce(s: Setting, value: Any) -> Any:
         raise InputError(f"{{{s.name}}} is None; drop it for its default ({_shown(s.default)})", field=s.name)
     enum = enum_of(s.type)
     if enum is not None:
-        if isinstance(value, enum):
-            return value
+        allowed = s.choices or tuple(m.value for m in enum)
         try:
-            return enum(str(value).lower()) if isinstance(value, str) else enum(value)
+            member = value if isinstance(value, enum) else \
+                enum(str(value).lower()) if isinstance(value, str) else enum(value)
         except ValueError:
-            choices = ", ".join(m.value for m in enum)
-            raise InputError(f"{{{s.name}}} {value!r} is not one of {choices}", field=s.name) from None
+            member = None
+        if member is None or member.value not in allowed:
+            fix = f"; {s.fix}" if s.choices else ""
+            given = value.value if isinstance(value, Enum) else value
+            raise InputError(f"{{{s.name}}} {given!r} is not one of {', '.join(allowed)}{fix}", field=s.name)
+        return member
     if s.items is not None and isinstance(value, list | tuple):
         return _joined(s, value)
     kinds = [k for k in (s.type, *typing.get_args(s.type)) if isinstance(k, type) and k is not type(None)]
