@@ -160,3 +160,71 @@ def test_the_python_api_refuses_finetune_full_too():
         complete({"finetune": "full"})
     assert info.value.field == "finetune" and "use mode='train'" in str(info.value)
     assert complete({"finetune": "QLoRA"})["finetune"].value == "qlora"
+
+
+# The software/hardware table (memest.workload.ENGINE_VENDORS), from each project's supported-hardware
+# docs: llama.cpp / Ollama CUDA, HIP, Metal, Vulkan, SYCL; DeepSpeed CUDA, ROCm, XPU, Gaudi; Megatron-LM
+# CUDA, ROCm; FSDP / DDP also TPU (torch_xla); one PyTorch process also Apple MPS.
+@pytest.mark.parametrize(("args", "words"), [
+    (("--train", "--gpu", "M2-Max-64GB"), ("deepspeed", "M2-Max-64GB (apple)", "--framework pytorch")),
+    (("--train", "--gpu", "TPU-v5p", "--framework", "megatron"),
+     ("--framework megatron does not run on TPU-v5p (google)", "pytorch / ddp / fsdp")),
+    (("--train", "--gpu", "Trainium2", "--framework", "fsdp"), ("Trainium2 (aws)", "use another --gpu")),
+    (("--train", "--gpu", "Gaudi2", "--framework", "megatron"), ("Gaudi2 (intel)",)),
+    (("--engine", "llama.cpp", "--gpu", "TPU-v5e"), ("--engine llama.cpp does not run on TPU-v5e",)),
+    (("--engine", "ollama", "--gpu", "Inferentia2"), ("--engine ollama does not run on Inferentia2",)),
+])
+def test_software_that_does_not_run_on_the_device_is_refused(args, words):
+    r = run_memest("hf", "openai-community/gpt2", *args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert all(w in r.stderr for w in words), r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ("--train", "--gpu", "M2-Max-64GB", "--framework", "pytorch"),
+    ("--train", "--gpu", "TPU-v5p", "--framework", "fsdp"),
+    ("--train", "--gpu", "Gaudi2"),  # auto: deepspeed, which runs on Gaudi
+    ("--train", "--gpu", "MI300X", "--framework", "megatron"),
+    ("--engine", "llama.cpp", "--gpu", "M2-Max-64GB"),
+    ("--engine", "ollama", "--gpu", "Arc-A770"),
+])
+def test_software_that_runs_on_the_device_is_estimated(args):
+    r = run_memest("hf", "openai-community/gpt2", *args)
+    assert r.returncode == 0, r.stderr
+
+
+def test_plan_says_the_framework_does_not_run_on_a_device():
+    r = run_memest("plan", "openai-community/gpt2", "--train", "--gpus-available", "1xH100,1xTPU-v5p,1xM2-Max-64GB")
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "deepspeed does not run on: TPU-v5p, M2-Max-64GB" in text
+    assert "Nothing fits on" not in text
+
+
+def test_plan_json_lists_the_devices_the_engine_does_not_run_on():
+    import json
+
+    r = run_memest("plan", "openai-community/gpt2", "--engine", "sglang", "--gpus-available", "1xH100,1xTPU-v5p",
+                   "--json")
+    data = json.loads(r.stdout)
+    assert data["does_not_run_on"] == ["TPU-v5p"] and data["no_fit"] == []
+
+
+def test_fitting_devices_are_those_the_framework_runs_on():
+    from memest.planning.search import fitting_devices
+    from memest.sources import load_config, spec_from_config
+    from memest.workload import TrainingConfig
+
+    spec = spec_from_config(load_config("openai-community/gpt2"))
+    job = TrainingConfig(seq_len=1024)  # framework auto with precision mixed: DeepSpeed
+    vendors = {d.vendor for d in fitting_devices(spec, job, 1, 0.1)}
+    assert "nvidia" in vendors and not vendors & {"google", "aws", "apple"}
+
+
+@pytest.mark.parametrize(("gpu", "context"), [("H100", True), ("MI300X", True), ("TPU-v5p", False), ("Gaudi2", False),
+                                              ("Inferentia2", False), ("Trainium2", False), ("M2-Max-64GB", False)])
+def test_the_cuda_context_term_is_only_on_cuda_devices(gpu, context):
+    r = memest.estimate_memory("openai-community/gpt2", engine="hf", gpu=gpu)
+    names = [t.name for t in r.terms]
+    assert ("runtime.cuda_context" in names) is context
+    assert any(a.startswith(f"no CUDA context on {r.device.name}") for a in r.assumptions) is not context

@@ -18,7 +18,7 @@ from memest.planning.sweep import Sweep
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.result import RankEstimate, plain, rank_dict
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload, software
 from memest.workload.settings import describe
 
 CONFIRM = (
@@ -634,6 +634,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "headroom_applied": _plan_headroom_applied(p),
         "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
+        "does_not_run_on": [c.device.name for c in p.not_run],
         "confirm": CONFIRM,
     }
 
@@ -730,6 +731,9 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     if p.no_fit:
         names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
+    if p.not_run:
+        parts.append(Text(f"{software(p.workload)} does not run on: "
+                          f"{', '.join(c.device.name for c in p.not_run)} (not searched)", style="dim"))
     parts.append(Text(CONFIRM, style="dim"))
     return Group(*parts)
 

@@ -239,14 +239,28 @@ ENGINE_VENDORS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"nvidia", "amd", "intel", "google", "aws"}),
     "sglang": frozenset({"nvidia", "amd"}),
     "trtllm": frozenset({"nvidia"}),
+    "llama.cpp": frozenset({"nvidia", "amd", "apple", "intel"}),
+    "ollama": frozenset({"nvidia", "amd", "apple", "intel"}),
+    "deepspeed": frozenset({"nvidia", "amd", "intel"}),
+    "megatron": frozenset({"nvidia", "amd"}),
+    "fsdp": frozenset({"nvidia", "amd", "intel", "google"}),
+    "ddp": frozenset({"nvidia", "amd", "intel", "google"}),
+    "pytorch": frozenset({"nvidia", "amd", "intel", "google", "apple"}),
 }
-"""Accelerator vendors each serving engine runs on (:attr:`memest.devices.Device.vendor`); an engine
-not listed runs on every device. vLLM: CUDA, ROCm, Intel XPU / Gaudi, TPU and Neuron back ends, no
-Apple Metal; SGLang: CUDA and ROCm; TensorRT-LLM: NVIDIA only. A custom size runs anywhere."""
+"""Accelerator vendors each serving engine and training framework runs on
+(:attr:`memest.devices.Device.vendor`); software not listed (the hf engine: transformers on any torch
+device) runs on every device, and a custom size runs anywhere. Serving: vLLM has CUDA, ROCm, Intel
+XPU / Gaudi, TPU and Neuron back ends, no Apple Metal; SGLang CUDA and ROCm; TensorRT-LLM NVIDIA
+only; llama.cpp (and Ollama, built on it) CUDA, HIP, Metal, Vulkan and SYCL back ends, none for TPU
+or Neuron (github.com/ggml-org/llama.cpp docs/build.md; docs.ollama.com/gpu). Training: DeepSpeed's
+accelerators are CUDA, ROCm, Intel XPU and Gaudi (deepspeed.ai/tutorials/accelerator-setup-guide);
+Megatron-LM CUDA and ROCm (rocm.docs.amd.com "Train a model with Megatron-LM"); FSDP and DDP also
+run on TPU through torch_xla (docs.pytorch.org/xla: DDP, FSDP); one plain PyTorch process also on
+Apple's MPS (docs.pytorch.org/docs/stable/notes/mps.html)."""
 
 
 def runs_on(engine: str, vendor: str) -> bool:
-    """Whether the serving engine ``engine`` runs on a device of ``vendor``."""
+    """Whether the serving engine or training framework ``engine`` (its value) runs on a device of ``vendor``."""
     vendors = ENGINE_VENDORS.get(engine)
     return vendors is None or vendor in vendors or vendor == "custom"
 
@@ -653,3 +667,9 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     if par.dp * par.cp > 1:
         return Framework.DDP
     return Framework.PYTORCH
+
+
+def software(w: Workload) -> str:
+    """What runs the job, as :data:`ENGINE_VENDORS` names it: the serving engine, or the training
+    framework (``auto`` resolved: :func:`resolve_framework`)."""
+    return w.engine.value if isinstance(w, ServingConfig) else resolve_framework(w).value

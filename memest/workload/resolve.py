@@ -31,6 +31,7 @@ from memest.workload.config import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    resolve_framework,
     runs_on,
 )
 from memest.workload.settings import Setting, defaults, enum_of, settings
@@ -285,7 +286,7 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:
     par, framework = training_parallelism(v, device)
-    return TrainingConfig(
+    t = TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
         micro_batch_size=v["micro_batch_size"],
         seq_len=v["seq_len"] if v["seq_len"] is not None else min(2048, spec.max_position_embeddings or 2048),
@@ -303,6 +304,27 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         target_len=v["target_len"],
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
     )
+    check_framework_runs(t, device)
+    return t
+
+
+def check_framework_runs(t: TrainingConfig, device: Device) -> None:
+    """Refuse a training job whose framework (``auto`` resolved) does not run on ``device``'s vendor
+    (:func:`memest.workload.runs_on`).
+
+    Raises:
+        InputError: naming the framework, the device and the frameworks that do run there.
+    """
+    framework = resolve_framework(t)
+    if runs_on(framework.value, device.vendor):
+        return
+    chosen = (f"{{framework}} {framework.value}" if t.framework is not Framework.AUTO else
+              f"{framework.value} ({{framework}} auto picks it for {{precision}} {t.precision.value} at this layout)")
+    others = [f.value for f in Framework if f is not Framework.AUTO and runs_on(f.value, device.vendor)]
+    fix = (f"pass {{framework}} {' / '.join(others)}, or use another {{gpu}}" if others else
+           "memest models no training framework that runs there: use another {gpu}")
+    raise InputError(f"training under {chosen} does not run on {device.name} ({device.vendor}); {fix}",
+                     field="framework")
 
 
 def serving_parallelism(v: Mapping[str, Any], spec: ModelSpec) -> Parallelism:
