@@ -228,3 +228,19 @@ def test_the_cuda_context_term_is_only_on_cuda_devices(gpu, context):
     names = [t.name for t in r.terms]
     assert ("runtime.cuda_context" in names) is context
     assert any(a.startswith(f"no CUDA context on {r.device.name}") for a in r.assumptions) is not context
+
+
+def test_the_readme_installs_matplotlib_before_its_plot_example():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    # the set-up (the first block) installs memest without the plot extra ...
+    assert "matplotlib" not in blocks[0] and "[plot]" not in blocks[0]
+    # ... so every command line that plots comes after one that installs memest[plot] in its block
+    for block in blocks:
+        lines = [x for x in block.splitlines() if x.strip()]
+        for i, line in enumerate(lines):
+            if " --plot " in f" {line} " and "memest " in line:
+                assert any("pip install 'memest[plot]'" in x for x in lines[:i]), line
