@@ -294,8 +294,9 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     if not serving and s["allow_quantization"]:
         raise InputError("{allow_quantization} lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
                          "training use {allow_method_change} (QLoRA)", field="allow_quantization")
-    space = Space(devices=device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus),
-                  prices=price_table(s["cost"], s["costs"]), allow_method_change=s["allow_method_change"],
+    devices = device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus)
+    space = Space(devices=devices, prices=price_table(s["cost"], s["costs"], [c.device for c in devices]),
+                  allow_method_change=s["allow_method_change"],
                   allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
                   global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * GiB))
     if values["fsdp"] is not None and FsdpStrategy(values["fsdp"]) is FsdpStrategy.HYBRID_SHARD \
@@ -359,16 +360,20 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
     return tuple(out.values())
 
 
-def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None) -> Any:
-    """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping) applied."""
+def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None,
+                devices: Iterable[Any] = ()) -> Any:
+    """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping)
+    applied; a name may be the label of a custom device among ``devices`` (``my-card`` for ``my-card:24GB``)."""
+    from memest.devices import CUSTOM
     from memest.planning.costs import PriceTable, parse_cost_flags, read_cost_file
 
+    custom = [d for d in devices if d.vendor == CUSTOM]
     table = PriceTable.catalog()
     if costs is not None:
-        table = table.with_overrides(read_cost_file(costs))
+        table = table.with_overrides(read_cost_file(costs), custom)
     if cost:
         items = [f"{k}={v}" for k, v in cost.items()] if isinstance(cost, Mapping) else list(cost)
-        table = table.with_overrides(parse_cost_flags(items))
+        table = table.with_overrides(parse_cost_flags(items), custom)
     return table
 
 

@@ -244,3 +244,22 @@ def test_the_readme_installs_matplotlib_before_its_plot_example():
         for i, line in enumerate(lines):
             if " --plot " in f" {line} " and "memest " in line:
                 assert any("pip install 'memest[plot]'" in x for x in lines[:i]), line
+
+
+def test_a_cost_names_a_custom_device_by_its_label(tmp_path):
+    import json
+
+    r = run_memest("plan", "openai-community/gpt2", "--train", "--cost", "my-card=1",
+                   "--gpus-available", "2xmy-card:24GB", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["prices_usd_per_hour"] == {"my-card": 1.0}
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"My-Card": 0.5}))  # a label matches as a catalog name does: any case
+    p = memest.plan_memory("openai-community/gpt2", mode="train", costs=str(prices), gpus_available="2xmy-card:24GB")
+    assert p.prices_usd_per_hour.to_dict() == {"my-card": 0.5}
+
+
+def test_a_cost_for_a_label_not_among_the_devices_is_unknown():
+    r = run_memest("plan", "openai-community/gpt2", "--train", "--cost", "other-card=1",
+                   "--gpus-available", "2xmy-card:24GB")
+    assert r.returncode == 2 and "unknown device 'other-card'" in r.stderr
