@@ -425,6 +425,11 @@ def split_sweep(values: Mapping[str, Any],
         if len(parsed) > 1:
             swept.append((name, parsed))
         out[name] = parsed[0]
+    single = [name for name in SWEEPABLE if ranged.get(name) is not None and name not in dict(swept)]
+    if not swept and single:
+        name = single[0]
+        raise InputError(f"{{{name}}} {ranged[name]!r} has one value ({out[name]:,}); a sweep needs a range of two or "
+                         f"more, e.g. {{{name}}} 1k..128k", field=name)
     if len(swept) != 1:
         given = ", ".join("{" + n + "}" for n, _ in swept)
         raise InputError(("sweep one setting at a time (ranges given: " + given + ")") if swept else

@@ -263,3 +263,42 @@ def test_a_cost_for_a_label_not_among_the_devices_is_unknown():
     r = run_memest("plan", "openai-community/gpt2", "--train", "--cost", "other-card=1",
                    "--gpus-available", "2xmy-card:24GB")
     assert r.returncode == 2 and "unknown device 'other-card'" in r.stderr
+
+
+@pytest.mark.parametrize("value", [-4096, 0])
+def test_a_hidden_size_below_one_names_the_bound_it_is_held_to(value):
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(memest.__file__).parent / "catalog/meta-llama/Llama-2-7b-hf/config.json").read_text())
+    with pytest.raises(memest.MemestError) as info:
+        memest.estimate_memory({**config, "hidden_size": value})
+    assert f"'hidden_size' is {value}; it must be at least 1" in str(info.value)
+
+
+@pytest.mark.parametrize(("share", "shown"), [
+    (0.1, "10%"), (0.999, "99.9%"), (0.9999, "99.99%"), (0.001, "0.1%"), (0.004, "0.4%"), (0.0, "0%"), (0.5, "50%"),
+])
+def test_a_share_rounds_to_0_or_100_percent_only_when_it_is(share, shown):
+    from memest.report import percent
+
+    assert percent(share) == shown
+
+
+def test_headroom_0_999_is_not_printed_as_100_percent():
+    r = run_memest("hf", "openai-community/gpt2", "--engine", "hf", "--gpu", "H100", "--headroom", "0.999")
+    assert "(99.9% headroom kept)" in r.stdout and "100% headroom" not in r.stdout
+
+
+def test_a_sweep_range_of_one_value_says_so():
+    r = run_memest("sweep", "meta-llama/Llama-3.1-8B", "--train", "--seq-len", "1k..1k")
+    assert r.returncode == 2 and "--seq-len '1k..1k' has one value (1,024)" in r.stderr, r.stderr
+
+
+def test_nothing_fits_names_the_smallest_value_swept():
+    # Llama-3.1-8B full training on one H100 (8.03 B params x 16 B of mixed-precision states = 128 GB):
+    # no sequence length fits, and the first one swept is 1k = 1,024
+    r = run_memest("sweep", "meta-llama/Llama-3.1-8B", "--train", "--gpu", "H100", "--seq-len", "1k..1000k")
+    text = " ".join(r.stdout.split())
+    assert "Nothing fits: even the smallest value swept, --seq-len 1,024, does not fit" in text
+    assert "--seq-len 1 does not fit" not in text

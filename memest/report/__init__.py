@@ -39,6 +39,17 @@ def size(n: float) -> str:
     return f"{n / MiB:,.2f} MiB"
 
 
+def percent(share: float) -> str:
+    """A share as a whole percentage (``10%``), or with the decimals it takes (one for 0.999 ->
+    ``99.9%``) where rounding would show 0% or 100% for a share that is neither."""
+    shown = f"{share:.0%}"
+    for digits in range(1, 7):
+        if share in (0, 1) or float(shown.rstrip("%")) not in (0, 100):
+            break
+        shown = f"{share:.{digits}%}"
+    return shown
+
+
 def count(n: int) -> str:
     """A parameter count with a decimal suffix (B = 10^9, M = 10^6)."""
     if n >= 10**9:
@@ -226,7 +237,7 @@ def _fits_on_line(a: Assessment) -> str:
     """The catalog devices that fit at the same count (shown when no --gpu was given)."""
     v = a.verdict
     names = ", ".join(d.name for d in a.fits_on) or "none"
-    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
+    rule = f"{percent(v.headroom)} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
     return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
@@ -366,7 +377,7 @@ def _engine_verdict_line(a: Assessment) -> str:
     assert s is not None
     name, share = _engine_name(s.engine), _share_name(a)
     held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
-    note = f"--headroom {v.headroom:.0%} not applied: {share} sets {name}'s share"
+    note = f"--headroom {percent(v.headroom)} not applied: {share} sets {name}'s share"
     pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
@@ -386,7 +397,7 @@ def _vllm_verdict_line(a: Assessment) -> str:
     util = a.workload.gpu_memory_utilization
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
-    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
+    note = f"--headroom {percent(v.headroom)} not applied: gpu_memory_utilization sets vLLM's share"
     pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
             if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
             else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
@@ -410,8 +421,8 @@ def _verdict_line(a: Assessment) -> str:
         return _engine_verdict_line(a) if s is not None and s.engine != "vllm" else _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
-        return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {size(v.margin_bytes)}"
-    return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({v.headroom:.0%} headroom kept), "
+        return f"FITS: {used} of {usable} usable per device ({percent(v.headroom)} headroom kept), margin {size(v.margin_bytes)}"
+    return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({percent(v.headroom)} headroom kept), "
             f"short by {size(-v.margin_bytes)}")
 
 
@@ -693,7 +704,7 @@ def _plan_header(p: Plan) -> list[str]:
     par = p.workload.parallelism
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
-    rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
+    rule = (f"{percent(p.headroom)} headroom kept" if _plan_headroom_applied(p) else
             f"{_workload_share(p.workload)} sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
@@ -791,9 +802,10 @@ def _largest_line(result: Sweep) -> str:
         share = _workload_share(result.points[0].workload) if result.points else "vLLM's gpu_memory_utilization"
         usable_words = f"the engine's pool and {usable} per device; --headroom not applied: {share} sets its share"
     else:
-        usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
+        usable_words = f"{usable} usable per device, {percent(result.headroom)} headroom"
     if q.value is None:
-        return f"Nothing fits: even {result.flag} {q.step} does not fit ({usable_words})."
+        first = f"{result.flag} {result.points[0].value:,}" if result.points else f"{result.flag} {q.step:,}"
+        return f"Nothing fits: even the smallest value swept, {first}, does not fit, nor any smaller one ({usable_words})."
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
