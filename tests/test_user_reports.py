@@ -302,3 +302,18 @@ def test_nothing_fits_names_the_smallest_value_swept():
     text = " ".join(r.stdout.split())
     assert "Nothing fits: even the smallest value swept, --seq-len 1,024, does not fit" in text
     assert "--seq-len 1 does not fit" not in text
+
+
+def test_the_json_api_takes_a_list_setting_as_a_list():
+    pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+    from starlette.testclient import TestClient
+
+    from memest.web.app import create_app
+
+    settings = {"mode": "lora", "gpu": "L4", "lora_targets": ["c_attn", "c_proj"]}
+    with TestClient(create_app(), raise_server_exceptions=False) as client:
+        r = client.post("/v1/estimate", json={"model": "openai-community/gpt2", **settings})
+        assert r.status_code == 200, r.text
+        assert r.json() == memest.estimate_memory("openai-community/gpt2", **settings).to_dict()
+        bad = client.post("/v1/estimate", json={"model": "openai-community/gpt2", **settings, "lora_targets": [1]})
+        assert bad.status_code == 422 and "must be a string or a list" in bad.json()["error"]
