@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from inprocess import run_memest
 
 import memest
-from inprocess import run_memest
 
 
 @pytest.mark.parametrize("model", [None, 123, 1.5, ["gpt2"]])
@@ -235,7 +235,7 @@ def test_the_readme_installs_matplotlib_before_its_plot_example():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
     # the set-up (the first block) installs memest without the plot extra ...
     assert "matplotlib" not in blocks[0] and "[plot]" not in blocks[0]
     # ... so every command line that plots comes after one that installs memest[plot] in its block
@@ -317,3 +317,10 @@ def test_the_json_api_takes_a_list_setting_as_a_list():
         assert r.json() == memest.estimate_memory("openai-community/gpt2", **settings).to_dict()
         bad = client.post("/v1/estimate", json={"model": "openai-community/gpt2", **settings, "lora_targets": [1]})
         assert bad.status_code == 422 and "must be a string or a list" in bad.json()["error"]
+
+
+def test_plan_on_devices_the_framework_never_runs_on_says_so():
+    r = run_memest("plan", "openai-community/gpt2", "--train", "--gpus-available", "1xTPU-v5p")
+    text = " ".join(r.stdout.split())
+    assert "Nothing to search: deepspeed runs on none of the devices given" in text
+    assert "Nothing fits within the search" not in text

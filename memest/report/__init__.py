@@ -421,7 +421,8 @@ def _verdict_line(a: Assessment) -> str:
         return _engine_verdict_line(a) if s is not None and s.engine != "vllm" else _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
-        return f"FITS: {used} of {usable} usable per device ({percent(v.headroom)} headroom kept), margin {size(v.margin_bytes)}"
+        return (f"FITS: {used} of {usable} usable per device ({percent(v.headroom)} headroom kept), "
+                f"margin {size(v.margin_bytes)}")
     return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({percent(v.headroom)} headroom kept), "
             f"short by {size(-v.margin_bytes)}")
 
@@ -726,7 +727,11 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         Text.assemble(("Job     ", "bold"), head[1]),
         Text(head[2], style="dim"),
     ]
-    if not p.fits:
+    if not p.fits and p.not_run and not p.no_fit:
+        runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
+        parts.append(Text(f"Nothing to search: {software(p.workload)} runs on none of the devices given; pass "
+                          f"another --{runner} or other --gpus-available.", style="bold red"))
+    elif not p.fits:
         parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
                           "--allow-method-change or --allow-quantization.", style="bold red"))
     else:
@@ -805,7 +810,8 @@ def _largest_line(result: Sweep) -> str:
         usable_words = f"{usable} usable per device, {percent(result.headroom)} headroom"
     if q.value is None:
         first = f"{result.flag} {result.points[0].value:,}" if result.points else f"{result.flag} {q.step:,}"
-        return f"Nothing fits: even the smallest value swept, {first}, does not fit, nor any smaller one ({usable_words})."
+        return (f"Nothing fits: even the smallest value swept, {first}, does not fit, nor any smaller one "
+                f"({usable_words}).")
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
