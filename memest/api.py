@@ -18,6 +18,7 @@ is the keyword at fault.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -161,7 +162,7 @@ def gguf_tensors(values: Mapping[str, Any]) -> tuple[tuple[str, str, tuple[int, 
     return read_tensors(path)
 
 
-Model = str | Mapping[str, Any]
+Model = str | os.PathLike[str] | Mapping[str, Any]
 """A model reference (a Hub id, a catalog name, a path), or a config.json's contents as a mapping."""
 
 
@@ -170,10 +171,15 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     place to load model code from).
 
     Raises:
-        InputError: a revision with a config given as data.
+        InputError: a revision with a config given as data; a model that is neither a reference nor a mapping.
     """
     from memest.sources import config_from_data, load_config, spec_from_config
 
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str | Mapping):
+        raise InputError(f"model {model!r} is not a model reference; pass a Hub id or catalog name (a string such as "
+                         "'meta-llama/Llama-3.1-8B'), a path, or a config.json's contents as a dict", field="model")
     if isinstance(model, Mapping):
         if values["revision"] is not None:
             raise InputError(f"{{revision}} {values['revision']!r} names a Hub revision, but the model is a config "
@@ -186,7 +192,7 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
 
 def _name(model: Model, spec: ModelSpec) -> str:
     """The model as a ``memest hf`` command names it: the reference as given, or a config given as data's name."""
-    return spec.name if isinstance(model, Mapping) else model
+    return spec.name if isinstance(model, Mapping) else os.fspath(model)
 
 
 # ---- the three answers ----
@@ -296,8 +302,9 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     if not serving and s["allow_quantization"]:
         raise InputError("{allow_quantization} lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
                          "training use {allow_method_change} (QLoRA)", field="allow_quantization")
-    space = Space(devices=device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus),
-                  prices=price_table(s["cost"], s["costs"]), allow_method_change=s["allow_method_change"],
+    devices = device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus)
+    space = Space(devices=devices, prices=price_table(s["cost"], s["costs"], [c.device for c in devices]),
+                  allow_method_change=s["allow_method_change"],
                   allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
                   allow_optimizer_change=s["allow_optimizer_change"], allow_batch_reshape=s["allow_batch_reshape"],
                   allow_stack_change=values["allow_stack_change"], global_batch_size=s["global_batch_size"], host_memory_bytes=round(host_memory * GiB))
@@ -362,16 +369,20 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
     return tuple(out.values())
 
 
-def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None) -> Any:
-    """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping) applied."""
+def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | Path | None,
+                devices: Iterable[Any] = ()) -> Any:
+    """The catalog's prices with the file ``costs`` and then ``cost`` (``NAME=USD`` items or a mapping)
+    applied; a name may be the label of a custom device among ``devices`` (``my-card`` for ``my-card:24GB``)."""
+    from memest.devices import CUSTOM
     from memest.planning.costs import PriceTable, parse_cost_flags, read_cost_file
 
+    custom = [d for d in devices if d.vendor == CUSTOM]
     table = PriceTable.catalog()
     if costs is not None:
-        table = table.with_overrides(read_cost_file(costs))
+        table = table.with_overrides(read_cost_file(costs), custom)
     if cost:
         items = [f"{k}={v}" for k, v in cost.items()] if isinstance(cost, Mapping) else list(cost)
-        table = table.with_overrides(parse_cost_flags(items))
+        table = table.with_overrides(parse_cost_flags(items), custom)
     return table
 
 
@@ -423,6 +434,11 @@ def split_sweep(values: Mapping[str, Any],
         if len(parsed) > 1:
             swept.append((name, parsed))
         out[name] = parsed[0]
+    single = [name for name in SWEEPABLE if ranged.get(name) is not None and name not in dict(swept)]
+    if not swept and single:
+        name = single[0]
+        raise InputError(f"{{{name}}} {ranged[name]!r} has one value ({out[name]:,}); a sweep needs a range of two or "
+                         f"more, e.g. {{{name}}} 1k..128k", field=name)
     if len(swept) != 1:
         given = ", ".join("{" + n + "}" for n, _ in swept)
         raise InputError(("sweep one setting at a time (ranges given: " + given + ")") if swept else

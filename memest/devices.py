@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memest.errors import UnknownDeviceError
@@ -398,8 +399,9 @@ def custom_device(text: str) -> Device | None:
                   aliases=(written,))
 
 
-def get_device(name: str) -> Device:
-    """The device a name refers to (case, spaces and dashes ignored), or a custom size (:func:`custom_device`).
+def get_device(name: str, among: Iterable[Device] = ()) -> Device:
+    """The device a name refers to (case, spaces and dashes ignored), one of the custom devices
+    ``among`` by its label (``my-card`` for ``my-card:24GB``), or a custom size (:func:`custom_device`).
 
     Raises:
         UnknownDeviceError: no device or alias matches and it is not a size; the message lists close
@@ -408,6 +410,9 @@ def get_device(name: str) -> Device:
     device = _INDEX.get(_key(name))
     if device is not None:
         return device
+    labelled = next((d for d in among if _key(name) in {_key(d.name), *map(_key, d.aliases)}), None)
+    if labelled is not None:
+        return labelled
     custom = custom_device(name)
     if custom is not None:
         return custom

@@ -223,7 +223,7 @@ def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Pa
     from rich.console import Group
     from rich.text import Text
 
-    from memest.report import describe_model, describe_workload, size
+    from memest.report import describe_model, describe_workload, percent, size
     from memest.report.tables import Narrowest, name_col, new_table, number_col
 
     first = result.ranks[0].measurement
@@ -256,7 +256,7 @@ def render(spec: Any, workload: Any, result: Any, rec: dict[str, Any], where: Pa
     v = result.verdict
     style = {"right": "bold green", "conservative": "yellow", "missed": "bold red"}[v.status]
     parts.append(Text(
-        f"Verdict: predicted {'FITS' if v.predicted_fits else 'DOES NOT FIT'} ({v.headroom:.0%} headroom kept); "
+        f"Verdict: predicted {'FITS' if v.predicted_fits else 'DOES NOT FIT'} ({percent(v.headroom)} headroom kept); "
         f"ran: {'fits' if v.measured_fits else 'out of memory'} → {v.status}", style=style))
     if where is not None:
         parts.append(Text(f"recorded {where}#{rec['id']}", style="dim"))

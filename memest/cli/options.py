@@ -54,6 +54,8 @@ def _option(s: Setting) -> tuple[Any, Any]:
     kw: dict[str, Any] = {}
     if enum_of(kind) is not None:
         kw["case_sensitive"] = False
+        if s.choices:  # a part of the enum: the others are refused with the setting's fix
+            kw["metavar"] = f"<{'|'.join(s.choices)}>"
     if s.bounds is not None:
         kw["min"], kw["max"] = s.bounds
     option = typer.Option(decl, help=_help(s), rich_help_panel=PANELS[s.group], **kw)

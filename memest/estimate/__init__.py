@@ -14,7 +14,10 @@ This package imports only the standard library and memest; it never imports torc
 
 from __future__ import annotations
 
+import dataclasses
+
 from memest.devices import Device
+from memest.estimate import runtime
 from memest.estimate.serving import estimate_serving
 from memest.estimate.training import estimate_training
 from memest.result import Estimate
@@ -37,7 +40,17 @@ def estimate(spec: ModelSpec, workload: Workload, device: Device) -> Estimate:
     """
     validate(spec, workload)
     if isinstance(workload, TrainingConfig):
-        return estimate_training(spec, workload, device)
+        return _without_cuda_context(estimate_training(spec, workload, device), device)
     if isinstance(workload, ServingConfig):
-        return estimate_serving(spec, workload, device)
+        return _without_cuda_context(estimate_serving(spec, workload, device), device)
     raise TypeError(f"workload must be a TrainingConfig or ServingConfig, not {type(workload).__name__}")
+
+
+def _without_cuda_context(est: Estimate, device: Device) -> Estimate:
+    """``est`` without its ``runtime.cuda_context`` terms on a device that has no CUDA context
+    (:func:`memest.estimate.runtime.has_cuda_context`: they are 0 B there), saying so in its assumptions."""
+    if runtime.has_cuda_context(device) or device.kind == "cpu":
+        return est
+    ranks = tuple(dataclasses.replace(r, terms=tuple(t for t in r.terms if t.name != "runtime.cuda_context"))
+                  for r in est.ranks)
+    return dataclasses.replace(est, ranks=ranks, assumptions=(*est.assumptions, runtime.no_context_note(device)))

@@ -80,7 +80,8 @@ CUDA 12 lazy loading (vLLM 0.19 'initial non-torch memory', case vllm019_llama31
 the other CUDA/ROCm families until a calibration record replaces it. TPUs and Gaudi have no
 per-process context in device memory that the frameworks report; nor has Apple's Metal (its working
 set, :func:`memest.devices.metal_working_set_bytes`, is what remains for the process). An arch not
-listed here (a custom size, cdna4, neuron, Intel Xe) gets the generic 0.51 GiB. A calibrated value (non-torch
+listed here (a custom size, cdna4, Intel Xe) gets the generic 0.51 GiB; AWS Neuron chips, like TPUs, Gaudi
+and Apple GPUs, none (:func:`has_cuda_context`). A calibrated value (non-torch
 memory of a one-process run: NVML process used - reserved after the steps) replaces these."""
 
 NCCL_BYTES = 1 * GiB
@@ -126,10 +127,25 @@ def _calibrated_entry(name: str, device: Device) -> dict[str, Any] | None:
     return entry if isinstance(entry, dict) and "value" in entry else None
 
 
+def has_cuda_context(device: Device) -> bool:
+    """Whether a process on ``device`` holds a CUDA (or ROCm / Level Zero) context in device memory:
+    not on a TPU, an AWS Neuron chip (Trainium, Inferentia), a Gaudi or an Apple GPU (Metal), whose
+    runtimes keep none that the frameworks report (:data:`CUDA_CONTEXT_BYTES`)."""
+    return not (device.kind in ("tpu", "npu") or device.arch == "gaudi" or device.vendor == "apple")
+
+
+def no_context_note(device: Device) -> str:
+    """What an estimate on a device without a CUDA context (:func:`has_cuda_context`) takes instead."""
+    runtime = {"tpu": "the TPU runtime (PJRT)", "npu": "the Neuron runtime"}.get(device.kind) or \
+        ("Metal" if device.vendor == "apple" else "the Gaudi runtime (SynapseAI)")
+    return (f"no CUDA context on {device.name}: {runtime} keeps no per-process context in device memory that "
+            "the frameworks report, so none is counted (0 B)")
+
+
 def cuda_context_bytes(device: Device) -> int:
-    """The CUDA (or ROCm) context of one process on ``device``: 0 for a CPU, else calibrated for
-    its family, else the default."""
-    if device.kind == "cpu":
+    """The CUDA (or ROCm) context of one process on ``device``: 0 for a CPU or a device without one
+    (:func:`has_cuda_context`), else calibrated for its family, else the default."""
+    if device.kind == "cpu" or not has_cuda_context(device):
         return 0
     entry = _calibrated_entry("cuda_context_bytes", device)
     if entry is not None:

@@ -133,18 +133,19 @@ class PriceTable:
         """The catalog's typical on-demand prices (``Device.hourly_usd``; unpriced devices left out)."""
         return cls({d.name: d.hourly_usd for d in DEVICES if d.hourly_usd is not None})
 
-    def with_overrides(self, overrides: Mapping[str, float]) -> PriceTable:
-        """A copy with some prices replaced; names may be any alias.
+    def with_overrides(self, overrides: Mapping[str, float], custom: Iterable[Device] = ()) -> PriceTable:
+        """A copy with some prices replaced; names may be any alias, or the label of one of the
+        ``custom`` devices (``my-card`` for ``my-card:24GB``).
 
         Raises:
-            UnknownDeviceError: a name is neither in the catalog nor a custom size.
+            UnknownDeviceError: a name is neither in the catalog, nor a custom device's label, nor a custom size.
             InputError: a price is negative or not finite.
         """
         table = dict(self.usd_per_hour)
         for name, usd in overrides.items():
             if not math.isfinite(usd) or usd < 0:
                 raise InputError(f"price {usd!r} for {name!r} must be a non-negative number of USD per device-hour")
-            table[get_device(name).name] = float(usd)
+            table[get_device(name, custom).name] = float(usd)
         return PriceTable(table)
 
 

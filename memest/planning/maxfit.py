@@ -55,7 +55,7 @@ class Largest:
 
     Attributes:
         setting: The workload field searched (``seq_len``, ...).
-        value: The largest value that fits; None when not even the smallest (one step) fits.
+        value: The largest value that fits; None when not even the smallest (:func:`query_start`) fits.
         step: Values searched are multiples of this (2 x cp for seq_len under context parallelism).
         capped: True when ``value`` is the search cap; larger values may fit too.
         evaluated: Estimates computed.
@@ -78,6 +78,18 @@ def query_step(workload: Workload, setting: str) -> int:
     return 1
 
 
+def query_start(workload: Workload, setting: str) -> int:
+    """The smallest value of a setting the workload allows: one step, or for an hf max_model_len the
+    prompt and the generated tokens it must hold (prompt_len + max_new_tokens; a prompt of at least
+    one token when only max_new_tokens is given)."""
+    step = query_step(workload, setting)
+    if setting == "max_model_len" and isinstance(workload, ServingConfig) \
+            and (workload.prompt_len is not None or workload.max_new_tokens is not None):
+        least = (workload.prompt_len or 1) + (workload.max_new_tokens or 0)
+        return max(step, -(-least // step) * step)
+    return step
+
+
 def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *, headroom: float,
             cap: int | None = None) -> Largest:
     """The largest value of ``setting`` for which ``workload`` still fits ``device``.
@@ -92,13 +104,14 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
 
     Raises:
         InputError: ``setting`` does not belong to the workload's mode, or the workload is invalid
-            even at the smallest value (one step).
+            even at the smallest value (:func:`query_start`).
     """
     if setting not in QUERIES[_mode(workload)]:
         allowed = ", ".join(FLAGS[s] for s in QUERIES[_mode(workload)])
         raise InputError(f"{FLAGS.get(setting, setting)} cannot be searched for a {workload.mode} job; use one of {allowed}")
     step = query_step(workload, setting)
-    limit = (cap or CAPS[setting]) // step * step
+    start = query_start(workload, setting)
+    limit = max(start, (cap or CAPS[setting]) // step * step)
     count = workload.parallelism.world_size
     evaluated = 0
 
@@ -108,7 +121,7 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
         nonlocal evaluated
         evaluated += 1
         w = workload.replace(**{setting: value})
-        if value == step:
+        if value == start:
             est = estimate(spec, w, device)  # rejected here: invalid whatever the value, so raise
         else:
             try:
@@ -118,9 +131,9 @@ def largest(spec: ModelSpec, workload: Workload, device: Device, setting: str, *
                 return False
         return verdict(est, device, count, headroom).fits
 
-    if not fits(step):
+    if not fits(start):
         return Largest(setting, None, step, False, evaluated)
-    good = step
+    good = start
     while True:  # exponential search: fits(good) holds
         nxt = min(good * 2, limit)
         if nxt == good:

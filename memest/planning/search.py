@@ -113,6 +113,7 @@ from memest.workload import (
     Workload,
     divisors,
     runs_on,
+    software,
     tp_head_problem,
     validate,
     workload_notes,
@@ -270,6 +271,8 @@ class Plan:
         headroom: Share of memory kept free.
         fits: The cheapest fitting setups of each device type (``top`` of each), cheapest first.
         no_fit: Device types on which nothing fits within their count limit.
+        not_run: Device types the job's engine or training framework does not run on
+            (:func:`memest.workload.runs_on`); not searched.
         evaluated: Estimates computed.
         setups: Setups decided at the counts visited: estimated, skipped by pruning, or ruled out
             because a cheaper one fitted.
@@ -283,6 +286,7 @@ class Plan:
     no_fit: tuple[DeviceChoice, ...]
     evaluated: int
     setups: int
+    not_run: tuple[DeviceChoice, ...] = ()
 
     @property
     def best(self) -> Fit | None:
@@ -651,9 +655,10 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     search = _Search(spec, workload, space, headroom, prune)
     found: list[Fit] = []
     no_fit: list[DeviceChoice] = []
+    not_run: list[DeviceChoice] = []
     for choice in space.devices:
-        if isinstance(workload, ServingConfig) and not runs_on(workload.engine.value, choice.device.vendor):
-            no_fit.append(choice)  # the engine does not run there
+        if not runs_on(software(workload), choice.device.vendor):
+            not_run.append(choice)
             continue
         fits = search.best_for(choice, top)
         if not fits:
@@ -663,7 +668,8 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     if max_queries:
         found = [dataclasses.replace(f, limits=limits(spec, f.setup.workload, f.setup.device, headroom=headroom))
                  for f in found]
-    return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups)
+    return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups,
+                tuple(not_run))
 
 
 # ---- flags ----
@@ -909,11 +915,11 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, head
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
-    """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (for
-    serving, only devices its engine runs on: :func:`memest.workload.runs_on`)."""
+    """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (only
+    devices its engine or training framework runs on: :func:`memest.workload.runs_on`)."""
     out = []
     for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
-        if isinstance(workload, ServingConfig) and not runs_on(workload.engine.value, device.vendor):
+        if not runs_on(software(workload), device.vendor):
             continue
         est = estimate(spec, workload, device)
         if verdict(est, device, count, headroom).fits:

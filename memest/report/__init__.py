@@ -18,7 +18,7 @@ from memest.planning.sweep import Sweep
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.result import RankEstimate, plain, rank_dict
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload
+from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload, software
 from memest.workload.settings import describe
 
 CONFIRM = (
@@ -37,6 +37,17 @@ def size(n: float) -> str:
     if abs(n) >= GiB:
         return gib(n)
     return f"{n / MiB:,.2f} MiB"
+
+
+def percent(share: float) -> str:
+    """A share as a whole percentage (``10%``), or with the decimals it takes (one for 0.999 ->
+    ``99.9%``) where rounding would show 0% or 100% for a share that is neither."""
+    shown = f"{share:.0%}"
+    for digits in range(1, 7):
+        if share in (0, 1) or float(shown.rstrip("%")) not in (0, 100):
+            break
+        shown = f"{share:.{digits}%}"
+    return shown
 
 
 def count(n: int) -> str:
@@ -226,7 +237,7 @@ def _fits_on_line(a: Assessment) -> str:
     """The catalog devices that fit at the same count (shown when no --gpu was given)."""
     v = a.verdict
     names = ", ".join(d.name for d in a.fits_on) or "none"
-    rule = f"{v.headroom:.0%} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
+    rule = f"{percent(v.headroom)} headroom" if v.headroom_applied else f"the engine's {_share_name(a)}"
     return f"Fits ({v.count} device{'s' if v.count > 1 else ''}, {rule}): {names}"
 
 
@@ -262,7 +273,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{s.max_concurrency:.2f}x at {s.max_model_len:,} tokens", ""))
     elif s.engine in ("llama.cpp", "ollama"):
         e = a.estimate.extra
-        out.append((f"{s.engine} {s.engine_version}: {e['llamacpp_file_type'].upper()} GGUF "
+        ftype = e["llamacpp_file_type"]
+        kind = "GGUF file" if ftype == "gguf" else f"{ftype.upper()} GGUF"  # a given file: its own mix of types
+        out.append((f"{s.engine} {s.engine_version}: {kind} "
                     f"{gib(e['llamacpp_file_bytes'])} · {e['llamacpp_offloaded_layers']}/{e['llamacpp_layers']} layers "
                     f"on the GPU · KV {s.kv_cache_bytes_per_token:,} B/cell x {s.kv_cache_tokens:,} cells · host RAM "
                     f"{gib(a.estimate.host_bytes)} (mmapped file pages, host KV, host buffers)", ""))
@@ -364,7 +377,7 @@ def _engine_verdict_line(a: Assessment) -> str:
     assert s is not None
     name, share = _engine_name(s.engine), _share_name(a)
     held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
-    note = f"--headroom {v.headroom:.0%} not applied: {share} sets {name}'s share"
+    note = f"--headroom {percent(v.headroom)} not applied: {share} sets {name}'s share"
     pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
@@ -384,7 +397,7 @@ def _vllm_verdict_line(a: Assessment) -> str:
     util = a.workload.gpu_memory_utilization
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
-    note = f"--headroom {v.headroom:.0%} not applied: gpu_memory_utilization sets vLLM's share"
+    note = f"--headroom {percent(v.headroom)} not applied: gpu_memory_utilization sets vLLM's share"
     pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
             if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
             else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
@@ -408,8 +421,9 @@ def _verdict_line(a: Assessment) -> str:
         return _engine_verdict_line(a) if s is not None and s.engine != "vllm" else _vllm_verdict_line(a)
     used, usable = gib(v.needed_bytes), gib(v.usable_bytes)
     if v.fits:
-        return f"FITS: {used} of {usable} usable per device ({v.headroom:.0%} headroom kept), margin {size(v.margin_bytes)}"
-    return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({v.headroom:.0%} headroom kept), "
+        return (f"FITS: {used} of {usable} usable per device ({percent(v.headroom)} headroom kept), "
+                f"margin {size(v.margin_bytes)}")
+    return (f"DOES NOT FIT: {used} needed, {usable} usable per device ({percent(v.headroom)} headroom kept), "
             f"short by {size(-v.margin_bytes)}")
 
 
@@ -632,6 +646,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "headroom_applied": _plan_headroom_applied(p),
         "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
+        "does_not_run_on": [c.device.name for c in p.not_run],
         "confirm": CONFIRM,
     }
 
@@ -690,7 +705,7 @@ def _plan_header(p: Plan) -> list[str]:
     par = p.workload.parallelism
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
     job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
-    rule = (f"{p.headroom:.0%} headroom kept" if _plan_headroom_applied(p) else
+    rule = (f"{percent(p.headroom)} headroom kept" if _plan_headroom_applied(p) else
             f"{_workload_share(p.workload)} sets its share (--headroom not applied)")
     return [
         f"{p.spec.name} — {describe_model(p.spec)}",
@@ -712,7 +727,11 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         Text.assemble(("Job     ", "bold"), head[1]),
         Text(head[2], style="dim"),
     ]
-    if not p.fits:
+    if not p.fits and p.not_run and not p.no_fit:
+        runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
+        parts.append(Text(f"Nothing to search: {software(p.workload)} runs on none of the devices given; pass "
+                          f"another --{runner} or other --gpus-available.", style="bold red"))
+    elif not p.fits:
         parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
                           "--allow-method-change or --allow-quantization.", style="bold red"))
     else:
@@ -728,6 +747,9 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     if p.no_fit:
         names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
+    if p.not_run:
+        parts.append(Text(f"{software(p.workload)} does not run on: "
+                          f"{', '.join(c.device.name for c in p.not_run)} (not searched)", style="dim"))
     parts.append(Text(CONFIRM, style="dim"))
     return Group(*parts)
 
@@ -785,9 +807,11 @@ def _largest_line(result: Sweep) -> str:
         share = _workload_share(result.points[0].workload) if result.points else "vLLM's gpu_memory_utilization"
         usable_words = f"the engine's pool and {usable} per device; --headroom not applied: {share} sets its share"
     else:
-        usable_words = f"{usable} usable per device, {result.headroom:.0%} headroom"
+        usable_words = f"{usable} usable per device, {percent(result.headroom)} headroom"
     if q.value is None:
-        return f"Nothing fits: even {result.flag} {q.step} does not fit ({usable_words})."
+        first = f"{result.flag} {result.points[0].value:,}" if result.points else f"{result.flag} {q.step:,}"
+        return (f"Nothing fits: even the smallest value swept, {first}, does not fit, nor any smaller one "
+                f"({usable_words}).")
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"

@@ -12,7 +12,7 @@ from typing import Any
 
 from memest.errors import InputError, MissingDependencyError
 from memest.planning.sweep import Sweep
-from memest.report import GiB, describe_workload, size_label
+from memest.report import GiB, describe_workload, percent, size_label
 from memest.result import Kind
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -107,7 +107,7 @@ def plot_sweep(result: Sweep, path: str | Path) -> Path:
     capacity = result.device.memory_bytes / GiB
     usable = result.usable_bytes / GiB
     ax.axhline(capacity, color="black", linewidth=1.6, label=f"{result.device.name} capacity ({capacity:,.1f} GiB)")
-    kept = f"{result.headroom:.0%} headroom kept" if result.headroom_applied else "vLLM: headroom not applied"
+    kept = f"{percent(result.headroom)} headroom kept" if result.headroom_applied else "vLLM: headroom not applied"
     ax.axhline(usable, color="black", linewidth=1.2, linestyle="--", label=f"usable ({kept}, {usable:,.1f} GiB)")
     best = result.largest
     if best.value is not None and xs[0] <= best.value < xs[-1]:

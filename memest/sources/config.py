@@ -246,7 +246,8 @@ def validate_fields(cfg: HFConfig) -> None:
         raw = part.raw
         for key in (*LAYER_COUNT_KEYS, *_SIZE_KEYS):
             if raw.get(key) is not None:
-                checked_int(raw[key], f"config of {cfg.name!r}: {key!r}", minimum=0, maximum=size_bound(key))
+                checked_int(raw[key], f"config of {cfg.name!r}: {key!r}", minimum=1 if key in _POSITIVE_KEYS else 0,
+                            maximum=size_bound(key))
         if raw.get("rope_theta") is not None:
             _positive_number(raw["rope_theta"], f"config of {cfg.name!r}: 'rope_theta'")
         for key in ("rope_scaling", "rope_parameters"):
@@ -285,6 +286,11 @@ _SIZE_KEYS = (
     "v_head_dim", "sliding_window",
 )
 """Integer size fields checked by :func:`validate_fields` wherever they appear (not only where an adapter reads them)."""
+
+_POSITIVE_KEYS = frozenset({"hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "head_dim",
+                            "vocab_size", "num_hidden_layers", "n_layer", "n_layers", "num_layers"})
+"""Of those, the ones no model has zero of (the others, such as ``num_experts`` or
+``sliding_window``, may be 0 for none): checked at least 1, the bound the adapters then hold them to."""
 
 
 def _positive_number(value: Any, what: str) -> float:

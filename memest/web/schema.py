@@ -52,6 +52,9 @@ def setting_types() -> dict[str, dict[str, Any]]:
             "type": {bool: "boolean", int: "integer", float: "number"}.get(base, "string")}
         if enum is not None:
             schema["enum"] = [m.value for m in enum]
+        if s.items is not None:  # a comma-separated list: its text, or a list of its items (as the Python API)
+            item = {str: "string", float: "number", int: "integer"}[s.items]
+            schema["oneOf"] = [{"type": "string"}, {"type": "array", "items": {"type": item}}]
         default = s.default
         schema["default"] = default.value if isinstance(default, Enum) else default
         schema["description"] = InputError(s.help, field=s.name).render(keyword)
@@ -140,7 +143,9 @@ def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
         raise SchemaError(f"unknown field {unknown[0]!r}; the fields are: {', '.join(known)}")
     for name, value in body.items():
         if not _json_type_ok(value, known[name]):
-            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {_TYPE_WORDS[known[name]['type']]}"
+            words = _TYPE_WORDS[known[name]["type"]] + (" or a list" if known[name].get("oneOf") and known[name]["type"]
+                                                         else "")
+            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {words}"
                               + (" or null" if known[name].get("nullable") and known[name]["type"] else ""))
     if ("model" in body) == ("config" in body):
         raise SchemaError("give one of model (a catalog name or Hub id) or config (a config.json's contents)")

@@ -41,6 +41,7 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
     runs_on,
+    software,
 )
 from memest.workload.stacks import STACKS, StackDefaults, resolve_framework
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
@@ -49,6 +50,7 @@ __all__ = [
     "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
     "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
-    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on", "tp_head_problem", "validate",
+    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on",
+    "software", "tp_head_problem", "validate",
     "workload_notes",
 ]

@@ -259,14 +259,28 @@ ENGINE_VENDORS: dict[str, frozenset[str]] = {
     "vllm": frozenset({"nvidia", "amd", "intel", "google", "aws"}),
     "sglang": frozenset({"nvidia", "amd"}),
     "trtllm": frozenset({"nvidia"}),
+    "llama.cpp": frozenset({"nvidia", "amd", "apple", "intel"}),
+    "ollama": frozenset({"nvidia", "amd", "apple", "intel"}),
+    "deepspeed": frozenset({"nvidia", "amd", "intel"}),
+    "megatron": frozenset({"nvidia", "amd"}),
+    "fsdp": frozenset({"nvidia", "amd", "intel", "google"}),
+    "ddp": frozenset({"nvidia", "amd", "intel", "google"}),
+    "pytorch": frozenset({"nvidia", "amd", "intel", "google", "apple"}),
 }
-"""Accelerator vendors each serving engine runs on (:attr:`memest.devices.Device.vendor`); an engine
-not listed runs on every device. vLLM: CUDA, ROCm, Intel XPU / Gaudi, TPU and Neuron back ends, no
-Apple Metal; SGLang: CUDA and ROCm; TensorRT-LLM: NVIDIA only. A custom size runs anywhere."""
+"""Accelerator vendors each serving engine and training framework runs on
+(:attr:`memest.devices.Device.vendor`); software not listed (the hf engine: transformers on any torch
+device) runs on every device, and a custom size runs anywhere. Serving: vLLM has CUDA, ROCm, Intel
+XPU / Gaudi, TPU and Neuron back ends, no Apple Metal; SGLang CUDA and ROCm; TensorRT-LLM NVIDIA
+only; llama.cpp (and Ollama, built on it) CUDA, HIP, Metal, Vulkan and SYCL back ends, none for TPU
+or Neuron (github.com/ggml-org/llama.cpp docs/build.md; docs.ollama.com/gpu). Training: DeepSpeed's
+accelerators are CUDA, ROCm, Intel XPU and Gaudi (deepspeed.ai/tutorials/accelerator-setup-guide);
+Megatron-LM CUDA and ROCm (rocm.docs.amd.com "Train a model with Megatron-LM"); FSDP and DDP also
+run on TPU through torch_xla (docs.pytorch.org/xla: DDP, FSDP); one plain PyTorch process also on
+Apple's MPS (docs.pytorch.org/docs/stable/notes/mps.html)."""
 
 
 def runs_on(engine: str, vendor: str) -> bool:
-    """Whether the serving engine ``engine`` runs on a device of ``vendor``."""
+    """Whether the serving engine or training framework ``engine`` (its value) runs on a device of ``vendor``."""
     vendors = ENGINE_VENDORS.get(engine)
     return vendors is None or vendor in vendors or vendor == "custom"
 
@@ -339,7 +353,7 @@ class LoraConfig:
     rank: int = setting(16, group="training", scope="training", methods=("lora", "qlora"), help="LoRA rank r.",
                         what="LoRA adapters", describe="always")
     targets: str = setting("attention", group="training", scope="training", methods=("lora", "qlora"),
-                           what="LoRA adapters", describe="always", unset=None,
+                           what="LoRA adapters", describe="always", unset=None, items=str,
                            help="(default: the {stack}'s) attention (every attention projection: q, k, v, o; PEFT's target_modules=None picks "
                                 "q_proj,v_proj for llama-style models), all-linear, or module names (q_proj,v_proj).")
     dropout: float = setting(0.0, group="training", scope="training", methods=("lora", "qlora"), what="LoRA adapters",
@@ -596,7 +610,7 @@ class ServingConfig:
                                what="llama.cpp's flash attention",
                                help="llama.cpp -fa (needed for a quantized V cache; pads n_ctx to 256).")
     tensor_split: tuple[float, ...] = setting((), group="serving", scope="serving", engine=GGUF_ENGINES, unset=None,
-                                              type=str, what="llama.cpp's layer split over GPUs",
+                                              type=str, items=float, what="llama.cpp's layer split over GPUs",
                                               help="llama.cpp -ts: each GPU's share of the layers, e.g. 10,6 "
                                                    "(default: by device memory).")
     gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
@@ -642,7 +656,8 @@ class JobSettings:
                                       help="A DeepSpeed JSON or accelerate config YAML whose settings to use "
                                            "(repeatable; flags given override them).")
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
-    finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.")
+    finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.",
+                                      choices=("lora", "qlora"), fix="to train every parameter use {train}")
     serve: bool = setting(False, group="model", help="Estimate inference serving (the default).")
     trust_remote_code: bool = setting(False, group="model", help="Allow the model's own Python code from the Hub when "
                                                                  "its family has no analytic adapter.")
@@ -696,3 +711,9 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     if par.dp * par.cp > 1:
         return Framework.DDP
     return Framework.PYTORCH
+
+
+def software(w: Workload) -> str:
+    """What runs the job, as :data:`ENGINE_VENDORS` names it: the serving engine, or the training
+    framework (``auto`` resolved: :func:`resolve_framework`)."""
+    return w.engine.value if isinstance(w, ServingConfig) else resolve_framework(w).value

@@ -33,6 +33,10 @@ class Setting:
         off: Keyword of the negative switch of a boolean whose default is True (``keep_grads``).
         bounds: Inclusive (min, max) the CLI enforces while parsing, or None.
         type: The value's type, when the field's annotation is not it (a setting with no field).
+        choices: The enum values a user may give, when not every value of its type (``finetune``
+            takes lora and qlora, not full: that is ``train``); ``fix`` says what to give instead.
+        items: For a comma-separated list (``q_proj,v_proj``, ``10,6``), the type of its items
+            (``str``, ``float``): the Python API also takes a list or tuple of them; else None.
         describe: When a job's one-line description shows it: ``always``, ``changed`` (when not at
             the field's default), or None (never).
         planned: Which jobs' planned setups set it in their printed ``memest hf`` commands (``all``,
@@ -54,6 +58,8 @@ class Setting:
     off: str | None = None
     bounds: tuple[int, int] | None = None
     type: Any = None
+    choices: tuple[str, ...] = ()
+    items: type | None = None
     describe: str | None = None
     planned: str = ""
     attr: str | None = None

@@ -32,6 +32,7 @@ from memest.workload.config import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    resolve_framework,
     runs_on,
 )
 from memest.workload.settings import Setting, defaults, enum_of, settings
@@ -66,6 +67,8 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
 def _coerce(s: Setting, value: Any) -> Any:
     """A setting's value as its type: an enum from its value (any case); others checked, not converted.
 
+    A list or tuple of a list setting's items (:attr:`Setting.items`) becomes its comma-separated text.
+
     Raises:
         InputError: a value of another type, or not one of an enum's values.
     """
@@ -75,13 +78,19 @@ def _coerce(s: Setting, value: Any) -> Any:
         raise InputError(f"{{{s.name}}} is None; drop it for its default ({_shown(s.default)})", field=s.name)
     enum = enum_of(s.type)
     if enum is not None:
-        if isinstance(value, enum):
-            return value
+        allowed = s.choices or tuple(m.value for m in enum)
         try:
-            return enum(str(value).lower()) if isinstance(value, str) else enum(value)
+            member = value if isinstance(value, enum) else \
+                enum(str(value).lower()) if isinstance(value, str) else enum(value)
         except ValueError:
-            choices = ", ".join(m.value for m in enum)
-            raise InputError(f"{{{s.name}}} {value!r} is not one of {choices}", field=s.name) from None
+            member = None
+        if member is None or member.value not in allowed:
+            fix = f"; {s.fix}" if s.choices else ""
+            given = value.value if isinstance(value, Enum) else value
+            raise InputError(f"{{{s.name}}} {given!r} is not one of {', '.join(allowed)}{fix}", field=s.name)
+        return member
+    if s.items is not None and isinstance(value, list | tuple):
+        return _joined(s, value)
     kinds = [k for k in (s.type, *typing.get_args(s.type)) if isinstance(k, type) and k is not type(None)]
     kind = kinds[0] if kinds else object
     ok = {bool: isinstance(value, bool), int: isinstance(value, int) and not isinstance(value, bool),
@@ -90,6 +99,25 @@ def _coerce(s: Setting, value: Any) -> Any:
     if not ok:
         raise InputError(f"{{{s.name}}} {value!r} is not {_article(kind)}", field=s.name)
     return value
+
+
+def _joined(s: Setting, items: list[Any] | tuple[Any, ...]) -> str:
+    """A list setting's items as the comma-separated text the CLI takes (``["q_proj", "v_proj"]`` ->
+    ``"q_proj,v_proj"``).
+
+    Raises:
+        InputError: no items, or an item of another type.
+    """
+    kind = s.items
+    for item in items:
+        ok = isinstance(item, str) if kind is str else isinstance(item, int | float) and not isinstance(item, bool)
+        if not ok:
+            raise InputError(f"{{{s.name}}} item {item!r} is not {_article(kind)}; give a list of them or one "
+                             "comma-separated string", field=s.name)
+    if not items:
+        raise InputError(f"{{{s.name}}} is an empty list; give at least one item, or drop it for its default",
+                         field=s.name)
+    return ",".join(str(item) for item in items)
 
 
 def _shown(value: Any) -> str:
@@ -271,7 +299,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     stack, assumed = stacks.stack_of(v, replicas)
     v = stacks.apply(v, stack, replicas)
     par, framework = training_parallelism(v, device)
-    return TrainingConfig(
+    t = TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
         micro_batch_size=v["micro_batch_size"],
         seq_len=v["seq_len"] if v["seq_len"] is not None else min(2048, spec.max_position_embeddings or 2048),
@@ -292,6 +320,27 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         stack_assumed=assumed,
         config_notes=files.read(v["config"])[1] if v["config"] else (),
     )
+    check_framework_runs(t, device)
+    return t
+
+
+def check_framework_runs(t: TrainingConfig, device: Device) -> None:
+    """Refuse a training job whose framework (``auto`` resolved) does not run on ``device``'s vendor
+    (:func:`memest.workload.runs_on`).
+
+    Raises:
+        InputError: naming the framework, the device and the frameworks that do run there.
+    """
+    framework = resolve_framework(t)
+    if runs_on(framework.value, device.vendor):
+        return
+    chosen = (f"{{framework}} {framework.value}" if t.framework is not Framework.AUTO else
+              f"{framework.value} ({{framework}} auto picks it for {{precision}} {t.precision.value} at this layout)")
+    others = [f.value for f in Framework if f is not Framework.AUTO and runs_on(f.value, device.vendor)]
+    fix = (f"pass {{framework}} {' / '.join(others)}, or use another {{gpu}}" if others else
+           "memest models no training framework that runs there: use another {gpu}")
+    raise InputError(f"training under {chosen} does not run on {device.name} ({device.vendor}); {fix}",
+                     field="framework")
 
 
 def serving_parallelism(v: Mapping[str, Any], spec: ModelSpec) -> Parallelism:

@@ -51,7 +51,7 @@ from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate.serving.kv import kv_layer
 from memest.sources.ggml_types import GGMLType, ggml_type
-from memest.estimate.serving.llamacpp.quant import GGUFTensor, file_type, quantized_tensors, type_counts
+from memest.estimate.serving.llamacpp.quant import GGUFTensor, file_type, quantized_tensors, source_tensors, type_counts
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
 from memest.spec import ModelSpec
 from memest.workload import Engine, ServingConfig
@@ -146,6 +146,8 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
         InputError: an unknown file or cache type; a quantized V cache without flash attention;
             ``-ngl`` above L + 1; a ``--tensor-split`` that does not match the devices; sizes below 1.
     """
+    if s.gguf_tensors:
+        check_header(spec, s.gguf_tensors)
     ftype = "gguf" if s.gguf_tensors else default_file_type(s)
     tk = kv_type(s.kv_cache_dtype)
     tv = tk
@@ -182,6 +184,39 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
                              f"multiple of its block of {tk.block}; use f16", field="kv_cache_dtype")
     return Settings(ftype, tk, tv, n_ctx, n_batch, n_ubatch, ngl, s.flash_attn, tuple(x / total for x in split),
                     max(1, s.batch_size))
+
+
+MATRIX_CATEGORIES = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+"""The layer weights a GGUF file names the same whatever the architecture (``blk.N.<category>...``;
+``ffn_up_exps`` / ``ffn_up_shexp`` are experts of ``ffn_up``)."""
+
+
+def check_header(spec: ModelSpec, tensors: tuple[tuple[str, str, tuple[int, ...]], ...]) -> None:
+    """Refuse a ``gguf`` header that is not the model's: another layer count (the ``blk.N`` blocks),
+    another hidden size (``token_embd.weight``'s row length), or layer weights of another layout (an
+    attention or FFN matrix of the model no block tensor of the file names).
+
+    Raises:
+        InputError: the header does not match ``spec``; the message gives both.
+    """
+    blocks = {int(name.split(".")[1]) for name, _, _ in tensors if name.startswith("blk.") and
+              name.split(".")[1].isdigit()}
+    layers = max(blocks) + 1 if blocks else 0
+    embd = next((shape for name, _, shape in tensors if name == "token_embd.weight"), None)
+    hidden = embd[-1] if embd else None
+    have = {name.split(".")[2] for name, _, _ in tensors if name.startswith("blk.") and name.count(".") >= 3}
+    want = sorted({t.category for t in source_tensors(spec) if t.layer is not None and t.category in MATRIX_CATEGORIES})
+    missing = [c for c in want if not any(h == c or h.startswith(c + "_") for h in have)]
+    problems = []
+    if layers != spec.num_layers or (hidden is not None and hidden != spec.hidden_size):
+        problems.append(f"{layers} layers, hidden size {hidden if hidden is not None else '?'} (the model: "
+                        f"{spec.num_layers} layers, hidden size {spec.hidden_size})")
+    if missing:
+        problems.append(f"no {', '.join(missing)} tensors (the model's layers have them)")
+    if problems:
+        raise InputError(f"the {{gguf}} file is not a GGUF of {spec.name}: its header has {'; '.join(problems)}; "
+                         "give the .gguf converted from this model, or drop {gguf} to size the quantization",
+                         field="gguf")
 
 
 def file_tensors(spec: ModelSpec, s: ServingConfig) -> list[GGUFTensor]:
