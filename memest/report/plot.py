@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memest.devices import GiB
 from memest.errors import InputError, MissingDependencyError
 from memest.planning.sweep import Sweep
-from memest.report import GiB, describe_workload, percent, size_label
+from memest.report.estimate import describe_workload
+from memest.report.units import percent, size_label
 from memest.result import Kind
 
 FORMATS = (".png", ".svg", ".pdf")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memest.devices import GiB
 from memest.errors import InputError, MissingDependencyError
-from memest.report import GiB
 from memest.report.plot import plot_path
 from memest.result import Kind
 from memest.trace.result import TraceResult

@@ -11,7 +11,6 @@ from typing import Any
 
 from memest.errors import ConfigError
 
-
 MAX_CONFIG_BYTES = 64 * 2**20
 """Largest config file memest reads (64 MiB): real config.json files are a few KB to a few MB (those
 listing every label of a classifier); a bigger one is not a config, and reading it would stall."""

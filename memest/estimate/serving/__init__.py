@@ -21,11 +21,11 @@ from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
-from memest.estimate.serving.sglang import engine as sglang_engine
-from memest.estimate.serving.trtllm import engine as trtllm_engine
 from memest.estimate.serving.llamacpp import engine as llamacpp_engine
 from memest.estimate.serving.llamacpp import fit as llamacpp_fit
 from memest.estimate.serving.llamacpp import ollama
+from memest.estimate.serving.sglang import engine as sglang_engine
+from memest.estimate.serving.trtllm import engine as trtllm_engine
 from memest.estimate.serving.vllm import engine as vllm_engine
 from memest.result import Estimate
 from memest.spec import ModelSpec

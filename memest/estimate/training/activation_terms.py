@@ -22,8 +22,8 @@ from memest.estimate.activations import (
     norm_bytes,
     selective_op_bytes,
 )
-from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.runtime import cuda_block_bytes
+from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.sharding import Stage, shard_numel
 from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from memest.estimate.sharding import Stage
-from memest.estimate.training.trained import Gradients, GradGroups, Item
+from memest.estimate.training.trained import GradGroups, Gradients, Item
 from memest.result import Term
 from memest.spec import ModelSpec
 from memest.workload import KbitPrep, LoraConfig, Method, Offload, Optimizer, Parallelism, Precision, TrainingConfig

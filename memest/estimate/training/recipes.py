@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from memest.workload import KbitPrep, Precision, TrainingConfig
+
 
 @dataclass(frozen=True, slots=True)
 class Recipe:

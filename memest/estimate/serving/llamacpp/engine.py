@@ -50,9 +50,9 @@ from dataclasses import dataclass
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate.serving.kv import kv_layer
-from memest.sources.ggml_types import GGMLType, ggml_type
 from memest.estimate.serving.llamacpp.quant import GGUFTensor, file_type, quantized_tensors, source_tensors, type_counts
 from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
+from memest.sources.ggml_types import GGMLType, ggml_type
 from memest.spec import ModelSpec
 from memest.workload import Engine, ServingConfig
 

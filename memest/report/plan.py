@@ -1,0 +1,250 @@
+"""``memest plan``: the setups that fit, as a rich table, JSON and Markdown."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from memest import __version__
+from memest.devices import GiB
+from memest.planning.maxfit import Largest
+from memest.planning.search import Fit, Plan, hf_command, setup_flags
+from memest.report.estimate import describe_model, describe_workload, finite, workload_share
+from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
+from memest.report.units import CONFIRM, gib, percent, plural
+from memest.result import plain
+from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload, software
+
+
+def describe_layout(w: Workload) -> str:
+    """Parallel degrees of a setup (``tp 2 · pp 1 · dp 4``; ep and cp only when above 1)."""
+    par = w.parallelism
+    parts = [f"tp {par.tp}", f"pp {par.pp}"]
+    if isinstance(w, TrainingConfig):
+        parts.append(f"dp {par.dp}")
+    parts += [f"{n} {getattr(par, n)}" for n in ("cp", "ep") if getattr(par, n) > 1]
+    return " · ".join(parts)
+
+
+def describe_settings(w: Workload, host_bytes: int = 0) -> str:
+    """The settings a planner varies, where they are not plain (``zero 3 · recompute full · ...``)."""
+    parts: list[str] = []
+    if isinstance(w, TrainingConfig):
+        if w.parallelism.zero_stage:
+            parts.append(f"zero {w.parallelism.zero_stage}")
+        if w.parallelism.sequence_parallel:
+            parts.append("sequence parallel")
+        if w.recompute.value != "none":
+            parts.append(f"recompute {w.recompute.value}")
+        parts.append(f"mbs {w.micro_batch_size} x accum {w.grad_accum_steps}")
+        if w.optimizer.value != "adamw":
+            parts.append(w.optimizer.value)
+        if w.offload.value != "none":
+            parts.append(f"offload {w.offload.value}" + (f" (host {gib(host_bytes)}/node)" if host_bytes else ""))
+        if w.method.value != "full":
+            parts.append(w.method.value)
+    else:
+        if w.quantization != "none":
+            parts.append(f"{w.quantization} weights")
+        if w.kv_cache_dtype != "auto":
+            parts.append(f"kv {w.kv_cache_dtype}")
+    return " · ".join(parts) or "-"
+
+
+_LIMIT_WORDS = {"micro_batch_size": "mbs", "seq_len": "seq", "batch_size": "seqs", "max_model_len": "len"}
+
+
+def describe_limits(limits: tuple[Largest, ...]) -> str:
+    """The max queries of a fit (``mbs ≤ 3 · seq ≤ 6,415``)."""
+    parts = []
+    for q in limits:
+        word = _LIMIT_WORDS.get(q.setting, q.setting)
+        if q.value is None:
+            parts.append(f"{word} none")
+        elif q.limit != "memory":
+            parts.append(f"{word} ≤ {q.value:,} (model limit)")
+        else:
+            parts.append(f"{word} {'≥' if q.capped else '≤'} {q.value:,}")
+    return " · ".join(parts) or "-"
+
+
+def largest_dict(q: Largest) -> dict[str, Any]:
+    return {"setting": q.setting, "value": q.value, "step": q.step, "capped": q.capped, "limit": q.limit,
+            "evaluated": q.evaluated}
+
+
+def _fit_dict(p: Plan, rank: int, f: Fit) -> dict[str, Any]:
+    s, v = f.setup, f.verdict
+    per = f.estimate.per_device
+    return {
+        "rank": rank,
+        "device": s.device.name,
+        "count": s.count,
+        "usd_per_hour": finite(s.cost.usd_per_hour),
+        "cost": {"usd_per_hour": finite(s.cost.usd_per_hour), "communication": s.cost.communication,
+                 "disruption": s.cost.disruption, "changes": s.cost.changes},
+        "lossless": s.lossless,
+        "notes": list(s.notes),
+        "flags": setup_flags(s.workload, s.count, p.workload, s.device),
+        "parallelism": plain(s.workload.parallelism),
+        "workload": plain(s.workload),
+        "memory_bytes": s.device.memory_bytes,
+        "allocated_bytes": per.allocated_bytes,
+        "reserved_bytes": per.reserved_bytes,
+        "device_used_bytes": per.device_used_bytes,
+        "needed_bytes": v.needed_bytes,
+        "high_bytes": v.high_bytes,
+        "usable_bytes": v.usable_bytes,
+        "free_bytes": v.free_bytes,
+        "margin_bytes": v.margin_bytes,
+        "host_bytes_per_node": f.estimate.host_bytes,
+        "largest": {q.setting: largest_dict(q) for q in f.limits},
+    }
+
+
+def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The JSON document of ``memest plan --json`` (ints for bytes; every fit, not only the top).
+
+    With ``given`` (the user's workload flags, :func:`memest.workload.settings.given_flags`), each
+    fit has ``command``: the ``memest hf`` line that estimates it.
+    """
+    fits = [_fit_dict(p, i + 1, f) for i, f in enumerate(p.fits)]
+    if given is not None:
+        for doc, f in zip(fits, p.fits):
+            doc["command"] = _fit_command(p, f, model, given)
+    return {
+        "memest_version": __version__,
+        "model": {"name": p.spec.name, "model_type": p.spec.model_type, "num_params": p.spec.num_params,
+                  "max_position_embeddings": p.spec.max_position_embeddings},
+        "mode": p.workload.mode,
+        "workload": plain(p.workload),
+        "headroom": p.headroom,
+        "ranking": ["usd_per_hour", "communication", "disruption", "changes"],
+        "allow_method_change": p.space.allow_method_change,
+        "allow_quantization": p.space.allow_quantization,
+        "global_batch_size": p.space.global_batch_size,
+        "host_memory_bytes": p.space.host_memory_bytes,
+        "prices_usd_per_hour": {c.device.name: finite(p.space.prices.price(c.device)) for c in p.space.devices},
+        "evaluated": p.evaluated,
+        "setups": p.setups,
+        "headroom_applied": _plan_headroom_applied(p),
+        "fits": fits,
+        "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
+        "does_not_run_on": [c.device.name for c in p.not_run],
+        "confirm": CONFIRM,
+    }
+
+
+def _plan_rows(p: Plan, top: int) -> list[list[str]]:
+    out = []
+    for i, f in enumerate(p.fits[:top]):
+        s, v = f.setup, f.verdict
+        out.append([
+            str(i + 1),
+            f"{s.count} × {s.device.name}",
+            f"{s.cost.usd_per_hour:,.2f}" if math.isfinite(s.cost.usd_per_hour) else "no price",
+            describe_layout(s.workload),
+            describe_settings(s.workload, f.estimate.host_bytes),
+            f"{v.needed_bytes / GiB:,.2f}",
+            f"{v.free_bytes / GiB:,.2f} ({v.free_bytes / s.device.memory_bytes:.0%})",
+            describe_limits(f.limits),
+        ])
+    return out
+
+
+_PLAN_COLUMNS = ("#", "devices", "$/h", "parallelism", "settings", "peak GiB/device", "free GiB", "largest that fits")
+
+
+def _plan_table(p: Plan, top: int) -> Any:
+    """The fits, one row each; on a narrow console devices, price, parallelism and settings share a
+    column, and peak and free memory another."""
+    kinds = (number_col, name_col, number_col, prose_col, prose_col, number_col, number_col, prose_col)
+    wide = new_table(*(column(header) for column, header in zip(kinds, _PLAN_COLUMNS, strict=True)))
+    narrow = new_table(number_col("#"), prose_col("setup"), number_col("GiB/device"), prose_col("largest that fits"))
+    for n, devices, cost, layout, settings, peak, free, largest in _plan_rows(p, top):
+        wide.add_row(n, devices, cost, layout, settings, peak, free, largest)
+        narrow.add_row(n, f"{devices} · ${cost}/h\n{layout}\n{settings}", f"{peak} peak\n{free} free", largest)
+    return Narrowest(wide, narrow)
+
+
+def _plan_headroom_applied(p: Plan) -> bool:
+    """Whether the plan's fit rule keeps --headroom free: as its verdicts say (vLLM's does not), else
+    as the workload's engine implies."""
+    if p.fits:
+        return any(f.verdict.headroom_applied for f in p.fits)
+    upfront = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM)
+    return not (isinstance(p.workload, ServingConfig) and p.workload.engine in upfront)
+
+
+def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:
+    return hf_command(model or p.spec.name, given, setup_flags(f.setup.workload, f.setup.count, p.workload,
+                                                               f.setup.device))
+
+
+def _plan_header(p: Plan) -> list[str]:
+    par = p.workload.parallelism
+    # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
+    job = p.workload.replace(parallelism=Parallelism(cp=par.cp, zero_stage=par.zero_stage))
+    rule = (f"{percent(p.headroom)} headroom kept" if _plan_headroom_applied(p) else
+            f"{workload_share(p.workload)} sets its share (--headroom not applied)")
+    return [
+        f"{p.spec.name} — {describe_model(p.spec)}",
+        f"{describe_workload(job)} · {rule}",
+        f"{plural(len(p.space.devices), 'device type')} searched · {plural(p.evaluated, 'setup')} estimated, "
+        f"{p.setups:,} decided · ranked by $/h, then communication, then disruption",
+    ]
+
+
+def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapping[str, str] | None = None) -> Any:
+    """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
+    command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    head = _plan_header(p)
+    parts: list[Any] = [
+        Text.assemble(("Model   ", "bold"), head[0]),
+        Text.assemble(("Job     ", "bold"), head[1]),
+        Text(head[2], style="dim"),
+    ]
+    if not p.fits and p.not_run and not p.no_fit:
+        runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
+        parts.append(Text(f"Nothing to search: {software(p.workload)} runs on none of the devices given; pass "
+                          f"another --{runner} or other --gpus-available.", style="bold red"))
+    elif not p.fits:
+        parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
+                          "--allow-method-change or --allow-quantization.", style="bold red"))
+    else:
+        parts.append(_plan_table(p, top))
+        command = _fit_command(p, p.fits[0], model, given or {})
+        parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
+        if len(p.fits) > top:
+            parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
+        ctx = p.spec.max_position_embeddings
+        if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits if q.setting == "seq_len"):
+            parts.append(Text(f"'largest that fits' counts memory only: training sequences beyond the model's "
+                              f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
+    if p.no_fit:
+        names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
+        parts.append(Text(f"Nothing fits on: {names}", style="dim"))
+    if p.not_run:
+        parts.append(Text(f"{software(p.workload)} does not run on: "
+                          f"{', '.join(c.device.name for c in p.not_run)} (not searched)", style="dim"))
+    parts.append(Text(CONFIRM, style="dim"))
+    return Group(*parts)
+
+
+def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
+                     given: Mapping[str, str] | None = None) -> str:
+    """The plan table as GitHub Markdown, then the ``memest hf`` command of the cheapest fit."""
+    lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
+    lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
+    for row, f in zip(_plan_rows(p, top), p.fits):
+        flags = setup_flags(f.setup.workload, f.setup.count, p.workload, f.setup.device)
+        lines.append("| " + " | ".join(row) + f" | `{flags}` |")
+    if not p.fits:
+        lines.append("| | nothing fits | | | | | | | |")
+    else:
+        lines += ["", f"Cheapest: `{_fit_command(p, p.fits[0], model, given or {})}`"]
+    return "\n".join(lines) + "\n"
