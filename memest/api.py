@@ -217,7 +217,7 @@ def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> Me
 
 def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
     """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
-    from memest.planning.search import assess
+    from memest.planning.recommend import assess
     from memest.report import to_dict
     from memest.workload import resolve
 

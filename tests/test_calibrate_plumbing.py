@@ -11,11 +11,11 @@ import pytest
 
 from memest.calibration import constants, records, suites
 from memest.calibration.compare import VerdictCheck, device_slug, local_device, rows
+from memest.calibration.measure import Measurement
 from memest.calibration.request import calibration_workload, check_supported, job_from_flags
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import runtime
-from memest.calibration.measure import Measurement
 from memest.result import Kind, RankEstimate, Term
 from memest.sources import load_model
 from memest.workload import Engine, Precision, ServingConfig, TrainingConfig

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from inprocess import run_memest
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}

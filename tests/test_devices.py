@@ -4,12 +4,12 @@ import json
 import os
 
 import pytest
-
 from inprocess import run_memest
-from memest.planning.costs import PriceTable
+
 from memest.devices import DEVICES, GiB, MiB, _key, get_device, metal_working_set_bytes
 from memest.errors import UnknownDeviceError
 from memest.estimate import runtime
+from memest.planning.costs import PriceTable
 
 REQUIRED = ["A100-40GB", "A100-80GB", "H100-80GB", "H100-NVL-94GB", "H200-141GB", "B200", "GB200", "L4", "L40S",
             "A10G", "T4", "V100-16GB", "V100-32GB", "RTX-3090", "RTX-4090", "RTX-5090", "MI250X", "MI300X", "MI325X",

@@ -11,7 +11,6 @@ import sys
 import warnings
 
 import pytest
-
 from inprocess import run_memest
 
 ENV = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}

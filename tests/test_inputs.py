@@ -10,13 +10,8 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-
 from inprocess import run_memest
-from memest.devices import get_device
-from memest.errors import ConfigError, InputError
-from memest.estimate import estimate
-from memest.estimate.sharding import stages
-from memest.estimate.training import lora_adapters, moments
+
 from memest.cli.options import (
     ENGINE_ONLY,
     METHOD_ONLY,
@@ -25,7 +20,12 @@ from memest.cli.options import (
     WORKLOAD_OPTIONS,
     JobOptions,
 )
-from memest.planning.search import assess
+from memest.devices import get_device
+from memest.errors import ConfigError, InputError
+from memest.estimate import estimate
+from memest.estimate.sharding import stages
+from memest.estimate.training import lora_adapters, moments
+from memest.planning.recommend import assess
 from memest.report import render, to_dict, to_markdown
 from memest.sources import load_model
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split, StateSpec, TensorSpec

@@ -16,11 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from memest import cli
-
 from conftest import TINY_LLAMA as TINY  # 2 layers, hidden 64: 202,048 parameters (derived there)
 from inprocess import run_memest
+
+from memest import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "MEMEST_DEBUG")} | {"HF_HUB_OFFLINE": "1",
@@ -429,8 +428,8 @@ def test_cpu_calibration_prints_no_profiler_lines(monkeypatch, capfd):
 
 def test_remote_code_never_comes_from_another_repository_or_a_shadowing_folder(tmp_path, monkeypatch):
     from memest.errors import UnsupportedArchitectureError
-    from memest.sources.meta import _remote_code_location
     from memest.sources.config import HFConfig
+    from memest.sources.meta import _remote_code_location
 
     raw = {"model_type": "x", "auto_map": {"AutoConfig": "other/repo--configuration_x.XConfig"}}
     named = HFConfig(raw, name="named", source="hub", code_from="org/named")

@@ -14,9 +14,9 @@ import pytest
 
 from memest.errors import InputError
 from memest.estimate.serving.llamacpp import engine
-from memest.sources.ggml_types import ggml_type
 from memest.estimate.serving.llamacpp.quant import quantized_tensors, type_counts
 from memest.sources import load_config, spec_from_config
+from memest.sources.ggml_types import ggml_type
 from memest.workload import Engine, ServingConfig
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}

@@ -26,13 +26,12 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # before transformers is first imported (lazily)
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from memest.sources import meta
 from memest.errors import ConfigError, UnsupportedArchitectureError
-from memest.sources import catalog, load_model, spec_from_config
-from memest.workload.settings import cli_flag
+from memest.sources import catalog, load_model, meta, spec_from_config
 from memest.sources.config import HFConfig
 from memest.sources.families import ADAPTERS, supported_model_types
 from memest.spec import Component, ModelSpec, StateSpec
+from memest.workload.settings import cli_flag
 
 # Remote-code class names transformers does not define, mapped to the native class of the same
 # model_type (same parameters): the Hub's Phi-3.5-MoE config names its trust_remote_code class

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from inprocess import run_memest
 from typer.testing import CliRunner
 
-from inprocess import run_memest
 from memest.cli import app
 from memest.errors import InputError
 

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from memest.planning.costs import PER_DOUBLING, Cost, PriceTable, doubling_penalty, parse_cost_flags, penalty, read_cost_file
 from memest.devices import get_device
 from memest.errors import InputError, UnknownDeviceError
+from memest.planning.costs import (
+    PER_DOUBLING,
+    Cost,
+    PriceTable,
+    doubling_penalty,
+    parse_cost_flags,
+    penalty,
+    read_cost_file,
+)
 from memest.planning.search import DeviceChoice, Space, plan
 from memest.sources import load_model
 from memest.workload import Offload, Parallelism, Recompute, TrainingConfig

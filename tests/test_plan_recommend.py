@@ -20,15 +20,15 @@ import pytest
 from typer.testing import CliRunner
 
 from memest.cli import app
-from memest.planning.costs import Cost, PriceTable
 from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
-from memest.planning.search import MAX_PP_QUERY, smallest_parallelism
 from memest.estimate.serving.vllm.engine import vllm_ranks
+from memest.planning.costs import Cost, PriceTable
 from memest.planning.fit import verdict
 from memest.planning.maxfit import largest_utilization
-from memest.planning.search import DeviceChoice, Space, _utilization_cost, assess, plan, recommend
+from memest.planning.recommend import _utilization_cost, assess, recommend
+from memest.planning.search import MAX_PP_QUERY, DeviceChoice, Space, plan, smallest_parallelism
 from memest.report import serving_lines
 from memest.sources import load_model
 from memest.workload import Parallelism, ServingConfig, TrainingConfig, divisors, validate

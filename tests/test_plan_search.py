@@ -14,10 +14,10 @@ import math
 
 import pytest
 
-from memest.planning.costs import Cost, PriceTable, doubling_penalty, penalty
 from memest.devices import Device, get_device
 from memest.errors import InputError
 from memest.estimate import estimate
+from memest.planning.costs import Cost, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import usable_bytes, verdict
 from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
 from memest.sources import load_model

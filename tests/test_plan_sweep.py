@@ -9,8 +9,8 @@ import pytest
 from memest.devices import get_device
 from memest.errors import InputError, MissingDependencyError
 from memest.estimate import estimate
-from memest.sources import load_model
 from memest.planning.sweep import MAX_POINTS, parse_size, parse_values, sweep
+from memest.sources import load_model
 from memest.workload import Parallelism, Recompute, ServingConfig, TrainingConfig
 
 HEADROOM = 0.10

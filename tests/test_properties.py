@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from memest.devices import get_device
 from memest.estimate import estimate
 from memest.planning.fit import verdict
-from memest.planning.search import assess
+from memest.planning.recommend import assess
 from memest.result import Kind
 from memest.sources import load_model
 from memest.workload import (

@@ -13,9 +13,9 @@ from memest.devices import get_device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving import largest_concurrency, largest_max_model_len
-from memest.planning.search import smallest_parallelism
 from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.engine import vllm_ranks
+from memest.planning.search import smallest_parallelism
 from memest.sources import load_model
 from memest.workload import Engine, Parallelism, ServingConfig
 

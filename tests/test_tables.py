@@ -19,10 +19,10 @@ from memest.cli import calibrate as calibrate_command
 from memest.cli.progress import LINE_SECONDS, progress_on_stderr
 from memest.devices import get_device
 from memest.estimate import estimate
+from memest.report import trace as console
+from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.result import Kind
 from memest.sources import load_model
-from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
-from memest.report import trace as console
 from memest.trace import compare
 from memest.trace.result import RankTrace, TensorGroup, TraceResult
 from memest.workload import TrainingConfig

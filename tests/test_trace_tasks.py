@@ -14,9 +14,9 @@ from trace_models import shrink, tiny_config
 
 from memest.devices import get_device
 from memest.errors import InputError, UnsupportedArchitectureError
+from memest.report import trace as console
 from memest.sources import catalog, load_config, spec_from_config
 from memest.sources.config import HFConfig
-from memest.report import trace as console
 from memest.trace import _model, trace
 from memest.trace.compare import ComparisonRow
 from memest.workload import Engine, ServingConfig, TrainingConfig

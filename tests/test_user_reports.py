@@ -213,7 +213,7 @@ def test_plan_json_lists_the_devices_the_engine_does_not_run_on():
 
 
 def test_fitting_devices_are_those_the_framework_runs_on():
-    from memest.planning.search import fitting_devices
+    from memest.planning.recommend import fitting_devices
     from memest.sources import load_config, spec_from_config
     from memest.workload import TrainingConfig
 

@@ -8,7 +8,8 @@ for the bf16/fp16 files): Llama-2-7B 6,738,415,616; Llama-2-70B 68,976,648,192.
 from memest.devices import get_device
 from memest.estimate import estimate
 from memest.estimate.training import moments
-from memest.planning.search import assess, verdict
+from memest.planning.recommend import assess
+from memest.planning.search import verdict
 from memest.result import Kind
 from memest.sources import load_model
 from memest.workload import Parallelism, ServingConfig, TrainingConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 from memest import __version__
 from memest.devices import GiB
-from memest.planning.search import Assessment, Candidate
+from memest.planning.recommend import Assessment, Candidate
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, count, gib, percent, size
 from memest.result import RankEstimate, plain, rank_dict

@@ -1,0 +1,368 @@
+"""``memest hf``'s answer: the verdict, the cheapest change to the user's own setup that fits, the
+devices that fit, the rules of thumb beside the estimate (DESIGN.md, "Planning")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memest.devices import DEVICES, Device
+from memest.errors import InputError
+from memest.estimate import estimate
+from memest.estimate.serving.llamacpp import fit as llamacpp_fit
+from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
+from memest.planning.fit import Verdict, verdict
+from memest.planning.maxfit import largest_utilization
+from memest.planning.search import (
+    _PAR_FIELDS,
+    MAX_DEVICE_DOUBLINGS,
+    DeviceChoice,
+    Fit,
+    Plan,
+    Space,
+    _flag_items,
+    _render,
+    plan,
+    smallest_parallelism,
+)
+from memest.result import Estimate
+from memest.spec import ModelSpec
+from memest.workload import (
+    Engine,
+    KbitPrep,
+    Method,
+    Parallelism,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+    runs_on,
+    software,
+    workload_notes,
+)
+from memest.workload.settings import cli_flag
+
+# ---- memest hf: the cheapest change to the user's own setup ----
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One step away from the user's setup.
+
+    Attributes:
+        flags: The CLI flags that apply it (``--recompute full``).
+        cost: Communication + disruption units of the new value (USD per hour for ``--gpus``).
+        lossless: True when it changes neither numerics nor method.
+    """
+
+    flags: str
+    cost: float
+    lossless: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A fitting setup, as changes to the user's."""
+
+    changes: tuple[Change, ...]
+    workload: Workload
+    devices: int
+    estimate: Estimate
+    verdict: Verdict
+
+    @property
+    def cost(self) -> float:
+        """Sum of the changes' costs."""
+        return sum(c.cost for c in self.changes)
+
+    @property
+    def lossless(self) -> bool:
+        """True when every change is lossless."""
+        return all(c.lossless for c in self.changes)
+
+    @property
+    def flags(self) -> str:
+        """The changes as CLI flags."""
+        return " ".join(c.flags for c in self.changes if c.flags)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The search's answer for ``memest hf``.
+
+    Attributes:
+        cheapest: The lowest-cost fitting setup.
+        lossless: The lowest-cost fitting setup that changes neither numerics nor method (may be
+            the same as cheapest, or None when none was found).
+        evaluated: How many setups the planner estimated.
+    """
+
+    cheapest: Candidate | None
+    lossless: Candidate | None
+    evaluated: int
+
+
+_FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
+                 "--optimizer": "optimizer", "--offload": "offload", "--finetune": "method",
+                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype"}
+_PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
+
+
+def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
+    """A fit as changes to the workload asked (one Change per flag group that differs)."""
+    old = _flag_items(asked, asked.parallelism.world_size)
+    new = _flag_items(fit.setup.workload, fit.setup.count)
+    stack = cli_flag("stack")
+    out = [Change(f"{stack} {new[stack]}", 0.0, True)] if new.get(stack, "None") != "None" else []
+    par_diff = [f for f in _PARALLEL_FLAGS if f in new and new[f] != old[f]]
+    if par_diff:
+        more = fit.setup.count - asked.parallelism.world_size
+        added = more * price if more else 0.0  # 0 x an unpriced device's inf would be nan
+        comm = sum(doubling_penalty(n, getattr(fit.setup.workload.parallelism, n))[0] for n in ("tp", "pp", "ep"))
+        out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")})),
+                          round(added + comm, 6), True))
+    if new.get("--micro-batch-size") != old.get("--micro-batch-size") or new.get("--grad-accum-steps") != old.get("--grad-accum-steps"):
+        ratio = asked.micro_batch_size // fit.setup.workload.micro_batch_size  # type: ignore[union-attr]
+        out.append(Change(f"--micro-batch-size {new['--micro-batch-size']} --grad-accum-steps {new['--grad-accum-steps']}",
+                          doubling_penalty("micro_batch", ratio)[1], True))
+    for flag, setting in _FLAG_SETTING.items():
+        if flag in new and new[flag] != old[flag]:
+            value = getattr(fit.setup.workload.parallelism if setting in _PAR_FIELDS else fit.setup.workload, setting)
+            p = penalty(setting, value)
+            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless))
+    return tuple(out)
+
+
+def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *,
+              fewest: Parallelism | None = None, allow_stack_change: bool = False) -> Recommendation:
+    """The cheapest fitting setup on ``device`` (from the count asked up to 64 times it), and the
+    cheapest lossless one, found by :func:`plan`.
+
+    A lossless fit that costs no more per hour than the cheapest fit is the cheapest fit: a change
+    of method or numerics is never recommended to save only communication or disruption.
+
+    For a vLLM job that fails only because the process would hold more than the device has (rule 3
+    of :mod:`memest.planning.fit`), the user's own setup with the largest lower ``--gpu-memory-utilization``
+    that fits (:func:`memest.planning.maxfit.largest_utilization`) is a candidate too, costed like the
+    planner's setups (:func:`_utilization_cost`; the setting itself is free, one change) and ranked
+    with them by :class:`memest.planning.costs.Cost`; it is lossless (the weights and numerics are the same;
+    only the KV pool shrinks, and the job still fits).
+
+    Every fix stays in the job's stack (a fix names it) unless ``allow_stack_change``; micro-batch
+    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics).
+
+    Args:
+        allow_stack_change: Also layouts the job's stack cannot run (:attr:`Space.allow_stack_change`).
+        fewest: The layout of the fewest-devices query
+            (:func:`smallest_parallelism`); the counts searched are widened to
+            include its device count, so the recommendation finds a fit wherever that query found one.
+    """
+    count = workload.parallelism.world_size
+    low, high = count, count << MAX_DEVICE_DOUBLINGS
+    if fewest is not None:
+        low, high = min(low, fewest.world_size), max(high, fewest.world_size)
+    choice = DeviceChoice(device, max_count=high, min_count=low)
+    price = PriceTable.catalog().price(device)
+    any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True,
+                                            allow_stack_change=allow_stack_change),
+                      headroom=headroom, max_queries=False)
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change),
+                    headroom=headroom, max_queries=False)
+
+    def candidate(p: Plan) -> tuple[Cost, Candidate] | None:
+        fit = p.best
+        if fit is None:
+            return None
+        return fit.setup.cost, Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count,
+                                         fit.estimate, fit.verdict)
+
+    found_lossless = candidate(lossless)
+    found_cheapest = candidate(any_change)
+    lower = _lower_utilization(spec, workload, device, headroom, price)
+    if lower is not None:  # lossless, so a candidate for both answers; a planner setup wins a tie
+        if found_lossless is None or lower[0] < found_lossless[0]:
+            found_lossless = lower
+        if found_cheapest is None or lower[0] < found_cheapest[0]:
+            found_cheapest = lower
+    cheapest = found_cheapest[1] if found_cheapest else None
+    lossless_fit = found_lossless[1] if found_lossless else None
+    if found_lossless is not None and (found_cheapest is None or
+                                       found_lossless[0].usd_per_hour <= found_cheapest[0].usd_per_hour):
+        cheapest = lossless_fit
+    return Recommendation(cheapest, lossless_fit, any_change.evaluated + lossless.evaluated)
+
+
+def _utilization_cost(workload: ServingConfig, usd_per_hour: float) -> Cost:
+    """The planner's cost of the user's own serving setup with one more change (a lower
+    ``--gpu-memory-utilization``, which costs nothing else): the layout's communication, the
+    disruption of the quantization and KV-cache dtype asked, and the changes each of them counts."""
+    par = workload.parallelism
+    comm = sum(doubling_penalty(name, getattr(par, name))[0] for name in ("tp", "pp", "ep"))
+    parts = [penalty("quantization", workload.quantization), penalty("kv_cache_dtype", workload.kv_cache_dtype)]
+    changes = sum(getattr(par, name) > 1 for name in ("tp", "pp", "ep")) + sum(p is not NO_PENALTY for p in parts)
+    return Cost(usd_per_hour, comm, sum(p.disruption for p in parts), changes + 1)
+
+
+def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, headroom: float,
+                       price: float) -> tuple[Cost, Candidate] | None:
+    """The user's vLLM setup with the largest lower gpu_memory_utilization that fits, when the only
+    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None."""
+    if not isinstance(workload, ServingConfig):
+        return None
+    count = workload.parallelism.world_size
+    est = estimate(spec, workload, device)
+    v = verdict(est, device, count, headroom)
+    if v.fits or v.headroom_applied or v.blocker is not None:
+        return None
+    util = largest_utilization(spec, workload, device, headroom=headroom, below=workload.gpu_memory_utilization)
+    if util is None:
+        return None
+    w = workload.replace(gpu_memory_utilization=util)
+    est = estimate(spec, w, device)
+    change = Change(f"--gpu-memory-utilization {util:.2f}", 0.0, True)
+    return _utilization_cost(w, count * price), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
+
+
+def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
+    """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (only
+    devices its engine or training framework runs on: :func:`memest.workload.runs_on`)."""
+    out = []
+    for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
+        if not runs_on(software(workload), device.vendor):
+            continue
+        est = estimate(spec, workload, device)
+        if verdict(est, device, count, headroom).fits:
+            out.append(device)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RuleOfThumb:
+    """A quick figure people quote, shown beside the detailed estimate.
+
+    Attributes:
+        name: The rule in words.
+        bytes: Its figure for this model and workload, per device.
+    """
+
+    name: str
+    bytes: int
+
+
+def rules_of_thumb(spec: ModelSpec, workload: Workload) -> list[RuleOfThumb]:
+    """The popular shortcuts, per device, for comparison with the estimate.
+
+    Each is split the way the job splits weights: over tp x pp, and over the data-parallel ranks too
+    only when ZeRO-3 / FSDP shards the parameters.
+    """
+    p = spec.num_params
+    par = workload.parallelism
+    shards = par.tp * par.pp
+    if isinstance(workload, TrainingConfig):
+        if par.zero_stage >= 3:
+            shards *= par.dp * par.cp
+        if workload.method is Method.FULL:
+            return [
+                RuleOfThumb("16 B/param (mixed-precision Adam model states, no activations)", 16 * p // shards),
+                RuleOfThumb("params x 2 B x 6 ('training overhead')", 12 * p // shards),
+            ]
+        base, what = (2.0, "16-bit") if workload.method is Method.LORA else (0.5, "4-bit")
+        return [
+            RuleOfThumb(f"params x {base:g} B (the frozen {what} base only)", math.ceil(base * p / shards)),
+            RuleOfThumb(f"params x {base:g} B x 1.2 ('20% overhead')", math.ceil(1.2 * base * p / shards)),
+        ]
+    return [
+        RuleOfThumb("params x 2 B (16-bit weights only)", 2 * p // shards),
+        RuleOfThumb("params x 2 B x 1.2 ('20% overhead')", math.ceil(2.4 * p / shards)),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """Everything ``memest hf`` reports: the estimate, its verdict and what to do about it.
+
+    Attributes:
+        spec: The model.
+        workload: The workload as estimated.
+        estimate: The per-device estimate.
+        verdict: Fit on the chosen device.
+        device_given: False when the device is the default (H100-80GB), in which case
+            ``fits_on`` lists every catalog device that fits.
+        recommendation: The search's answer when it does not fit (None when it fits).
+        fits_on: Catalog devices that fit at the same count (only without ``--gpu``).
+        rules: Rules of thumb for comparison.
+        notes: What the user should know about the workload that the estimate does not show
+            (:func:`memest.workload.workload_notes`: a sequence beyond the trained length).
+        fewest: Serving: the fewest devices' layout on which the job fits by the same rule
+            (:func:`smallest_parallelism`); None when none fits, or training.
+        utilization: vLLM jobs that do not fit: the largest ``--gpu-memory-utilization`` at which
+            they would (:func:`memest.planning.maxfit.largest_utilization`); None when none would, or the
+            job fits.
+    """
+
+    spec: ModelSpec
+    workload: Workload
+    estimate: Estimate
+    verdict: Verdict
+    device_given: bool
+    recommendation: Recommendation | None
+    fits_on: tuple[Device, ...]
+    rules: tuple[RuleOfThumb, ...]
+    notes: tuple[str, ...] = ()
+    fewest: Parallelism | None = None
+    utilization: float | None = None
+    gguf_options: tuple[llamacpp_fit.Option, ...] = ()
+    """llama.cpp / Ollama: each GGUF quant's best placement on the device
+    (:func:`memest.estimate.serving.llamacpp.fit.search`)."""
+
+
+def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
+           device_given: bool = True, search: bool = True, allow_stack_change: bool = False) -> Assessment:
+    """Estimate ``workload``, judge the fit on ``device`` and, when it does not fit, search for the
+    cheapest setup that does (within the job's stack unless ``allow_stack_change``).
+
+    Raises:
+        InputError: the workload is invalid for the model.
+    """
+    est = estimate(spec, workload, device)
+    count = workload.parallelism.world_size
+    v = verdict(est, device, count, headroom)
+    serving = isinstance(workload, ServingConfig)
+    fewest = smallest_parallelism(spec, workload, device, headroom=headroom) if serving else None
+    utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
+    rec = (recommend(spec, workload, device, headroom, fewest=fewest, allow_stack_change=allow_stack_change)
+           if search and not v.fits else None)
+    fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
+    gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
+            and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
+    return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization,
+                      gguf)
+
+
+def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:
+    """Why a LoRA / QLoRA job needs more than full fine-tuning of the same job, when it does.
+
+    PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
+    adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
+    input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
+    peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
+    """
+    if not isinstance(workload, TrainingConfig) or workload.method is Method.FULL:
+        return ()
+    try:
+        full = estimate(spec, workload.replace(method=Method.FULL), device)
+    except InputError:
+        return ()
+    if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
+        return ()
+    fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
+    stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
+    qlora = workload.method is Method.QLORA
+    traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
+    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+            "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
+            f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
+            "16-bit input; at this length those activations outgrow the gradients and optimizer states the "
+            f"frozen base saves{traced}",)
