@@ -35,10 +35,20 @@ def _whole_names_table() -> type:
             return Text(" ").join(cell.renderables)
         return cell
 
+    def off_flag_below(cells: list[Any]) -> list[Any]:
+        """An option row's off flag (``--keep-grads``) under its flag, not in a column of its own beside it: the
+        name column is then as wide as the longest flag, not the longest flag and off flag side by side."""
+        if len(cells) in (5, 6) and all(isinstance(c, Text) for c in cells):  # [required,] long, short, off
+            long, off = cells[-5], cells[-3]
+            if off.plain:
+                cells[-5] = Text("\n").join([long, off])
+                cells[-3] = Text("")
+        return cells
+
     class WholeNamesTable(Table):
         def add_row(self, *renderables: Any, **kwargs: Any) -> None:
             *cells, last = renderables
-            super().add_row(*cells, one_text(last), **kwargs)  # creates the columns of the first row
+            super().add_row(*off_flag_below(cells), one_text(last), **kwargs)  # the first row makes the columns
             *names, types, help_column = self.columns
             for column in names:
                 column.no_wrap = True  # rich's width collapse leaves no_wrap columns whole
