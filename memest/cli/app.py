@@ -23,9 +23,8 @@ def _help_table(*args: Any, **kwargs: Any) -> Any:
 
 @functools.cache
 def _whole_names_table() -> type:
-    from rich.table import Table  # imported only to print help: the analytic path starts without rich
-
     from rich.columns import Columns
+    from rich.table import Table  # imported only to print help: the analytic path starts without rich
     from rich.text import Text
 
     def one_text(cell: Any) -> Any:
