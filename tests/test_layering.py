@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("memest.devices", 1),
     ("memest.result", 1),
     ("memest.lora_targets", 1),
+    ("memest.dtypes", 1),
     ("memest.workload", 2),
     ("memest.sources", 3),
     ("memest.logs", 3),

@@ -3,14 +3,90 @@ the output options, the console tables are printed on and its width."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 
-app = typer.Typer(
+
+def _help_table(*args: Any, **kwargs: Any) -> Any:
+    """The table typer's ``--help`` lays out each panel of options or commands in
+    (``typer.rich_utils.Table``): rich's, except that its name and type columns never shrink — on a
+    narrow terminal rich cut them with "…" (``--attn-implementa…``) — and its last column, the help,
+    wraps instead, a word wider than it folded onto the next line rather than cut."""
+    return _whole_names_table()(*args, **kwargs)
+
+
+@functools.cache
+def _whole_names_table() -> type:
+    from rich.columns import Columns
+    from rich.table import Table  # imported only to print help: the analytic path starts without rich
+    from rich.text import Text
+
+    def one_text(cell: Any) -> Any:
+        """typer's help cell (its text and ``[default: 1]`` side by side, each cut at the cell's
+        width) as one text that wraps."""
+        if isinstance(cell, Columns) and all(isinstance(item, Text) for item in cell.renderables):
+            return Text(" ").join(cell.renderables)
+        return cell
+
+    def off_flag_below(cells: list[Any]) -> list[Any]:
+        """An option row's off flag (``--keep-grads``) under its flag, not in a column of its own beside it: the
+        name column is then as wide as the longest flag, not the longest flag and off flag side by side."""
+        if len(cells) in (5, 6) and all(isinstance(c, Text) for c in cells):  # [required,] long, short, off
+            long, off = cells[-5], cells[-3]
+            if off.plain:
+                cells[-5] = Text("\n").join([long, off])
+                cells[-3] = Text("")
+        return cells
+
+    class WholeNamesTable(Table):
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            *cells, last = renderables
+            super().add_row(*off_flag_below(cells), one_text(last), **kwargs)  # the first row makes the columns
+            *names, types, help_column = self.columns
+            for column in names:
+                column.no_wrap = True  # rich's width collapse leaves no_wrap columns whole
+            types.overflow = help_column.overflow = "fold"
+
+    return WholeNamesTable
+
+
+def _with_whole_names(format_help: Any) -> Any:
+    def wrapped(self: Any, ctx: Any, formatter: Any) -> Any:
+        import typer.rich_utils
+
+        typer.rich_utils.Table = _help_table  # typer offers no setting for its help table's columns
+        return format_help(self, ctx, formatter)
+
+    return wrapped
+
+
+class _HelpCommand(typer.core.TyperCommand):
+    """A command whose ``--help`` keeps flag names whole (:func:`_help_table`)."""
+
+    format_help = _with_whole_names(typer.core.TyperCommand.format_help)
+
+
+class _HelpGroup(typer.core.TyperGroup):
+    """``memest --help``, its command names kept whole (:func:`_help_table`)."""
+
+    format_help = _with_whole_names(typer.core.TyperGroup.format_help)
+
+
+class _App(typer.Typer):
+    """typer's application, each command registered on it a :class:`_HelpCommand`."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _HelpCommand, **kwargs)
+
+
+app = _App(
+    cls=_HelpGroup,
     name="memest",
     help="How much accelerator memory a model needs, per device, for a training or serving job — "
     "and the cheapest setup that fits. Every figure is an estimate with a ± band; "
@@ -19,6 +95,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
+
 
 def _print_version(value: bool) -> None:
     if value:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from memest.errors import MissingDependencyError, UnsupportedArchitectureError
 from memest.sources.config import HFConfig
+from memest.sources.families._build import torch_dtype_of
 from memest.spec import (
     AttentionSpec,
     Component,
@@ -279,7 +280,7 @@ def spec_from_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
         embedding=tuple(embedding),
         head=tuple(head),
         task=task,
-        torch_dtype=str(cfg.get("torch_dtype", "dtype", default="")) or None,
+        torch_dtype=torch_dtype_of(cfg),
         quantization=_quantization(cfg),
         source=cfg.source,
         notes=(

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from memest.estimate.dtypes import nbytes
+from memest.dtypes import nbytes
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, stage_tensors
 from memest.estimate.weights import checkpoint_scale, serving_weight_layout, weight_bytes

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from memest.estimate.dtypes import nbytes
+from memest.dtypes import nbytes
 from memest.estimate.serving.common import weight_dtype
 from memest.estimate.sharding import Stage
 from memest.spec import LayerSpec, ModelSpec, StateSpec

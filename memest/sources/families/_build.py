@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from memest.errors import ConfigError
+from memest.dtypes import KNOWN, canonical
+from memest.errors import ConfigError, InputError
 from memest.sources.config import HFConfig
 from memest.sources.quantization import block_shape, compressed_tensors_spec, group_size, module_list, quant_bits
 from memest.spec import (
@@ -284,11 +285,22 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
 
 
 def torch_dtype_of(cfg: HFConfig) -> str | None:
-    """The checkpoint dtype the config states (``torch_dtype``, or ``dtype`` in transformers 5)."""
+    """The checkpoint dtype the config states (``torch_dtype``, or ``dtype`` in transformers 5).
+
+    Raises:
+        ConfigError: it states a dtype memest does not know (``float99``).
+    """
     value = cfg.get("torch_dtype", "dtype", default=None)
     if value is None:
         value = cfg.text.get("torch_dtype", "dtype", default=None)
-    return str(value) if value is not None else None
+    if value is None:
+        return None
+    try:
+        canonical(str(value))
+    except InputError:
+        raise ConfigError(f"config.json torch_dtype {value!r} is not a dtype memest knows; "
+                          f"set it to one of {', '.join(KNOWN)}") from None
+    return str(value)
 
 
 HIDDEN_DROPOUT_KEYS = ("hidden_dropout_prob", "hidden_dropout", "resid_pdrop", "dropout_rate", "dropout")

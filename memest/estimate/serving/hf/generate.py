@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from memest.devices import Device
 from memest.estimate import runtime
-from memest.estimate.dtypes import nbytes
+from memest.dtypes import nbytes
 from memest.estimate.serving.common import (
     Allocation,
     compute_bytes,

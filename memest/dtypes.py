@@ -27,6 +27,10 @@ _ALIASES = {
 }
 
 
+KNOWN = ("float32", "float16", "bfloat16", "float8", "int8", "int4")
+"""The canonical names, as a config states a dtype."""
+
+
 def canonical(dtype: str) -> str:
     """The canonical name of a dtype (``bf16`` -> ``bfloat16``, ``torch.float16`` -> ``float16``).
 
