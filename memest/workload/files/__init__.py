@@ -16,11 +16,12 @@ from typing import Any
 
 from memest.errors import InputError
 from memest.workload.files import accelerate, deepspeed
-from memest.workload.files._common import load_yaml
+from memest.workload.files._common import Found, load_yaml
 
 FORMATS: tuple[ModuleType, ...] = (accelerate, deepspeed)
 """The format modules, in the order their ``detect`` is tried; each has ``NAME``, ``detect(doc)`` and
-``read(path, doc) -> (settings, notes)``."""
+``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON or YAML; None when it parses as
+neither) and ``detect(doc, text)`` also sees its text, for formats that are command lines."""
 
 
 def formats() -> str:
@@ -39,13 +40,13 @@ def read(paths: Iterable[str | Path]) -> tuple[dict[str, Any], tuple[str, ...]]:
     values: dict[str, Any] = {}
     notes: list[str] = []
     for path in paths:
-        found, said = read_one(Path(path))
-        values |= found
-        notes += said
+        found = read_one(Path(path))
+        values |= found.values
+        notes += found.notes
     return values, tuple(notes)
 
 
-def read_one(path: Path) -> tuple[dict[str, Any], list[str]]:
+def read_one(path: Path) -> Found:
     """One file's settings and notes (see :func:`read`)."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -61,6 +62,6 @@ def read_one(path: Path) -> tuple[dict[str, Any], list[str]]:
     else:
         doc = load_yaml(path, text)
     for module in FORMATS:
-        if module.detect(doc):
+        if module.detect(doc, text):
             return module.read(path, doc)
     raise InputError(f"{{config}} {path}: not a format memest reads; pass {formats()}", field="config")

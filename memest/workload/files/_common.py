@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from memest.errors import InputError
+
+
+class Found(NamedTuple):
+    """What one file says.
+
+    Attributes:
+        values: Settings by keyword (:class:`memest.workload.config.JobConfig` field names).
+        notes: What the file left to someone else, or what memest did not model, in words.
+        model: The model the file names (a Hub id or a path), if any.
+        origins: Where each of ``values`` was read: setting keyword -> the file's key (and line, when known).
+    """
+
+    values: dict[str, Any]
+    notes: list[str]
+    model: str | None = None
+    origins: Mapping[str, str] = MappingProxyType({})
 
 
 def load_yaml(path: Path, text: str) -> Any:

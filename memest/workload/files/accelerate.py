@@ -14,7 +14,7 @@ from typing import Any
 
 from memest.errors import InputError
 from memest.workload.config import FsdpStrategy, Offload, Precision, Stack
-from memest.workload.files._common import typed
+from memest.workload.files._common import Found, typed
 
 NAME = "an accelerate config YAML (distributed_type)"
 _SHARDING = {"1": FsdpStrategy.FULL_SHARD, "2": FsdpStrategy.SHARD_GRAD_OP, "3": FsdpStrategy.NO_SHARD,
@@ -22,14 +22,14 @@ _SHARDING = {"1": FsdpStrategy.FULL_SHARD, "2": FsdpStrategy.SHARD_GRAD_OP, "3":
 """accelerate's numbered ``fsdp_sharding_strategy`` values (``torch.distributed.fsdp.ShardingStrategy`` + 1)."""
 
 
-def detect(doc: Any) -> bool:
-    """Whether ``doc`` (the parsed file) is an accelerate config: a mapping with ``distributed_type``."""
+def detect(doc: Any, text: str) -> bool:
+    """Whether ``doc`` (the parsed file; ``text`` its text) is an accelerate config: a mapping with ``distributed_type``."""
     return isinstance(doc, dict) and "distributed_type" in doc
 
 
-def read(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def read(path: Path, doc: dict[str, Any]) -> Found:
     """The settings an accelerate config implies, and the notes on what it left open."""
-    return _accelerate(path, doc)
+    return Found(*_accelerate(path, doc))
 
 
 def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

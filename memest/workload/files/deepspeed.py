@@ -12,21 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from memest.workload.config import Offload, Precision, Stack
-from memest.workload.files._common import auto, typed
+from memest.workload.files._common import Found, auto, typed
 
 NAME = "a DeepSpeed JSON (zero_optimization, bf16, fp16, train_micro_batch_size_per_gpu)"
 KEYS = frozenset({"zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu",
                   "train_batch_size", "gradient_accumulation_steps", "optimizer"})
 
 
-def detect(doc: Any) -> bool:
-    """Whether ``doc`` (the parsed file) is a DeepSpeed config: a mapping with one of its top-level :data:`KEYS`."""
+def detect(doc: Any, text: str) -> bool:
+    """Whether ``doc`` (the parsed file; ``text`` its text) is a DeepSpeed config: a mapping with one of its top-level :data:`KEYS`."""
     return isinstance(doc, dict) and bool(KEYS & set(doc))
 
 
-def read(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def read(path: Path, doc: dict[str, Any]) -> Found:
     """The settings a DeepSpeed config implies, and the notes on what it left open."""
-    return _deepspeed(path, doc)
+    return Found(*_deepspeed(path, doc))
 
 
 def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
