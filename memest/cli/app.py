@@ -127,7 +127,11 @@ ModelArg = Annotated[str, typer.Argument(help="Hub id or catalog name (see 'meme
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes) instead of a table.")]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
-CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit.")]
+CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit. For vLLM, SGLang "
+                                        "and TensorRT-LLM also when the engine starts but its KV pool holds fewer than "
+                                        "--batch-size sequences of --max-model-len at once (without --check that job "
+                                        "exits 0: the rest wait), and then the cheapest setup that holds them all is "
+                                        "shown.")]
 TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code on PyTorch's meta device, count every "
                                         "tensor, and print the traced peak beside the estimate (needs torch).")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "

@@ -287,7 +287,8 @@ class Assessment:
         verdict: Fit on the chosen device.
         device_given: False when the device is the default (H100-80GB), in which case
             ``fits_on`` lists every catalog device that fits.
-        recommendation: The search's answer when it does not fit (None when it fits).
+        recommendation: The search's answer when it does not fit (None when it fits, or when it starts
+            and only queues and all its sequences at once were not asked for: :func:`assess`).
         fits_on: Catalog devices that fit at the same count (only without ``--gpu``).
         rules: Rules of thumb for comparison.
         notes: What the user should know about the workload that the estimate does not show
@@ -316,9 +317,18 @@ class Assessment:
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
-           device_given: bool = True, search: bool = True, allow_stack_change: bool = False) -> Assessment:
+           device_given: bool = True, search: bool = True, allow_stack_change: bool = False,
+           hold_batch: bool = False) -> Assessment:
     """Estimate ``workload``, judge the fit on ``device`` and, when it does not fit, search for the
     cheapest setup that does (within the job's stack unless ``allow_stack_change``).
+
+    A serving job that starts and only queues (:attr:`Verdict.kind` ``queues``: the pool holds K of
+    its N sequences of max_model_len at once, the rest wait) runs as it is: no fix is searched for it
+    unless ``hold_batch``, the user's demand that all N be held at once (the CLI's ``--check``). An
+    engine's scheduler admits what its pool holds and queues the rest, which is how these engines are
+    meant to run (vLLM's default max_num_seqs, 256 or 1024, is far above what most pools hold at the
+    model's full length); what holding all N would take is in the serving summary either way (the
+    fewest devices, the longest max_model_len and the gpu_memory_utilization at which they fit).
 
     Raises:
         InputError: the workload is invalid for the model.
@@ -329,8 +339,9 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     serving = isinstance(workload, ServingConfig)
     fewest = smallest_parallelism(spec, workload, device, headroom=headroom) if serving else None
     utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
+    wanted = not v.fits and (v.kind == "does_not_fit" or hold_batch)
     rec = (recommend(spec, workload, device, headroom, fewest=fewest, allow_stack_change=allow_stack_change)
-           if search and not v.fits else None)
+           if search and wanted else None)
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())

@@ -38,7 +38,8 @@ def _sweep_grid(result: Sweep) -> tuple[list[str], list[list[str]]]:
                         ("device used", "device_used_bytes")):
         rows.append([label, ""] + [f"{getattr(p.estimate.per_device, attr) / GiB:,.2f}" if p.estimate else "-"
                                    for p in result.points])
-    rows.append(["fits", ""] + [("yes" if p.verdict.fits else "NO") if p.verdict else "error" for p in result.points])
+    words = {"fits": "yes", "queues": "queues", "does_not_fit": "NO"}  # queues: starts, the rest wait
+    rows.append(["fits", ""] + [words[p.verdict.kind] if p.verdict else "error" for p in result.points])
     return labels, rows
 
 
@@ -120,6 +121,7 @@ def sweep_to_dict(result: Sweep) -> dict[str, Any]:
             {
                 "value": p.value,
                 "fits": p.verdict.fits if p.verdict else None,
+                "verdict": p.verdict.kind if p.verdict else None,
                 "error": p.error,
                 "allocated_bytes": p.estimate.per_device.allocated_bytes if p.estimate else None,
                 "reserved_bytes": p.estimate.per_device.reserved_bytes if p.estimate else None,
