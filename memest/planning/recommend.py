@@ -24,10 +24,12 @@ from memest.planning.search import (
     _render,
     plan,
     smallest_parallelism,
+    stack_losses,
 )
-from memest.result import Estimate
+from memest.result import Estimate, Kind
 from memest.spec import ModelSpec
 from memest.workload import (
+    STACKS,
     Engine,
     KbitPrep,
     Method,
@@ -52,11 +54,14 @@ class Change:
         flags: The CLI flags that apply it (``--recompute full``).
         cost: Communication + disruption units of the new value (USD per hour for ``--gpus``).
         lossless: True when it changes neither numerics nor method.
+        how: How the job's stack applies it, in the stack's words (a loss: its switch); "" when the
+            flag says it all.
     """
 
     flags: str
     cost: float
     lossless: bool
+    how: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +108,7 @@ class Recommendation:
 
 _FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
                  "--optimizer": "optimizer", "--offload": "offload", "--finetune": "method",
-                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype"}
+                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype", "--loss": "loss"}
 _PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 
@@ -128,8 +133,26 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
         if flag in new and new[flag] != old[flag]:
             value = getattr(fit.setup.workload.parallelism if setting in _PAR_FIELDS else fit.setup.workload, setting)
             p = penalty(setting, value)
-            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless))
+            switch = stack_losses(fit.setup.workload).get(value, "") if setting == "loss" else ""
+            how = f"{STACKS[fit.setup.workload.stack].label}: {switch}" if switch else ""  # type: ignore[union-attr,index]
+            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless, how))
     return tuple(out)
+
+
+LOGITS_SHARE = 0.25
+"""The share of a training job's device-used memory from which its logits count as a large part of it
+(:func:`logits_dominate`)."""
+
+
+def logits_dominate(est: Estimate) -> bool:
+    """True when the logits and loss (:attr:`memest.result.Kind.LOGITS`) are the largest term of the
+    rank that needs the most, or at least :data:`LOGITS_SHARE` of its device-used memory: then a
+    chunked or fused cross-entropy is a fix worth offering (DESIGN.md, "Logits and loss": at
+    V = 128k-256k the logits can exceed every layer's activations)."""
+    rank = est.per_device
+    logits = sum(t.bytes for t in rank.terms if t.kind is Kind.LOGITS)
+    largest = max((t.bytes for t in rank.terms), default=0)
+    return logits > 0 and (logits >= largest or logits >= LOGITS_SHARE * rank.device_used_bytes)
 
 
 def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *,
@@ -148,7 +171,11 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
     only the KV pool shrinks, and the job still fits).
 
     Every fix stays in the job's stack (a fix names it) unless ``allow_stack_change``; micro-batch
-    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics).
+    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics). When the
+    logits dominate the job (:func:`logits_dominate`), a chunked or fused cross-entropy its stack
+    switches on (:func:`memest.planning.search.stack_losses`: Liger for the HF Trainer, trl, axolotl and
+    LLaMA-Factory, torchtune's chunked loss) is a candidate too, lossless (the same loss, computed a
+    chunk at a time) and costed as a small disruption (:data:`memest.planning.costs.PENALTIES`).
 
     Args:
         allow_stack_change: Also layouts the job's stack cannot run (:attr:`Space.allow_stack_change`).
@@ -162,10 +189,12 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
         low, high = min(low, fewest.world_size), max(high, fewest.world_size)
     choice = DeviceChoice(device, max_count=high, min_count=low)
     price = PriceTable.catalog().price(device)
+    loss = isinstance(workload, TrainingConfig) and logits_dominate(estimate(spec, workload, device))
     any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True,
-                                            allow_stack_change=allow_stack_change),
+                                            allow_stack_change=allow_stack_change, allow_loss_change=loss),
                       headroom=headroom, max_queries=False)
-    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change),
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change,
+                                          allow_loss_change=loss),
                     headroom=headroom, max_queries=False)
 
     def candidate(p: Plan) -> tuple[Cost, Candidate] | None:

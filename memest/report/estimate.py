@@ -64,6 +64,7 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "flags": c.flags,
         "cost": finite(c.cost),
         "lossless": c.lossless,
+        "how": [change.how for change in c.changes if change.how],
         "devices": c.devices,
         "device_used_bytes": c.estimate.per_device.device_used_bytes,
         "needed_bytes": c.verdict.needed_bytes,
@@ -486,6 +487,9 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
         flags = cand.flags or "(no change)"
         if "--finetune" in flags.split():
             flags += " (in place of --train)"
+        hows = [c.how for c in cand.changes if c.how]
+        if hows:
+            tail += f" ({'; '.join(hows)})"
         out.append((label, flags, tail, ""))
     if rec.lossless is None:
         out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "

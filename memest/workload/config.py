@@ -414,7 +414,7 @@ class TrainingConfig:
         AttnImplementation.SDPA, group="training", scope="training", unset=None,
         help="sdpa, flash_attention_2 or eager (eager stores the s x s scores) (default: the {stack}'s).",
         what="the attention kernel's saved activations")
-    loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", what="the training loss's logits",
+    loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", planned="all", what="the training loss's logits",
                          unset=None, help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or "
                                           "fused (Liger / Cut Cross-Entropy) (default: the {stack}'s).")
     lora: LoraConfig = nested("lora_", LoraConfig)
