@@ -137,8 +137,8 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT,
-                                 losses=((Loss.FUSED, "plugins: [axolotl.integrations.liger.LigerPlugin], "
-                                                      "liger_fused_linear_cross_entropy: true"),)),
+                                 losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
+                                                       "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
                                       recipe="fp32 trained params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                       optimizer_name="adamw_torch_fused", recompute=Recompute.FULL,
