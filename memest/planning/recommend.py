@@ -147,7 +147,7 @@ LOGITS_SHARE = 0.25
 def logits_dominate(est: Estimate) -> bool:
     """True when the logits and loss (:attr:`memest.result.Kind.LOGITS`) are the largest term of the
     rank that needs the most, or at least :data:`LOGITS_SHARE` of its device-used memory: then a
-    chunked or fused cross-entropy is a fix worth offering (DESIGN.md, "Logits and loss": at
+    chunked or fused cross-entropy is a fix worth offering (DESIGN.md, "Formulas worth knowing", logits and loss: at
     V = 128k-256k the logits can exceed every layer's activations)."""
     rank = est.per_device
     logits = sum(t.bytes for t in rank.terms if t.kind is Kind.LOGITS)
