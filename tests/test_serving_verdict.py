@@ -113,3 +113,14 @@ def test_refused_start_still_says_does_not_fit(check: bool) -> None:
                       *(["--check"] if check else [])], env=WIDE)
     assert out.returncode == (3 if check else 0)
     assert "DOES NOT FIT: vLLM would refuse to start" in out.stdout
+
+
+def test_sweep_says_which_batches_queue() -> None:
+    # the pool does not depend on the batch: K (derived above) held at once, K + 1 starts and queues one
+    k = _held_by_hand(estimate(load_model(MODEL), _job(1), L4).serving.kv_budget_bytes)
+    out = run_memest("sweep", MODEL, "--serve", "--gpu", "L4", "--max-model-len", str(LEN), "--engine-version", "0.19",
+                     "--batch-size", f"{k},{k + 1}", env=WIDE)
+    assert out.returncode == 0, out.stderr
+    fits_row = next(line for line in out.stdout.splitlines() if line.strip("│ ").startswith("fits"))
+    assert "yes" in fits_row and "queues" in fits_row and "NO" not in fits_row
+    assert f"Largest --batch-size held at once: {k}; with {k + 1} the engine starts" in out.stdout

@@ -57,6 +57,10 @@ def _largest_line(result: Sweep) -> str:
                 f"({usable_words}).")
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
+    if not result.headroom_applied and result.setting == "batch_size":  # the pool does not depend on the batch
+        more = " (the search cap; larger may fit)" if q.capped else \
+            f"; with {q.value + q.step:,} the engine starts and the sequences beyond {q.value:,} wait"
+        return f"Largest {result.flag} held at once: {q.value:,}{more} ({usable_words})."
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
     return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable_words})."
 
