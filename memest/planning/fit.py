@@ -10,7 +10,7 @@ For those engines the verdict also says what happens (:attr:`Verdict.kind`): ``d
 when the engine would not start or not serve one request of max_model_len; ``queues`` when it starts
 but its pool holds fewer than ``batch_size`` sequences of max_model_len at once, so the rest wait.
 vLLM refuses to start exactly in the first case: ``_check_enough_kv_cache_memory`` in
-``vllm/v1/core/kv_cache_utils.py`` (vLLM 0.19, the version memest models; read at commit 001cabc1)
+``vllm/v1/core/kv_cache_utils.py`` (the V1 engine memest models as 0.19; read at vLLM commit 001cabc1)
 raises "No available memory for the cache blocks" when nothing is left for the KV cache after the
 weights and the profiled activations, and "To serve at least one request with the models's max seq
 len (L), (X GiB KV cache is needed, which is larger than the available KV cache memory (Y GiB)"
