@@ -215,8 +215,11 @@ def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> Me
     return estimate_values(model, settings_of(mode, settings))
 
 
-def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
-    """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
+def estimate_values(model: Model, values: Mapping[str, Any], *, hold_batch: bool = False) -> MemoryEstimate:
+    """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path.
+
+    ``hold_batch``: every ``batch_size`` sequence is wanted at once, so a serving job that starts and
+    only queues gets a recommendation too (:func:`memest.planning.recommend.assess`)."""
     from memest.planning.recommend import assess
     from memest.report import to_dict
     from memest.workload import resolve
@@ -227,7 +230,7 @@ def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
                                gguf_tensors=gguf_tensors(values))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
                     device_given=resolve.gpu_name(values) is not None,
-                    allow_stack_change=values["allow_stack_change"])
+                    allow_stack_change=values["allow_stack_change"], hold_batch=hold_batch)
     return MemoryEstimate(to_dict(result), result, cfg)
 
 

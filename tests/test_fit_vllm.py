@@ -53,6 +53,8 @@ def test_vllm_pool_must_hold_the_batch(batch_size: int, fits: bool) -> None:
     assert v.fits is fits
     assert v.blocker == (None if fits else "concurrency")
     assert v.needed_bytes <= v.usable_bytes  # the memory fits either way; the pool decides
+    # vLLM starts either way: with 59 it holds 58 at once and the 59th waits
+    assert (v.kind, v.held_sequences, v.asked_sequences) == ("fits" if fits else "queues", 58, batch_size)
 
 
 def test_vllm_over_capacity_when_the_budget_leaves_no_room_outside_it() -> None:
@@ -88,6 +90,7 @@ def test_cli_says_headroom_is_not_applied_to_vllm() -> None:
     out = CliRunner().invoke(app, [*args, "--batch-size", "59", "--json"])
     doc = json.loads(out.stdout)
     assert doc["fits"] is False and doc["fit_blocker"] == "concurrency" and doc["headroom_applied"] is False
+    assert doc["verdict"] == "queues" and doc["concurrency"] == {"held": 58, "asked": 59, "tokens": 8192}
     assert doc["usable_bytes"] == H100.memory_bytes
     text = CliRunner().invoke(app, [*args, "--batch-size", "58"], env={"COLUMNS": "400"}).output
     assert "FITS" in text and "--headroom 10% not applied" in text

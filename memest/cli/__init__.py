@@ -4,9 +4,11 @@ Exit codes:
 
 - 0: the estimate was printed (with ``--check``: and the job fits);
 - 1: memest failed unexpectedly (a bug: rerun with ``MEMEST_DEBUG=1`` and report the traceback);
-- 2: bad input — an unknown model or device, a malformed config, impossible parallelism,
+- 2: bad input — an unknown model or device, a malformed config, impossible parallelism, a one-value flag given twice,
   a non-positive size, a bad flag. One line on stderr names the value and the fix;
-- 3: with ``--check``, the estimate was printed and the job does not fit;
+- 3: with ``--check``, the estimate was printed and the job does not fit as asked: it does not fit,
+  or (vLLM, SGLang, TensorRT-LLM) the engine starts but holds fewer than ``--batch-size`` sequences of
+  ``--max-model-len`` at once, which without ``--check`` exits 0 (the rest wait);
 - 130: interrupted (Ctrl-C).
 
 The library never prints; this module parses flags, calls the library and hands the result to

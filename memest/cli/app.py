@@ -66,10 +66,37 @@ def _with_whole_names(format_help: Any) -> Any:
     return wrapped
 
 
+def _refuse_repeated_options(command: Any, ctx: Any, args: list[str]) -> None:
+    """Refuse an option that takes one value given twice (``--gpu A100 --gpu H100``): click would keep
+    the last one silently. click's own parser lists every option in the order it met them, repeats
+    included; an option declared to repeat (``--config``) and a switch (``--train``) may repeat.
+    (typer carries its own copy of click, so options are told by their attributes, and the error is
+    raised by ``ctx.fail``: a usage error of that copy, exit code 2 at the CLI's boundary.)
+    """
+    if ctx.resilient_parsing:
+        return
+    try:
+        _, _, order = command.make_parser(ctx).parse_args(args=list(args))
+    except Exception:  # noqa: BLE001  (a malformed command line: the real parse reports it)
+        return
+    seen: set[str] = set()
+    for param in order:
+        if getattr(param, "param_type_name", "") != "option" or param.multiple or param.is_flag or param.count:
+            continue
+        if param.name in seen:
+            ctx.fail(f"{max(param.opts, key=len)} was given more than once; give it once (only one value is used)")
+        seen.add(param.name)
+
+
 class _HelpCommand(typer.core.TyperCommand):
-    """A command whose ``--help`` keeps flag names whole (:func:`_help_table`)."""
+    """A command whose ``--help`` keeps flag names whole (:func:`_help_table`) and that refuses a
+    one-value option given twice (:func:`_refuse_repeated_options`)."""
 
     format_help = _with_whole_names(typer.core.TyperCommand.format_help)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _refuse_repeated_options(self, ctx, args)
+        return super().parse_args(ctx, args)
 
 
 class _HelpGroup(typer.core.TyperGroup):
@@ -127,7 +154,11 @@ ModelArg = Annotated[str, typer.Argument(help="Hub id or catalog name (see 'meme
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes) instead of a table.")]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
-CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit.")]
+CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit. For vLLM, SGLang "
+                                        "and TensorRT-LLM also when the engine starts but its KV pool holds fewer than "
+                                        "--batch-size sequences of --max-model-len at once (without --check that job "
+                                        "exits 0: the rest wait), and then the cheapest setup that holds them all is "
+                                        "shown.")]
 TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code on PyTorch's meta device, count every "
                                         "tensor, and print the traced peak beside the estimate (needs torch).")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "

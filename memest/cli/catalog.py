@@ -39,7 +39,12 @@ def models_command(
 def gpus_command(
     json_: JsonOpt = False,
 ) -> None:
-    """List the accelerator catalog: memory per device and where each capacity comes from."""
+    """List the accelerator catalog: memory per device and where each capacity comes from.
+
+    A nominal capacity takes the vendor's "GB" as GiB (2^30 B), about what the driver reports (an
+    "H100 80GB" shows 81,559 MiB in nvidia-smi, 79.19 GiB to CUDA); a size you give is exact:
+    --gpu 32GB is 32 x 10^9 B (29.80 GiB), --gpu 32GiB is 32 x 2^30 B.
+    """
     from memest.devices import DEVICES
     from memest.report import gib
     from memest.report.catalogs import gpus_list
@@ -50,8 +55,9 @@ def gpus_command(
     from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 
     title = ("memest accelerator catalog (memory per device; GiB = 2^30 bytes). Capacity: measured = a published "
-             "reading of the usable total, nominal = the vendor's figure, working set = Apple's Metal share of unified "
-             "RAM. Any size also works: --gpu 48GB, --gpu my-card:47.5GiB")
+             "reading of the usable total, nominal = the vendor's \"GB\" read as GiB (about what the driver reports: "
+             "an \"80GB\" card shows ~79-80 GiB), working set = Apple's Metal share of unified RAM. Any size also "
+             "works, exactly as written: --gpu 32GB = 32 x 10^9 B (29.80 GiB), --gpu my-card:32GiB = 32 x 2^30 B")
     wide = new_table(name_col("device"), number_col("memory"), prose_col("capacity"), number_col("$/h"),
                      prose_col("source"), prose_col("aliases"), title=title)
     narrow = new_table(name_col("device"), number_col("memory"), number_col("$/h"),

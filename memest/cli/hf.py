@@ -44,7 +44,8 @@ def hf_command(
     from memest.api import estimate_values
     from memest.report import render, to_markdown
 
-    answer = estimate_values(model, job.values)  # the Python API's path: --json is its to_dict()
+    # the Python API's path: --json is its to_dict(); --check asks for every --batch-size sequence at once
+    answer = estimate_values(model, job.values, hold_batch=check)
     result = answer.result
     traced = None
     if trace or plot is not None:

@@ -74,6 +74,10 @@ PENALTIES: dict[str, dict[Any, Penalty]] = {
         "full": Penalty(disruption=4, why="full recompute: one extra forward per step"),
     },
     "optimizer": {"adamw8bit": Penalty(disruption=3, lossless=False, why="8-bit AdamW states")},
+    "loss": {
+        "chunked": Penalty(disruption=1, why="chunked cross-entropy: one chunk's logits upcast at a time"),
+        "fused": Penalty(disruption=1, why="fused linear cross-entropy (Liger): the logits never materialized"),
+    },
     "offload": {
         "optimizer": Penalty(disruption=6, why="optimizer states and step on the CPU"),
         "params": Penalty(disruption=10, why="parameters and optimizer on the CPU"),

@@ -5,6 +5,20 @@ within ``(1 - headroom)`` of the device for training, transformers and llama.cpp
 hold the batch and stay within the device for the engines that take their memory up front
 (:data:`UPFRONT_ENGINES`, headroom not applied). The rule engine by engine: DESIGN.md, "The fit
 rule".
+
+For those engines the verdict also says what happens (:attr:`Verdict.kind`): ``does_not_fit`` only
+when the engine would not start or not serve one request of max_model_len; ``queues`` when it starts
+but its pool holds fewer than ``batch_size`` sequences of max_model_len at once, so the rest wait.
+vLLM refuses to start exactly in the first case: ``_check_enough_kv_cache_memory`` in
+``vllm/v1/core/kv_cache_utils.py`` (the V1 engine memest models as 0.19; read at vLLM commit 001cabc1)
+raises "No available memory for the cache blocks" when nothing is left for the KV cache after the
+weights and the profiled activations, and "To serve at least one request with the models's max seq
+len (L), (X GiB KV cache is needed, which is larger than the available KV cache memory (Y GiB)"
+when one request of max_model_len does not fit the pool. Nothing checks the pool against
+``max_num_seqs``: ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``) leaves a waiting
+request in the queue while ``allocate_slots`` has no blocks for it. A queued job is not a fit of
+the job as asked (:attr:`Verdict.fits` is False: the planner still searches for a setup that holds
+every sequence), but it runs (:attr:`Verdict.starts`).
 """
 
 from __future__ import annotations
@@ -14,6 +28,11 @@ from typing import Literal
 
 from memest.devices import Device, usable_bytes
 from memest.result import Estimate
+
+VerdictKind = Literal["fits", "queues", "does_not_fit"]
+"""What happens to the job (:attr:`Verdict.kind`): it fits as asked; it starts and the sequences the
+pool cannot hold wait (up-front engines only); it does not fit (for those engines: the engine would
+not start, or would not serve one request of max_model_len)."""
 
 Blocker = Literal["no_memory", "max_model_len", "concurrency"]
 """Why the engine would not serve the job although its memory fits: nothing left for KV blocks, one
@@ -39,6 +58,10 @@ class Verdict:
         shortfall_bytes: With a blocker, the KV memory per device the engine lacks to serve the job:
             ``no_memory`` non-KV + one request's KV - the budget; ``max_model_len`` one request's KV
             - the KV budget; ``concurrency`` batch_size requests' KV - the KV budget.
+        held_sequences: Up-front engines: sequences of max_model_len the pool holds at once, K
+            (``ServingSummary.largest_concurrency``); 0 otherwise.
+        asked_sequences: Up-front engines: the sequences the job sends at once, N (``batch_size``); 0 otherwise.
+        sequence_tokens: Up-front engines: tokens per sequence, L (max_model_len); 0 otherwise.
     """
 
     device: Device
@@ -49,6 +72,9 @@ class Verdict:
     headroom_applied: bool = True
     blocker: Blocker | None = None
     shortfall_bytes: int = 0
+    held_sequences: int = 0
+    asked_sequences: int = 0
+    sequence_tokens: int = 0
 
     @property
     def usable_bytes(self) -> int:
@@ -59,6 +85,21 @@ class Verdict:
     def fits(self) -> bool:
         """True when the estimate is within the usable memory (and, for vLLM, it serves the job)."""
         return self.needed_bytes <= self.usable_bytes and self.blocker is None
+
+    @property
+    def kind(self) -> VerdictKind:
+        """What happens (:data:`VerdictKind`): ``queues`` when the only rule broken is the pool's
+        room for batch_size sequences (the engine starts and stays within the device)."""
+        if self.fits:
+            return "fits"
+        if self.blocker == "concurrency" and self.needed_bytes <= self.usable_bytes:
+            return "queues"
+        return "does_not_fit"
+
+    @property
+    def starts(self) -> bool:
+        """True when the job runs: it fits, or it starts and queues what its pool cannot hold."""
+        return self.kind != "does_not_fit"
 
     @property
     def fits_with_band(self) -> bool:
@@ -91,6 +132,8 @@ def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdi
         elif s.largest_concurrency < s.batch_size:
             blocker, shortfall = "concurrency", s.batch_size * s.request_kv_bytes - s.kv_budget_bytes
         return Verdict(device, count, headroom, s.device_bytes, s.device_bytes, headroom_applied=False,
-                       blocker=blocker, shortfall_bytes=max(1, shortfall) if blocker else 0)
+                       blocker=blocker, shortfall_bytes=max(1, shortfall) if blocker else 0,
+                       held_sequences=s.largest_concurrency, asked_sequences=s.batch_size,
+                       sequence_tokens=s.max_model_len)
     rank = est.per_device
     return Verdict(device, count, headroom, rank.device_used_bytes, rank.high_bytes)

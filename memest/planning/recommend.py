@@ -24,10 +24,12 @@ from memest.planning.search import (
     _render,
     plan,
     smallest_parallelism,
+    stack_losses,
 )
-from memest.result import Estimate
+from memest.result import Estimate, Kind
 from memest.spec import ModelSpec
 from memest.workload import (
+    STACKS,
     Engine,
     KbitPrep,
     Method,
@@ -52,11 +54,14 @@ class Change:
         flags: The CLI flags that apply it (``--recompute full``).
         cost: Communication + disruption units of the new value (USD per hour for ``--gpus``).
         lossless: True when it changes neither numerics nor method.
+        how: How the job's stack applies it, in the stack's words (a loss: its switch); "" when the
+            flag says it all.
     """
 
     flags: str
     cost: float
     lossless: bool
+    how: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +108,7 @@ class Recommendation:
 
 _FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
                  "--optimizer": "optimizer", "--offload": "offload", "--finetune": "method",
-                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype"}
+                 "--quantization": "quantization", "--kv-cache-dtype": "kv_cache_dtype", "--loss": "loss"}
 _PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 
@@ -128,8 +133,26 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
         if flag in new and new[flag] != old[flag]:
             value = getattr(fit.setup.workload.parallelism if setting in _PAR_FIELDS else fit.setup.workload, setting)
             p = penalty(setting, value)
-            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless))
+            switch = stack_losses(fit.setup.workload).get(value, "") if setting == "loss" else ""
+            how = f"{STACKS[fit.setup.workload.stack].label}: {switch}" if switch else ""  # type: ignore[union-attr,index]
+            out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless, how))
     return tuple(out)
+
+
+LOGITS_SHARE = 0.25
+"""The share of a training job's device-used memory from which its logits count as a large part of it
+(:func:`logits_dominate`)."""
+
+
+def logits_dominate(est: Estimate) -> bool:
+    """True when the logits and loss (:attr:`memest.result.Kind.LOGITS`) are the largest term of the
+    rank that needs the most, or at least :data:`LOGITS_SHARE` of its device-used memory: then a
+    chunked or fused cross-entropy is a fix worth offering (DESIGN.md, "Formulas worth knowing", logits and loss: at
+    V = 128k-256k the logits can exceed every layer's activations)."""
+    rank = est.per_device
+    logits = sum(t.bytes for t in rank.terms if t.kind is Kind.LOGITS)
+    largest = max((t.bytes for t in rank.terms), default=0)
+    return logits > 0 and (logits >= largest or logits >= LOGITS_SHARE * rank.device_used_bytes)
 
 
 def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: float, *,
@@ -148,7 +171,11 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
     only the KV pool shrinks, and the job still fits).
 
     Every fix stays in the job's stack (a fix names it) unless ``allow_stack_change``; micro-batch
-    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics).
+    reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics). When the
+    logits dominate the job (:func:`logits_dominate`), a chunked or fused cross-entropy its stack
+    switches on (:func:`memest.planning.search.stack_losses`: Liger for the HF Trainer, trl, axolotl and
+    LLaMA-Factory, torchtune's chunked loss) is a candidate too, lossless (the same loss, computed a
+    chunk at a time) and costed as a small disruption (:data:`memest.planning.costs.PENALTIES`).
 
     Args:
         allow_stack_change: Also layouts the job's stack cannot run (:attr:`Space.allow_stack_change`).
@@ -162,10 +189,12 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
         low, high = min(low, fewest.world_size), max(high, fewest.world_size)
     choice = DeviceChoice(device, max_count=high, min_count=low)
     price = PriceTable.catalog().price(device)
+    loss = isinstance(workload, TrainingConfig) and logits_dominate(estimate(spec, workload, device))
     any_change = plan(spec, workload, Space(devices=(choice,), allow_method_change=True, allow_quantization=True,
-                                            allow_stack_change=allow_stack_change),
+                                            allow_stack_change=allow_stack_change, allow_loss_change=loss),
                       headroom=headroom, max_queries=False)
-    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change),
+    lossless = plan(spec, workload, Space(devices=(choice,), lossless_only=True, allow_stack_change=allow_stack_change,
+                                          allow_loss_change=loss),
                     headroom=headroom, max_queries=False)
 
     def candidate(p: Plan) -> tuple[Cost, Candidate] | None:
@@ -287,7 +316,8 @@ class Assessment:
         verdict: Fit on the chosen device.
         device_given: False when the device is the default (H100-80GB), in which case
             ``fits_on`` lists every catalog device that fits.
-        recommendation: The search's answer when it does not fit (None when it fits).
+        recommendation: The search's answer when it does not fit (None when it fits, or when it starts
+            and only queues and all its sequences at once were not asked for: :func:`assess`).
         fits_on: Catalog devices that fit at the same count (only without ``--gpu``).
         rules: Rules of thumb for comparison.
         notes: What the user should know about the workload that the estimate does not show
@@ -316,9 +346,18 @@ class Assessment:
 
 
 def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
-           device_given: bool = True, search: bool = True, allow_stack_change: bool = False) -> Assessment:
+           device_given: bool = True, search: bool = True, allow_stack_change: bool = False,
+           hold_batch: bool = False) -> Assessment:
     """Estimate ``workload``, judge the fit on ``device`` and, when it does not fit, search for the
     cheapest setup that does (within the job's stack unless ``allow_stack_change``).
+
+    A serving job that starts and only queues (:attr:`Verdict.kind` ``queues``: the pool holds K of
+    its N sequences of max_model_len at once, the rest wait) runs as it is: no fix is searched for it
+    unless ``hold_batch``, the user's demand that all N be held at once (the CLI's ``--check``). An
+    engine's scheduler admits what its pool holds and queues the rest, which is how these engines are
+    meant to run (vLLM's default max_num_seqs, 256 or 1024, is far above what most pools hold at the
+    model's full length); what holding all N would take is in the serving summary either way (the
+    fewest devices, the longest max_model_len and the gpu_memory_utilization at which they fit).
 
     Raises:
         InputError: the workload is invalid for the model.
@@ -329,8 +368,9 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     serving = isinstance(workload, ServingConfig)
     fewest = smallest_parallelism(spec, workload, device, headroom=headroom) if serving else None
     utilization = largest_utilization(spec, workload, device, headroom=headroom) if serving and not v.fits else None
+    wanted = not v.fits and (v.kind == "does_not_fit" or hold_batch)
     rec = (recommend(spec, workload, device, headroom, fewest=fewest, allow_stack_change=allow_stack_change)
-           if search and not v.fits else None)
+           if search and wanted else None)
     fits_on = tuple(fitting_devices(spec, workload, count, headroom)) if not device_given else ()
     gguf = (tuple(llamacpp_fit.search(spec, workload, device, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())

@@ -46,7 +46,8 @@ Search space
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
   ``allow_optimizer_change``: adamw, adamw_fused -> adamw8bit), ``offload``,
-  ``method`` (full -> lora -> qlora, with ``allow_method_change``); serving: ``quantization``
+  ``method`` (full -> lora -> qlora, with ``allow_method_change``), ``loss`` (default -> chunked ->
+  fused, the ones the job's stack switches on, with ``allow_loss_change``); serving: ``quantization``
   (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
 
 Search order and pruning
@@ -100,6 +101,7 @@ from memest.spec import ModelSpec
 from memest.workload import (
     STACKS,
     Engine,
+    Loss,
     Method,
     Offload,
     Optimizer,
@@ -151,6 +153,8 @@ no accumulation (see :func:`_batch_knob`)."""
 RECOMPUTE_ORDER = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 OFFLOAD_ORDER = (Offload.NONE, Offload.OPTIMIZER, Offload.PARAMS)
 METHOD_ORDER = (Method.FULL, Method.LORA, Method.QLORA)
+LOSS_ORDER = (Loss.DEFAULT, Loss.CHUNKED, Loss.FUSED)
+"""Losses from most to least logits memory (:func:`memest.estimate.training.activation_terms._logits`)."""
 QUANTIZATION_ORDER = ("none", "fp8", "int8", "int4")
 ADAM_32BIT = tuple(o for o in Optimizer if o.value in ("adamw", "adamw_fused"))
 """Optimizers the planner may swap for 8-bit AdamW (same algorithm, 8-bit states)."""
@@ -198,6 +202,9 @@ class Space:
             and :func:`memest.plan_memory` turn it off unless asked).
         allow_batch_reshape: Training: a smaller micro-batch with more accumulation steps (off in
             ``memest plan`` unless asked, as above).
+        allow_loss_change: Training: a chunked or fused cross-entropy the job's stack switches on by a
+            setting of its own (:attr:`memest.workload.StackDefaults.losses`); ``memest hf`` turns it on
+            when the logits are a large part of the job (:func:`memest.planning.recommend.logits_dominate`).
         host_memory_bytes: Host RAM per server for offloaded states (``Estimate.host_bytes``); a
             setup that needs more does not fit. None: not checked.
     """
@@ -212,6 +219,7 @@ class Space:
     allow_stack_change: bool = False
     allow_optimizer_change: bool = True
     allow_batch_reshape: bool = True
+    allow_loss_change: bool = False
     host_memory_bytes: int | None = DEFAULT_HOST_MEMORY_BYTES
 
 
@@ -354,6 +362,13 @@ def _onwards(order: tuple[Any, ...], asked: Any) -> list[Any]:
     return list(order[order.index(asked):]) if asked in order else [asked]
 
 
+def stack_losses(w: Workload) -> dict[Loss, str]:
+    """The losses a training job's stack switches on by a setting of its own, each with that setting
+    (:attr:`memest.workload.StackDefaults.losses`); none for a job with no stack, or serving."""
+    stack = getattr(w, "stack", None)
+    return dict(STACKS[stack].losses) if stack is not None else {}
+
+
 def _runs_model_parallel(w: Workload) -> bool:
     """Whether a training job's stack runs tensor / pipeline parallelism (a job with no stack: any)."""
     stack = getattr(w, "stack", None)
@@ -455,9 +470,11 @@ class _Search:
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if eight_bit else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
+        offered = stack_losses(w) if self.space.allow_loss_change else {}
+        loss = [v for v in _onwards(LOSS_ORDER, w.loss) if v == w.loss or v in offered]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
                 _batch_knob(w.micro_batch_size, batch), _knob("optimizer", optimizer), _knob("offload", offload),
-                _knob("method", method))
+                _knob("method", method), _knob("loss", loss))
 
     def _serving_knobs(self, device: Device) -> tuple[_Knob, ...]:
         w = self.base

@@ -64,6 +64,7 @@ def _candidate_dict(c: Candidate | None) -> dict[str, Any] | None:
         "flags": c.flags,
         "cost": finite(c.cost),
         "lossless": c.lossless,
+        "how": [change.how for change in c.changes if change.how],
         "devices": c.devices,
         "device_used_bytes": c.estimate.per_device.device_used_bytes,
         "needed_bytes": c.verdict.needed_bytes,
@@ -112,6 +113,9 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         "terms": [{"name": t.name, "kind": t.kind.value, "bytes": t.bytes, "formula": t.formula} for t in per.terms],
         "ranks": [rank_dict(r) for r in est.ranks],
         "fits": v.fits,
+        "verdict": v.kind,
+        "concurrency": ({"held": v.held_sequences, "asked": v.asked_sequences, "tokens": v.sequence_tokens}
+                        if not v.headroom_applied else None),
         "headroom": v.headroom,
         "headroom_applied": v.headroom_applied,
         "fit_blocker": v.blocker,
@@ -344,8 +348,8 @@ def _engine_verdict_line(a: Assessment) -> str:
         return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
     if v.blocker == "max_model_len":
         return f"DOES NOT FIT: one request of max_model_len does not fit {name}'s pool (below); {note}"
-    if v.blocker == "concurrency":
-        return f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}"
+    if v.kind == "queues":
+        return f"{queued_words(a)}; {held}; {note}"
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}; {note}"
 
 
@@ -365,12 +369,20 @@ def _vllm_verdict_line(a: Assessment) -> str:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
     if v.blocker in ("no_memory", "max_model_len"):
         return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
-    if v.blocker == "concurrency":
-        return (f"DOES NOT FIT: {pool}, fewer than batch_size {s.batch_size:,} (the rest would queue); {held}; {note}")
+    if v.kind == "queues":
+        return f"{queued_words(a)}; {held}; {note}"
     util = a.utilization
     fix = (f"lower --gpu-memory-utilization ({util:.2f} fits)" if util is not None and util < a.workload.gpu_memory_utilization
            else "a lower --gpu-memory-utilization would leave the KV pool too small for the job")
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: {fix}; {note}"
+
+
+def queued_words(a: Assessment) -> str:
+    """The verdict of a job that starts and queues (:attr:`memest.planning.fit.Verdict.kind`), in words."""
+    v = a.verdict
+    name = _engine_name(a.estimate.serving.engine if a.estimate.serving else "vllm")
+    return (f"STARTS: {name} holds {v.held_sequences:,} of {v.asked_sequences:,} concurrent sequences at "
+            f"{v.sequence_tokens:,} tokens (the rest wait)")
 
 
 def _verdict_line(a: Assessment) -> str:
@@ -412,7 +424,7 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
                           f"requests); {_engine_name(est.serving.engine if est.serving else 'vllm')} itself holds its "
                           f"{_share_name(a)} budget, below.", style="dim"))
     per = est.per_device
-    style = "bold green" if v.fits else "bold red"
+    style = "bold green" if v.fits else "bold yellow" if v.starts else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
     parts.append(Text(_band_line(a), style="dim"))
     for line, style in serving_lines(a):
@@ -466,13 +478,18 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
         return [("", "", f"No setup within the search fits ({rec.evaluated} evaluated); try a larger device "
                  "(memest gpus).", "yellow")]
     out = []
-    for label, cand in (("Cheapest fit", rec.cheapest), ("Lossless fit", rec.lossless)):
-        if cand is None or (label == "Lossless fit" and cand is rec.cheapest):
+    # a job that starts and queues was searched for because all its sequences were asked for at once
+    held = f" holding all {a.verdict.asked_sequences:,} at once" if a.verdict.kind == "queues" else ""
+    for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless)):
+        if cand is None or (label.startswith("Lossless") and cand is rec.cheapest):
             continue
         tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
         flags = cand.flags or "(no change)"
         if "--finetune" in flags.split():
             flags += " (in place of --train)"
+        hows = [c.how for c in cand.changes if c.how]
+        if hows:
+            tail += f" ({'; '.join(hows)})"
         out.append((label, flags, tail, ""))
     if rec.lossless is None:
         out.append(("", "", "No lossless setup (parallelism, sharding, recompute, batching, devices) fits within the "

@@ -38,7 +38,8 @@ def _sweep_grid(result: Sweep) -> tuple[list[str], list[list[str]]]:
                         ("device used", "device_used_bytes")):
         rows.append([label, ""] + [f"{getattr(p.estimate.per_device, attr) / GiB:,.2f}" if p.estimate else "-"
                                    for p in result.points])
-    rows.append(["fits", ""] + [("yes" if p.verdict.fits else "NO") if p.verdict else "error" for p in result.points])
+    words = {"fits": "yes", "queues": "queues", "does_not_fit": "NO"}  # queues: starts, the rest wait
+    rows.append(["fits", ""] + [words[p.verdict.kind] if p.verdict else "error" for p in result.points])
     return labels, rows
 
 
@@ -56,6 +57,10 @@ def _largest_line(result: Sweep) -> str:
                 f"({usable_words}).")
     if q.limit != "memory":
         return f"Largest {result.flag} that fits: {q.value:,}, the most the estimator accepts: {q.limit}"
+    if not result.headroom_applied and result.setting == "batch_size":  # the pool does not depend on the batch
+        more = " (the search cap; larger may fit)" if q.capped else \
+            f"; with {q.value + q.step:,} the engine starts and the sequences beyond {q.value:,} wait"
+        return f"Largest {result.flag} held at once: {q.value:,}{more} ({usable_words})."
     more = " (the search cap; larger may fit)" if q.capped else f"; {q.value + q.step:,} does not"
     return f"Largest {result.flag} that fits: {q.value:,}{more} ({usable_words})."
 
@@ -120,6 +125,7 @@ def sweep_to_dict(result: Sweep) -> dict[str, Any]:
             {
                 "value": p.value,
                 "fits": p.verdict.fits if p.verdict else None,
+                "verdict": p.verdict.kind if p.verdict else None,
                 "error": p.error,
                 "allocated_bytes": p.estimate.per_device.allocated_bytes if p.estimate else None,
                 "reserved_bytes": p.estimate.per_device.reserved_bytes if p.estimate else None,

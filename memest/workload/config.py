@@ -414,7 +414,7 @@ class TrainingConfig:
         AttnImplementation.SDPA, group="training", scope="training", unset=None,
         help="sdpa, flash_attention_2 or eager (eager stores the s x s scores) (default: the {stack}'s).",
         what="the attention kernel's saved activations")
-    loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", what="the training loss's logits",
+    loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", planned="all", what="the training loss's logits",
                          unset=None, help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or "
                                           "fused (Liger / Cut Cross-Entropy) (default: the {stack}'s).")
     lora: LoraConfig = nested("lora_", LoraConfig)
@@ -669,8 +669,11 @@ class JobSettings:
                                   what="the checkpoint's stored weight bytes for serving",
                                   help="Read the checkpoint's safetensors headers on the Hub (parameters per stored "
                                        "dtype, no weights downloaded) and use their exact total.")
-    gpu: str | None = setting(None, group="parallelism", help=f"Accelerator (see 'memest gpus') (default: "
-                                                             f"{DEFAULT_DEVICE}, and list every device that fits).")
+    gpu: str | None = setting(None, group="parallelism", help=f"Accelerator (see 'memest gpus'), or a size as written: "
+                                                             f"32GB = 32 x 10^9 B, 32GiB = 32 x 2^30 B (a catalog "
+                                                             f"device's nominal 'GB' is read as GiB, as its driver "
+                                                             f"reports it) (default: {DEFAULT_DEVICE}, and list every "
+                                                             f"device that fits).")
     gpus: int = setting(1, group="parallelism", help="Devices in the job (tp x pp x cp x dp).")
     fsdp: FsdpStrategy | None = setting(None, group="parallelism", scope="training",
                                         what="PyTorch FSDP sharding of training states",

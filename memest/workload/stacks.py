@@ -43,6 +43,14 @@ Sources (each row cites the file that sets its defaults):
   with ``use_distributed_optimizer=True`` (``nemo/collections/llm/recipes/*``).
 - PyTorch FSDP2 ``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))``;
   a plain PyTorch loop with ``torch.autocast(bf16)`` over fp32 parameters and ``torch.optim.AdamW``.
+
+The losses a stack can switch to by a setting of its own (:attr:`StackDefaults.losses`): the HF Trainer
+and trl ``TrainingArguments.use_liger_kernel`` (transformers 4.57 ``training_args.py``; the Trainer applies
+Liger's kernels, fused linear cross-entropy among them, to the model); axolotl's Liger plugin
+(``plugins: [axolotl.integrations.liger.LigerPlugin]``, ``liger_fused_linear_cross_entropy: true``);
+LLaMA-Factory ``enable_liger_kernel: true`` (``hparams/model_args.py``); torchtune's
+``loss: torchtune.modules.loss.CEWithChunkedOutputLoss`` (its recipes' default); unsloth's own fused
+cross-entropy (its default). The other stacks name no such switch: the loss is the user's code.
 """
 
 from __future__ import annotations
@@ -84,6 +92,8 @@ class StackDefaults:
         kbit: How it prepares a QLoRA model.
         lora_targets: The layers its LoRA adapts (memest's ``lora_targets`` value).
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
+        losses: The losses it switches on by a setting of its own, each with that setting in the
+            stack's words (module docstring).
     """
 
     label: str
@@ -100,10 +110,12 @@ class StackDefaults:
     kbit: KbitPrep = KbitPrep.PEFT
     lora_targets: str = "attention"
     model_parallel: bool = False
+    losses: tuple[tuple[Loss, str], ...] = ()
 
 
+_LIGER = ((Loss.FUSED, "use_liger_kernel=True"),)
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
-            "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused"}
+            "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER}
 
 STACKS: dict[Stack, StackDefaults] = {
     Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
@@ -114,7 +126,8 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.TORCHTUNE: StackDefaults(label="torchtune 0.6", bf16="dtype: bf16", precision=Precision.BF16,
                                    recipe="pure bf16 params and states", optimizer=Optimizer.ADAMW_FUSED,
                                    optimizer_name="AdamW(fused=True)", many=(Framework.FSDP, 3),
-                                   recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE),
+                                   recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
+                                   losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),)),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
@@ -123,15 +136,19 @@ STACKS: dict[Stack, StackDefaults] = {
                                     kbit=KbitPrep.NONE, model_parallel=True),
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
-                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT),
+                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT,
+                                 losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
+                                                       "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
                                       recipe="fp32 trained params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                       optimizer_name="adamw_torch_fused", recompute=Recompute.FULL,
-                                      kbit=KbitPrep.NONE, lora_targets="all-linear"),
+                                      kbit=KbitPrep.NONE, lora_targets="all-linear",
+                                      losses=((Loss.FUSED, "enable_liger_kernel: true"),)),
     Stack.UNSLOTH: StackDefaults(label="unsloth", bf16="bf16=True", precision=Precision.AMP,
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
-                                 kbit=KbitPrep.NONE, lora_targets="all-linear"),
+                                 kbit=KbitPrep.NONE, lora_targets="all-linear",
+                                 losses=((Loss.FUSED, "its fused cross-entropy (the default)"),)),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),

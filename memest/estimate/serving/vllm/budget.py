@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.devices import Device, GiB
+from memest.devices import CUSTOM, Device, GiB
 from memest.errors import InputError
 from memest.estimate import runtime
 from memest.spec import LayerSpec, ModelSpec
@@ -64,10 +64,17 @@ Llama tp=2/tp=4 0.91 vs 0.76/0.67 (tensor parallelism shrinks it), DeepSeek-V2-L
 1.57 — the spread the band's runtime uncertainty covers."""
 
 
+GRAPH_VENDORS = frozenset({"nvidia", "amd", CUSTOM})
+"""Where vLLM captures a graph pool: CUDA graphs on NVIDIA, HIP graphs on ROCm, and a custom size, taken
+as a CUDA device (its runtime constants are the generic CUDA ones). Not on a TPU (XLA compiles), an AWS
+Neuron chip (Trainium, Inferentia: neuronx compiles the model ahead of time), a Gaudi or Intel GPU, or
+Apple's Metal: none of them has CUDA graphs."""
+
+
 def cuda_graph_bytes(device: Device, num_layers: int, *, enforce_eager: bool) -> int:
     """CUDA-graph pool of a vLLM rank whose stage has ``num_layers`` layers (see the constants): none
-    with ``--enforce-eager`` or on devices without CUDA / HIP graphs (TPU, Gaudi)."""
-    if enforce_eager or device.kind == "tpu" or device.vendor == "intel":
+    with ``--enforce-eager`` or on devices without CUDA / HIP graphs (:data:`GRAPH_VENDORS`)."""
+    if enforce_eager or device.vendor not in GRAPH_VENDORS or device.kind == "cpu":
         return 0
     return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * num_layers
 
