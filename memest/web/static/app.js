@@ -11,6 +11,7 @@ const TRAINING = ["micro_batch_size", "seq_len"];
 const SERVING = ["max_model_len", "batch_size"];
 const COLORS = ["#0b5cad", "#e8710a", "#1a7f37", "#a142f4", "#d93025", "#12a4af", "#8d6e63", "#f4b400",
                 "#5f6368", "#c2185b"];
+const CLIP = 3;  // the sweep chart's height: at most this many times the device's capacity
 const $ = (id) => document.getElementById(id);
 let models = {};
 let stacks = {};
@@ -325,11 +326,17 @@ function drawSweep() {
   const points = s.points.filter((p) => !p.error);
   const [kinds, rows] = byKind(points);
   const capacity = s.device.memory_bytes;
-  const top = Math.max(capacity, ...points.map((p) => p.device_used_bytes)) * 1.08;
+  // past CLIP x the capacity the chart would flatten the region that matters; higher points sit on the top edge
+  const top = Math.min(Math.max(capacity, ...points.map((p) => p.device_used_bytes)), CLIP * capacity) * 1.08;
   const lo = Math.log2(s.points[0].value);
   const hi = Math.log2(s.points[s.points.length - 1].value);
   const X = (v) => L + (hi > lo ? (Math.log2(v) - lo) / (hi - lo) * pw : pw / 2);
-  const Y = (b) => T + ph - b / top * ph;
+  const Y = (b) => T + ph - Math.min(b, top) / top * ph;
+  const defs = svg("defs", {});
+  const clip = svg("clipPath", { id: "sweep-clip" });
+  clip.appendChild(svg("rect", { x: L, y: T, width: pw, height: ph }));
+  defs.appendChild(clip);
+  chart.appendChild(defs);
   // the GiB grid
   const step = niceStep(top / GiB / 5);
   for (let g = 0; g * step * GiB <= top; g++) {
@@ -345,7 +352,7 @@ function drawSweep() {
     const upperPts = points.map((p, j) => `${X(p.value).toFixed(1)},${Y(upper[j]).toFixed(1)}`);
     const bottom = points.map((p, j) => `${X(p.value).toFixed(1)},${Y(lower[j]).toFixed(1)}`).reverse();
     const area = svg("polygon", { points: [...upperPts, ...bottom].join(" "), fill: COLORS[k % COLORS.length],
-                                  "fill-opacity": 0.8, "data-kind": kind });
+                                  "fill-opacity": 0.8, "data-kind": kind, "clip-path": "url(#sweep-clip)" });
     area.appendChild(svg("title", {}, kind));
     chart.appendChild(area);
     lower = upper;
@@ -361,8 +368,8 @@ function drawSweep() {
     const y = Y(bytes);
     chart.appendChild(svg("line", { x1: L, x2: width - R, y1: y, y2: y, stroke: color, "stroke-width": 2,
                                     "stroke-dasharray": dash, "data-line": name }));
-    chart.appendChild(svg("text", { x: width - R - 4, y: name === "usable" ? y + 14 : y - 5, "font-size": 12,
-                                    fill: color, "text-anchor": "end" }, `${name} ${gib(bytes)}`));
+    chart.appendChild(svg("text", { x: L + 6, y: name === "usable" ? y + 14 : y - 5, "font-size": 12,
+                                    fill: color, "text-anchor": "start" }, `${name} ${gib(bytes)}`));
   }
   // the largest value that fits, and where the slider is
   const q = s.largest;
@@ -370,6 +377,9 @@ function drawSweep() {
     const x = X(q.value);
     chart.appendChild(svg("line", { x1: x, x2: x, y1: T, y2: T + ph, stroke: "#1a7f37", "stroke-width": 2,
                                     "stroke-dasharray": "4 3", "data-line": "largest" }));
+    const anchor = x > L + pw * 0.75 ? "end" : "start";
+    chart.appendChild(svg("text", { x: x + (anchor === "end" ? -4 : 4), y: T + 12, "font-size": 12, fill: "#1a7f37",
+                                    "text-anchor": anchor }, `largest fit ${shown(id, q.value)}`));
   }
   const now = sliderValue(id);
   if (now >= s.points[0].value && now <= s.points[s.points.length - 1].value) {
@@ -379,7 +389,8 @@ function drawSweep() {
   }
   // the total, a point per estimate (focusable: Enter moves the slider there), the values along the axis
   chart.appendChild(svg("polyline", { points: points.map((p) => `${X(p.value).toFixed(1)},${Y(p.device_used_bytes).toFixed(1)}`).join(" "),
-                                      fill: "none", stroke: "#1b1f24", "stroke-width": 1.5 }));
+                                      fill: "none", stroke: "#1b1f24", "stroke-width": 1.5,
+                                      "clip-path": "url(#sweep-clip)" }));
   const every = Math.max(1, Math.ceil(s.points.length * 40 / pw));
   s.points.forEach((p, i) => {
     if (i % every === 0 || i === s.points.length - 1) {
@@ -391,8 +402,10 @@ function drawSweep() {
                                   "text-anchor": "middle" }, label));
   for (const p of points) {
     const words = `${label} ${shown(id, p.value)}: ${gib(p.device_used_bytes)}, ${p.fits ? "fits" : "does not fit"}`;
+    const above = p.device_used_bytes > top;  // drawn hollow on the top edge
+    const color = p.fits ? "#1a7f37" : "#b3261e";
     const dot = svg("circle", { cx: X(p.value), cy: Y(p.device_used_bytes), r: p.value === now ? 7 : 5,
-                                fill: p.fits ? "#1a7f37" : "#b3261e", stroke: "#fff", "stroke-width": 1.5,
+                                fill: above ? "#fff" : color, stroke: above ? color : "#fff", "stroke-width": 1.5,
                                 class: "point", tabindex: 0, role: "button", "aria-label": words,
                                 "data-value": p.value });
     dot.appendChild(svg("title", {}, words));
