@@ -7,7 +7,7 @@
 
 const GiB = 2 ** 30;
 const SLIDERS = ["micro_batch_size", "seq_len", "max_model_len", "batch_size"];
-const TRAINING = ["micro_batch_size", "seq_len"];
+const TRAINING = ["seq_len", "micro_batch_size"];
 const SERVING = ["max_model_len", "batch_size"];
 const COLORS = ["#0b5cad", "#e8710a", "#1a7f37", "#a142f4", "#d93025", "#12a4af", "#8d6e63", "#f4b400",
                 "#5f6368", "#c2185b"];
@@ -307,6 +307,7 @@ function pickPoint(id, value) {
 
 function drawSweep() {
   const chart = $("sweep-chart");
+  const focused = chart.contains(document.activeElement) ? document.activeElement.getAttribute("data-value") : null;
   for (const el of [...chart.children]) if (el.tagName !== "title") el.remove();
   const s = sweepData;
   const legend = $("sweep-legend");
@@ -414,6 +415,7 @@ function drawSweep() {
       if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pickPoint(id, p.value); }
     });
     chart.appendChild(dot);
+    if (String(p.value) === focused) dot.focus();  // a redraw keeps the keyboard's place
   }
   sweepTable(s, id, label);
 }
