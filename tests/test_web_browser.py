@@ -259,6 +259,9 @@ def test_stack_picker(server, browser):
     assert "(picked)" in line and "precision bf16" in line, line
     assert "pure bf16" in browser.find_element(By.ID, "stack-hint").text
     assert "stack=torchtune" in browser.current_url
+    browser.get(browser.current_url)  # the address reproduces the stack picked
+    wait.until(lambda d: "(picked)" in d.find_element(By.ID, "job-line").text)
+    assert browser.find_element(By.ID, "stack").get_attribute("value") == "torchtune"
     # the sweep follows the stack: it is asked for the torchtune job (seq_len is the training sweep's default)
     wait.until(lambda d: len(_points(d)) > 0)
     assert browser.find_element(By.ID, "sweep").get_attribute("value") == "seq_len"
