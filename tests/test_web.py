@@ -184,3 +184,57 @@ def test_serve_without_the_extra_refuses_in_one_line(monkeypatch):
     r = run_memest("serve")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().count("\n") == 0 and "pip install 'memest[web]'" in r.stderr
+
+
+# the stacks of issue 13, in its order: `--stack hf-trainer | trl | accelerate | torchtune | torchtitan | axolotl |
+# llamafactory | unsloth | litgpt | deepspeed | megatron | nemo | fsdp | pytorch`
+STACK_NAMES = ["hf-trainer", "trl", "accelerate", "torchtune", "torchtitan", "axolotl", "llamafactory", "unsloth",
+               "litgpt", "deepspeed", "megatron", "nemo", "fsdp", "pytorch"]
+
+
+def test_stacks_are_the_stack_settings_values(client):
+    stacks = client.get("/v1/stacks").json()
+    assert [s["name"] for s in stacks] == STACK_NAMES
+    doc = client.get("/openapi.json").json()
+    props = doc["paths"]["/v1/estimate"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert props["stack"]["enum"] == STACK_NAMES and "/v1/stacks" in doc["paths"]
+    by_name = {s["name"]: s for s in stacks}
+    # issue 13: "HF Trainer 4.5x, bf16=True: fp32 params, autocast bf16, adamw_torch_fused"; torchtune: pure bf16
+    assert by_name["hf-trainer"]["bf16"] == "bf16=True"
+    assert by_name["hf-trainer"]["recipe"].endswith("bf16=True: fp32 params, autocast bf16, adamw_torch_fused")
+    assert "pure bf16" in by_name["torchtune"]["recipe"]
+
+
+def test_page_names_no_stack_itself(client):
+    """The page's stack picker is filled from GET /v1/stacks: neither the page nor its script lists a stack."""
+    texts = [client.get(path).text for path in ("/", "/static/app.js", "/static/index.html")]
+    for name in STACK_NAMES:
+        if name in ("fsdp", "pytorch", "deepspeed", "megatron"):  # words that may appear in prose
+            name = f'"{name}"'
+        assert not any(name in text for text in texts), name
+
+
+def test_command_names_the_stack(client):
+    r = client.post("/v1/command", json={"model": LLAMA, "mode": "lora", "stack": "torchtune", "gpu": "L4"})
+    assert r.json() == {"command": f"memest hf {LLAMA} --finetune lora --stack torchtune --gpu L4"}
+    # a serving job reads no stack: refused in one line, as the CLI refuses --stack with --serve
+    message = _one_line_error(client.post("/v1/command", json={"model": LLAMA, "stack": "torchtune"}), 400)
+    assert message.startswith("stack is a training flag")
+
+
+def test_sweep_as_the_page_asks_it(client):
+    """The page sweeps a slider's whole range (powers of two) with the other settings as they are."""
+    body = {"model": LLAMA, "mode": "serve", "gpu": "L4", "batch_size": 1, "max_model_len": "512..128k"}
+    s = client.post("/v1/sweep", json=body).json()
+    assert [p["value"] for p in s["points"]] == [2**k for k in range(9, 18)]  # 512 .. 131072: nine points
+    fits = {p["value"]: p["fits"] for p in s["points"]}
+    # 8k context: bf16 weights 8.03e9 x 2 B = 14.96 GiB + 8192 x 128 KiB of KV (2 x 32 layers x 8 kv heads x 128 x
+    # 2 B) = 1 GiB, under the L4's 22.49 GiB; 128k: 16 GiB of KV + 14.96 GiB of weights = 31 GiB, over it
+    assert fits[8192] and not fits[131072]
+    assert 8192 <= s["largest"]["value"] < 131072 and s["device"]["memory_bytes"] == 24152899584  # 22.49 GiB
+    # every point's terms add up to its device-used figure: the chart stacks them to the total it draws
+    assert all(sum(t["bytes"] for t in p["terms"]) == p["device_used_bytes"] for p in s["points"])
+    training = {"model": LLAMA, "mode": "lora", "stack": "torchtune", "gpu": "L4", "seq_len": 4096,
+                "micro_batch_size": "1..256"}
+    t = client.post("/v1/sweep", json=training).json()
+    assert [p["value"] for p in t["points"]] == [2**k for k in range(9)] and t["setting"] == "micro_batch_size"

@@ -1,7 +1,8 @@
 """The page in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``) driven by
 Selenium against ``memest serve`` on a free port of 127.0.0.1, started here and stopped after. It opens the
-page, picks a model, moves a slider and checks that the verdict and the bar chart follow; the screenshots
-are saved under the test's tmp_path."""
+page, picks a model, moves a slider and checks that the verdict and the bar chart follow, sweeps a slider's
+range into the chart and moves the slider from it, picks a training stack; every test reads the browser's
+console, which must hold no error. The screenshots are saved under the test's tmp_path."""
 
 from __future__ import annotations
 
@@ -76,11 +77,18 @@ def browser():
     options.binary_location = str(CHROMIUM)
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, read by _console_errors
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def _console_errors(driver, allowed: tuple[str, ...] = ()) -> list[str]:
+    """The console's errors since the last call (a script error, a failed load), less those naming ``allowed``."""
+    return [e["message"] for e in driver.get_log("browser")
+            if e["level"] == "SEVERE" and not any(a in e["message"] for a in allowed)]
 
 
 def _bar_widths(driver) -> list[float]:
@@ -124,6 +132,7 @@ def test_pick_a_model_move_a_slider(server, browser, tmp_path):
     assert width <= inner, (width, inner)
     browser.save_screenshot(str(tmp_path / "phone.png"))
     print(f"screenshots in {tmp_path}")
+    assert _console_errors(browser) == []
 
 
 def test_training_mode_shows_the_training_sliders(server, browser):
@@ -141,6 +150,7 @@ def test_training_mode_shows_the_training_sliders(server, browser):
     assert not browser.find_element(By.ID, "batch_size").is_displayed()
     assert "--train" in browser.find_element(By.ID, "command").get_attribute("value")
     assert "mode=train" in browser.current_url
+    assert _console_errors(browser) == []
 
 
 def test_a_bad_value_shows_the_one_line_error(server, browser):
@@ -148,3 +158,118 @@ def test_a_bad_value_shows_the_one_line_error(server, browser):
     browser.get(server + "/?model=no-such/model-xyz")
     wait.until(lambda d: d.find_element(By.ID, "error").is_displayed())
     assert "unknown model 'no-such/model-xyz'" in browser.find_element(By.ID, "error").text
+    # the 400 answers are logged as failed loads; nothing else may be
+    assert _console_errors(browser, allowed=("status of 400",)) == []
+
+
+def _points(driver) -> dict[int, str]:
+    """The sweep chart's points: value -> fill (green fits, red does not; white: drawn on the top edge)."""
+    pairs = driver.execute_script("return [...document.querySelectorAll('#sweep-chart circle.point')]"
+                                  ".map((c) => [c.getAttribute('data-value'), c.getAttribute('fill')])")
+    return {int(value): fill for value, fill in pairs}
+
+
+def _sweeps_requested(driver) -> int:
+    return driver.execute_script("return performance.getEntriesByType('resource')"
+                                 ".filter((e) => e.name.endsWith('/v1/sweep')).length")
+
+
+GREEN, RED = "#1a7f37", "#b3261e"
+
+
+def test_sweep_chart(server, browser, tmp_path):
+    """Serving Llama-3.1-8B on one L4 (22.49 GiB): the chart sweeps the context slider's range, 2^9..2^17
+    (the model's 131,072 tokens), at concurrency 1. 8k fits: bf16 weights 8.03e9 x 2 B = 14.96 GiB + 8192 x
+    128 KiB of KV (2 x 32 layers x 8 kv heads x 128 x 2 B) = 1 GiB; 128k does not: 16 GiB of KV on top of the
+    weights is 31 GiB. Swept over concurrency at 8k: 512 sequences need 512 GiB of KV, past 3 x 22.49 GiB, so
+    that point sits hollow on the top edge. A point clicked or reached with Tab and Enter moves the slider."""
+    wait = WebDriverWait(browser, 20)
+    browser.get(server + "/?model=meta-llama%2FLlama-3.1-8B&gpu=L4")
+    wait.until(lambda d: len(_points(d)) == 9)
+    points = _points(browser)
+    assert sorted(points) == [2**k for k in range(9, 18)]
+    assert points[8192] == GREEN and points[131072] == RED
+    summary = browser.find_element(By.ID, "sweep-summary").text
+    assert summary.startswith("Largest Context (max_model_len) that fits on 1 × L4: "), summary
+    assert browser.find_elements(By.CSS_SELECTOR, "#sweep-chart [data-line=largest]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#sweep-chart [data-line=capacity]")
+    assert browser.find_elements(By.CSS_SELECTOR, "#sweep-chart polygon[data-kind=kv_cache]")
+    browser.save_screenshot(str(tmp_path / "sweep-context.png"))
+    # the sweep as a table: a row per point under a header row
+    browser.find_element(By.CSS_SELECTOR, "#sweep-details summary").click()
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#sweep-table tr")) == 1 + 9
+    # sweep concurrency instead (1..512, ten points); the choice goes in the address
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.ID, "sweep")).select_by_value("batch_size")
+    wait.until(lambda d: len(_points(d)) == 10)
+    assert "sweep=batch_size" in browser.current_url
+    points = _points(browser)
+    assert points[1] == GREEN and points[512] == "#fff"
+    # click a point: the concurrency slider moves there, the estimate follows; the sweep is not asked again
+    # (only the swept slider moved)
+    asked = _sweeps_requested(browser)
+    browser.find_element(By.CSS_SELECTOR, "#sweep-chart circle[data-value='256']").click()
+    wait.until(lambda d: d.find_element(By.ID, "batch_size-out").text == "256")
+    wait.until(lambda d: d.find_element(By.ID, "verdict").text.startswith("Does not fit on 1 × L4"))
+    assert "batch_size=256" in browser.current_url
+    # with the keyboard: Tab from the sweep picker reaches the points, Enter on the first picks concurrency 1
+    browser.find_element(By.ID, "sweep").send_keys(Keys.TAB)
+    wait.until(lambda d: d.switch_to.active_element.get_attribute("data-value") == "1")
+    browser.switch_to.active_element.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.find_element(By.ID, "batch_size-out").text == "1")
+    # the redraw keeps the focus on that point
+    wait.until(lambda d: d.switch_to.active_element.get_attribute("data-value") == "1")
+    wait.until(lambda d: d.find_element(By.ID, "verdict").text.startswith("Fits on 1 × L4"))
+    assert _sweeps_requested(browser) == asked
+    # the address reproduces the sweep picked
+    browser.get(browser.current_url)
+    wait.until(lambda d: len(_points(d)) == 10)
+    assert browser.find_element(By.ID, "sweep").get_attribute("value") == "batch_size"
+    # at 1,920 px the chart spreads and nothing is wider than the window
+    browser.set_window_size(1920, 1080)
+    wait.until(lambda d: d.execute_script("return document.getElementById('sweep-chart').viewBox.baseVal.width") > 850)  # 772 px at 1,280
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    browser.save_screenshot(str(tmp_path / "sweep-1920.png"))
+    assert _console_errors(browser) == []
+
+
+def test_stack_picker(server, browser):
+    """The picker lists GET /v1/stacks (the page names none itself) and shows in training modes only. With
+    no stack, one device means HF Trainer (issue 13), whose bf16=True is fp32 params under autocast
+    (precision amp); torchtune's bf16 is pure bf16. The command line names the stack picked."""
+    from selenium.webdriver.support.ui import Select
+
+    wait = WebDriverWait(browser, 20)
+    browser.get(server + "/?model=meta-llama%2FLlama-3.1-8B&gpu=L4&mode=lora")
+    wait.until(lambda d: d.find_element(By.ID, "job-line").text.startswith("Stack "))
+    stack = Select(browser.find_element(By.ID, "stack"))
+    names = [o.get_attribute("value") for o in stack.options]
+    with urllib.request.urlopen(server + "/v1/stacks") as r:
+        import json
+
+        assert names == [""] + [s["name"] for s in json.load(r)]
+    assert len(names) == 1 + 14  # auto and the fourteen stacks of issue 13
+    line = browser.find_element(By.ID, "job-line").text
+    assert "HF Trainer" in line and "assumed: no stack named" in line and "precision amp" in line, line
+    stack.select_by_value("torchtune")
+    wait.until(lambda d: "--stack torchtune" in d.find_element(By.ID, "command").get_attribute("value"))
+    wait.until(lambda d: "torchtune" in d.find_element(By.ID, "job-line").text)
+    line = browser.find_element(By.ID, "job-line").text
+    assert "(picked)" in line and "precision bf16" in line, line
+    assert "pure bf16" in browser.find_element(By.ID, "stack-hint").text
+    assert "stack=torchtune" in browser.current_url
+    browser.get(browser.current_url)  # the address reproduces the stack picked
+    wait.until(lambda d: "(picked)" in d.find_element(By.ID, "job-line").text)
+    assert browser.find_element(By.ID, "stack").get_attribute("value") == "torchtune"
+    # the sweep follows the stack: it is asked for the torchtune job (seq_len is the training sweep's default)
+    wait.until(lambda d: len(_points(d)) > 0)
+    assert browser.find_element(By.ID, "sweep").get_attribute("value") == "seq_len"
+    # serving reads no stack: the picker hides and the command drops it
+    Select(browser.find_element(By.ID, "mode")).select_by_value("serve")
+    wait.until(lambda d: "--serve" in d.find_element(By.ID, "command").get_attribute("value"))
+    assert not browser.find_element(By.ID, "stack").is_displayed()
+    assert "--stack" not in browser.find_element(By.ID, "command").get_attribute("value")
+    assert "stack=" not in browser.current_url
+    assert browser.find_element(By.ID, "job-line").text == ""
+    assert _console_errors(browser) == []

@@ -141,6 +141,16 @@ def _catalog_gpus() -> Any:
     return gpus_list()
 
 
+def _catalog_stacks() -> Any:
+    """The training stacks the ``stack`` setting names, in its declaration order: the page's stack picker.
+    Each with its label and the job line's recipe words at its own defaults."""
+    from memest.workload.config import Stack
+    from memest.workload.stacks import STACKS, recipe_words
+
+    return [{"name": s.value, "label": STACKS[s].label, "bf16": STACKS[s].bf16,
+             "recipe": recipe_words(s, STACKS[s].precision, STACKS[s].optimizer)} for s in Stack]
+
+
 async def _health(request: Request) -> Response:
     from memest import __version__
 
@@ -170,7 +180,7 @@ async def _failed(request: Request, exc: Exception) -> Response:
 
 def create_app(*, timeout_s: float = TIMEOUT_S) -> Starlette:
     """The application: ``POST /v1/estimate``, ``/v1/plan``, ``/v1/sweep``, ``/v1/command``; ``GET /v1/models``,
-    ``/v1/gpus``, ``/v1/health``, ``/openapi.json``, ``/docs`` and the page at ``/``."""
+    ``/v1/gpus``, ``/v1/stacks``, ``/v1/health``, ``/openapi.json``, ``/docs`` and the page at ``/``."""
     from starlette.exceptions import HTTPException
 
     posts = {"estimate": _estimate, "plan": _plan, "sweep": _sweep, "command": _command}
@@ -178,6 +188,7 @@ def create_app(*, timeout_s: float = TIMEOUT_S) -> Starlette:
                     methods=["POST"]) for kind, fn in posts.items()]
     routes += [Route("/v1/models", _cached(_catalog_models), methods=["GET"]),
                Route("/v1/gpus", _cached(_catalog_gpus), methods=["GET"]),
+               Route("/v1/stacks", _cached(_catalog_stacks), methods=["GET"]),
                Route("/v1/health", _health, methods=["GET"]),
                Route("/openapi.json", _openapi, methods=["GET"]),
                Route("/docs", _docs, methods=["GET"]),

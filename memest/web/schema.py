@@ -204,6 +204,8 @@ def openapi() -> dict[str, Any]:
                                                    **errors}}}
     for path, what in (("/v1/models", "The offline catalog: memest models --json"),
                        ("/v1/gpus", "The accelerator catalog: memest gpus --json"),
+                       ("/v1/stacks", ("The training stacks the stack field names: name, label, bf16 switch, "
+                                       "recipe at the stack's defaults")),
                        ("/v1/health", "{\"status\": \"ok\", \"version\": ...}")):
         paths[path] = {"get": {"summary": what, "responses": {"200": {"description": "JSON"}}}}
     return {"openapi": "3.0.3", "info": {"title": "memest", "version": __version__,

@@ -1,16 +1,20 @@
 // memest's page: the job form, the estimate from POST /v1/estimate drawn as a stacked SVG bar against the
-// device's capacity and usable line, and the same settings in the address so a link reproduces the view.
-// Request fields are the Python API's keyword names; nothing here is loaded from the network.
+// device's capacity and usable line, the sweep from POST /v1/sweep drawn as stacked areas across the range of
+// one slider, and the same settings in the address so a link reproduces the view. The catalogs, devices and
+// training stacks come from GET /v1/models, /v1/gpus and /v1/stacks. Request fields are the Python API's
+// keyword names; nothing here is loaded from the network.
 "use strict";
 
 const GiB = 2 ** 30;
 const SLIDERS = ["micro_batch_size", "seq_len", "max_model_len", "batch_size"];
-const TRAINING = ["micro_batch_size", "seq_len"];
+const TRAINING = ["seq_len", "micro_batch_size"];
 const SERVING = ["max_model_len", "batch_size"];
 const COLORS = ["#0b5cad", "#e8710a", "#1a7f37", "#a142f4", "#d93025", "#12a4af", "#8d6e63", "#f4b400",
                 "#5f6368", "#c2185b"];
+const CLIP = 3;  // the sweep chart's height: at most this many times the device's capacity
 const $ = (id) => document.getElementById(id);
 let models = {};
+let stacks = {};
 let seq = 0;
 let timer = null;
 
@@ -19,13 +23,31 @@ function tokens(n) { return n >= 1024 && n % 1024 === 0 ? (n / 1024) + "k" : Str
 function sliderValue(id) { return 2 ** Number($(id).value); }
 function isServing() { return $("mode").value === "serve"; }
 
+function shown(id, value) { return id === "seq_len" || id === "max_model_len" ? tokens(value) : String(value); }
+function sliderLabel(id) { return document.querySelector(`label[for=${id}]`).firstChild.textContent.trim(); }
+
 function showSliders() {
-  for (const el of document.querySelectorAll(".slider")) {
+  for (const el of document.querySelectorAll("#job .serve, #job .train")) {
     el.hidden = el.classList.contains("serve") !== isServing();
   }
-  for (const id of SLIDERS) {
-    $(id + "-out").textContent = id === "seq_len" || id === "max_model_len" ? tokens(sliderValue(id)) : sliderValue(id);
+  for (const id of SLIDERS) $(id + "-out").textContent = shown(id, sliderValue(id));
+  fillSweepChoices();
+}
+
+// the sweep picker offers the sliders of the mode; a choice that the mode has not is replaced by its first
+function fillSweepChoices() {
+  const pick = $("sweep");
+  const ids = isServing() ? SERVING : TRAINING;
+  const wanted = pick.dataset.wanted || pick.value;
+  if ([...pick.options].map((o) => o.value).join() !== ids.join()) {
+    pick.replaceChildren(...ids.map((id) => {
+      const o = document.createElement("option");
+      o.value = id; o.textContent = sliderLabel(id);
+      return o;
+    }));
   }
+  if (ids.includes(wanted)) pick.value = wanted;
+  delete pick.dataset.wanted;
 }
 
 function pastedConfig() {
@@ -39,6 +61,7 @@ function request() {
   const config = pastedConfig();
   if (config !== null) body.config = config; else body.model = $("model").value.trim();
   body.mode = $("mode").value;
+  if (!isServing() && $("stack").value) body.stack = $("stack").value;
   if ($("gpu").value) body.gpu = $("gpu").value;
   const count = Number($("gpus").value);
   if (count > 1) body.gpus = count;
@@ -49,7 +72,8 @@ function request() {
 function writeAddress(body) {
   const q = new URLSearchParams();
   if (body.model) q.set("model", body.model);
-  for (const key of ["mode", "gpu", "gpus", ...SLIDERS]) if (body[key] !== undefined) q.set(key, body[key]);
+  for (const key of ["mode", "stack", "gpu", "gpus", ...SLIDERS]) if (body[key] !== undefined) q.set(key, body[key]);
+  q.set("sweep", $("sweep").value);
   history.replaceState(null, "", "?" + q.toString());
 }
 
@@ -58,6 +82,8 @@ function readAddress() {
   if (q.get("model")) $("model").value = q.get("model");
   if (q.get("mode")) $("mode").value = q.get("mode");
   if (q.get("gpu")) $("gpu").dataset.wanted = q.get("gpu");
+  if (q.get("stack")) $("stack").dataset.wanted = q.get("stack");
+  if (q.get("sweep")) $("sweep").dataset.wanted = q.get("sweep");
   if (q.get("gpus")) $("gpus").value = q.get("gpus");
   for (const id of SLIDERS) {
     const v = Number(q.get(id));
@@ -96,6 +122,7 @@ async function update() {
   try { body = request(); } catch (e) { showError(e.message); return; }
   if (!body.model && !body.config) return;
   writeAddress(body);
+  updateSweep(body);
   $("result").setAttribute("aria-busy", "true");
   try {
     const [estimate, command] = await Promise.all([post("/v1/estimate", body), post("/v1/command", body)]);
@@ -112,7 +139,10 @@ async function update() {
 function showError(message) {
   $("error").hidden = !message;
   $("error").textContent = message ? "Error: " + message : "";
-  if (message) { $("verdict").textContent = "No estimate."; $("verdict").className = "verdict"; }
+  if (message) {
+    $("verdict").textContent = "No estimate."; $("verdict").className = "verdict";
+    $("job-line").textContent = "";
+  }
 }
 
 function svg(tag, attrs, text) {
@@ -158,7 +188,16 @@ function drawBar(terms, capacity, usable) {
 }
 
 let last = null;
-window.addEventListener("resize", () => { if (last) drawBar(...last); });
+window.addEventListener("resize", () => { if (last) drawBar(...last); drawSweep(); });
+
+// the training stack whose defaults the estimate used, and the settings they filled
+function jobLine(w) {
+  if (!w || !w.stack) return "";
+  const s = stacks[w.stack];
+  const why = w.stack_assumed ? `assumed: ${w.stack_assumed}` : "picked";
+  return `Stack ${s ? s.label : w.stack} (${why}): precision ${w.precision}, optimizer ${w.optimizer}, ` +
+         `activation checkpointing ${w.recompute}, attention ${w.attn_implementation}, loss ${w.loss}.`;
+}
 
 function render(e, command) {
   const pd = e.per_device;
@@ -171,6 +210,7 @@ function render(e, command) {
   $("band").textContent = `Device used ${gib(pd.device_used_bytes)} (band ${gib(pd.low_bytes)} – ${gib(pd.high_bytes)}); ` +
     `peak allocated ${gib(pd.allocated_bytes)}, reserved ${gib(pd.reserved_bytes)}; usable ${gib(e.usable_bytes)} ` +
     `of ${gib(e.device.memory_bytes)}.`;
+  $("job-line").textContent = jobLine(e.workload);
   last = [e.terms, e.device.memory_bytes, e.usable_bytes];
   drawBar(...last);
   const rec = $("recommendation");
@@ -188,6 +228,224 @@ function render(e, command) {
   $("command").value = command;
 }
 
+function showStack() {
+  const s = stacks[$("stack").value];
+  $("stack-hint").textContent = s ? `Its defaults: ${s.recipe}. Settings given override them.` : "";
+}
+
+// ---- the sweep: POST /v1/sweep over the picked slider's whole range, the other settings as they are ----
+
+let sweepData = null;
+let sweepKey = null;
+let sweepSeq = 0;
+
+function sweepBody(body) {
+  const id = $("sweep").value;
+  return { ...body, [id]: `${2 ** Number($(id).min)}..${2 ** Number($(id).max)}` };
+}
+
+async function updateSweep(body) {
+  const wanted = sweepBody(body);
+  const key = JSON.stringify(wanted);
+  if (key === sweepKey) { drawSweep(); return; }  // only the swept slider moved: the marker follows it
+  const mine = ++sweepSeq;
+  sweepKey = key;
+  $("sweep-panel").setAttribute("aria-busy", "true");
+  try {
+    const data = await post("/v1/sweep", wanted);
+    if (mine !== sweepSeq) return;
+    sweepData = data;
+    showSweepError("");
+  } catch (e) {
+    if (mine !== sweepSeq) return;
+    sweepKey = null;
+    sweepData = null;
+    showSweepError(e.message);
+  } finally {
+    if (mine === sweepSeq) $("sweep-panel").setAttribute("aria-busy", "false");
+  }
+  drawSweep();
+}
+
+function showSweepError(message) {
+  $("sweep-error").hidden = !message;
+  $("sweep-error").textContent = message ? "Error: " + message : "";
+}
+
+function niceStep(x) {
+  const p = 10 ** Math.floor(Math.log10(x));
+  return [1, 2, 5, 10].map((m) => m * p).find((v) => v >= x);
+}
+
+// per point, bytes by term kind; the kinds in the order they first appear
+function byKind(points) {
+  const kinds = [];
+  const rows = points.map((p) => {
+    const row = {};
+    for (const t of p.terms || []) {
+      if (!kinds.includes(t.kind)) kinds.push(t.kind);
+      row[t.kind] = (row[t.kind] || 0) + t.bytes;
+    }
+    return row;
+  });
+  return [kinds, rows];
+}
+
+function sweepSummary(s, label) {
+  const q = s.largest;
+  const first = s.points.length ? shown(s.setting, s.points[0].value) : "";
+  if (!q || q.value === null) return `Nothing fits on ${s.device.count} × ${s.device.name}: not even ${label} ${first}.`;
+  if (q.limit !== "memory") return `Largest ${label} that fits: ${q.value.toLocaleString("en-US")}, the most the estimator accepts (${q.limit}).`;
+  return `Largest ${label} that fits on ${s.device.count} × ${s.device.name}: ${q.value.toLocaleString("en-US")}` +
+         (q.capped ? " (the search cap; larger may fit)." : `; ${(q.value + q.step).toLocaleString("en-US")} does not.`);
+}
+
+function pickPoint(id, value) {
+  $(id).value = Math.round(Math.log2(value));
+  schedule();
+}
+
+function drawSweep() {
+  const chart = $("sweep-chart");
+  const focused = chart.contains(document.activeElement) ? document.activeElement.getAttribute("data-value") : null;
+  for (const el of [...chart.children]) if (el.tagName !== "title") el.remove();
+  const s = sweepData;
+  const legend = $("sweep-legend");
+  legend.replaceChildren();
+  $("sweep-table").replaceChildren();
+  $("sweep-summary").textContent = "";
+  if (!s || !s.points.length) return;
+  const id = s.setting;
+  const label = sliderLabel(id);
+  $("sweep-summary").textContent = sweepSummary(s, label);
+  const width = Math.max(Math.round(chart.getBoundingClientRect().width), 240);  // user units = pixels
+  const height = 280;
+  chart.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  const [L, R, T, B] = [64, 16, 16, 44];
+  const pw = width - L - R;
+  const ph = height - T - B;
+  const points = s.points.filter((p) => !p.error);
+  const [kinds, rows] = byKind(points);
+  const capacity = s.device.memory_bytes;
+  // past CLIP x the capacity the chart would flatten the region that matters; higher points sit on the top edge
+  const top = Math.min(Math.max(capacity, ...points.map((p) => p.device_used_bytes)), CLIP * capacity) * 1.08;
+  const lo = Math.log2(s.points[0].value);
+  const hi = Math.log2(s.points[s.points.length - 1].value);
+  const X = (v) => L + (hi > lo ? (Math.log2(v) - lo) / (hi - lo) * pw : pw / 2);
+  const Y = (b) => T + ph - Math.min(b, top) / top * ph;
+  const defs = svg("defs", {});
+  const clip = svg("clipPath", { id: "sweep-clip" });
+  clip.appendChild(svg("rect", { x: L, y: T, width: pw, height: ph }));
+  defs.appendChild(clip);
+  chart.appendChild(defs);
+  // the GiB grid
+  const step = niceStep(top / GiB / 5);
+  for (let g = 0; g * step * GiB <= top; g++) {
+    const y = Y(g * step * GiB);
+    chart.appendChild(svg("line", { x1: L, x2: width - R, y1: y, y2: y, stroke: "#d0d7de", "stroke-width": 1 }));
+    chart.appendChild(svg("text", { x: L - 6, y: y + 4, "font-size": 12, fill: "#57606a", "text-anchor": "end" },
+                          `${(g * step).toLocaleString("en-US")} GiB`));
+  }
+  // stacked areas, one per term kind
+  let lower = points.map(() => 0);
+  kinds.forEach((kind, k) => {
+    const upper = points.map((p, j) => lower[j] + (rows[j][kind] || 0));
+    const upperPts = points.map((p, j) => `${X(p.value).toFixed(1)},${Y(upper[j]).toFixed(1)}`);
+    const bottom = points.map((p, j) => `${X(p.value).toFixed(1)},${Y(lower[j]).toFixed(1)}`).reverse();
+    const area = svg("polygon", { points: [...upperPts, ...bottom].join(" "), fill: COLORS[k % COLORS.length],
+                                  "fill-opacity": 0.8, "data-kind": kind, "clip-path": "url(#sweep-clip)" });
+    area.appendChild(svg("title", {}, kind));
+    chart.appendChild(area);
+    lower = upper;
+    const li = document.createElement("li");
+    const sw = document.createElement("span");
+    sw.className = "swatch"; sw.style.background = COLORS[k % COLORS.length];
+    li.append(sw, kind);
+    legend.appendChild(li);
+  });
+  // the device's capacity and the usable line
+  for (const [bytes, name, color, dash] of [[capacity, "capacity", "#1b1f24", ""], [s.usable_bytes, "usable", "#b3261e", "6 4"]]) {
+    if (!bytes || (name === "usable" && bytes === capacity)) continue;
+    const y = Y(bytes);
+    chart.appendChild(svg("line", { x1: L, x2: width - R, y1: y, y2: y, stroke: color, "stroke-width": 2,
+                                    "stroke-dasharray": dash, "data-line": name }));
+    chart.appendChild(svg("text", { x: L + 6, y: name === "usable" ? y + 14 : y - 5, "font-size": 12,
+                                    fill: color, "text-anchor": "start" }, `${name} ${gib(bytes)}`));
+  }
+  // the largest value that fits, and where the slider is
+  const q = s.largest;
+  if (q && q.value !== null && q.value >= s.points[0].value && q.value <= s.points[s.points.length - 1].value) {
+    const x = X(q.value);
+    chart.appendChild(svg("line", { x1: x, x2: x, y1: T, y2: T + ph, stroke: "#1a7f37", "stroke-width": 2,
+                                    "stroke-dasharray": "4 3", "data-line": "largest" }));
+    const anchor = x > L + pw * 0.75 ? "end" : "start";
+    chart.appendChild(svg("text", { x: x + (anchor === "end" ? -4 : 4), y: T + 12, "font-size": 12, fill: "#1a7f37",
+                                    "text-anchor": anchor }, `largest fit ${shown(id, q.value)}`));
+  }
+  const now = sliderValue(id);
+  if (now >= s.points[0].value && now <= s.points[s.points.length - 1].value) {
+    const x = X(now);
+    chart.appendChild(svg("line", { x1: x, x2: x, y1: T, y2: T + ph, stroke: "#0b5cad", "stroke-width": 1.5,
+                                    "data-line": "now" }));
+  }
+  // the total, a point per estimate (focusable: Enter moves the slider there), the values along the axis
+  chart.appendChild(svg("polyline", { points: points.map((p) => `${X(p.value).toFixed(1)},${Y(p.device_used_bytes).toFixed(1)}`).join(" "),
+                                      fill: "none", stroke: "#1b1f24", "stroke-width": 1.5,
+                                      "clip-path": "url(#sweep-clip)" }));
+  const every = Math.max(1, Math.ceil(s.points.length * 40 / pw));
+  s.points.forEach((p, i) => {
+    if (i % every === 0 || i === s.points.length - 1) {
+      chart.appendChild(svg("text", { x: X(p.value), y: T + ph + 18, "font-size": 12, fill: "#57606a",
+                                      "text-anchor": "middle" }, shown(id, p.value)));
+    }
+  });
+  chart.appendChild(svg("text", { x: L + pw / 2, y: height - 6, "font-size": 12, fill: "#1b1f24",
+                                  "text-anchor": "middle" }, label));
+  for (const p of points) {
+    const words = `${label} ${shown(id, p.value)}: ${gib(p.device_used_bytes)}, ${p.fits ? "fits" : "does not fit"}`;
+    const above = p.device_used_bytes > top;  // drawn hollow on the top edge
+    const color = p.fits ? "#1a7f37" : "#b3261e";
+    const dot = svg("circle", { cx: X(p.value), cy: Y(p.device_used_bytes), r: p.value === now ? 7 : 5,
+                                fill: above ? "#fff" : color, stroke: above ? color : "#fff", "stroke-width": 1.5,
+                                class: "point", tabindex: 0, role: "button", "aria-label": words,
+                                "data-value": p.value });
+    dot.appendChild(svg("title", {}, words));
+    dot.addEventListener("click", () => pickPoint(id, p.value));
+    dot.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); pickPoint(id, p.value); }
+    });
+    chart.appendChild(dot);
+    if (String(p.value) === focused) dot.focus();  // a redraw keeps the keyboard's place
+  }
+  sweepTable(s, id, label);
+}
+
+function sweepTable(s, id, label) {
+  const [kinds, rows] = byKind(s.points);
+  const table = $("sweep-table");
+  const head = document.createElement("tr");
+  for (const name of [label, "fits", "device used", ...kinds]) {
+    const th = document.createElement("th");
+    th.scope = "col"; th.textContent = name;
+    head.appendChild(th);
+  }
+  table.appendChild(head);
+  s.points.forEach((p, j) => {
+    const tr = document.createElement("tr");
+    const cells = p.error ? [shown(id, p.value), "error", p.error]
+                          : [shown(id, p.value), p.fits ? "yes" : "no", gib(p.device_used_bytes),
+                             ...kinds.map((k) => gib(rows[j][k] || 0))];
+    cells.forEach((text, i) => {
+      const td = document.createElement(i === 0 ? "th" : "td");
+      if (i === 0) td.scope = "row";
+      if (p.error && i === 2) td.colSpan = kinds.length + 1;
+      td.textContent = text;
+      tr.appendChild(td);
+    });
+    table.appendChild(tr);
+  });
+}
+
 async function copyCommand() {
   const text = $("command").value;
   try { await navigator.clipboard.writeText(text); $("copy").textContent = "Copied"; }
@@ -197,8 +455,8 @@ async function copyCommand() {
 
 async function start() {
   readAddress();
-  const [modelList, gpuList] = await Promise.all([fetch("/v1/models").then((r) => r.json()),
-                                                  fetch("/v1/gpus").then((r) => r.json())]);
+  const [modelList, gpuList, stackList] = await Promise.all(
+    ["/v1/models", "/v1/gpus", "/v1/stacks"].map((path) => fetch(path).then((r) => r.json())));
   for (const m of modelList) {
     models[m.name] = m;
     const o = document.createElement("option");
@@ -215,8 +473,18 @@ async function start() {
     gpu.appendChild(o);
   }
   if (gpu.dataset.wanted) gpu.value = gpu.dataset.wanted;
+  const stack = $("stack");
+  for (const s of stackList) {
+    stacks[s.name] = s;
+    const o = document.createElement("option");
+    o.value = s.name; o.textContent = `${s.name}: ${s.label}`;
+    stack.appendChild(o);
+  }
+  if (stack.dataset.wanted) stack.value = stack.dataset.wanted;
+  stack.addEventListener("change", showStack);
+  showStack();
   fitContextSlider();
-  for (const id of ["mode", "gpu", "gpus", ...SLIDERS]) for (const ev of ["input", "change"]) $(id).addEventListener(ev, schedule);
+  for (const id of ["mode", "stack", "gpu", "gpus", "sweep", ...SLIDERS]) for (const ev of ["input", "change"]) $(id).addEventListener(ev, schedule);
   $("model").addEventListener("change", () => { fitContextSlider(); schedule(); });
   $("model").addEventListener("input", () => { if (models[$("model").value.trim()]) { fitContextSlider(); schedule(); } });
   $("config").addEventListener("input", schedule);
