@@ -191,13 +191,10 @@ def _validate_in_backward(t: TrainingConfig) -> None:
     (torchtune 0.6 ``recipes/full_finetune_*.py`` ``__init__``: no gradient accumulation with
     ``optimizer_in_bwd``; ``enable_activation_offloading`` only with ``enable_activation_checkpointing``)."""
     stack = STACKS[t.stack] if t.stack is not None else None
-    if t.optimizer_in_bwd:
+    if t.optimizer_in_bwd and t.method is Method.FULL:  # a full-training setting: LoRA jobs do not read it
         if stack is not None and stack.optimizer_in_bwd is None:
             raise InputError(f"{{optimizer_in_bwd}} is torchtune's; {stack.label} has no optimizer step in backward: "
                              "drop it or use {stack} torchtune", field="optimizer_in_bwd")
-        if t.method is not Method.FULL:
-            raise InputError("{optimizer_in_bwd} applies to full training (torchtune's full_finetune recipes): "
-                             "drop it", field="optimizer_in_bwd")
         if t.grad_accum_steps > 1:
             raise InputError(f"{{optimizer_in_bwd}} steps each parameter as its gradient is made, so it cannot "
                              f"accumulate {{grad_accum_steps}} {t.grad_accum_steps} micro-batches (torchtune refuses "
