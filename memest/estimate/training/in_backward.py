@@ -22,6 +22,8 @@ state-sized tensor of it (:func:`.optimizers.step_temporaries`); fused kernels n
 
 from __future__ import annotations
 
+import dataclasses
+
 from memest.estimate.training.optimizers import step_temporaries
 from memest.estimate.training.protocol import FrameworkStates, StateContext
 from memest.estimate.training.trained import Gradients, Item
@@ -36,6 +38,7 @@ def stepped_in_backward(fs: FrameworkStates, ctx: StateContext, in_flight: int, 
     grads = Gradients(all=in_flight, head=in_flight, before_first_layer=in_flight,
                       formula=formula + " (optimizer_in_bwd: each stepped and freed by its post-accumulate-grad hook)")
     one = tuple(step_temporaries(ctx.spec, ctx.t, [largest], ctx.state_b, shard, fused=False))
-    one = tuple(term._replace(formula=term.formula + ", one parameter's step in its backward hook") for term in one)
+    one = tuple(dataclasses.replace(term, formula=term.formula + ", one parameter's step in its backward hook")
+                for term in one)
     return fs._replace(gradients=grads, step=(), layer_buffers=fs.layer_buffers + one,
                        step_grads=Term("gradients", Kind.GRADIENTS, 0, "stepped and freed in backward (optimizer_in_bwd)"))
