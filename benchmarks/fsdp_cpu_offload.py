@@ -91,18 +91,19 @@ def main() -> int:
     lines = [
         "# FSDP2 CPU offload on the CPU, measured (torch " + torch.__version__ + ")",
         "",
-        "`PYTHONPATH=. python benchmarks/fsdp_cpu_offload.py` (gloo, one process; a 4-layer Llama, h 512, V 8192, "
-        f"{spec.num_params:,} params; micro-batch {BATCH} x {SEQ} tokens; FSDP2 bf16 compute / fp32 reduce; torch "
-        "AdamW). Peak of the profiler's memory timeline (the smallest of 3 profiled steps after 2 warm-up steps), "
-        "as `memest calibrate --device cpu` measures. On one CPU process `CPUOffloadPolicy`'s copies are no-ops, so "
-        "both runs hold the same tensors in one memory; memest's device terms + its host figure are compared with it.",
+        ("`PYTHONPATH=. python benchmarks/fsdp_cpu_offload.py` (gloo, one process; a 4-layer Llama, h 512, V 8192, "
+         f"{spec.num_params:,} params; micro-batch {BATCH} x {SEQ} tokens; FSDP2 bf16 compute / fp32 reduce; torch "
+         "AdamW). Peak of the profiler's memory timeline (the smallest of 3 profiled steps after 2 warm-up steps), "
+         "as `memest calibrate --device cpu` measures. On one CPU process `CPUOffloadPolicy`'s copies are no-ops, "
+         "so both runs hold the same tensors in one memory; memest's device terms + its host figure are compared "
+         "with it."),
         "",
-        "memest's host figure is the step's high-water mark, with the gradient shards (P x 4 B) that exist only "
-        "after backward; at the device's peak moment the host holds the parameter shards and the Adam states "
-        "(host at peak = host - P x 4 B).",
+        ("memest's host figure is the step's high-water mark, with the gradient shards (P x 4 B) that exist only "
+         "after backward; at the device's peak moment the host holds the parameter shards and the Adam states "
+         "(host at peak = host - P x 4 B)."),
         "",
-        "| run | measured peak (MiB) | memest device (MiB) | memest host (MiB) | host at peak (MiB) | device + host at "
-        "peak (MiB) | error | moment |",
+        ("| run | measured peak (MiB) | memest device (MiB) | memest host (MiB) | host at peak (MiB) | device + host "
+         "at peak (MiB) | error | moment |"),
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for offload, m, p in rows:

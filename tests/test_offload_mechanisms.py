@@ -107,12 +107,22 @@ def test_unsloth_offloads_its_checkpoints_by_default(llama):
     assert not resolve({"train": True, "stack": "unsloth", "recompute": "none"}, llama, A100).activation_offloading
 
 
+def test_trl_offloads_with_torchtunes_stash(llama):
+    # trl SFTConfig(activation_offloading=True) runs torchtune's OffloadActivations port (stash of 5); the HF
+    # Trainer's autocast over fp32 parameters makes the checkpoints fp32: 16 MiB each, 5 kept, 11 in host RAM
+    t = resolve({"train": True, "stack": "trl", "recompute": "full", "activation_offloading": True, "seq_len": 2048},
+                llama, A100)
+    assert named(moments(llama, t, A100)["loss_forward"], "activations.checkpoints") == 5 * 16 * MiB
+    assert estimate(llama, t, A100).host_bytes == 11 * 16 * MiB
+    assert not resolve({"train": True, "stack": "trl", "recompute": "full"}, llama, A100).activation_offloading
+
+
 def test_activation_offloading_needs_checkpoints_and_a_stack_that_has_it():
     out = run_memest("hf", "meta-llama/Llama-3.2-1B", "--train", "--stack", "torchtune", "--recompute", "none",
                      "--activation-offloading")
     assert out.returncode == 2 and "--recompute full" in out.stderr
     out = run_memest("hf", "meta-llama/Llama-3.2-1B", "--train", "--stack", "deepspeed", "--activation-offloading")
-    assert out.returncode == 2 and "torchtune or unsloth" in out.stderr
+    assert out.returncode == 2 and "--stack trl or torchtune or unsloth" in out.stderr
 
 
 # ---- FSDP CPU offload ----

@@ -435,8 +435,9 @@ class TrainingConfig:
                                           off="no_activation_offloading", describe="changed",
                                           what="activation checkpoints kept in host RAM",
                                           help="Checkpoints in host RAM, copied back for each layer's backward "
-                                               "(torchtune enable_activation_offloading, unsloth's gradient "
-                                               "checkpointing; needs {recompute} full) (default: the {stack}'s).")
+                                               "(torchtune enable_activation_offloading, trl activation_offloading, "
+                                               "unsloth's gradient checkpointing; needs {recompute} full) (default: "
+                                               "the {stack}'s).")
     parallelism: Parallelism = field(default_factory=Parallelism)
     stack: Stack | None = setting(None, group="training", scope="training", what="the training stack's defaults",
                                   planned="training",

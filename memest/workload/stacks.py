@@ -15,7 +15,8 @@ Sources (each row cites the file that sets its defaults):
   ``torch_dtype`` says otherwise). ``modeling_utils`` picks ``sdpa`` when torch has it.
 - trl 0.2x ``trl/trainer/sft_config.py`` (``SFTConfig`` subclasses ``TrainingArguments``: its ``optim``
   and bf16 path) and ``trl/trainer/sft_trainer.py`` (4-bit model: ``prepare_model_for_kbit_training``,
-  ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`).
+  ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`); ``SFTConfig.activation_offloading`` (False) runs
+  ``trl/models/activation_offloading.py``, torchtune's ``OffloadActivations`` ported (``max_fwd_stash_size`` 5).
 - accelerate ``accelerate config`` FSDP: ``fsdp_sharding_strategy`` FULL_SHARD, ``mixed_precision bf16``
   as FSDP ``MixedPrecision(param_dtype=bf16)`` over fp32 sharded parameters.
 - torchtune 0.6 ``recipes/configs/llama3_1/8B_full.yaml`` / ``8B_full_single_device.yaml``: ``dtype: bf16``
@@ -127,7 +128,8 @@ _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 par
 
 STACKS: dict[Stack, StackDefaults] = {
     Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
-    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, **_TRAINER),
+    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, activation_offloading=False,
+                             offload_in_flight=TORCHTUNE_FWD_STASH, **_TRAINER),
     Stack.ACCELERATE: StackDefaults(label="accelerate FSDP", bf16="mixed_precision: bf16", precision=Precision.FSDP2,
                                     recipe="fp32 sharded params, bf16 compute copies", optimizer=Optimizer.ADAMW,
                                     optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3)),

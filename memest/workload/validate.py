@@ -204,12 +204,13 @@ def _validate_in_backward(t: TrainingConfig) -> None:
                              f"{{framework}} {resolve_framework(t).value}: drop it", field="optimizer_in_bwd")
     if t.activation_offloading:
         if stack is not None and stack.activation_offloading is None:
-            raise InputError(f"{{activation_offloading}} is torchtune's enable_activation_offloading or unsloth's "
-                             f"gradient checkpointing; {stack.label} has none: drop it or use {{stack}} torchtune "
-                             "or unsloth", field="activation_offloading")
+            having = " or ".join(k.value for k, d in STACKS.items() if d.activation_offloading is not None)
+            raise InputError(f"{{activation_offloading}} is torchtune's enable_activation_offloading, trl's "
+                             f"activation_offloading or unsloth's gradient checkpointing; {stack.label} has none: drop "
+                             f"it or use {{stack}} {having}", field="activation_offloading")
         if t.recompute is not Recompute.FULL:
-            raise InputError(f"{{activation_offloading}} moves the activation checkpoints to host RAM and needs "
-                             f"{{recompute}} full (not {t.recompute.value}), as torchtune requires "
+            raise InputError(f"{{activation_offloading}} is modelled for activation checkpoints moved to host RAM and "
+                             f"needs {{recompute}} full (not {t.recompute.value}), as torchtune requires "
                              "enable_activation_checkpointing", field="activation_offloading")
 
 

@@ -2,7 +2,7 @@
 (:mod:`memest.estimate.activations`), the head's, the logits, the autocast copies of the weights and
 eager attention's masks.
 
-Activation offloading (torchtune ``enable_activation_offloading``, unsloth's gradient checkpointing; full
+Activation offloading (torchtune ``enable_activation_offloading``, trl's port of it, unsloth's gradient checkpointing; full
 recompute only) keeps the layer checkpoints in host RAM: torchtune 0.6 ``OffloadActivations`` packs each
 saved tensor of at least 1024 B made under it into a pinned host copy (``pack_tensor``), and non-reentrant
 checkpointing saves a layer's input through ``_NoopSaveInputs.save_for_backward`` outside its own hooks, so
