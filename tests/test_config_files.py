@@ -1,4 +1,4 @@
-"""Config files as input (memest/workload/files.py): real files from the projects' repositories
+"""Config files as input (memest/workload/files/): real files from the projects' repositories
 (tests/data/configs/README.md cites each), each with the workload derived by hand from its keys."""
 
 from __future__ import annotations

@@ -1,0 +1,76 @@
+"""accelerate's config YAML (``accelerate/commands/config/config_args.py``).
+
+Keys read: ``distributed_type`` (``NO``, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``), ``mixed_precision`` (``no``,
+``fp16``, ``bf16``), ``num_processes`` x ``num_machines``, ``fsdp_config.fsdp_sharding_strategy`` (a name or
+the ``ShardingStrategy`` number), ``fsdp_offload_params``, ``fsdp_activation_checkpointing``, and
+``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
+``gradient_accumulation_steps``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memest.errors import InputError
+from memest.workload.config import FsdpStrategy, Offload, Precision, Stack
+from memest.workload.files._common import Found, typed
+
+NAME = "an accelerate config YAML (distributed_type)"
+_SHARDING = {"1": FsdpStrategy.FULL_SHARD, "2": FsdpStrategy.SHARD_GRAD_OP, "3": FsdpStrategy.NO_SHARD,
+             "4": FsdpStrategy.HYBRID_SHARD}
+"""accelerate's numbered ``fsdp_sharding_strategy`` values (``torch.distributed.fsdp.ShardingStrategy`` + 1)."""
+
+
+def detect(doc: Any, text: str) -> bool:
+    """Whether ``doc`` (the parsed file; ``text`` its text) is an accelerate config: a mapping with ``distributed_type``."""
+    return isinstance(doc, dict) and "distributed_type" in doc
+
+
+def read(path: Path, doc: dict[str, Any]) -> Found:
+    """The settings an accelerate config implies, and the notes on what it left open."""
+    return Found(*_accelerate(path, doc))
+
+
+def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    kind = str(doc["distributed_type"]).upper()
+    values: dict[str, Any] = {}
+    notes: list[str] = []
+    processes = typed(path, "num_processes", doc.get("num_processes", 1), int, "an integer")
+    machines = typed(path, "num_machines", doc.get("num_machines", 1), int, "an integer")
+    values["gpus"] = max(1, processes) * max(1, machines)
+    mixed = str(doc.get("mixed_precision", "no")).lower()
+    if kind == "FSDP":
+        values["stack"] = Stack.ACCELERATE
+        fsdp = doc.get("fsdp_config") or {}
+        typed(path, "fsdp_config", fsdp, dict, "a mapping")
+        strategy = str(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD"))
+        try:
+            values["fsdp"] = _SHARDING.get(strategy) or FsdpStrategy(strategy.lower())
+        except ValueError:
+            raise InputError(f"{{config}} {path}: fsdp_config.fsdp_sharding_strategy is {strategy!r}; expected "
+                             "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD", field="config") from None
+        if typed(path, "fsdp_offload_params", fsdp.get("fsdp_offload_params", False), bool, "true or false"):
+            values["offload"] = Offload.PARAMS
+        if typed(path, "fsdp_activation_checkpointing", fsdp.get("fsdp_activation_checkpointing", False), bool,
+                  "true or false"):
+            values["recompute"] = "full"
+        values["precision"] = {"bf16": Precision.FSDP2, "fp16": Precision.FP16, "no": Precision.FP32}.get(mixed)
+    elif kind == "DEEPSPEED":
+        ds = doc.get("deepspeed_config") or {}
+        typed(path, "deepspeed_config", ds, dict, "a mapping")
+        values["stack"] = Stack.DEEPSPEED
+        values["zero_stage"] = typed(path, "deepspeed_config.zero_stage", ds.get("zero_stage", 0), int, "0-3")
+        params = str(ds.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
+        optim = str(ds.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme")
+        values["offload"] = Offload.PARAMS if params else Offload.OPTIMIZER if optim else Offload.NONE
+        if "gradient_accumulation_steps" in ds:
+            values["grad_accum_steps"] = typed(path, "deepspeed_config.gradient_accumulation_steps",
+                                                ds["gradient_accumulation_steps"], int, "an integer")
+        values["precision"] = {"bf16": Precision.MIXED, "fp16": Precision.FP16, "no": Precision.FP32}.get(mixed)
+    elif kind in ("MULTI_GPU", "NO"):  # DDP over the processes (the stack: the job's, else the HF Trainer)
+        values["precision"] = {"bf16": Precision.AMP, "fp16": Precision.AMP, "no": Precision.FP32}.get(mixed)
+    else:
+        raise InputError(f"{{config}} {path}: distributed_type {kind} is not modelled; memest reads NO, MULTI_GPU, "
+                         "FSDP and DEEPSPEED", field="config")
+    return {k: v for k, v in values.items() if v is not None}, notes
