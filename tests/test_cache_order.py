@@ -26,6 +26,7 @@ from memest.workload import (
     Engine,
     Framework,
     Method,
+    Offload,
     Parallelism,
     Precision,
     Recompute,
@@ -58,6 +59,12 @@ def _grid():
                                micro_batch_size=2, seq_len=1024, grad_accum_steps=2,
                                parallelism=Parallelism(tp=tp, pp=pp, dp=dp, ep=ep, zero_stage=zero))
             jobs.append((spec, w))
+        # the step in backward, activation offloading and FSDP CPU offload beside the same jobs without them
+        for fw, dp, zero in ((Framework.PYTORCH, 1, 0), (Framework.FSDP, 8, 3)):
+            base = TrainingConfig(precision=Precision.BF16, framework=fw, recompute=Recompute.FULL, micro_batch_size=2,
+                                  seq_len=1024, parallelism=Parallelism(dp=dp, zero_stage=zero))
+            jobs += [(spec, base.replace(**kw)) for kw in ({"optimizer_in_bwd": True}, {"activation_offloading": True},
+                                                           {"offload": Offload.PARAMS}, {})]
         for tp, pp, engine in itertools.product((1, 2), (1, 2), (Engine.VLLM, Engine.HF)):
             jobs.append((spec, ServingConfig(max_model_len=4096, batch_size=4, engine=engine,
                                              parallelism=Parallelism(tp=tp, pp=pp))))

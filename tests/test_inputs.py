@@ -251,7 +251,7 @@ SAMPLES = {
     "cp": 2, "sequence_parallel": True, "mem_fraction_static": 0.8, "max_running_requests": 8,
     "chunked_prefill_size": 4096, "page_size": 16, "kv_cache_free_gpu_mem_fraction": 0.8, "max_batch_size": 8,
     "max_num_tokens": 4096, "tokens_per_block": 64, "n_gpu_layers": 3, "n_batch": 256, "n_ubatch": 128,
-    "flash_attn": True, "tensor_split": "1,1",
+    "flash_attn": True, "tensor_split": "1,1", "optimizer_in_bwd": True, "activation_offloading": True,
 }
 """--gguf is left out too: it reads a file (tests/test_llamacpp.py writes one)."""
 ENUMS = {"precision": Precision, "optimizer": Optimizer, "recompute": Recompute, "offload": Offload,

@@ -26,7 +26,9 @@ KNOWN_GAPS = {
     "(steady 19.4 GB = 2P + 4P/N + 2P/N + bucket, before the lazily created Adam states); memest is steady state",
     "ds_gist_llama7b_zero3_bs4_ckpt_offload_optimizer_param": "over-prediction: the row's peak above its steady "
     "memory (7.9 - 2.2 = 5.7 GB at 4 x 4096 tokens) is below the layer checkpoints and fp32 loss path of 4 x 4096 "
-    "tokens that the bs8 row of the same code shows (21.4 GB above steady, memest within 1%); not explained",
+    "tokens that the bs8 row of the same code shows (21.4 GB above steady, memest within 1%); DeepSpeed's "
+    "offload_param keeps only the gathered working set and the IPG bucket on the GPU (already counted) and "
+    "nothing that shrinks activations: the row reads as bs 2 (memest +11.7% there; benchmarks/offload_findings.md)",
     "ds_gist_llama7b_zero3_bs8_ga2_ckpt": "under-prediction: 24.8 GB above the same run at grad_accum 1 (bs8/64); "
     "DeepSpeed 0.19.5 stage3.py partition_grads accumulates micro-batches into the existing gradient partition, "
     "so memest's figure does not move; the mechanism of the gist's (0.14.2) growth is not identified",

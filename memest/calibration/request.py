@@ -265,6 +265,9 @@ def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
     if t.offload is not Offload.NONE:
         raise InputError(f"{{offload}} {t.offload.value} is not measured by calibrate; drop {{offload}}",
                          field="offload")
+    for name in ("optimizer_in_bwd", "activation_offloading"):
+        if getattr(t, name):
+            raise InputError(f"{{{name}}} is not measured by calibrate; add {{no_{name}}}", field=name)
     if _value(t.attn_implementation) not in ("sdpa", "eager", "flash_attention_2"):
         raise InputError(f"{{attn_implementation}} {_value(t.attn_implementation)!r} is not one of sdpa, eager, "
                          "flash_attention_2", field="attn_implementation")

@@ -729,6 +729,10 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
     setup_names = {token for token in setup.split() if token.startswith("--")}
     if "--finetune" in setup_names:  # the setup changes the method: its --finetune replaces --train
         setup_names.add("--train")
+        tokens = setup.split()
+        method = tokens[tokens.index("--finetune") + 1]
+        # and the user's settings of the method left (full training's optimizer_in_bwd) go with it
+        setup_names |= {cli_flag(name) for name, st in settings().items() if st.methods and method not in st.methods}
     parts = ["memest", "hf", shlex.quote(model)]
     for flag, value in given.items():
         if flag not in setup_names and flag not in _SEARCHED:

@@ -281,7 +281,7 @@ def check_supported(t: TrainingConfig) -> None:
     """Raise for settings the trace does not simulate.
 
     Raises:
-        InputError: QLoRA, CPU offload, chunked loss, tensor/pipeline/context/expert parallelism,
+        InputError: QLoRA, CPU offload, optimizer in backward, activation offloading, chunked loss, tensor/pipeline/context/expert parallelism,
             or ZeRO-1.
     """
     par = t.parallelism
@@ -291,6 +291,10 @@ def check_supported(t: TrainingConfig) -> None:
     if t.offload.value != "none":
         raise InputError(f"{{offload}} {t.offload.value} cannot be traced (host memory is outside the simulation)",
                          field="offload")
+    for name in ("optimizer_in_bwd", "activation_offloading"):
+        if getattr(t, name):
+            raise InputError(f"{{{name}}} cannot be traced (the trace runs the transformers model and a plain "
+                             f"optimizer step, not torchtune's hooks); add {{no_{name}}}", field=name)
     if t.loss != "default":
         raise InputError(f"{{loss}} {t.loss} cannot be traced: transformers computes the full cross-entropy; "
                          "trace with {loss} default", field="loss")

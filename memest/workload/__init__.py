@@ -43,14 +43,15 @@ from memest.workload.config import (
     runs_on,
     software,
 )
-from memest.workload.stacks import STACKS, StackDefaults, resolve_framework
+from memest.workload.stacks import STACKS, StackDefaults, offloaded_checkpoints_on_device, resolve_framework
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
 
 __all__ = [
     "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
     "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
-    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "resolve_framework", "runs_on",
+    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
+    "resolve_framework", "runs_on",
     "software", "tp_head_problem", "validate",
     "workload_notes",
 ]

@@ -376,6 +376,10 @@ class TrainingConfig:
         loss: ``default`` (full logits, fp32 upcast), ``chunked`` or ``fused`` (see :class:`Loss`).
         lora: Adapter settings (LoRA and QLoRA only).
         offload: CPU offload.
+        optimizer_in_bwd: torchtune's optimizer in backward: a parameter's step runs (and its gradient is
+            freed) in the hook that fires once backward has accumulated its gradient.
+        activation_offloading: The activation checkpoints live in host RAM and come back for their
+            layer's backward (torchtune ``OffloadActivations``, unsloth's offloaded checkpointing).
         parallelism: TP/PP/DP/CP/EP degrees and the ZeRO stage.
         stack: The training stack whose defaults filled the settings not given (None: a workload
             built directly, at the fields' own defaults).
@@ -421,6 +425,19 @@ class TrainingConfig:
     offload: Offload = setting(Offload.NONE, group="training", scope="training", planned="all", describe="changed",
                                help="CPU offload of optimizer states (or also params, ZeRO-3).",
                                what="CPU offload of training states")
+    optimizer_in_bwd: bool = setting(False, group="training", scope="training", methods=("full",), unset=None,
+                                     off="no_optimizer_in_bwd", describe="changed",
+                                     what="the optimizer step run inside backward",
+                                     help="torchtune optimizer_in_bwd: each parameter steps and frees its gradient "
+                                          "as soon as backward has made it (full training, {grad_accum_steps} 1) "
+                                          "(default: the {stack}'s).")
+    activation_offloading: bool = setting(False, group="training", scope="training", unset=None,
+                                          off="no_activation_offloading", describe="changed",
+                                          what="activation checkpoints kept in host RAM",
+                                          help="Checkpoints in host RAM, copied back for each layer's backward "
+                                               "(torchtune enable_activation_offloading, trl activation_offloading, "
+                                               "unsloth's gradient checkpointing; needs {recompute} full) (default: "
+                                               "the {stack}'s).")
     parallelism: Parallelism = field(default_factory=Parallelism)
     stack: Stack | None = setting(None, group="training", scope="training", what="the training stack's defaults",
                                   planned="training",

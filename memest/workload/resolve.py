@@ -311,6 +311,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         loss=v["loss"],
         lora=LoraConfig(rank=v["lora_rank"], targets=v["lora_targets"], dropout=v["lora_dropout"]),
         offload=v["offload"],
+        optimizer_in_bwd=bool(v["optimizer_in_bwd"]),
+        activation_offloading=bool(v["activation_offloading"]),
         parallelism=par,
         framework=framework,
         set_grads_to_none=v["set_grads_to_none"],

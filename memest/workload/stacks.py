@@ -15,13 +15,17 @@ Sources (each row cites the file that sets its defaults):
   ``torch_dtype`` says otherwise). ``modeling_utils`` picks ``sdpa`` when torch has it.
 - trl 0.2x ``trl/trainer/sft_config.py`` (``SFTConfig`` subclasses ``TrainingArguments``: its ``optim``
   and bf16 path) and ``trl/trainer/sft_trainer.py`` (4-bit model: ``prepare_model_for_kbit_training``,
-  ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`).
+  ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`); ``SFTConfig.activation_offloading`` (False) runs
+  ``trl/models/activation_offloading.py``, torchtune's ``OffloadActivations`` ported (``max_fwd_stash_size`` 5).
 - accelerate ``accelerate config`` FSDP: ``fsdp_sharding_strategy`` FULL_SHARD, ``mixed_precision bf16``
   as FSDP ``MixedPrecision(param_dtype=bf16)`` over fp32 sharded parameters.
 - torchtune 0.6 ``recipes/configs/llama3_1/8B_full.yaml`` / ``8B_full_single_device.yaml``: ``dtype: bf16``
   (parameters and optimizer states bf16, no fp32 master), ``optimizer: torch.optim.AdamW`` with
   ``fused: True``, ``loss: torchtune.modules.loss.CEWithChunkedOutputLoss``,
-  ``enable_activation_checkpointing: True``; ``full_finetune_distributed`` shards with FSDP2 ``fully_shard``.
+  ``enable_activation_checkpointing: True``, ``enable_activation_offloading: False``; ``optimizer_in_bwd:
+  False`` in ``8B_full.yaml`` (the single-device configs of llama3 / llama3.1 / llama3.2 / most qwen2 turn it on:
+  memest keeps it off, the higher estimate, unless asked); ``full_finetune_distributed`` shards with FSDP2
+  ``fully_shard``.
 - torchtitan ``torchtitan/models/llama3/train_configs/llama3_8b.toml``: ``mixed_precision_param = "bfloat16"``
   (FSDP2, fp32 reduce), ``[activation_checkpoint] mode = "selective"``, ``selective_ac_option = "op"``;
   ``[optimizer] name = "AdamW"`` with ``implementation = "fused"`` (``config/job_config.py``).
@@ -30,9 +34,9 @@ Sources (each row cites the file that sets its defaults):
 - LLaMA-Factory ``src/llamafactory/hparams/finetuning_args.py``: ``lora_target`` default ``"all"``
   (every linear), ``pure_bf16`` False (``model/adapter.py`` upcasts trained parameters to fp32);
   ``model_args.py`` ``disable_gradient_checkpointing`` False (checkpointing on).
-- unsloth ``unsloth/models/llama.py``: ``use_gradient_checkpointing="unsloth"`` (full checkpointing,
-  checkpoints offloaded: modelled as ``full``), its fused cross-entropy, LoRA on every linear in its
-  examples.
+- unsloth ``unsloth/models/llama.py``: ``use_gradient_checkpointing="unsloth"`` (full checkpointing with the
+  checkpoints in host RAM: ``unsloth_zoo/gradient_checkpointing.py``, activation offloading), its fused
+  cross-entropy, LoRA on every linear in its examples.
 - litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD).
@@ -94,6 +98,9 @@ class StackDefaults:
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
         losses: The losses it switches on by a setting of its own, each with that setting in the
             stack's words (module docstring).
+        activation_offloading: Its switch for activation checkpoints in host RAM, at its default (None: it has
+            none); ``offload_in_flight``: the checkpoints its offloading keeps on the device.
+        optimizer_in_bwd: Its switch for the optimizer step inside backward, at its default (None: it has none).
     """
 
     label: str
@@ -111,15 +118,31 @@ class StackDefaults:
     lora_targets: str = "attention"
     model_parallel: bool = False
     losses: tuple[tuple[Loss, str], ...] = ()
+    activation_offloading: bool | None = None
+    offload_in_flight: int = 0
+    optimizer_in_bwd: bool | None = None
 
 
 _LIGER = ((Loss.FUSED, "use_liger_kernel=True"),)
+
+TORCHTUNE_FWD_STASH = 5
+"""torchtune 0.6 ``OffloadActivations(max_fwd_stash_size=5)`` (``torchtune/training/_activation_offloading.py``,
+the default ``get_act_offloading_ctx_manager`` uses): the forward keeps each offloaded tensor alive on the
+device until five later saved tensors have been packed (its copy to host may still run), and the backward
+brings one back per autograd node; an upper bound on the checkpoints on the device at once."""
+
+UNSLOTH_IN_FLIGHT = 1
+"""unsloth ``Unsloth_Offloaded_Gradient_Checkpointer`` (``unsloth_zoo/gradient_checkpointing.py``): the forward
+copies each layer's input to host (``hidden_states.to("cpu", non_blocking=True)``) and keeps none; the backward
+brings back the one layer's input it recomputes."""
+
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
             "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER}
 
 STACKS: dict[Stack, StackDefaults] = {
     Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
-    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, **_TRAINER),
+    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, activation_offloading=False,
+                             offload_in_flight=TORCHTUNE_FWD_STASH, **_TRAINER),
     Stack.ACCELERATE: StackDefaults(label="accelerate FSDP", bf16="mixed_precision: bf16", precision=Precision.FSDP2,
                                     recipe="fp32 sharded params, bf16 compute copies", optimizer=Optimizer.ADAMW,
                                     optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3)),
@@ -127,7 +150,9 @@ STACKS: dict[Stack, StackDefaults] = {
                                    recipe="pure bf16 params and states", optimizer=Optimizer.ADAMW_FUSED,
                                    optimizer_name="AdamW(fused=True)", many=(Framework.FSDP, 3),
                                    recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
-                                   losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),)),
+                                   losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),),
+                                   activation_offloading=False, offload_in_flight=TORCHTUNE_FWD_STASH,
+                                   optimizer_in_bwd=False),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
@@ -148,7 +173,8 @@ STACKS: dict[Stack, StackDefaults] = {
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
-                                 losses=((Loss.FUSED, "its fused cross-entropy (the default)"),)),
+                                 losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
+                                 activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
@@ -211,6 +237,10 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit}
     out |= {name: value for name, value in fill.items() if out[name] is None}
+    if out["activation_offloading"] is None:  # a stack offloads checkpoints only when it checkpoints
+        out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
+    if out["optimizer_in_bwd"] is None:
+        out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
             and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
         out["zero_stage"] = d.many[1]
@@ -242,3 +272,14 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> st
     recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
     return f"{d.label}, {d.bf16}: {recipe}, {opt}"
+
+
+def offloaded_checkpoints_on_device(t: TrainingConfig) -> int:
+    """How many layers' activation checkpoints a job's activation offloading keeps on the device at once (0: it
+    does not offload): its stack's (:data:`TORCHTUNE_FWD_STASH`, :data:`UNSLOTH_IN_FLIGHT`); a workload built
+    with no stack gets torchtune's, the larger."""
+    if not t.activation_offloading:
+        return 0
+    if t.stack is not None and STACKS[t.stack].offload_in_flight:
+        return STACKS[t.stack].offload_in_flight
+    return TORCHTUNE_FWD_STASH

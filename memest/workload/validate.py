@@ -21,11 +21,12 @@ from memest.workload.config import (
     Method,
     Offload,
     Precision,
+    Recompute,
     ServingConfig,
     TrainingConfig,
     Workload,
 )
-from memest.workload.stacks import resolve_framework
+from memest.workload.stacks import STACKS, resolve_framework
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
@@ -178,10 +179,39 @@ def _validate_training(t: TrainingConfig) -> None:
     if t.offload is Offload.PARAMS and par.zero_stage != 3:
         raise InputError("{offload} params needs {zero_stage} 3 (parameters are only offloaded when sharded)",
                          field="offload")
+    _validate_in_backward(t)
     if t.method is Method.QLORA and t.precision is Precision.FP32:
         raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32",
                          field="finetune")
     _validate_framework(t, resolve_framework(t))
+
+
+def _validate_in_backward(t: TrainingConfig) -> None:
+    """The optimizer step in backward and activation offloading, as the stacks that have them allow them
+    (torchtune 0.6 ``recipes/full_finetune_*.py`` ``__init__``: no gradient accumulation with
+    ``optimizer_in_bwd``; ``enable_activation_offloading`` only with ``enable_activation_checkpointing``)."""
+    stack = STACKS[t.stack] if t.stack is not None else None
+    if t.optimizer_in_bwd and t.method is Method.FULL:  # a full-training setting: LoRA jobs do not read it
+        if stack is not None and stack.optimizer_in_bwd is None:
+            raise InputError(f"{{optimizer_in_bwd}} is torchtune's; {stack.label} has no optimizer step in backward: "
+                             "drop it or use {stack} torchtune", field="optimizer_in_bwd")
+        if t.grad_accum_steps > 1:
+            raise InputError(f"{{optimizer_in_bwd}} steps each parameter as its gradient is made, so it cannot "
+                             f"accumulate {{grad_accum_steps}} {t.grad_accum_steps} micro-batches (torchtune refuses "
+                             "it): use {grad_accum_steps} 1 or drop {optimizer_in_bwd}", field="optimizer_in_bwd")
+        if resolve_framework(t) not in (Framework.PYTORCH, Framework.FSDP):
+            raise InputError(f"{{optimizer_in_bwd}} runs under torchtune's single-device and FSDP recipes, not "
+                             f"{{framework}} {resolve_framework(t).value}: drop it", field="optimizer_in_bwd")
+    if t.activation_offloading:
+        if stack is not None and stack.activation_offloading is None:
+            having = " or ".join(k.value for k, d in STACKS.items() if d.activation_offloading is not None)
+            raise InputError(f"{{activation_offloading}} is torchtune's enable_activation_offloading, trl's "
+                             f"activation_offloading or unsloth's gradient checkpointing; {stack.label} has none: drop "
+                             f"it or use {{stack}} {having}", field="activation_offloading")
+        if t.recompute is not Recompute.FULL:
+            raise InputError(f"{{activation_offloading}} is modelled for activation checkpoints moved to host RAM and "
+                             f"needs {{recompute}} full (not {t.recompute.value}), as torchtune requires "
+                             "enable_activation_checkpointing", field="activation_offloading")
 
 
 def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:

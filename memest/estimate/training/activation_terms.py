@@ -2,6 +2,16 @@
 (:mod:`memest.estimate.activations`), the head's, the logits, the autocast copies of the weights and
 eager attention's masks.
 
+Activation offloading (torchtune ``enable_activation_offloading``, trl's port of it, unsloth's gradient checkpointing; full
+recompute only) keeps the layer checkpoints in host RAM: torchtune 0.6 ``OffloadActivations`` packs each
+saved tensor of at least 1024 B made under it into a pinned host copy (``pack_tensor``), and non-reentrant
+checkpointing saves a layer's input through ``_NoopSaveInputs.save_for_backward`` outside its own hooks, so
+the checkpoints are what it moves; unsloth's ``Unsloth_Offloaded_Gradient_Checkpointer`` copies each layer's
+input to host itself. On the device remain the checkpoints in flight
+(:func:`memest.workload.offloaded_checkpoints_on_device`: torchtune's forward stash, unsloth's one brought back);
+the others are :attr:`ActivationTerms.offloaded` host bytes. The head's saved tensors and the loss stay on the
+device (torchtune's ``NoOpManager`` around the output projection; the loss runs outside the context).
+
 The activations do not depend on the optimizer, offload or the ZeRO sharding: they are remembered
 per the workload fields they read (:class:`ActivationsInput`, :mod:`memest.memo`).
 """
@@ -41,6 +51,7 @@ from memest.workload import (
     Precision,
     Recompute,
     TrainingConfig,
+    offloaded_checkpoints_on_device,
 )
 
 LOSS_CHUNKS = 8
@@ -77,6 +88,7 @@ class ActivationsInput(NamedTuple):
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
     parallelism: ActivationParallelism
+    checkpoints_on_device: int = 0  # activation offloading: the layers' checkpoints left on the device (0: off)
 
 
 def activations_input(t: TrainingConfig) -> ActivationsInput:
@@ -86,7 +98,8 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
                             t.prepare_kbit_training,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
-                                                  par.sequence_parallel))
+                                                  par.sequence_parallel),
+                            offloaded_checkpoints_on_device(t) if t.recompute is Recompute.FULL else 0)
 
 
 def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
@@ -126,10 +139,12 @@ class ActivationTerms(NamedTuple):
         lifetimes: The terms of each of :data:`.table.ACTIVATION_LIFETIMES`, in that order (see
             :func:`_by_lifetime`).
         sizes: Their bytes, lifetime by lifetime.
+        offloaded: Host bytes of the activation checkpoints offloaded (0 without activation offloading).
     """
 
     lifetimes: tuple[tuple[Term, ...], ...]
     sizes: tuple[int, ...]
+    offloaded: int = 0
 
 
 def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None, logits: Term | None,
@@ -180,8 +195,9 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
     layers = _layer_terms(spec, t, x, stage, in_flight)
     head, embedding, logits, logits_forward = _head_terms(spec, t, fw, x, stage, in_flight)
     cast_all, cast_layer = _autocast_terms(spec, t, x, stage) if x.autocast else (None, None)
-    return _by_lifetime(layers, head, embedding, logits, logits_forward, cast_all, cast_layer,
-                        _eager_masks(kinds, x, t, par))
+    terms = _by_lifetime(layers.terms, head, embedding, logits, logits_forward, cast_all, cast_layer,
+                         _eager_masks(kinds, x, t, par))
+    return terms._replace(offloaded=layers.offloaded)
 
 
 class _LayerTerms(NamedTuple):
@@ -196,14 +212,21 @@ class _LayerTerms(NamedTuple):
     layer_forward: Term | None  # a layer's forward beyond the stored activations (recompute, eager softmax)
 
 
-def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage, in_flight: int) -> _LayerTerms:
-    """What the stage's layers keep, rebuild and hold in their backward and forward."""
+class _Layers(NamedTuple):
+    terms: _LayerTerms
+    offloaded: int  # host bytes of the offloaded checkpoints
+
+
+def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage, in_flight: int) -> _Layers:
+    """What the stage's layers keep, rebuild and hold in their backward and forward, and the checkpoints'
+    host bytes under activation offloading."""
     par = t.parallelism
     tp, sp = par.tp, par.sequence_parallel
     b = t.micro_batch_size
     h = spec.hidden_size
     selective = t.recompute is Recompute.SELECTIVE
     stored = 0.0
+    largest_kept = 0  # the largest layer checkpoint (activation offloading keeps a few on the device)
     rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
     first = first_rebuilt = first_back = last_back = 0.0
     forward = 0.0
@@ -227,6 +250,7 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
         else:
             kept = per_layer
         stored += kept * count
+        largest_kept = max(largest_kept, kept)
         if layer is first_layer:
             first = kept
             if t.recompute is Recompute.FULL and stage.first and input_bytes != x.stream_bytes:
@@ -254,7 +278,15 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
     if t.recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
         transient = last_back  # the backward starts with the stage's last layer
     micro = "" if in_flight == 1 else f" x {in_flight} in flight"
-    if t.recompute is Recompute.FULL:
+    offloaded = 0
+    kept_on_device = min(t.checkpoints_on_device, stage.stop - stage.start)
+    if t.checkpoints_on_device:
+        on_device = kept_on_device * largest_kept * in_flight
+        offloaded = math.ceil(stored * in_flight) - on_device
+        stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, on_device,
+                           f"{kept_on_device} x b x s x h x {x.stream_bytes} B (the layer inputs in flight; "
+                           f"activation offloading keeps the others in host RAM){micro}")
+    elif t.recompute is Recompute.FULL:
         first_note = (f"; the first layer's at {input_bytes} B, the embeddings' dtype"
                       if stage.first and input_bytes != x.stream_bytes else "")
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, math.ceil(stored * in_flight),
@@ -281,7 +313,8 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
     forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
                         "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
                         "scores and their fp32 copy at the softmax") if forward > 0 else None
-    return _LayerTerms(stored_term, rebuilt_term, transient_term, first_term, first_back_term, others, forward_term)
+    return _Layers(_LayerTerms(stored_term, rebuilt_term, transient_term, first_term, first_back_term, others,
+                               forward_term), max(0, offloaded))
 
 
 def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Execution, stage: Stage,

@@ -9,7 +9,17 @@ from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.table import MOMENTS
 from memest.memo import remembered
 from memest.spec import ModelSpec
-from memest.workload import AttnImplementation, Framework, KbitPrep, Method, Optimizer, Precision, TrainingConfig
+from memest.workload import (
+    AttnImplementation,
+    Framework,
+    KbitPrep,
+    Method,
+    Offload,
+    Optimizer,
+    Precision,
+    TrainingConfig,
+    offloaded_checkpoints_on_device,
+)
 
 _KBIT_ASSUMPTIONS = {
     KbitPrep.TRL: ("--prepare-kbit-training trl (trl SFTTrainer, bf16=True): norms fp32, embeddings and lm_head bf16, "
@@ -38,6 +48,9 @@ class AssumptionsInput(NamedTuple):
     prepare_kbit_training: KbitPrep
     optimizer: Optimizer
     expert_sharded: bool  # expert parallelism with sharded states
+    fsdp_offload: bool  # FSDP with CPUOffloadPolicy
+    in_backward: bool  # torchtune's optimizer_in_bwd (full training)
+    checkpoints_on_device: int  # activation offloading: checkpoints left on the device (0: off)
 
 
 def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
@@ -47,7 +60,8 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
     return _assumption_lines(AssumptionsInput(
         spec.model_type, spec.sdpa_supported, t.seq_len if too_long else None, spec.max_position_embeddings, moment, fw,
         t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
-        t.optimizer, par.ep > 1 and par.zero_stage > 0))
+        t.optimizer, par.ep > 1 and par.zero_stage > 0, fw is Framework.FSDP and t.offload is not Offload.NONE,
+        t.optimizer_in_bwd and t.method is Method.FULL, offloaded_checkpoints_on_device(t)))
 
 
 @remembered(maxsize=4096)
@@ -88,4 +102,14 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
         out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
                    "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
                    "DeepSpeed-MoE)")
+    if a.fsdp_offload:
+        out.append("FSDP CPUOffloadPolicy (torch 2.13, pin_memory): parameter, gradient and optimizer-state shards in "
+                   "pinned host RAM, the optimizer step on the host; each sharded gradient copied to host after its "
+                   "reduce-scatter")
+    if a.in_backward:
+        out.append("optimizer_in_bwd (torchtune 0.6): one optimizer per parameter stepped in its post-accumulate-grad "
+                   "hook; the largest in-flight gradient counted, none at the step")
+    if a.checkpoints_on_device:
+        out.append(f"activation offloading: layer checkpoints in host RAM, {a.checkpoints_on_device} kept on the "
+                   "device (torchtune OffloadActivations' forward stash of 5; unsloth brings back 1)")
     return tuple(out)

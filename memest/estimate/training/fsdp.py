@@ -8,6 +8,22 @@ from the second unit on, the previous unit's ``reduce_dtype`` reduce-scatter inp
 (``_fsdp_collectives.py`` ``foreach_reduce``). The all-gather outputs are allocated on their own
 stream, whose cached blocks the compute stream cannot reuse: the root's and a layer's are reserved
 beside the peak allocated (term ``allocator.all_gather_stream``).
+
+CPU offload (``fully_shard(offload_policy=CPUOffloadPolicy())``, pin_memory True; torch 2.13
+``_fsdp_param.py``, ``_fsdp_collectives.py``): the sharded parameters live in pinned host memory
+(``FSDPParam._init_sharded_param``: ``padded_sharded_param.cpu().pin_memory()``), so do the optimizer's states
+and its step (the optimizer holds the host shards); each unit's shards are copied to the device for its
+all-gather (``all_gather_inputs``: ``sharded_param_data.to(self.device, non_blocking=True)``, then cast to the
+param dtype) on the all-gather copy-in stream, and each sharded gradient is copied to host right after its
+reduce-scatter (``foreach_reduce``: ``new_sharded_grad.to(torch.device("cpu"))``; accumulation adds on the
+host). On the device stay the gathered units, the unit's unsharded gradients and reduce-scatter input (as
+without offload), and, in the copy-in stream's pool, one layer's host-to-device shard copies at the
+parameters' and the gather dtype. FSDP1 ``CPUOffload(offload_params=True)`` (``_flat_param.py``: ``_local_shard``
+pinned on the host, ``_cpu_grad`` a pinned host gradient shard; ``_runtime_utils.py`` ``_offload_grad`` after
+the reduce-scatter) leaves the same on the device. Host RAM: :func:`memest.estimate.training.step` (shards of
+the parameters, gradients and optimizer states).
+
+torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
 """
 
 from __future__ import annotations
@@ -16,12 +32,13 @@ import math
 
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.training.in_backward import stepped_in_backward
 from memest.estimate.training.optimizers import step_temporaries
 from memest.estimate.training.protocol import FrameworkStates, StateContext
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
 from memest.result import Kind, Term
-from memest.workload import Method, Precision
+from memest.workload import Method, Offload, Precision
 
 FLAT_STATES = False
 PER_PARAMETER_SHARDS = True
@@ -43,11 +60,15 @@ def states(ctx: StateContext) -> FrameworkStates:
         trainable = expert_weighted(trainable, par, n)
     groups = grad_groups(spec, stage, trainable)
     later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
-    gradients = Gradients(
-        all=blocks(groups.used, gb, shard_g),  # FSDP2 shards each parameter's gradient
-        head=math.ceil(ctx.head_numel * gb / shard_g),
-        before_first_layer=math.ceil(later * gb / shard_g),  # units reduce-scatter as their backward ends
-        formula=f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else ""))
+    offloaded = t.offload is not Offload.NONE
+    if offloaded:  # CPUOffloadPolicy: each sharded gradient is copied to host after its reduce-scatter
+        gradients = Gradients(formula="sharded gradients copied to host after each reduce-scatter (CPUOffloadPolicy)")
+    else:
+        gradients = Gradients(
+            all=blocks(groups.used, gb, shard_g),  # FSDP2 shards each parameter's gradient
+            head=math.ceil(ctx.head_numel * gb / shard_g),
+            before_first_layer=math.ceil(later * gb / shard_g),  # units reduce-scatter as their backward ends
+            formula=f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else ""))
     # the compute copies gathered: every weight (a LoRA base too) at its dtype, or FSDP2's param_dtype
     gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
     largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
@@ -63,6 +84,11 @@ def states(ctx: StateContext) -> FrameworkStates:
         stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(largest * gather_b)
         stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
                                "in the all-gather stream's pool")
+        if offloaded:  # the next layer's host shards copied in (param dtype) and cast to the gather dtype
+            weight_b = RECIPES[t.precision].weight
+            stream_pool += cuda_block_bytes(math.ceil(largest * weight_b / n)) + cuda_block_bytes(
+                math.ceil(largest * gather_b / n))
+            stream_pool_formula += f" + largest layer / {n} x ({weight_b} + {gather_b}) B (its host shards copied in)"
     gathered: tuple[Term, ...] = ()
     unit, unit_formula = 0, ""
     if z >= 3:
@@ -83,7 +109,17 @@ def states(ctx: StateContext) -> FrameworkStates:
         # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
         reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
                              f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
-    return FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
-                           gathered=gathered, gathered_unit=unit, gathered_formula=unit_formula,
-                           stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
-                           step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)))
+    fs = FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
+                         gathered=gathered, gathered_unit=unit, gathered_formula=unit_formula,
+                         stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
+                         step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)))
+    if not t.optimizer_in_bwd or not groups.used:
+        return fs
+    # each unit's sharded gradients are views of one reduce-scatter output, stepped in the reduce's loop
+    unit_numel = max(largest, root) if shard_g > 1 else max(local for _, local, _ in groups.used)
+    in_flight = 0 if offloaded else cuda_block_bytes(math.ceil(unit_numel * gb / shard_g))
+    tensor, local, _ = max(groups.used, key=lambda item: item[1])
+    what = (f"largest unit (root or layer) / {n} x {gb} B (its reduce-scatter output)" if shard_g > 1 else
+            f"largest trained parameter x {gb} B")
+    return stepped_in_backward(fs, ctx, in_flight, what if not offloaded else "copied to host (CPUOffloadPolicy)",
+                               (tensor, local, 1), shard_g)

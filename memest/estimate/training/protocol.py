@@ -27,6 +27,7 @@ class StatesInput(NamedTuple):
     precision: Precision
     optimizer: Optimizer
     offload: Offload
+    optimizer_in_bwd: bool
     parallelism: Parallelism
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
@@ -34,7 +35,8 @@ class StatesInput(NamedTuple):
 
 def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
-    return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.parallelism,
+    return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
+                       t.parallelism,
                        t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training)
 
 

@@ -51,7 +51,8 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=assumptions(spec, t, fw, peaks[worst]),
-                    host_bytes=_host_bytes(spec, t, fw, device), extra=extra)
+                    host_bytes=_host_bytes(spec, t, fw, device) + _offloaded_activation_bytes(spec, t, fw, device),
+                    extra=extra)
 
 
 def moments(spec: ModelSpec, t: TrainingConfig, device: Device, stage: Stage | None = None) -> dict[str, list[Term]]:
@@ -138,8 +139,19 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     return tuple(chosen), name
 
 
+def _offloaded_activation_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
+    """Host RAM per node for the activation checkpoints that activation offloading moves there
+    (:attr:`.activation_terms.ActivationTerms.offloaded`), for the ranks of one node (the stage holding most)."""
+    if not t.activation_offloading:
+        return 0
+    view = activations_input(t)
+    per_rank = max(activation_terms(spec, view, fw, stage).offloaded for stage in stages(spec.num_layers, t.parallelism.pp))
+    return per_rank * min(device.per_node, t.parallelism.world_size)
+
+
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
-    """Host RAM per node for offloaded states: fp32 master, optimizer states and fp32 gradients
+    """Host RAM per node for offloaded states: fp32 master, optimizer states and gradients (fp32 under
+    DeepSpeed, FSDP's at its reduce dtype)
     (and with ``--offload params`` the 16-bit parameters, a LoRA / QLoRA model's frozen base
     included), for the ranks of one node; under DeepSpeed its further host copies
     (:func:`.deepspeed.offload_host_bytes_per_param`, :func:`.deepspeed.offload_host_bytes_per_rank`)."""
@@ -153,7 +165,9 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devic
         states = 4.0
     else:
         states = state_bytes_per_param(t.optimizer, recipe.state)
-    per_param = recipe.master + states + 4
+    # the gradient shards on the host: DeepSpeed's fp32 partition; FSDP's at the reduce dtype (fp32 adapters)
+    grad_host = 4 if fw is not Framework.FSDP else (recipe.grad if t.method is Method.FULL else ADAPTER_BYTES)
+    per_param = recipe.master + states + grad_host
     per_rank = 0
     if fw is Framework.DEEPSPEED:
         param_b = recipe.weight if t.method is Method.FULL else ADAPTER_BYTES
