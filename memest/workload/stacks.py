@@ -35,7 +35,9 @@ Sources (each row cites the file that sets its defaults):
   examples.
 - litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
-  ``FSDPStrategy`` (FULL_SHARD).
+  ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
+  and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
+  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT.
 - DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
   optimizer (FusedAdam); ZeRO stage as given.
 - Megatron-LM ``megatron/training/arguments.py`` ``--bf16``: bf16 parameters, fp32 ``main_grad`` and master;
@@ -56,6 +58,7 @@ from memest.workload.config import (
     AttnImplementation,
     Framework,
     KbitPrep,
+    LoraLibrary,
     Loss,
     Optimizer,
     Precision,
@@ -83,6 +86,7 @@ class StackDefaults:
         attn: Its attention kernel.
         kbit: How it prepares a QLoRA model.
         lora_targets: The layers its LoRA adapts (memest's ``lora_targets`` value).
+        lora_library: Who builds its adapters and QLoRA base (:class:`~memest.workload.config.LoraLibrary`).
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
     """
 
@@ -99,6 +103,7 @@ class StackDefaults:
     attn: AttnImplementation = AttnImplementation.SDPA
     kbit: KbitPrep = KbitPrep.PEFT
     lora_targets: str = "attention"
+    lora_library: LoraLibrary = LoraLibrary.PEFT
     model_parallel: bool = False
 
 
@@ -114,7 +119,8 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.TORCHTUNE: StackDefaults(label="torchtune 0.6", bf16="dtype: bf16", precision=Precision.BF16,
                                    recipe="pure bf16 params and states", optimizer=Optimizer.ADAMW_FUSED,
                                    optimizer_name="AdamW(fused=True)", many=(Framework.FSDP, 3),
-                                   recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE),
+                                   recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
+                                   lora_library=LoraLibrary.TORCHTUNE),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
@@ -134,7 +140,8 @@ STACKS: dict[Stack, StackDefaults] = {
                                  kbit=KbitPrep.NONE, lora_targets="all-linear"),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
-                                optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+                                optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
+                                lora_library=LoraLibrary.LITGPT),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0)),
@@ -192,7 +199,7 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     out = dict(v)
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
-            "prepare_kbit_training": d.kbit}
+            "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
     out |= {name: value for name, value in fill.items() if out[name] is None}
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
             and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):

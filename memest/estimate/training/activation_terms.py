@@ -25,7 +25,7 @@ from memest.estimate.activations import (
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.sharding import Stage, shard_numel
-from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
+from memest.estimate.training.lora import adapter_bytes, lora_adapters
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
@@ -35,6 +35,7 @@ from memest.workload import (
     Framework,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
     Loss,
     Method,
     Parallelism,
@@ -76,6 +77,7 @@ class ActivationsInput(NamedTuple):
     loss: Loss
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
+    lora_library: LoraLibrary
     parallelism: ActivationParallelism
 
 
@@ -84,7 +86,7 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
     par = t.parallelism
     return ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
-                            t.prepare_kbit_training,
+                            t.prepare_kbit_training, t.lora_library,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel))
 
@@ -108,7 +110,8 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     if t.method is not Method.FULL:
         lora = LoraActivations(targets=tuple(lora_targets.peft_target_modules(spec, t.lora.targets)),
                                all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
-                               adapter_bytes=ADAPTER_BYTES, dropout=t.lora.dropout)
+                               adapter_bytes=adapter_bytes(t.lora_library, t.precision),
+                               dropout=t.lora.dropout)
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
