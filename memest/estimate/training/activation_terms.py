@@ -118,6 +118,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
                      routing_bytes=routing, quantized_outputs=quantized,
+                     saves_4bit_inputs=quantized and t.lora_library is LoraLibrary.LITGPT,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 

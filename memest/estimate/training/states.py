@@ -106,13 +106,15 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
         e = expert_data_ranks(par, n) if shard_w > 1 else 1
         scale = [(tn, c * e if tn.component is Component.EXPERTS else c) for tn, c in tensors]
         ab = adapter_bytes(t.lora_library, t.precision)
+        untied = qlora_base.untied_head_numel(spec, t.lora_library, stage.last)
         if t.method is Method.LORA:
             base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c
-                       for tn, c in scale)
-            weights_formula = f"frozen base x {recipe.weight} B + adapters x {ab} B"
+                       for tn, c in scale) + cuda_block_bytes(untied * recipe.weight)
+            weights_formula = (f"frozen base x {recipe.weight} B" + (" (litgpt's own lm_head included)" if untied else "")
+                               + f" + adapters x {ab} B")
         else:
             emb, other = kbit_weight_bytes(t)
-            base, words = qlora_base.base_bytes(scale, par, k, t.lora_library, emb, other)
+            base, words = qlora_base.base_bytes(scale, par, k, t.lora_library, emb, other, untied)
             weights_formula = (f"{words} (--prepare-kbit-training {t.prepare_kbit_training.value}) "
                                f"+ adapters x {ab} B")
         weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ab) / shard_w)
@@ -151,11 +153,6 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
                   Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, moments,
                        f"{t.optimizer.value} states" + sharded_note(shard_o)),
                   *fs.persistent)
-    kept = qlora_base.retained_embedding_bytes(spec, t.lora_library, stage.first, recipe.compute) \
-        if t.method is Method.QLORA else 0
-    if kept:
-        base_terms += (Term("weights.replaced_embedding", Kind.WEIGHTS, kept,
-                            f"vocab x h x {recipe.compute} B (litgpt keeps the wte it swapped for StableEmbedding)"),)
     if spec.buffers:
         base_terms += (Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
                             " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
@@ -174,8 +171,9 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         return (Term("workspace.gathered_layers", Kind.WORKSPACE, units * fs.gathered_unit,
                      f"{units} x {fs.gathered_formula} ({why})"),)
 
-    dequantized = ((_dequantized(spec, stage, t, RECIPES[t.precision].compute),)
-                   if t.method is Method.QLORA else ())
+    c = RECIPES[t.precision].compute
+    dequantized = (_dequantized(spec, stage, t.parallelism, c),) if t.method is Method.QLORA else ()
+    head = _dequantized_head(spec, stage, t, c)
     grads_all = Term("gradients", Kind.GRADIENTS, grads.all, grads.formula)
     lifetimes = (  # in STATE_LIFETIMES order
         fs.gathered,                                                                 # gathered
@@ -188,6 +186,7 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         fs.reduction,                                                                # reduction
         fs.step,                                                                     # step
         dequantized,                                                                 # dequantized
+        head,                                                                        # dequantized.head
         (grads_all,),                                                                # grads.all
         (grads_all if fs.step_grads is None else fs.step_grads,),                    # grads.step
     )
@@ -206,17 +205,24 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
     )
 
 
-def _dequantized(spec: ModelSpec, stage: Stage, t: StatesInput, c: int) -> Term:
+def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Term:
     """One NF4 weight dequantized to the compute dtype for each matmul (:mod:`.qlora_base`): the largest
-    linear weight, litgpt's NF4 lm_head among them on the last stage."""
-    par = t.parallelism
+    linear weight of the layers."""
     largest = max((shard_numel(tn, par, spec.num_kv_heads) for layer, _ in spec.layer_kinds(stage.start, stage.stop)
                    for tn in layer.tensors if tn.is_linear_weight), default=0)
-    what = "largest linear weight"
-    if stage.last and qlora_base.quantizes_lm_head(t.lora_library):
-        head = max((shard_numel(tn, par, spec.num_kv_heads) for tn in spec.head
-                    if tn.component is Component.LM_HEAD and len(tn.shape) == 2), default=0)
-        if head > largest:
-            largest, what = head, "the NF4 lm_head"
     return Term("workspace.dequantized_weight", Kind.WORKSPACE, largest * c,
-                f"{what} x {c} B (dequantized for the matmul)")
+                f"largest linear weight x {c} B (dequantized for the matmul)")
+
+
+def _dequantized_head(spec: ModelSpec, stage: Stage, t: StatesInput, c: int) -> tuple[Term, ...]:
+    """litgpt's NF4 lm_head in its backward (:mod:`.qlora_base`): bitsandbytes 0.42 ``MatMul4Bit.backward``
+    computes ``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``; Fabric quantized the weight from
+    fp16 (``_Linear4bit._quantize_weight``: ``.to(dtype=torch.half)``), so the dequantized fp16 copy and
+    its cast to the compute dtype are both alive inside ``.to``: 2 x vocab x h x 2 B."""
+    if t.method is not Method.QLORA or not stage.last or not qlora_base.quantizes_lm_head(t.lora_library):
+        return ()
+    head = max((shard_numel(tn, t.parallelism, spec.num_kv_heads) for tn in spec.head
+                if tn.component is Component.LM_HEAD and len(tn.shape) == 2),
+               default=qlora_base.untied_head_numel(spec, t.lora_library, stage.last))
+    return (Term("workspace.dequantized_weight", Kind.WORKSPACE, head * (2 + c),
+                 f"the NF4 lm_head x (2 + {c}) B (its fp16 dequantized copy and the cast, in its backward)"),)
