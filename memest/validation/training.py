@@ -29,6 +29,7 @@ from memest.workload import (
     Framework,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
     Loss,
     Method,
     Offload,
@@ -170,7 +171,7 @@ def build_cases() -> list[Case]:
         TrainingConfig(method=Method.LORA, micro_batch_size=2, seq_len=2048, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, recompute=Recompute.FULL, loss=Loss.CHUNKED,
                        lora=LoraConfig(rank=8, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
-                       framework=Framework.PYTORCH),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.TORCHTUNE),
         get_device("RTX-4090"), "allocated",
         round(pub["torchtune_llama31_8b_lora_4090"]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
         "torchtune lora_finetune_single_device: activation checkpointing, CEWithChunkedOutputLoss (assumed from the "
@@ -179,9 +180,10 @@ def build_cases() -> list[Case]:
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, lora=LoraConfig(rank=32, targets="q_proj,v_proj", dropout=0.05),
-                       framework=Framework.PYTORCH),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.LITGPT),
         get_device("A10G"), "allocated", round(pub["litgpt_llama3_8b_lora_a10g"]["measured"]["peak_memory_GB"] * GB),
-        "litgpt bf16-true; sequences padded to the longest in the batch: 512 assumed (max_seq_length)",
+        "litgpt bf16-true (bf16 adapters and AdamW states); sequences padded to the longest in the batch: 512 "
+        "assumed (max_seq_length)",
         HIGH_TOLERANCE, "peak allocated (GB)"))
 
     h100 = get_device("H100-80GB")
@@ -240,6 +242,43 @@ def build_cases() -> list[Case]:
                         round(pub[cid]["measured"]["max_memory_allocated_GB"] * GB),
                         ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
+    out += _litgpt_config_hub(pub)
+    return out
+
+
+_LITGPT_MODELS = {"unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.1"}
+"""litgpt config-hub checkpoints memest loads by another name with the same shapes."""
+
+
+def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
+    """The litgpt config-hub table's 1xA10G LoRA / QLoRA rows (``litgpt_*_a10g`` but the first one):
+    litgpt 0.4 ``finetune/lora.py`` with the row's yaml, bf16-true, no checkpointing, 512 tokens."""
+    out = []
+    for cid, case in pub.items():
+        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]):
+            continue
+        lora = case["settings"]["lora"]
+        model = case["model"]
+        fused = "query_key_value" if model.startswith("tiiuae/falcon") else "q_proj,v_proj"
+        targets = "all-linear" if lora["mlp"] else fused
+        method = Method(case["kind"])
+        w = TrainingConfig(method=method, micro_batch_size=case["batch_size"], seq_len=512,
+                           grad_accum_steps=case["grad_accum"], precision=Precision.BF16,
+                           optimizer=Optimizer.ADAMW_FUSED, framework=Framework.PYTORCH,
+                           lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+        note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
+                "assumed (max_seq_length)")
+        if method is Method.QLORA:
+            note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
+                     "keeps its input); PagedAdamW modelled as AdamW (its states of tensors >= 1e5 elements live in "
+                     "managed memory, outside the allocator's count)")
+        if lora["head"]:
+            note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"
+        if fused == "query_key_value" and not lora["mlp"]:
+            note += "; litgpt's q/v-only adapter on the fused QKV is modelled as one on the whole QKV"
+        out.append(Case(cid, load_model(_LITGPT_MODELS.get(model, model)), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
     return out
 
 
