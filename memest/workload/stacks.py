@@ -37,7 +37,9 @@ Sources (each row cites the file that sets its defaults):
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
   and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
-  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT.
+  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT. ``--quantize bnb.*`` refuses a
+  mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
+  ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
 - DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
   optimizer (FusedAdam); ZeRO stage as given.
 - Megatron-LM ``megatron/training/arguments.py`` ``--bf16``: bf16 parameters, fp32 ``main_grad`` and master;
@@ -60,6 +62,7 @@ from memest.workload.config import (
     KbitPrep,
     LoraLibrary,
     Loss,
+    Method,
     Optimizer,
     Precision,
     Recompute,
@@ -87,6 +90,8 @@ class StackDefaults:
         kbit: How it prepares a QLoRA model.
         lora_targets: The layers its LoRA adapts (memest's ``lora_targets`` value).
         lora_library: Who builds its adapters and QLoRA base (:class:`~memest.workload.config.LoraLibrary`).
+        qlora_precision: The recipe its QLoRA runs when it differs from ``precision`` (None: the same).
+        qlora_recipe: How its users ask for that recipe, and what it runs, in words.
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
     """
 
@@ -104,6 +109,8 @@ class StackDefaults:
     kbit: KbitPrep = KbitPrep.PEFT
     lora_targets: str = "attention"
     lora_library: LoraLibrary = LoraLibrary.PEFT
+    qlora_precision: Precision | None = None
+    qlora_recipe: str = ""
     model_parallel: bool = False
 
 
@@ -141,7 +148,8 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
-                                lora_library=LoraLibrary.LITGPT),
+                                lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
+                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0)),
@@ -192,11 +200,14 @@ def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
 def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
-    A stack that shards over several devices by default (torchtune, NeMo's distributed optimizer) gets
+    A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
+    over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given.
     """
     d = STACKS[stack]
     out = dict(v)
+    if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
+        out["precision"] = d.qlora_precision
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
@@ -229,6 +240,8 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> st
     """The job line's sentence for a stack: its name, how its users ask for bf16 and what that runs,
     and its optimizer (the stack's own words where the user kept its defaults)."""
     d = STACKS[stack]
-    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
+    if precision is d.qlora_precision and precision is not d.precision:
+        return f"{d.label}, {d.qlora_recipe}, {opt}"
+    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     return f"{d.label}, {d.bf16}: {recipe}, {opt}"
