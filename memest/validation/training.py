@@ -171,11 +171,11 @@ def build_cases() -> list[Case]:
         TrainingConfig(method=Method.LORA, micro_batch_size=2, seq_len=2048, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, recompute=Recompute.FULL, loss=Loss.CHUNKED,
                        lora=LoraConfig(rank=8, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
-                       framework=Framework.PYTORCH, lora_library=LoraLibrary.TORCHTUNE),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.TORCHTUNE, torch_compile=True),
         get_device("RTX-4090"), "allocated",
         round(pub["torchtune_llama31_8b_lora_4090"]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
         "torchtune lora_finetune_single_device: activation checkpointing, CEWithChunkedOutputLoss (assumed from the "
-        "config), torch.compile (not modelled)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+        "config), torch.compile (modelled for the loss only: the compiled chunked cross-entropy keeps bf16 logits)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     out.append(Case(
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
@@ -243,6 +243,26 @@ def build_cases() -> list[Case]:
                         ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
     out += _litgpt_config_hub(pub)
+
+    # torchtune README "Memory and training speed" (commit 30b8519e8): batch 2 packed to 2048, compile on
+    tune = TrainingConfig(micro_batch_size=2, seq_len=2048, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
+                          recompute=Recompute.FULL, loss=Loss.CHUNKED, lora_library=LoraLibrary.TORCHTUNE,
+                          prepare_kbit_training=KbitPrep.NONE, framework=Framework.PYTORCH, torch_compile=True)
+    tune_note = ("torchtune 0.3 recipe config; bf16 adapters; CEWithChunkedOutputLoss under torch.compile (the "
+                 "compiled loss keeps the chunks' bf16 logits; the compiled layers' own changes are not modelled)")
+    cid = "torchtune_llama31_8b_qlora_4090"
+    out.append(Case(cid, load_model("meta-llama/Llama-3.1-8B-Instruct"),
+                    tune.replace(method=Method.QLORA, lora=LoraConfig(rank=8, targets="q_proj,k_proj,v_proj,o_proj,"
+                                                                                     "gate_proj,up_proj,down_proj")),
+                    get_device("RTX-4090"), "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
+                    tune_note + "; torchao NF4 base, output projection bf16", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+    cid = "torchtune_llama31_70b_lora_8xa100"
+    out.append(Case(cid, load_model("meta-llama/Llama-3.1-70B"),
+                    tune.replace(method=Method.LORA, lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj"),
+                                 framework=Framework.FSDP, parallelism=Parallelism(dp=8, zero_stage=3)),
+                    a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
+                    tune_note + "; FSDP2 over 8 (layers and the root); Llama-3.1-70B-Instruct as Llama-3.1-70B "
+                    "(same shapes)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     return out
 
 

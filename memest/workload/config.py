@@ -415,6 +415,8 @@ class TrainingConfig:
             ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
             ``none``.
         lora_library: LoRA and QLoRA: who builds the adapters and the 4-bit base (:class:`LoraLibrary`).
+        torch_compile: The loss runs under torch.compile (torchtune ``compile: True`` compiles it with
+            ``training.compile_loss``); modelled for the chunked loss only.
     """
 
     method: Method = Method.FULL
@@ -478,6 +480,11 @@ class TrainingConfig:
              "prepare_model_for_kbit_training alone: embeddings, norms, lm_head fp32, no autocast) or none (no "
              "preparation: 16-bit non-quantized weights and residual stream).")
 
+    torch_compile: bool = setting(
+        False, group="training", scope="training", describe="changed", what="torch.compile's compiled loss",
+        help="torch.compile the loss (torchtune compile=True): the compiled chunked cross-entropy keeps each "
+             "chunk's 16-bit logits, not their fp32 log-probabilities (only {loss} chunked is modelled; the "
+             "compiled layers' own changes are not).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",

@@ -318,6 +318,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         target_len=v["target_len"],
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
         lora_library=v["lora_library"] or LoraLibrary.PEFT,
+        torch_compile=v["torch_compile"],
         stack=stack,
         stack_assumed=assumed,
         config_notes=files.read(v["config"])[1] if v["config"] else (),

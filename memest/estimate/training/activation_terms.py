@@ -78,6 +78,7 @@ class ActivationsInput(NamedTuple):
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
+    torch_compile: bool
     parallelism: ActivationParallelism
 
 
@@ -86,7 +87,7 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
     par = t.parallelism
     return ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
-                            t.prepare_kbit_training, t.lora_library,
+                            t.prepare_kbit_training, t.lora_library, t.torch_compile,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel))
 
@@ -392,8 +393,13 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     if t.loss == Loss.FUSED:
         per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
     elif t.loss == Loss.CHUNKED:
-        per = 4 * v + (8 + c) * v / LOSS_CHUNKS
-        formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
+        # torchtune CEWithChunkedOutputLoss: cross_entropy(chunk.float()) keeps each chunk's fp32 log-softmax;
+        # compiled (training.compile_loss), inductor's min-cut partitioner saves the graph's c-byte input
+        # and recomputes the upcast and the log-softmax in backward
+        # (torch/_functorch/partitioners.py min_cut_rematerialization_partition)
+        kept, what = (c, f"{c} B logits kept by the compiled loss") if t.torch_compile else (4, "4 B fp32 log-probs")
+        per = kept * v + (8 + c) * v / LOSS_CHUNKS
+        formula = f"b x s x V/t x ({what} + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
     elif _loss_at_logits_dtype(spec, x):
