@@ -71,9 +71,14 @@ WORST_CASES = """
   12 x V and the fp32 checkpoints); the gap is a constant ~11 GiB of the baseline's setup that the
   README does not describe. unsloth's own column (offloaded checkpoints, fused cross-entropy) is not
   modelled.
-- **torchtune_llama31_8b_lora_4090 (medium, +15.5%; +16.2% with fp32 adapters).** torch.compile compiles torchtune's chunked
-  cross-entropy, which then does not keep every chunk's fp32 log-probabilities (memest's ``chunked``
-  keeps them: 2.0 GiB here); without that term memest is 4% over.
+- **torchtune README rows (medium: torchtune_llama31_8b_lora_4090 +9.4%, torchtune_llama31_8b_qlora_4090
+  +9.3%, torchtune_llama31_70b_lora_8xa100 +10.1%).** All run with ``compile: True``: torchtune compiles
+  its chunked cross-entropy (``training.compile_loss``), which then keeps each chunk's bf16 logits
+  instead of their fp32 log-probabilities (``--torch-compile``; the 4090 LoRA row was +16.2% without
+  it, +15.5% with bf16 adapters alone). torchtune builds bf16 adapters (``--lora-library torchtune``)
+  and a torchao NF4 base with a bf16 output projection. What is left (0.7-2.8 GiB over) is not
+  identified: the compiled layers' own saved tensors are not modelled, and the README does not say
+  which of torchtune's peak statistics (active / allocated / reserved) it shows.
 - **litgpt config-hub rows (`litgpt_*_a10g`, high; 1xA10G, 512 tokens, bf16-true).** litgpt builds its
   adapters and QLoRA base its own way (``--lora-library litgpt``, the litgpt stack's default): bf16
   adapters and AdamW states; ``--quantize bnb.nf4`` on every linear, the lm_head included, without

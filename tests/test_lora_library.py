@@ -19,6 +19,7 @@ from memest.workload import (
     KbitPrep,
     LoraConfig,
     LoraLibrary,
+    Loss,
     Method,
     Optimizer,
     Parallelism,
@@ -135,3 +136,36 @@ def test_the_stack_picks_the_library_and_litgpt_qlora_runs_bf16_true(llama):
     line = " ".join(out.stdout.split())
     assert 'litgpt, precision="bf16-true" (quantize bnb.nf4): bf16 params and states' in line
     assert "lora_library litgpt" in line
+
+
+def test_fsdp2_gathers_a_qlora_layer_in_nf4(llama):
+    # torchao NF4Tensor.fsdp_pre_all_gather sends the quantized tensors. One layer: 202,375,168 linear weights
+    # -> 101,187,584 B data + 3,162,112 int8 scalers + bf16 factors (4 x 1,024 + 3 x 2,752) x 2 B = 24,704 B;
+    # its two norms 2 x 4096 x 2 B = 16,384 B: 104,390,784 B; two units while layers run: 208,781,568 B
+    t = _qlora(LoraLibrary.TORCHTUNE, framework=Framework.FSDP, parallelism=Parallelism(dp=8, zero_stage=3))
+    states = model_states(llama, states_input(t), Framework.FSDP, stages(llama.num_layers, 1)[0])
+    running = states.lifetimes[1]  # STATE_LIFETIMES[1] = "gathered.running"
+    assert [x.bytes for x in running if x.name == "workspace.gathered_layers"] == [208_781_568]
+
+
+def test_the_compiled_chunked_loss_keeps_16_bit_logits(llama):
+    # CEWithChunkedOutputLoss, b 1 x s 512, V 32000, 8 chunks: eager keeps fp32 log-probs
+    # 512 x (4 x 32000 + (8 + 2) x 32000 / 8) = 86,016,000 B; compiled keeps the bf16 logits
+    # 512 x (2 x 32000 + 40,000) = 53,248,000 B
+    from memest.estimate.training.activation_terms import activation_terms, activations_input
+
+    def logits(compiled):
+        t = _qlora(LoraLibrary.TORCHTUNE, loss=Loss.CHUNKED, torch_compile=compiled)
+        terms = activation_terms(llama, activations_input(t), Framework.PYTORCH, stages(llama.num_layers, 1)[0])
+        return {x.bytes for lifetime in terms.lifetimes for x in lifetime if x.name == "logits"}
+    assert (logits(False), logits(True)) == ({86_016_000}, {53_248_000})
+
+
+def test_torch_compile_needs_the_chunked_loss():
+    out = run_memest("hf", LLAMA, "--finetune", "lora", "--torch-compile", "--gpu", "A10G")
+    assert out.returncode == 2
+    assert "--torch-compile is modelled only for the compiled chunked cross-entropy" in out.stderr
+    assert "Traceback" not in out.stderr
+    ok = run_memest("hf", LLAMA, "--finetune", "lora", "--stack", "torchtune", "--torch-compile", "--gpu", "A10G")
+    assert ok.returncode == 0, ok.stderr
+    assert "torch_compile True" in " ".join(ok.stdout.split())

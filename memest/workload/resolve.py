@@ -28,6 +28,7 @@ from memest.workload.config import (
     KbitPrep,
     LoraConfig,
     LoraLibrary,
+    Loss,
     Method,
     Parallelism,
     ServingConfig,
@@ -299,6 +300,9 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     replicas = v["dp"] or max(1, v["gpus"] // group)
     stack, assumed = stacks.stack_of(v, replicas)
     v = stacks.apply(v, stack, replicas)
+    if v["torch_compile"] and Loss(v["loss"]) is not Loss.CHUNKED:
+        raise InputError("{torch_compile} is modelled only for the compiled chunked cross-entropy (torchtune): add "
+                         "{loss} chunked or drop it", field="torch_compile")
     par, framework = training_parallelism(v, device)
     t = TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
