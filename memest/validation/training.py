@@ -263,6 +263,18 @@ def build_cases() -> list[Case]:
                     a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
                     tune_note + "; FSDP2 over 8 (layers and the root); Llama-3.1-70B-Instruct as Llama-3.1-70B "
                     "(same shapes)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+
+    cid = "peft_llama2_70b_lora_ds_zero3_8gpu"
+    out.append(Case(cid, load_model("meta-llama/Llama-2-70b-hf"),
+                    TrainingConfig(method=Method.LORA, micro_batch_size=8, seq_len=2048, grad_accum_steps=4,
+                                   precision=Precision.MIXED, optimizer=Optimizer.ADAMW, recompute=Recompute.FULL,
+                                   attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.DEEPSPEED,
+                                   parallelism=Parallelism(dp=8, zero_stage=3),
+                                   lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1)),
+                    a100, "device_used", round(pub[cid]["measured"]["gpu_memory_used_GiB"] * GiB),
+                    "PEFT docs: trl SFTTrainer on accelerate DeepSpeed ZeRO-3, bf16, packed 2048-token sequences, "
+                    "gradient checkpointing, flash-attention 2; the 80 GB GPU type is not stated (A100 assumed)",
+                    MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
     return out
 
 
