@@ -61,9 +61,6 @@ def test_case_within_tolerance(row):
     )
 
 
-@pytest.mark.xfail(strict=True, reason="the 22 litgpt / torchtune / PEFT LoRA and QLoRA cases added with issue 14 put the "
-                   "median at 5.5% (48 cases; 4.7% over the 26 before): litgpt 0.4 QLoRA's unidentified 1-2.6 GB, "
-                   "phi-2's fused gelu under litgpt and torch.compile's compiled layers are not modelled")
 def test_median_error_goal():
     """The issue's goal: median |error| <= 5% over the published training cases."""
     assert tc.summary(ROWS)["median_abs_error"] <= 0.05

@@ -209,6 +209,11 @@ def build_cases() -> list[Case]:
         "torchtitan FSDP2 (bf16 params, fp32 reduce), selective op AC, foreach AdamW", DEVICE_TOLERANCE,
         "peak reserved (GiB)"))
     out.append(Case(
+        "torchtitan_llama31_8b_fsdp128_h100", load_model("meta-llama/Llama-3.1-8B"),
+        titan.replace(parallelism=Parallelism(dp=128, zero_stage=3)), h100_96, "reserved",
+        round(pub["torchtitan_llama31_8b_fsdp128_h100"]["measured"]["peak_reserved_GiB"] * GiB),
+        "as the 8-GPU row, FSDP2 over 128 GPUs on 16 hosts", DEVICE_TOLERANCE, "peak reserved (GiB)"))
+    out.append(Case(
         "torchtitan_llama31_70b_fsdp32_tp8", load_model("meta-llama/Llama-3.1-70B"),
         titan.replace(micro_batch_size=16, recompute=Recompute.FULL,
                       parallelism=Parallelism(dp=32, tp=8, zero_stage=3, sequence_parallel=True)),
