@@ -92,6 +92,15 @@ WORST_CASES = """
   16 B x hidden per token per layer in each, a mechanism not identified (it is not in the bf16 LoRA
   rows of the same models). Both phi-2 rows are over-predicted (+23%, +35%): litgpt's GptNeoxMLP runs
   ``gelu(approximate="tanh")`` as one op, memest counts transformers' composite ``gelu_new``.
+- **PEFT's DeepSpeed ZeRO-3 guide (medium: Llama-2-70B LoRA on 8 GPUs -4.1%, QLoRA on 2 GPUs -6.3%,
+  both against device used).** The QLoRA run stores the NF4 base in bf16 ``Params4bit``
+  (``bnb_4bit_quant_storage``), which ZeRO-3 partitions and gathers packed: its gathered layers are
+  NF4-sized (were counted at 2 B a weight). trl prepares no sharded QLoRA model
+  (``SFTTrainer._prepare_peft_model``: ``is_sharded_qlora``), so the trl stack defaults to
+  ``--prepare-kbit-training none`` under FSDP or ZeRO-3. Not modelled: the bitsandbytes quant states
+  (absmax), which are not parameters and so are not partitioned (about 1/64 B a weight on every rank).
+- **torchtitan_llama31_8b_fsdp128_h100 (high, +0.7% reserved).** Table 3 of the same benchmark as the
+  8-GPU row: FSDP2 over 16 hosts; the states shrink by 15 GiB from 8 to 128 ranks, as measured.
 - **fms_mistral7b_lora_1gpu_bs4 (high, -4.5%).** 1.1 GiB short at the loss backward, about the size
   of the bf16 logits (16,384 x 32,000 x 2 B = 0.98 GiB); transformers 4.48 may still hold them then.
 

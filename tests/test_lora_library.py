@@ -169,3 +169,18 @@ def test_torch_compile_needs_the_chunked_loss():
     ok = run_memest("hf", LLAMA, "--finetune", "lora", "--stack", "torchtune", "--torch-compile", "--gpu", "A10G")
     assert ok.returncode == 0, ok.stderr
     assert "torch_compile True" in " ".join(ok.stdout.split())
+
+
+def test_zero3_gathers_a_qlora_layer_in_nf4_and_trl_leaves_a_sharded_model_unprepared(llama):
+    # bnb_4bit_quant_storage packs the NF4 data in 16-bit Params4bit that ZeRO-3 gathers as stored: one layer
+    # in PEFT's format (double quant): 202,375,168 x 0.5 = 101,187,584 B + uint8 absmax 3,162,112 B + fp32
+    # scales (4 x 1,024 + 3 x 2,752) x 4 B = 49,408 B + norms 16,384 B = 104,415,488 B; current + prefetched
+    t = _qlora(LoraLibrary.PEFT, framework=Framework.DEEPSPEED, precision=Precision.MIXED,
+               parallelism=Parallelism(dp=2, zero_stage=3))
+    states = model_states(llama, states_input(t), Framework.DEEPSPEED, stages(llama.num_layers, 1)[0])
+    gathered = [x.bytes for lifetime in states.lifetimes for x in lifetime if x.name == "workspace.gathered_params"]
+    assert set(gathered) == {2 * 104_415_488}
+    # trl SFTTrainer._prepare_peft_model skips prepare_model_for_kbit_training when is_sharded_qlora
+    sharded = resolve({"finetune": "qlora", "stack": "trl", "gpus": 2, "fsdp": "full_shard"}, llama, A10G)
+    assert sharded.prepare_kbit_training is KbitPrep.NONE
+    assert resolve({"finetune": "qlora", "stack": "trl", "gpus": 2}, llama, A10G).prepare_kbit_training is KbitPrep.TRL

@@ -280,6 +280,16 @@ def build_cases() -> list[Case]:
                     "PEFT docs: trl SFTTrainer on accelerate DeepSpeed ZeRO-3, bf16, packed 2048-token sequences, "
                     "gradient checkpointing, flash-attention 2; the 80 GB GPU type is not stated (A100 assumed)",
                     MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
+    cid = "peft_llama2_70b_qlora_ds_zero3_2gpu"
+    out.append(Case(cid, load_model("meta-llama/Llama-2-70b-hf"),
+                    out[-1].workload.replace(method=Method.QLORA, micro_batch_size=2, grad_accum_steps=2,
+                                             parallelism=Parallelism(dp=2, zero_stage=3),
+                                             prepare_kbit_training=KbitPrep.NONE),
+                    get_device("A100-40GB"), "device_used", round(pub[cid]["measured"]["gpu_memory_used_GiB"] * GiB),
+                    "as the LoRA row on 2 GPUs, NF4 base (double quant) stored in bf16 Params4bit that ZeRO-3 "
+                    "partitions and gathers packed; trl prepares no sharded QLoRA model (is_sharded_qlora: "
+                    "--prepare-kbit-training none); the quant states, which ZeRO-3 does not partition, are counted "
+                    "as sharded; 40 GB A100 assumed", MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
     return out
 
 

@@ -202,7 +202,7 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
 
     A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
-    its ZeRO stage when neither it nor FSDP was given.
+    its ZeRO stage when neither it nor FSDP was given. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
@@ -215,6 +215,11 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
             and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
         out["zero_stage"] = d.many[1]
+    if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
+            and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
+        # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
+        # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
+        out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 
 
