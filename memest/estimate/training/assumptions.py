@@ -9,7 +9,16 @@ from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.table import MOMENTS
 from memest.memo import remembered
 from memest.spec import ModelSpec
-from memest.workload import AttnImplementation, Framework, KbitPrep, Method, Optimizer, Precision, TrainingConfig
+from memest.workload import (
+    AttnImplementation,
+    Framework,
+    KbitPrep,
+    LoraLibrary,
+    Method,
+    Optimizer,
+    Precision,
+    TrainingConfig,
+)
 
 _KBIT_ASSUMPTIONS = {
     KbitPrep.TRL: ("--prepare-kbit-training trl (trl SFTTrainer, bf16=True): norms fp32, embeddings and lm_head bf16, "
@@ -36,8 +45,17 @@ class AssumptionsInput(NamedTuple):
     attn_implementation: AttnImplementation
     method: Method
     prepare_kbit_training: KbitPrep
+    lora_library: LoraLibrary
     optimizer: Optimizer
     expert_sharded: bool  # expert parallelism with sharded states
+
+
+_QLORA_BASES = {
+    LoraLibrary.PEFT: "bitsandbytes NF4 linear weights (double quantization), lm_head 16-bit",
+    LoraLibrary.LITGPT: ("litgpt bnb.nf4 on every linear and the lm_head (no double quantization); bitsandbytes 0.42 "
+                         "keeps each 4-bit linear's input for backward"),
+    LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (block 64, scaler block 256), output projection 16-bit",
+}
 
 
 def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
@@ -47,7 +65,7 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
     return _assumption_lines(AssumptionsInput(
         spec.model_type, spec.sdpa_supported, t.seq_len if too_long else None, spec.max_position_embeddings, moment, fw,
         t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
-        t.optimizer, par.ep > 1 and par.zero_stage > 0))
+        t.lora_library, t.optimizer, par.ep > 1 and par.zero_stage > 0))
 
 
 @remembered(maxsize=4096)
@@ -69,7 +87,9 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.too_long:
         out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
     if a.method is not Method.FULL:
-        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
+        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library is LoraLibrary.PEFT
+                    else f"at the run's parameter dtype ({a.lora_library.value})")
+        out.append(f"LoRA adapters {adapters}, trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
         if fw is Framework.DEEPSPEED:
@@ -81,7 +101,7 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if a.method is Method.QLORA:
-        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
+        out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
     if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
     if a.expert_sharded:
