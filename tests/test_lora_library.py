@@ -184,3 +184,17 @@ def test_zero3_gathers_a_qlora_layer_in_nf4_and_trl_leaves_a_sharded_model_unpre
     sharded = resolve({"finetune": "qlora", "stack": "trl", "gpus": 2, "fsdp": "full_shard"}, llama, A10G)
     assert sharded.prepare_kbit_training is KbitPrep.NONE
     assert resolve({"finetune": "qlora", "stack": "trl", "gpus": 2}, llama, A10G).prepare_kbit_training is KbitPrep.TRL
+
+
+def test_litgpt_runs_a_composite_gelu_as_one_op():
+    # phi-2 (gelu_new, i 10240, 32 layers): transformers' NewGELUActivation keeps 4 x i x 2 B per token,
+    # litgpt's gelu(approximate="tanh") its input, i x 2 B: 3 x 10240 x 2 = 61,440 B less per token and layer;
+    # x 31 layers (layer 0's MLP, parallel to its attention, reads the embedding's output, which needs no
+    # gradient: it keeps nothing) x 512 tokens = 975,175,680 B (torchtune: the same bf16 adapters, transformers')
+    phi = load_model("microsoft/phi-2")
+    t = _qlora(LoraLibrary.LITGPT, method=Method.LORA, lora=LoraConfig(rank=8, targets="q_proj"))
+
+    def layers(library):
+        est = estimate(phi, t.replace(lora_library=library), A10G)
+        return sum(x.bytes for x in est.per_device.terms if x.name == "activations.layers")
+    assert layers(LoraLibrary.TORCHTUNE) - layers(LoraLibrary.LITGPT) == 975_175_680

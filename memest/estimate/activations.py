@@ -88,6 +88,10 @@ class Execution:
             (tag 0.42.0, commit 4870580, ``autograd/_functions.py``; 0.43 keeps ``(None, B)``): every
             4-bit linear keeps its input for backward whenever it needs a gradient, as a trained
             linear would. litgpt pins ``bitsandbytes==0.42.0`` (``pyproject.toml``, commit 00af8b0).
+        fused_gelu: The model code is litgpt's: its ``GptNeoxMLP`` / ``GemmaMLP`` call
+            ``torch.nn.functional.gelu(x, approximate=config.gelu_approximate)`` (``litgpt/model.py``,
+            commit 00af8b0; phi-2's config sets ``gelu_approximate="tanh"``), one op where transformers'
+            ``NewGELUActivation`` composes five.
     """
 
     compute_bytes: int
@@ -103,6 +107,12 @@ class Execution:
     routing_bytes: int = 2
     quantized_outputs: bool = False
     saves_4bit_inputs: bool = False
+    fused_gelu: bool = False
+
+    def activation(self, name: str) -> str:
+        """The MLP activation as the model code runs it: a composite GELU (``gelu_new`` ...) is one
+        ``gelu(approximate="tanh")`` op, keeping only its input, under :attr:`fused_gelu`."""
+        return "gelu" if self.fused_gelu and name in COMPOSITE_GELUS else name
 
     @property
     def mlp_bytes(self) -> int:
@@ -442,7 +452,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
                 + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=m, needs_grad=False))
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
-        out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, m,
+        out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, m,
                               keep_product=trains)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=m)
         return out
@@ -455,7 +465,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     out += [Saved("router softmax (fp32)", 4 * e, False), Saved("routing bookkeeping", ROUTE_BYTES * topk + 4, False)]
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
-    for s in _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
+    for s in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, c,
                             keep_product=trains):
         out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
     if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
@@ -463,7 +473,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
         out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
-        out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, m,
+        out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, m,
                               keep_product=trains)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
                      inside=True, itemsize=m)
@@ -641,7 +651,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
     if mlp.gated:
         grads = 2 if product_kept else 3
     else:
-        grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
+        grads = (2 if x.activation(mlp.activation) in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
     mlp_part = grads * width * (c if mlp.is_moe else x.mlp_bytes)
     if mlp.is_moe:
         # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
@@ -650,7 +660,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         routed = mlp.num_experts_per_tok * hidden
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
-            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
+            mlp_part -= sum(t.width for t in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
                                                             keep_product=product_kept) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
