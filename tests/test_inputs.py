@@ -36,6 +36,7 @@ from memest.workload import (
     FsdpStrategy,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
     Loss,
     Method,
     Offload,
@@ -244,7 +245,7 @@ SAMPLES = {
     "micro_batch_size": 2, "seq_len": 1024, "grad_accum_steps": 2, "precision": "bf16", "optimizer": "lion",
     "recompute": "full", "zero_stage": 1, "offload": "optimizer", "lora_rank": 8, "lora_targets": "all-linear",
     "attn_implementation": "eager", "loss": "fused", "lora_dropout": 0.1, "target_len": 64, "framework": "ddp",
-    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": "none", "batch_size": 4,
+    "fsdp": "full_shard", "set_grads_to_none": False, "prepare_kbit_training": "none", "lora_library": "litgpt", "batch_size": 4,
     "max_model_len": 1024, "dtype": "fp16", "quantization": "int8", "kv_cache_dtype": "fp8", "engine": "hf",
     "engine_version": "0.6", "prompt_len": 100, "max_new_tokens": 10, "gpu_memory_utilization": 0.8,
     "max_num_batched_tokens": 1024, "max_num_seqs": 8, "block_size": 32, "enforce_eager": True, "dp_shard": 2,
@@ -253,10 +254,11 @@ SAMPLES = {
     "max_num_tokens": 4096, "tokens_per_block": 64, "n_gpu_layers": 3, "n_batch": 256, "n_ubatch": 128,
     "flash_attn": True, "tensor_split": "1,1", "optimizer_in_bwd": True, "activation_offloading": True,
 }
-"""--gguf is left out too: it reads a file (tests/test_llamacpp.py writes one)."""
+"""--gguf is left out too: it reads a file (tests/test_llamacpp.py writes one); --torch-compile needs --loss chunked
+(tests/test_lora_library.py)."""
 ENUMS = {"precision": Precision, "optimizer": Optimizer, "recompute": Recompute, "offload": Offload,
          "attn_implementation": AttnImplementation, "loss": Loss, "framework": Framework, "fsdp": FsdpStrategy,
-         "engine": Engine, "prepare_kbit_training": KbitPrep}
+         "engine": Engine, "prepare_kbit_training": KbitPrep, "lora_library": LoraLibrary}
 
 
 def _built(monkeypatch, base: dict, name: str | None):

@@ -34,6 +34,10 @@ KNOWN_GAPS = {
     "so memest's figure does not move; the mechanism of the gist's (0.14.2) growth is not identified",
     "torchtitan_llama31_70b_fsdp32_tp8": "torch.compile + float8 + TP with DTensor sequence parallel: 17 GiB above "
     "memest's terms are unaccounted for",
+    **{f"litgpt_{m}_qlora_a10g": "under-prediction: litgpt 0.4 QLoRA (bitsandbytes 0.42) keeps 1.0-2.6 GB more than "
+       "memest's terms at the loss backward (MatMul4Bit's saved inputs, the NF4 lm_head's dequantized copies and "
+       "litgpt's own lm_head are modelled), about 16 B x hidden per token per layer in every row; the mechanism "
+       "is not identified" for m in ("falcon7b", "llama27b", "mistral7b", "mistral7bv02", "phi3")},
 }
 
 ROWS = tc.rows()
@@ -56,8 +60,15 @@ def test_case_within_tolerance(row):
 
 
 def test_median_error_goal():
-    """The issue's goal: median |error| <= 5% over the published training cases."""
+    """The earlier goal: median |error| <= 5% over the published training cases."""
     assert tc.summary(ROWS)["median_abs_error"] <= 0.05
+
+
+@pytest.mark.xfail(strict=True, reason="median 4.8% over 50 cases: the mechanisms named in KNOWN_GAPS and the "
+                   "torchtune rows' compiled layers are missing")
+def test_median_error_goal_of_issue_14():
+    """Issue 14's goal: median |error| <= 3% over the published training cases."""
+    assert tc.summary(ROWS)["median_abs_error"] <= 0.03
 
 
 def test_report_is_current():

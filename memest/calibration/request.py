@@ -262,6 +262,9 @@ def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
     if _value(t.loss) != "default":
         raise InputError(f"{{loss}} {_value(t.loss)} is not run by calibrate (it uses the model's own loss); drop {{loss}}",
                          field="loss")
+    if t.method is not Method.FULL and _value(t.lora_library) != "peft":
+        raise InputError(f"{{lora_library}} {_value(t.lora_library)} is not run by calibrate (it builds PEFT adapters "
+                         "and a bitsandbytes base): use {lora_library} peft", field="lora_library")
     if t.offload is not Offload.NONE:
         raise InputError(f"{{offload}} {t.offload.value} is not measured by calibrate; drop {{offload}}",
                          field="offload")

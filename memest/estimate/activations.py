@@ -84,6 +84,14 @@ class Execution:
             and their gradients take the residual stream's dtype r (fp32 when the norms' weights are
             fp32, :class:`memest.workload.KbitPrep`). Their ``MatMul4Bit`` keeps only the quantized
             weight for backward (``bitsandbytes/autograd/_functions.py``), never the input.
+        saves_4bit_inputs: bitsandbytes 0.42's ``MatMul4Bit.forward`` sets ``ctx.tensors = (A, B)``
+            (tag 0.42.0, commit 4870580, ``autograd/_functions.py``; 0.43 keeps ``(None, B)``): every
+            4-bit linear keeps its input for backward whenever it needs a gradient, as a trained
+            linear would. litgpt pins ``bitsandbytes==0.42.0`` (``pyproject.toml``, commit 00af8b0).
+        fused_gelu: The model code is litgpt's: its ``GptNeoxMLP`` / ``GemmaMLP`` call
+            ``torch.nn.functional.gelu(x, approximate=config.gelu_approximate)`` (``litgpt/model.py``,
+            commit 00af8b0; phi-2's config sets ``gelu_approximate="tanh"``), one op where transformers'
+            ``NewGELUActivation`` composes five.
     """
 
     compute_bytes: int
@@ -98,6 +106,13 @@ class Execution:
     mask_bytes: int = 1
     routing_bytes: int = 2
     quantized_outputs: bool = False
+    saves_4bit_inputs: bool = False
+    fused_gelu: bool = False
+
+    def activation(self, name: str) -> str:
+        """The MLP activation as the model code runs it: a composite GELU (``gelu_new`` ...) is one
+        ``gelu(approximate="tanh")`` op, keeping only its input, under :attr:`fused_gelu`."""
+        return "gelu" if self.fused_gelu and name in COMPOSITE_GELUS else name
 
     @property
     def mlp_bytes(self) -> int:
@@ -218,7 +233,7 @@ def _norm(kind: str, width: int, x: Execution, *, weight_trains: bool, rows: int
 
 
 def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, trains: bool = True,
-          inside: bool = False, itemsize: int | None = None) -> list[Saved]:
+          inside: bool = False, itemsize: int | None = None, needs_grad: bool = True) -> list[Saved]:
     """What the linears ``readers`` keep of a ``width``-wide input (the module docstring's rule).
 
     Args:
@@ -229,6 +244,7 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
         trains: False when none of the readers' weights trains (besides LoRA adapters).
         inside: The input is inside a tensor-parallel region.
         itemsize: Bytes of its elements; None = r (a norm's output, the residual stream).
+        needs_grad: False when the input needs no gradient (a block before any adapter).
     """
     if not readers:
         return []
@@ -242,6 +258,11 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
             return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
         return [Saved(what, size * width, inside)]
     out: list[Saved] = []
+    if x.saves_4bit_inputs and needs_grad:
+        # bitsandbytes 0.42 MatMul4Bit keeps its (compute-dtype) input: one tensor for all readers
+        c = x.compute_bytes
+        out.append(Saved(what, size * width, inside) if size == c
+                   else Saved(f"{what} (Linear4bit compute-dtype copy)", c * width, inside))
     shared = not cast and size == (x.compute_bytes if x.autocast else lora.adapter_bytes) and lora.dropout == 0
     for t in readers:
         if not lora.adapts(t):
@@ -287,9 +308,9 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
     trains = x.lora is None
     attn_in, attn_out = _linears(layer, Component.ATTENTION)
     if not active:
-        return (_read(input_what, input_width, input_readers, x)
+        return (_read(input_what, input_width, input_readers, x, needs_grad=False)
                 + _read("attention output", attn.num_heads * attn.v_head_dim, attn_out, x, trains=False, inside=True,
-                        itemsize=c))
+                        itemsize=c, needs_grad=False))
     if attn.kind == "mla":
         # the compressing projections read the block's input; q_b / kv_b read their latents' norms
         by_name = {t.module.rsplit(".", 1)[-1]: t for t in layer.tensors
@@ -427,11 +448,11 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     out: list[Saved] = []
     if not active:
         width = mlp.shared_intermediate_size if mlp.is_moe else mlp.intermediate_size
-        return (_read(input_what, input_width, input_readers, x)
-                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=m))
+        return (_read(input_what, input_width, input_readers, x, needs_grad=False)
+                + _read("MLP product", width, dense_out, x, trains=False, inside=True, itemsize=m, needs_grad=False))
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
-        out += _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, m,
+        out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, m,
                               keep_product=trains)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=m)
         return out
@@ -444,7 +465,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     out += [Saved("router softmax (fp32)", 4 * e, False), Saved("routing bookkeeping", ROUTE_BYTES * topk + 4, False)]
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
-    for s in _intermediates(mlp.activation, mlp.gated, mlp.intermediate_size, c,
+    for s in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, c,
                             keep_product=trains):
         out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
     if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
@@ -452,7 +473,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
         out.append(Saved("gate_up bias gathered per route", topk * 2 * mlp.intermediate_size * c, kept=False))
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
-        out += _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, m,
+        out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, m,
                               keep_product=trains)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
                      inside=True, itemsize=m)
@@ -630,7 +651,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
     if mlp.gated:
         grads = 2 if product_kept else 3
     else:
-        grads = (2 if mlp.activation in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
+        grads = (2 if x.activation(mlp.activation) in COMPOSITE_GELUS else 1) + (0 if product_kept else 1)
     mlp_part = grads * width * (c if mlp.is_moe else x.mlp_bytes)
     if mlp.is_moe:
         # the expert outputs kept for the routing weights' gradient are freed before the experts' backward;
@@ -639,7 +660,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         routed = mlp.num_experts_per_tok * hidden
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
-            mlp_part -= sum(t.width for t in _intermediates(mlp.activation, mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
+            mlp_part -= sum(t.width for t in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
                                                             keep_product=product_kept) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":

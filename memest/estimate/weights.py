@@ -51,6 +51,8 @@ class QuantScheme:
         zero_bits: Bits of zero point per scale (0: symmetric).
         g_idx: True when an int32 group index is stored per input feature (GPTQ act-order).
         compute_dtype: bitsandbytes 4-bit compute dtype (None: the served dtype).
+        nested_scale_bytes: Bytes of one scale of the 256-absmax blocks under double quantization
+            (bitsandbytes: fp32; torchao ``NF4Tensor``: its ``quantization_factor`` in the weight's dtype).
     """
 
     name: str
@@ -63,6 +65,7 @@ class QuantScheme:
     zero_bits: int = 0
     g_idx: bool = False
     compute_dtype: str | None = None
+    nested_scale_bytes: int = 4
 
     def num_scales(self, shape: tuple[int, ...]) -> int:
         """Scales of one weight of this shape (``(out, in)`` or ``(experts, out, in)``)."""
@@ -87,7 +90,7 @@ class QuantScheme:
         data = math.ceil(math.prod(shape) * self.bits / 8)
         scales = self.num_scales(shape)
         if self.double_quant:
-            scale_bytes = scales + 4 * math.ceil(scales / 256)
+            scale_bytes = scales + self.nested_scale_bytes * math.ceil(scales / 256)
         else:
             scale_bytes = math.ceil(scales * self.scale_bytes)
         zeros = math.ceil(scales * self.zero_bits / 8)

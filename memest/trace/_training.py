@@ -281,13 +281,17 @@ def check_supported(t: TrainingConfig) -> None:
     """Raise for settings the trace does not simulate.
 
     Raises:
-        InputError: QLoRA, CPU offload, optimizer in backward, activation offloading, chunked loss, tensor/pipeline/context/expert parallelism,
+        InputError: QLoRA, LoRA built by litgpt / torchtune, CPU offload, optimizer in backward, activation
+            offloading, chunked loss, tensor/pipeline/context/expert parallelism,
             or ZeRO-1.
     """
     par = t.parallelism
     if t.method.value == "qlora":
         raise InputError("{finetune} qlora cannot be traced: bitsandbytes NF4 kernels have no meta implementation; "
                          "trace {finetune} lora for the adapters and activations", field="finetune")
+    if t.method.value == "lora" and t.lora_library.value != "peft":
+        raise InputError(f"{{lora_library}} {t.lora_library.value} cannot be traced: the trace builds transformers + "
+                         "PEFT adapters; trace with {lora_library} peft", field="lora_library")
     if t.offload.value != "none":
         raise InputError(f"{{offload}} {t.offload.value} cannot be traced (host memory is outside the simulation)",
                          field="offload")

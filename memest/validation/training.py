@@ -29,6 +29,7 @@ from memest.workload import (
     Framework,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
     Loss,
     Method,
     Offload,
@@ -170,18 +171,19 @@ def build_cases() -> list[Case]:
         TrainingConfig(method=Method.LORA, micro_batch_size=2, seq_len=2048, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, recompute=Recompute.FULL, loss=Loss.CHUNKED,
                        lora=LoraConfig(rank=8, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"),
-                       framework=Framework.PYTORCH),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.TORCHTUNE, torch_compile=True),
         get_device("RTX-4090"), "allocated",
         round(pub["torchtune_llama31_8b_lora_4090"]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
         "torchtune lora_finetune_single_device: activation checkpointing, CEWithChunkedOutputLoss (assumed from the "
-        "config), torch.compile (not modelled)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+        "config), torch.compile (modelled for the loss only: the compiled chunked cross-entropy keeps bf16 logits)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     out.append(Case(
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, lora=LoraConfig(rank=32, targets="q_proj,v_proj", dropout=0.05),
-                       framework=Framework.PYTORCH),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.LITGPT),
         get_device("A10G"), "allocated", round(pub["litgpt_llama3_8b_lora_a10g"]["measured"]["peak_memory_GB"] * GB),
-        "litgpt bf16-true; sequences padded to the longest in the batch: 512 assumed (max_seq_length)",
+        "litgpt bf16-true (bf16 adapters and AdamW states); sequences padded to the longest in the batch: 512 "
+        "assumed (max_seq_length)",
         HIGH_TOLERANCE, "peak allocated (GB)"))
 
     h100 = get_device("H100-80GB")
@@ -206,6 +208,11 @@ def build_cases() -> list[Case]:
         round(pub["torchtitan_llama31_8b_fsdp8_h100"]["measured"]["peak_reserved_GiB"] * GiB),
         "torchtitan FSDP2 (bf16 params, fp32 reduce), selective op AC, foreach AdamW", DEVICE_TOLERANCE,
         "peak reserved (GiB)"))
+    out.append(Case(
+        "torchtitan_llama31_8b_fsdp128_h100", load_model("meta-llama/Llama-3.1-8B"),
+        titan.replace(parallelism=Parallelism(dp=128, zero_stage=3)), h100_96, "reserved",
+        round(pub["torchtitan_llama31_8b_fsdp128_h100"]["measured"]["peak_reserved_GiB"] * GiB),
+        "as the 8-GPU row, FSDP2 over 128 GPUs on 16 hosts", DEVICE_TOLERANCE, "peak reserved (GiB)"))
     out.append(Case(
         "torchtitan_llama31_70b_fsdp32_tp8", load_model("meta-llama/Llama-3.1-70B"),
         titan.replace(micro_batch_size=16, recompute=Recompute.FULL,
@@ -240,6 +247,85 @@ def build_cases() -> list[Case]:
                         round(pub[cid]["measured"]["max_memory_allocated_GB"] * GB),
                         ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
+    out += _litgpt_config_hub(pub)
+
+    # torchtune README "Memory and training speed" (commit 30b8519e8): batch 2 packed to 2048, compile on
+    tune = TrainingConfig(micro_batch_size=2, seq_len=2048, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
+                          recompute=Recompute.FULL, loss=Loss.CHUNKED, lora_library=LoraLibrary.TORCHTUNE,
+                          prepare_kbit_training=KbitPrep.NONE, framework=Framework.PYTORCH, torch_compile=True)
+    tune_note = ("torchtune 0.3 recipe config; bf16 adapters; CEWithChunkedOutputLoss under torch.compile (the "
+                 "compiled loss keeps the chunks' bf16 logits; the compiled layers' own changes are not modelled)")
+    cid = "torchtune_llama31_8b_qlora_4090"
+    out.append(Case(cid, load_model("meta-llama/Llama-3.1-8B-Instruct"),
+                    tune.replace(method=Method.QLORA, lora=LoraConfig(rank=8, targets="q_proj,k_proj,v_proj,o_proj,"
+                                                                                     "gate_proj,up_proj,down_proj")),
+                    get_device("RTX-4090"), "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
+                    tune_note + "; torchao NF4 base, output projection bf16", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+    cid = "torchtune_llama31_70b_lora_8xa100"
+    out.append(Case(cid, load_model("meta-llama/Llama-3.1-70B"),
+                    tune.replace(method=Method.LORA, lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj"),
+                                 framework=Framework.FSDP, parallelism=Parallelism(dp=8, zero_stage=3)),
+                    a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
+                    tune_note + "; FSDP2 over 8 (layers and the root); Llama-3.1-70B-Instruct as Llama-3.1-70B "
+                    "(same shapes)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+
+    cid = "peft_llama2_70b_lora_ds_zero3_8gpu"
+    out.append(Case(cid, load_model("meta-llama/Llama-2-70b-hf"),
+                    TrainingConfig(method=Method.LORA, micro_batch_size=8, seq_len=2048, grad_accum_steps=4,
+                                   precision=Precision.MIXED, optimizer=Optimizer.ADAMW, recompute=Recompute.FULL,
+                                   attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.DEEPSPEED,
+                                   parallelism=Parallelism(dp=8, zero_stage=3),
+                                   lora=LoraConfig(rank=8, targets="all-linear", dropout=0.1)),
+                    a100, "device_used", round(pub[cid]["measured"]["gpu_memory_used_GiB"] * GiB),
+                    "PEFT docs: trl SFTTrainer on accelerate DeepSpeed ZeRO-3, bf16, packed 2048-token sequences, "
+                    "gradient checkpointing, flash-attention 2; the 80 GB GPU type is not stated (A100 assumed)",
+                    MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
+    cid = "peft_llama2_70b_qlora_ds_zero3_2gpu"
+    out.append(Case(cid, load_model("meta-llama/Llama-2-70b-hf"),
+                    out[-1].workload.replace(method=Method.QLORA, micro_batch_size=2, grad_accum_steps=2,
+                                             parallelism=Parallelism(dp=2, zero_stage=3),
+                                             prepare_kbit_training=KbitPrep.NONE),
+                    get_device("A100-40GB"), "device_used", round(pub[cid]["measured"]["gpu_memory_used_GiB"] * GiB),
+                    "as the LoRA row on 2 GPUs, NF4 base (double quant) stored in bf16 Params4bit that ZeRO-3 "
+                    "partitions and gathers packed; trl prepares no sharded QLoRA model (is_sharded_qlora: "
+                    "--prepare-kbit-training none); the quant states, which ZeRO-3 does not partition, are counted "
+                    "as sharded; 40 GB A100 assumed", MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
+    return out
+
+
+_LITGPT_MODELS = {"unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.1"}
+"""litgpt config-hub checkpoints memest loads by another name with the same shapes."""
+
+
+def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
+    """The litgpt config-hub table's 1xA10G LoRA / QLoRA rows (``litgpt_*_a10g`` but the first one):
+    litgpt 0.4 ``finetune/lora.py`` with the row's yaml, bf16-true, no checkpointing, 512 tokens."""
+    out = []
+    for cid, case in pub.items():
+        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]):
+            continue
+        lora = case["settings"]["lora"]
+        model = case["model"]
+        fused = "query_key_value" if model.startswith("tiiuae/falcon") else "q_proj,v_proj"
+        targets = "all-linear" if lora["mlp"] else fused
+        method = Method(case["kind"])
+        w = TrainingConfig(method=method, micro_batch_size=case["batch_size"], seq_len=512,
+                           grad_accum_steps=case["grad_accum"], precision=Precision.BF16,
+                           optimizer=Optimizer.ADAMW_FUSED, framework=Framework.PYTORCH,
+                           lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+        note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
+                "assumed (max_seq_length)")
+        if method is Method.QLORA:
+            note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
+                     "keeps its input); PagedAdamW modelled as AdamW (its states of tensors >= 1e5 elements live in "
+                     "managed memory, outside the allocator's count)")
+        if lora["head"]:
+            note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"
+        if fused == "query_key_value" and not lora["mlp"]:
+            note += "; litgpt's q/v-only adapter on the fused QKV is modelled as one on the whole QKV"
+        out.append(Case(cid, load_model(_LITGPT_MODELS.get(model, model)), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
     return out
 
 

@@ -214,6 +214,31 @@ class KbitPrep(str, Enum):
     ``qlora.py`` make the same casts and also cast the adapters to bf16 (not modelled: adapters stay fp32)."""
 
 
+class LoraLibrary(str, Enum):
+    """Who builds the LoRA adapters and, under QLoRA, the 4-bit base: their dtypes and the base's format.
+
+    Each from its source: PEFT 0.13 ``tuners/lora/layer.py`` (``_move_adapter_to_device_of_base_layer``,
+    then ``autocast_adapter_dtype=True`` casts 16-bit adapters to fp32) with transformers'
+    ``BitsAndBytesConfig(bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True)``, which quantizes
+    the decoder's linears and keeps the output embeddings 16-bit (``integrations/bitsandbytes.py``
+    ``get_keys_to_not_convert``); litgpt 0.4 ``litgpt/finetune/lora.py`` (``quantize: bnb.nf4``:
+    Lightning Fabric ``BitsandbytesPrecision("nf4", bf16)`` replaces every ``torch.nn.Linear``, the
+    ``lm_head`` included, by ``_NF4Linear`` = ``bnb.nn.Linear4bit(quant_type="nf4",
+    compress_statistics=False)``: no double quantization; the model is built under the run's dtype, so
+    ``lora_A`` / ``lora_B`` are bf16 under ``bf16-true``); torchtune 0.6 ``models/llama3_1/_component_builders.py``
+    (``quantize_base=True``: every decoder linear a torchao ``NF4Tensor`` via ``FrozenNF4Linear`` /
+    ``LoRALinear``, the output projection left 16-bit, "quantize_base is not applied to final
+    output_proj"; adapters at the recipe's ``dtype``).
+    """
+
+    PEFT = "peft"
+    """PEFT adapters (fp32) over a transformers bitsandbytes NF4 base with double quantization."""
+    LITGPT = "litgpt"
+    """litgpt: adapters at the run's dtype; ``bnb.nf4`` on every linear, lm_head included, no double quant."""
+    TORCHTUNE = "torchtune"
+    """torchtune: adapters at the run's dtype; torchao ``NF4Tensor`` on every decoder linear."""
+
+
 class Engine(str, Enum):
     """Serving engines whose memory behaviour memest models."""
 
@@ -393,6 +418,9 @@ class TrainingConfig:
         prepare_kbit_training: QLoRA only: how the script prepared the NF4 model (:class:`KbitPrep`):
             ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
             ``none``.
+        lora_library: LoRA and QLoRA: who builds the adapters and the 4-bit base (:class:`LoraLibrary`).
+        torch_compile: The loss runs under torch.compile (torchtune ``compile: True`` compiles it with
+            ``training.compile_loss``); modelled for the chunked loss only.
     """
 
     method: Method = Method.FULL
@@ -468,6 +496,18 @@ class TrainingConfig:
              "embeddings and lm_head bf16, fp32 residual stream and layer checkpoints, autocast), peft (PEFT "
              "prepare_model_for_kbit_training alone: embeddings, norms, lm_head fp32, no autocast) or none (no "
              "preparation: 16-bit non-quantized weights and residual stream).")
+
+    torch_compile: bool = setting(
+        False, group="training", scope="training", describe="changed", what="torch.compile's compiled loss",
+        help="torch.compile the loss (torchtune compile=True): the compiled chunked cross-entropy keeps each "
+             "chunk's 16-bit logits, not their fp32 log-probabilities (only {loss} chunked is modelled; the "
+             "compiled layers' own changes are not).")
+    lora_library: LoraLibrary = setting(
+        LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
+        describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",
+        help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
+             "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
+             "linear, lm_head too, no double quant) or torchtune (adapters at the run's dtype; torchao NF4).")
 
     @property
     def mode(self) -> str:

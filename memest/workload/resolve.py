@@ -27,6 +27,8 @@ from memest.workload.config import (
     FsdpStrategy,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
+    Loss,
     Method,
     Parallelism,
     ServingConfig,
@@ -298,6 +300,9 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     replicas = v["dp"] or max(1, v["gpus"] // group)
     stack, assumed = stacks.stack_of(v, replicas)
     v = stacks.apply(v, stack, replicas)
+    if v["torch_compile"] and Loss(v["loss"]) is not Loss.CHUNKED:
+        raise InputError("{torch_compile} is modelled only for the compiled chunked cross-entropy (torchtune): add "
+                         "{loss} chunked or drop it", field="torch_compile")
     par, framework = training_parallelism(v, device)
     t = TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
@@ -318,6 +323,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         set_grads_to_none=v["set_grads_to_none"],
         target_len=v["target_len"],
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
+        lora_library=v["lora_library"] or LoraLibrary.PEFT,
+        torch_compile=v["torch_compile"],
         stack=stack,
         stack_assumed=assumed,
         config_notes=files.read(v["config"])[1] if v["config"] else (),

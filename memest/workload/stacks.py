@@ -39,7 +39,11 @@ Sources (each row cites the file that sets its defaults):
   cross-entropy, LoRA on every linear in its examples.
 - litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
-  ``FSDPStrategy`` (FULL_SHARD).
+  ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
+  and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
+  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT. ``--quantize bnb.*`` refuses a
+  mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
+  ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
 - DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
   optimizer (FusedAdam); ZeRO stage as given.
 - Megatron-LM ``megatron/training/arguments.py`` ``--bf16``: bf16 parameters, fp32 ``main_grad`` and master;
@@ -68,7 +72,9 @@ from memest.workload.config import (
     AttnImplementation,
     Framework,
     KbitPrep,
+    LoraLibrary,
     Loss,
+    Method,
     Optimizer,
     Precision,
     Recompute,
@@ -95,6 +101,9 @@ class StackDefaults:
         attn: Its attention kernel.
         kbit: How it prepares a QLoRA model.
         lora_targets: The layers its LoRA adapts (memest's ``lora_targets`` value).
+        lora_library: Who builds its adapters and QLoRA base (:class:`~memest.workload.config.LoraLibrary`).
+        qlora_precision: The recipe its QLoRA runs when it differs from ``precision`` (None: the same).
+        qlora_recipe: How its users ask for that recipe, and what it runs, in words.
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
         losses: The losses it switches on by a setting of its own, each with that setting in the
             stack's words (module docstring).
@@ -116,6 +125,9 @@ class StackDefaults:
     attn: AttnImplementation = AttnImplementation.SDPA
     kbit: KbitPrep = KbitPrep.PEFT
     lora_targets: str = "attention"
+    lora_library: LoraLibrary = LoraLibrary.PEFT
+    qlora_precision: Precision | None = None
+    qlora_recipe: str = ""
     model_parallel: bool = False
     losses: tuple[tuple[Loss, str], ...] = ()
     activation_offloading: bool | None = None
@@ -152,7 +164,7 @@ STACKS: dict[Stack, StackDefaults] = {
                                    recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
                                    losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),),
                                    activation_offloading=False, offload_in_flight=TORCHTUNE_FWD_STASH,
-                                   optimizer_in_bwd=False),
+                                   optimizer_in_bwd=False, lora_library=LoraLibrary.TORCHTUNE),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
@@ -177,7 +189,9 @@ STACKS: dict[Stack, StackDefaults] = {
                                  activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
-                                optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+                                optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
+                                lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
+                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0)),
@@ -228,14 +242,17 @@ def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
 def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
-    A stack that shards over several devices by default (torchtune, NeMo's distributed optimizer) gets
-    its ZeRO stage when neither it nor FSDP was given.
+    A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
+    over several devices by default (torchtune, NeMo's distributed optimizer) gets
+    its ZeRO stage when neither it nor FSDP was given. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
+    if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
+        out["precision"] = d.qlora_precision
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
-            "prepare_kbit_training": d.kbit}
+            "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
     out |= {name: value for name, value in fill.items() if out[name] is None}
     if out["activation_offloading"] is None:  # a stack offloads checkpoints only when it checkpoints
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
@@ -244,6 +261,11 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
             and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
         out["zero_stage"] = d.many[1]
+    if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
+            and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
+        # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
+        # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
+        out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 
 
@@ -269,8 +291,10 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> st
     """The job line's sentence for a stack: its name, how its users ask for bf16 and what that runs,
     and its optimizer (the stack's own words where the user kept its defaults)."""
     d = STACKS[stack]
-    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
+    if precision is d.qlora_precision and precision is not d.precision:
+        return f"{d.label}, {d.qlora_recipe}, {opt}"
+    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     return f"{d.label}, {d.bf16}: {recipe}, {opt}"
 
 

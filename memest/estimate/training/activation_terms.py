@@ -35,7 +35,7 @@ from memest.estimate.activations import (
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.sharding import Stage, shard_numel
-from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
+from memest.estimate.training.lora import adapter_bytes, lora_adapters
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
@@ -45,6 +45,7 @@ from memest.workload import (
     Framework,
     KbitPrep,
     LoraConfig,
+    LoraLibrary,
     Loss,
     Method,
     Parallelism,
@@ -87,6 +88,8 @@ class ActivationsInput(NamedTuple):
     loss: Loss
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
+    lora_library: LoraLibrary
+    torch_compile: bool
     parallelism: ActivationParallelism
     checkpoints_on_device: int = 0  # activation offloading: the layers' checkpoints left on the device (0: off)
 
@@ -96,7 +99,7 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
     par = t.parallelism
     return ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
-                            t.prepare_kbit_training,
+                            t.prepare_kbit_training, t.lora_library, t.torch_compile,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel),
                             offloaded_checkpoints_on_device(t) if t.recompute is Recompute.FULL else 0)
@@ -121,13 +124,16 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     if t.method is not Method.FULL:
         lora = LoraActivations(targets=tuple(lora_targets.peft_target_modules(spec, t.lora.targets)),
                                all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
-                               adapter_bytes=ADAPTER_BYTES, dropout=t.lora.dropout)
+                               adapter_bytes=adapter_bytes(t.lora_library, t.precision),
+                               dropout=t.lora.dropout)
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
     routing = 4 if FORWARD_CODE.get(spec.model_type, DEFAULT_CODE).routing_fp32 else c
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
                      routing_bytes=routing, quantized_outputs=quantized,
+                     saves_4bit_inputs=quantized and t.lora_library is LoraLibrary.LITGPT,
+                     fused_gelu=t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 
@@ -421,8 +427,13 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     if t.loss == Loss.FUSED:
         per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
     elif t.loss == Loss.CHUNKED:
-        per = 4 * v + (8 + c) * v / LOSS_CHUNKS
-        formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
+        # torchtune CEWithChunkedOutputLoss: cross_entropy(chunk.float()) keeps each chunk's fp32 log-softmax;
+        # compiled (training.compile_loss), inductor's min-cut partitioner saves the graph's c-byte input
+        # and recomputes the upcast and the log-softmax in backward
+        # (torch/_functorch/partitioners.py min_cut_rematerialization_partition)
+        kept, what = (c, f"{c} B logits kept by the compiled loss") if t.torch_compile else (4, "4 B fp32 log-probs")
+        per = kept * v + (8 + c) * v / LOSS_CHUNKS
+        formula = f"b x s x V/t x ({what} + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
     elif _loss_at_logits_dtype(spec, x):

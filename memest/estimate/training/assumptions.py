@@ -13,6 +13,7 @@ from memest.workload import (
     AttnImplementation,
     Framework,
     KbitPrep,
+    LoraLibrary,
     Method,
     Offload,
     Optimizer,
@@ -46,11 +47,20 @@ class AssumptionsInput(NamedTuple):
     attn_implementation: AttnImplementation
     method: Method
     prepare_kbit_training: KbitPrep
+    lora_library: LoraLibrary
     optimizer: Optimizer
     expert_sharded: bool  # expert parallelism with sharded states
     fsdp_offload: bool  # FSDP with CPUOffloadPolicy
     in_backward: bool  # torchtune's optimizer_in_bwd (full training)
     checkpoints_on_device: int  # activation offloading: checkpoints left on the device (0: off)
+
+
+_QLORA_BASES = {
+    LoraLibrary.PEFT: "bitsandbytes NF4 linear weights (double quantization), lm_head 16-bit",
+    LoraLibrary.LITGPT: ("litgpt bnb.nf4 on every linear and the lm_head (no double quantization); bitsandbytes 0.42 "
+                         "keeps each 4-bit linear's input for backward"),
+    LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (block 64, scaler block 256), output projection 16-bit",
+}
 
 
 def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) -> tuple[str, ...]:
@@ -60,8 +70,9 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
     return _assumption_lines(AssumptionsInput(
         spec.model_type, spec.sdpa_supported, t.seq_len if too_long else None, spec.max_position_embeddings, moment, fw,
         t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
-        t.optimizer, par.ep > 1 and par.zero_stage > 0, fw is Framework.FSDP and t.offload is not Offload.NONE,
-        t.optimizer_in_bwd and t.method is Method.FULL, offloaded_checkpoints_on_device(t)))
+        t.lora_library, t.optimizer, par.ep > 1 and par.zero_stage > 0,
+        fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
+        offloaded_checkpoints_on_device(t)))
 
 
 @remembered(maxsize=4096)
@@ -83,7 +94,9 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.too_long:
         out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
     if a.method is not Method.FULL:
-        out.append("LoRA adapters in fp32 (PEFT autocast_adapter_dtype), trained with the optimizer's full states; "
+        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library is LoraLibrary.PEFT
+                    else f"at the run's parameter dtype ({a.lora_library.value})")
+        out.append(f"LoRA adapters {adapters}, trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
         if fw is Framework.DEEPSPEED:
@@ -95,7 +108,7 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if a.method is Method.QLORA:
-        out.append("QLoRA base: NF4 linear weights (double quantization); " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
+        out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
     if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
         out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
     if a.expert_sharded:

@@ -46,10 +46,11 @@ from __future__ import annotations
 import math
 
 from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.sharding import shard_numel, stage_tensors
+from memest.estimate.training import qlora_base
 from memest.estimate.training.lora import ADAPTER_BYTES
 from memest.estimate.training.protocol import FrameworkStates, StateContext, zero3_weight_shards
-from memest.estimate.training.recipes import RECIPES
+from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import Gradients, blocks, param_gradients
 from memest.result import Kind, Term
 from memest.workload import Method, Offload
@@ -162,10 +163,15 @@ def states(ctx: StateContext) -> FrameworkStates:
     if z >= 3:
         spec, stage, par = ctx.spec, ctx.stage, t.parallelism
         weight = RECIPES[t.precision].weight
-        if t.method is Method.QLORA:  # bitsandbytes' 4-bit storage under ZeRO-3 is not modelled
-            largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
-            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * largest * weight,
-                             f"2 x largest layer unsharded x {weight} B (current + prefetched)"),)
+        if t.method is Method.QLORA:
+            # bnb_4bit_quant_storage packs the 4-bit data into 16-bit Params4bit that ZeRO-3 partitions and
+            # gathers as stored (PEFT docs accelerate/deepspeed.md, "QLoRA and DeepSpeed with ZeRO3")
+            emb, other = kbit_weight_bytes(t)
+            unit = max(qlora_base.base_bytes([(tn, 1) for tn in layer.tensors], par, spec.num_kv_heads,
+                                             t.lora_library, emb, other)[0]
+                       for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+            gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * unit,
+                             "2 x largest layer unsharded in NF4 (current + prefetched)"),)
         else:
             live = gathered_peak_numel(*_module_trace(ctx))
             gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, live * weight,

@@ -32,10 +32,11 @@ import math
 
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.training import qlora_base
 from memest.estimate.training.in_backward import stepped_in_backward
 from memest.estimate.training.optimizers import step_temporaries
 from memest.estimate.training.protocol import FrameworkStates, StateContext
-from memest.estimate.training.recipes import RECIPES
+from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
 from memest.result import Kind, Term
 from memest.workload import Method, Offload, Precision
@@ -71,7 +72,16 @@ def states(ctx: StateContext) -> FrameworkStates:
             formula=f"P_trainable x {gb} B" + (f" / {n} (sharded)" if shard_g > 1 else ""))
     # the compute copies gathered: every weight (a LoRA base too) at its dtype, or FSDP2's param_dtype
     gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
-    largest = max(layer_shard_numel(layer, par) for layer, _ in spec.layer_kinds(stage.start, stage.stop))
+    kinds = spec.layer_kinds(stage.start, stage.stop)
+    largest = max(layer_shard_numel(layer, par) for layer, _ in kinds)
+    unit_bytes, unit_what = largest * gather_b, f"largest layer unsharded x {gather_b} B"
+    if t.method is Method.QLORA:
+        # the 4-bit weights are all-gathered as stored: torchao NF4Tensor.fsdp_pre_all_gather sends its
+        # quantized_scalers, quantization_factor and quantized_data (nf4_tensor.py, commit d1094d8)
+        emb, other = kbit_weight_bytes(t)
+        unit_bytes = max(qlora_base.base_bytes([(tn, 1) for tn in layer.tensors], par, spec.num_kv_heads,
+                                               t.lora_library, emb, other)[0] for layer, _ in kinds)
+        unit_what = "largest layer unsharded in NF4"
     root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
     root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
                if id(tn) in root_ids)
@@ -81,7 +91,7 @@ def states(ctx: StateContext) -> FrameworkStates:
         # _fsdp_collectives.py foreach_all_gather) and keeps it until the next unit's copy-out; the CUDA
         # caching allocator reuses a stream's cached blocks only for that stream, so that pool stays
         # reserved beside the compute stream's: the root's output and a layer's, at the gather dtype
-        stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(largest * gather_b)
+        stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(unit_bytes)
         stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
                                "in the all-gather stream's pool")
         if offloaded:  # the next layer's host shards copied in (param dtype) and cast to the gather dtype
@@ -94,7 +104,7 @@ def states(ctx: StateContext) -> FrameworkStates:
     if z >= 3:
         gathered = (Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
                          f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"),)
-        unit, unit_formula = largest * gather_b, f"largest layer unsharded x {gather_b} B"
+        unit, unit_formula = unit_bytes, unit_what
     elif z == 2:
         total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
         gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,

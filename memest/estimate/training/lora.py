@@ -6,12 +6,24 @@ import math
 
 from memest import lora_targets
 from memest.estimate.sharding import Stage, stage_tensors
+from memest.estimate.training.recipes import RECIPES
 from memest.spec import Component, ModelSpec, Split, TensorSpec
-from memest.workload import LoraConfig
+from memest.workload import LoraConfig, LoraLibrary, Precision
 
 ADAPTER_BYTES = 4
 """PEFT keeps LoRA adapters in fp32 over a 16-bit base (``autocast_adapter_dtype=True``, PEFT >= 0.12):
 4 B weights, 4 B gradients, fp32 Adam states."""
+
+
+def adapter_bytes(library: LoraLibrary, precision: Precision) -> int:
+    """Bytes per adapter element (weight, gradient and torch AdamW state alike): PEFT's fp32
+    (:data:`ADAPTER_BYTES`); litgpt and torchtune build the adapters with the rest of the model under
+    the run's parameter dtype (litgpt ``fabric.init_module`` under ``bf16-true``; torchtune
+    ``training.set_default_dtype(self._dtype)`` in ``lora_finetune_*.py``, which checks it with
+    ``validate_expected_param_dtype``), so bf16 under those recipes (:class:`LoraLibrary`)."""
+    if library is LoraLibrary.PEFT:
+        return ADAPTER_BYTES
+    return RECIPES[precision].weight
 
 
 def lora_targets_tensor(tensor: TensorSpec, targets: str) -> bool:

@@ -15,7 +15,17 @@ from memest.estimate.sharding import Stage
 from memest.estimate.training.trained import GradGroups, Gradients, Item
 from memest.result import Term
 from memest.spec import ModelSpec
-from memest.workload import KbitPrep, LoraConfig, Method, Offload, Optimizer, Parallelism, Precision, TrainingConfig
+from memest.workload import (
+    KbitPrep,
+    LoraConfig,
+    LoraLibrary,
+    Method,
+    Offload,
+    Optimizer,
+    Parallelism,
+    Precision,
+    TrainingConfig,
+)
 
 
 class StatesInput(NamedTuple):
@@ -31,13 +41,14 @@ class StatesInput(NamedTuple):
     parallelism: Parallelism
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
+    lora_library: LoraLibrary
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
-                       t.parallelism,
-                       t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training)
+                       t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
+                       t.lora_library)
 
 
 class StateContext(NamedTuple):

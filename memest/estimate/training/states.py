@@ -14,17 +14,17 @@ from typing import NamedTuple
 
 from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel, stage_tensors
-from memest.estimate.training import ddp, deepspeed, fsdp, megatron, pytorch
-from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
+from memest.estimate.training import ddp, deepspeed, fsdp, megatron, pytorch, qlora_base
+from memest.estimate.training.lora import adapter_bytes, lora_adapters
 from memest.estimate.training.optimizers import optimizer_bytes
 from memest.estimate.training.protocol import FrameworkStates, StateContext, StatesInput
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import blocks, expert_data_ranks, expert_weighted, grad_groups, sharded_note
-from memest.estimate.weights import SCHEMES, tensor_bytes, weight_bytes
+from memest.estimate.weights import tensor_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
 from memest.spec import Component, ModelSpec
-from memest.workload import Framework, Method, Offload, Optimizer, Parallelism
+from memest.workload import Framework, Method, Offload, Optimizer
 
 FRAMEWORKS: dict[Framework, ModuleType] = {
     Framework.PYTORCH: pytorch,
@@ -34,8 +34,6 @@ FRAMEWORKS: dict[Framework, ModuleType] = {
     Framework.FSDP: fsdp,
 }
 """The module of each framework; each follows :class:`.protocol.FrameworkModel`."""
-
-_EMBEDDINGS = (Component.EMBEDDING, Component.LM_HEAD)
 
 _BYTES = operator.attrgetter("bytes")
 
@@ -107,24 +105,23 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
         # under ZeRO-3 the frozen experts, too, are sharded over their expert-data-parallel group only
         e = expert_data_ranks(par, n) if shard_w > 1 else 1
         scale = [(tn, c * e if tn.component is Component.EXPERTS else c) for tn, c in tensors]
+        ab = adapter_bytes(t.lora_library, t.precision)
+        untied = qlora_base.untied_head_numel(spec, t.lora_library, stage.last)
         if t.method is Method.LORA:
             base = sum(cuda_block_bytes(math.ceil(tensor_bytes(tn, par, k, dtype_bytes=recipe.weight))) * c
-                       for tn, c in scale)
-            weights_formula = f"frozen base x {recipe.weight} B + fp32 adapters"
+                       for tn, c in scale) + cuda_block_bytes(untied * recipe.weight)
+            weights_formula = (f"frozen base x {recipe.weight} B" + (" (litgpt's own lm_head included)" if untied else "")
+                               + f" + adapters x {ab} B")
         else:
             emb, other = kbit_weight_bytes(t)
-            nf4 = SCHEMES["nf4"]
-            base = (weight_bytes([(tn, c) for tn, c in scale if tn.component not in _EMBEDDINGS], par, k,
-                                 dtype_bytes=other, scheme=nf4)
-                    + weight_bytes([(tn, c) for tn, c in scale if tn.component in _EMBEDDINGS], par, k,
-                                   dtype_bytes=emb, scheme=nf4))
-            weights_formula = (f"NF4 linear weights (64-blocks, double quant) + embeddings and lm_head x {emb} B "
-                               f"+ norms and other weights x {other} B (--prepare-kbit-training "
-                               f"{t.prepare_kbit_training.value}) + fp32 adapters")
-        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ADAPTER_BYTES) / shard_w)
-        gb = ADAPTER_BYTES
-        # the DeepSpeed optimizers' fp32 master copies the (fp32) adapters too
-        master_b, state_b = (4 if flat and recipe.master else 0), 4
+            base, words = qlora_base.base_bytes(scale, par, k, t.lora_library, emb, other, untied)
+            weights_formula = (f"{words} (--prepare-kbit-training {t.prepare_kbit_training.value}) "
+                               f"+ adapters x {ab} B")
+        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ab) / shard_w)
+        gb = ab
+        # the DeepSpeed optimizers' fp32 master copies the adapters too; torch AdamW keeps its states in
+        # the adapters' dtype
+        master_b, state_b = (4 if flat and recipe.master else 0), (4 if flat else ab)
     numel = sum(local * c for _, local, c in trainable)
     groups = grad_groups(spec, stage, trainable)
     head_numel = sum(local * c for _, local, c in groups.head)
@@ -174,8 +171,9 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         return (Term("workspace.gathered_layers", Kind.WORKSPACE, units * fs.gathered_unit,
                      f"{units} x {fs.gathered_formula} ({why})"),)
 
-    dequantized = ((_dequantized(spec, stage, t.parallelism, RECIPES[t.precision].compute),)
-                   if t.method is Method.QLORA else ())
+    c = RECIPES[t.precision].compute
+    dequantized = (_dequantized(spec, stage, t.parallelism, c),) if t.method is Method.QLORA else ()
+    head = _dequantized_head(spec, stage, t, c)
     grads_all = Term("gradients", Kind.GRADIENTS, grads.all, grads.formula)
     lifetimes = (  # in STATE_LIFETIMES order
         fs.gathered,                                                                 # gathered
@@ -188,6 +186,7 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         fs.reduction,                                                                # reduction
         fs.step,                                                                     # step
         dequantized,                                                                 # dequantized
+        head,                                                                        # dequantized.head
         (grads_all,),                                                                # grads.all
         (grads_all if fs.step_grads is None else fs.step_grads,),                    # grads.step
     )
@@ -207,8 +206,23 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
 
 
 def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Term:
-    """bitsandbytes dequantizes one NF4 weight to the compute dtype for each matmul."""
+    """One NF4 weight dequantized to the compute dtype for each matmul (:mod:`.qlora_base`): the largest
+    linear weight of the layers."""
     largest = max((shard_numel(tn, par, spec.num_kv_heads) for layer, _ in spec.layer_kinds(stage.start, stage.stop)
                    for tn in layer.tensors if tn.is_linear_weight), default=0)
     return Term("workspace.dequantized_weight", Kind.WORKSPACE, largest * c,
-                f"largest linear weight x {c} B (bitsandbytes dequantize_4bit for the matmul)")
+                f"largest linear weight x {c} B (dequantized for the matmul)")
+
+
+def _dequantized_head(spec: ModelSpec, stage: Stage, t: StatesInput, c: int) -> tuple[Term, ...]:
+    """litgpt's NF4 lm_head in its backward (:mod:`.qlora_base`): bitsandbytes 0.42 ``MatMul4Bit.backward``
+    computes ``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``; Fabric quantized the weight from
+    fp16 (``_Linear4bit._quantize_weight``: ``.to(dtype=torch.half)``), so the dequantized fp16 copy and
+    its cast to the compute dtype are both alive inside ``.to``: 2 x vocab x h x 2 B."""
+    if t.method is not Method.QLORA or not stage.last or not qlora_base.quantizes_lm_head(t.lora_library):
+        return ()
+    head = max((shard_numel(tn, t.parallelism, spec.num_kv_heads) for tn in spec.head
+                if tn.component is Component.LM_HEAD and len(tn.shape) == 2),
+               default=qlora_base.untied_head_numel(spec, t.lora_library, stage.last))
+    return (Term("workspace.dequantized_weight", Kind.WORKSPACE, head * (2 + c),
+                 f"the NF4 lm_head x (2 + {c}) B (its fp16 dequantized copy and the cast, in its backward)"),)

@@ -12,7 +12,8 @@ reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assu
    their fp32 upcast and the fp32 log-softmax (transformers ``ForCausalLMLoss``), and gradients
    that live through the forward (accumulation, ``set_to_none=False``);
 3. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
-   the fp32 log-probabilities and two fp32 gradients of the logits;
+   the fp32 log-probabilities and two fp32 gradients of the logits (and an NF4 lm_head dequantized
+   for its backward, litgpt's QLoRA);
 4. ``first_layer_backward``: the last layer's backward (rebuilt under full recompute, with its
    recomputation's temporaries), logits freed, the head's gradients allocated;
 5. ``last_layer_backward``: the first layer's backward: one layer's activations left, the
@@ -35,7 +36,7 @@ MOMENT_TABLE: dict[str, tuple[str, ...]] = {
     "loss_forward": ("states", "grads.forward", "gathered", "activations.stored", "activations.head", "autocast.all",
                      "logits.forward"),
     "loss_backward": ("states", "grads.forward", "gathered.loss", "buffers.backward", "activations.stored",
-                      "activations.head", "autocast.all", "logits.backward"),
+                      "activations.head", "autocast.all", "logits.backward", "dequantized.head"),
     "first_layer_backward": ("states", "grads.head", "gathered.running", "buffers.backward", "buffers.layer",
                              "activations.stored", "activations.rebuilt", "masks.rebuilt", "activations.backward",
                              "dequantized", "autocast.all"),
@@ -50,8 +51,8 @@ MOMENT_TABLE: dict[str, tuple[str, ...]] = {
 each lifetime's terms). ``gradient_reduction`` exists only when its ``reduction`` lifetime holds a term."""
 
 STATE_LIFETIMES = ("gathered", "gathered.running", "gathered.loss", "gathered.first", "buffers.backward",
-                   "buffers.layer", "buffers.reduce_input", "reduction", "step", "dequantized", "grads.all",
-                   "grads.step")
+                   "buffers.layer", "buffers.reduce_input", "reduction", "step", "dequantized", "dequantized.head",
+                   "grads.all", "grads.step")
 """The lifetimes the model states hold by themselves (:attr:`.states.ModelStates.lifetimes`, in this order)."""
 
 ACTIVATION_LIFETIMES = ("activations.stored", "activations.embedding", "activations.head", "activations.layer_forward",
