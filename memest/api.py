@@ -190,6 +190,29 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     return cfg, spec_from_config(cfg, trust_remote_code=values["trust_remote_code"])
 
 
+def model_reference(model: Model | None, values: Mapping[str, Any]) -> Model:
+    """``model``, or the model the ``config`` files name when it is None.
+
+    Raises:
+        InputError: no model given and no config file naming one.
+    """
+    if model is not None:
+        return model
+    from memest.workload import files
+
+    named = files.read(values["config"]).model if values["config"] else None
+    if named is None:
+        what = "names none" if values["config"] else "was given either"
+        raise InputError(f"no model given, and no {{config}} file {what}: pass a model, or a {{config}} recipe that "
+                         "names one (model_name_or_path, base_model)", field="config")
+    return named
+
+
+def _given(model: Model | None) -> str | None:
+    """The model reference the caller gave, as config files would name it (None: none, or a config mapping)."""
+    return os.fspath(model) if isinstance(model, str | os.PathLike) else None
+
+
 def _name(model: Model, spec: ModelSpec) -> str:
     """The model as a ``memest hf`` command names it: the reference as given, or a config given as data's name."""
     return spec.name if isinstance(model, Mapping) else os.fspath(model)
@@ -198,13 +221,14 @@ def _name(model: Model, spec: ModelSpec) -> str:
 # ---- the three answers ----
 
 
-def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
+def estimate_memory(model: Model | None, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
     """Per-device memory of a job: ``memest hf MODEL ... --json`` as a :class:`MemoryEstimate`.
 
     Args:
         model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json; or a
-            config.json's contents as a mapping (data only: its model code is never loaded).
-        mode: ``train``, ``lora``, ``qlora`` or ``serve``.
+            config.json's contents as a mapping (data only: its model code is never loaded); None: the
+            model the ``config`` files name (a recipe's ``model_name_or_path``, ``base_model``).
+        mode: ``train``, ``lora``, ``qlora`` or ``serve``; None: the ``config`` files' mode, else serving.
         settings: The CLI's workload flags with underscores (``gpu="H100"``, ``gpus=8``,
             ``seq_len=8192``, ``precision="bf16"``).
 
@@ -215,16 +239,16 @@ def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> Me
     return estimate_values(model, settings_of(mode, settings))
 
 
-def estimate_values(model: Model, values: Mapping[str, Any]) -> MemoryEstimate:
+def estimate_values(model: Model | None, values: Mapping[str, Any]) -> MemoryEstimate:
     """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path."""
     from memest.planning.recommend import assess
     from memest.report import to_dict
     from memest.workload import resolve
 
-    cfg, spec = _model(model, values)
+    cfg, spec = _model(model_reference(model, values), values)
     device = resolve.device(values)
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
-                               gguf_tensors=gguf_tensors(values))
+                               gguf_tensors=gguf_tensors(values), model=_given(model))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
                     device_given=resolve.gpu_name(values) is not None,
                     allow_stack_change=values["allow_stack_change"])
@@ -238,7 +262,7 @@ PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "glob
 
 
 
-def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
+def plan_memory(model: Model | None, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
                 global_batch_size: int | None = None, allow_method_change: bool = False,
                 allow_quantization: bool = False, allow_offload: bool = False,
                 allow_optimizer_change: bool = False, allow_batch_reshape: bool = False, top: int = 1,
@@ -270,7 +294,7 @@ def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None
     return plan_values(model, settings_of(mode, settings), search)
 
 
-def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
+def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
     """:func:`plan_memory` from complete settings and the planner's keywords; the CLI's path.
 
     Raises:
@@ -315,12 +339,13 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     given = given_flags(values)
     # the count is searched: give the job the fewest devices its cp x tp x pp allow
     job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
-    _, spec = _model(model, values)
+    ref = model_reference(model, values)
+    _, spec = _model(ref, values)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
-                               gguf_tensors=gguf_tensors(values))
+                               gguf_tensors=gguf_tensors(values), model=_given(model))
     result = plan(spec, workload, space, headroom=resolve.headroom(values), top=s["top"])
-    return MemoryPlan(plan_to_dict(result, model=_name(model, spec), given=given), result)
+    return MemoryPlan(plan_to_dict(result, model=_name(ref, spec), given=given), result)
 
 
 def searched_given(values: Mapping[str, Any]) -> list[str]:
@@ -386,7 +411,7 @@ def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | P
     return table
 
 
-def sweep_memory(model: Model, *, mode: str | None = None, **settings: Any) -> MemorySweep:
+def sweep_memory(model: Model | None, *, mode: str | None = None, **settings: Any) -> MemorySweep:
     """The estimate across a range of one setting: ``memest sweep MODEL ... --json`` as a :class:`MemorySweep`.
 
     One of ``seq_len``, ``micro_batch_size``, ``batch_size``, ``max_model_len`` is a range: a string as
@@ -450,17 +475,17 @@ def split_sweep(values: Mapping[str, Any],
     return setting, points, out
 
 
-def sweep_values(model: Model, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
+def sweep_values(model: Model | None, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
     """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
     from memest.planning.sweep import sweep
     from memest.report import sweep_to_dict
     from memest.workload import resolve
 
     setting, points, job = split_sweep(values, ranged)
-    _, spec = _model(model, job)
+    _, spec = _model(model_reference(model, job), job)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec),
-                               gguf_tensors=gguf_tensors(job))
+                               gguf_tensors=gguf_tensors(job), model=_given(model))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
 

@@ -179,8 +179,9 @@ def workload_options(func: Callable[..., Any], *, refuse_typed: bool = True) -> 
         typed = {name for name in WORKLOAD_OPTIONS  # a flag typed at its default value is still refused
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         try:
-            if refuse_typed:
-                check_scope(job.values, resolve.mode_of(job.values), given_names=typed)
+            if refuse_typed:  # the mode a --config recipe names counts
+                mode = resolve.mode_of(resolve.complete(job.values) if job.values["config"] else job.values)
+                check_scope(job.values, mode, given_names=typed)
             return func(job=job, **kwargs)
         except MemestError as exc:  # the library names settings; a command's user knows them as flags
             if exc.field is None:

@@ -381,6 +381,8 @@ class TrainingConfig:
             built directly, at the fields' own defaults).
         stack_assumed: Why the stack was assumed when none was named ("" when it was named).
         config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
+        config_read: What was read from which config file, line and key (``zero_stage 3 from ds.json:12
+            zero_optimization.stage``), for ``explain``.
         framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
         set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
@@ -431,6 +433,7 @@ class TrainingConfig:
                                        "{tp} / {pp}). Flags given override its defaults.")
     stack_assumed: str = ""
     config_notes: tuple[str, ...] = ()
+    config_read: tuple[str, ...] = ()
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",
                                    what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
@@ -615,6 +618,10 @@ class ServingConfig:
                                                    "(default: by device memory).")
     gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     checkpoint_params: tuple[tuple[str, int], ...] = ()
+    config_notes: tuple[str, ...] = ()
+    """What the config files left open or memest does not model, for the assumptions."""
+    config_read: tuple[str, ...] = ()
+    """What was read from which config file, line and key, for ``explain``."""
     parallelism: Parallelism = field(default_factory=Parallelism)
 
     @property

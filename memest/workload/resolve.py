@@ -59,9 +59,51 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
         raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
     out = defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
     if out["config"]:
-        found, _ = files.read(out["config"])
-        out |= {name: _coerce(known[name], value) for name, value in found.items() if not given(out, name)}
+        found = files.read(out["config"]).values
+        mode_given = any(given(out, m) for m in MODE_SETTINGS)  # the user's mode wins over a file's
+        fill = {name: _coerce(known[name], value) for name, value in found.items()
+                if not given(out, name) and not (mode_given and name in MODE_SETTINGS)}
+        mode = mode_of(out | fill)
+        out |= {name: value for name, value in fill.items() if _read_by(out | fill, mode, name)}
     return out
+
+
+MODE_SETTINGS = ("train", "finetune", "serve")
+
+
+def _read_by(values: Mapping[str, Any], mode: str, name: str) -> bool:
+    """Whether a job of ``mode`` reads setting ``name`` (a file's value it would not read is left out: a LoRA
+    recipe's rank under {train})."""
+    try:
+        check_scope(values, mode, given_names=(name,))
+    except InputError:
+        return False
+    return True
+
+
+def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The config files' notes, and what was read from which file, line and key, for complete settings ``v``
+    (before a stack's defaults fill them). A setting whose value differs from a file's was given explicitly:
+    one note names them all.
+
+    Args:
+        model: The model reference the caller gave, if any (it wins over the files', said once).
+    """
+    if not v["config"]:
+        return (), ()
+    r = files.read(v["config"], model=model)
+    known = settings()
+    read, overridden = [], []
+    if r.model is not None and (model is None or model == r.model):
+        read.append(f"model {r.model} from {r.origins['model']}")
+    for name, value in r.values.items():
+        value = _coerce(known[name], value)
+        if v[name] == value:
+            read.append(f"{name} {_shown(value)} from {r.origins[name]}")
+        elif given(v, name):
+            overridden.append(f"{name} {_shown(v[name])} over {_shown(value)} ({r.origins[name]})")
+    notes = r.notes + ((f"settings given override the config files: {'; '.join(overridden)}",) if overridden else ())
+    return notes, tuple(read)
 
 
 def _coerce(s: Setting, value: Any) -> Any:
@@ -254,7 +296,7 @@ def tensor_split(value: str | tuple[float, ...] | None) -> tuple[float, ...]:
 
 def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope: bool = True,
             checkpoint_params: tuple[tuple[str, int], ...] = (),
-            gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()) -> Workload:
+            gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = (), model: str | None = None) -> Workload:
     """The workload ``values`` describe for ``spec`` on ``device``.
 
     Args:
@@ -262,6 +304,7 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
         scope: Refuse settings the job would not read (:func:`check_scope`).
         checkpoint_params: The checkpoint's parameters per stored dtype, for ``exact_weights``.
         gguf_tensors: The tensors of the ``gguf`` file's header.
+        model: The model reference the caller gave (a config file naming another is said in the notes).
 
     Raises:
         InputError: conflicting modes, a setting the mode (method, engine) does not read, a size out
@@ -272,8 +315,9 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
     if scope:
         check_scope(v, mode)
     check_sizes(v)
+    notes, read = config_report(v, model)
     if mode != "serve":
-        return _training(v, spec, device)
+        return _training(v, spec, device).replace(config_notes=notes, config_read=read)
     engine = Engine(v["engine"])
     if not runs_on(engine.value, device.vendor):
         raise InputError(f"{{engine}} {engine.value} does not run on {device.name} ({device.vendor}); use {{engine}} "
@@ -290,6 +334,8 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
         "gguf_tensors": gguf_tensors,
         "checkpoint_params": checkpoint_params,
         "parallelism": serving_parallelism(v, spec),
+        "config_notes": notes,
+        "config_read": read,
     })
 
 
@@ -318,7 +364,6 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
         stack=stack,
         stack_assumed=assumed,
-        config_notes=files.read(v["config"])[1] if v["config"] else (),
     )
     check_framework_runs(t, device)
     return t
