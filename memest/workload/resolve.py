@@ -48,7 +48,8 @@ FSDP_ZERO_STAGE = {FsdpStrategy.FULL_SHARD: 3, FsdpStrategy.HYBRID_SHARD: 3, Fsd
 
 
 def complete(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with the defaults of the settings not given.
+    """``values`` with the settings not in it from the ``config`` files (those the job reads), else their
+    defaults. Complete settings (every name present) are returned as they are: the files fill a job once.
 
     Raises:
         InputError: a name that is no setting.
@@ -58,11 +59,11 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
     out = defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
-    if out["config"]:
+    if out["config"]:  # a setting in ``values`` was given, even at its default: a file fills only the others
         found = files.read(out["config"]).values
-        mode_given = any(given(out, m) for m in MODE_SETTINGS)  # the user's mode wins over a file's
+        mode_given = any(out[m] for m in MODE_SETTINGS if m in values)  # the user's mode wins over a file's
         fill = {name: _coerce(known[name], value) for name, value in found.items()
-                if not given(out, name) and not (mode_given and name in MODE_SETTINGS)}
+                if name not in values and not (mode_given and name in MODE_SETTINGS)}
         mode = mode_of(out | fill)
         out |= {name: value for name, value in fill.items() if _read_by(out | fill, mode, name)}
     return out
@@ -83,8 +84,8 @@ def _read_by(values: Mapping[str, Any], mode: str, name: str) -> bool:
 
 def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The config files' notes, and what was read from which file, line and key, for complete settings ``v``
-    (before a stack's defaults fill them). A setting whose value differs from a file's was given explicitly:
-    one note names them all.
+    (before a stack's defaults fill them). A setting the job reads whose value differs from a file's was given
+    explicitly: one note names them all.
 
     Args:
         model: The model reference the caller gave, if any (it wins over the files', said once).
@@ -100,7 +101,7 @@ def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple
         value = _coerce(known[name], value)
         if v[name] == value:
             read.append(f"{name} {_shown(value)} from {r.origins[name]}")
-        elif given(v, name):
+        elif _read_by(v, mode_of(v), name):  # the files fill every setting not given that the job reads
             overridden.append(f"{name} {_shown(v[name])} over {_shown(value)} ({r.origins[name]})")
     notes = r.notes + ((f"settings given override the config files: {'; '.join(overridden)}",) if overridden else ())
     return notes, tuple(read)

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from memest.errors import InputError
 from memest.workload.config import Framework, Precision
 from memest.workload.files import accelerate, axolotl, deepspeed, llamafactory, trainer
-from memest.workload.files._common import FALSY, Found, Include, key_lines, load_yaml, lookup
+from memest.workload.files._common import FALSY, AutoNote, Found, Include, key_lines, load_yaml, lookup
 
 FORMATS: tuple[ModuleType, ...] = (accelerate, llamafactory, axolotl, trainer, deepspeed)
 """The format modules, in the order their ``detect`` is tried (the most specific first: LLaMA-Factory and
@@ -118,7 +118,8 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
                 continue
             raise _conflict(name, first, values[name], reading, value)
     _under_deepspeed(values, owner)
-    notes = [note for r in readings for note in r.found.notes] + missing + [n for r in readings for n in _ignored(r)]
+    notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
+    notes = list(dict.fromkeys(notes)) + missing + [n for r in readings for n in _ignored(r)]
     origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
     named = [(r.found.model, r) for r in readings if r.found.model]
     found_model = named[0][0] if named else None
@@ -206,6 +207,16 @@ def _under_deepspeed(values: dict[str, Any], owner: dict[str, _Reading]) -> None
         return
     key = reading.found.origins.get("precision", "")
     values["precision"] = Precision.FP16 if key.endswith("fp16") else Precision.MIXED
+
+
+def _filled(note: str, r: _Reading, owner: dict[str, _Reading]) -> str:
+    """A DeepSpeed ``"auto"`` note, or, when another file gives that setting, what fills it (as the HF Trainer
+    fills ``"auto"`` from the TrainingArguments beside it)."""
+    if not isinstance(note, AutoNote) or owner.get(note.setting, r) is r:
+        return note
+    by = owner[note.setting]
+    return (f"{r.path.name}: {note.key} \"auto\" is filled from {_where(by, by.found.origins.get(note.setting, ''))}, "
+            "as the HF Trainer fills it")
 
 
 def _ignored(r: _Reading) -> list[str]:

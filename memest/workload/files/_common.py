@@ -135,7 +135,17 @@ def typed(path: Path, key: str, value: Any, kind: type | tuple[type, ...], what:
     return value
 
 
+class AutoNote(str):
+    """The note that a key is ``"auto"``, knowing the setting it leaves open and the key (a recipe read with the
+    file fills it: :func:`memest.workload.files.read` then says so instead)."""
+
+    setting: str
+    key: str
+
+
 def auto(path: Path, key: str, setting: str, notes: list[str]) -> None:
     """Note that ``key`` is ``"auto"``: memest keeps ``setting`` as given, else its default."""
-    notes.append(f"{path.name}: {key} is \"auto\" (the HF Trainer fills it from its TrainingArguments); "
-                 f"memest uses {setting} as given, else its default")
+    note = AutoNote(f"{path.name}: {key} is \"auto\" (the HF Trainer fills it from its TrainingArguments); "
+                    f"memest uses {setting} as given, else its default")
+    note.setting, note.key = setting, key
+    notes.append(note)

@@ -3,12 +3,13 @@
 Keys read: ``base_model``; ``adapter`` (``lora`` / ``qlora``; ``load_in_4bit`` with ``lora`` is QLoRA),
 ``lora_r``, ``lora_dropout``, ``lora_target_modules`` / ``lora_target_linear``; ``sequence_len``,
 ``micro_batch_size``, ``gradient_accumulation_steps``, ``gradient_checkpointing``; ``bf16`` (``auto``: bf16 where
-the device has it) / ``fp16``; ``optimizer`` (transformers' names); ``flash_attention`` / ``sdp_attention`` /
+the device has it) / ``fp16``; ``optimizer`` (transformers' names); ``attn_implementation``, ``flash_attention`` / ``sdp_attention`` /
 ``attention``; ``deepspeed``; ``fsdp`` / ``fsdp_config`` (``fsdp_offload_params``); the Liger plugin's
 ``liger_fused_linear_cross_entropy`` and ``cut_cross_entropy`` (a fused loss).
 
 Precision: a full fine-tune under ``bf16`` loads the weights in bf16 and trains them in place (the axolotl
-stack's recipe: pure bf16 states); adapters train at the stack's recipe too.
+stack's recipe: pure bf16 states, sharded so under FSDP); under DeepSpeed, DeepSpeed's bf16; adapters train
+in fp32 under autocast (``amp``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ NAME = "an axolotl YAML (base_model, micro_batch_size, sequence_len)"
 MARKERS = frozenset({"base_model", "micro_batch_size", "sequence_len", "adapter", "lora_target_linear"})
 READS = ("base_model", "adapter", "load_in_4bit", "lora_r", "lora_dropout", "lora_target_modules",
          "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps",
-         "gradient_checkpointing", "bf16", "fp16", "optimizer", "flash_attention", "sdp_attention", "attention",
+         "gradient_checkpointing", "bf16", "fp16", "optimizer", "attn_implementation", "flash_attention", "sdp_attention", "attention",
          "deepspeed", "fsdp", "fsdp_config.fsdp_offload_params", "liger_fused_linear_cross_entropy",
          "cut_cross_entropy", "sample_packing")
 IGNORED = {
@@ -70,6 +71,7 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     r.integer("gradient_accumulation_steps", "grad_accum_steps")
     r.checkpointing("gradient_checkpointing")
     r.optimizer("optimizer")
+    r.attention("attn_implementation")
     if r.flag("flash_attention") or doc.get("attention") == "flash":
         r.put("attn_implementation", AttnImplementation.FLASH_ATTENTION_2,
               "flash_attention" if "flash_attention" in doc else "attention")
@@ -83,7 +85,7 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     if fsdp and isinstance(fsdp_config, dict) and fsdp_config.get("fsdp_offload_params") is True:
         r.put("offload", Offload.PARAMS, "fsdp_config.fsdp_offload_params")
     r.precision(method, default_bf16=False, sharded=fsdp)
-    if method is Method.FULL and r.values.get("precision") is Precision.AMP:
+    if method is Method.FULL and r.values.get("precision") in (Precision.AMP, Precision.FSDP2):
         r.values["precision"] = Precision.BF16  # bf16 weights trained in place (the stack's recipe)
     r.deepspeed("deepspeed")
     return r.found()

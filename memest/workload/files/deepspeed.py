@@ -50,7 +50,7 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
 
 def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
     values: dict[str, Any] = {"stack": Stack.DEEPSPEED, "framework": Framework.DEEPSPEED}
-    origins = {"stack": "zero_optimization", "framework": "zero_optimization"}
+    origins = {"stack": "zero_optimization", "framework": "zero_optimization", "offload": "zero_optimization"}
     notes: list[str] = []
     zero = doc.get("zero_optimization", {})
     typed(path, "zero_optimization", zero, dict, "an object")

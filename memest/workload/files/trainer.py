@@ -143,6 +143,8 @@ class Recipe:
     def mode(self, method: Method, key: str) -> None:
         if method is Method.FULL:
             self.values["train"] = True
+            if key in self.doc:
+                self.origins["train"] = key
         else:
             self.put("finetune", method, key)
 
@@ -209,7 +211,7 @@ class Recipe:
         if fp16 is not None:
             typed(self.path, "fp16", fp16, bool, "true or false")
         half = bool(bf16) or bool(fp16) or (bf16 is None and fp16 is None and default_bf16)
-        key = "fp16" if fp16 else "bf16"
+        key = "fp16" if fp16 else "bf16" if bf16 is not None else "bf16 (not given: trl turns it on)"
         dtype = self.get("torch_dtype")
         if dtype is not None:
             typed(self.path, "torch_dtype", dtype, str, "bfloat16, float16, float32 or auto")
