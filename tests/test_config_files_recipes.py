@@ -183,6 +183,19 @@ def test_a_mode_given_wins_over_the_recipes(mistral):
     assert (t.method, t.micro_batch_size) == (Method.FULL, 4)
 
 
+def test_a_launcher_file_without_a_mode_is_training():
+    # a DeepSpeed JSON sizes training states only: with no mode anywhere the job is training, not serving
+    out = run_memest("hf", MISTRAL, "--config", DS_ZERO3, "--gpus", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["mode"] == "train" and doc["workload"]["parallelism"]["zero_stage"] == 3
+
+
+def test_calibrate_without_model_or_config_is_one_line():
+    out = run_memest("calibrate", "--train")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and "--config FILE" in out.stderr
+
+
 def test_plan_and_sweep_take_the_model_from_the_file():
     sweep = run_memest("sweep", "--config", QLORA, "--seq-len", "1k..4k", "--gpu", "A100-80GB", "--json")
     assert sweep.returncode == 0, sweep.stderr

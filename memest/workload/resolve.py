@@ -64,6 +64,9 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
         mode_given = any(out[m] for m in MODE_SETTINGS if m in values)  # the user's mode wins over a file's
         fill = {name: _coerce(known[name], value) for name, value in found.items()
                 if name not in values and not (mode_given and name in MODE_SETTINGS)}
+        if not mode_given and not any(fill.get(m) for m in MODE_SETTINGS) and \
+                any(known[name].scope == "training" for name in fill):
+            fill["train"] = True  # no mode anywhere: files of training settings (a DeepSpeed JSON) are training
         mode = mode_of(out | fill)
         out |= {name: value for name, value in fill.items() if _read_by(out | fill, mode, name)}
     return out
