@@ -200,11 +200,13 @@ def model_reference(model: Model | None, values: Mapping[str, Any]) -> Model:
         return model
     from memest.workload import files
 
-    named = files.read(values["config"]).model if values["config"] else None
+    if not values["config"]:
+        raise InputError("model None is not a model reference; pass a Hub id or catalog name, a path, a config.json's "
+                         "contents as a dict, or a {config} recipe that names the model", field="model")
+    named = files.read(values["config"]).model
     if named is None:
-        what = "names none" if values["config"] else "was given either"
-        raise InputError(f"no model given, and no {{config}} file {what}: pass a model, or a {{config}} recipe that "
-                         "names one (model_name_or_path, base_model)", field="config")
+        raise InputError("no model given, and no {config} file names one: pass a model, or a {config} recipe that "
+                         "names it (model_name_or_path, base_model)", field="config")
     return named
 
 

@@ -97,6 +97,28 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
     missing: list[str] = []
     for path in paths:
         _collect(Path(path), readings, missing)
+    values, owner = _merge(readings)
+    notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
+    notes += missing + [n for r in readings for n in _ignored(r)]
+    origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
+    named = [r for r in readings if r.found.model]
+    for other in named[1:]:
+        if other.found.model != named[0].found.model:
+            raise _conflict("model", named[0], named[0].found.model, other, other.found.model)
+    found_model = named[0].found.model if named else None
+    if named:
+        origins["model"] = _where(named[0], named[0].found.origins.get("model", ""))
+        if model is not None and model != found_model:
+            notes.append(f"the model given ({model}) is used, not {found_model} named at {origins['model']}")
+    return Read(values, tuple(dict.fromkeys(notes)), found_model, origins)
+
+
+def _merge(readings: list[_Reading]) -> tuple[dict[str, Any], dict[str, _Reading]]:
+    """The settings of all readings, and the reading each came from (see the module docstring for who wins).
+
+    Raises:
+        InputError: two readings give one setting different values and neither decides for the other.
+    """
     values: dict[str, Any] = {}
     owner: dict[str, _Reading] = {}
     for reading in readings:
@@ -107,30 +129,17 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
                 owner.setdefault(name, reading)
                 continue
             first = owner[name]
-            if first.launcher != reading.launcher and name in LAUNCHER_DECIDES | {"stack"}:
-                launcher = reading if reading.launcher else first
-                # the stack is the recipe's; the precision the launcher's only when it runs the step itself
-                # (DeepSpeed, FSDP), not over plain DDP, where the recipe's dtype stays
-                launcher_wins = name != "stack" and (name != "precision" or bool(
-                    {"framework", "fsdp"} & set(launcher.found.values)))
-                if reading.launcher == launcher_wins:
-                    values[name], owner[name] = value, reading
-                continue
-            raise _conflict(name, first, values[name], reading, value)
+            if first.launcher == reading.launcher or name not in LAUNCHER_DECIDES | {"stack"}:
+                raise _conflict(name, first, values[name], reading, value)
+            launcher = reading if reading.launcher else first
+            # the stack is the recipe's; the precision the launcher's only when it runs the step itself
+            # (DeepSpeed, FSDP), not over plain DDP, where the recipe's dtype stays
+            launcher_wins = name != "stack" and (name != "precision" or bool(
+                {"framework", "fsdp"} & set(launcher.found.values)))
+            if reading.launcher == launcher_wins:
+                values[name], owner[name] = value, reading
     _under_deepspeed(values, owner)
-    notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
-    notes = list(dict.fromkeys(notes)) + missing + [n for r in readings for n in _ignored(r)]
-    origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
-    named = [(r.found.model, r) for r in readings if r.found.model]
-    found_model = named[0][0] if named else None
-    for other, r in named[1:]:
-        if other != found_model:
-            raise _conflict("model", named[0][1], found_model, r, other)
-    if named:
-        origins["model"] = _where(named[0][1], named[0][1].found.origins.get("model", ""))
-        if model is not None and model != found_model:
-            notes.append(f"the model given ({model}) is used, not {found_model} named at {origins['model']}")
-    return Read(values, tuple(notes), found_model, origins)
+    return values, owner
 
 
 def read_one(path: Path) -> Found:
