@@ -124,6 +124,11 @@ def mode_values(mode: str | None) -> dict[str, Any]:
     raise InputError(f"mode {mode!r} is not one of {', '.join(MODES)}", field="mode")
 
 
+def _default_mode(mode: str | None, settings: Mapping[str, Any]) -> str | None:
+    """``mode``; when None, serving unless ``config`` files are given (their mode then decides)."""
+    return mode if mode is not None or settings.get("config") else "serve"
+
+
 def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword arguments as settings (``mode`` replacing the mode settings), checked and completed.
 
@@ -136,7 +141,7 @@ def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
         if name in given:
             raise InputError(f"pass the mode as mode={instead!r} (one of {', '.join(MODES)}), not {name}=", field=name)
     values = complete({**given, **mode_values(mode)})
-    if mode is not None:  # a keyword the job would not read is refused even at its default value
+    if mode is not None or values["config"]:  # a keyword the job would not read is refused even at its default
         check_scope(values, mode_of(values), given_names=given.keys())
     return values
 
@@ -223,14 +228,15 @@ def _name(model: Model, spec: ModelSpec) -> str:
 # ---- the three answers ----
 
 
-def estimate_memory(model: Model | None, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
+def estimate_memory(model: Model | None = None, *, mode: str | None = None, **settings: Any) -> MemoryEstimate:
     """Per-device memory of a job: ``memest hf MODEL ... --json`` as a :class:`MemoryEstimate`.
 
     Args:
         model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json; or a
             config.json's contents as a mapping (data only: its model code is never loaded); None: the
             model the ``config`` files name (a recipe's ``model_name_or_path``, ``base_model``).
-        mode: ``train``, ``lora``, ``qlora`` or ``serve``; None: the ``config`` files' mode, else serving.
+        mode: ``train``, ``lora``, ``qlora`` or ``serve``; None (the default): the ``config`` files' mode,
+            else ``serve``.
         settings: The CLI's workload flags with underscores (``gpu="H100"``, ``gpus=8``,
             ``seq_len=8192``, ``precision="bf16"``).
 
@@ -238,7 +244,7 @@ def estimate_memory(model: Model | None, *, mode: str = "serve", **settings: Any
         InputError: a setting the job would not read, a value out of range, an impossible layout.
         UnknownModelError, UnknownDeviceError, ConfigError: as the CLI.
     """
-    return estimate_values(model, settings_of(mode, settings))
+    return estimate_values(model, settings_of(_default_mode(mode, settings), settings))
 
 
 def estimate_values(model: Model | None, values: Mapping[str, Any]) -> MemoryEstimate:
@@ -264,7 +270,7 @@ PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "glob
 
 
 
-def plan_memory(model: Model | None, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
+def plan_memory(model: Model | None = None, *, mode: str | None = None, gpus_available: str | None = None, max_gpus: int | None = None,
                 global_batch_size: int | None = None, allow_method_change: bool = False,
                 allow_quantization: bool = False, allow_offload: bool = False,
                 allow_optimizer_change: bool = False, allow_batch_reshape: bool = False, top: int = 1,
@@ -293,7 +299,7 @@ def plan_memory(model: Model | None, *, mode: str = "serve", gpus_available: str
               "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
               "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
               "allow_batch_reshape": allow_batch_reshape, "top": top, "cost": cost, "costs": costs, "host_memory": host_memory}
-    return plan_values(model, settings_of(mode, settings), search)
+    return plan_values(model, settings_of(_default_mode(mode, settings), settings), search)
 
 
 def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
@@ -413,7 +419,7 @@ def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | P
     return table
 
 
-def sweep_memory(model: Model | None, *, mode: str | None = None, **settings: Any) -> MemorySweep:
+def sweep_memory(model: Model | None = None, *, mode: str | None = None, **settings: Any) -> MemorySweep:
     """The estimate across a range of one setting: ``memest sweep MODEL ... --json`` as a :class:`MemorySweep`.
 
     One of ``seq_len``, ``micro_batch_size``, ``batch_size``, ``max_model_len`` is a range: a string as

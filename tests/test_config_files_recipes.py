@@ -269,3 +269,20 @@ def test_unknown_format_names_every_format(tmp_path):
         files.read([path])
     for words in ("DeepSpeed", "accelerate", "TrainingArguments", "axolotl", "LLaMA-Factory"):
         assert words in str(exc.value)
+
+
+def test_the_python_api_takes_the_model_and_mode_from_a_recipe():
+    # no model, no mode: the recipe's (mistralai/Mistral-7B-v0.1, QLoRA: use_peft + load_in_4bit)
+    import memest
+
+    answer = memest.estimate_memory(config=[QLORA], gpu="A100-80GB")
+    assert (answer.model["name"], answer.mode, answer.workload["method"]) == (MISTRAL, "qlora", "qlora")
+    with pytest.raises(InputError, match="batch_size is a serving flag"):  # a keyword the recipe's job would not read
+        memest.estimate_memory(config=[QLORA], batch_size=4)
+
+
+def test_a_preference_stage_is_named(tmp_path):
+    # LLaMA-Factory stage dpo: a reference model memest does not model -> a note naming the stage
+    path = tmp_path / "dpo.yaml"
+    path.write_text("model_name_or_path: m\nstage: dpo\nfinetuning_type: lora\n")
+    assert any("stage dpo also holds a reference" in n for n in files.read([path]).notes)

@@ -53,6 +53,10 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     if kind == "freeze":
         r.notes.append(f"{path.name}: finetuning_type freeze trains a few layers; memest estimates it as full "
                        "training (an upper bound)")
+    stage = str(doc.get("stage", "sft")).lower()
+    if stage not in ("sft", "pt"):
+        r.notes.append(f"{path.name}: stage {stage} also holds a reference (ppo: reward and value) model or its "
+                       "adapters' base; memest estimates the policy's training only")
     bits = doc.get("quantization_bit")
     if bits is not None:
         typed(path, "quantization_bit", bits, int, "4 or 8")

@@ -83,6 +83,10 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         r.integer("lora_r", "lora_rank")
         r.number("lora_dropout", "lora_dropout")
         r.targets("lora_target_modules")
+    if "beta" in doc or "max_prompt_length" in doc:  # DPOConfig / ORPOConfig keys
+        r.notes.append(f"{path.name}: a preference-optimization recipe (beta, max_prompt_length) may hold a frozen "
+                       "reference model and scores chosen and rejected sequences; memest estimates one sequence "
+                       "per micro-batch row of the policy's training only")
     r.integer("per_device_train_batch_size", "micro_batch_size")
     r.integer("gradient_accumulation_steps", "grad_accum_steps")
     r.integer("max_length" if "max_length" in doc else "max_seq_length", "seq_len")
