@@ -286,3 +286,10 @@ def test_a_preference_stage_is_named(tmp_path):
     path = tmp_path / "dpo.yaml"
     path.write_text("model_name_or_path: m\nstage: dpo\nfinetuning_type: lora\n")
     assert any("stage dpo also holds a reference" in n for n in files.read([path]).notes)
+
+
+def test_settings_the_job_does_not_read_are_named(mistral):
+    # --serve with a QLoRA recipe: its training settings (lora_r, per_device_train_batch_size, ...) are not read
+    w = resolve({"serve": True, "config": [QLORA]}, mistral, A100)
+    note = next(n for n in w.config_notes if n.startswith("a serve job does not read"))
+    assert "lora_rank (config_qlora.yaml:10 lora_r)" in note

@@ -97,16 +97,24 @@ def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple
         return (), ()
     r = files.read(v["config"], model=model)
     known = settings()
-    read, overridden = [], []
+    read, overridden, unread = [], [], []
     if r.model is not None and (model is None or model == r.model):
         read.append(f"model {r.model} from {r.origins['model']}")
+    mode = mode_of(v)
     for name, value in r.values.items():
         value = _coerce(known[name], value)
-        if v[name] == value:
-            read.append(f"{name} {_shown(value)} from {r.origins[name]}")
-        elif _read_by(v, mode_of(v), name):  # the files fill every setting not given that the job reads
-            overridden.append(f"{name} {_shown(v[name])} over {_shown(value)} ({r.origins[name]})")
+        where = r.origins[name]
+        if name in MODE_SETTINGS and v[name] != value:
+            overridden.append(f"the mode ({mode}) over {name} {_shown(value)} ({where})")
+        elif name not in MODE_SETTINGS and not _read_by(v, mode, name):
+            unread.append(f"{name} ({where})")
+        elif v[name] == value:
+            read.append(f"{name} {_shown(value)} from {where}")
+        else:  # the files fill every setting not given that the job reads
+            overridden.append(f"{name} {_shown(v[name])} over {_shown(value)} ({where})")
     notes = r.notes + ((f"settings given override the config files: {'; '.join(overridden)}",) if overridden else ())
+    if unread:
+        notes += (f"a {mode} job does not read the config files' {', '.join(unread)}",)
     return notes, tuple(read)
 
 
