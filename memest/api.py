@@ -312,7 +312,6 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
     from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
     from memest.report import plan_to_dict
     from memest.workload import FsdpStrategy, resolve
-    from memest.workload.settings import given_flags
 
     s = {**PLAN_DEFAULTS, **search}
     max_gpus = DEFAULT_MAX_DEVICES if s["max_gpus"] is None else s["max_gpus"]
@@ -344,7 +343,7 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
             and values["dp_shard"] is None:
         raise InputError("plan with {fsdp} hybrid_shard needs {dp_shard} N (ranks per shard group, e.g. 8): the "
                          "default depends on the device count, which plan searches", field="dp_shard")
-    given = given_flags(values)
+    given = resolve.flags_beyond_files(values)
     # the count is searched: give the job the fewest devices its cp x tp x pp allow
     job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
     ref = model_reference(model, values)

@@ -200,9 +200,14 @@ def test_plan_and_sweep_take_the_model_from_the_file():
     sweep = run_memest("sweep", "--config", QLORA, "--seq-len", "1k..4k", "--gpu", "A100-80GB", "--json")
     assert sweep.returncode == 0, sweep.stderr
     assert [p["value"] for p in json.loads(sweep.stdout)["points"]] == [1024, 2048, 4096]
-    plan = run_memest("plan", "--config", QLORA, "--gpus-available", "1xA100-80GB", "--top", "1")
+    plan = run_memest("plan", "--config", QLORA, "--micro-batch-size", "1", "--gpus-available", "1xA100-80GB",
+                      "--top", "1", "--json")
     assert plan.returncode == 0, plan.stderr
-    assert "--config" in plan.stdout
+    command = json.loads(plan.stdout)["fits"][0]["command"]
+    # the printed command repeats the file, not what it says (lora_dropout 0.05 is the file's), and keeps a
+    # flag given over the file at its default (--micro-batch-size 1 over per_device_train_batch_size 4)
+    assert command.startswith(f"memest hf {MISTRAL} --config {QLORA}"), command
+    assert "--micro-batch-size 1" in command and "--lora-dropout" not in command, command
 
 
 def test_no_model_anywhere_is_one_line():

@@ -24,7 +24,7 @@ from memest.errors import InputError, MemestError
 from memest.spec import ModelSpec
 from memest.workload import Engine, Method, Workload, resolve
 from memest.workload.resolve import check_scope
-from memest.workload.settings import Setting, cli_flag, enum_of, given_flags, settings
+from memest.workload.settings import Setting, cli_flag, enum_of, settings
 
 PANELS = {"model": "Model", "training": "Training (--train / --finetune)", "serving": "Serving (--serve)",
           "parallelism": "Parallelism and devices"}
@@ -141,8 +141,8 @@ class JobOptions:
     def given_flags(self) -> dict[str, str]:
         """The workload flags that differ from their defaults, as ``memest hf`` would take them:
         flag -> value (an empty value for a switch such as ``--train`` or ``--keep-grads``), in
-        :data:`WORKLOAD_OPTIONS` order."""
-        return given_flags(self.values)
+        :data:`WORKLOAD_OPTIONS` order; what the --config files say is left to them."""
+        return resolve.flags_beyond_files(self.values)
 
     def workload(self, spec: ModelSpec) -> Workload:
         """The workload for ``spec`` (:func:`memest.workload.resolve.resolve`).

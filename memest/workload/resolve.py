@@ -35,7 +35,7 @@ from memest.workload.config import (
     resolve_framework,
     runs_on,
 )
-from memest.workload.settings import Setting, defaults, enum_of, settings
+from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
 from memest.workload.validate import divisors, tp_head_problem
 
 MAX_INT = 2**31 - 1
@@ -83,6 +83,20 @@ def _read_by(values: Mapping[str, Any], mode: str, name: str) -> bool:
     except InputError:
         return False
     return True
+
+
+def flags_beyond_files(values: Mapping[str, Any]) -> dict[str, str]:
+    """The ``memest hf`` flags of complete settings ``values`` that the ``config`` files do not already give
+    (:func:`memest.workload.settings.given_flags`): a printed command repeats ``{config}``, not what it says,
+    and keeps a setting given over a file even at its default."""
+    if not values["config"]:
+        return given_flags(dict(values))
+    known = settings()
+    mode = mode_of(values)
+    found = {n: _coerce(known[n], v) for n, v in files.read(values["config"]).values.items()}
+    same = {n for n, v in found.items() if values[n] == v}
+    over = frozenset(n for n, v in found.items() if values[n] != v and (n in MODE_SETTINGS or _read_by(values, mode, n)))
+    return given_flags({n: v for n, v in values.items() if n not in same}, always=over)
 
 
 def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
