@@ -356,10 +356,13 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
 
 
 def searched_given(values: Mapping[str, Any]) -> list[str]:
-    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start."""
+    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start
+    (a ``config`` file's count, accelerate's ``num_processes``, is the file's, not given)."""
     from memest.planning.search import SEARCHED
+    from memest.workload.resolve import from_files
 
-    return [n for n, start in SEARCHED.items() if values[n] != start]
+    files_say = from_files(values)
+    return [n for n, start in SEARCHED.items() if values[n] != start and n not in files_say]
 
 
 _AVAILABLE_ITEM = re.compile(r"^\s*(?:([-+]?\d+)\s*[x×*]\s*)?(\S.*?)\s*$")

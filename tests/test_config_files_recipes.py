@@ -298,3 +298,9 @@ def test_settings_the_job_does_not_read_are_named(mistral):
     w = resolve({"serve": True, "config": [QLORA]}, mistral, A100)
     note = next(n for n in w.config_notes if n.startswith("a serve job does not read"))
     assert "lora_rank (config_qlora.yaml:10 lora_r)" in note
+
+
+def test_plan_does_not_say_a_files_device_count_was_given():
+    # zero3.yaml's num_processes 8 is the file's, not a --gpus typed: no "plan searches --gpus" note
+    out = run_memest("plan", "--config", FULL, "--config", ZERO3_LAUNCH, "--gpus-available", "8xH100", "--json")
+    assert out.returncode == 0 and "plan searches" not in out.stderr, out.stderr

@@ -91,12 +91,22 @@ def flags_beyond_files(values: Mapping[str, Any]) -> dict[str, str]:
     and keeps a setting given over a file even at its default."""
     if not values["config"]:
         return given_flags(dict(values))
-    known = settings()
+    found = _file_values(values)
     mode = mode_of(values)
-    found = {n: _coerce(known[n], v) for n, v in files.read(values["config"]).values.items()}
-    same = {n for n, v in found.items() if values[n] == v}
     over = frozenset(n for n, v in found.items() if values[n] != v and (n in MODE_SETTINGS or _read_by(values, mode, n)))
-    return given_flags({n: v for n, v in values.items() if n not in same}, always=over)
+    return given_flags({n: v for n, v in values.items() if n not in from_files(values)}, always=over)
+
+
+def from_files(values: Mapping[str, Any]) -> frozenset[str]:
+    """The settings of complete ``values`` whose value is the ``config`` files' (not given by the caller)."""
+    if not values["config"]:
+        return frozenset()
+    return frozenset(n for n, v in _file_values(values).items() if values[n] == v)
+
+
+def _file_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    known = settings()
+    return {n: _coerce(known[n], v) for n, v in files.read(values["config"]).values.items()}
 
 
 def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
