@@ -124,6 +124,11 @@ def mode_values(mode: str | None) -> dict[str, Any]:
     raise InputError(f"mode {mode!r} is not one of {', '.join(MODES)}", field="mode")
 
 
+def _default_mode(mode: str | None, settings: Mapping[str, Any]) -> str | None:
+    """``mode``; when None, serving unless ``config`` files are given (their mode then decides)."""
+    return mode if mode is not None or settings.get("config") else "serve"
+
+
 def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
     """Keyword arguments as settings (``mode`` replacing the mode settings), checked and completed.
 
@@ -136,7 +141,7 @@ def settings_of(mode: str | None, given: Mapping[str, Any]) -> dict[str, Any]:
         if name in given:
             raise InputError(f"pass the mode as mode={instead!r} (one of {', '.join(MODES)}), not {name}=", field=name)
     values = complete({**given, **mode_values(mode)})
-    if mode is not None:  # a keyword the job would not read is refused even at its default value
+    if mode is not None or values["config"]:  # a keyword the job would not read is refused even at its default
         check_scope(values, mode_of(values), given_names=given.keys())
     return values
 
@@ -190,6 +195,31 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     return cfg, spec_from_config(cfg, trust_remote_code=values["trust_remote_code"])
 
 
+def model_reference(model: Model | None, values: Mapping[str, Any]) -> Model:
+    """``model``, or the model the ``config`` files name when it is None.
+
+    Raises:
+        InputError: no model given and no config file naming one.
+    """
+    if model is not None:
+        return model
+    from memest.workload import files
+
+    if not values["config"]:
+        raise InputError("model None is not a model reference; pass a Hub id or catalog name, a path, a config.json's "
+                         "contents as a dict, or a {config} recipe that names the model", field="model")
+    named = files.read(values["config"]).model
+    if named is None:
+        raise InputError("no model given, and no {config} file names one: pass a model, or a {config} recipe that "
+                         "names it (model_name_or_path, base_model)", field="config")
+    return named
+
+
+def _given(model: Model | None) -> str | None:
+    """The model reference the caller gave, as config files would name it (None: none, or a config mapping)."""
+    return os.fspath(model) if isinstance(model, str | os.PathLike) else None
+
+
 def _name(model: Model, spec: ModelSpec) -> str:
     """The model as a ``memest hf`` command names it: the reference as given, or a config given as data's name."""
     return spec.name if isinstance(model, Mapping) else os.fspath(model)
@@ -198,13 +228,15 @@ def _name(model: Model, spec: ModelSpec) -> str:
 # ---- the three answers ----
 
 
-def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> MemoryEstimate:
+def estimate_memory(model: Model | None = None, *, mode: str | None = None, **settings: Any) -> MemoryEstimate:
     """Per-device memory of a job: ``memest hf MODEL ... --json`` as a :class:`MemoryEstimate`.
 
     Args:
         model: A Hub id or catalog name, a model folder, a config.json or a Meta params.json; or a
-            config.json's contents as a mapping (data only: its model code is never loaded).
-        mode: ``train``, ``lora``, ``qlora`` or ``serve``.
+            config.json's contents as a mapping (data only: its model code is never loaded); None: the
+            model the ``config`` files name (a recipe's ``model_name_or_path``, ``base_model``).
+        mode: ``train``, ``lora``, ``qlora`` or ``serve``; None (the default): the ``config`` files' mode,
+            else ``serve``.
         settings: The CLI's workload flags with underscores (``gpu="H100"``, ``gpus=8``,
             ``seq_len=8192``, ``precision="bf16"``).
 
@@ -212,10 +244,10 @@ def estimate_memory(model: Model, *, mode: str = "serve", **settings: Any) -> Me
         InputError: a setting the job would not read, a value out of range, an impossible layout.
         UnknownModelError, UnknownDeviceError, ConfigError: as the CLI.
     """
-    return estimate_values(model, settings_of(mode, settings))
+    return estimate_values(model, settings_of(_default_mode(mode, settings), settings))
 
 
-def estimate_values(model: Model, values: Mapping[str, Any], *, hold_batch: bool = False) -> MemoryEstimate:
+def estimate_values(model: Model | None, values: Mapping[str, Any], *, hold_batch: bool = False) -> MemoryEstimate:
     """:func:`estimate_memory` from complete settings (``mode`` as the mode settings); the CLI's path.
 
     ``hold_batch``: every ``batch_size`` sequence is wanted at once, so a serving job that starts and
@@ -224,10 +256,10 @@ def estimate_values(model: Model, values: Mapping[str, Any], *, hold_batch: bool
     from memest.report import to_dict
     from memest.workload import resolve
 
-    cfg, spec = _model(model, values)
+    cfg, spec = _model(model_reference(model, values), values)
     device = resolve.device(values)
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
-                               gguf_tensors=gguf_tensors(values))
+                               gguf_tensors=gguf_tensors(values), model=_given(model))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
                     device_given=resolve.gpu_name(values) is not None,
                     allow_stack_change=values["allow_stack_change"], hold_batch=hold_batch)
@@ -241,7 +273,7 @@ PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "glob
 
 
 
-def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None = None, max_gpus: int | None = None,
+def plan_memory(model: Model | None = None, *, mode: str | None = None, gpus_available: str | None = None, max_gpus: int | None = None,
                 global_batch_size: int | None = None, allow_method_change: bool = False,
                 allow_quantization: bool = False, allow_offload: bool = False,
                 allow_optimizer_change: bool = False, allow_batch_reshape: bool = False, top: int = 1,
@@ -270,10 +302,10 @@ def plan_memory(model: Model, *, mode: str = "serve", gpus_available: str | None
               "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
               "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
               "allow_batch_reshape": allow_batch_reshape, "top": top, "cost": cost, "costs": costs, "host_memory": host_memory}
-    return plan_values(model, settings_of(mode, settings), search)
+    return plan_values(model, settings_of(_default_mode(mode, settings), settings), search)
 
 
-def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
+def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[str, Any]) -> MemoryPlan:
     """:func:`plan_memory` from complete settings and the planner's keywords; the CLI's path.
 
     Raises:
@@ -283,7 +315,6 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
     from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
     from memest.report import plan_to_dict
     from memest.workload import FsdpStrategy, resolve
-    from memest.workload.settings import given_flags
 
     s = {**PLAN_DEFAULTS, **search}
     max_gpus = DEFAULT_MAX_DEVICES if s["max_gpus"] is None else s["max_gpus"]
@@ -315,22 +346,26 @@ def plan_values(model: Model, values: Mapping[str, Any], search: Mapping[str, An
             and values["dp_shard"] is None:
         raise InputError("plan with {fsdp} hybrid_shard needs {dp_shard} N (ranks per shard group, e.g. 8): the "
                          "default depends on the device count, which plan searches", field="dp_shard")
-    given = given_flags(values)
+    given = resolve.flags_beyond_files(values)
     # the count is searched: give the job the fewest devices its cp x tp x pp allow
     job = {**values, "gpus": (values["tp"] or 1) * values["pp"] * values["cp"], "dp": None, "sequence_parallel": False}
-    _, spec = _model(model, values)
+    ref = model_reference(model, values)
+    _, spec = _model(ref, values)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
-                               gguf_tensors=gguf_tensors(values))
+                               gguf_tensors=gguf_tensors(values), model=_given(model))
     result = plan(spec, workload, space, headroom=resolve.headroom(values), top=s["top"])
-    return MemoryPlan(plan_to_dict(result, model=_name(model, spec), given=given), result)
+    return MemoryPlan(plan_to_dict(result, model=_name(ref, spec), given=given), result)
 
 
 def searched_given(values: Mapping[str, Any]) -> list[str]:
-    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start."""
+    """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start
+    (a ``config`` file's count, accelerate's ``num_processes``, is the file's, not given)."""
     from memest.planning.search import SEARCHED
+    from memest.workload.resolve import from_files
 
-    return [n for n, start in SEARCHED.items() if values[n] != start]
+    files_say = from_files(values)
+    return [n for n, start in SEARCHED.items() if values[n] != start and n not in files_say]
 
 
 _AVAILABLE_ITEM = re.compile(r"^\s*(?:([-+]?\d+)\s*[x×*]\s*)?(\S.*?)\s*$")
@@ -389,7 +424,7 @@ def price_table(cost: Mapping[str, float] | Iterable[str] | None, costs: str | P
     return table
 
 
-def sweep_memory(model: Model, *, mode: str | None = None, **settings: Any) -> MemorySweep:
+def sweep_memory(model: Model | None = None, *, mode: str | None = None, **settings: Any) -> MemorySweep:
     """The estimate across a range of one setting: ``memest sweep MODEL ... --json`` as a :class:`MemorySweep`.
 
     One of ``seq_len``, ``micro_batch_size``, ``batch_size``, ``max_model_len`` is a range: a string as
@@ -453,17 +488,17 @@ def split_sweep(values: Mapping[str, Any],
     return setting, points, out
 
 
-def sweep_values(model: Model, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
+def sweep_values(model: Model | None, values: Mapping[str, Any], ranged: Mapping[str, str | None]) -> MemorySweep:
     """:func:`sweep_memory` from complete settings and the ranged settings' raw text; the CLI's path."""
     from memest.planning.sweep import sweep
     from memest.report import sweep_to_dict
     from memest.workload import resolve
 
     setting, points, job = split_sweep(values, ranged)
-    _, spec = _model(model, job)
+    _, spec = _model(model_reference(model, job), job)
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec),
-                               gguf_tensors=gguf_tensors(job))
+                               gguf_tensors=gguf_tensors(job), model=_given(model))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
 

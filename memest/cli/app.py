@@ -149,8 +149,9 @@ EXIT_UNEXPECTED = 1
 EXIT_INPUT = 2
 EXIT_NO_FIT = 3
 
-ModelArg = Annotated[str, typer.Argument(help="Hub id or catalog name (see 'memest models'), a model folder, "
-                                         "a config.json, or a Meta params.json.", show_default=False)]
+ModelArg = Annotated[str | None, typer.Argument(help="Hub id or catalog name (see 'memest models'), a model folder, "
+                                                "a config.json, or a Meta params.json (omit it when a --config "
+                                                "recipe names the model).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes) instead of a table.")]
 MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
 ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
@@ -163,6 +164,20 @@ TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code
                                         "tensor, and print the traced peak beside the estimate (needs torch).")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "
                                               ".pdf; implies --trace; needs matplotlib).", metavar="FILE")]
+
+
+def need_model(model: str | None, config: tuple[str, ...] | list[str] | None) -> None:
+    """Refuse a command given neither MODEL nor a ``--config`` file (one that names no model is refused by
+    the library, naming the file's keys).
+
+    Raises:
+        InputError: neither was given.
+    """
+    if model is None and not config:
+        from memest.errors import InputError
+
+        raise InputError("no MODEL given: pass one (a Hub id, catalog name or model folder), or --config FILE with "
+                         "a recipe that names it (model_name_or_path, base_model)")
 
 
 def check_output_format(json_: bool, markdown: bool) -> None:

@@ -84,8 +84,13 @@ def calibrate_command(
     if case_timeout is not None:
         raise InputError(f"--case-timeout {case_timeout:g} applies to --suite runs (each case in its own process); a "
                          "single MODEL runs in this process: drop --case-timeout, or pass --suite NAME")
+    if model is None and not job.values["config"]:
+        raise InputError("pass a MODEL to calibrate, or --config FILE with a recipe that names it, or --suite NAME "
+                         "to run a suite (see calibrate/suites/)")
     if model is None:
-        raise InputError("pass a MODEL to calibrate, or --suite NAME to run a suite (see calibrate/suites/)")
+        from memest.api import model_reference
+
+        model = str(model_reference(None, job.values))
     if device is Backend.CPU and job.gpu:
         raise InputError(f"--gpu {job.gpu} with --device cpu: calibrate measures the device it runs on (here the "
                          "CPU) and predicts for it; drop --gpu, or run on the GPU with --device cuda")

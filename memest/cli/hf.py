@@ -18,6 +18,7 @@ from memest.cli.app import (
     _console,
     app,
     check_output_format,
+    need_model,
 )
 from memest.cli.options import JobOptions, workload_options
 
@@ -25,7 +26,7 @@ from memest.cli.options import JobOptions, workload_options
 @app.command("hf")
 @workload_options
 def hf_command(
-    model: ModelArg,
+    model: ModelArg = None,
     *,
     json_: JsonOpt = False,
     markdown: MarkdownOpt = False,
@@ -37,6 +38,7 @@ def hf_command(
 ) -> None:
     """Estimate per-device memory for MODEL: terms, fit verdict and the cheapest change that fits."""
     check_output_format(json_, markdown)
+    need_model(model, job.values["config"])
     if plot is not None:
         from memest.report.plot import plot_path
 

@@ -24,7 +24,7 @@ from memest.errors import InputError, MemestError
 from memest.spec import ModelSpec
 from memest.workload import Engine, Method, Workload, resolve
 from memest.workload.resolve import check_scope
-from memest.workload.settings import Setting, cli_flag, enum_of, given_flags, settings
+from memest.workload.settings import Setting, cli_flag, enum_of, settings
 
 PANELS = {"model": "Model", "training": "Training (--train / --finetune)", "serving": "Serving (--serve)",
           "parallelism": "Parallelism and devices"}
@@ -141,8 +141,8 @@ class JobOptions:
     def given_flags(self) -> dict[str, str]:
         """The workload flags that differ from their defaults, as ``memest hf`` would take them:
         flag -> value (an empty value for a switch such as ``--train`` or ``--keep-grads``), in
-        :data:`WORKLOAD_OPTIONS` order."""
-        return given_flags(self.values)
+        :data:`WORKLOAD_OPTIONS` order; what the --config files say is left to them."""
+        return resolve.flags_beyond_files(self.values)
 
     def workload(self, spec: ModelSpec) -> Workload:
         """The workload for ``spec`` (:func:`memest.workload.resolve.resolve`).
@@ -157,13 +157,15 @@ class JobOptions:
                                gguf_tensors=gguf_tensors(self.values))
 
 
-def workload_options(func: Callable[..., Any], *, refuse_typed: bool = True) -> Callable[..., Any]:
+def workload_options(func: Callable[..., Any], *, refuse_typed: bool = True,
+                     raw: tuple[str, ...] = ()) -> Callable[..., Any]:
     """Give a typer command every workload flag; it receives them as ``job: JobOptions``.
 
     The command's own parameters come first in ``--help``; it must declare ``job: JobOptions``.
     With ``refuse_typed``, a flag typed on the command line that the job would not read is refused
     even at its default value (:func:`memest.workload.resolve.check_scope`); ``memest sweep`` infers
-    the mode from its ranges later and checks then.
+    the mode from its ranges later and checks then. ``raw`` names flags the command parses itself (a sweep's
+    ranges), kept as typed.
     """
     sig = inspect.signature(func, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "job"]
@@ -179,6 +181,9 @@ def workload_options(func: Callable[..., Any], *, refuse_typed: bool = True) -> 
         typed = {name for name in WORKLOAD_OPTIONS  # a flag typed at its default value is still refused
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
         try:
+            if job.values["config"]:  # the --config files fill the flags not typed (one typed at its default wins)
+                job = JobOptions(resolve.complete({n: job.values[n] for n in typed if n not in raw})
+                                 | {n: job.values[n] for n in raw})
             if refuse_typed:
                 check_scope(job.values, resolve.mode_of(job.values), given_names=typed)
             return func(job=job, **kwargs)
@@ -219,7 +224,7 @@ def ranged_workload_options(*names: str) -> Callable[[Callable[..., Any]], Calla
         return param.replace(annotation=Annotated[str | None, option], default=None)
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        wrapper = workload_options(func, refuse_typed=False)
+        wrapper = workload_options(func, refuse_typed=False, raw=names)
         sig = inspect.signature(wrapper)
         params = [ranged(p) if p.name in names else p for p in sig.parameters.values()]
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format, need_model
 from memest.cli.options import JobOptions, flag_name, workload_options
 from memest.devices import GiB
 from memest.errors import InputError
@@ -54,7 +54,7 @@ HostMemoryOpt = Annotated[float, typer.Option(
 @app.command("plan")
 @workload_options
 def plan_command(
-    model: ModelArg,
+    model: ModelArg = None,
     *,
     gpus_available: GpusAvailableOpt = None,
     max_gpus: MaxGpusOpt = DEFAULT_MAX_DEVICES,
@@ -79,10 +79,11 @@ def plan_command(
     searched, not taken (--ep and --cp are kept); the other workload flags are the job and the starting
     point of each setting.
     """
-    from memest.api import plan_values, searched_given
+    from memest.api import model_reference, plan_values, searched_given
     from memest.report import plan_to_markdown, render_plan
 
     check_output_format(json_, markdown)
+    need_model(model, job.values["config"])
     if top is not None and top < 1:
         raise InputError(f"--top is {top}; it must be at least 1 (the best setups to print)")
     answer = plan_values(model, job.values, {
@@ -99,6 +100,7 @@ def plan_command(
         typer.echo(json.dumps(answer.to_dict(), indent=2))
         return
     given = job.given_flags()
+    model = str(model_reference(model, job.values))  # the printed commands name it
     if markdown:
         typer.echo(plan_to_markdown(answer.result, top=top or 10, model=model, given=given), nl=False)
     else:

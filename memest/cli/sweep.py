@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format, need_model
 from memest.cli.options import JobOptions, ranged_workload_options
 from memest.planning.sweep import SWEEPABLE
 
@@ -22,7 +22,7 @@ PlotOpt = Annotated[Path | None, typer.Option(
 @app.command("sweep")
 @ranged_workload_options(*SWEEPABLE)
 def sweep_command(
-    model: ModelArg,
+    model: ModelArg = None,
     *,
     plot: PlotOpt = None,
     json_: JsonOpt = False,
@@ -38,6 +38,7 @@ def sweep_command(
     from memest.report import render_sweep, sweep_to_markdown
 
     check_output_format(json_, markdown)
+    need_model(model, job.values["config"])
     if plot is not None:
         from memest.report.plot import plot_path
 

@@ -443,6 +443,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     if explain:
         for assumption in est.assumptions:
             parts.append(Text(f"assumes: {assumption}", style="dim"))
+        for line in a.workload.config_read:
+            parts.append(Text(f"read: {line}", style="dim"))
     parts.append(Text(CONFIRM, style="dim"))
     return Group(*parts)
 

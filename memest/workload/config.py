@@ -410,6 +410,8 @@ class TrainingConfig:
             built directly, at the fields' own defaults).
         stack_assumed: Why the stack was assumed when none was named ("" when it was named).
         config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
+        config_read: What was read from which config file, line and key (``zero_stage 3 from ds.json:12
+            zero_optimization.stage``), for ``explain``.
         framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
         set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
@@ -476,6 +478,7 @@ class TrainingConfig:
                                        "{tp} / {pp}). Flags given override its defaults.")
     stack_assumed: str = ""
     config_notes: tuple[str, ...] = ()
+    config_read: tuple[str, ...] = ()
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",
                                    what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "
@@ -672,6 +675,10 @@ class ServingConfig:
                                                    "(default: by device memory).")
     gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()
     checkpoint_params: tuple[tuple[str, int], ...] = ()
+    config_notes: tuple[str, ...] = ()
+    """What the config files left open or memest does not model, for the assumptions."""
+    config_read: tuple[str, ...] = ()
+    """What was read from which config file, line and key, for ``explain``."""
     parallelism: Parallelism = field(default_factory=Parallelism)
 
     @property
@@ -710,8 +717,9 @@ class JobSettings:
     """
 
     config: tuple[str, ...] = setting((), group="model", unset=None, type=list[str] | None,
-                                      help="A DeepSpeed JSON or accelerate config YAML whose settings to use "
-                                           "(repeatable; flags given override them).")
+                                      help="A config file whose settings to use: DeepSpeed JSON, accelerate "
+                                           "config, TrainingArguments / trl, axolotl or LLaMA-Factory recipe "
+                                           "(repeatable; flags given override them; a recipe names the model).")
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
     finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.",
                                       choices=("lora", "qlora"), fix="to train every parameter use {train}")

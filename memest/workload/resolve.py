@@ -37,7 +37,7 @@ from memest.workload.config import (
     resolve_framework,
     runs_on,
 )
-from memest.workload.settings import Setting, defaults, enum_of, settings
+from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
 from memest.workload.validate import divisors, tp_head_problem
 
 MAX_INT = 2**31 - 1
@@ -50,7 +50,8 @@ FSDP_ZERO_STAGE = {FsdpStrategy.FULL_SHARD: 3, FsdpStrategy.HYBRID_SHARD: 3, Fsd
 
 
 def complete(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` with the defaults of the settings not given.
+    """``values`` with the settings not in it from the ``config`` files (those the job reads), else their
+    defaults. Complete settings (every name present) are returned as they are: the files fill a job once.
 
     Raises:
         InputError: a name that is no setting.
@@ -60,10 +61,87 @@ def complete(values: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise InputError(f"unknown setting {unknown[0]!r}; the settings are: {', '.join(known)}", field=unknown[0])
     out = defaults() | {name: _coerce(known[name], value) for name, value in values.items()}
-    if out["config"]:
-        found, _ = files.read(out["config"])
-        out |= {name: _coerce(known[name], value) for name, value in found.items() if not given(out, name)}
+    if out["config"]:  # a setting in ``values`` was given, even at its default: a file fills only the others
+        found = files.read(out["config"]).values
+        mode_given = any(out[m] for m in MODE_SETTINGS if m in values)  # the user's mode wins over a file's
+        fill = {name: _coerce(known[name], value) for name, value in found.items()
+                if name not in values and not (mode_given and name in MODE_SETTINGS)}
+        if not mode_given and not any(fill.get(m) for m in MODE_SETTINGS) and \
+                any(known[name].scope == "training" for name in fill):
+            fill["train"] = True  # no mode anywhere: files of training settings (a DeepSpeed JSON) are training
+        mode = mode_of(out | fill)
+        out |= {name: value for name, value in fill.items() if _read_by(out | fill, mode, name)}
     return out
+
+
+MODE_SETTINGS = ("train", "finetune", "serve")
+
+
+def _read_by(values: Mapping[str, Any], mode: str, name: str) -> bool:
+    """Whether a job of ``mode`` reads setting ``name`` (a file's value it would not read is left out: a LoRA
+    recipe's rank under {train})."""
+    try:
+        check_scope(values, mode, given_names=(name,))
+    except InputError:
+        return False
+    return True
+
+
+def flags_beyond_files(values: Mapping[str, Any]) -> dict[str, str]:
+    """The ``memest hf`` flags of complete settings ``values`` that the ``config`` files do not already give
+    (:func:`memest.workload.settings.given_flags`): a printed command repeats ``{config}``, not what it says,
+    and keeps a setting given over a file even at its default."""
+    if not values["config"]:
+        return given_flags(dict(values))
+    found = _file_values(values)
+    mode = mode_of(values)
+    over = frozenset(n for n, v in found.items() if values[n] != v and (n in MODE_SETTINGS or _read_by(values, mode, n)))
+    return given_flags({n: v for n, v in values.items() if n not in from_files(values)}, always=over)
+
+
+def from_files(values: Mapping[str, Any]) -> frozenset[str]:
+    """The settings of complete ``values`` whose value is the ``config`` files' (not given by the caller)."""
+    if not values["config"]:
+        return frozenset()
+    return frozenset(n for n, v in _file_values(values).items() if values[n] == v)
+
+
+def _file_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    known = settings()
+    return {n: _coerce(known[n], v) for n, v in files.read(values["config"]).values.items()}
+
+
+def config_report(v: Mapping[str, Any], model: str | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The config files' notes, and what was read from which file, line and key, for complete settings ``v``
+    (before a stack's defaults fill them). A setting the job reads whose value differs from a file's was given
+    explicitly: one note names them all.
+
+    Args:
+        model: The model reference the caller gave, if any (it wins over the files', said once).
+    """
+    if not v["config"]:
+        return (), ()
+    r = files.read(v["config"], model=model)
+    known = settings()
+    read, overridden, unread = [], [], []
+    if r.model is not None and (model is None or model == r.model):
+        read.append(f"model {r.model} from {r.origins['model']}")
+    mode = mode_of(v)
+    for name, value in r.values.items():
+        value = _coerce(known[name], value)
+        where = r.origins[name]
+        if name in MODE_SETTINGS and v[name] != value:
+            overridden.append(f"the mode ({mode}) over {name} {_shown(value)} ({where})")
+        elif name not in MODE_SETTINGS and not _read_by(v, mode, name):
+            unread.append(f"{name} ({where})")
+        elif v[name] == value:
+            read.append(f"{name} {_shown(value)} from {where}")
+        else:  # the files fill every setting not given that the job reads
+            overridden.append(f"{name} {_shown(v[name])} over {_shown(value)} ({where})")
+    notes = r.notes + ((f"settings given override the config files: {'; '.join(overridden)}",) if overridden else ())
+    if unread:
+        notes += (f"a {mode} job does not read the config files' {', '.join(unread)}",)
+    return notes, tuple(read)
 
 
 def _coerce(s: Setting, value: Any) -> Any:
@@ -256,7 +334,7 @@ def tensor_split(value: str | tuple[float, ...] | None) -> tuple[float, ...]:
 
 def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope: bool = True,
             checkpoint_params: tuple[tuple[str, int], ...] = (),
-            gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = ()) -> Workload:
+            gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = (), model: str | None = None) -> Workload:
     """The workload ``values`` describe for ``spec`` on ``device``.
 
     Args:
@@ -264,6 +342,7 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
         scope: Refuse settings the job would not read (:func:`check_scope`).
         checkpoint_params: The checkpoint's parameters per stored dtype, for ``exact_weights``.
         gguf_tensors: The tensors of the ``gguf`` file's header.
+        model: The model reference the caller gave (a config file naming another is said in the notes).
 
     Raises:
         InputError: conflicting modes, a setting the mode (method, engine) does not read, a size out
@@ -274,8 +353,9 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
     if scope:
         check_scope(v, mode)
     check_sizes(v)
+    notes, read = config_report(v, model)
     if mode != "serve":
-        return _training(v, spec, device)
+        return _training(v, spec, device).replace(config_notes=notes, config_read=read)
     engine = Engine(v["engine"])
     if not runs_on(engine.value, device.vendor):
         raise InputError(f"{{engine}} {engine.value} does not run on {device.name} ({device.vendor}); use {{engine}} "
@@ -292,6 +372,8 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
         "gguf_tensors": gguf_tensors,
         "checkpoint_params": checkpoint_params,
         "parallelism": serving_parallelism(v, spec),
+        "config_notes": notes,
+        "config_read": read,
     })
 
 
@@ -327,7 +409,6 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         torch_compile=v["torch_compile"],
         stack=stack,
         stack_assumed=assumed,
-        config_notes=files.read(v["config"])[1] if v["config"] else (),
     )
     check_framework_runs(t, device)
     return t

@@ -97,13 +97,14 @@ def cli_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def given_flags(values: dict[str, Any]) -> dict[str, str]:
-    """The settings in ``values`` that differ from their defaults as ``memest hf`` flags: flag ->
-    value (an empty value for a switch such as ``--train`` or ``--keep-grads``), in setting order."""
+def given_flags(values: dict[str, Any], always: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The settings in ``values`` that differ from their defaults (and those in ``always``, whatever their
+    value) as ``memest hf`` flags: flag -> value (an empty value for a switch such as ``--train`` or
+    ``--keep-grads``), in setting order."""
     out: dict[str, str] = {}
     for name, s in settings().items():
         value = values.get(name, s.default)
-        if value is None or value == s.default:
+        if value is None or (value == s.default and name not in always):
             continue
         if isinstance(value, bool):
             if value or s.off:

@@ -1,27 +1,80 @@
 """Settings from the config files users already have, one module per format.
 
 :func:`read` parses each file (JSON when it starts with ``{``, else YAML), finds its format from its
-content (each format module's ``detect``), and returns the settings it implies by keyword, with notes for
-what it left to someone else. Settings given explicitly win over a file's
-(:func:`memest.workload.resolve.complete`). The formats: :data:`FORMATS`.
+content (each format module's ``detect``), reads the files it points to (a recipe's ``deepspeed``), and
+merges what they say into one :class:`Read`: the settings by keyword, the model a file names, the notes
+(what a file left open, the memory-relevant keys memest does not model) and where each setting was read
+(file, line, key). Settings given explicitly win over a file's (:func:`memest.workload.resolve.complete`).
+
+Files that disagree are refused, naming both, except where one decides for the other: a *launcher* file
+(``LAUNCHER = True``: a DeepSpeed JSON, an accelerate config, which say who runs the step) decides the
+precision, sharding and offload over a recipe's switches, and a recipe's stack (trl, axolotl, ...) over a
+launcher's (``deepspeed``, ``accelerate``), whose framework stays.
+
+A format module has ``NAME`` (in words, for messages), ``detect(doc, text)``, ``read(path, doc) -> Found``,
+and optionally ``LAUNCHER``, ``READS`` (the dotted keys it reads) and ``IGNORED`` (memory-relevant dotted keys
+it knows memest does not model -> (what they size, the value at which they change nothing); a file that sets
+one to another value, not ``"auto"``, gets a note). The formats: :data:`FORMATS`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 from memest.errors import InputError
-from memest.workload.files import accelerate, deepspeed
-from memest.workload.files._common import Found, load_yaml
+from memest.workload.config import Framework, Precision
+from memest.workload.files import accelerate, axolotl, deepspeed, llamafactory, trainer
+from memest.workload.files._common import FALSY, AutoNote, Found, Include, key_lines, load_yaml, lookup
 
-FORMATS: tuple[ModuleType, ...] = (accelerate, deepspeed)
-"""The format modules, in the order their ``detect`` is tried; each has ``NAME``, ``detect(doc)`` and
-``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON or YAML; None when it parses as
-neither) and ``detect(doc, text)`` also sees its text, for formats that are command lines."""
+FORMATS: tuple[ModuleType, ...] = (accelerate, llamafactory, axolotl, trainer, deepspeed)
+"""The format modules, in the order their ``detect`` is tried (the most specific first: LLaMA-Factory and
+axolotl recipes share TrainingArguments keys, and TrainingArguments shares ``bf16`` and
+``gradient_accumulation_steps`` with a DeepSpeed JSON); each has ``NAME``, ``detect(doc, text)`` and
+``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON or YAML; None when it parses as neither)
+and ``detect`` also sees its text, for formats that are command lines."""
+
+LAUNCHER_DECIDES = frozenset({"precision", "zero_stage", "offload", "fsdp", "framework", "gpus"})
+"""Settings a launcher file (DeepSpeed, accelerate) decides over a recipe's: the step runs as it says
+(transformers ``integrations/deepspeed.py`` fills DeepSpeed's ``"auto"`` from the TrainingArguments and
+refuses a mismatch; the Trainer hands the model to DeepSpeed or FSDP, whose precision then runs)."""
+
+
+class Read(NamedTuple):
+    """What the config files say, together.
+
+    Attributes:
+        values: Settings by keyword.
+        notes: What the files left open or memest does not model, in words.
+        model: The model the files name, or None.
+        origins: Setting keyword (and ``"model"``) -> where it was read (``ds.json:5 zero_optimization.stage``).
+    """
+
+    values: dict[str, Any]
+    notes: tuple[str, ...]
+    model: str | None
+    origins: dict[str, str]
+
+
+class _Reading(NamedTuple):
+    """One file (or inline config) read: its format, what it says, where its keys are."""
+
+    path: Path
+    module: ModuleType | None
+    doc: Any
+    found: Found
+    lines: dict[str, int]
+    prefix: str  # the including file's key of an inline config ("deepspeed."), else ""
+
+    @property
+    def launcher(self) -> bool:
+        """The file says who runs the step (a DeepSpeed JSON, an accelerate config)."""
+        return bool(getattr(self.module, "LAUNCHER", False))
 
 
 def formats() -> str:
@@ -30,24 +83,72 @@ def formats() -> str:
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
 
 
-def read(paths: Iterable[str | Path]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The settings the files imply (a later file's value wins) and the notes on what they left open.
+def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
+    """What the files say, merged (see the module docstring).
+
+    Args:
+        model: The model the caller was given, if any: it wins over the files', said in a note.
 
     Raises:
-        InputError: a file that cannot be read, is malformed (the message names the file and line),
-            is of no known format, or holds a value of the wrong type.
+        InputError: a file that cannot be read, is malformed (the message names the file and line), is
+            of no known format, or holds a value of the wrong type; two files that disagree (naming both).
+    """
+    readings: list[_Reading] = []
+    missing: list[str] = []
+    for path in paths:
+        _collect(Path(path), readings, missing)
+    values, owner = _merge(readings)
+    notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
+    notes += missing + [n for r in readings for n in _ignored(r)]
+    origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
+    named = [r for r in readings if r.found.model]
+    for other in named[1:]:
+        if other.found.model != named[0].found.model:
+            raise _conflict("model", named[0], named[0].found.model, other, other.found.model)
+    found_model = named[0].found.model if named else None
+    if named:
+        origins["model"] = _where(named[0], named[0].found.origins.get("model", ""))
+        if model is not None and model != found_model:
+            notes.append(f"the model given ({model}) is used, not {found_model} named at {origins['model']}")
+    return Read(values, tuple(dict.fromkeys(notes)), found_model, origins)
+
+
+def _merge(readings: list[_Reading]) -> tuple[dict[str, Any], dict[str, _Reading]]:
+    """The settings of all readings, and the reading each came from (see the module docstring for who wins).
+
+    Raises:
+        InputError: two readings give one setting different values and neither decides for the other.
     """
     values: dict[str, Any] = {}
-    notes: list[str] = []
-    for path in paths:
-        found = read_one(Path(path))
-        values |= found.values
-        notes += found.notes
-    return values, tuple(notes)
+    owner: dict[str, _Reading] = {}
+    for reading in readings:
+        for name in sorted(reading.found.values, key=lambda n: n != "stack"):  # the stack first: the clearest
+            value = reading.found.values[name]
+            if name not in values or values[name] == value:
+                values.setdefault(name, value)
+                owner.setdefault(name, reading)
+                continue
+            first = owner[name]
+            if first.launcher == reading.launcher or name not in LAUNCHER_DECIDES | {"stack"}:
+                raise _conflict(name, first, values[name], reading, value)
+            launcher = reading if reading.launcher else first
+            # the stack is the recipe's; the precision the launcher's only when it runs the step itself
+            # (DeepSpeed, FSDP), not over plain DDP, where the recipe's dtype stays
+            launcher_wins = name != "stack" and (name != "precision" or bool(
+                {"framework", "fsdp"} & set(launcher.found.values)))
+            if reading.launcher == launcher_wins:
+                values[name], owner[name] = value, reading
+    _under_deepspeed(values, owner)
+    return values, owner
 
 
 def read_one(path: Path) -> Found:
-    """One file's settings and notes (see :func:`read`)."""
+    """One file's settings and notes (the files it includes are not read: see :func:`read`)."""
+    module, doc, _ = _parse(path)
+    return module.read(path, doc)
+
+
+def _parse(path: Path) -> tuple[ModuleType, Any, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -61,7 +162,100 @@ def read_one(path: Path) -> Found:
                              field="config") from None
     else:
         doc = load_yaml(path, text)
+    return _format(path, doc, text), doc, text
+
+
+def _format(path: Path, doc: Any, text: str) -> ModuleType:
     for module in FORMATS:
         if module.detect(doc, text):
-            return module.read(path, doc)
+            return module
     raise InputError(f"{{config}} {path}: not a format memest reads; pass {formats()}", field="config")
+
+
+def _collect(path: Path, out: list[_Reading], notes: list[str]) -> None:
+    """``path`` read into ``out``, then each config it includes (a missing included file: a note)."""
+    module, doc, text = _parse(path)
+    found = module.read(path, doc)
+    lines = key_lines(text, doc)
+    out.append(_Reading(path, module, doc, found, lines, ""))
+    for inc in found.includes:
+        if inc.doc is not None:
+            inner = _format(path, inc.doc, "")
+            prefix = inc.key + "."
+            out.append(_Reading(path, inner, inc.doc, inner.read(path, inc.doc),
+                                {k[len(prefix):]: n for k, n in lines.items() if k.startswith(prefix)}, prefix))
+            continue
+        located = locate(str(inc.name), path)
+        if located is None:
+            notes.append(f"{path.name}: {inc.key} names {inc.name}, not found beside it, above it or in the working "
+                         "folder: its settings are not read (pass it as another config file)")
+            continue
+        _collect(located, out, notes)
+
+
+def locate(name: str, beside: Path) -> Path | None:
+    """The file a config names: as written when absolute, else relative to the naming file's folder, then to
+    each folder above it (LLaMA-Factory's examples name ``examples/deepspeed/...`` from the repository root),
+    then to the working folder."""
+    given = Path(os.path.expanduser(name))
+    if given.is_absolute():
+        return given if given.is_file() else None
+    for folder in (beside.resolve().parent, *beside.resolve().parents[1:], Path.cwd()):
+        if (folder / given).is_file():
+            return folder / given
+    return None
+
+
+def _under_deepspeed(values: dict[str, Any], owner: dict[str, _Reading]) -> None:
+    """A recipe's bf16 / fp16 switch under a DeepSpeed launcher is DeepSpeed's: bf16 parameters with an fp32
+    master (transformers ``integrations/deepspeed.py``: ``fill_match("bf16.enabled", args.bf16)``)."""
+    if values.get("framework") is not Framework.DEEPSPEED or "precision" not in owner:
+        return
+    reading = owner["precision"]
+    if reading.launcher:
+        return
+    key = reading.found.origins.get("precision", "")
+    values["precision"] = Precision.FP16 if key.endswith("fp16") else Precision.MIXED
+
+
+def _filled(note: str, r: _Reading, owner: dict[str, _Reading]) -> str:
+    """A DeepSpeed ``"auto"`` note, or, when another file gives that setting, what fills it (as the HF Trainer
+    fills ``"auto"`` from the TrainingArguments beside it)."""
+    if not isinstance(note, AutoNote) or owner.get(note.setting, r) is r:
+        return note
+    by = owner[note.setting]
+    return (f"{r.path.name}: {note.key} \"auto\" is filled from {_where(by, by.found.origins.get(note.setting, ''))}, "
+            "as the HF Trainer fills it")
+
+
+def _ignored(r: _Reading) -> list[str]:
+    """Notes for the memory-relevant keys a file sets that memest does not model (its module's ``IGNORED``)."""
+    out = []
+    for key, (what, default) in getattr(r.module, "IGNORED", {}).items():
+        value = lookup(r.doc, key)
+        if value in FALSY or value == default or (isinstance(value, str) and value.lower() in (*FALSY, "auto")):
+            continue
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        out.append(f"{_where(r, key)} is {shown} ({what}): memest does not model it, the estimate leaves it out")
+    return out
+
+
+def _where(r: _Reading, key: str) -> str:
+    """``file:line key`` (``file key`` when the line is not known)."""
+    line = r.lines.get(key)
+    shown = r.prefix + key
+    return f"{r.path.name}:{line} {shown}" if line else f"{r.path.name} {shown}".rstrip()
+
+
+def _shown(value: Any) -> str:
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+def _conflict(name: str, first: _Reading, a: Any, second: _Reading, b: Any) -> InputError:
+    where_a = _where(first, first.found.origins.get(name, ""))
+    where_b = _where(second, second.found.origins.get(name, ""))
+    return InputError(f"{{config}} files disagree on {name}: {first.path} says {_shown(a)} ({where_a}), "
+                      f"{second.path} says {_shown(b)} ({where_b}); pass one of them", field="config")
+
+
+__all__ = ["FALSY", "FORMATS", "Found", "Include", "Read", "formats", "locate", "lookup", "read", "read_one"]

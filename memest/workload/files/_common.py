@@ -1,13 +1,29 @@
-"""What the config-file readers share: typed values, the "auto" note, the YAML loader's one-line errors."""
+"""What the config-file readers share: what one file says (:class:`Found`), typed values, the "auto" note,
+the YAML loader's one-line errors, and where each key sits in a file's text (:func:`key_lines`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from memest.errors import InputError
+
+
+class Include(NamedTuple):
+    """Another config a file points to (a recipe's ``deepspeed`` key).
+
+    Attributes:
+        name: The file as the including file writes it (None: ``doc`` is inline).
+        doc: The inline config (a mapping under ``key``), or None to read ``name``.
+        key: The including file's key that names it (``deepspeed``).
+    """
+
+    name: str | None
+    doc: Any = None
+    key: str = ""
 
 
 class Found(NamedTuple):
@@ -17,13 +33,20 @@ class Found(NamedTuple):
         values: Settings by keyword (:class:`memest.workload.config.JobConfig` field names).
         notes: What the file left to someone else, or what memest did not model, in words.
         model: The model the file names (a Hub id or a path), if any.
-        origins: Where each of ``values`` was read: setting keyword -> the file's key (and line, when known).
+        origins: Where each of ``values`` (and ``model``, under ``"model"``) was read: setting keyword ->
+            the file's key, dotted (``zero_optimization.stage``); the reader finds its line.
+        includes: Other configs the file points to, read with it (:class:`Include`).
     """
 
     values: dict[str, Any]
     notes: list[str]
     model: str | None = None
     origins: Mapping[str, str] = MappingProxyType({})
+    includes: tuple[Include, ...] = ()
+
+
+FALSY = (None, False, 0, "", "no", "none", "false", [], {})
+"""Values that switch a key off: an ignored key set to one of them is not warned about."""
 
 
 def load_yaml(path: Path, text: str) -> Any:
@@ -43,19 +66,86 @@ def load_yaml(path: Path, text: str) -> Any:
         raise InputError(f"{{config}} {path}: {where}malformed YAML ({problem})", field="config") from None
 
 
-def typed(path: Path, key: str, value: Any, kind: type, what: str) -> Any:
+def key_lines(text: str, doc: Any) -> dict[str, int]:
+    """The line (from 1) of each dotted key of a mapping ``doc`` parsed from ``text``.
+
+    YAML: the marks of the composed nodes (exact). JSON (text starting with ``{``): a search for each
+    ``"key":`` after its parent's position, in document order (exact for JSON as written by people and
+    tools; a key spelled inside a string value before it could be matched first).
+    """
+    if not isinstance(doc, dict):
+        return {}
+    if text.lstrip().startswith("{"):
+        out: dict[str, int] = {}
+        _json_lines(text, doc, "", 0, out)
+        return out
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    out = {}
+    _yaml_lines(node, "", out)
+    return out
+
+
+def _yaml_lines(node: Any, prefix: str, out: dict[str, int]) -> None:
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key, value in node.value:
+        name = prefix + str(key.value)
+        out.setdefault(name, key.start_mark.line + 1)
+        _yaml_lines(value, name + ".", out)
+
+
+def _json_lines(text: str, doc: dict[str, Any], prefix: str, start: int, out: dict[str, int]) -> None:
+    at = start
+    for key, value in doc.items():
+        found = text.find(json.dumps(str(key)), at)
+        if found < 0:
+            continue
+        out.setdefault(prefix + str(key), text.count("\n", 0, found) + 1)
+        if isinstance(value, dict):
+            _json_lines(text, value, f"{prefix}{key}.", found, out)
+        at = found + 1
+
+
+def lookup(doc: Any, key: str) -> Any:
+    """The value at a dotted ``key`` of nested mappings, or None."""
+    for part in key.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return None
+        doc = doc[part]
+    return doc
+
+
+def typed(path: Path, key: str, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     """``value`` when it is a ``kind`` (an int is never a bool).
 
     Raises:
         InputError: naming the file, the key, the value and ``what`` is expected.
     """
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
     if not ok:
         raise InputError(f"{{config}} {path}: {key} is {value!r}; expected {what}", field="config")
     return value
 
 
+class AutoNote(str):
+    """The note that a key is ``"auto"``, knowing the setting it leaves open and the key (a recipe read with the
+    file fills it: :func:`memest.workload.files.read` then says so instead)."""
+
+    setting: str
+    key: str
+
+
 def auto(path: Path, key: str, setting: str, notes: list[str]) -> None:
     """Note that ``key`` is ``"auto"``: memest keeps ``setting`` as given, else its default."""
-    notes.append(f"{path.name}: {key} is \"auto\" (the HF Trainer fills it from its TrainingArguments); "
-                 f"memest uses {setting} as given, else its default")
+    note = AutoNote(f"{path.name}: {key} is \"auto\" (the HF Trainer fills it from its TrainingArguments); "
+                    f"memest uses {setting} as given, else its default")
+    note.setting, note.key = setting, key
+    notes.append(note)

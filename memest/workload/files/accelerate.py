@@ -4,7 +4,7 @@ Keys read: ``distributed_type`` (``NO``, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``)
 ``fp16``, ``bf16``), ``num_processes`` x ``num_machines``, ``fsdp_config.fsdp_sharding_strategy`` (a name or
 the ``ShardingStrategy`` number), ``fsdp_offload_params``, ``fsdp_activation_checkpointing``, and
 ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
-``gradient_accumulation_steps``).
+``gradient_accumulation_steps``; ``deepspeed_config_file``, a DeepSpeed JSON read with it).
 """
 
 from __future__ import annotations
@@ -13,10 +13,20 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import InputError
-from memest.workload.config import FsdpStrategy, Offload, Precision, Stack
-from memest.workload.files._common import Found, typed
+from memest.workload.config import Framework, FsdpStrategy, Offload, Precision, Stack
+from memest.workload.files._common import Found, Include, typed
 
 NAME = "an accelerate config YAML (distributed_type)"
+LAUNCHER = True
+"""accelerate launches the step: its precision, sharding and offload win over a recipe's switches."""
+READS = ("distributed_type", "mixed_precision", "num_processes", "num_machines", "fsdp_config.fsdp_sharding_strategy",
+         "fsdp_config.fsdp_offload_params", "fsdp_config.fsdp_activation_checkpointing", "deepspeed_config.zero_stage",
+         "deepspeed_config.offload_optimizer_device", "deepspeed_config.offload_param_device",
+         "deepspeed_config.gradient_accumulation_steps", "deepspeed_config.deepspeed_config_file")
+IGNORED = {
+    "fsdp_config.fsdp_forward_prefetch": ("one more unit's parameters gathered ahead in forward", False),
+}
+"""Memory-relevant keys memest does not read -> (what they size, accelerate's default)."""
 _SHARDING = {"1": FsdpStrategy.FULL_SHARD, "2": FsdpStrategy.SHARD_GRAD_OP, "3": FsdpStrategy.NO_SHARD,
              "4": FsdpStrategy.HYBRID_SHARD}
 """accelerate's numbered ``fsdp_sharding_strategy`` values (``torch.distributed.fsdp.ShardingStrategy`` + 1)."""
@@ -29,13 +39,20 @@ def detect(doc: Any, text: str) -> bool:
 
 def read(path: Path, doc: dict[str, Any]) -> Found:
     """The settings an accelerate config implies, and the notes on what it left open."""
-    return Found(*_accelerate(path, doc))
+    values, notes, origins = _accelerate(path, doc)
+    ds_file = (doc.get("deepspeed_config") or {}).get("deepspeed_config_file") \
+        if isinstance(doc.get("deepspeed_config"), dict) else None
+    includes = (Include(str(ds_file), key="deepspeed_config.deepspeed_config_file"),) if ds_file else ()
+    return Found(values, notes, origins=origins, includes=includes)
 
 
-def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
     kind = str(doc["distributed_type"]).upper()
     values: dict[str, Any] = {}
     notes: list[str] = []
+    origins = {"gpus": "num_processes", "stack": "distributed_type", "framework": "distributed_type",
+               "fsdp": "fsdp_config.fsdp_sharding_strategy", "precision": "mixed_precision",
+               "recompute": "fsdp_config.fsdp_activation_checkpointing"}
     processes = typed(path, "num_processes", doc.get("num_processes", 1), int, "an integer")
     machines = typed(path, "num_machines", doc.get("num_machines", 1), int, "an integer")
     values["gpus"] = max(1, processes) * max(1, machines)
@@ -52,6 +69,7 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
                              "FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD or NO_SHARD", field="config") from None
         if typed(path, "fsdp_offload_params", fsdp.get("fsdp_offload_params", False), bool, "true or false"):
             values["offload"] = Offload.PARAMS
+            origins["offload"] = "fsdp_config.fsdp_offload_params"
         if typed(path, "fsdp_activation_checkpointing", fsdp.get("fsdp_activation_checkpointing", False), bool,
                   "true or false"):
             values["recompute"] = "full"
@@ -59,11 +77,17 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
     elif kind == "DEEPSPEED":
         ds = doc.get("deepspeed_config") or {}
         typed(path, "deepspeed_config", ds, dict, "a mapping")
-        values["stack"] = Stack.DEEPSPEED
+        values["stack"], values["framework"] = Stack.DEEPSPEED, Framework.DEEPSPEED
+        if ds.get("deepspeed_config_file"):  # accelerate then reads the JSON, not its own keys
+            values["precision"] = None
+            return {k: v for k, v in values.items() if v is not None}, notes, origins
+        origins |= {"zero_stage": "deepspeed_config.zero_stage", "grad_accum_steps":
+                    "deepspeed_config.gradient_accumulation_steps"}
         values["zero_stage"] = typed(path, "deepspeed_config.zero_stage", ds.get("zero_stage", 0), int, "0-3")
         params = str(ds.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
         optim = str(ds.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme")
         values["offload"] = Offload.PARAMS if params else Offload.OPTIMIZER if optim else Offload.NONE
+        origins["offload"] = f"deepspeed_config.offload_{'param' if params else 'optimizer'}_device"
         if "gradient_accumulation_steps" in ds:
             values["grad_accum_steps"] = typed(path, "deepspeed_config.gradient_accumulation_steps",
                                                 ds["gradient_accumulation_steps"], int, "an integer")
@@ -73,4 +97,4 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
     else:
         raise InputError(f"{{config}} {path}: distributed_type {kind} is not modelled; memest reads NO, MULTI_GPU, "
                          "FSDP and DEEPSPEED", field="config")
-    return {k: v for k, v in values.items() if v is not None}, notes
+    return {k: v for k, v in values.items() if v is not None}, notes, origins

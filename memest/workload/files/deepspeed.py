@@ -11,10 +11,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memest.workload.config import Offload, Precision, Stack
+from memest.workload.config import Framework, Offload, Precision, Stack
 from memest.workload.files._common import Found, auto, typed
 
 NAME = "a DeepSpeed JSON (zero_optimization, bf16, fp16, train_micro_batch_size_per_gpu)"
+LAUNCHER = True
+"""DeepSpeed runs the step: its precision, stage and offload win over a recipe's switches."""
+READS = ("zero_optimization.stage", "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
+         "bf16.enabled", "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+IGNORED = {
+    "zero_optimization.stage3_max_live_parameters": ("parameters ZeRO-3 keeps gathered", 1e9),
+    "zero_optimization.stage3_prefetch_bucket_size": ("ZeRO-3 prefetch buffer", 5e7),
+    "zero_optimization.stage3_param_persistence_threshold": ("small parameters ZeRO-3 keeps whole", 1e5),
+    "zero_optimization.reduce_bucket_size": ("gradient reduce buffer", 5e8),
+    "zero_optimization.allgather_bucket_size": ("ZeRO-1/2 all-gather buffer", 5e8),
+    "zero_optimization.sub_group_size": ("optimizer step group size", 1e9),
+    "data_types.grad_accum_dtype": ("gradient accumulation dtype", None),
+    "activation_checkpointing.partition_activations": ("activation checkpoints split over model-parallel ranks",
+                                                       False),
+    "activation_checkpointing.cpu_checkpointing": ("activation checkpoints in host memory", False),
+}
+"""Memory-relevant keys memest does not read -> (what they size, DeepSpeed's default: ``runtime/zero/config.py``,
+``runtime/activation_checkpointing/config.py``); a file that sets one to another value gets a note."""
 KEYS = frozenset({"zero_optimization", "bf16", "fp16", "train_micro_batch_size_per_gpu",
                   "train_batch_size", "gradient_accumulation_steps", "optimizer"})
 
@@ -26,11 +44,13 @@ def detect(doc: Any, text: str) -> bool:
 
 def read(path: Path, doc: dict[str, Any]) -> Found:
     """The settings a DeepSpeed config implies, and the notes on what it left open."""
-    return Found(*_deepspeed(path, doc))
+    values, notes, origins = _deepspeed(path, doc)
+    return Found(values, notes, origins=origins)
 
 
-def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    values: dict[str, Any] = {"stack": Stack.DEEPSPEED}
+def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    values: dict[str, Any] = {"stack": Stack.DEEPSPEED, "framework": Framework.DEEPSPEED}
+    origins = {"stack": "zero_optimization", "framework": "zero_optimization", "offload": "zero_optimization"}
     notes: list[str] = []
     zero = doc.get("zero_optimization", {})
     typed(path, "zero_optimization", zero, dict, "an object")
@@ -39,12 +59,14 @@ def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[st
         auto(path, "zero_optimization.stage", "zero_stage", notes)
     else:
         values["zero_stage"] = typed(path, "zero_optimization.stage", stage, int, "0, 1, 2 or 3")
+        origins["zero_stage"] = "zero_optimization.stage"
     offload = Offload.NONE
     for key, kind in (("offload_optimizer", Offload.OPTIMIZER), ("offload_param", Offload.PARAMS)):
         section = zero.get(key) or {}
         typed(path, f"zero_optimization.{key}", section, dict, "an object")
         if str(section.get("device", "none")).lower() in ("cpu", "nvme"):
             offload = kind if kind is Offload.PARAMS or offload is Offload.NONE else offload
+            origins["offload"] = f"zero_optimization.{key}.device"
     values["offload"] = offload
     for key, precision in (("bf16", Precision.MIXED), ("fp16", Precision.FP16)):
         enabled = (doc.get(key) or {}).get("enabled", False)
@@ -52,6 +74,7 @@ def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[st
             auto(path, f"{key}.enabled", "precision", notes)
         elif typed(path, f"{key}.enabled", enabled, bool, "true, false or \"auto\""):
             values["precision"] = precision
+            origins["precision"] = f"{key}.enabled"
     for key, setting in (("train_micro_batch_size_per_gpu", "micro_batch_size"),
                          ("gradient_accumulation_steps", "grad_accum_steps")):
         if key not in doc:
@@ -60,4 +83,5 @@ def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[st
             auto(path, key, setting, notes)
         else:
             values[setting] = typed(path, key, doc[key], int, "a positive integer or \"auto\"")
-    return values, notes
+            origins[setting] = key
+    return values, notes, origins

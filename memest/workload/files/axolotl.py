@@ -1,0 +1,91 @@
+"""axolotl's YAML config (``src/axolotl/utils/schemas/config.py``; examples ``examples/*/*.yml``).
+
+Keys read: ``base_model``; ``adapter`` (``lora`` / ``qlora``; ``load_in_4bit`` with ``lora`` is QLoRA),
+``lora_r``, ``lora_dropout``, ``lora_target_modules`` / ``lora_target_linear``; ``sequence_len``,
+``micro_batch_size``, ``gradient_accumulation_steps``, ``gradient_checkpointing``; ``bf16`` (``auto``: bf16 where
+the device has it) / ``fp16``; ``optimizer`` (transformers' names); ``attn_implementation``, ``flash_attention`` / ``sdp_attention`` /
+``attention``; ``deepspeed``; ``fsdp`` / ``fsdp_config`` (``fsdp_offload_params``); the Liger plugin's
+``liger_fused_linear_cross_entropy`` and ``cut_cross_entropy`` (a fused loss).
+
+Precision: a full fine-tune under ``bf16`` loads the weights in bf16 and trains them in place (the axolotl
+stack's recipe: pure bf16 states, sharded so under FSDP); under DeepSpeed, DeepSpeed's bf16; adapters train
+in fp32 under autocast (``amp``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memest.workload.config import AttnImplementation, Loss, Method, Offload, Precision, Stack
+from memest.workload.files._common import Found, typed
+from memest.workload.files.trainer import Recipe
+
+NAME = "an axolotl YAML (base_model, micro_batch_size, sequence_len)"
+MARKERS = frozenset({"base_model", "micro_batch_size", "sequence_len", "adapter", "lora_target_linear"})
+READS = ("base_model", "adapter", "load_in_4bit", "lora_r", "lora_dropout", "lora_target_modules",
+         "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps",
+         "gradient_checkpointing", "bf16", "fp16", "optimizer", "attn_implementation", "flash_attention", "sdp_attention", "attention",
+         "deepspeed", "fsdp", "fsdp_config.fsdp_offload_params", "liger_fused_linear_cross_entropy",
+         "cut_cross_entropy", "sample_packing")
+IGNORED = {
+    "load_in_8bit": ("int8 base weights under LoRA; memest keeps the base at its storage dtype", False),
+    "activation_offloading": ("activations kept in host memory", False),
+    "torch_compile": ("compiled graphs (fused activations)", False),
+    "lora_mlp_kernel": ("axolotl's fused LoRA MLP kernel (fewer saved activations)", False),
+    "lora_qkv_kernel": ("axolotl's fused LoRA QKV kernel (fewer saved activations)", False),
+    "tensor_parallel_size": ("tensor parallelism under axolotl", 1),
+    "context_parallel_size": ("context (sequence) parallelism under axolotl", 1),
+}
+"""Memory-relevant keys memest does not model -> (what they size, the default)."""
+
+
+def detect(doc: Any, text: str) -> bool:
+    """Whether ``doc`` is an axolotl config: a mapping with one of :data:`MARKERS`."""
+    return isinstance(doc, dict) and bool(MARKERS & set(doc))
+
+
+def read(path: Path, doc: dict[str, Any]) -> Found:
+    """The settings an axolotl config implies."""
+    r = Recipe(path, doc)
+    r.name_model("base_model")
+    r.put("stack", Stack.AXOLOTL, "base_model")
+    adapter = doc.get("adapter")
+    if adapter is not None:
+        adapter = str(typed(path, "adapter", adapter, str, "lora or qlora")).lower()
+    if adapter not in (None, "lora", "qlora"):
+        r.notes.append(f"{path.name}: adapter {adapter} is not modelled (memest models lora and qlora); "
+                       "estimated as lora")
+    method = Method.FULL if adapter is None else \
+        Method.QLORA if adapter == "qlora" or r.flag("load_in_4bit") else Method.LORA
+    r.mode(method, "adapter")
+    if method is not Method.FULL:
+        r.integer("lora_r", "lora_rank")
+        r.number("lora_dropout", "lora_dropout")
+        if r.flag("lora_target_linear"):
+            r.put("lora_targets", "all-linear", "lora_target_linear")
+        else:
+            r.targets("lora_target_modules")
+    r.integer("sequence_len", "seq_len")
+    r.integer("micro_batch_size", "micro_batch_size")
+    r.integer("gradient_accumulation_steps", "grad_accum_steps")
+    r.checkpointing("gradient_checkpointing")
+    r.optimizer("optimizer")
+    r.attention("attn_implementation")
+    if r.flag("flash_attention") or doc.get("attention") == "flash":
+        r.put("attn_implementation", AttnImplementation.FLASH_ATTENTION_2,
+              "flash_attention" if "flash_attention" in doc else "attention")
+    elif r.flag("sdp_attention") or doc.get("attention") == "sdpa":
+        r.put("attn_implementation", AttnImplementation.SDPA, "sdp_attention" if "sdp_attention" in doc else "attention")
+    for key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
+        if r.flag(key):
+            r.put("loss", Loss.FUSED, key)
+    fsdp = r.fsdp("fsdp")
+    fsdp_config = doc.get("fsdp_config")
+    if fsdp and isinstance(fsdp_config, dict) and fsdp_config.get("fsdp_offload_params") is True:
+        r.put("offload", Offload.PARAMS, "fsdp_config.fsdp_offload_params")
+    r.precision(method, default_bf16=False, sharded=fsdp)
+    if method is Method.FULL and r.values.get("precision") in (Precision.AMP, Precision.FSDP2):
+        r.values["precision"] = Precision.BF16  # bf16 weights trained in place (the stack's recipe)
+    r.deepspeed("deepspeed")
+    return r.found()
