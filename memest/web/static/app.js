@@ -203,10 +203,13 @@ function render(e, command) {
   const pd = e.per_device;
   const v = $("verdict");
   const where = `${e.device.count} × ${e.device.name}`;
+  const c = e.concurrency;
   v.textContent = e.fits ? `Fits on ${where}: ${gib(e.margin_bytes)} to spare`
-                         : `Does not fit on ${where}: ${gib(-e.margin_bytes)} over` +
-                           (e.fit_blocker ? ` (${e.fit_blocker})` : "");
-  v.className = "verdict " + (e.fits ? "fits" : "nofit");
+                : e.verdict === "queues"
+                ? `Starts on ${where}: holds ${c.held.toLocaleString("en-US")} of ${c.asked.toLocaleString("en-US")} ` +
+                  `concurrent sequences at ${c.tokens.toLocaleString("en-US")} tokens (the rest wait)`
+                : `Does not fit on ${where}: ${gib(-e.margin_bytes)} over` + (e.fit_blocker ? ` (${e.fit_blocker})` : "");
+  v.className = "verdict " + (e.fits ? "fits" : e.verdict === "queues" ? "queues" : "nofit");
   $("band").textContent = `Device used ${gib(pd.device_used_bytes)} (band ${gib(pd.low_bytes)} – ${gib(pd.high_bytes)}); ` +
     `peak allocated ${gib(pd.allocated_bytes)}, reserved ${gib(pd.reserved_bytes)}; usable ${gib(e.usable_bytes)} ` +
     `of ${gib(e.device.memory_bytes)}.`;
@@ -224,7 +227,7 @@ function render(e, command) {
     p.append(`${label}: `, c, ` (${r[key].devices} device${r[key].devices > 1 ? "s" : ""}, ${gib(r[key].device_used_bytes)} used)`);
     rec.appendChild(p);
   }
-  if (!e.fits && !r.cheapest && !r.lossless) rec.textContent = "No change within the search fits; try memest plan.";
+  if (!e.fits && e.verdict !== "queues" && !r.cheapest && !r.lossless) rec.textContent = "No change within the search fits; try memest plan.";
   $("command").value = command;
 }
 
