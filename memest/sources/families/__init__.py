@@ -81,6 +81,8 @@ ADAPTERS: dict[str, Adapter] = {
     "deepseek_v2": deepseek.build,
     "deepseek_v3": deepseek.build,
     "kimi_k2": deepseek.build,
+    "deepseek_v32": deepseek.build,
+    "glm_moe_dsa": deepseek.build,
     "kimi_k25": kimi_vl.build,
     "gpt_oss": gpt_oss.build,
     "gpt2": gpt2.build,
