@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas"}
 
 
 def _raw(model_id: str) -> dict:

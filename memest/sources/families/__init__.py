@@ -38,9 +38,11 @@ from memest.sources.families import (
     llama,
     llama4,
     mamba,
+    mimo,
     mistral3,
     moe,
     nemotron_h,
+    nemotron_nas,
     neox,
     olmo,
     opt,
@@ -119,6 +121,8 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_next": qwen3_next.build,
     "granitemoehybrid": granitemoehybrid.build,
     "falcon_h1": falcon_h1.build,
+    "mimo": mimo.build,
+    "nemotron-nas": nemotron_nas.build,
 }
 
 
