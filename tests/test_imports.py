@@ -56,6 +56,10 @@ ANALYTIC_FAMILIES = {
     "internlm3": "internlm/internlm3-8b-instruct",
     "glm4v_moe": "zai-org/GLM-4.5V",
     "kimi_k25": "moonshotai/Kimi-K2.5",
+    "deepseek_v32": "deepseek-ai/DeepSeek-V3.2",
+    "glm_moe_dsa": "zai-org/GLM-5",
+    "mimo": "XiaomiMiMo/MiMo-7B-Base",
+    "nemotron-nas": "nvidia/Llama-3_3-Nemotron-Super-49B-v1",
 }
 _GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
              "intermediate_size": 96, "vocab_size": 97}

@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas"}
 
 
 def _raw(model_id: str) -> dict:
@@ -190,6 +190,8 @@ DEFAULT_CLASSES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
+    "deepseek_v32": "DeepseekV32ForCausalLM",
+    "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "gpt_bigcode": "GPTBigCodeForCausalLM",
@@ -217,7 +219,8 @@ _GEOMETRY = {
     "mixtral": (4096, 32, 32), "qwen2_moe": (2048, 24, 16), "qwen3_moe": (2048, 24, 32), "gemma": (3072, 28, 16),
     "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
     "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128),
-    "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64),
+    "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64), "deepseek_v32": (7168, 61, 128),
+    "glm_moe_dsa": (6144, 78, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32), "internlm3": (4096, 48, 32),
@@ -487,6 +490,36 @@ VARIANTS: dict[str, dict] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 16,
         "num_nextn_predict_layers": 0,
+    },
+    # DeepSeek-V3.2's DSA layout, shrunk: an MLA layer with a lightning indexer; mlp_layer_types given
+    "deepseek_v32-small-mlp_layer_types": {
+        **TINY,
+        "model_type": "deepseek_v32",
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12,
+        "index_n_heads": 2, "index_head_dim": 8, "mlp_layer_types": ["sparse", "dense", "sparse"],
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    },
+    # GLM-5.2's shared indexers (index_topk_freq 4, index_skip_topk_offset 3: layers 0-2 full, then one in four)
+    "glm_moe_dsa-shared-indexers": {
+        **TINY,
+        "num_hidden_layers": 8,
+        "model_type": "glm_moe_dsa",
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+        "index_n_heads": 2, "index_head_dim": 8, "index_topk_freq": 4, "index_skip_topk_offset": 3,
+        "first_k_dense_replace": 1, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    },
+    "glm_moe_dsa-pattern": {
+        **TINY,
+        "num_hidden_layers": 4,
+        "model_type": "glm_moe_dsa",
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+        "index_n_heads": 2, "index_head_dim": 8, "index_topk_pattern": "FSSF",
+        "first_k_dense_replace": 1, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
     },
     # the Hub's vt_* vision keys are not Kimi_K25VisionConfig fields: the class-default tower is built
     "kimi_k25-small-untied": {
@@ -1479,14 +1512,15 @@ def test_gemma3_multimodal_pattern_and_vision_tower() -> None:
 def test_llama4_layouts_and_chunked_attention_note() -> None:
     """Scout: 48 MoE layers of 16 experts + a shared one; Maverick: dense and MoE (128 experts) alternate.
 
-    36 of 48 layers (those with rotary embeddings, no_rope_layers = 1) attend in 8192-token chunks;
-    their KV is counted as full attention, which the notes say.
+    36 of 48 layers (those with rotary embeddings, no_rope_layers = 1: all but every fourth) attend in
+    8192-token chunks; the notes say so (their KV: tests/test_current_families.py).
     """
     scout = load_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
     maverick = load_model("meta-llama/Llama-4-Maverick-17B-128E-Instruct")
     assert [layer.mlp.num_experts for layer in scout.layers] == [16] * 48
     assert [layer.mlp.num_experts for layer in maverick.layers] == [0, 128] * 24
     assert all(layer.attention.sliding_window is None for layer in scout.layers)
+    assert [layer.attention.chunk_size for layer in scout.layers] == [8192, 8192, 8192, None] * 12
     assert any(note.startswith("36 of 48 layers use chunked attention") for note in scout.notes)
 
 

@@ -38,9 +38,11 @@ from memest.sources.families import (
     llama,
     llama4,
     mamba,
+    mimo,
     mistral3,
     moe,
     nemotron_h,
+    nemotron_nas,
     neox,
     olmo,
     opt,
@@ -81,6 +83,8 @@ ADAPTERS: dict[str, Adapter] = {
     "deepseek_v2": deepseek.build,
     "deepseek_v3": deepseek.build,
     "kimi_k2": deepseek.build,
+    "deepseek_v32": deepseek.build,
+    "glm_moe_dsa": deepseek.build,
     "kimi_k25": kimi_vl.build,
     "gpt_oss": gpt_oss.build,
     "gpt2": gpt2.build,
@@ -117,6 +121,8 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_next": qwen3_next.build,
     "granitemoehybrid": granitemoehybrid.build,
     "falcon_h1": falcon_h1.build,
+    "mimo": mimo.build,
+    "nemotron-nas": nemotron_nas.build,
 }
 
 

@@ -1,4 +1,5 @@
-"""DeepSeek decoders with multi-head latent attention (MLA): deepseek_v2, deepseek_v3, kimi_k2.
+"""DeepSeek decoders with multi-head latent attention (MLA): deepseek_v2, deepseek_v3, kimi_k2, and
+the DeepSeek Sparse Attention (DSA) models deepseek_v32 (DeepSeek-V3.2) and glm_moe_dsa (GLM-5).
 
 Follows transformers ``models/deepseek_v2/modeling_deepseek_v2.py`` and
 ``models/deepseek_v3/modeling_deepseek_v3.py``:
@@ -22,6 +23,18 @@ transformers does not register: its config names ``DeepseekV3ForCausalLM`` and t
 class counts that config (the remote code keeps one module per expert: the same parameters), and
 omitted fields take DeepseekV3Config's defaults.
 
+DSA (transformers ``models/deepseek_v32/modeling_deepseek_v32.py`` ``DeepseekV32Indexer``,
+``models/glm_moe_dsa/modeling_glm_moe_dsa.py``): MLA as above (queries always low-rank) plus a
+lightning indexer per layer: ``indexer.wq_b (n_i*d_i, r_q)``, ``indexer.wk (d_i, h)``, a LayerNorm
+``indexer.k_norm (d_i)`` with bias and ``indexer.weights_proj (n_i, h)`` (n_i = ``index_n_heads``,
+d_i = ``index_head_dim``); vLLM replicates them on every TP rank (``Indexer``: "no tensor parallel,
+just replicated"). The indexer caches one key of d_i per token beside the MLA latent
+(:attr:`AttentionSpec.index_head_dim`; its bytes: :mod:`memest.estimate.serving.kv`). A layer is
+dense or MoE by ``mlp_layer_types`` (default: the first ``first_k_dense_replace`` dense). GLM-5's
+``indexer_types`` (or ``index_topk_pattern`` / ``index_topk_freq`` + ``index_skip_topk_offset``, as
+``GlmMoeDsaConfig`` derives them) mark ``shared`` layers, which reuse the previous layer's top-k
+selection and have no indexer, so neither its tensors nor its key cache.
+
 The router's ``e_score_correction_bias`` (DeepSeek-V3) is a buffer, not a parameter; the
 multi-token-prediction layers a V3 checkpoint stores (``num_nextn_predict_layers``) are not
 instantiated by transformers; neither is counted, and the spec's notes say so.
@@ -29,6 +42,7 @@ instantiated by transformers; neither is counted, and the spec's notes say so.
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     ATTN,
@@ -42,6 +56,7 @@ from memest.sources.families._build import (
     router,
     token_embedding,
 )
+from memest.sources.families._layers import listed_kinds, pattern_kinds
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
 _COMMON: dict[str, object] = {
@@ -82,11 +97,38 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     },
 }
 _DEFAULTS["kimi_k2"] = _DEFAULTS["deepseek_v3"]
+_DEFAULTS["deepseek_v32"] = {  # DeepseekV32Config
+    **_DEFAULTS["deepseek_v3"],
+    "max_position_embeddings": 163840,
+    "index_head_dim": 128,
+    "index_n_heads": 64,
+}
+_DEFAULTS["glm_moe_dsa"] = {  # GlmMoeDsaConfig
+    **_COMMON,
+    "vocab_size": 154880,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "max_position_embeddings": 202752,
+    "mlp_bias": False,
+    "q_lora_rank": 2048,
+    "qk_nope_head_dim": 192,
+    "v_head_dim": 256,
+    "index_head_dim": 128,
+    "index_n_heads": 32,
+}
 _ALIASES: dict[str, dict[str, str]] = {
     "deepseek_v2": {"num_experts": "n_routed_experts"},
     "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
 }
 _ALIASES["kimi_k2"] = _ALIASES["deepseek_v3"]
+_ALIASES["deepseek_v32"] = _ALIASES["glm_moe_dsa"] = {"num_local_experts": "n_routed_experts",
+                                                     "num_experts": "n_routed_experts"}
+DSA_TYPES = frozenset({"deepseek_v32", "glm_moe_dsa"})
+"""The model_types with a DSA lightning indexer in every layer that runs one."""
 
 
 def mla_tensors(
@@ -111,8 +153,47 @@ def mla_tensors(
     ]
 
 
+def indexer_tensors(h: int, q_lora_rank: int, n_heads: int, head_dim: int) -> list[TensorSpec]:
+    """The DSA lightning indexer of one layer (replicated on TP ranks; see the module docstring)."""
+    return [
+        *linear("self_attn.indexer.wq_b", q_lora_rank, n_heads * head_dim, ATTN, Split.NONE),
+        *linear("self_attn.indexer.wk", h, head_dim, ATTN, Split.NONE),
+        *norm("self_attn.indexer.k_norm", head_dim, bias=True),
+        *linear("self_attn.indexer.weights_proj", h, n_heads, ATTN, Split.NONE),
+    ]
+
+
+def _indexed_layers(cfg: HFConfig, num_layers: int) -> list[bool]:
+    """Which layers run their own indexer: every layer of deepseek_v32; glm_moe_dsa by
+    ``indexer_types``, else as ``GlmMoeDsaConfig.__post_init__`` derives it (``index_topk_pattern``
+    of F / S, else layer n is full iff ``max(n - offset + 1, 0) % freq == 0``)."""
+    if cfg.model_type != "glm_moe_dsa":
+        return [True] * num_layers
+    if cfg.get("indexer_types", default=None) is not None:
+        kinds = listed_kinds(cfg, "indexer_types", num_layers, {"full": "full", "shared": "shared"})
+    elif isinstance(cfg.get("index_topk_pattern", default=None), str):
+        kinds = pattern_kinds(cfg, "index_topk_pattern", {"F": "full", "S": "shared"})
+    else:
+        freq = max(cfg.int("index_topk_freq", default=1), 1)
+        offset = cfg.int("index_skip_topk_offset", default=2, minimum=0)
+        kinds = ["full" if max(n - offset + 1, 0) % freq == 0 else "shared" for n in range(num_layers)]
+    if len(kinds) != num_layers:
+        raise ConfigError(f"config of {cfg.name!r}: index_topk_pattern has {len(kinds)} symbols for "
+                          f"{num_layers} layers; give one per layer")
+    return [kind == "full" for kind in kinds]
+
+
+def _moe_layers(cfg: HFConfig, num_layers: int, first_moe: int) -> list[bool]:
+    """Which layers are MoE: ``mlp_layer_types`` (dense / sparse) where the family reads it, else
+    every layer from ``first_k_dense_replace`` on."""
+    if cfg.model_type in DSA_TYPES and cfg.get("mlp_layer_types", default=None) is not None:
+        return [kind == "sparse" for kind in listed_kinds(cfg, "mlp_layer_types", num_layers,
+                                                          {"dense": "dense", "sparse": "sparse"})]
+    return [n >= first_moe for n in range(num_layers)]
+
+
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a deepseek_v2 / deepseek_v3 / kimi_k2 config."""
+    """ModelSpec of a deepseek_v2 / deepseek_v3 / kimi_k2 / deepseek_v32 / glm_moe_dsa config."""
     model_type = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES[model_type])
     h = cfg.int("hidden_size")
@@ -132,18 +213,28 @@ def build(cfg: HFConfig) -> ModelSpec:
     moe_i = cfg.int("moe_intermediate_size")
     dense_i = cfg.int("intermediate_size")
 
-    attention = AttentionSpec(
-        kind="mla",
-        num_heads=a,
-        num_kv_heads=a,
-        head_dim=nope + rope,
-        v_head_dim=v,
-        q_lora_rank=q_lora_rank,
-        kv_lora_rank=kv_lora_rank,
-        qk_rope_head_dim=rope,
-        rope="concat",
-    )
-    attention_tensors = mla_tensors(
+    dsa = model_type in DSA_TYPES
+    index_dim = cfg.int("index_head_dim") if dsa else 0
+    indexed = _indexed_layers(cfg, num_layers)
+    if dsa and q_lora_rank is None:
+        raise ConfigError(f"config of {cfg.name!r}: q_lora_rank is null; model_type {model_type!r} always "
+                          "compresses its queries (the indexer reads them); set q_lora_rank")
+
+    def attention_of(with_indexer: bool) -> AttentionSpec:
+        return AttentionSpec(
+            kind="mla",
+            num_heads=a,
+            num_kv_heads=a,
+            head_dim=nope + rope,
+            v_head_dim=v,
+            q_lora_rank=q_lora_rank,
+            kv_lora_rank=kv_lora_rank,
+            qk_rope_head_dim=rope,
+            index_head_dim=index_dim if with_indexer else 0,
+            rope="concat",
+        )
+
+    mla = mla_tensors(
         h,
         a,
         q_lora_rank=q_lora_rank,
@@ -153,17 +244,18 @@ def build(cfg: HFConfig) -> ModelSpec:
         v=v,
         bias=cfg.bool("attention_bias"),
     )
+    indexer = indexer_tensors(h, q_lora_rank, cfg.int("index_n_heads"), index_dim) if dsa and q_lora_rank else []
     norms = [*norm("input_layernorm", h), *norm("post_attention_layernorm", h)]
     kinds: dict[object, LayerSpec] = {}
 
-    def dense() -> LayerSpec:
+    def dense(with_indexer: bool) -> LayerSpec:
         return LayerSpec(
-            attention=attention,
+            attention=attention_of(with_indexer),
             mlp=MLPSpec(gated=True, intermediate_size=dense_i, activation=activation),
-            tensors=(*attention_tensors, *gated_mlp(h, dense_i, bias=mlp_bias), *norms),
+            tensors=(*mla, *(indexer if with_indexer else ()), *gated_mlp(h, dense_i, bias=mlp_bias), *norms),
         )
 
-    def moe() -> LayerSpec:
+    def moe(with_indexer: bool) -> LayerSpec:
         mlp = MLPSpec(
             gated=True,
             intermediate_size=moe_i,
@@ -174,15 +266,21 @@ def build(cfg: HFConfig) -> ModelSpec:
             shared_intermediate_size=moe_i * shared,
         )
         tensors = (
-            *attention_tensors,
+            *mla,
+            *(indexer if with_indexer else ()),
             *expert_stack(h, moe_i, num_experts),
             *router("mlp.gate", h, num_experts),
             *gated_mlp(h, moe_i * shared, prefix="mlp.shared_experts", bias=mlp_bias),
             *norms,
         )
-        return LayerSpec(attention=attention, mlp=mlp, tensors=tensors)
+        return LayerSpec(attention=attention_of(with_indexer), mlp=mlp, tensors=tensors)
 
-    layers = [intern(kinds, "dense", dense) if n < first_moe else intern(kinds, "moe", moe) for n in range(num_layers)]
+    def layer(is_moe: bool, with_indexer: bool) -> LayerSpec:
+        make = moe if is_moe else dense
+        return intern(kinds, (is_moe, with_indexer), lambda: make(with_indexer))
+
+    layers = [layer(is_moe, with_indexer)
+              for is_moe, with_indexer in zip(_moe_layers(cfg, num_layers, first_moe), indexed, strict=True)]
 
     notes: list[str] = []
     mtp = cfg.int("num_nextn_predict_layers", default=0, minimum=0)
@@ -190,6 +288,12 @@ def build(cfg: HFConfig) -> ModelSpec:
         notes.append(
             f"the checkpoint also stores {mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) that "
             "transformers does not instantiate; they are not counted (DeepSeek-V3/R1: 671B counted, 685B stored)"
+        )
+    if dsa:
+        notes.append(
+            f"DeepSeek Sparse Attention: {sum(indexed)} of {num_layers} layers run a lightning indexer "
+            f"({cfg.int('index_n_heads')} heads of {index_dim}) that caches one {index_dim}-wide key per token beside "
+            "the MLA latent (vLLM: fp8 keys with fp32 scales, whatever the KV dtype)"
         )
     if cfg.int("moe_layer_freq", default=1) != 1:
         notes.append(

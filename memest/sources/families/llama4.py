@@ -11,10 +11,15 @@ Follows transformers ``models/llama4/modeling_llama4.py``:
   SwiGLU ``intermediate_size`` wide; the others a dense SwiGLU ``feed_forward`` ``intermediate_size_mlp``
   wide.
 - Attention: the rotary (``no_rope_layers`` = 1, by default three of every four) layers are
-  ``chunked_attention`` layers (each token attends within its ``attention_chunk_size`` chunk); the
-  others attend fully. memest's AttentionSpec has no chunked kind yet, and a sliding window is not the
-  same mask, so every layer's KV cache is counted as full attention (an upper bound; the spec's notes
-  say so). Parameters do not depend on it.
+  ``chunked_attention`` layers (each token attends within its ``attention_chunk_size`` chunk:
+  :attr:`AttentionSpec.chunk_size`); the NoPE layers attend fully. Engines bound those layers' KV by
+  the chunk: vLLM gives them a ``ChunkedLocalAttentionSpec`` (``vllm/model_executor/models/llama4.py``
+  ``Llama4Attention``: ``use_irope=not self.nope``, vllm-project/vllm @ 0121c95e), whose
+  ``max_memory_usage_bytes`` is ``min(chunk + max_num_batched_tokens, max_model_len)`` tokens, and
+  transformers a ``DynamicSlidingWindowLayer`` of ``attention_chunk_size``. (vLLM releases whose
+  ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE`` defaults to 0 turn the hybrid KV-cache
+  manager off for such models, ``vllm/config/vllm.py``, and then allocate every layer as full
+  attention; the spec's notes say so.) Parameters do not depend on it.
 - Vision (``Llama4VisionModel``, :attr:`Component.OTHER`): an unfold + bias-free ``patch_embedding.linear
   (vh, C p^2)``; ``class_embedding (vh)``; ``positional_embedding_vlm ((S/p)^2 + 1, vh)``; LayerNorms
   ``layernorm_pre`` / ``layernorm_post``; ``num_hidden_layers`` encoder layers (LayerNorms, biased
@@ -27,6 +32,7 @@ Follows transformers ``models/llama4/modeling_llama4.py``:
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     OTHER,
@@ -94,17 +100,25 @@ def _text(cfg: HFConfig, prefix: str) -> tuple[list[LayerSpec], list[TensorSpec]
         step = cfg.int("interleave_moe_layer_step")
         moe_layers = list(range(step - 1, num_layers, step))
     moe_set = set(moe_layers)
-    attention = AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d)
+    chunk = cfg.int("attention_chunk_size", default=None)
+    rope = cfg.get("no_rope_layers", default=None) or [
+        int((n + 1) % cfg.int("no_rope_layer_interval") != 0) for n in range(num_layers)]
+    if not isinstance(rope, list) or len(rope) != num_layers:
+        raise ConfigError(f"config of {cfg.name!r}: 'no_rope_layers' must list {num_layers} entries (1: rotary, "
+                          f"0: NoPE), got {rope!r}")
+    chunked_at = [bool(r) and chunk is not None for r in rope]
+    attentions = {chunked: AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, chunk_size=chunk if chunked else None)
+                  for chunked in (False, True)}
     attention_tensors = gqa_projections(h, a, k, d, qkv_bias=cfg.bool("attention_bias"),
                                         o_bias=cfg.bool("attention_bias"))
     norms = (*norm("input_layernorm", h), *norm("post_attention_layernorm", h))
     kinds: dict[object, LayerSpec] = {}
 
-    def dense() -> LayerSpec:
+    def dense(attention: AttentionSpec) -> LayerSpec:
         return LayerSpec(attention=attention, mlp=MLPSpec(gated=True, intermediate_size=dense_i, activation=activation),
                          tensors=(*attention_tensors, *gated_mlp(h, dense_i, prefix="feed_forward"), *norms))
 
-    def moe() -> LayerSpec:
+    def moe(attention: AttentionSpec) -> LayerSpec:
         mlp = MLPSpec(gated=True, intermediate_size=i, activation=activation, num_experts=num_experts,
                       num_experts_per_tok=cfg.int("num_experts_per_tok"), num_shared_experts=1,
                       shared_intermediate_size=i)
@@ -116,14 +130,18 @@ def _text(cfg: HFConfig, prefix: str) -> tuple[list[LayerSpec], list[TensorSpec]
             *norms,
         ))
 
-    layers = [intern(kinds, "moe", moe) if n in moe_set else intern(kinds, "dense", dense) for n in range(num_layers)]
-    chunk = cfg.int("attention_chunk_size", default=None)
-    rope = cfg.get("no_rope_layers", default=None) or [
-        int((n + 1) % cfg.int("no_rope_layer_interval") != 0) for n in range(num_layers)]
-    chunked = sum(1 for r in rope if r) if chunk is not None else 0
+    def layer(n: int) -> LayerSpec:
+        is_moe, chunked = n in moe_set, chunked_at[n]
+        make = moe if is_moe else dense
+        return intern(kinds, (is_moe, chunked), lambda: make(attentions[chunked]))
+
+    layers = [layer(n) for n in range(num_layers)]
+    chunked = sum(chunked_at)
     note = (
-        f"{chunked} of {num_layers} layers use chunked attention (attention_chunk_size {chunk}): their KV cache is "
-        "counted as full attention, an upper bound (memest has no chunked-attention kind yet)"
+        f"{chunked} of {num_layers} layers use chunked attention (attention_chunk_size {chunk}): their KV cache holds "
+        "at most one chunk per sequence (vLLM ChunkedLocalAttentionSpec: the chunk plus one step's tokens); vLLM "
+        "releases that turn the hybrid KV-cache manager off for chunked attention "
+        "(VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=0) allocate them as full attention instead"
         if chunked else ""
     )
     embedding = [token_embedding(f"{prefix}embed_tokens.weight", vocab, h)]

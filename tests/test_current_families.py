@@ -1,0 +1,245 @@
+"""Families added for the models users run now: parameter counts and caches derived by hand.
+
+Every catalog config is also counted against transformers on the meta device (tests/test_params.py);
+the figures here are the arithmetic behind them and the per-token / per-request caches:
+
+- DeepSeek-V3.2 (``deepseek_v32``) and GLM-5 (``glm_moe_dsa``): MLA plus the DSA lightning indexer.
+  vLLM's indexer cache: ``Indexer.__init__`` in ``vllm/model_executor/models/deepseek_v2.py``
+  (vllm-project/vllm @ 002d6073aa034d4f5545d45021b0e56d1f3c3593) makes a ``DeepseekV32IndexerCache``
+  of ``head_dim = index_head_dim + index_head_dim // quant_block_size * 4`` (quant_block_size 128),
+  dtype uint8, whose ``get_kv_cache_spec`` is an ``MLAAttentionSpec`` of one KV head: fp8 keys and
+  one fp32 scale per 128, 128 + 4 = 132 B per token and layer whatever ``--kv-cache-dtype`` is.
+- Llama 4: the rotary layers attend within ``attention_chunk_size`` chunks (vLLM
+  ``ChunkedLocalAttentionSpec``), the NoPE layers fully.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memest.estimate.serving.kv import (
+    KVLayer,
+    bytes_per_token,
+    contiguous_cache_bytes,
+    kv_layers,
+    paged_layout,
+)
+from memest.sources import load_model, spec_from_config
+from memest.sources.config import HFConfig
+
+
+def _spec(raw: dict):
+    return spec_from_config(HFConfig(json.loads(json.dumps(raw)), name="test", source="test"))
+
+
+# ---- DeepSeek Sparse Attention ----------------------------------------------------------------------
+
+
+def test_deepseek_v32_is_deepseek_v3_plus_an_indexer_per_layer() -> None:
+    """DeepSeek-V3.2's config is DeepSeek-V3's geometry (h 7168, 61 layers, q_lora_rank 1536) plus
+    index_n_heads 64 x index_head_dim 128. Each layer's indexer: wq_b 1536 x (64 x 128) = 12,582,912,
+    wk 7168 x 128 = 917,504, k_norm LayerNorm 2 x 128 = 256, weights_proj 7168 x 64 = 458,752:
+    13,959,424 per layer, 851,524,864 for 61 layers."""
+    v3 = load_model("deepseek-ai/DeepSeek-V3")
+    v32 = load_model("deepseek-ai/DeepSeek-V3.2")
+    per_layer = 1536 * 64 * 128 + 7168 * 128 + 2 * 128 + 7168 * 64
+    assert per_layer == 13_959_424
+    assert v32.num_params - v3.num_params == 61 * per_layer == 851_524_864
+    # DeepSeek's "671B" (the MTP layer the checkpoint also stores is not instantiated: the 685B of the repo)
+    assert v32.num_params == 671_877_929_216
+    assert all(layer.attention.index_head_dim == 128 for layer in v32.layers)
+    assert any("lightning indexer" in note for note in v32.notes)
+
+
+def test_deepseek_v32_kv_per_token() -> None:
+    """Per layer and token on one rank: the MLA latent (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 B
+    = 1,152 B, and the indexer's 132 B (fp8 + scale, any KV dtype): 61 x 1,284 = 78,324 B/token.
+    With an fp8 KV cache the latent is 576 B and the indexer still 132: 61 x 708 = 43,188."""
+    spec = load_model("deepseek-ai/DeepSeek-V3.2")
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert sorted(layers, key=lambda item: item[0].bytes_per_token) == [(KVLayer("mla", 132), 61),
+                                                                       (KVLayer("mla", 1_152), 61)]
+    assert bytes_per_token(layers) == 61 * 1_284 == 78_324
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 1)) == 61 * 708 == 43_188
+    # MLA is not split by tensor parallelism (one latent per token): tp 8 caches the same per rank
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 8, 2)) == 78_324
+
+
+def test_glm5_total_and_kv() -> None:
+    """GLM-5 (zai-org/GLM-5): 744B parameters in Z.ai's announcement ("744B parameters (40B active)");
+    78 layers of MLA (512 + 64) with an indexer of 32 heads x 128 in every layer:
+    78 x (576 x 2 + 132) = 78 x 1,284 = 100,152 B/token in bf16."""
+    spec = load_model("zai-org/GLM-5")
+    assert round(spec.num_params / 1e9) == 744
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 78 * 1_284 == 100_152
+
+
+def test_glm_moe_dsa_shared_indexer_layers_cache_no_indexer_keys() -> None:
+    """GLM-5.2 style index_topk_freq 4 / index_skip_topk_offset 3 (GlmMoeDsaConfig: layer n runs its
+    indexer iff max(n - 2, 0) % 4 == 0): of 8 layers, 0, 1, 2 and 6 do; 3, 4, 5, 7 reuse the top-k.
+    Per token (bf16, kv_lora_rank 16 + rope 4 = 20 x 2 = 40 B; index_head_dim 128 -> 132 B):
+    8 x 40 + 4 x 132 = 848."""
+    raw = {"model_type": "glm_moe_dsa", "hidden_size": 64, "num_hidden_layers": 8, "num_attention_heads": 4,
+           "vocab_size": 97, "intermediate_size": 96, "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+           "qk_rope_head_dim": 4, "v_head_dim": 8, "index_n_heads": 2, "index_head_dim": 128, "index_topk_freq": 4,
+           "index_skip_topk_offset": 3, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    spec = _spec(raw)
+    assert [layer.attention.index_head_dim for layer in spec.layers] == [128, 128, 128, 0, 0, 0, 128, 0]
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 8 * 40 + 4 * 132 == 848
+    # the explicit list wins over the schedule
+    listed = _spec({**raw, "indexer_types": ["full"] + ["shared"] * 7})
+    assert [layer.attention.index_head_dim for layer in listed.layers] == [128] + [0] * 7
+
+
+# ---- Llama 4 chunked local attention ---------------------------------------------------------------
+
+
+def test_llama4_scout_chunked_layers_hold_one_chunk() -> None:
+    """Scout: 48 layers, every fourth NoPE (full), the other 36 chunked at 8192; 8 KV heads x 128.
+    Per layer and token: 8 x (128 + 128) x 2 B = 4,096 B; 48 x 4,096 = 196,608 B/token before windows.
+
+    vLLM (block 16, max_model_len 131,072, max_num_batched_tokens 8,192), one request:
+    chunked layers cdiv(min(8192 + 8192, 131072), 16) = 1,024 pages, full layers 131072 / 16 = 8,192;
+    (36 x 1,024 + 12 x 8,192) pages x 16 x 4,096 B = 135,168 x 65,536 = 8,858,370,048 B (8.25 GiB),
+    against 48 x 8,192 x 65,536 = 25,769,803,776 B when every layer is counted as full attention.
+    Groups: 12 layers each (min(36, 12)), three chunked and one full.
+    """
+    spec = load_model("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("chunked", 4_096, window=8_192), 36),
+                                                            (KVLayer("full", 4_096), 12)]
+    assert bytes_per_token(layers) == 196_608
+    layout = paged_layout(layers, 16)
+    assert [(g.kind, g.num_layers) for g in layout.groups] == [("chunked", 12)] * 3 + [("full", 12)]
+    assert layout.request_bytes(131_072, 8_192) == (36 * 1_024 + 12 * 8_192) * 16 * 4_096 == 8_858_370_048
+    # transformers (DynamicSlidingWindowLayer of the chunk): one sequence of 20,000 tokens keeps
+    # 36 x 8,192 + 12 x 20,000 positions x 4,096 B
+    assert contiguous_cache_bytes(layers, 1, 20_000) == (36 * 8_192 + 12 * 20_000) * 4_096
+
+
+def test_llama4_without_a_chunk_size_attends_fully() -> None:
+    raw = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 32,
+           "intermediate_size_mlp": 96, "num_local_experts": 2, "attention_chunk_size": None}
+    spec = _spec(raw)
+    assert [layer.attention.chunk_size for layer in spec.layers] == [None] * 4
+    assert not spec.notes
+    chunked = _spec({**raw, "attention_chunk_size": 64})
+    assert [layer.attention.chunk_size for layer in chunked.layers] == [64, 64, 64, None]
+
+
+# ---- config-only families: MiMo and Nemotron-NAS (DeciLM) -------------------------------------------
+
+
+def test_mimo_7b_is_qwen2_plus_its_mtp_layer() -> None:
+    """MiMo-7B-Base: h 4096, 36 layers, 32 heads / 8 KV heads of 128, i 11008, vocab 151680, untied, one
+    MTP layer (model card: "7B"). A Qwen2 layer: Q 4096 x 4096 + 4096 bias, K and V 4096 x 1024 + 1024 each,
+    O 4096 x 4096, MLP 3 x 4096 x 11008, two norms: 177,223,680. The MTP layer adds to one such layer three
+    norms and input_proj 8192 x 4096: 177,223,680 + 3 x 4096 + 33,554,432 = 210,790,400.
+    Total: 36 x 177,223,680 + 2 x 151680 x 4096 + 4096 + 210,790,400 = 7,833,409,536."""
+    layer = (4096 * 4096 + 4096) + 2 * (4096 * 1024 + 1024) + 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    assert layer == 177_223_680
+    mtp = layer + 3 * 4096 + 8192 * 4096
+    assert mtp == 210_790_400
+    spec = load_model("XiaomiMiMo/MiMo-7B-Base")
+    assert spec.num_params == 36 * layer + 2 * 151_680 * 4_096 + 4_096 + mtp == 7_833_409_536
+    assert spec.model_type == "mimo" and len(spec.layers) == 36
+    # KV only in the 36 decoder layers: 36 x 8 x (128 + 128) x 2 B = 147,456 B/token
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 36 * 8 * 256 * 2 == 147_456
+    assert any("multi-token-prediction" in note for note in spec.notes)
+
+
+def test_nemotron_super_49b_blocks() -> None:
+    """Llama-3.3-Nemotron-Super-49B-v1 (h 8192, 64 heads of 128, vocab 128256, untied): of its 80 blocks,
+    49 have attention (n_heads_in_group 8: 8 KV heads), 31 none (no_op: no input_layernorm either);
+    every block has an FFN, ffn_mult -> int(2 x mult x 8192 / 3) rounded up to 256:
+    5.25 -> 28672 (49 blocks), 1.3125 -> 7168 (10), 1.0 -> 5461 -> 5632 (8), 0.5 -> 2730 -> 2816 (6),
+    2.625 -> 14336 (6), 3.28125 -> 17920 (1).
+    Attention block: norm 8192 + Q, O 2 x 8192^2 + K, V 2 x 8192 x 1024 = 151,003,136.
+    FFN block: norm 8192 + 3 x 8192 x i. NVIDIA's name: "49B"."""
+    spec = load_model("nvidia/Llama-3_3-Nemotron-Super-49B-v1")
+    attention = 8192 + 2 * 8192 * 8192 + 2 * 8192 * 1024
+    assert attention == 151_003_136
+    widths = {28672: 49, 7168: 10, 5632: 8, 2816: 6, 14336: 6, 17920: 1}
+    ffn = sum((8192 + 3 * 8192 * i) * n for i, n in widths.items())
+    total = 49 * attention + ffn + 2 * 128_256 * 8_192 + 8_192
+    assert spec.num_params == total == 49_867_145_216
+    assert abs(total - 49e9) / 49e9 < 0.02
+    assert sorted({layer.mlp.intermediate_size for layer in spec.layers}) == sorted(widths)
+    kinds = [layer.attention.kind for layer in spec.layers]
+    assert kinds.count("gqa") == 49 and kinds.count("none") == 31
+    # KV: 49 layers x 8 KV heads x (128 + 128) x 2 B = 200,704 B/token (a Llama-3.3-70B caches 80 x 4,096)
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 49 * 8 * 256 * 2 == 200_704
+
+
+def test_nemotron_nas_linear_blocks_and_bad_blocks() -> None:
+    from memest.errors import ConfigError
+
+    full = {"attention": {"n_heads_in_group": 2, "no_op": False}, "ffn": {"ffn_mult": 1.5, "no_op": False}}
+    linear = {"attention": {"replace_with_linear": True}, "ffn": {"replace_with_linear": True}}
+    noop = {"attention": {"no_op": True}, "ffn": {"no_op": True}}
+    raw = {"model_type": "nemotron-nas", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+           "vocab_size": 97, "block_configs": [full, linear, noop]}
+    spec = _spec(raw)
+    # full: norm 64 + Q, O 2 x 64^2 + K, V 2 x 64 x 32 + FFN norm 64 + 3 x 64 x 256 (int(2 x 1.5 x 64 / 3) = 64 -> 256)
+    # linear: 2 x (norm 64 + 64 x 64); no-op: nothing; embedding + lm_head 2 x 97 x 64, final norm 64
+    full_params = 64 + 2 * 64 * 64 + 2 * 64 * 32 + 64 + 3 * 64 * 256
+    assert spec.num_params == full_params + 2 * (64 + 64 * 64) + 2 * 97 * 64 + 64
+    assert [layer.attention.kind for layer in spec.layers] == ["gqa", "none", "none"]
+    with pytest.raises(ConfigError, match=r"block_configs\[0\].attention.window_length = 128"):
+        _spec({**raw, "block_configs": [{**full, "attention": {"n_heads_in_group": 2, "window_length": 128}},
+                                        linear, noop]})
+    with pytest.raises(ConfigError, match=r"'block_configs' must list 3 blocks"):
+        _spec({**raw, "block_configs": [full]})
+    with pytest.raises(ConfigError, match=r"n_heads_in_group = 3"):
+        _spec({**raw, "block_configs": [{**full, "attention": {"n_heads_in_group": 3}}, linear, noop]})
+
+
+# ---- the catalog models added with these families, against their published totals ------------------
+
+
+@pytest.mark.parametrize(("model_id", "published", "tolerance"), [
+    # Qwen3 model cards ("Number of Parameters": 0.6B, 1.7B, 32.8B; Qwen3-Coder: "480B total, 35B activated")
+    ("Qwen/Qwen3-0.6B", 0.6e9, 0.01),
+    ("Qwen/Qwen3-1.7B", 1.7e9, 0.02),
+    ("Qwen/Qwen3-32B", 32.8e9, 0.002),
+    ("Qwen/Qwen3-Coder-480B-A35B-Instruct", 480e9, 0.001),
+    # NVIDIA model cards: Nemotron 3 Nano "31.6B total parameters"; Nemotron 3 Super "120B"; Nemotron-H "56B"
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", 31.6e9, 0.002),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120e9, 0.01),
+    ("nvidia/Nemotron-H-56B-Base-8K", 56e9, 0.01),
+    # Z.ai: GLM-5 and GLM-5.1 "744B parameters"
+    ("zai-org/GLM-5.1", 744e9, 0.001),
+], ids=["qwen3-0.6b", "qwen3-1.7b", "qwen3-32b", "qwen3-coder-480b", "nemotron3-nano", "nemotron3-super",
+        "nemotron-h-56b", "glm-5.1"])
+def test_new_catalog_models_match_published_totals(model_id: str, published: float, tolerance: float) -> None:
+    assert abs(load_model(model_id).num_params - published) <= tolerance * published
+
+
+def test_qwen3_small_models_non_embedding_counts() -> None:
+    """The Qwen3 cards also give the count without the (tied) embedding: 0.6B -> 0.44B (151936 x 1024),
+    1.7B -> 1.4B (151936 x 2048), 32B -> 31.2B (untied: 2 x 151936 x 5120)."""
+    for model_id, rows, published in (("Qwen/Qwen3-0.6B", 151_936 * 1_024, 0.44e9),
+                                      ("Qwen/Qwen3-1.7B", 151_936 * 2_048, 1.4e9),
+                                      ("Qwen/Qwen3-32B", 2 * 151_936 * 5_120, 31.2e9)):
+        assert abs(load_model(model_id).num_params - rows - published) <= 0.01 * published, model_id
+
+
+def test_minimax_m25_has_m27s_architecture() -> None:
+    """MiniMax-M2.5 and M2.7 configs name the same geometry (62 layers, h 3072, 256 experts): the count
+    checked against M2.7's published total in tests/test_params.py holds for M2.5."""
+    assert load_model("MiniMaxAI/MiniMax-M2.5").num_params == load_model("MiniMaxAI/MiniMax-M2.7").num_params
+
+
+def test_glm52_drops_the_indexers_of_its_shared_layers() -> None:
+    """GLM-5.2 = GLM-5's geometry with 57 of 78 layers 'shared' (indexer_types). GLM-5's indexer per layer:
+    wq_b 2048 x (32 x 128) = 8,388,608, wk 6144 x 128 = 786,432, k_norm 256, weights_proj 6144 x 32 =
+    196,608: 9,371,904; 57 x 9,371,904 = 534,198,528 fewer parameters, and 57 x 132 B/token less cache."""
+    glm5, glm52 = load_model("zai-org/GLM-5"), load_model("zai-org/GLM-5.2")
+    per_layer = 2048 * 32 * 128 + 6144 * 128 + 256 + 6144 * 32
+    assert per_layer == 9_371_904
+    assert glm5.num_params - glm52.num_params == 57 * per_layer == 534_198_528
+    assert (bytes_per_token(kv_layers(glm5.layer_kinds(), 1, 2))
+            - bytes_per_token(kv_layers(glm52.layer_kinds(), 1, 2))) == 57 * 132
