@@ -111,16 +111,26 @@ def test_pick_a_model_move_a_slider(server, browser, tmp_path):
     assert first.startswith("Fits on 1 × L4"), first
     browser.save_screenshot(str(tmp_path / "fits.png"))
     # move the concurrency slider to its end with the keyboard: 2^9 = 512 sequences of 8k tokens need
-    # 512 x 1 GiB of KV, far beyond 22.49 GiB
+    # 512 x 1 GiB of KV, far beyond 22.49 GiB; vLLM still starts (its pool holds one 8k sequence: 1 GiB
+    # < 22.49 - 14.96 GiB) and the rest wait
     slider = browser.find_element(By.ID, "batch_size")
     slider.send_keys(Keys.END)
     wait.until(lambda d: d.find_element(By.ID, "batch_size-out").text == "512")
     wait.until(lambda d: d.find_element(By.ID, "verdict").text != first)
-    verdict = browser.find_element(By.ID, "verdict").text
-    assert verdict.startswith("Does not fit on 1 × L4"), verdict
+    queued = browser.find_element(By.ID, "verdict").text
+    assert queued.startswith("Starts on 1 × L4: holds "), queued
+    assert queued.endswith(" of 512 concurrent sequences at 8,192 tokens (the rest wait)"), queued
+    assert "queues" in browser.find_element(By.ID, "verdict").get_attribute("class")
     wait.until(lambda d: _bar_widths(d) != first_bars)
     assert "batch_size=512" in browser.current_url and "model=meta-llama%2FLlama-3.1-8B" in browser.current_url
     assert "--batch-size 512" in browser.find_element(By.ID, "command").get_attribute("value")
+    browser.save_screenshot(str(tmp_path / "queues.png"))
+    # the context slider to its end, 2^17 = 131,072 tokens: one sequence's KV is 131,072 x 128 KiB = 16 GiB,
+    # and 14.96 + 16 GiB > 22.49 GiB: vLLM refuses to start
+    browser.find_element(By.ID, "max_model_len").send_keys(Keys.END)
+    wait.until(lambda d: d.find_element(By.ID, "verdict").text.startswith("Does not fit"))
+    verdict = browser.find_element(By.ID, "verdict").text
+    assert verdict.startswith("Does not fit on 1 × L4"), verdict
     browser.save_screenshot(str(tmp_path / "does-not-fit.png"))
     # the address reproduces the view
     browser.get(browser.current_url)
