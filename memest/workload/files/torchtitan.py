@@ -134,6 +134,10 @@ def _batch(path: Path, doc: dict[str, Any], values: dict[str, Any], origins: dic
     local = lookup(doc, key)
     if local is not None:
         typed(path, key, local, int, "an integer")
+    seq = lookup(doc, "training.seq_len")
+    if seq is not None:
+        values["seq_len"], origins["seq_len"] = typed(path, "training.seq_len", seq, int, "an integer"), \
+            "training.seq_len"
     if values.get("pp", 1) > 1:  # each pipeline micro-batch is what one stage holds activations for
         micro = lookup(doc, "parallelism.pipeline_parallel_microbatch_size") or 1
         values["micro_batch_size"] = typed(path, "parallelism.pipeline_parallel_microbatch_size", micro, int,
