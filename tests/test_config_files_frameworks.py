@@ -316,3 +316,26 @@ def test_explain_names_the_line_of_a_torchtune_key():
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
     assert "read: micro_batch_size 2 from 8B_qlora_single_device.yaml:57 batch_size" in text
+
+
+def test_a_serving_file_and_a_training_recipe_are_one_error_naming_both():
+    # the vLLM YAML is a serve job, the torchtune recipe a training job: one error naming both files
+    out = run_memest("hf", LLAMA31, "--config", VLLM_DOCS, "--config", TUNE_8B_FULL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and VLLM_DOCS in lines[0] and TUNE_8B_FULL in lines[0], lines
+    assert "disagree on the mode" in lines[0], lines
+
+
+def test_torchtune_compile_with_the_chunked_loss(tmp_path):
+    # compile: True under CEWithChunkedOutputLoss -> the compiled chunked loss (torch_compile); under
+    # torch.nn.CrossEntropyLoss memest models no compilation: a note, torch_compile not set
+    base = "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\ncompile: True\nloss:\n  _component_: "
+    chunked, plain = tmp_path / "chunked.yaml", tmp_path / "plain.yaml"
+    chunked.write_text(base + "torchtune.modules.loss.CEWithChunkedOutputLoss\n")
+    plain.write_text(base + "torch.nn.CrossEntropyLoss\n")
+    c, p = files.read([chunked]), files.read([plain])
+    assert c.model == "meta-llama/Llama-3.2-1B" and (c.values["torch_compile"], c.values["loss"]) == (True,
+                                                                                                     Loss.CHUNKED)
+    assert "torch_compile" not in p.values and p.values["loss"] is Loss.DEFAULT
+    assert any("compile is True; memest models torch.compile only for the chunked loss" in n for n in p.notes)

@@ -123,6 +123,13 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
     for path in paths:
         _collect(Path(path), readings, missing)
     values, owner = _merge(readings)
+    modes = [m for m in ("train", "finetune", "serve") if values.get(m)]
+    if len(modes) > 1:  # a training recipe and a serving config (or a full and an adapter recipe)
+        first, second = owner[modes[0]], owner[modes[1]]
+        raise InputError(f"{{config}} files disagree on the mode: {first.path} is a {modes[0]} job "
+                         f"({_where(first, first.found.origins.get(modes[0], ''))}), {second.path} a {modes[1]} job "
+                         f"({_where(second, second.found.origins.get(modes[1], ''))}); pass one of them",
+                         field="config")
     notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
     notes += missing + [n for r in readings for n in _ignored(r)]
     origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
