@@ -339,3 +339,18 @@ def test_torchtune_compile_with_the_chunked_loss(tmp_path):
                                                                                                      Loss.CHUNKED)
     assert "torch_compile" not in p.values and p.values["loss"] is Loss.DEFAULT
     assert any("compile is True; memest models torch.compile only for the chunked loss" in n for n in p.notes)
+
+
+def test_a_vllm_command_reads_its_config_file_and_wins_over_it(tmp_path):
+    # 'vllm serve --config serve.yaml --max-model-len 32K': the YAML gives the model, tensor-parallel-size 4 and
+    # max-model-len 8192; the command line wins where both say (vLLM: command line > config file): max_model_len
+    # 32K = 32 x 1024 = 32768 (human_readable_int: uppercase is binary); tp 4 and the model from the YAML
+    (tmp_path / "serve.yaml").write_text("model: meta-llama/Llama-3.1-8B-Instruct\ntensor-parallel-size: 4\n"
+                                         "max-model-len: 8192\n")
+    script = tmp_path / "launch.sh"
+    script.write_text("vllm serve --config serve.yaml --max-model-len 32K\n")
+    r = files.read([script])
+    assert (r.model, r.values["tp"], r.values["gpus"], r.values["max_model_len"]) == (
+        "meta-llama/Llama-3.1-8B-Instruct", 4, 4, 32768)
+    assert r.origins["max_model_len"] == "launch.sh:1 max-model-len"
+    assert r.origins["tp"] == "serve.yaml:2 tensor-parallel-size"

@@ -95,6 +95,7 @@ class _Reading(NamedTuple):
     found: Found
     lines: dict[str, int]
     prefix: str  # the including file's key of an inline config ("deepspeed."), else ""
+    yields: bool = False  # its settings give way to the others' (Include.yields)
 
     @property
     def launcher(self) -> bool:
@@ -153,9 +154,11 @@ def _merge(readings: list[_Reading]) -> tuple[dict[str, Any], dict[str, _Reading
     """
     values: dict[str, Any] = {}
     owner: dict[str, _Reading] = {}
-    for reading in readings:
+    for reading in sorted(readings, key=lambda r: r.yields):  # a yielding file fills only what is left
         for name in sorted(reading.found.values, key=lambda n: n != "stack"):  # the stack first: the clearest
             value = reading.found.values[name]
+            if reading.yields and name in values:
+                continue
             if name not in values or values[name] == value:
                 values.setdefault(name, value)
                 owner.setdefault(name, reading)
@@ -214,12 +217,12 @@ def _format(path: Path, doc: Any, text: str) -> ModuleType:
     raise InputError(f"{{config}} {path}: not a format memest reads; pass {formats()}", field="config")
 
 
-def _collect(path: Path, out: list[_Reading], notes: list[str]) -> None:
+def _collect(path: Path, out: list[_Reading], notes: list[str], yields: bool = False) -> None:
     """``path`` read into ``out``, then each config it includes (a missing included file: a note)."""
     module, doc, text = _parse(path)
     found = module.read(path, doc)
     lines = getattr(module, "key_lines", key_lines)(text, doc)
-    out.append(_Reading(path, module, doc, found, lines, ""))
+    out.append(_Reading(path, module, doc, found, lines, "", yields))
     for inc in found.includes:
         if inc.doc is not None:
             inner = _format(path, inc.doc, "")
@@ -232,7 +235,7 @@ def _collect(path: Path, out: list[_Reading], notes: list[str]) -> None:
             notes.append(f"{path.name}: {inc.key} names {inc.name}, not found beside it, above it or in the working "
                          "folder: its settings are not read (pass it as another config file)")
             continue
-        _collect(located, out, notes)
+        _collect(located, out, notes, yields or inc.yields)
 
 
 def locate(name: str, beside: Path) -> Path | None:

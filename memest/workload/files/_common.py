@@ -20,11 +20,14 @@ class Include(NamedTuple):
         name: The file as the including file writes it (None: ``doc`` is inline).
         doc: The inline config (a mapping under ``key``), or None to read ``name``.
         key: The including file's key that names it (``deepspeed``).
+        yields: Its settings give way to the including file's (vLLM: a flag on the command line wins over
+            the same key in its ``--config`` YAML) instead of being refused as a disagreement.
     """
 
     name: str | None
     doc: Any = None
     key: str = ""
+    yields: bool = False
 
 
 class Found(NamedTuple):

@@ -7,17 +7,19 @@ The YAML's keys are the long CLI flags, with dashes or underscores (``vllm/utils
 ``tensor_parallel_size`` (``-tp``), ``pipeline_parallel_size`` (``-pp``), ``data_parallel_size`` (``-dp``),
 ``max_model_len``, ``gpu_memory_utilization``, ``max_num_seqs``, ``max_num_batched_tokens``,
 ``kv_cache_dtype``, ``quantization`` (``-q``), ``dtype``, ``enforce_eager``, ``block_size``. The job is
-serving on vLLM over tp x pp x dp devices.
+serving on vLLM over tp x pp x dp devices. A command's ``--config FILE`` is read too, its keys giving way
+to the command's flags ("command line > config file values > defaults", ``docs/configuration/serve_args.md``).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from memest.workload.config import Engine
 from memest.workload.files import _shell
-from memest.workload.files._common import Found
+from memest.workload.files._common import Found, Include
 from memest.workload.files._common import key_lines as _doc_lines
 
 NAME = "a vLLM serve YAML or a 'vllm serve MODEL --flags' command line"
@@ -54,6 +56,17 @@ _QUANT = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gpt
 """vLLM ``--quantization`` methods -> memest's (the Marlin kernels run the same AWQ / GPTQ weights); other
 methods (``compressed-tensors``, ``modelopt``, ...) name a checkpoint's own ``quantization_config``, which
 memest reads from the checkpoint."""
+
+
+def _human(value: str) -> str | int:
+    """vLLM's ``--max-model-len`` as it reads it (``vllm/engine/arg_utils.py`` ``human_readable_int``, 0.10):
+    lowercase suffixes decimal (``25.6k`` = 25,600), uppercase binary (``32K`` = 32 x 1024); else as written."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value.strip())
+    if not match:
+        return value
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2)]
+    return int(float(match.group(1)) * scale)
 
 
 def _serve(words: list[str], i: int) -> int:
@@ -115,7 +128,10 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
                                                                         "data_parallel_size") if n in keys)]
     for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         if name in keys:
-            put(name, _shell.integer(path, keys[name], doc[keys[name]]), name)
+            value = doc[keys[name]]
+            if name == "max_model_len" and isinstance(value, str):
+                value = _human(value)
+            put(name, _shell.integer(path, keys[name], value), name)
     if "gpu_memory_utilization" in keys:
         put("gpu_memory_utilization", _shell.number(path, keys["gpu_memory_utilization"],
                                                     doc[keys["gpu_memory_utilization"]]), "gpu_memory_utilization")
@@ -131,4 +147,6 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         elif name != "quantization" or given in ("bitsandbytes", "gguf"):
             notes.append(f"{path.name}: {keys[name]} {given} is not modelled (memest models {', '.join(table)}); "
                          f"the engine's default is used")
-    return Found(values, notes, model, origins)
+    config = doc.get("config") if isinstance(doc, _shell.Flags) else None
+    includes = (Include(str(config), key="config", yields=True),) if isinstance(config, str) else ()
+    return Found(values, notes, model, origins, includes)
