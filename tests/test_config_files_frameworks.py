@@ -354,3 +354,17 @@ def test_a_vllm_command_reads_its_config_file_and_wins_over_it(tmp_path):
         "meta-llama/Llama-3.1-8B-Instruct", 4, 4, 32768)
     assert r.origins["max_model_len"] == "launch.sh:1 max-model-len"
     assert r.origins["tp"] == "serve.yaml:2 tensor-parallel-size"
+
+
+def test_megatron_arguments_in_a_quoted_variable(tmp_path):
+    # the older examples' form: GPT_ARGS="..." over several lines (some without a backslash), spliced unquoted
+    # into the launch line: --micro-batch-size 4, --seq-length 1024, --fp16; DISTRIBUTED_ARGS gives 8 processes on
+    # 1 node and no parallel degree -> 8 devices, dp 8: --global-batch-size 64 / (4 x 8) = 2 micro-batches
+    path = tmp_path / "pretrain_gpt.sh"
+    path.write_text('#!/bin/bash\nGPUS_PER_NODE=8\nDISTRIBUTED_ARGS="--nproc_per_node $GPUS_PER_NODE --nnodes 1"\n'
+                    'GPT_ARGS="\n    --num-layers 24 \\\n    --micro-batch-size 4\n    --global-batch-size 64\n'
+                    '    --seq-length 1024 --fp16\n"\n'
+                    'torchrun $DISTRIBUTED_ARGS pretrain_gpt.py $GPT_ARGS --data-path $1\n')
+    v = files.read([path]).values
+    assert (v["gpus"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"], v["precision"]) == (
+        8, 4, 2, 1024, Precision.FP16)

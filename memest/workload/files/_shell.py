@@ -1,7 +1,7 @@
 """Command lines in shell scripts and text files: a launch line found, its variables expanded, its flags read.
 
-A script is read the way a person reads it, not run: lines joined at a trailing backslash, ``#``
-comments dropped (:mod:`shlex`), the variables assigned at the top level (``NAME=value``, ``export
+A script is read the way a person reads it, not run: lines joined at a trailing backslash or inside a
+quoted string, ``#`` comments dropped (:mod:`shlex`), the variables assigned at the top level (``NAME=value``, ``export
 NAME=value``, arrays ``NAME=( ... )`` over several lines, each expanded with those before it) substituted
 where the command uses them (``$NAME``, ``${NAME}``, ``${NAME[@]}``; unquoted values split into words as
 the shell splits them). Assignments inside functions, loops or ``case`` branches (indented) are not read;
@@ -44,7 +44,8 @@ class Flags(dict[str, Any]):
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
     """The script's lines, comments dropped, joined at trailing backslashes, each with the number (from 1)
-    of its first line; an array assignment left open (``NAME=(``) runs to its closing ``)``."""
+    of its first line; an array assignment left open (``NAME=(``) runs to its closing ``)``, a quoted string
+    to its closing quote."""
     out: list[tuple[int, str]] = []
     pending: list[str] = []
     start = 0
@@ -55,13 +56,22 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
         more = body.endswith("\\")
         pending.append(body[:-1] if more else body)
         joined = " ".join(pending)
-        if more or (_ARRAY.match(joined) and joined.count("(") > joined.count(")")):
+        if more or (_ARRAY.match(joined) and joined.count("(") > joined.count(")")) or _open_quote(joined):
             continue
         out.append((start, joined))
         pending = []
     if pending:
         out.append((start, " ".join(pending)))
     return out
+
+
+def _open_quote(text: str) -> bool:
+    """Whether ``text`` ends inside a quoted string (``GPT_ARGS="`` whose words go on over the next lines)."""
+    try:
+        shlex.split(text)
+    except ValueError:
+        return True
+    return False
 
 
 def _strip_comment(line: str) -> str:

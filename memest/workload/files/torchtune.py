@@ -10,8 +10,9 @@ its last commit): ``model._component_``, the model builder (``torchtune.models.l
 every transformer layer whole: full), ``enable_activation_offloading``; ``compile``; ``dtype`` (``bf16``:
 parameters, gradients and optimizer states all bf16, no fp32 copy: memest's pure ``bf16``; ``fp32``);
 ``loss._component_`` (:data:`LOSSES`); ``fsdp_cpu_offload`` (FSDP2 ``CPUOffloadPolicy``: parameters,
-gradients and optimizer states in host memory, the step on the CPU); ``tensor_parallel_dim``;
-``dataset.packed`` (packed samples fill ``max_seq_len`` exactly, the length memest sizes either way).
+gradients and optimizer states in host memory, the step on the CPU); ``tensor_parallel_dim``.
+``dataset.packed`` needs no reading: packed samples fill ``max_seq_len`` exactly, the length memest sizes
+either way (unpacked batches are padded to their longest sample, at most that).
 
 ``lora_alpha`` scales the adapters' output and sizes nothing; ``lora_attn_modules`` name torchtune's
 modules, read as the Hub model's (``output_proj`` is ``o_proj``; ``apply_lora_to_mlp`` adapts ``w1`` /
@@ -34,7 +35,7 @@ READS = ("model._component_", "model.lora_rank", "model.lora_dropout", "model.lo
          "model.apply_lora_to_mlp", "model.apply_lora_to_output", "batch_size", "gradient_accumulation_steps",
          "tokenizer.max_seq_len", "optimizer._component_", "optimizer.fused", "optimizer.momentum",
          "optimizer_in_bwd", "enable_activation_checkpointing", "enable_activation_offloading", "compile", "dtype",
-         "loss._component_", "fsdp_cpu_offload", "tensor_parallel_dim", "dataset.packed")
+         "loss._component_", "fsdp_cpu_offload", "tensor_parallel_dim")
 IGNORED = {
     "fsdp_reshard_after_forward": ("FSDP2 parameters kept gathered from forward to backward", True),
     "custom_sharded_layers": ("embeddings and output sharded as FSDP units of their own", None),
