@@ -368,3 +368,9 @@ def test_megatron_arguments_in_a_quoted_variable(tmp_path):
     v = files.read([path]).values
     assert (v["gpus"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"], v["precision"]) == (
         8, 4, 2, 1024, Precision.FP16)
+
+
+def test_a_megatron_launch_without_model_says_to_pass_one():
+    out = run_memest("hf", "--config", MEGATRON_175B)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "a Megatron-LM launch names none" in out.stderr
