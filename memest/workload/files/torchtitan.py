@@ -17,7 +17,8 @@ backward).
 
 FSDP2 shards the parameters (ZeRO-3) whenever the shard degree is not 1; ``fsdp_reshard_after_forward``
 ``never`` keeps them gathered from forward to backward (ZeRO-2), as ``default`` does under pipeline
-parallelism (``torchtitan/distributed/utils.py``).
+parallelism (``torchtitan/models/llama3/infra/parallelize.py`` ``apply_fsdp``: ``reshard_after_forward = not
+pp_enabled``).
 """
 
 from __future__ import annotations
