@@ -84,12 +84,16 @@ def looks_toml(path: Path, text: str) -> bool:
 
 
 def load_toml(path: Path, text: str) -> Any:
-    """``text`` parsed as TOML (the standard library's ``tomllib``).
+    """``text`` parsed as TOML (the standard library's ``tomllib``; on Python 3.10 ``tomli``, the same parser
+    packaged, a dependency there).
 
     Raises:
         InputError: malformed TOML; the message names the file and line.
     """
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     try:
         return tomllib.loads(text)

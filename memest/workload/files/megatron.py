@@ -22,7 +22,6 @@ from typing import Any
 
 from memest.workload.config import Framework, Optimizer, Precision, Recompute, Stack
 from memest.workload.files import _shell
-
 from memest.workload.files._common import Found
 
 NAME = "a Megatron-LM launch line ('torchrun ... pretrain_gpt.py --flags')"
@@ -109,9 +108,13 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         put("recompute", Recompute(granularity), "recompute-granularity")
     elif doc.get("recompute-activations"):
         put("recompute", Recompute.SELECTIVE, "recompute-activations")
-    if str(doc.get("optimizer", "adam")) == "sgd":
+    optimizer = str(doc.get("optimizer", "adam"))
+    if optimizer == "sgd":
         momentum = _shell.number(path, "sgd-momentum", doc.get("sgd-momentum", "0.9"))
         put("optimizer", Optimizer.SGD_MOMENTUM if momentum > 0 else Optimizer.SGD, "optimizer")
+    elif optimizer != "adam":
+        notes.append(f"{path.name}: --optimizer {optimizer} is not modelled (memest models adam and sgd); the "
+                     "stack's Adam is used")
     group = degrees["tp"] * degrees["pp"] * degrees["cp"]
     per_node, nodes = doc.get("nproc_per_node"), doc.get("nnodes", "1")
     gpus = None

@@ -47,6 +47,7 @@ IGNORED = _IGNORED | {key.replace("_", "-"): what for key, what in _IGNORED.item
 """Memory-relevant keys memest does not model -> (what they size, vLLM's default), spelled both ways."""
 _ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size",
             "q": "quantization"}
+"""vLLM's short flags (``EngineArgs.add_cli_args``: ``"--tensor-parallel-size", "-tp"``, ...)."""
 _DTYPES = {"auto": "auto", "half": "fp16", "float16": "fp16", "bfloat16": "bf16", "float": "fp32",
            "float32": "fp32"}
 """vLLM ``--dtype`` choices (``ModelDType``) -> memest's weight dtype."""
