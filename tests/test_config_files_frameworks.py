@@ -44,6 +44,7 @@ VLLM_DOCS = str(DATA / "vllm" / "config.yaml")
 VLLM_TEST = str(DATA / "vllm" / "test_config_with_model.yaml")
 VLLM_SCRIPT = str(DATA / "vllm" / "run_deepseek.sh")
 MEGATRON_175B = str(DATA / "megatron" / "train_gpt3_175b_distributed.sh")
+MEGATRON_FP8 = str(DATA / "megatron" / "train_llama3_8b_h100_fp8.sh")
 LLAMA31 = "meta-llama/Llama-3.1-8B"
 H100 = get_device("H100")
 A100 = get_device("A100-80GB")
@@ -264,6 +265,22 @@ def test_megatron_gpt3_175b_script(llama70):
     t = resolve({"config": [MEGATRON_175B], "gpus": 128}, llama70, H100)
     assert (t.stack, resolve_framework(t), t.parallelism.dp, t.parallelism.zero_stage) == (
         Stack.MEGATRON, Framework.MEGATRON, 1, 0)
+
+
+def test_megatron_llama3_fp8_script():
+    # examples/llama/train_llama3_8b_h100_fp8.sh: GPUS_PER_NODE=8 x NUM_NODES=1 (lines 22-23) -> 8 devices;
+    # TP_SIZE=1, CP_SIZE=1 -> dp 8; MICRO_BATCH_SIZE=1, GLOBAL_BATCH_SIZE=128 -> 128 / (1 x 8) = 16 micro-batches;
+    # SEQ_LENGTH=8192; --bf16 (line 95) -> mixed; --use-distributed-optimizer reaches TRAINING_ARGS through
+    # 'TRAINING_ARGS+=("${DDP_ARGS[@]}")' (line 130) -> ZeRO-1; --sequence-parallel at tp 1 is turned off by
+    # Megatron-LM, so not read; the fp8 flags are appended inside 'if [[ "$DTYPE" == "fp8" ]]' (line 106): not
+    # read, said in a note
+    r = files.read([MEGATRON_FP8])
+    v = r.values
+    assert (v["gpus"], v["tp"], v["cp"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"]) == (
+        8, 1, 1, 1, 16, 8192)
+    assert (v["precision"], v["zero_stage"], "sequence_parallel" in v) == (Precision.MIXED, 1, False)
+    assert r.origins["zero_stage"] == "train_llama3_8b_h100_fp8.sh:126 use-distributed-optimizer"
+    assert any("$DTYPE_ARGS also set inside an if / case / loop block" in n for n in r.notes), r.notes
 
 
 def test_megatron_launch_line_with_every_switch(tmp_path):

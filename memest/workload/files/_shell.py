@@ -2,9 +2,10 @@
 
 A script is read the way a person reads it, not run: lines joined at a trailing backslash or inside a
 quoted string, ``#`` comments dropped (:mod:`shlex`), the variables assigned at the top level (``NAME=value``, ``export
-NAME=value``, arrays ``NAME=( ... )`` over several lines, each expanded with those before it) substituted
-where the command uses them (``$NAME``, ``${NAME}``, ``${NAME[@]}``; unquoted values split into words as
-the shell splits them). Assignments inside functions, loops or ``case`` branches (indented) are not read;
+NAME=value``, arrays ``NAME=( ... )`` over several lines, ``+=`` appending, each expanded with those before
+it) substituted where the command uses them (``$NAME``, ``${NAME}``, ``${NAME[@]}``, ``"${NAME[@]}"``;
+unquoted values split into words as the shell splits them). Assignments inside functions, ``if`` blocks,
+loops or ``case`` branches (indented) are not read;
 ``$1`` and command substitutions stay as written. The command ends at a pipe, ``;``, ``&``, ``&&`` or a
 redirection.
 
@@ -24,9 +25,10 @@ from typing import Any
 
 from memest.errors import InputError
 
-_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_ASSIGN = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
+_QUOTED_ARRAY = re.compile(r"\"\$\{([A-Za-z_][A-Za-z0-9_]*)\[@\]\}\"")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\[[@*]\])?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-_ARRAY = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*=\(")
+_ARRAY = re.compile(r"^\s*(?:export\s+)?[A-Za-z_][A-Za-z0-9_]*\+?=\(")
 _ENDS = frozenset({"|", "||", "&&", ";", "&", ";;"})
 
 
@@ -34,12 +36,14 @@ class Flags(dict[str, Any]):
     """A command's ``--flag value`` pairs by flag name as written (no leading dashes); ``program`` is the
     word the format matched (``serve``, ``pretrain_gpt.py``), ``before`` the flags of the launcher ahead of
     it (torchrun's ``--nproc_per_node``), ``positional`` the other words after it, ``line`` the command's
-    first line (from 1)."""
+    first line (from 1), ``blocked`` the variables it uses that the script also sets inside a block (``if``,
+    loop, ``case``, function), whose words there are not read."""
 
     program: str = ""
     before: dict[str, Any]
     positional: tuple[str, ...] = ()
     line: int = 0
+    blocked: tuple[str, ...] = ()
 
 
 def _logical_lines(text: str) -> list[tuple[int, str]]:
@@ -102,43 +106,53 @@ def _expand(text: str, scalars: dict[str, str], arrays: dict[str, list[str]]) ->
             return shlex.join(words)
         return scalars.get(name, match.group(0))
 
-    return _VAR.sub(one, text)
+    def spliced(match: re.Match[str]) -> str:  # "${NAME[@]}": one word per item, as the shell splices it
+        name = match.group(1)
+        return shlex.join(arrays[name]) if name in arrays else match.group(0)
+
+    return _VAR.sub(one, _QUOTED_ARRAY.sub(spliced, text))
 
 
-def commands(text: str) -> list[tuple[int, list[str]]]:
-    """Each top-level command of a script (its first line, its words) with the variables before it expanded."""
+def commands(text: str) -> list[tuple[int, list[str], tuple[str, ...]]]:
+    """Each top-level command of a script (its first line, its words, the variables it uses that are also set
+    inside a block and so not read there) with the variables before it expanded."""
     scalars: dict[str, str] = {}
     arrays: dict[str, list[str]] = {}
-    out: list[tuple[int, list[str]]] = []
+    blocked: set[str] = set()
+    out: list[tuple[int, list[str], tuple[str, ...]]] = []
     for number, line in _logical_lines(text):
         indented = line[:1].isspace()
         assign = _ASSIGN.match(line.strip())
+        if assign and indented:
+            blocked.add(assign.group(1))
         if assign and not indented:
-            name, value = assign.group(1), assign.group(2).strip()
+            name, append, value = assign.group(1), assign.group(2), assign.group(3).strip()
             if value.startswith("(") and value.rstrip().endswith(")"):
-                arrays[name] = _words(_expand(value.strip()[1:-1], scalars, arrays))
+                words = _words(_expand(value.strip()[1:-1], scalars, arrays))
+                arrays[name] = (arrays.get(name, []) if append else []) + words
                 scalars.pop(name, None)
                 continue
             words = _words(_expand(value, scalars, arrays))
             if len(words) <= 1 and not value.startswith("$("):
-                scalars[name] = words[0] if words else ""
+                scalars[name] = (scalars.get(name, "") if append else "") + (words[0] if words else "")
                 arrays.pop(name, None)
                 continue
         words = _words(_expand(line, scalars, arrays))
         if words:
-            out.append((number, words))
+            used = {m.group(1) or m.group(3) for m in _VAR.finditer(line)}
+            out.append((number, words, tuple(sorted(used & blocked))))
     return out
 
 
 def find(text: str, match: Callable[[list[str], int], int]) -> Flags | None:
     """The first command of ``text`` whose words ``match`` (-> the index of the word after the program, or
     -1), read into :class:`Flags`; None when no command matches."""
-    for number, words in commands(text):
+    for number, words, blocked in commands(text):
         for i in range(len(words)):
             after = match(words, i)
             if after >= 0:
                 flags = _flags(words[after:])
-                flags.program, flags.line = words[after - 1], number
+                flags.program, flags.line, flags.blocked = words[after - 1], number, blocked
                 flags.before = _flags(words[:i])
                 return flags
     return None
@@ -180,6 +194,15 @@ def _is_number(word: str) -> bool:
 
 def _is_flag(word: str) -> bool:
     return word.startswith("-") and len(word) > 1 and not _is_number(word)
+
+
+def blocked_note(path: Path, flags: Flags) -> list[str]:
+    """The note that a command uses variables set inside blocks, which were not read (none when it uses none)."""
+    if not flags.blocked:
+        return []
+    names = ", ".join(f"${name}" for name in flags.blocked)
+    return [f"{path.name}: {names} also set inside an if / case / loop block of the script; the words set there are "
+            "not read (give those settings as flags)"]
 
 
 def flag_lines(text: str, flags: Flags) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 Flags read (``megatron/training/arguments.py``): ``--tensor-model-parallel-size``,
 ``--pipeline-model-parallel-size``, ``--context-parallel-size``, ``--expert-model-parallel-size``,
-``--sequence-parallel``, ``--micro-batch-size``, ``--global-batch-size`` (gradient accumulation: global /
+``--sequence-parallel`` (off at tensor parallelism 1: "Disabling sequence parallelism because tensor model
+parallelism is disabled"), ``--micro-batch-size``, ``--global-batch-size`` (gradient accumulation: global /
 (micro x data-parallel degree)), ``--seq-length``, ``--bf16`` / ``--fp16`` (bf16 / fp16 parameters with fp32
 ``main_grad`` and master weights; neither: fp32), ``--use-distributed-optimizer`` (master weights and Adam
 states sharded over the data-parallel ranks: ZeRO-1), ``--recompute-granularity`` (``full``, ``selective``)
@@ -46,9 +47,15 @@ IGNORED = {
 _ARCHITECTURE = ("num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size", "num-query-groups")
 
 
+_LAUNCHERS = re.compile(r"(^|/)(python[\d.]*|torchrun|deepspeed|torch\.distributed\.(run|launch))$")
+
+
 def _launch(words: list[str], i: int) -> int:
-    """The index after a ``pretrain_*.py`` script at ``i`` (Megatron-LM's entry points), else -1."""
-    return i + 1 if re.search(r"(^|/)pretrain_\w+\.py$", words[i]) else -1
+    """The index after a ``pretrain_*.py`` script at ``i`` (Megatron-LM's entry points) run by a launcher
+    (python, torchrun, ``python -m torch.distributed.run``; not a ``[ -f pretrain_gpt.py ]`` test), else -1."""
+    if re.search(r"(^|/)pretrain_\w+\.py$", words[i]) and any(_LAUNCHERS.search(w) for w in words[:i]):
+        return i + 1
+    return -1
 
 
 def detect(doc: Any, text: str) -> bool:
@@ -91,7 +98,7 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         if value is not None:
             put(setting, value, key)
             degrees[setting] = value
-    if doc.get("sequence-parallel"):
+    if doc.get("sequence-parallel") and degrees["tp"] > 1:  # Megatron-LM turns it off at tp 1 (arguments.py)
         put("sequence_parallel", True, "sequence-parallel")
     micro = integer("micro-batch-size")
     if micro is not None:
@@ -133,6 +140,8 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         else:
             notes.append(f"{path.name}: --global-batch-size {total} accumulates {total} / (micro-batch-size {micro} "
                          "x the data-parallel degree) micro-batches; memest uses grad_accum_steps as given")
+    if isinstance(doc, _shell.Flags):
+        notes += _shell.blocked_note(path, doc)
     shape = [f"--{k} {doc[k]}" for k in _ARCHITECTURE if k in doc]
     if shape:
         notes.append(f"{path.name}: the architecture is given by flags ({', '.join(shape)}), not read: memest "

@@ -148,6 +148,8 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         elif name != "quantization" or given in ("bitsandbytes", "gguf"):
             notes.append(f"{path.name}: {keys[name]} {given} is not modelled (memest models {', '.join(table)}); "
                          f"the engine's default is used")
+    if isinstance(doc, _shell.Flags):
+        notes += _shell.blocked_note(path, doc)
     config = doc.get("config") if isinstance(doc, _shell.Flags) else None
     includes = (Include(str(config), key="config", yields=True),) if isinstance(config, str) else ()
     return Found(values, notes, model, origins, includes)
