@@ -211,7 +211,8 @@ def model_reference(model: Model | None, values: Mapping[str, Any]) -> Model:
     named = files.read(values["config"]).model
     if named is None:
         raise InputError("no model given, and no {config} file names one: pass a model, or a {config} recipe that "
-                         "names it (model_name_or_path, base_model)", field="config")
+                         "names it (model_name_or_path, base_model, a torchtune model builder, a vLLM model; a Megatron-LM "
+                         "launch names none)", field="config")
     return named
 
 

@@ -718,8 +718,10 @@ class JobSettings:
 
     config: tuple[str, ...] = setting((), group="model", unset=None, type=list[str] | None,
                                       help="A config file whose settings to use: DeepSpeed JSON, accelerate "
-                                           "config, TrainingArguments / trl, axolotl or LLaMA-Factory recipe "
-                                           "(repeatable; flags given override them; a recipe names the model).")
+                                           "config, TrainingArguments / trl, axolotl, LLaMA-Factory or torchtune "
+                                           "recipe, torchtitan TOML, vLLM serve YAML or 'vllm serve' line, "
+                                           "Megatron-LM launch script (repeatable; flags given override them; a "
+                                           "recipe names the model).")
     train: bool = setting(False, group="model", help="Estimate full training (all weights trained).")
     finetune: Method | None = setting(None, group="model", help="Fine-tune with adapters: lora or qlora.",
                                       choices=("lora", "qlora"), fix="to train every parameter use {train}")

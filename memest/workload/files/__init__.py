@@ -1,6 +1,7 @@
 """Settings from the config files users already have, one module per format.
 
-:func:`read` parses each file (JSON when it starts with ``{``, else YAML), finds its format from its
+:func:`read` parses each file (JSON when it starts with ``{``, TOML when it is named ``*.toml`` or starts
+with a ``[table]``, else YAML; a shell script with a launch line need not parse), finds its format from its
 content (each format module's ``detect``), reads the files it points to (a recipe's ``deepspeed``), and
 merges what they say into one :class:`Read`: the settings by keyword, the model a file names, the notes
 (what a file left open, the memory-relevant keys memest does not model) and where each setting was read
@@ -29,15 +30,39 @@ from typing import Any, NamedTuple
 
 from memest.errors import InputError
 from memest.workload.config import Framework, Precision
-from memest.workload.files import accelerate, axolotl, deepspeed, llamafactory, trainer
-from memest.workload.files._common import FALSY, AutoNote, Found, Include, key_lines, load_yaml, lookup
+from memest.workload.files import (
+    accelerate,
+    axolotl,
+    deepspeed,
+    llamafactory,
+    megatron,
+    torchtitan,
+    torchtune,
+    trainer,
+    vllm,
+)
+from memest.workload.files._common import (
+    FALSY,
+    AutoNote,
+    Found,
+    Include,
+    key_lines,
+    load_toml,
+    load_yaml,
+    looks_toml,
+    lookup,
+)
 
-FORMATS: tuple[ModuleType, ...] = (accelerate, llamafactory, axolotl, trainer, deepspeed)
-"""The format modules, in the order their ``detect`` is tried (the most specific first: LLaMA-Factory and
-axolotl recipes share TrainingArguments keys, and TrainingArguments shares ``bf16`` and
-``gradient_accumulation_steps`` with a DeepSpeed JSON); each has ``NAME``, ``detect(doc, text)`` and
-``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON or YAML; None when it parses as neither)
-and ``detect`` also sees its text, for formats that are command lines."""
+FORMATS: tuple[ModuleType, ...] = (torchtune, torchtitan, accelerate, llamafactory, axolotl, trainer, deepspeed, vllm,
+                                   megatron)
+"""The format modules, in the order their ``detect`` is tried (the most specific first: a torchtune recipe and a
+torchtitan TOML have ``optimizer`` and ``gradient_accumulation_steps`` keys as a DeepSpeed JSON does,
+LLaMA-Factory and axolotl recipes share TrainingArguments keys, and TrainingArguments shares ``bf16`` and
+``gradient_accumulation_steps`` with a DeepSpeed JSON; the command lines last); each has ``NAME``,
+``detect(doc, text)`` and ``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON, TOML or YAML; None
+when a script parses as none of them) and ``detect`` also sees its text, for formats that are command lines
+(``COMMAND = True``: their ``document(path, doc, text)`` gives the mapping ``read`` reads, their
+``key_lines(text, doc)`` its lines)."""
 
 LAUNCHER_DECIDES = frozenset({"precision", "zero_stage", "offload", "fsdp", "framework", "gpus"})
 """Settings a launcher file (DeepSpeed, accelerate) decides over a recipe's: the step runs as it says
@@ -70,6 +95,7 @@ class _Reading(NamedTuple):
     found: Found
     lines: dict[str, int]
     prefix: str  # the including file's key of an inline config ("deepspeed."), else ""
+    yields: bool = False  # its settings give way to the others' (Include.yields)
 
     @property
     def launcher(self) -> bool:
@@ -98,6 +124,13 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
     for path in paths:
         _collect(Path(path), readings, missing)
     values, owner = _merge(readings)
+    modes = [m for m in ("train", "finetune", "serve") if values.get(m)]
+    if len(modes) > 1:  # a training recipe and a serving config (or a full and an adapter recipe)
+        first, second = owner[modes[0]], owner[modes[1]]
+        raise InputError(f"{{config}} files disagree on the mode: {first.path} is a {modes[0]} job "
+                         f"({_where(first, first.found.origins.get(modes[0], ''))}), {second.path} a {modes[1]} job "
+                         f"({_where(second, second.found.origins.get(modes[1], ''))}); pass one of them",
+                         field="config")
     notes = [_filled(note, r, owner) for r in readings for note in r.found.notes]
     notes += missing + [n for r in readings for n in _ignored(r)]
     origins = {name: _where(r, r.found.origins.get(name, "")) for name, r in owner.items()}
@@ -121,9 +154,11 @@ def _merge(readings: list[_Reading]) -> tuple[dict[str, Any], dict[str, _Reading
     """
     values: dict[str, Any] = {}
     owner: dict[str, _Reading] = {}
-    for reading in readings:
+    for reading in sorted(readings, key=lambda r: r.yields):  # a yielding file fills only what is left
         for name in sorted(reading.found.values, key=lambda n: n != "stack"):  # the stack first: the clearest
             value = reading.found.values[name]
+            if reading.yields and name in values:
+                continue
             if name not in values or values[name] == value:
                 values.setdefault(name, value)
                 owner.setdefault(name, reading)
@@ -160,9 +195,19 @@ def _parse(path: Path) -> tuple[ModuleType, Any, str]:
         except json.JSONDecodeError as exc:
             raise InputError(f"{{config}} {path}: line {exc.lineno}: malformed JSON ({exc.msg})",
                              field="config") from None
+    elif looks_toml(path, text):
+        doc = load_toml(path, text)
     else:
-        doc = load_yaml(path, text)
-    return _format(path, doc, text), doc, text
+        try:
+            doc = load_yaml(path, text)
+        except InputError:  # a shell script need not parse as YAML
+            if not any(getattr(m, "COMMAND", False) and m.detect(None, text) for m in FORMATS):
+                raise
+            doc = None
+    module = _format(path, doc, text)
+    if hasattr(module, "document"):
+        doc = module.document(path, doc, text)
+    return module, doc, text
 
 
 def _format(path: Path, doc: Any, text: str) -> ModuleType:
@@ -172,12 +217,12 @@ def _format(path: Path, doc: Any, text: str) -> ModuleType:
     raise InputError(f"{{config}} {path}: not a format memest reads; pass {formats()}", field="config")
 
 
-def _collect(path: Path, out: list[_Reading], notes: list[str]) -> None:
+def _collect(path: Path, out: list[_Reading], notes: list[str], yields: bool = False) -> None:
     """``path`` read into ``out``, then each config it includes (a missing included file: a note)."""
     module, doc, text = _parse(path)
     found = module.read(path, doc)
-    lines = key_lines(text, doc)
-    out.append(_Reading(path, module, doc, found, lines, ""))
+    lines = getattr(module, "key_lines", key_lines)(text, doc)
+    out.append(_Reading(path, module, doc, found, lines, "", yields))
     for inc in found.includes:
         if inc.doc is not None:
             inner = _format(path, inc.doc, "")
@@ -190,7 +235,7 @@ def _collect(path: Path, out: list[_Reading], notes: list[str]) -> None:
             notes.append(f"{path.name}: {inc.key} names {inc.name}, not found beside it, above it or in the working "
                          "folder: its settings are not read (pass it as another config file)")
             continue
-        _collect(located, out, notes)
+        _collect(located, out, notes, yields or inc.yields)
 
 
 def locate(name: str, beside: Path) -> Path | None:

@@ -4,6 +4,7 @@ the YAML loader's one-line errors, and where each key sits in a file's text (:fu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -19,11 +20,14 @@ class Include(NamedTuple):
         name: The file as the including file writes it (None: ``doc`` is inline).
         doc: The inline config (a mapping under ``key``), or None to read ``name``.
         key: The including file's key that names it (``deepspeed``).
+        yields: Its settings give way to the including file's (vLLM: a flag on the command line wins over
+            the same key in its ``--config`` YAML) instead of being refused as a disagreement.
     """
 
     name: str | None
     doc: Any = None
     key: str = ""
+    yields: bool = False
 
 
 class Found(NamedTuple):
@@ -66,12 +70,49 @@ def load_yaml(path: Path, text: str) -> Any:
         raise InputError(f"{{config}} {path}: {where}malformed YAML ({problem})", field="config") from None
 
 
+_TABLE = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-]+)\s*\]\s*(#.*)?$")
+_TOML_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*=")
+
+
+def looks_toml(path: Path, text: str) -> bool:
+    """Whether a file is TOML: named ``*.toml``, or its first line that is not blank or a comment is a
+    ``[table]`` header (a YAML file cannot start so and go on with ``key: value`` lines)."""
+    if path.suffix.lower() == ".toml":
+        return True
+    first = next((line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
+    return bool(_TABLE.match(first))
+
+
+def load_toml(path: Path, text: str) -> Any:
+    """``text`` parsed as TOML (the standard library's ``tomllib``; on Python 3.10 ``tomli``, the same parser
+    packaged, a dependency there).
+
+    Raises:
+        InputError: malformed TOML; the message names the file and line.
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        at = re.search(r"\(at line (\d+), column \d+\)", message)
+        where = f"line {at.group(1)}: " if at else ""
+        problem = message[:at.start()].strip() if at else message
+        raise InputError(f"{{config}} {path}: {where}malformed TOML ({problem})", field="config") from None
+
+
 def key_lines(text: str, doc: Any) -> dict[str, int]:
     """The line (from 1) of each dotted key of a mapping ``doc`` parsed from ``text``.
 
     YAML: the marks of the composed nodes (exact). JSON (text starting with ``{``): a search for each
     ``"key":`` after its parent's position, in document order (exact for JSON as written by people and
-    tools; a key spelled inside a string value before it could be matched first).
+    tools; a key spelled inside a string value before it could be matched first). TOML (text starting with
+    a ``[table]`` header): each ``key =`` line under the last header (dotted keys and inline tables are not
+    followed).
     """
     if not isinstance(doc, dict):
         return {}
@@ -79,6 +120,8 @@ def key_lines(text: str, doc: Any) -> dict[str, int]:
         out: dict[str, int] = {}
         _json_lines(text, doc, "", 0, out)
         return out
+    if looks_toml(Path(), text):
+        return _toml_lines(text)
     import yaml
 
     try:
@@ -87,6 +130,21 @@ def key_lines(text: str, doc: Any) -> dict[str, int]:
         return {}
     out = {}
     _yaml_lines(node, "", out)
+    return out
+
+
+def _toml_lines(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        header = _TABLE.match(line)
+        if header:
+            table = header.group(1) + "."
+            out.setdefault(header.group(1), number)
+            continue
+        key = _TOML_KEY.match(line)
+        if key:
+            out.setdefault(table + key.group(1), number)
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from memest.errors import InputError
 from memest.workload.config import AttnImplementation, FsdpStrategy, Loss, Method, Offload, Optimizer, Precision, Stack
-from memest.workload.files._common import Found, Include, typed
+from memest.workload.files._common import Found, Include, lookup, typed
 
 NAME = "HF TrainingArguments / trl recipe YAML or JSON (model_name_or_path, per_device_train_batch_size)"
 MARKERS = frozenset({"model_name_or_path", "per_device_train_batch_size", "output_dir", "learning_rate", "optim",
@@ -122,7 +122,8 @@ class Recipe:
         self.values[setting], self.origins[setting] = value, key
 
     def get(self, key: str) -> Any:
-        return self.doc.get(key)
+        """The value at ``key`` (dotted for a nested one: ``model.lora_rank``), or None."""
+        return lookup(self.doc, key)
 
     def name_model(self, key: str) -> None:
         value = self.get(key)
