@@ -11,19 +11,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from memest.validation.training import markdown, rows, summary
+from memest.validation.training import markdown, rows, stack_rows, summary
 
 __all__ = ["rows", "main"]
 
 
 def main() -> None:
     table = rows()
-    report = markdown(table)
+    stacked = stack_rows(table)
+    report = markdown(table, stacked)
     target = Path(__file__).with_suffix(".md")
     target.write_text(report + WORST_CASES)
-    s = summary(table)
-    print(f"{s['cases']} cases: median |error| {s['median_abs_error']:.1%}, worst under {s['worst_under']:+.1%}, "
-          f"worst over {s['worst_over']:+.1%} -> {target}", file=sys.stderr)
+    for name, t in (("hand", table), ("stack", stacked)):
+        s = summary(t)
+        print(f"{name}: {s['cases']} cases: median |error| {s['median_abs_error']:.1%}, worst under "
+              f"{s['worst_under']:+.1%}, worst over {s['worst_over']:+.1%}", file=sys.stderr)
+    print(f"-> {target}", file=sys.stderr)
 
 
 WORST_CASES = """
