@@ -136,3 +136,15 @@ def test_report_is_current():
     """benchmarks/training_cases.md is what the script generates now."""
     report = REPORT.read_text()
     assert report.startswith(tc.markdown(ROWS, STACK_ROWS))
+
+
+def test_a_litgpt_config_hub_yaml_is_no_deepspeed_config():
+    """litgpt's config_hub/finetune/phi-2/lora.yaml (commit 00af8b0d) has a top-level ``optimizer`` (class_path /
+    init_args), which memest read as a DeepSpeed config at ZeRO stage 0; DeepSpeed's ``optimizer`` has a ``type``.
+    memest has no litgpt reader: the file is refused, naming the formats it reads."""
+    from memest.errors import InputError
+    from memest.workload import files
+
+    stored = sm.CONFIG_DIR / "configs/Lightning-AI/litgpt/00af8b0d9b43/config_hub/finetune/phi-2/lora.yaml"
+    with pytest.raises(InputError, match="not a format memest reads"):
+        files.read([stored])

@@ -558,7 +558,9 @@ def markdown(table: list[Row], stacked: list[Row]) -> str:
     for r, st in zip(table, stacked, strict=True):
         if "@" in r.case.id:
             continue
-        lines.append(f"- **{r.case.id}**: hand: {r.case.note}. Stack ({pub[r.case.id]['stack']}): {st.case.note}.")
+        read = st.case.workload.config_read
+        lines.append(f"- **{r.case.id}**: hand: {r.case.note}. Stack ({pub[r.case.id]['stack']}): {st.case.note}"
+                     + (f"; read: {'; '.join(read)}" if read else "") + ".")
     lines += ["", "## Terms of each estimate (GiB, the peak moment, hand mapping)", ""]
     for r in table:
         if "@" in r.case.id:
