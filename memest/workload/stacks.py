@@ -244,7 +244,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
 
     A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
-    its ZeRO stage when neither it nor FSDP was given. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
+    its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
+    them too (its FSDP over the data-parallel ranks beside TP / PP). trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
@@ -258,8 +259,12 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
     if out["optimizer_in_bwd"] is None:
         out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
+    model_parallel = (v["tp"] or 1) > 1 or v["pp"] > 1
+    # torchtitan shards over the data-parallel ranks with TP / PP too (models/llama3/parallelize_llama.py:
+    # apply_fsdp when dp_shard is enabled; data_parallel_shard_degree = -1 takes every rank tp x pp x cp leave)
+    fsdp_beside_model_parallel = d.model_parallel and d.many[0] is Framework.FSDP
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
-            and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
+            and dp * v["cp"] > 1 and (not model_parallel or fsdp_beside_model_parallel)):
         out["zero_stage"] = d.many[1]
     if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
             and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
