@@ -26,7 +26,8 @@ KNOWN_GAPS: dict[str, str] = {
     "(steady 19.4 GB = 2P + 4P/N + 2P/N + bucket, before the lazily created Adam states); memest is steady state",
     "ds_gist_llama7b_zero2_bs1_nockpt": "over-prediction: as the checkpointed ZeRO-2 row, a first-iteration reading "
     "before DeepSpeed creates the Adam states (8P/N = 6.7 GB) at the first step; memest is steady state",
-    "ds_gist_llama7b_zero3_bs2_ckpt_offload_optimizer": "over-prediction (+12%): ZeRO-3 optimizer offload; the gathered "
+    "ds_gist_llama7b_zero3_bs2_ckpt_offload_optimizer": "over-prediction (+12%): ZeRO-3 optimizer offload; the "
+    "gathered "
     "parameters follow the coordinator up to stage3_max_live_parameters (2.1 GiB) and the fp32 loss path is counted; "
     "the settings the gist leaves open (dtype, attention) may hold less: not identified",
     "ds_gist_llama7b_zero3_bs4_ckpt_offload_optimizer_param": "over-prediction: the row's peak above its steady "
@@ -50,7 +51,8 @@ KNOWN_GAPS: dict[str, str] = {
     "unsloth_llama31_8b_qlora_max_context_unsloth": "over-prediction (+104%): unsloth's own autograd functions "
     "(unsloth/kernels: LoRA_MLP, LoRA_QKV, fast RMSNorm / RoPE / SwiGLU) rebuild a layer's backward in a few in-place "
     "buffers; memest's recomputed layer follows transformers' module graph (94 GiB at 342,733 tokens): not modelled",
-    "unsloth_llama33_70b_qlora_max_context_unsloth": "over-prediction (+58%): as the 8B unsloth column, unsloth's fused "
+    "unsloth_llama33_70b_qlora_max_context_unsloth": "over-prediction (+58%): as the 8B unsloth column, unsloth's "
+    "fused "
     "kernels keep a fraction of the recomputed layer memest counts (49 GiB at 89,389 tokens): not modelled",
     "torchtune_llama31_70b_lora_8xa100": "over-prediction (+10.1%): the README runs compile: True; the compiled "
     "layers' saved tensors are not modelled (only the compiled chunked loss), and which torchtune memory statistic "

@@ -12,7 +12,9 @@ which :func:`memest.workload.resolve.resolve` completes with the stack's default
 reader is being written (torchtune recipe YAML, torchtitan TOML: ``reader: pending``) is stored, not read:
 its memory-relevant keys are transcribed into ``stack_settings`` and the case says
 :data:`PENDING`. A file of a format memest has no reader for (litgpt's config hub YAML, fms-acceleration's
-scenario list, a shell launch line: ``reader: none``) is stored and transcribed the same way.
+scenario list, a shell launch line: ``reader: none``) is stored and transcribed the same way. When a reader
+lands, its cases' entries become ``reader: memest`` and ``stack_settings`` keeps only what the source states
+beside the file (the README's batch, a table's GPU count).
 
 :func:`differences` names every setting where the hand mapping of :mod:`memest.validation.training` and the
 stack mapping disagree, and where the stack mapping's value came from (stated, a config file, or the stack's
@@ -89,7 +91,8 @@ def mapping(case: Mapping[str, Any]) -> StackMapping:
     entries = case.get("config_files", [])
     for entry in entries:
         if entry["reader"] not in READERS:
-            raise ValueError(f"{case['id']}: config file {entry['path']} has reader {entry['reader']!r}; one of {READERS}")
+            raise ValueError(f"{case['id']}: config file {entry['path']} has reader {entry['reader']!r}; "
+                             f"one of {READERS}")
         if not (CONFIG_DIR / entry["file"]).is_file():
             raise ValueError(f"{case['id']}: config file {entry['file']} is not stored under {CONFIG_DIR}")
     read = tuple(CONFIG_DIR / e["file"] for e in entries if e["reader"] == "memest")

@@ -330,9 +330,9 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                  lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
                                                                   "down_proj")),
                     a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GB"] * GB),
-                    "torchtune 0.3 405B_qlora recipe: torchao NF4 base under FSDP2 over 8, plain CrossEntropyLoss (compile "
-                    "not modelled without the chunked loss); the README's 'GB' read as 1e9; Llama-3.1-405B-Instruct as "
-                    "Llama-3.1-405B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GB)"))
+                    "torchtune 0.3 405B_qlora recipe: torchao NF4 base under FSDP2 over 8, plain CrossEntropyLoss "
+                    "(compile not modelled without the chunked loss); the README's 'GB' read as 1e9; "
+                    "Llama-3.1-405B-Instruct as Llama-3.1-405B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GB)"))
 
     llama3b = load_model("meta-llama/Llama-3.2-3B-Instruct")
     flags = TrainingConfig(micro_batch_size=2, seq_len=4096, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
@@ -342,8 +342,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
     ac = compiled.replace(recompute=Recompute.FULL)
     offloaded = ac.replace(activation_offloading=True)
     lora64 = LoraConfig(rank=64, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
-    flags_note = ("torchtune full_finetune_single_device, bf16 params and states, packed 4096-token sequences; each row adds "
-                  "its technique to the previous one")
+    flags_note = ("torchtune full_finetune_single_device, bf16 params and states, packed 4096-token sequences; each "
+                  "row adds its technique to the previous one")
     for cid, w in (("torchtune_llama32_3b_full_chunked_ce_a100", compiled),
                    ("torchtune_llama32_3b_full_ac_a100", ac),
                    ("torchtune_llama32_3b_full_opt_in_bwd_a100", ac.replace(optimizer_in_bwd=True)),
@@ -374,12 +374,14 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
              "unsloth's column: offloaded checkpoints, fused cross-entropy, adamw_8bit (its examples)")):
         tokens = pub[cid]["measured"]["max_context_tokens"]
         out.append(Case(cid, spec, w.replace(seq_len=tokens), device, "device_used", device.memory_bytes,
-                        f"the longest context that fits 80 GB ({tokens:,} tokens) should need the whole device; " + note,
+                        f"the longest context that fits 80 GB ({tokens:,} tokens) should need the whole device; "
+                        + note,
                         MEDIUM_TOLERANCE, "capacity at the max context"))
 
     titan = TrainingConfig(micro_batch_size=1, seq_len=32768, precision=Precision.FSDP2, optimizer=Optimizer.ADAMW,
                            recompute=Recompute.FULL, parallelism=Parallelism(dp=8, zero_stage=3))
-    titan_note = "torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 not modelled"
+    titan_note = ("torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 not "
+                  "modelled")
     for cid, spec, w, note in (
             ("torchtitan_llama31_8b_fsdp8_cp1_32k", load_model("meta-llama/Llama-3.1-8B"), titan, ""),
             ("torchtitan_llama31_8b_fsdp1_cp8_256k", load_model("meta-llama/Llama-3.1-8B"),
@@ -388,7 +390,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
             ("torchtitan_llama31_405b_fsdp8_tp8_pp8_1f1b", load_model("meta-llama/Llama-3.1-405B"),
              titan.replace(micro_batch_size=4, seq_len=8192, grad_accum_steps=8,
                            parallelism=Parallelism(dp=8, tp=8, pp=8, zero_stage=3, sequence_parallel=True)),
-             "; FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, the local batch 32 as 8 micro-batches of 4")):
+             "; FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, the local batch 32 as 8 micro-batches "
+             "of 4")):
         conf = MEDIUM_TOLERANCE if pub[cid]["confidence"] == "medium" else DEVICE_TOLERANCE
         out.append(Case(cid, spec, w, h100_96, "reserved", round(pub[cid]["measured"]["peak_reserved_GiB"] * GiB),
                         titan_note + note, conf, "peak reserved (GiB)"))
@@ -457,8 +460,9 @@ def stack_rows(table: list[Row]) -> list[Row]:
         published = pub[r.case.id.split("@")[0]]
         m = stack_mapping.mapping(published)
         w = stack_mapping.workload(m, r.case.spec, r.case.device)
+        differences = stack_mapping.differences(r.case.workload, w, m)
         case = dataclasses.replace(r.case, workload=w, note=published.get("stack_note", ""),
-                                   extra={"via": m.via, "differences": stack_mapping.differences(r.case.workload, w, m)})
+                                   extra={"via": m.via, "differences": differences})
         est = estimate(case.spec, w, case.device)
         out.append(Row(case, figure(est.per_device, case.metric), est))
     return out
@@ -484,8 +488,8 @@ def _gib(n: int) -> str:
 def _summary_line(name: str, table: list[Row]) -> str:
     s = summary(table)
     beyond = sum(1 for r in table if "@" not in r.case.id and not verdicts(r)[1])
-    return (f"| {name} | {s['cases']} | {s['median_abs_error']:.1%} | {s['worst_under']:+.1%} | {s['worst_over']:+.1%} | "
-            f"{beyond} |")
+    return (f"| {name} | {s['cases']} | {s['median_abs_error']:.1%} | {s['worst_under']:+.1%} | "
+            f"{s['worst_over']:+.1%} | {beyond} |")
 
 
 def _published(r: Row, pub: dict[str, dict]) -> dict:
@@ -521,7 +525,8 @@ def markdown(table: list[Row], stacked: list[Row]) -> str:
         _summary_line("hand, collected for issue 14", [r for r in table if "collected_for" in _published(r, pub)]),
         _summary_line("stack, collected for issue 14", [r for r in stacked if "collected_for" in _published(r, pub)]),
         "",
-        "| case | conf. | metric | measured GiB | hand GiB | hand error | stack GiB | stack error | tol. | stack | via |",
+        "| case | conf. | metric | measured GiB | hand GiB | hand error | stack GiB | stack error | tol. | stack | "
+        "via |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r, st in zip(table, stacked, strict=True):
