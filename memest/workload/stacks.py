@@ -245,7 +245,7 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
-    them too (its FSDP over the data-parallel ranks beside TP / PP). trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
+    them too (its FSDP over the data-parallel ranks beside TP / PP). axolotl prepares no QLoRA model under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
@@ -270,6 +270,10 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
             and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
         # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
+        out["prepare_kbit_training"] = KbitPrep.NONE
+    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and v["fsdp"] is not None:
+        # axolotl src/axolotl/utils/models.py (commit 15f7910, 2024-04): qlora_fsdp = cfg.fsdp and adapter qlora
+        # sets skip_prepare_model_for_kbit_training
         out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 
