@@ -73,7 +73,16 @@ def test_a_named_stack_sets_its_defaults_and_given_flags_win(llama):
     assert resolve_framework(many) is Framework.FSDP and many.parallelism.zero_stage == 3
     titan = build(llama, train=True, stack="torchtitan")
     assert titan.precision is Precision.FSDP2 and titan.recompute is Recompute.SELECTIVE_OP
+    # torchtitan llama3_70b.toml: tensor_parallel_degree 8, data_parallel_shard_degree -1: FSDP over the
+    # 16 / 8 = 2 data-parallel ranks beside TP (parallelize_llama.apply_fsdp), not replicated parameters
+    titan_tp = build(llama, train=True, stack="torchtitan", gpus=16, tp=8)
+    assert (titan_tp.parallelism.dp, titan_tp.parallelism.zero_stage) == (2, 3)
+    assert resolve_framework(titan_tp) is Framework.FSDP
     assert build(llama, finetune="qlora", stack="trl").prepare_kbit_training is KbitPrep.TRL
+    # axolotl src/axolotl/utils/models.py (15f7910): QLoRA under FSDP skips prepare_model_for_kbit_training
+    assert build(llama, finetune="qlora", stack="axolotl").prepare_kbit_training is KbitPrep.PEFT
+    assert build(llama, finetune="qlora", stack="axolotl", gpus=2,
+                 fsdp="full_shard").prepare_kbit_training is KbitPrep.NONE
     assert build(llama, finetune="lora", stack="llamafactory").lora.targets == "all-linear"  # lora_target "all"
     nemo = build(llama, train=True, stack="nemo", gpus=8)
     assert resolve_framework(nemo) is Framework.MEGATRON and nemo.parallelism.zero_stage == 1  # distributed optimizer

@@ -244,7 +244,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
 
     A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
-    its ZeRO stage when neither it nor FSDP was given. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
+    its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
+    them too (its FSDP over the data-parallel ranks beside TP / PP). axolotl prepares no QLoRA model under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
@@ -258,13 +259,21 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
     if out["optimizer_in_bwd"] is None:
         out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
+    model_parallel = (v["tp"] or 1) > 1 or v["pp"] > 1
+    # torchtitan shards over the data-parallel ranks with TP / PP too (models/llama3/parallelize_llama.py:
+    # apply_fsdp when dp_shard is enabled; data_parallel_shard_degree = -1 takes every rank tp x pp x cp leave)
+    fsdp_beside_model_parallel = d.model_parallel and d.many[0] is Framework.FSDP
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
-            and dp * v["cp"] > 1 and (v["tp"] or 1) == 1 and v["pp"] == 1):
+            and dp * v["cp"] > 1 and (not model_parallel or fsdp_beside_model_parallel)):
         out["zero_stage"] = d.many[1]
     if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
             and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
         # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
+        out["prepare_kbit_training"] = KbitPrep.NONE
+    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and v["fsdp"] is not None:
+        # axolotl src/axolotl/utils/models.py (commit 15f7910, 2024-04): qlora_fsdp = cfg.fsdp and adapter qlora
+        # sets skip_prepare_model_for_kbit_training
         out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 

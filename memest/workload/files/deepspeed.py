@@ -38,8 +38,16 @@ KEYS = frozenset({"zero_optimization", "bf16", "fp16", "train_micro_batch_size_p
 
 
 def detect(doc: Any, text: str) -> bool:
-    """Whether ``doc`` (the parsed file; ``text`` its text) is a DeepSpeed config: a mapping with one of its top-level :data:`KEYS`."""
-    return isinstance(doc, dict) and bool(KEYS & set(doc))
+    """Whether ``doc`` (the parsed file; ``text`` its text) is a DeepSpeed config: a mapping with one of its top-level
+    :data:`KEYS`, where ``optimizer`` counts only as DeepSpeed writes it, a mapping with a ``type``
+    (``deepspeed/runtime/config.py`` ``get_optimizer_name``: ``param_dict["optimizer"]["type"]``); litgpt's config
+    hub YAML has an ``optimizer`` with a ``class_path`` and is no DeepSpeed config."""
+    if not isinstance(doc, dict):
+        return False
+    keys = KEYS & set(doc)
+    if keys == {"optimizer"}:
+        return isinstance(doc["optimizer"], dict) and "type" in doc["optimizer"]
+    return bool(keys)
 
 
 def read(path: Path, doc: dict[str, Any]) -> Found:
