@@ -257,7 +257,7 @@ def estimate_values(model: Model | None, values: Mapping[str, Any], *, hold_batc
     from memest.workload import resolve
 
     cfg, spec = _model(model_reference(model, values), values)
-    device = resolve.device(values)
+    device = resolve.devices(values)  # one device, or a Fleet of unlike ones
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values), model=_given(model))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),

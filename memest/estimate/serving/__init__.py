@@ -17,7 +17,9 @@ fewest devices that fit is a search over estimates: :func:`memest.planning.searc
 
 from __future__ import annotations
 
-from memest.devices import Device
+import dataclasses
+
+from memest.devices import Device, Fleet
 from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
@@ -34,12 +36,33 @@ from memest.workload import Engine, ServingConfig
 __all__ = ["estimate_serving", "largest_concurrency", "largest_max_model_len"]
 
 
-def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
+def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) -> Estimate:
     """Per-rank serving memory and the engine's KV arithmetic.
+
+    On unlike devices (a :class:`~memest.devices.Fleet`) llama.cpp and Ollama split the layers over
+    them, each device with its own buffers and fit. vLLM, SGLang and TensorRT-LLM shard tensors equally,
+    so the smallest card binds and the estimate is the smallest card's: vLLM's engine takes the
+    fewest KV blocks of any worker (``get_kv_cache_configs``, ``vllm/v1/core/kv_cache_utils.py``, 0.19:
+    "the num_blocks of each rank [changed] to the smallest among all ranks"), SGLang the least free
+    memory of the tp group (``get_available_gpu_memory(..., distributed=True)``: an all-reduce MIN,
+    ``python/sglang/srt/utils.py``), TensorRT-LLM the fewest KV tokens over ranks ("make sure all ranks
+    use same value for maxTokens": an MPI allreduce MIN in ``KVCacheManager``'s pool sizing,
+    ``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``). On the larger cards the engine holds the
+    same KV pool and leaves the rest unused (vLLM: gpu_memory_utilization applies per GPU, and the
+    larger workers' KV tensors are shrunk to the common block count).
 
     Raises:
         InputError: an ``--engine-version`` the engine does not have.
     """
+    if isinstance(device, Fleet):
+        if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+            return (ollama.estimate_ollama if s.engine is Engine.OLLAMA else llamacpp_engine.estimate_llamacpp)(
+                spec, s, device)
+        small = device.smallest
+        est = estimate_serving(spec, s, small)
+        note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them, so every rank runs "
+                f"at the smallest card's memory ({small.name}); the larger cards hold the same and leave the rest unused")
+        return dataclasses.replace(est, assumptions=(*est.assumptions, note))
     if s.engine is Engine.HF:
         return hf_generate.estimate_generate(spec, s, device)
     if s.engine is Engine.SGLANG:
