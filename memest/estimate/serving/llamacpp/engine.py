@@ -194,7 +194,8 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int | tuple[Device, ...
         which = (f"the {n_dev} devices of {{gpu}} {','.join(d.ref for d in listed)}" if len(set(listed)) > 1 else
                  f"{n_dev} device{'s' if n_dev > 1 else ''}")
         raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} has {len(split)} shares for "
-                         f"{which}; give one share per device ({{gpus}} {n_dev})", field="tensor_split")
+                         f"{which}; give one share per device" + ("" if listed else f" ({{gpus}} {n_dev})"),
+                         field="tensor_split")
     if any(x < 0 for x in split) or sum(split) <= 0:
         raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} must be shares >= 0 with a positive "
                          "sum", field="tensor_split")
