@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any
 
-from memest.devices import DEFAULT_DEVICE, Device, Fleet, get_device, get_devices
+from memest.devices import DEFAULT_DEVICE, Device, Fleet, get_devices
 from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import files, stacks
