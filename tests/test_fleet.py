@@ -108,7 +108,9 @@ def test_vllm_runs_at_the_smallest_card():
     fleet = get_devices("RTX-4090,RTX-3060")
     est, alike = estimate(spec, s, fleet), estimate(spec, s, get_device("RTX-3060"))
     assert est.ranks == alike.ranks and est.serving == alike.serving
-    assert any("smallest card" in a for a in est.assumptions)
+    # the 3060's pool is the smaller: same per-rank weights and activations, 12 GB against 24 GB
+    assert alike.serving.kv_cache_tokens < estimate(spec, s, get_device("RTX-4090")).serving.kv_cache_tokens
+    assert any("least room (RTX-3060)" in a for a in est.assumptions) and est.extra["fleet_binding"] == "RTX-3060"
     assert verdict(est, fleet, 2, 0.1) == verdict(alike, get_device("RTX-3060"), 2, 0.1)
 
 
@@ -185,3 +187,20 @@ def test_llamacpp_runs_on_three_cards_whatever_the_heads():
 def test_gpus_catalog_unaffected():
     out = CliRunner().invoke(app, ["gpus"])
     assert out.exit_code == 0 and "RTX-4090" in out.output
+
+
+def test_ollama_passes_its_layer_counts_as_the_tensor_split():
+    """Ollama places layers per GPU itself (estimateGPULayers, each GPU's own free memory) and hands llama.cpp
+    the counts as --tensor-split (llm/memory.go tensorSplit, llm/server.go). With counts (a, b), a + b = 33
+    and act = 33, llama.cpp's edge is a/33: block il < a goes to card 0, and il = a (a/33, not above the
+    edge) to card 1, so card 0 holds exactly a blocks and card 1 the other b - 1 and the output layer."""
+    from memest.estimate.serving.llamacpp import ollama
+
+    spec = load_model(MODEL)
+    fleet = get_devices("RTX-4090,RTX-3060")
+    s = ServingConfig(engine=Engine.OLLAMA, parallelism=Parallelism(tp=2))
+    counts = ollama.estimate_layers(spec, s, tuple(d.memory_bytes for d in fleet.devices)).layer_counts
+    assert sum(counts) == 33
+    est = estimate(spec, s, fleet)
+    assert _blocks(est.ranks[0].label) == counts[0] and _blocks(est.ranks[1].label) == counts[1] - 1
+    assert "+ output" in est.ranks[1].label

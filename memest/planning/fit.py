@@ -121,12 +121,14 @@ class Verdict:
 
 def device_verdicts(est: Estimate, fleet: Fleet, headroom: float) -> tuple[Verdict, ...]:
     """One verdict per device of a fleet: for llama.cpp / Ollama (one rank per device, in order) each rank's
-    device-used figure against its own device; for the engines that run at the smallest card (their
-    estimate is that card's, :func:`memest.estimate.serving.estimate_serving`) the smallest card's verdict."""
+    device-used figure against its own device; for the engines that run at the card with the smallest pool
+    (their estimate is that card's, ``extra["fleet_binding"]``: :func:`memest.estimate.serving.estimate_serving`)
+    that card's verdict."""
     s = est.serving
     count = len(fleet)
     if not fleet.mixed or (s is not None and s.engine in UPFRONT_ENGINES) or len(est.ranks) != count:
-        return (verdict(est, fleet.smallest, count, headroom),)
+        binding = next((d for d in fleet.devices if d.name == est.extra.get("fleet_binding")), fleet.smallest)
+        return (verdict(est, binding, count, headroom),)
     return tuple(Verdict(d, count, headroom, r.device_used_bytes, r.high_bytes) for d, r in zip(fleet.devices, est.ranks))
 
 

@@ -148,7 +148,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
 
 def fleet_dict(a: Assessment) -> dict[str, Any]:
     """Unlike devices (``--gpu A,B``): each device, each verdict (one per device for llama.cpp / Ollama; the
-    smallest card's alone for the engines that run at it) and the device that binds."""
+    binding card's alone for the engines that run at the smallest pool) and the device that binds."""
     assert a.fleet is not None
     return {
         "devices": [{"name": d.name, "memory_bytes": d.memory_bytes, "capacity_basis": d.capacity_basis}
@@ -156,7 +156,7 @@ def fleet_dict(a: Assessment) -> dict[str, Any]:
         "verdicts": [{"device": x.device.name, "needed_bytes": x.needed_bytes, "usable_bytes": x.usable_bytes,
                       "margin_bytes": x.margin_bytes, "fits": x.fits, "verdict": x.kind} for x in a.device_verdicts],
         "binding": a.verdict.device.name,
-        "split": "layers" if len(a.device_verdicts) == len(a.fleet) else "smallest card",
+        "split": "layers" if len(a.device_verdicts) == len(a.fleet) else "smallest pool",
     }
 
 
@@ -172,13 +172,13 @@ def _device_text(a: Assessment) -> str:
 
 def fleet_lines(a: Assessment) -> list[str]:
     """Per-device fit on unlike devices: each device's figure against its own usable memory (llama.cpp /
-    Ollama), or the smallest card that every rank runs at (vLLM, SGLang, TensorRT-LLM)."""
+    Ollama), or the card with the smallest pool, which every rank runs at (vLLM, SGLang, TensorRT-LLM)."""
     if a.fleet is None:
         return []
     if len(a.device_verdicts) != len(a.fleet):
         engine = a.estimate.serving.engine if a.estimate.serving else "the engine"
-        return [f"unlike devices: {_engine_name(engine)} shards tensors equally, so every rank runs at the smallest "
-                f"card's memory ({a.verdict.device.name}); the verdict is that card's"]
+        return [f"unlike devices: {_engine_name(engine)} shards tensors equally and takes the smallest KV pool of its "
+                f"ranks, so every rank runs at {a.verdict.device.name}'s memory; the verdict is that card's"]
     out = []
     for j, x in enumerate(a.device_verdicts):
         state = "fits" if x.fits else f"does not fit, short by {size(-x.margin_bytes)}"
@@ -229,7 +229,15 @@ def to_markdown(a: Assessment) -> str:
 
 
 def _band_line(a: Assessment) -> str:
+    line = _band_words(a)
+    return line.replace(" per device", f" on {a.verdict.device.name}") if a.fleet is not None else line
+
+
+def _band_words(a: Assessment) -> str:
     per = a.estimate.per_device
+    each = a.device_verdicts
+    if a.fleet is not None and len(each) == len(a.estimate.ranks):  # the band of the device that decides
+        per = a.estimate.ranks[next(j for j, x in enumerate(each) if x is a.verdict)]
     if not a.verdict.headroom_applied:  # vLLM holds its budget whatever the job's tensors take
         return (f"band of the job's own memory (weights, activations, its KV cache): {gib(per.low_bytes)} – "
                 f"{gib(per.high_bytes)} per device")

@@ -41,7 +41,8 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
 
     On unlike devices (a :class:`~memest.devices.Fleet`) llama.cpp and Ollama split the layers over
     them, each device with its own buffers and fit. vLLM, SGLang and TensorRT-LLM shard tensors equally,
-    so the smallest card binds and the estimate is the smallest card's: vLLM's engine takes the
+    so the card with the smallest pool binds (the smallest card, unless the runtime's own memory differs
+    by architecture) and the estimate is that card's: vLLM's engine takes the
     fewest KV blocks of any worker (``get_kv_cache_configs``, ``vllm/v1/core/kv_cache_utils.py``, 0.19:
     "the num_blocks of each rank [changed] to the smallest among all ranks"), SGLang the least free
     memory of the tp group (``get_available_gpu_memory(..., distributed=True)``: an all-reduce MIN,
@@ -58,11 +59,13 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
         if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
             return (ollama.estimate_ollama if s.engine is Engine.OLLAMA else llamacpp_engine.estimate_llamacpp)(
                 spec, s, device)
-        small = device.smallest
-        est = estimate_serving(spec, s, small)
-        note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them, so every rank runs "
-                f"at the smallest card's memory ({small.name}); the larger cards hold the same and leave the rest unused")
-        return dataclasses.replace(est, assumptions=(*est.assumptions, note))
+        each = {d: estimate_serving(spec, s, d) for d in dict.fromkeys(device.devices)}
+        small, est = min(each.items(), key=lambda item: (_pool_tokens(item[1]), item[0].memory_bytes))
+        note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them and takes the smallest "
+                f"KV pool of its ranks, so every rank runs at the card with the least room ({small.name}); the others "
+                "hold the same pool and leave the rest unused")
+        return dataclasses.replace(est, assumptions=(*est.assumptions, note),
+                                   extra={**est.extra, "fleet_binding": small.name})
     if s.engine is Engine.HF:
         return hf_generate.estimate_generate(spec, s, device)
     if s.engine is Engine.SGLANG:
@@ -74,6 +77,11 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
     if s.engine is Engine.OLLAMA:
         return ollama.estimate_ollama(spec, s, device)
     return vllm_engine.estimate_vllm(spec, s, device)
+
+
+def _pool_tokens(est: Estimate) -> int:
+    """The KV tokens an estimate's pool holds (0 without a serving summary)."""
+    return est.serving.kv_cache_tokens if est.serving is not None else 0
 
 
 def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, concurrency: int) -> int:
