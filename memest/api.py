@@ -306,8 +306,9 @@ def plan_memory(model: Model | None = None, *, mode: str | None = None, gpus_ava
         InputError: as ``memest plan``.
     """
     compare = isinstance(settings.get("engine"), str) and settings["engine"].lower() == ANY_ENGINE
-    if compare:
-        settings = {k: v for k, v in settings.items() if k != "engine"}
+    if compare:  # a GGUF file is read by the llama.cpp job (memest.planning.engines)
+        settings = {k: v for k, v in settings.items() if k != "engine"} | (
+            {"engine": "llama.cpp"} if settings.get("gguf") else {})
     search = {"compare_engines": compare,"gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
               "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
               "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,

@@ -98,3 +98,13 @@ def test_bad_engine_is_one_line_exit_2(argv, words, monkeypatch, capsys):
 def test_api_refuses_any_for_training():
     with pytest.raises(memest.InputError, match="serving"):
         memest.plan_memory(MODEL, mode="train", engine="any", gpu="H100")
+
+
+def test_a_gguf_file_is_compared_under_llamacpp_alone():
+    spec = load_model(MODEL)
+    header = (("token_embd.weight", "q4_k", (128256, 4096)),)  # any header: the others never read it
+    c = compare_engines(spec, ServingConfig(engine=Engine.LLAMACPP, max_model_len=4096, gguf_tensors=header),
+                        (DeviceChoice(get_device("H100"), 1),))
+    rows = c.devices[0].rows
+    assert all(r.skipped and r.skipped.startswith("a GGUF file is served by llama.cpp") for r in rows[:3])
+    assert rows[3].engine is Engine.LLAMACPP

@@ -74,8 +74,8 @@ def _engine_any(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(**kwargs: Any) -> Any:
         text = str(kwargs["engine"]).strip().lower()
         _ENGINE_ANY.set(text == ANY_ENGINE)
-        if text == ANY_ENGINE:
-            kwargs["engine"] = default
+        if text == ANY_ENGINE:  # a GGUF file is read by the llama.cpp job (memest.planning.engines)
+            kwargs["engine"] = Engine.LLAMACPP if kwargs.get("gguf") else default
         else:
             try:
                 kwargs["engine"] = Engine(text)

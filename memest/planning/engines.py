@@ -13,7 +13,8 @@ tie).
 
 Which engines are compared: vLLM, SGLang and TensorRT-LLM always; llama.cpp when the weights are ones a
 GGUF file holds: no quantization (the f16 GGUF ``convert_hf_to_gguf.py`` writes, the same 2 bytes per
-weight as the 16-bit checkpoint) or a GGUF type (``q4_k_m``, ...). An engine that does not run on the
+weight as the 16-bit checkpoint) or a GGUF type (``q4_k_m``, ...), or a ``.gguf`` file (``gguf``: then llama.cpp
+alone, from the file's header; the others are skipped). An engine that does not run on the
 device's vendor (:func:`memest.workload.runs_on`: TensorRT-LLM only on NVIDIA, none of vLLM / SGLang /
 TensorRT-LLM on Apple) or refuses the settings (a GGUF type under vLLM, an AWQ checkpoint under llama.cpp:
 the engine's own one-line error) is skipped, with the reason. Ollama is llama.cpp with its own defaults,
@@ -112,6 +113,8 @@ def _skip_reason(spec: ModelSpec, s: ServingConfig, device: Device) -> str | Non
         return f"{s.engine.value} does not run on {device.name} ({device.vendor})"
     if s.engine is Engine.LLAMACPP and (spec.quantization is not None):
         return f"{spec.name} is stored quantized ({spec.quantization}), which no GGUF type reproduces"
+    if s.gguf_tensors and s.engine is not Engine.LLAMACPP:
+        return f"a GGUF file is served by llama.cpp here ({s.engine.value}'s own weights are not a GGUF file's)"
     return None
 
 
