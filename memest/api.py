@@ -420,7 +420,7 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
         InputError: both gpu and gpus_available, a malformed or repeated item, a count below 1.
         UnknownDeviceError: an unknown device name.
     """
-    from memest.devices import DEVICES, get_device
+    from memest.devices import DEVICES, Fleet, get_device, get_devices
     from memest.planning.search import DeviceChoice
 
     if max_gpus < 1:
@@ -428,7 +428,11 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
     if available is not None and gpu is not None:
         raise InputError("pass either {gpu} NAME or {gpus_available} SPEC, not both", field="gpus_available")
     if gpu is not None:
-        return (DeviceChoice(get_device(gpu), max_gpus),)
+        one = get_devices(gpu)
+        if isinstance(one, Fleet):
+            raise InputError(f"{{gpu}} {gpu!r} lists several devices; a plan searches device types: give them as "
+                             f"{{gpus_available}} {','.join(dict.fromkeys(d.ref for d in one.devices))}", field="gpu")
+        return (DeviceChoice(one, max_gpus),)
     if available is None:
         return tuple(DeviceChoice(d, max_gpus) for d in DEVICES)
     out: dict[str, Any] = {}

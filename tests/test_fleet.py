@@ -204,3 +204,20 @@ def test_ollama_passes_its_layer_counts_as_the_tensor_split():
     est = estimate(spec, s, fleet)
     assert _blocks(est.ranks[0].label) == counts[0] and _blocks(est.ranks[1].label) == counts[1] - 1
     assert "+ output" in est.ranks[1].label
+
+
+def test_api_takes_a_list():
+    import memest
+
+    r = memest.estimate_memory(MODEL, mode="serve", engine="llama.cpp", quantization="q4_k_m", gpu="RTX-4090,RTX-3060")
+    assert r.fleet.binding in ("RTX-4090", "RTX-3060") and len(r.ranks) == 2 and r.device.count == 2
+    with pytest.raises(InputError, match="training on unlike devices"):
+        memest.estimate_memory(MODEL, mode="train", gpu="RTX-4090,RTX-3060")
+
+
+def test_plan_and_sweep_take_one_device_type(monkeypatch, capsys):
+    err = _cli_error(monkeypatch, capsys, ["plan", MODEL, "--serve", "--gpu", "RTX-4090,RTX-3060"])
+    assert "--gpus-available RTX-4090,RTX-3060" in err
+    err = _cli_error(monkeypatch, capsys, ["sweep", MODEL, "--serve", "--gpu", "RTX-4090,RTX-3060",
+                                           "--max-model-len", "1k..4k"])
+    assert "lists several devices" in err
