@@ -50,7 +50,9 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
     use same value for maxTokens": an MPI allreduce MIN in ``KVCacheManager``'s pool sizing,
     ``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``). On the larger cards the engine holds the
     same KV pool and leaves the rest unused (vLLM: gpu_memory_utilization applies per GPU, and the
-    larger workers' KV tensors are shrunk to the common block count).
+    larger workers' KV tensors are shrunk to the common block count). Not modelled: SGLang picks its
+    default mem_fraction_static in the launcher from the first GPU's memory, memest from the binding
+    card's; on a fleet whose first card is the larger, give ``mem_fraction_static``.
 
     Raises:
         InputError: an ``--engine-version`` the engine does not have.
