@@ -258,7 +258,7 @@ def estimate_values(model: Model | None, values: Mapping[str, Any], *, hold_batc
     from memest.workload import resolve
 
     cfg, spec = _model(model_reference(model, values), values)
-    device = resolve.device(values)
+    device = resolve.devices(values)  # one device, or a Fleet of unlike ones
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values), model=_given(model))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
@@ -269,8 +269,13 @@ def estimate_values(model: Model | None, values: Mapping[str, Any], *, hold_batc
 
 PLAN_DEFAULTS: dict[str, Any] = {"gpus_available": None, "max_gpus": None, "global_batch_size": None,
                                  "allow_method_change": False, "allow_quantization": False, "allow_offload": False,
-                                 "allow_optimizer_change": False, "allow_batch_reshape": False, "top": 1, "cost": None, "costs": None, "host_memory": None}
-"""The planner's own keywords (the CLI's search flags) and their defaults (None: the planner's)."""
+                                 "allow_optimizer_change": False, "allow_batch_reshape": False, "top": 1, "cost": None, "costs": None, "host_memory": None,
+                                 "compare_engines": False}
+"""The planner's own keywords (the CLI's search flags) and their defaults (None: the planner's);
+``compare_engines`` is what ``engine="any"`` asks for."""
+
+ANY_ENGINE = "any"
+"""The ``engine`` value that makes a serving plan compare the engines (:mod:`memest.planning.engines`)."""
 
 
 
@@ -294,12 +299,18 @@ def plan_memory(model: Model | None = None, *, mode: str | None = None, gpus_ava
         costs: A JSON file of prices.
         host_memory: CPU RAM per server in GiB that offload may use.
         settings: The workload, as for :func:`estimate_memory` (``gpus``, ``dp``, ``tp``, ``pp`` and
-            ``sequence_parallel`` are searched: the values given are ignored).
+            ``sequence_parallel`` are searched: the values given are ignored). ``engine="any"``
+            compares the serving engines on each device type instead (:mod:`memest.planning.engines`; the
+            answer's ``engine_comparison``, as ``memest plan --serve --engine any --json``).
 
     Raises:
         InputError: as ``memest plan``.
     """
-    search = {"gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
+    compare = isinstance(settings.get("engine"), str) and settings["engine"].lower() == ANY_ENGINE
+    if compare:  # a GGUF file is read by the llama.cpp job (memest.planning.engines)
+        settings = {k: v for k, v in settings.items() if k != "engine"} | (
+            {"engine": "llama.cpp"} if settings.get("gguf") else {})
+    search = {"compare_engines": compare,"gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
               "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
               "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
               "allow_batch_reshape": allow_batch_reshape, "top": top, "cost": cost, "costs": costs, "host_memory": host_memory}
@@ -337,6 +348,8 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
     if not serving and s["allow_quantization"]:
         raise InputError("{allow_quantization} lets a serving plan try int8/int4/fp8 weights and fp8 KV; for "
                          "training use {allow_method_change} (QLoRA)", field="allow_quantization")
+    if s["compare_engines"]:
+        return _compare_values(model, values, s, max_gpus, serving)
     devices = device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus)
     space = Space(devices=devices, prices=price_table(s["cost"], s["costs"], [c.device for c in devices]),
                   allow_method_change=s["allow_method_change"],
@@ -359,6 +372,35 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
     return MemoryPlan(plan_to_dict(result, model=_name(ref, spec), given=given), result)
 
 
+def _compare_values(model: Model | None, values: Mapping[str, Any], s: Mapping[str, Any], max_gpus: int,
+                    serving: bool) -> MemoryPlan:
+    """``engine="any"``: the serving engines compared on each device type (:func:`plan_values`).
+
+    Raises:
+        InputError: not a serving job; with ``allow_quantization`` (compare at one quantization).
+    """
+    from memest.devices import DEFAULT_DEVICE, get_device
+    from memest.planning.engines import compare_engines
+    from memest.report.engines import engines_to_dict
+    from memest.workload import resolve
+
+    if not serving:
+        raise InputError("{engine} any compares the serving engines: it needs a serving job (mode='serve')",
+                         field="engine")
+    if s["allow_quantization"]:
+        raise InputError("{engine} any compares the engines at the job's own weights; drop {allow_quantization} and "
+                         "give one {quantization}", field="allow_quantization")
+    devices = device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus)
+    ref = model_reference(model, values)
+    _, spec = _model(ref, values)
+    job = {**values, "gpus": 1, "tp": None, "pp": 1, "dp": None}
+    # the job is resolved on a device every compared engine runs on; each row is estimated on its own type
+    workload = resolve.resolve(job, spec, get_device(DEFAULT_DEVICE), checkpoint_params=checkpoint_params(values, spec),
+                               gguf_tensors=gguf_tensors(values), model=_given(model))
+    result = compare_engines(spec, workload, devices, headroom=resolve.headroom(values))
+    return MemoryPlan(engines_to_dict(result, model=_name(ref, spec)), result)
+
+
 def searched_given(values: Mapping[str, Any]) -> list[str]:
     """The settings the planner searches (:data:`memest.planning.search.SEARCHED`) given a value other than its start
     (a ``config`` file's count, accelerate's ``num_processes``, is the file's, not given)."""
@@ -379,7 +421,7 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
         InputError: both gpu and gpus_available, a malformed or repeated item, a count below 1.
         UnknownDeviceError: an unknown device name.
     """
-    from memest.devices import DEVICES, get_device
+    from memest.devices import DEVICES, Fleet, get_device, get_devices
     from memest.planning.search import DeviceChoice
 
     if max_gpus < 1:
@@ -387,7 +429,11 @@ def device_choices(available: str | None, gpu: str | None, max_gpus: int) -> tup
     if available is not None and gpu is not None:
         raise InputError("pass either {gpu} NAME or {gpus_available} SPEC, not both", field="gpus_available")
     if gpu is not None:
-        return (DeviceChoice(get_device(gpu), max_gpus),)
+        one = get_devices(gpu)
+        if isinstance(one, Fleet):
+            raise InputError(f"{{gpu}} {gpu!r} lists several devices; a plan searches device types: give them as "
+                             f"{{gpus_available}} {','.join(dict.fromkeys(d.ref for d in one.devices))}", field="gpu")
+        return (DeviceChoice(one, max_gpus),)
     if available is None:
         return tuple(DeviceChoice(d, max_gpus) for d in DEVICES)
     out: dict[str, Any] = {}

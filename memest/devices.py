@@ -428,3 +428,61 @@ def usable_bytes(device: Device, headroom: float) -> int:
     """Memory a job may use on ``device``: floor(capacity x (1 - headroom)), in bytes (the fit rule of
     :mod:`memest.planning.fit`)."""
     return math.floor(device.memory_bytes * (1 - headroom))
+
+
+# -- mixed fleets --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The devices of one job when they are not all alike (``--gpu RTX-4090,RTX-3090``), in device order:
+    the first is CUDA0, the first device llama.cpp places layers on.
+
+    The one description of a device list: engines that split over unlike cards read each device
+    (llama.cpp / Ollama's layer split), tensor-parallel engines the smallest (:attr:`smallest`).
+
+    Attributes:
+        devices: One entry per device, as listed (at least two).
+    """
+
+    devices: tuple[Device, ...]
+
+    @property
+    def name(self) -> str:
+        """The list as :func:`get_devices` reads it back (``RTX-4090,RTX-3090,48GB``)."""
+        return ",".join(d.ref for d in self.devices)
+
+    @property
+    def mixed(self) -> bool:
+        """True when the devices are not all the same."""
+        return len(set(self.devices)) > 1
+
+    @property
+    def smallest(self) -> Device:
+        """The device with the least memory (the first of equals)."""
+        return min(self.devices, key=lambda d: d.memory_bytes)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+
+def get_devices(text: str, among: Iterable[Device] = ()) -> Device | Fleet:
+    """The device ``text`` names, or the :class:`Fleet` a comma-separated list names
+    (``RTX-4090,RTX-3090,48GB``; each item as :func:`get_device` reads it).
+
+    Raises:
+        UnknownDeviceError: an empty item or an item that is no device; the message names the list.
+    """
+    if "," not in text:
+        return get_device(text, among)
+    items = [item.strip() for item in text.split(",")]
+    if len(items) < 2 or not all(items):
+        raise UnknownDeviceError(f"device list {text!r} has an empty item; write device names or sizes separated by "
+                                 "commas, e.g. RTX-4090,RTX-3090,48GB")
+    out = []
+    for item in items:
+        try:
+            out.append(get_device(item, among))
+        except UnknownDeviceError as exc:
+            raise UnknownDeviceError(f"device list {text!r}: {exc}") from None
+    return Fleet(tuple(out))

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, get_args
 
 import typer
 
 from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format, need_model
-from memest.cli.options import JobOptions, flag_name, workload_options
+from memest.api import ANY_ENGINE
+from memest.cli.options import WORKLOAD_OPTIONS, JobOptions, flag_name, workload_options
 from memest.devices import GiB
 from memest.errors import InputError
 from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES
+from memest.workload import Engine
 
 SEARCH = "Search"
 
@@ -51,7 +57,43 @@ HostMemoryOpt = Annotated[float, typer.Option(
     "--host-memory", rich_help_panel=SEARCH,
     help="CPU RAM per server in GiB that offloaded optimizer states and parameters may use; 0 rules out offload.")]
 
+def _engine_any(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Let ``--engine`` also take ``any`` in ``memest plan`` (compare the serving engines): the option is read
+    as text, ``any`` recorded in :data:`_ENGINE_ANY` and the job given the default engine."""
+    sig = inspect.signature(func)
+    annotation, default = WORKLOAD_OPTIONS["engine"]
+    info = get_args(annotation)[1]
+    names = "|".join([*(e.value for e in Engine), ANY_ENGINE])
+    option = typer.Option(flag_name("engine"), help=f"{info.help} 'any': compare vllm, sglang, trtllm and llama.cpp "
+                          "on each device type (the one holding the most sequences is named).",
+                          rich_help_panel=info.rich_help_panel, metavar=f"<{names}>")
+    params = [p.replace(annotation=Annotated[str, option], default=default.value) if p.name == "engine" else p
+              for p in sig.parameters.values()]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        text = str(kwargs["engine"]).strip().lower()
+        _ENGINE_ANY.set(text == ANY_ENGINE)
+        if text == ANY_ENGINE:  # a GGUF file is read by the llama.cpp job (memest.planning.engines)
+            kwargs["engine"] = Engine.LLAMACPP if kwargs.get("gguf") else default
+        else:
+            try:
+                kwargs["engine"] = Engine(text)
+            except ValueError:
+                raise InputError(f"--engine {kwargs['engine']!r} is not one of {names.replace('|', ', ')}") from None
+        return func(**kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+_ENGINE_ANY: contextvars.ContextVar[bool] = contextvars.ContextVar("memest_engine_any", default=False)
+"""Whether this ``memest plan`` was given ``--engine any`` (set by :func:`_engine_any`)."""
+
+
 @app.command("plan")
+@_engine_any
 @workload_options
 def plan_command(
     model: ModelArg = None,
@@ -86,12 +128,24 @@ def plan_command(
     need_model(model, job.values["config"])
     if top is not None and top < 1:
         raise InputError(f"--top is {top}; it must be at least 1 (the best setups to print)")
-    answer = plan_values(model, job.values, {
+    compare = _ENGINE_ANY.get()
+    answer = plan_values(model, job.values, {"compare_engines": compare,
         "gpus_available": gpus_available, "max_gpus": max_gpus, "global_batch_size": global_batch_size,
         "allow_method_change": allow_method_change, "allow_quantization": allow_quantization,
         "allow_offload": allow_offload, "allow_optimizer_change": allow_optimizer_change,
         "allow_batch_reshape": allow_batch_reshape, "top": top or 1, "cost": cost, "costs": costs,
         "host_memory": host_memory})
+    if compare:
+        from memest.report.engines import engines_to_markdown, render_engines
+
+        name = str(model_reference(model, job.values))
+        if json_:
+            typer.echo(json.dumps(answer.to_dict(), indent=2))
+        elif markdown:
+            typer.echo(engines_to_markdown(answer.result, model=name), nl=False)
+        else:
+            _console().print(render_engines(answer.result, model=name))
+        return
     ignored = [flag_name(n) for n in searched_given(job.values)]
     if ignored:
         typer.echo(f"Note: plan searches {', '.join(ignored)}; the values given are ignored (limit devices with "

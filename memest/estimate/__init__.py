@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from memest.devices import Device
+from memest.devices import Device, Fleet
 from memest.estimate import runtime
 from memest.estimate.serving import estimate_serving
+from memest.errors import InputError
 from memest.estimate.training import estimate_training
 from memest.result import Estimate
 from memest.spec import ModelSpec
@@ -27,18 +28,36 @@ from memest.workload import ServingConfig, TrainingConfig, Workload, validate
 __all__ = ["estimate"]
 
 
-def estimate(spec: ModelSpec, workload: Workload, device: Device) -> Estimate:
+def estimate(spec: ModelSpec, workload: Workload, device: Device | Fleet) -> Estimate:
     """Per-device memory of running ``workload`` on ``spec`` with ``device`` accelerators.
 
     Args:
         spec: The model.
         workload: A TrainingConfig or ServingConfig (its parallelism gives the device count).
-        device: The accelerator (runtime constants and, for serving, the engine's budget).
+        device: The accelerator (runtime constants and, for serving, the engine's budget), or the
+            unlike devices of a :class:`~memest.devices.Fleet` (serving only, one per rank): llama.cpp /
+            Ollama split the layers over them (one rank per device); vLLM, SGLang and TensorRT-LLM run at
+            the smallest card (:func:`memest.estimate.serving.estimate_serving`).
 
     Raises:
-        InputError: the workload does not fit the model (see :func:`memest.workload.validate`).
+        InputError: the workload does not fit the model (see :func:`memest.workload.validate`); a
+            fleet the job cannot run on (:func:`memest.workload.resolve.check_fleet`).
     """
     validate(spec, workload)
+    if isinstance(device, Fleet):
+        from memest.workload.resolve import check_fleet
+
+        mode = "serve" if isinstance(workload, ServingConfig) else "train"
+        check_fleet(mode, workload.engine if isinstance(workload, ServingConfig) else None, device)
+        if len(device) != workload.parallelism.world_size:
+            raise InputError(f"{{gpu}} {device.name!r} lists {len(device)} devices for a job on "
+                             f"{workload.parallelism.world_size}; give one device per rank", field="gpu")
+        if not device.mixed:
+            device = device.devices[0]
+        else:
+            est = estimate_serving(spec, workload, device)
+            return _without_cuda_context(est, device.smallest) if not any(
+                runtime.has_cuda_context(d) for d in device.devices) else est
     if isinstance(workload, TrainingConfig):
         return _without_cuda_context(estimate_training(spec, workload, device), device)
     if isinstance(workload, ServingConfig):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from memest.devices import Device, usable_bytes
+from memest.devices import Device, Fleet, usable_bytes
 from memest.result import Estimate
 
 VerdictKind = Literal["fits", "queues", "does_not_fit"]
@@ -119,8 +119,25 @@ class Verdict:
         return self.device.memory_bytes - self.needed_bytes
 
 
-def verdict(est: Estimate, device: Device, count: int, headroom: float) -> Verdict:
-    """The fit verdict of an estimate on ``count`` x ``device`` (see the module docstring)."""
+def device_verdicts(est: Estimate, fleet: Fleet, headroom: float) -> tuple[Verdict, ...]:
+    """One verdict per device of a fleet: for llama.cpp / Ollama (one rank per device, in order) each rank's
+    device-used figure against its own device; for the engines that run at the card with the smallest pool
+    (their estimate is that card's, ``extra["fleet_binding"]``: :func:`memest.estimate.serving.estimate_serving`)
+    that card's verdict."""
+    s = est.serving
+    count = len(fleet)
+    if not fleet.mixed or (s is not None and s.engine in UPFRONT_ENGINES) or len(est.ranks) != count:
+        binding = next((d for d in fleet.devices if d.name == est.extra.get("fleet_binding")), fleet.smallest)
+        return (verdict(est, binding, count, headroom),)
+    return tuple(Verdict(d, count, headroom, r.device_used_bytes, r.high_bytes) for d, r in zip(fleet.devices, est.ranks))
+
+
+def verdict(est: Estimate, device: Device | Fleet, count: int, headroom: float) -> Verdict:
+    """The fit verdict of an estimate on ``count`` x ``device`` (see the module docstring); on a
+    :class:`~memest.devices.Fleet`, the verdict of the device with the least margin
+    (:func:`device_verdicts`): the job fits when every device does."""
+    if isinstance(device, Fleet):
+        return min(device_verdicts(est, device, headroom), key=lambda v: v.margin_bytes)
     s = est.serving
     if s is not None and s.engine in UPFRONT_ENGINES:
         blocker: Blocker | None = None

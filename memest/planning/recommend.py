@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.devices import DEVICES, Device
+from memest.devices import DEVICES, Device, Fleet
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving.llamacpp import fit as llamacpp_fit
 from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
-from memest.planning.fit import Verdict, verdict
+from memest.planning.fit import Verdict, device_verdicts, verdict
 from memest.planning.maxfit import largest_utilization
 from memest.planning.search import (
     _PAR_FIELDS,
@@ -343,9 +343,14 @@ class Assessment:
     gguf_options: tuple[llamacpp_fit.Option, ...] = ()
     """llama.cpp / Ollama: each GGUF quant's best placement on the device
     (:func:`memest.estimate.serving.llamacpp.fit.search`)."""
+    fleet: Fleet | None = None
+    """The unlike devices of the job, when it runs on a :class:`~memest.devices.Fleet` (``verdict`` is then
+    the device with the least margin)."""
+    device_verdicts: tuple[Verdict, ...] = ()
+    """On a fleet: each device's verdict (:func:`memest.planning.fit.device_verdicts`)."""
 
 
-def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: float = 0.10,
+def assess(spec: ModelSpec, workload: Workload, device: Device | Fleet, *, headroom: float = 0.10,
            device_given: bool = True, search: bool = True, allow_stack_change: bool = False,
            hold_batch: bool = False) -> Assessment:
     """Estimate ``workload``, judge the fit on ``device`` and, when it does not fit, search for the
@@ -362,6 +367,10 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     Raises:
         InputError: the workload is invalid for the model.
     """
+    if isinstance(device, Fleet) and not device.mixed:
+        device = device.devices[0]
+    if isinstance(device, Fleet):
+        return _assess_fleet(spec, workload, device, headroom=headroom, search=search)
     est = estimate(spec, workload, device)
     count = workload.parallelism.world_size
     v = verdict(est, device, count, headroom)
@@ -377,6 +386,19 @@ def assess(spec: ModelSpec, workload: Workload, device: Device, *, headroom: flo
     return Assessment(spec, workload, est, v, device_given, rec, fits_on, tuple(rules_of_thumb(spec, workload)),
                       workload_notes(spec, workload) + method_notes(spec, workload, device, est), fewest, utilization,
                       gguf)
+
+
+def _assess_fleet(spec: ModelSpec, workload: Workload, fleet: Fleet, *, headroom: float, search: bool) -> Assessment:
+    """:func:`assess` on unlike devices: the estimate and the verdict of each device (the worst decides);
+    the searches over alike devices (fewest devices, recommendation, other catalog devices) are not
+    run; llama.cpp / Ollama's GGUF search is, each device within its own memory."""
+    est = estimate(spec, workload, fleet)
+    each = device_verdicts(est, fleet, headroom)
+    v = min(each, key=lambda x: x.margin_bytes)
+    gguf = (tuple(llamacpp_fit.search(spec, workload, fleet, headroom)) if search and isinstance(workload, ServingConfig)
+            and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
+    return Assessment(spec, workload, est, v, True, None, (), tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload), gguf_options=gguf, fleet=fleet, device_verdicts=each)
 
 
 def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:

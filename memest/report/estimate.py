@@ -101,8 +101,8 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         },
         "mode": a.workload.mode,
         "workload": plain(a.workload),
-        "device": {"name": v.device.name, "memory_bytes": v.device.memory_bytes, "count": v.count,
-                   "measured_capacity": v.device.measured},
+        "device": {"name": a.fleet.name if a.fleet else v.device.name, "memory_bytes": v.device.memory_bytes,
+                   "count": v.count, "measured_capacity": v.device.measured},
         "per_device": {
             "allocated_bytes": per.allocated_bytes,
             "reserved_bytes": per.reserved_bytes,
@@ -138,9 +138,52 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         out["serving"] = plain(est.serving)
     if est.host_bytes:
         out["host_bytes_per_node"] = est.host_bytes
+    if a.fleet is not None:
+        out["fleet"] = fleet_dict(a)
     if a.gguf_options:
         out["gguf_options"] = [{"quantization": o.quantization, "n_ctx": o.n_ctx, "gpu_layers": o.gpu_layers,
                                 "layers": o.layers, "largest_full_ctx": o.largest_full_ctx} for o in a.gguf_options]
+    return out
+
+
+def fleet_dict(a: Assessment) -> dict[str, Any]:
+    """Unlike devices (``--gpu A,B``): each device, each verdict (one per device for llama.cpp / Ollama; the
+    binding card's alone for the engines that run at the smallest pool) and the device that binds."""
+    assert a.fleet is not None
+    return {
+        "devices": [{"name": d.name, "memory_bytes": d.memory_bytes, "capacity_basis": d.capacity_basis}
+                    for d in a.fleet.devices],
+        "verdicts": [{"device": x.device.name, "needed_bytes": x.needed_bytes, "usable_bytes": x.usable_bytes,
+                      "margin_bytes": x.margin_bytes, "fits": x.fits, "verdict": x.kind} for x in a.device_verdicts],
+        "binding": a.verdict.device.name,
+        "split": "layers" if len(a.device_verdicts) == len(a.fleet) else "smallest pool",
+    }
+
+
+def _device_text(a: Assessment) -> str:
+    """The device line: ``N × NAME (capacity basis)``, or a fleet's devices."""
+    v = a.verdict
+    if a.fleet is not None:
+        return f"{len(a.fleet)} unlike devices: " + ", ".join(
+            f"{d.name} ({gib(d.memory_bytes)})" for d in a.fleet.devices)
+    basis = "" if v.device.measured else " " + _BASIS_WORDS[v.device.capacity_basis]
+    return f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}{basis})"
+
+
+def fleet_lines(a: Assessment) -> list[str]:
+    """Per-device fit on unlike devices: each device's figure against its own usable memory (llama.cpp /
+    Ollama), or the card with the smallest pool, which every rank runs at (vLLM, SGLang, TensorRT-LLM)."""
+    if a.fleet is None:
+        return []
+    if len(a.device_verdicts) != len(a.fleet):
+        engine = a.estimate.serving.engine if a.estimate.serving else "the engine"
+        return [f"unlike devices: {_engine_name(engine)} shards tensors equally and takes the smallest KV pool of its "
+                f"ranks, so every rank runs at {a.verdict.device.name}'s memory; the verdict is that card's"]
+    out = []
+    for j, x in enumerate(a.device_verdicts):
+        state = "fits" if x.fits else f"does not fit, short by {size(-x.margin_bytes)}"
+        out.append(f"CUDA{j} {x.device.name}: {gib(x.needed_bytes)} of {gib(x.usable_bytes)} usable, {state}"
+                   + (" (the least room: it decides)" if x is a.verdict and len(a.device_verdicts) > 1 else ""))
     return out
 
 
@@ -153,7 +196,8 @@ def to_markdown(a: Assessment) -> str:
     per = a.estimate.per_device
     lines = [
         f"**{a.spec.name}** — {describe_model(a.spec)}  ",
-        f"{describe_workload(a.workload)} · {a.verdict.count} × {a.verdict.device.name}",
+        f"{describe_workload(a.workload)} · "
+        + (a.fleet.name if a.fleet else f"{a.verdict.count} × {a.verdict.device.name}"),
         "",
     ]
     notes = [*a.spec.notes, *a.notes]
@@ -172,7 +216,7 @@ def to_markdown(a: Assessment) -> str:
             f"| **device used** | | {rank.device_used_bytes / GiB:,.2f} | |",
             "",
         ]
-    summary = [f"**{_verdict_line(a)}**", _band_line(a)]
+    summary = [f"**{_verdict_line(a)}**", *fleet_lines(a), _band_line(a)]
     summary += [text for text, _ in serving_lines(a)]
     if a.estimate.host_bytes:
         summary.append(_host_line(a))
@@ -185,7 +229,15 @@ def to_markdown(a: Assessment) -> str:
 
 
 def _band_line(a: Assessment) -> str:
+    line = _band_words(a)
+    return line.replace(" per device", f" on {a.verdict.device.name}") if a.fleet is not None else line
+
+
+def _band_words(a: Assessment) -> str:
     per = a.estimate.per_device
+    each = a.device_verdicts
+    if a.fleet is not None and len(each) == len(a.estimate.ranks):  # the band of the device that decides
+        per = a.estimate.ranks[next(j for j, x in enumerate(each) if x is a.verdict)]
     if not a.verdict.headroom_applied:  # vLLM holds its budget whatever the job's tensors take
         return (f"band of the job's own memory (weights, activations, its KV cache): {gib(per.low_bytes)} – "
                 f"{gib(per.high_bytes)} per device")
@@ -280,8 +332,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
     out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
-                f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,} · "
-                f"fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}", ""))
+                f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,}"
+                + ("" if a.fleet is not None else  # the fewest-devices search is over alike devices
+                   f" · fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}"), ""))
     return out
 
 
@@ -386,6 +439,11 @@ def queued_words(a: Assessment) -> str:
 
 
 def _verdict_line(a: Assessment) -> str:
+    line = _verdict_words(a)
+    return line.replace(" per device", f" on {a.verdict.device.name}") if a.fleet is not None else line
+
+
+def _verdict_words(a: Assessment) -> str:
     v = a.verdict
     if not v.headroom_applied:
         s = a.estimate.serving
@@ -407,12 +465,10 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     from rich.text import Text
 
     spec, est, v = a.spec, a.estimate, a.verdict
-    basis = "" if v.device.measured else " " + _BASIS_WORDS[v.device.capacity_basis]
     parts: list[Any] = [
         Text.assemble(("Model   ", "bold"), spec.name, "  ", (describe_model(spec), "dim")),
         Text.assemble(("Job     ", "bold"), describe_workload(a.workload)),
-        Text.assemble(("Device  ", "bold"), f"{v.count} × {v.device.name} ({gib(v.device.memory_bytes)}{basis})"
-                      + ("" if a.device_given else "  [default; pass --gpu]")),
+        Text.assemble(("Device  ", "bold"), _device_text(a) + ("" if a.device_given else "  [default; pass --gpu]")),
     ]
     for note in (*spec.notes, *a.notes):
         parts.append(Text(f"Note: {note}", style="yellow"))
@@ -426,6 +482,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     per = est.per_device
     style = "bold green" if v.fits else "bold yellow" if v.starts else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
+    for line in fleet_lines(a):
+        parts.append(Text(line))
     parts.append(Text(_band_line(a), style="dim"))
     for line, style in serving_lines(a):
         parts.append(Text(line, style=style))

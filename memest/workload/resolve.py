@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from enum import Enum
 from typing import Any
 
-from memest.devices import DEFAULT_DEVICE, Device, get_device
+from memest.devices import DEFAULT_DEVICE, Device, Fleet, get_devices
 from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import files, stacks
@@ -297,10 +297,64 @@ def device(values: Mapping[str, Any]) -> Device:
     """The ``gpu`` device, or the default.
 
     Raises:
-        InputError: an empty name.
+        InputError: an empty name; a list of devices (only :func:`devices` reads one).
         UnknownDeviceError: an unknown name.
     """
-    return get_device(gpu_name(values) or DEFAULT_DEVICE)
+    found = devices(values)
+    if isinstance(found, Fleet):
+        raise InputError(f"{{gpu}} {found.name!r} lists several devices; only a serving estimate reads a list (memest "
+                         "hf): give one device here", field="gpu")
+    return found
+
+
+def devices(values: Mapping[str, Any]) -> Device | Fleet:
+    """The ``gpu`` device, the :class:`~memest.devices.Fleet` a comma-separated list names
+    (``RTX-4090,RTX-3090``), or the default device.
+
+    Raises:
+        InputError: an empty name.
+        UnknownDeviceError: an unknown name, or a list with an empty or unknown item.
+    """
+    return get_devices(gpu_name(values) or DEFAULT_DEVICE)
+
+
+FLEET_ENGINES = (Engine.LLAMACPP, Engine.OLLAMA)
+"""Engines that split a model over unlike cards (llama.cpp's layer split, ``--tensor-split``)."""
+SMALLEST_CARD_ENGINES = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM)
+"""Tensor-parallel engines: their shards are equal, so on unlike cards they run at the smallest card's memory
+(:func:`memest.estimate.estimate`)."""
+
+
+def _fleet_count(v: dict[str, Any], fleet: Fleet) -> None:
+    """Set ``gpus`` to the devices listed, refusing another count given."""
+    if given(v, "gpus") and v["gpus"] != len(fleet):
+        raise InputError(f"{{gpus}} {v['gpus']} disagrees with the {len(fleet)} devices of {{gpu}} {fleet.name!r}; drop "
+                         f"{{gpus}} (the list sets it) or pass {{gpus}} {len(fleet)}", field="gpus")
+    v["gpus"] = len(fleet)
+
+
+def check_fleet(mode: str, engine: Engine | None, fleet: Fleet, v: Mapping[str, Any] | None = None) -> None:
+    """Refuse a job on unlike devices that memest does not model: training, and engines other than
+    :data:`FLEET_ENGINES` and :data:`SMALLEST_CARD_ENGINES`; for the latter, anything but one
+    tensor-parallel group (pp and dp 1).
+
+    Raises:
+        InputError: naming the devices and the engines that take unlike cards.
+    """
+    if not fleet.mixed:
+        return
+    engines = ", ".join(e.value for e in FLEET_ENGINES) + " (layer split); " + \
+        ", ".join(e.value for e in SMALLEST_CARD_ENGINES) + " (at the smallest card)"
+    if mode != "serve":
+        raise InputError(f"training on unlike devices ({{gpu}} {fleet.name}) is not modelled: every rank holds an equal "
+                         "share; give one {gpu} type with {gpus} N (serving engines that take unlike cards: "
+                         f"{engines})", field="gpu")
+    if engine not in FLEET_ENGINES + SMALLEST_CARD_ENGINES:
+        raise InputError(f"{{engine}} {engine.value if engine else None} does not split over unlike devices ({{gpu}} "
+                         f"{fleet.name}); engines that do: {engines}", field="engine")
+    if engine in SMALLEST_CARD_ENGINES and v is not None and (v["pp"] > 1 or (v["dp"] or 1) > 1):
+        raise InputError(f"{{engine}} {engine.value} on unlike devices ({{gpu}} {fleet.name}) is modelled as one "
+                         "tensor-parallel group; drop {pp} / {dp}", field="engine")
 
 
 def headroom(values: Mapping[str, Any]) -> float:
@@ -332,10 +386,11 @@ def tensor_split(value: str | tuple[float, ...] | None) -> tuple[float, ...]:
                          "{tensor_split} 10,6", field="tensor_split") from None
 
 
-def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope: bool = True,
+def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device | Fleet, *, scope: bool = True,
             checkpoint_params: tuple[tuple[str, int], ...] = (),
             gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...] = (), model: str | None = None) -> Workload:
-    """The workload ``values`` describe for ``spec`` on ``device``.
+    """The workload ``values`` describe for ``spec`` on ``device`` (a :class:`~memest.devices.Fleet`: ``gpus`` is
+    its length, :func:`check_fleet` its rules).
 
     Args:
         values: Settings by keyword; missing ones take their defaults.
@@ -352,14 +407,20 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device, *, scope
     mode = mode_of(v)
     if scope:
         check_scope(v, mode)
+    fleet = device if isinstance(device, Fleet) else None
+    if fleet is not None:
+        check_fleet(mode, Engine(v["engine"]) if mode == "serve" else None, fleet, v)
+        _fleet_count(v, fleet)
+        device = fleet.smallest
     check_sizes(v)
     notes, read = config_report(v, model)
     if mode != "serve":
         return _training(v, spec, device).replace(config_notes=notes, config_read=read)
     engine = Engine(v["engine"])
-    if not runs_on(engine.value, device.vendor):
-        raise InputError(f"{{engine}} {engine.value} does not run on {device.name} ({device.vendor}); use {{engine}} "
-                         "hf (transformers generate) or another {gpu}", field="engine")
+    for each in fleet.devices if fleet is not None else (device,):
+        if not runs_on(engine.value, each.vendor):
+            raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use {{engine}} "
+                             "hf (transformers generate) or another {gpu}", field="engine")
     max_len = v["max_model_len"]
     if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
         max_len = v["prompt_len"] + v["max_new_tokens"]
@@ -449,7 +510,9 @@ def serving_parallelism(v: Mapping[str, Any], spec: ModelSpec) -> Parallelism:
             raise InputError(f"{{gpus}} {gpus} is not divisible by {what} = {group}; use a multiple of {group} "
                              "({gpus} = tp x pp x dp)", field="gpus")
         tp = gpus // group
-        problem = tp_head_problem(spec, tp)
+        # llama.cpp / Ollama split layers, not heads: any device count runs (the layer split of
+        # memest.estimate.serving.llamacpp.engine.layer_devices)
+        problem = None if Engine(v["engine"]) in (Engine.LLAMACPP, Engine.OLLAMA) else tp_head_problem(spec, tp)
         if problem:
             ok = max(t for t in divisors(gpus // pp) if tp_head_problem(spec, t) is None)
             raise InputError(f"{{gpus}} {gpus} serves with tensor parallelism {tp} by default (gpus / (pp x dp)), "

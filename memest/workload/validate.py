@@ -10,6 +10,7 @@ from memest.spec import ModelSpec, Split
 from memest.workload.config import (
     BLOCK_SIZES,
     ENGINE_VERSIONS,
+    GGUF_ENGINES,
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
     VLLM_NO_FLOAT16,
@@ -43,7 +44,8 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
             raise InputError(f"{{{name}}} is {value}; it must be at least 1", field=name)
     if par.zero_stage not in (0, 1, 2, 3):
         raise InputError(f"{{zero_stage}} is {par.zero_stage}; it must be 0, 1, 2 or 3", field="zero_stage")
-    problem = tp_head_problem(spec, par.tp)
+    layer_split = isinstance(workload, ServingConfig) and workload.engine in GGUF_ENGINES  # llama.cpp splits layers
+    problem = None if layer_split else tp_head_problem(spec, par.tp)
     if problem:
         raise InputError(f"{{tp}} {par.tp} {problem[0]}; {problem[1]}", field="tp")
     if par.pp > spec.num_layers:

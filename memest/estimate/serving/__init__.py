@@ -17,7 +17,9 @@ fewest devices that fit is a search over estimates: :func:`memest.planning.searc
 
 from __future__ import annotations
 
-from memest.devices import Device
+import dataclasses
+
+from memest.devices import Device, Fleet
 from memest.errors import InputError
 from memest.estimate.serving.common import max_model_len_of
 from memest.estimate.serving.hf import generate as hf_generate
@@ -34,12 +36,38 @@ from memest.workload import Engine, ServingConfig
 __all__ = ["estimate_serving", "largest_concurrency", "largest_max_model_len"]
 
 
-def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
+def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) -> Estimate:
     """Per-rank serving memory and the engine's KV arithmetic.
+
+    On unlike devices (a :class:`~memest.devices.Fleet`) llama.cpp and Ollama split the layers over
+    them, each device with its own buffers and fit. vLLM, SGLang and TensorRT-LLM shard tensors equally,
+    so the card with the smallest pool binds (the smallest card, unless the runtime's own memory differs
+    by architecture) and the estimate is that card's: vLLM's engine takes the
+    fewest KV blocks of any worker (``get_kv_cache_configs``, ``vllm/v1/core/kv_cache_utils.py``, 0.19:
+    "the num_blocks of each rank [changed] to the smallest among all ranks"), SGLang the least free
+    memory of the tp group (``get_available_gpu_memory(..., distributed=True)``: an all-reduce MIN,
+    ``python/sglang/srt/utils.py``), TensorRT-LLM the fewest KV tokens over ranks ("make sure all ranks
+    use same value for maxTokens": an MPI allreduce MIN in ``KVCacheManager``'s pool sizing,
+    ``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``). On the larger cards the engine holds the
+    same KV pool and leaves the rest unused (vLLM: gpu_memory_utilization applies per GPU, and the
+    larger workers' KV tensors are shrunk to the common block count). Not modelled: SGLang picks its
+    default mem_fraction_static in the launcher from the first GPU's memory, memest from the binding
+    card's; on a fleet whose first card is the larger, give ``mem_fraction_static``.
 
     Raises:
         InputError: an ``--engine-version`` the engine does not have.
     """
+    if isinstance(device, Fleet):
+        if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+            return (ollama.estimate_ollama if s.engine is Engine.OLLAMA else llamacpp_engine.estimate_llamacpp)(
+                spec, s, device)
+        each = {d: estimate_serving(spec, s, d) for d in dict.fromkeys(device.devices)}
+        small, est = min(each.items(), key=lambda item: (_pool_tokens(item[1]), item[0].memory_bytes))
+        note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them and takes the smallest "
+                f"KV pool of its ranks, so every rank runs at the card with the least room ({small.name}); the others "
+                "hold the same pool and leave the rest unused")
+        return dataclasses.replace(est, assumptions=(*est.assumptions, note),
+                                   extra={**est.extra, "fleet_binding": small.name})
     if s.engine is Engine.HF:
         return hf_generate.estimate_generate(spec, s, device)
     if s.engine is Engine.SGLANG:
@@ -51,6 +79,11 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device) -> Estim
     if s.engine is Engine.OLLAMA:
         return ollama.estimate_ollama(spec, s, device)
     return vllm_engine.estimate_vllm(spec, s, device)
+
+
+def _pool_tokens(est: Estimate) -> int:
+    """The KV tokens an estimate's pool holds (0 without a serving summary)."""
+    return est.serving.kv_cache_tokens if est.serving is not None else 0
 
 
 def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, concurrency: int) -> int:

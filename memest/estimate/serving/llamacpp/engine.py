@@ -13,7 +13,11 @@ V n_vocab, c = n_ctx, u = n_ubatch.
   layers (the blocks, then the output layer) go to the GPUs; ``i_gpu_start = max(L - ngl, 0)``, and
   layer ``il`` goes to the first device whose cumulative ``--tensor-split`` share exceeds
   ``(il - i_gpu_start) / min(ngl, L + 1)`` (``std::upper_bound`` over the normalised cumulative
-  split; default split: in proportion to each device's memory). The output layer (output norm and
+  split, all in C ``float``; default split: each device's free memory, ``ggml_backend_dev_memory``,
+  which is its capacity less llama.cpp's context: ``llama_model::load_tensors``, read in the
+  ``pimpl->dev_layer`` code of early 2025 that b4715 has, unchanged since in later builds). Unlike
+  devices (a :class:`memest.devices.Fleet`, CUDA0 first) each get their own buffers, context and fit.
+  The output layer (output norm and
   matrix; for tied embeddings a duplicate of ``token_embd``) is on the GPU only when ngl > L. The
   token embedding always stays in host RAM (the input layer is the CPU).
 - **Model buffers**: each tensor's bytes (:mod:`.quant`), on CUDA with quantized rows padded to 512
@@ -45,9 +49,10 @@ V n_vocab, c = n_ctx, u = n_ubatch.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 
-from memest.devices import Device
+from memest.devices import Device, Fleet
 from memest.errors import InputError
 from memest.estimate.serving.kv import kv_layer
 from memest.estimate.serving.llamacpp.quant import GGUFTensor, file_type, quantized_tensors, source_tensors, type_counts
@@ -88,6 +93,18 @@ def context_bytes(device: Device) -> int:
     return CUDA_CONTEXT if device.vendor in ("nvidia", "amd") and device.kind != "cpu" else 0
 
 
+def free_bytes(device: Device) -> int:
+    """What ``ggml_backend_dev_memory`` reports free on ``device`` when the model loads: its capacity less
+    llama.cpp's context (the CI logs' 'V100-PCIE-16GB - 15841 MiB free' of 16,160 MiB); the default
+    ``--tensor-split``."""
+    return device.memory_bytes - context_bytes(device)
+
+
+def devices_of(device: Device | Fleet, count: int) -> tuple[Device, ...]:
+    """The job's devices in order: a fleet's, or ``count`` x ``device``."""
+    return device.devices if isinstance(device, Fleet) else (device,) * count
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """The resolved llama.cpp settings of a serving job.
@@ -101,7 +118,8 @@ class Settings:
         n_ubatch: Physical batch (tokens of the worst-case graph).
         n_gpu_layers: Layers (of L + 1) offloaded.
         flash_attn: ``-fa``.
-        split: Each device's share of the offloaded layers (sums to 1).
+        split: Each device's weight in the layer split as llama.cpp reads it (``--tensor-split``, or each
+            device's free bytes); :func:`layer_devices` normalises it.
         n_seq: Sequences (output rows of the output buffer; llama-server ``-np``).
     """
 
@@ -139,8 +157,9 @@ def default_file_type(s: ServingConfig) -> str:
     return "q4_k_m" if s.engine is Engine.OLLAMA else "f16"
 
 
-def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
-    """llama.cpp's settings for the job, checked as llama.cpp checks them.
+def settings(spec: ModelSpec, s: ServingConfig, devices: int | tuple[Device, ...] = 1) -> Settings:
+    """llama.cpp's settings for the job, checked as llama.cpp checks them. ``devices``: how many alike
+    GPUs, or the GPUs themselves (the default split is their free memory, :func:`free_bytes`).
 
     Raises:
         InputError: an unknown file or cache type; a quantized V cache without flash attention;
@@ -168,22 +187,24 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Settings:
     if ngl < 0 or ngl > layers + 1:
         raise InputError(f"{{n_gpu_layers}} {ngl} is outside 0..{layers + 1} ({spec.name} has {layers} layers plus the "
                          f"output layer); use {{n_gpu_layers}} {layers + 1} to offload them all", field="n_gpu_layers")
-    split = s.tensor_split or (1.0,) * devices
-    if len(split) != devices:
+    listed = devices if isinstance(devices, tuple) else ()
+    n_dev = len(listed) if listed else int(devices)
+    split = s.tensor_split or (tuple(float(free_bytes(d)) for d in listed) if listed else (1.0,) * n_dev)
+    if len(split) != n_dev:
+        which = (f"the {n_dev} devices of {{gpu}} {','.join(d.ref for d in listed)}" if len(set(listed)) > 1 else
+                 f"{n_dev} device{'s' if n_dev > 1 else ''}")
         raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} has {len(split)} shares for "
-                         f"{devices} device{'s' if devices > 1 else ''}; give one share per device ({{gpus}} "
-                         f"{devices})", field="tensor_split")
+                         f"{which}; give one share per device" + ("" if listed else f" ({{gpus}} {n_dev})"),
+                         field="tensor_split")
     if any(x < 0 for x in split) or sum(split) <= 0:
         raise InputError(f"{{tensor_split}} {','.join(f'{x:g}' for x in split)} must be shares >= 0 with a positive "
                          "sum", field="tensor_split")
-    total = sum(split)
     for layer, _ in spec.layer_kinds():
         g = layer.attention.num_kv_heads * layer.attention.head_dim
         if layer.attention.kind == "gqa" and g % tk.block:
             raise InputError(f"{{kv_cache_dtype}} {tk.name}: the {g} K/V elements per cell of {spec.name} are not a "
                              f"multiple of its block of {tk.block}; use f16", field="kv_cache_dtype")
-    return Settings(ftype, tk, tv, n_ctx, n_batch, n_ubatch, ngl, s.flash_attn, tuple(x / total for x in split),
-                    max(1, s.batch_size))
+    return Settings(ftype, tk, tv, n_ctx, n_batch, n_ubatch, ngl, s.flash_attn, tuple(split), max(1, s.batch_size))
 
 
 MATRIX_CATEGORIES = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -234,18 +255,27 @@ def file_tensors(spec: ModelSpec, s: ServingConfig) -> list[GGUFTensor]:
     return quantized_tensors(spec, default_file_type(s))
 
 
+def _f32(x: float) -> float:
+    """``x`` as a C ``float`` (llama.cpp computes the split points in float)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def layer_devices(n_layer: int, ngl: int, split: tuple[float, ...]) -> list[int | None]:
     """The device of each of the L + 1 layers (index L is the output layer); None = host (module
-    docstring: ``llm_load_tensors``)."""
+    docstring: ``llama_model::load_tensors``). ``split``: each device's weight (any scale), summed and
+    normalised in float as llama.cpp does (``split_sum += splits[i]; splits[i] = split_sum``, then
+    ``splits[i] /= split_sum``); a layer goes to ``std::upper_bound(splits, float(il - i_gpu_start) /
+    act_gpu_layers)``, the first device whose edge is strictly above it."""
     start = max(n_layer - ngl, 0)
     act = min(ngl, n_layer + 1)
     cum, acc = [], 0.0
     for x in split:
-        acc += x
+        acc = _f32(acc + _f32(x))
         cum.append(acc)
+    cum = [_f32(edge / acc) for edge in cum]
 
     def device(il: int) -> int:
-        pos = (il - start) / act
+        pos = _f32(_f32(il - start) / act)
         for j, edge in enumerate(cum):
             if pos < edge:
                 return j
@@ -357,13 +387,15 @@ def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
-def buffers(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Buffers:
-    """llama.cpp's buffers for the job on ``devices`` GPUs (module docstring).
+def buffers(spec: ModelSpec, s: ServingConfig, devices: int | tuple[Device, ...] = 1) -> Buffers:
+    """llama.cpp's buffers for the job on ``devices`` GPUs (a count of alike GPUs, or the GPUs; module
+    docstring).
 
     Raises:
         InputError: invalid settings (:func:`settings`).
     """
     st = settings(spec, s, devices)
+    devices = len(devices) if isinstance(devices, tuple) else devices
     tensors = file_tensors(spec, s)
     n_layer = spec.num_layers
     where = layer_devices(n_layer, st.n_gpu_layers, st.split)
@@ -411,26 +443,30 @@ def buffers(spec: ModelSpec, s: ServingConfig, devices: int = 1) -> Buffers:
                    sum(t.nbytes for t in tensors), type_counts(tensors), n_layer, offloaded)
 
 
-def _device_label(j: int, d: DeviceBuffers) -> str:
+def _device_label(j: int, d: DeviceBuffers, device: Device | None = None) -> str:
     if not d.layers:
         span = "output layer" if d.output else "no layers"
     else:
         span = f"layers {d.layers[0]}-{d.layers[-1]}" + (" + output" if d.output else "")
-    return f"CUDA{j} ({span})"
+    return f"CUDA{j}{f' {device.name}' if device is not None else ''} ({span})"
 
 
-def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
-    """llama.cpp's per-GPU memory and host RAM for the job (``--engine llama.cpp``).
+def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) -> Estimate:
+    """llama.cpp's per-GPU memory and host RAM for the job (``--engine llama.cpp``) on ``device`` x the
+    job's device count, or on the unlike devices of a :class:`~memest.devices.Fleet` (one rank per
+    device, in order, each with its own layers, context and fit).
 
     Raises:
         InputError: invalid settings (:func:`settings`).
     """
     n_dev = s.parallelism.world_size
-    b = buffers(spec, s, n_dev)
+    fleet = isinstance(device, Fleet) and device.mixed
+    devs = devices_of(device, n_dev)
+    b = buffers(spec, s, devs if fleet else n_dev)
     st = b.settings
     ranks = []
-    context = context_bytes(device)
     for j, d in enumerate(b.devices):
+        context = context_bytes(devs[j])
         terms = (
             Term("weights", Kind.WEIGHTS, d.model, f"model buffer: {len(d.layers)} layers"
                  + (" + output layer" if d.output else "") + f" of a {st.file_type.upper()} GGUF"),
@@ -440,11 +476,12 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
                  + (", flash attention" if st.flash_attn else ", KQ scores f32")),
             Term("runtime.cuda_context", Kind.RUNTIME, context, "llama.cpp's CUDA context (fitted to the CI logs)"),
         )
-        ranks.append(RankEstimate(_device_label(j, d), terms, 1))
-    worst = max(ranks, key=lambda r: r.device_used_bytes)
+        ranks.append(RankEstimate(_device_label(j, d, devs[j] if fleet else None), terms, 1))
+    binding = min(range(len(ranks)), key=lambda j: devs[j].memory_bytes - ranks[j].device_used_bytes)
+    worst = ranks[binding]
     per_token = (b.k_bytes + b.v_bytes) // st.n_ctx
     gpu_kv = sum(d.kv for d in b.devices)
-    fits = worst.device_used_bytes <= device.memory_bytes
+    fits = all(r.device_used_bytes <= devs[j].memory_bytes for j, r in enumerate(ranks))
     summary = ServingSummary(
         kv_cache_bytes_per_token=per_token,
         max_model_len=st.n_ctx // st.n_seq,
@@ -454,7 +491,7 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         kv_budget_bytes=gpu_kv + b.host_kv,
         engine=s.engine.value,
         engine_version=BUILD,
-        requested_bytes=device.memory_bytes,
+        requested_bytes=devs[binding].memory_bytes,
         non_kv_bytes=worst.device_used_bytes - worst.term("kv_cache").bytes,
         activation_peak_bytes=worst.term("workspace.compute").bytes,
         request_kv_bytes=(b.k_bytes + b.v_bytes) // st.n_seq,
@@ -475,6 +512,11 @@ def estimate_llamacpp(spec: ModelSpec, s: ServingConfig, device: Device) -> Esti
         "host RAM: the mmapped file's pages of the layers left on the host, their KV, the host compute and "
         "output buffers",
     )
+    if fleet:
+        placed = ", ".join(f"CUDA{j} {x.name} {len(d.layers)} layers" for j, (x, d) in enumerate(zip(devs, b.devices)))
+        by = "the tensor split given" if s.tensor_split else "free memory (llama.cpp's default)"
+        assumptions += (f"unlike devices, layers split by {by}: {placed}; {devs[binding].name} has the least room "
+                        "left",)
     extra = {"llamacpp_host_bytes": b.host_bytes, "llamacpp_host_model_bytes": b.host_model,
              "llamacpp_offloaded_layers": b.offloaded, "llamacpp_layers": b.n_layer + 1,
              "llamacpp_file_type": st.file_type, "llamacpp_file_bytes": b.file_bytes}

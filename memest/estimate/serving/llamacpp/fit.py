@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memest.devices import Device, usable_bytes
+from memest.devices import Device, Fleet, usable_bytes
 from memest.errors import InputError
 from memest.estimate.serving.llamacpp import engine
 from memest.spec import ModelSpec
@@ -21,15 +21,17 @@ LADDER = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q2_k")
 """File types tried, best quality first (the common llama.cpp / Hub GGUF choices)."""
 
 
-def _fits(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float) -> bool:
+def _fits(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float) -> bool:
+    """Every GPU's figure within its own usable memory (a fleet's devices each their own)."""
     try:
         est = engine.estimate_llamacpp(spec, s, device)
     except InputError:
         return False
-    return est.per_device.device_used_bytes <= usable_bytes(device, headroom)
+    devs = engine.devices_of(device, len(est.ranks))
+    return all(r.device_used_bytes <= usable_bytes(d, headroom) for r, d in zip(est.ranks, devs))
 
 
-def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float) -> int:
+def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float) -> int:
     """The most layers (of num_layers + 1) llama.cpp can offload with the job's other settings; -1
     when even 0 (everything in RAM: the GPU keeps only its compute buffer) does not fit."""
     top = spec.num_layers + 1
@@ -45,7 +47,7 @@ def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device, headroom:
     return lo
 
 
-def largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float, limit: int) -> int:
+def largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float, limit: int) -> int:
     """The largest max_model_len (at most ``limit``; n_ctx is it x batch_size) at which the job's
     layers fit; 0 when none does."""
     if not _fits(spec, s.replace(max_model_len=1), device, headroom):
@@ -89,7 +91,7 @@ class Option:
         return self.layers - max(self.gpu_layers, 0)
 
 
-def search(spec: ModelSpec, s: ServingConfig, device: Device, headroom: float,
+def search(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float,
            quants: tuple[str, ...] = LADDER) -> list[Option]:
     """For each file type of ``quants`` (best first): the most layers that fit at the job's n_ctx and
     the longest context that fits fully on the GPU (up to the model's max_position_embeddings)."""

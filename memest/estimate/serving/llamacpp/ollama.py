@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from memest.devices import Device
+from memest.devices import Device, Fleet
 from memest.estimate.serving.kv import kv_layer
 from memest.estimate.serving.llamacpp import engine
 from memest.result import Estimate
@@ -71,6 +71,8 @@ class OllamaEstimate:
         graph_full: ``memory.graph.full``.
         graph_partial: ``memory.graph.partial``.
         allocations: Per GPU (``memory.required.allocations``).
+        layer_counts: Layers placed per GPU (``layerCounts``: the ``--tensor-split`` Ollama passes to
+            llama.cpp when there are several GPUs).
     """
 
     layers_model: int
@@ -83,6 +85,7 @@ class OllamaEstimate:
     graph_full: int
     graph_partial: int
     allocations: tuple[int, ...]
+    layer_counts: tuple[int, ...] = ()
 
     @property
     def weights_total(self) -> int:
@@ -213,18 +216,26 @@ def estimate_layers(spec: ModelSpec, s: ServingConfig, available: tuple[int, ...
             alloc[j] += full if fully else partial
     req_partial = sum(alloc)
     return OllamaEstimate(n_layer + 1, count, req_partial + overflow, req_partial, kv_total, sum(blocks), output,
-                          full, partial, tuple(alloc))
+                          full, partial, tuple(alloc), tuple(split))
 
 
-def estimate_ollama(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
+def estimate_ollama(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) -> Estimate:
     """Ollama's placement on ``device`` (its own estimate, whose layer count it then runs with), and
-    llama.cpp's buffers at that ``-ngl`` (:func:`engine.estimate_llamacpp`)."""
+    llama.cpp's buffers at that ``-ngl`` (:func:`engine.estimate_llamacpp`). On unlike devices (a
+    :class:`~memest.devices.Fleet`) each GPU's free memory is its own, and the layer counts Ollama
+    placed become llama.cpp's tensor split (``llm/memory.go``: ``tensorSplit`` = the layer counts when
+    there are several GPUs; ``llm/server.go`` passes it as ``--tensor-split``)."""
     n_dev = s.parallelism.world_size
-    est = estimate_layers(spec, s, (device.memory_bytes,) * n_dev,
-                          minimum=MINIMUM_MEMORY.get(device.vendor, MINIMUM_MEMORY["nvidia"]))
+    devs = engine.devices_of(device, n_dev)
+    est = estimate_layers(spec, s, tuple(d.memory_bytes for d in devs),
+                          minimum=max(MINIMUM_MEMORY.get(d.vendor, MINIMUM_MEMORY["nvidia"]) for d in devs))
+    # alike GPUs keep llama.cpp's even split (Ollama's round-robin counts differ from it by a layer at most)
+    split = est.layer_counts if isinstance(device, Fleet) and device.mixed and not s.tensor_split else s.tensor_split
+    if split and not any(split):
+        split = ()  # nothing on the GPUs: llama.cpp's all-zero split is its default
     run = s.replace(n_gpu_layers=est.layers_offload, kv_cache_dtype=kv_cache_type(s),
                     max_model_len=s.max_model_len or DEFAULT_NUM_CTX, n_batch=s.n_batch or DEFAULT_NUM_BATCH,
-                    n_ubatch=s.n_ubatch or s.n_batch or DEFAULT_NUM_BATCH)
+                    n_ubatch=s.n_ubatch or s.n_batch or DEFAULT_NUM_BATCH, tensor_split=tuple(float(x) for x in split))
     base = engine.estimate_llamacpp(spec, run, device)
     assert base.serving is not None
     summary = dataclasses.replace(base.serving, engine="ollama", engine_version=VERSION)

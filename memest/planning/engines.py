@@ -1,0 +1,174 @@
+"""Serving engines compared on each device type (``memest plan MODEL --serve --engine any``).
+
+For each device type the job's settings (model, max_model_len, batch_size, dtype, quantization, KV
+dtype) are estimated under every engine of :data:`COMPARED`, on the same devices (max_model_len, when
+not given, is the model's for every engine, vLLM's default, not llama.cpp's own 4,096): the fewest of that
+type on which any of them fits (:func:`memest.planning.search.smallest_parallelism`, each engine's own
+fit rule, at most the type's ``max_count``), or one device when none fits. Each engine then holds some
+number of concurrent sequences of max_model_len (:func:`memest.estimate.serving.largest_concurrency`:
+vLLM's 'Maximum concurrency' floored, SGLang's and TensorRT-LLM's pool over the request's tokens,
+llama.cpp's longest context over max_model_len); the engine holding the most, among those that start
+(:attr:`memest.planning.fit.Verdict.starts`), is named for the type (the first of :data:`COMPARED` on a
+tie).
+
+Which engines are compared: vLLM, SGLang and TensorRT-LLM always; llama.cpp when the weights are ones a
+GGUF file holds: no quantization (the f16 GGUF ``convert_hf_to_gguf.py`` writes, the same 2 bytes per
+weight as the 16-bit checkpoint) or a GGUF type (``q4_k_m``, ...), or a ``.gguf`` file (``gguf``: then llama.cpp
+alone, from the file's header; the others are skipped). An engine that does not run on the
+device's vendor (:func:`memest.workload.runs_on`: TensorRT-LLM only on NVIDIA, none of vLLM / SGLang /
+TensorRT-LLM on Apple) or refuses the settings (a GGUF type under vLLM, an AWQ checkpoint under llama.cpp:
+the engine's own one-line error) is skipped, with the reason. Ollama is llama.cpp with its own defaults,
+and transformers ``generate`` has no pool: neither is compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from memest.devices import Device
+from memest.errors import InputError
+from memest.estimate import estimate
+from memest.estimate.serving import largest_concurrency
+from memest.estimate.serving.common import max_model_len_of
+from memest.planning.fit import VerdictKind, verdict
+from memest.planning.search import DeviceChoice, smallest_parallelism
+from memest.spec import ModelSpec
+from memest.workload import Engine, Parallelism, ServingConfig, runs_on, validate
+
+COMPARED = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM, Engine.LLAMACPP)
+"""The engines compared, in the order ties are broken."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRow:
+    """One engine on one device type.
+
+    Attributes:
+        engine: The engine.
+        kv_cache_tokens: Tokens its KV pool holds per device (llama.cpp: n_ctx, the cells asked); 0 when skipped.
+        concurrent_sequences: Sequences of max_model_len it holds at once; 0 when skipped or nothing fits.
+        verdict: ``fits``, ``queues`` or ``does_not_fit`` (:data:`memest.planning.fit.VerdictKind`); None when skipped.
+        needed_bytes: What it holds per device (the verdict's figure); 0 when skipped.
+        skipped: Why it was not estimated (the engine does not run there, or refuses the settings); None otherwise.
+    """
+
+    engine: Engine
+    kv_cache_tokens: int = 0
+    concurrent_sequences: int = 0
+    verdict: VerdictKind | None = None
+    needed_bytes: int = 0
+    skipped: str | None = None
+
+    @property
+    def starts(self) -> bool:
+        """True when the engine runs the job (it fits, or starts and queues)."""
+        return self.verdict is not None and self.verdict != "does_not_fit"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceComparison:
+    """Every compared engine on one device type.
+
+    Attributes:
+        device: The device type.
+        count: Devices each engine was estimated on (the fewest on which any fits; 1 when none does).
+        parallelism: Their layout (tp x pp).
+        rows: One per engine of :data:`COMPARED`, in that order.
+        best: The engine that holds the most concurrent sequences among those that start; None when none starts.
+    """
+
+    device: Device
+    count: int
+    parallelism: Parallelism
+    rows: tuple[EngineRow, ...]
+    best: Engine | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineComparison:
+    """``memest plan --engine any``: the engines compared per device type.
+
+    Attributes:
+        workload: The job (its engine is the default's; each row replaces it).
+        max_model_len: Tokens per sequence compared.
+        headroom: Share of memory kept free for the engines that do not size a pool up front (llama.cpp).
+        devices: One per device type, in the order given.
+    """
+
+    workload: ServingConfig
+    max_model_len: int
+    headroom: float
+    devices: tuple[DeviceComparison, ...]
+
+
+def _trial(s: ServingConfig, engine: Engine) -> ServingConfig:
+    """The job under ``engine`` at the version memest models by default (a version names one engine's)."""
+    return s.replace(engine=engine, engine_version=None)
+
+
+def _skip_reason(spec: ModelSpec, s: ServingConfig, device: Device) -> str | None:
+    """Why ``s`` (one engine) is not compared on ``device``, or None."""
+    if not runs_on(s.engine.value, device.vendor):
+        return f"{s.engine.value} does not run on {device.name} ({device.vendor})"
+    if s.engine is Engine.LLAMACPP and (spec.quantization is not None):
+        return f"{spec.name} is stored quantized ({spec.quantization}), which no GGUF type reproduces"
+    if s.gguf_tensors and s.engine is not Engine.LLAMACPP:
+        return f"a GGUF file is served by llama.cpp here ({s.engine.value}'s own weights are not a GGUF file's)"
+    return None
+
+
+def _row(spec: ModelSpec, s: ServingConfig, device: Device, par: Parallelism, headroom: float,
+         max_len: int) -> EngineRow:
+    trial = s.replace(parallelism=par)
+    try:
+        validate(spec, trial)
+        est = estimate(spec, trial, device)
+        v = verdict(est, device, par.world_size, headroom)
+        held = largest_concurrency(spec, trial, device, max_len)
+    except InputError as exc:
+        return EngineRow(s.engine, skipped=str(exc))
+    tokens = est.serving.kv_cache_tokens if est.serving is not None else 0
+    return EngineRow(s.engine, tokens, held if v.starts else 0, v.kind, v.needed_bytes)
+
+
+def compare_device(spec: ModelSpec, s: ServingConfig, choice: DeviceChoice, headroom: float) -> DeviceComparison:
+    """Every engine of :data:`COMPARED` on ``choice``'s device type (module docstring)."""
+    device = choice.device
+    trials, skipped = [], {}
+    for engine in COMPARED:
+        trial = _trial(s, engine)
+        reason = _skip_reason(spec, trial, device)
+        if reason is None:
+            try:
+                validate(spec, trial)
+            except InputError as exc:
+                reason = str(exc)
+        if reason is None:
+            trials.append(trial)
+        else:
+            skipped[engine] = reason
+    layouts = []
+    for trial in trials:
+        par = smallest_parallelism(spec, trial, device, headroom=headroom)
+        if par is not None and par.world_size <= choice.max_count:
+            layouts.append(par)
+    one = dataclasses.replace(s.parallelism, tp=1, pp=1, dp=1, cp=1, zero_stage=0)
+    par = min(layouts, key=lambda p: (p.world_size, p.pp), default=one)
+    max_len = max_model_len_of(spec, s)
+    rows = tuple(EngineRow(e, skipped=skipped[e]) if e in skipped else
+                 _row(spec, next(t for t in trials if t.engine is e), device, par, headroom, max_len) for e in COMPARED)
+    starting = [r for r in rows if r.starts]
+    best = max(starting, key=lambda r: (r.concurrent_sequences, -COMPARED.index(r.engine))).engine if starting else None
+    return DeviceComparison(device, par.world_size, par, rows, best)
+
+
+def compare_engines(spec: ModelSpec, s: ServingConfig, choices: tuple[DeviceChoice, ...], *,
+                    headroom: float = 0.10) -> EngineComparison:
+    """The engines of :data:`COMPARED` on each device type of ``choices`` (module docstring).
+
+    Raises:
+        InputError: never for one engine's settings (that engine is skipped with the reason).
+    """
+    s = s.replace(max_model_len=max_model_len_of(spec, s))  # one length for all (llama.cpp's own default is 4096)
+    return EngineComparison(s, s.max_model_len, headroom, tuple(compare_device(spec, s, c, headroom) for c in choices))

@@ -1,0 +1,110 @@
+"""``memest plan MODEL --serve --engine any``: the serving engines compared per device type at the same
+settings (:mod:`memest.planning.engines`), in the CLI and the API.
+
+Llama-3.1-8B at max_model_len 8,192 with 16 sequences asked: every layer is full attention, so a pool of T
+tokens holds floor(T / 8,192) sequences of 8,192 tokens (vLLM's block of 16 divides 8,192: no partial
+block); llama.cpp's pool is the n_ctx it is asked for, max_model_len x batch_size = 8,192 x 16 = 131,072
+cells.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import memest
+from memest.cli import app
+from memest.devices import get_device
+from memest.planning.engines import COMPARED, compare_engines
+from memest.planning.search import DeviceChoice
+from memest.sources import load_model
+from memest.workload import Engine, ServingConfig
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def h100_and_mac():
+    spec = load_model(MODEL)
+    s = ServingConfig(max_model_len=8192, batch_size=16)
+    return compare_engines(spec, s, (DeviceChoice(get_device("H100"), 8), DeviceChoice(get_device("M2-Max-96GB"), 1)))
+
+
+def test_rows_follow_each_engines_pool(h100_and_mac):
+    h100 = h100_and_mac.devices[0]
+    assert [r.engine for r in h100.rows] == list(COMPARED) and h100.count == 1  # 16 x 8k fits one H100
+    rows = {r.engine: r for r in h100.rows}
+    for e in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM):
+        assert rows[e].verdict == "fits" and rows[e].concurrent_sequences == rows[e].kv_cache_tokens // 8192
+    assert rows[Engine.LLAMACPP].kv_cache_tokens == 8192 * 16 == 131_072
+    # the named engine holds the most of those that start
+    assert h100.best is max((r for r in h100.rows if r.starts), key=lambda r: r.concurrent_sequences).engine
+
+
+def test_engines_that_do_not_run_on_apple_are_skipped_with_the_reason(h100_and_mac):
+    mac = h100_and_mac.devices[1]
+    for r in mac.rows[:3]:
+        assert r.skipped == f"{r.engine.value} does not run on M2-Max-96GB (apple)" and r.verdict is None
+    assert mac.rows[3].engine is Engine.LLAMACPP and mac.rows[3].skipped is None
+    assert mac.best in (Engine.LLAMACPP, None)
+
+
+def test_a_gguf_type_is_llamacpp_only():
+    """q4_k_m is a GGUF file type: the tensor-parallel engines refuse it (their own error is the reason)."""
+    spec = load_model(MODEL)
+    c = compare_engines(spec, ServingConfig(max_model_len=4096, quantization="q4_k_m"),
+                        (DeviceChoice(get_device("RTX-4090"), 1),))
+    rows = c.devices[0].rows
+    assert all(r.skipped and "q4_k_m" in r.skipped for r in rows[:3])
+    assert rows[3].skipped is None and c.devices[0].best is Engine.LLAMACPP
+
+
+def test_cli_json_is_the_api_answer():
+    args = ["plan", MODEL, "--serve", "--engine", "any", "--gpu", "H100", "--max-model-len", "8192",
+            "--batch-size", "16", "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    api = memest.plan_memory(MODEL, mode="serve", engine="any", gpu="H100", max_model_len=8192, batch_size=16)
+    assert doc["engine_comparison"] == api.to_dict()["engine_comparison"]
+    entry = doc["engine_comparison"][0]
+    assert entry["device"] == "H100-80GB" and [e["engine"] for e in entry["engines"]] == [e.value for e in COMPARED]
+    assert entry["best"] in {e["engine"] for e in entry["engines"]}
+
+
+def test_table_names_the_best(monkeypatch):
+    out = CliRunner().invoke(app, ["plan", MODEL, "--serve", "--engine", "any", "--gpu", "M2-Max-96GB",
+                                   "--max-model-len", "8192"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "llama.cpp holds the most" in out.output and "trtllm does not run on M2-Max-96GB (apple)" in out.output
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["plan", MODEL, "--serve", "--engine", "bogus", "--gpu", "L4"], ("'bogus'", "any")),
+    (["plan", MODEL, "--train", "--engine", "any", "--gpu", "L4"], ("--engine",)),
+])
+def test_bad_engine_is_one_line_exit_2(argv, words, monkeypatch, capsys):
+    from memest.cli import main
+
+    monkeypatch.setattr("sys.argv", ["memest", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_api_refuses_any_for_training():
+    with pytest.raises(memest.InputError, match="serving"):
+        memest.plan_memory(MODEL, mode="train", engine="any", gpu="H100")
+
+
+def test_a_gguf_file_is_compared_under_llamacpp_alone():
+    spec = load_model(MODEL)
+    header = (("token_embd.weight", "q4_k", (128256, 4096)),)  # any header: the others never read it
+    c = compare_engines(spec, ServingConfig(engine=Engine.LLAMACPP, max_model_len=4096, gguf_tensors=header),
+                        (DeviceChoice(get_device("H100"), 1),))
+    rows = c.devices[0].rows
+    assert all(r.skipped and r.skipped.startswith("a GGUF file is served by llama.cpp") for r in rows[:3])
+    assert rows[3].engine is Engine.LLAMACPP
