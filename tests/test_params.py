@@ -206,6 +206,7 @@ DEFAULT_CLASSES = {
     "jamba": "JambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "lfm2_vl": "Lfm2VlForConditionalGeneration",
     "mamba": "MambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
@@ -255,6 +256,7 @@ DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
 DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
                                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
+DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
@@ -1067,6 +1069,25 @@ VARIANTS["lfm2-layer_types-untied-bias"] = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "intermediate_size": 160,
     "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
     "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+# LFM2-VL-1.6B style (vision_use_head false, projector without its LayerNorm here), shrunk; untied
+VARIANTS["lfm2_vl-no-head-untied"] = {
+    "model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "tie_word_embeddings": False,
+    "downsample_factor": 2, "projector_hidden_size": 48, "projector_bias": False, "projector_use_layernorm": False,
+    "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192,
+                    "layer_types": ["conv", "full_attention", "conv", "conv"]},
+    "vision_config": {"model_type": "siglip2_vision_model", "hidden_size": 32, "intermediate_size": 48,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "patch_size": 4, "num_patches": 64,
+                      "vision_use_head": False},
+}
+VARIANTS["lfm2_vl-head-tie_embedding"] = {
+    "model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "tie_embedding": True,
+    "downsample_factor": 3,
+    "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                    "vocab_size": 97, "block_ff_dim": 192, "full_attn_idxs": [1]},
+    "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+                      "patch_size": 2, "num_channels": 1},
 }
 # Mamba-1, shrunk (MambaConfig's state 16, conv 4, expand 2)
 VARIANTS["mamba-130m-shrunk"] = {
