@@ -243,3 +243,75 @@ def test_glm52_drops_the_indexers_of_its_shared_layers() -> None:
     assert glm5.num_params - glm52.num_params == 57 * per_layer == 534_198_528
     assert (bytes_per_token(kv_layers(glm5.layer_kinds(), 1, 2))
             - bytes_per_token(kv_layers(glm52.layer_kinds(), 1, 2))) == 57 * 132
+
+
+# ---- towers: Voxtral's audio encoder, LFM2-VL's SigLIP2 --------------------------------------------
+
+
+def test_voxtral_mini_counts_its_audio_tower() -> None:
+    """Voxtral-Mini-3B-2507. Audio encoder (Whisper large-v3's: d 1280, 32 layers, ffn 5120, 128 mels,
+    1500 positions): per layer Q/V/out 3 x (1280^2 + 1280) + K 1280^2 = 6,557,440, two LayerNorms 5,120,
+    fc1 1280 x 5120 + 5120 = 6,558,720, fc2 5120 x 1280 + 1280 = 6,554,880: 19,676,160; x 32 = 629,637,120;
+    conv1 1280 x 128 x 3 + 1280 = 492,800, conv2 1280 x 1280 x 3 + 1280 = 4,916,480, positions
+    1500 x 1280 = 1,920,000, final LayerNorm 2,560: 636,968,960. Projector 5120 x 3072 + 3072^2 =
+    25,165,824. Text (Llama, h 3072, 30 layers, 32 heads / 8 KV of 128, i 8192, V 131072, untied):
+    per layer 2 x 3072 x 4096 + 2 x 3072 x 1024 + 3 x 3072 x 8192 + 2 x 3072 = 106,960,896;
+    30 x that + 2 x 131072 x 3072 + 3072 = 4,014,136,320. Total 4,676,271,104: 14.2% is the tower and
+    projector. Mistral's card: "~9.5 GB of GPU RAM in bf16" (4.68e9 x 2 B = 9.35 GB of weights)."""
+    tower = 32 * (3 * (1280**2 + 1280) + 1280**2 + 5120 + 1280 * 5120 + 5120 + 5120 * 1280 + 1280)
+    tower += 1280 * 128 * 3 + 1280 + 1280 * 1280 * 3 + 1280 + 1500 * 1280 + 2560
+    assert tower == 636_968_960
+    projector = 5120 * 3072 + 3072**2
+    text = 30 * (2 * 3072 * 4096 + 2 * 3072 * 1024 + 3 * 3072 * 8192 + 2 * 3072) + 2 * 131_072 * 3_072 + 3_072
+    assert text == 4_014_136_320
+    spec = load_model("mistralai/Voxtral-Mini-3B-2507")
+    assert spec.num_params == tower + projector + text == 4_676_271_104
+    from memest.spec import Component
+    assert spec.params_by_component()[Component.OTHER] == tower + projector
+    # the encoder caches nothing; the text model 30 x 8 x (128 + 128) x 2 B = 122,880 B/token
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 30 * 8 * 256 * 2 == 122_880
+
+
+def test_lfm2_vl_is_lfm2_plus_siglip2_and_projector() -> None:
+    """A shrunk LFM2-VL: LFM2 text h 64, 4 layers (conv, attention, conv, conv), 4 heads / 2 KV of 16,
+    block_ff_dim 192 -> int(2 x 192 / 3) = 128 -> 256 (multiple of 256), V 97, tied; SigLIP2 vh 32, 2 layers,
+    i 48, patch 4 over 3 channels, 64 positions, no pooling head; projector f 2: LayerNorm 2 x 128,
+    linear_1 128 x 40 + 40, linear_2 40 x 64 + 64.
+
+    SigLIP2: patch Linear 48 x 32 + 32 = 1,568, positions 64 x 32 = 2,048; a layer 4 x (32^2 + 32) +
+    2 LayerNorms 128 + fc1 32 x 48 + 48 + fc2 48 x 32 + 32 = 4,224 + 128 + 1,584 + 1,568 = 7,504; post LayerNorm 64:
+    1,568 + 2,048 + 2 x 7,504 + 64 = 18,688. Projector 256 + 5,160 + 2,624 = 8,040.
+    LFM2: feed-forward 3 x 64 x 256 + 2 norms 128 = 49,280 per layer; a conv layer adds in_proj
+    192 x 64, conv (64, 1, 3), out_proj 64 x 64: 16,576; the attention layer Q, O 2 x 64^2, K, V 2 x 64 x 32,
+    q/k norms 2 x 16: 12,320. Embedding 97 x 64 = 6,208, final norm 64.
+
+    Caches (bf16, vLLM): the attention layer 2 x 16 x 2 x 2 B = 128 B/token; each conv layer a state of
+    64 channels x (3 - 1) columns x 2 B = 256 B per sequence, 3 x 256 = 768."""
+    raw = {"model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "projector_hidden_size": 40,
+           "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192,
+                           "layer_types": ["conv", "full_attention", "conv", "conv"]},
+           "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "patch_size": 4, "num_patches": 64, "vision_use_head": False}}
+    spec = _spec(raw)
+    vision = 1_568 + 2_048 + 2 * 7_504 + 64
+    assert vision == 18_688
+    projector = 2 * 128 + (128 * 40 + 40) + (40 * 64 + 64)
+    ff = 3 * 64 * 256 + 128
+    conv = 192 * 64 + 64 * 3 + 64 * 64
+    attention = 2 * 64 * 64 + 2 * 64 * 32 + 2 * 16
+    assert spec.num_params == vision + projector + 4 * ff + 3 * conv + attention + 97 * 64 + 64
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 2 * 16 * 2 * 2 == 128
+    assert state_bytes_per_sequence(layers) == 3 * 64 * 2 * 2 == 768
+
+
+def test_lfm2_vl_unknown_layer_type_names_the_key() -> None:
+    from memest.errors import ConfigError
+
+    raw = {"model_type": "lfm2_vl", "text_config": {"hidden_size": 64, "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                    "layer_types": ["conv", "foo"]}}
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'foo'"):
+        _spec(raw)

@@ -207,6 +207,7 @@ DEFAULT_CLASSES = {
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "lfm2_vl": "Lfm2VlForConditionalGeneration",
+    "voxtral": "VoxtralForConditionalGeneration",
     "mamba": "MambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
@@ -256,6 +257,8 @@ DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
 DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
                                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
+# VoxtralConfig fills text_config from its init values (Voxtral-Mini-3B); the heads are llama's default, 32
+DEFAULT_EXTRA["voxtral"] = {"text_config": {"num_attention_heads": 32}}
 DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
@@ -1088,6 +1091,13 @@ VARIANTS["lfm2_vl-head-tie_embedding"] = {
                     "vocab_size": 97, "block_ff_dim": 192, "full_attn_idxs": [1]},
     "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
                       "patch_size": 2, "num_channels": 1},
+}
+# Voxtral, shrunk: the encoder's Whisper names (d_model, encoder_layers, encoder_ffn_dim) as the Hub config writes them
+VARIANTS["voxtral-whisper-names"] = {
+    "model_type": "voxtral", "architectures": ["VoxtralForConditionalGeneration"],
+    "text_config": {**TINY, "model_type": "llama", "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True},
+    "audio_config": {"model_type": "voxtral_encoder", "d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 4,
+                     "encoder_ffn_dim": 128, "num_mel_bins": 8, "max_source_positions": 10},
 }
 # Mamba-1, shrunk (MambaConfig's state 16, conv 4, expand 2)
 VARIANTS["mamba-130m-shrunk"] = {

@@ -53,6 +53,7 @@ from memest.sources.families import (
     stablelm,
     starcoder2,
     t5,
+    voxtral,
 )
 from memest.spec import ModelSpec
 
@@ -125,6 +126,7 @@ ADAPTERS: dict[str, Adapter] = {
     "falcon_h1": falcon_h1.build,
     "mimo": mimo.build,
     "nemotron-nas": nemotron_nas.build,
+    "voxtral": voxtral.build,
 }
 
 
