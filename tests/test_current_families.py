@@ -315,3 +315,75 @@ def test_lfm2_vl_unknown_layer_type_names_the_key() -> None:
                                                     "layer_types": ["conv", "foo"]}}
     with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'foo'"):
         _spec(raw)
+
+
+# ---- Gemma 4: global layers with K = V, KV sharing, per-layer embeddings --------------------------
+
+
+def test_gemma4_31b_count_by_hand() -> None:
+    """gemma-4-31B-it: h 5376, 60 layers (5 sliding then 1 full), 32 query heads; sliding layers 16 KV heads of 256,
+    full layers attention_k_eq_v with 4 global KV heads of 512 (no v_proj); i 21504; V 262144, tied.
+    Sliding layer: Q, O 2 x 5376 x 8192 + K, V 2 x 5376 x 4096 = 132,120,576, q/k norms 512, MLP 3 x 5376 x 21504 =
+    346,816,512, four norms 21,504: 478,959,104. Full layer: Q, O 2 x 5376 x 16384 + K 5376 x 2048 = 187,170,816,
+    norms 1,024 + 346,816,512 + 21,504 = 534,009,856. Text: 50 x 478,959,104 + 10 x 534,009,856 + 262144 x 5376
+    + 5376 = 30,697,345,280. Vision (27 layers, vh 1152 = 16 heads x 72, i 4304): a layer 4 x 1152^2 + 144 +
+    3 x 1152 x 4304 + 4 x 1152 = 20,187,792; x 27 = 545,070,384; positions 2 x 10240 x 1152 = 23,592,960, patch
+    projection 1152 x 768 = 884,736, embed_vision 5376 x 1152 = 6,193,152: 575,741,232. Total 31,273,086,512."""
+    sliding = 2 * 5376 * 8192 + 2 * 5376 * 4096 + 512 + 3 * 5376 * 21504 + 4 * 5376
+    full = 2 * 5376 * 16384 + 5376 * 2048 + 1024 + 3 * 5376 * 21504 + 4 * 5376
+    assert (sliding, full) == (478_959_104, 534_009_856)
+    text = 50 * sliding + 10 * full + 262_144 * 5_376 + 5_376
+    vision = 27 * (4 * 1152**2 + 144 + 3 * 1152 * 4304 + 4 * 1152) + 2 * 10240 * 1152 + 1152 * 768 + 5376 * 1152
+    assert (text, vision) == (30_697_345_280, 575_741_232)
+    spec = load_model("google/gemma-4-31B-it")
+    assert spec.num_params == text + vision == 31_273_086_512
+    # KV per token (bf16): sliding 16 x (256 + 256) x 2 = 16,384; full 4 x 512 x 2 = 4,096 (K serves as V: once)
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 4_096), 10),
+                                                            (KVLayer("sliding", 16_384, window=1_024), 50)]
+    assert bytes_per_token(layers) == 50 * 16_384 + 10 * 4_096 == 860_160
+
+
+def test_gemma4_26b_a4b_moe_and_kv() -> None:
+    """gemma-4-26B-A4B: 30 layers (25 sliding: 8 KV heads x 256; 5 full: 2 global KV heads x 512, K = V),
+    each a dense GeGLU of 2112 beside 128 experts of 704 (top 8). Per layer the experts hold
+    128 x 3 x 2816 x 704 = 761,266,176. KV per token (bf16): 25 x 8 x 512 x 2 + 5 x 2 x 512 x 2 = 215,040."""
+    spec = load_model("google/gemma-4-26B-A4B")
+    layer = spec.layers[0]
+    assert (layer.mlp.num_experts, layer.mlp.num_experts_per_tok, layer.mlp.intermediate_size,
+            layer.mlp.shared_intermediate_size) == (128, 8, 704, 2112)
+    experts = sum(t.numel for t in layer.tensors if t.name.startswith("experts."))
+    assert experts == 128 * 3 * 2816 * 704 == 761_266_176
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 25 * 8 * 512 * 2 + 5 * 2 * 512 * 2 == 215_040
+    assert [layer.attention.kv_shared for layer in spec.layers[:6]] == [False] * 5 + [True]
+
+
+def test_gemma4_kv_sharing_and_per_layer_embeddings() -> None:
+    """A shrunk Gemma 4 "E" model: h 64, 4 layers (sliding, full, sliding, full), 4 heads; sliding 2 KV heads x 16,
+    full 1 KV head x 32 with K = V; the last 2 layers (num_kv_shared_layers 2) reuse the cache of layers 0 and 1
+    (no K/V projections, no k_norm) and, with use_double_wide_mlp, have MLPs 2 x 96 wide; per-layer inputs of 8.
+
+    Layers: 0: Q, O 2 x 64 x 64 + K, V 2 x 64 x 32 + q/k norms 32 = 12,320; 1: Q, O 2 x 64 x 128 + K 64 x 32 +
+    norms 64 = 18,496; 2: Q, O 8,192 + q_norm 16 = 8,208; 3: 16,384 + 32 = 16,416; MLP 3 x 64 x 96 = 18,432
+    (layers 2, 3: 36,864); four norms 256; per-layer gate and projection 2 x 64 x 8 + norm 64 = 1,088.
+    Model: embed 97 x 64 = 6,208, embed_tokens_per_layer 50 x (4 x 8) = 1,600, per_layer_model_projection
+    64 x 32 = 2,048, its norm 8, final norm 64.
+    KV (bf16): layers 0 and 1 only: 2 x 32 x 2 + 32 x 2 = 128 + 64 = 192 B/token."""
+    raw = {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "intermediate_size": 96, "vocab_size": 97,
+           "vocab_size_per_layer_input": 50, "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2,
+           "use_double_wide_mlp": True, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}
+    spec = _spec(raw)
+    common = 256 + 1_088
+    layers = [12_320 + 18_432, 18_496 + 18_432, 8_208 + 36_864, 16_416 + 36_864]
+    assert spec.num_params == sum(x + common for x in layers) + 6_208 + 1_600 + 2_048 + 8 + 64
+    assert [layer.attention.kv_reused for layer in spec.layers] == [False, False, True, True]
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 2 * 32 * 2 + 32 * 2 == 192
+    from memest.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'chunked_attention'"):
+        _spec({**raw, "layer_types": ["sliding_attention", "chunked_attention", "sliding_attention",
+                                      "full_attention"]})
+    with pytest.raises(ConfigError, match="num_kv_shared_layers 3"):  # layers 1-3 reuse; layer 0 caches no full layer
+        _spec({**raw, "num_kv_shared_layers": 3})
