@@ -1,13 +1,21 @@
 """Shared test setup: no network, ever (configs come from the packaged catalog or fixtures)."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("MEMEST_OFFLINE", "1")
+# specs built on the meta device are cached on disk (memest.sources.spec_cache): in a folder of this run, never
+# the user's cache, removed at exit; subprocesses (CLI tests) inherit it
+os.environ["MEMEST_CACHE_DIR"] = tempfile.mkdtemp(prefix="memest-test-cache-")
+os.environ.pop("MEMEST_NO_CACHE", None)
+atexit.register(shutil.rmtree, os.environ["MEMEST_CACHE_DIR"], ignore_errors=True)
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (cpu_measure, trace_models, inprocess)
 
 TINY_LLAMA = {

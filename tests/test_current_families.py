@@ -243,3 +243,147 @@ def test_glm52_drops_the_indexers_of_its_shared_layers() -> None:
     assert glm5.num_params - glm52.num_params == 57 * per_layer == 534_198_528
     assert (bytes_per_token(kv_layers(glm5.layer_kinds(), 1, 2))
             - bytes_per_token(kv_layers(glm52.layer_kinds(), 1, 2))) == 57 * 132
+
+
+# ---- towers: Voxtral's audio encoder, LFM2-VL's SigLIP2 --------------------------------------------
+
+
+def test_voxtral_mini_counts_its_audio_tower() -> None:
+    """Voxtral-Mini-3B-2507. Audio encoder (Whisper large-v3's: d 1280, 32 layers, ffn 5120, 128 mels,
+    1500 positions): per layer Q/V/out 3 x (1280^2 + 1280) + K 1280^2 = 6,557,440, two LayerNorms 5,120,
+    fc1 1280 x 5120 + 5120 = 6,558,720, fc2 5120 x 1280 + 1280 = 6,554,880: 19,676,160; x 32 = 629,637,120;
+    conv1 1280 x 128 x 3 + 1280 = 492,800, conv2 1280 x 1280 x 3 + 1280 = 4,916,480, positions
+    1500 x 1280 = 1,920,000, final LayerNorm 2,560: 636,968,960. Projector 5120 x 3072 + 3072^2 =
+    25,165,824. Text (Llama, h 3072, 30 layers, 32 heads / 8 KV of 128, i 8192, V 131072, untied):
+    per layer 2 x 3072 x 4096 + 2 x 3072 x 1024 + 3 x 3072 x 8192 + 2 x 3072 = 106,960,896;
+    30 x that + 2 x 131072 x 3072 + 3072 = 4,014,136,320. Total 4,676,271,104: 14.2% is the tower and
+    projector. Mistral's card: "~9.5 GB of GPU RAM in bf16" (4.68e9 x 2 B = 9.35 GB of weights)."""
+    tower = 32 * (3 * (1280**2 + 1280) + 1280**2 + 5120 + 1280 * 5120 + 5120 + 5120 * 1280 + 1280)
+    tower += 1280 * 128 * 3 + 1280 + 1280 * 1280 * 3 + 1280 + 1500 * 1280 + 2560
+    assert tower == 636_968_960
+    projector = 5120 * 3072 + 3072**2
+    text = 30 * (2 * 3072 * 4096 + 2 * 3072 * 1024 + 3 * 3072 * 8192 + 2 * 3072) + 2 * 131_072 * 3_072 + 3_072
+    assert text == 4_014_136_320
+    spec = load_model("mistralai/Voxtral-Mini-3B-2507")
+    assert spec.num_params == tower + projector + text == 4_676_271_104
+    from memest.spec import Component
+    assert spec.params_by_component()[Component.OTHER] == tower + projector
+    # the encoder caches nothing; the text model 30 x 8 x (128 + 128) x 2 B = 122,880 B/token
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 30 * 8 * 256 * 2 == 122_880
+
+
+def test_lfm2_vl_is_lfm2_plus_siglip2_and_projector() -> None:
+    """A shrunk LFM2-VL: LFM2 text h 64, 4 layers (conv, attention, conv, conv), 4 heads / 2 KV of 16,
+    block_ff_dim 192 -> int(2 x 192 / 3) = 128 -> 256 (multiple of 256), V 97, tied; SigLIP2 vh 32, 2 layers,
+    i 48, patch 4 over 3 channels, 64 positions, no pooling head; projector f 2: LayerNorm 2 x 128,
+    linear_1 128 x 40 + 40, linear_2 40 x 64 + 64.
+
+    SigLIP2: patch Linear 48 x 32 + 32 = 1,568, positions 64 x 32 = 2,048; a layer 4 x (32^2 + 32) +
+    2 LayerNorms 128 + fc1 32 x 48 + 48 + fc2 48 x 32 + 32 = 4,224 + 128 + 1,584 + 1,568 = 7,504; post LayerNorm 64:
+    1,568 + 2,048 + 2 x 7,504 + 64 = 18,688. Projector 256 + 5,160 + 2,624 = 8,040.
+    LFM2: feed-forward 3 x 64 x 256 + 2 norms 128 = 49,280 per layer; a conv layer adds in_proj
+    192 x 64, conv (64, 1, 3), out_proj 64 x 64: 16,576; the attention layer Q, O 2 x 64^2, K, V 2 x 64 x 32,
+    q/k norms 2 x 16: 12,320. Embedding 97 x 64 = 6,208, final norm 64.
+
+    Caches (bf16, vLLM): the attention layer 2 x 16 x 2 x 2 B = 128 B/token; each conv layer a state of
+    64 channels x (3 - 1) columns x 2 B = 256 B per sequence, 3 x 256 = 768."""
+    raw = {"model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "projector_hidden_size": 40,
+           "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                           "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192,
+                           "layer_types": ["conv", "full_attention", "conv", "conv"]},
+           "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                             "num_attention_heads": 4, "patch_size": 4, "num_patches": 64, "vision_use_head": False}}
+    spec = _spec(raw)
+    vision = 1_568 + 2_048 + 2 * 7_504 + 64
+    assert vision == 18_688
+    projector = 2 * 128 + (128 * 40 + 40) + (40 * 64 + 64)
+    ff = 3 * 64 * 256 + 128
+    conv = 192 * 64 + 64 * 3 + 64 * 64
+    attention = 2 * 64 * 64 + 2 * 64 * 32 + 2 * 16
+    assert spec.num_params == vision + projector + 4 * ff + 3 * conv + attention + 97 * 64 + 64
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 2 * 16 * 2 * 2 == 128
+    assert state_bytes_per_sequence(layers) == 3 * 64 * 2 * 2 == 768
+
+
+def test_lfm2_vl_unknown_layer_type_names_the_key() -> None:
+    from memest.errors import ConfigError
+
+    raw = {"model_type": "lfm2_vl", "text_config": {"hidden_size": 64, "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "num_key_value_heads": 2,
+                                                    "layer_types": ["conv", "foo"]}}
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'foo'"):
+        _spec(raw)
+
+
+# ---- Gemma 4: global layers with K = V, KV sharing, per-layer embeddings --------------------------
+
+
+def test_gemma4_31b_count_by_hand() -> None:
+    """gemma-4-31B-it: h 5376, 60 layers (5 sliding then 1 full), 32 query heads; sliding layers 16 KV heads of 256,
+    full layers attention_k_eq_v with 4 global KV heads of 512 (no v_proj); i 21504; V 262144, tied.
+    Sliding layer: Q, O 2 x 5376 x 8192 + K, V 2 x 5376 x 4096 = 132,120,576, q/k norms 512, MLP 3 x 5376 x 21504 =
+    346,816,512, four norms 21,504: 478,959,104. Full layer: Q, O 2 x 5376 x 16384 + K 5376 x 2048 = 187,170,816,
+    norms 1,024 + 346,816,512 + 21,504 = 534,009,856. Text: 50 x 478,959,104 + 10 x 534,009,856 + 262144 x 5376
+    + 5376 = 30,697,345,280. Vision (27 layers, vh 1152 = 16 heads x 72, i 4304): a layer 4 x 1152^2 + 144 +
+    3 x 1152 x 4304 + 4 x 1152 = 20,187,792; x 27 = 545,070,384; positions 2 x 10240 x 1152 = 23,592,960, patch
+    projection 1152 x 768 = 884,736, embed_vision 5376 x 1152 = 6,193,152: 575,741,232. Total 31,273,086,512."""
+    sliding = 2 * 5376 * 8192 + 2 * 5376 * 4096 + 512 + 3 * 5376 * 21504 + 4 * 5376
+    full = 2 * 5376 * 16384 + 5376 * 2048 + 1024 + 3 * 5376 * 21504 + 4 * 5376
+    assert (sliding, full) == (478_959_104, 534_009_856)
+    text = 50 * sliding + 10 * full + 262_144 * 5_376 + 5_376
+    vision = 27 * (4 * 1152**2 + 144 + 3 * 1152 * 4304 + 4 * 1152) + 2 * 10240 * 1152 + 1152 * 768 + 5376 * 1152
+    assert (text, vision) == (30_697_345_280, 575_741_232)
+    spec = load_model("google/gemma-4-31B-it")
+    assert spec.num_params == text + vision == 31_273_086_512
+    # KV per token (bf16): sliding 16 x (256 + 256) x 2 = 16,384; full 4 x 512 x 2 = 4,096 (K serves as V: once)
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 4_096), 10),
+                                                            (KVLayer("sliding", 16_384, window=1_024), 50)]
+    assert bytes_per_token(layers) == 50 * 16_384 + 10 * 4_096 == 860_160
+
+
+def test_gemma4_26b_a4b_moe_and_kv() -> None:
+    """gemma-4-26B-A4B: 30 layers (25 sliding: 8 KV heads x 256; 5 full: 2 global KV heads x 512, K = V),
+    each a dense GeGLU of 2112 beside 128 experts of 704 (top 8). Per layer the experts hold
+    128 x 3 x 2816 x 704 = 761,266,176. KV per token (bf16): 25 x 8 x 512 x 2 + 5 x 2 x 512 x 2 = 215,040."""
+    spec = load_model("google/gemma-4-26B-A4B")
+    layer = spec.layers[0]
+    assert (layer.mlp.num_experts, layer.mlp.num_experts_per_tok, layer.mlp.intermediate_size,
+            layer.mlp.shared_intermediate_size) == (128, 8, 704, 2112)
+    experts = sum(t.numel for t in layer.tensors if t.name.startswith("experts."))
+    assert experts == 128 * 3 * 2816 * 704 == 761_266_176
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 25 * 8 * 512 * 2 + 5 * 2 * 512 * 2 == 215_040
+    assert [layer.attention.kv_shared for layer in spec.layers[:6]] == [False] * 5 + [True]
+
+
+def test_gemma4_kv_sharing_and_per_layer_embeddings() -> None:
+    """A shrunk Gemma 4 "E" model: h 64, 4 layers (sliding, full, sliding, full), 4 heads; sliding 2 KV heads x 16,
+    full 1 KV head x 32 with K = V; the last 2 layers (num_kv_shared_layers 2) reuse the cache of layers 0 and 1
+    (no K/V projections, no k_norm) and, with use_double_wide_mlp, have MLPs 2 x 96 wide; per-layer inputs of 8.
+
+    Layers: 0: Q, O 2 x 64 x 64 + K, V 2 x 64 x 32 + q/k norms 32 = 12,320; 1: Q, O 2 x 64 x 128 + K 64 x 32 +
+    norms 64 = 18,496; 2: Q, O 8,192 + q_norm 16 = 8,208; 3: 16,384 + 32 = 16,416; MLP 3 x 64 x 96 = 18,432
+    (layers 2, 3: 36,864); four norms 256; per-layer gate and projection 2 x 64 x 8 + norm 64 = 1,088.
+    Model: embed 97 x 64 = 6,208, embed_tokens_per_layer 50 x (4 x 8) = 1,600, per_layer_model_projection
+    64 x 32 = 2,048, its norm 8, final norm 64.
+    KV (bf16): layers 0 and 1 only: 2 x 32 x 2 + 32 x 2 = 128 + 64 = 192 B/token."""
+    raw = {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "intermediate_size": 96, "vocab_size": 97,
+           "vocab_size_per_layer_input": 50, "hidden_size_per_layer_input": 8, "num_kv_shared_layers": 2,
+           "use_double_wide_mlp": True, "attention_k_eq_v": True, "num_global_key_value_heads": 1,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}
+    spec = _spec(raw)
+    common = 256 + 1_088
+    layers = [12_320 + 18_432, 18_496 + 18_432, 8_208 + 36_864, 16_416 + 36_864]
+    assert spec.num_params == sum(x + common for x in layers) + 6_208 + 1_600 + 2_048 + 8 + 64
+    assert [layer.attention.kv_reused for layer in spec.layers] == [False, False, True, True]
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 2 * 32 * 2 + 32 * 2 == 192
+    from memest.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'chunked_attention'"):
+        _spec({**raw, "layer_types": ["sliding_attention", "chunked_attention", "sliding_attention",
+                                      "full_attention"]})
+    with pytest.raises(ConfigError, match="num_kv_shared_layers 3"):  # layers 1-3 reuse; layer 0 caches no full layer
+        _spec({**raw, "num_kv_shared_layers": 3})

@@ -135,7 +135,7 @@ def test_catalog_matches_transformers_on_meta(model_id: str) -> None:
 # transformers, so the meta model shows the per-layer pattern; elsewhere the window is read from
 # the config at forward time and the meta model cannot confirm it.
 WINDOW_ON_MODULE = {"gemma2", "gemma3", "gemma3_text", "gpt_oss", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                    "olmo3", "smollm3", "cohere2", "qwen2_5_vl"}
+                    "olmo3", "smollm3", "cohere2", "qwen2_5_vl", "gemma4", "gemma4_text"}
 WINDOWED = [m for m in CATALOG if _raw(m)["model_type"] in WINDOW_ON_MODULE]
 
 
@@ -183,6 +183,8 @@ DEFAULT_CLASSES = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForConditionalGeneration",
     "gemma3_text": "Gemma3ForCausalLM",
+    "gemma4": "Gemma4ForConditionalGeneration",
+    "gemma4_text": "Gemma4ForCausalLM",
     "phi": "PhiForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "phimoe": "PhimoeForCausalLM",
@@ -206,6 +208,8 @@ DEFAULT_CLASSES = {
     "jamba": "JambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "lfm2_vl": "Lfm2VlForConditionalGeneration",
+    "voxtral": "VoxtralForConditionalGeneration",
     "mamba": "MambaForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",
@@ -245,6 +249,8 @@ DEFAULT_EXTRA["glm4v_moe"] = {"text_config": {"hidden_size": 4096, "num_hidden_l
 DEFAULT_EXTRA["kimi_k25"] = {"text_config": {"model_type": "kimi_k2", "hidden_size": 7168, "num_hidden_layers": 61,
                                               "num_attention_heads": 128}}
 DEFAULT_EXTRA["llama4"] = {"text_config": {"hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40}}
+DEFAULT_EXTRA["gemma4_text"] = {"hidden_size": 2304, "num_hidden_layers": 30, "num_attention_heads": 8}
+DEFAULT_EXTRA["gemma4"] = {"text_config": DEFAULT_EXTRA["gemma4_text"]}  # no vision or audio config: no towers
 DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAULT_EXTRA["gemma3_text"]}}
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
@@ -255,6 +261,9 @@ DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
 DEFAULT_EXTRA["nemotron_h"] = {"hidden_size": 4096, "num_attention_heads": 32,
                                "layers_block_type": ["linear_attention", "moe", "full_attention", "mlp"]}
 DEFAULT_EXTRA["lfm2"] = {"hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32}
+# VoxtralConfig fills text_config from its init values (Voxtral-Mini-3B); the heads are llama's default, 32
+DEFAULT_EXTRA["voxtral"] = {"text_config": {"num_attention_heads": 32}}
+DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
@@ -1067,6 +1076,58 @@ VARIANTS["lfm2-layer_types-untied-bias"] = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "intermediate_size": 160,
     "block_auto_adjust_ff_dim": False, "conv_bias": True, "tie_word_embeddings": False,
     "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+}
+# LFM2-VL-1.6B style (vision_use_head false, projector without its LayerNorm here), shrunk; untied
+VARIANTS["lfm2_vl-no-head-untied"] = {
+    "model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "tie_word_embeddings": False,
+    "downsample_factor": 2, "projector_hidden_size": 48, "projector_bias": False, "projector_use_layernorm": False,
+    "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "vocab_size": 97, "block_ff_dim": 192,
+                    "layer_types": ["conv", "full_attention", "conv", "conv"]},
+    "vision_config": {"model_type": "siglip2_vision_model", "hidden_size": 32, "intermediate_size": 48,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "patch_size": 4, "num_patches": 64,
+                      "vision_use_head": False},
+}
+VARIANTS["lfm2_vl-head-tie_embedding"] = {
+    "model_type": "lfm2_vl", "architectures": ["Lfm2VlForConditionalGeneration"], "tie_embedding": True,
+    "downsample_factor": 3,
+    "text_config": {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                    "vocab_size": 97, "block_ff_dim": 192, "full_attn_idxs": [1]},
+    "vision_config": {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+                      "patch_size": 2, "num_channels": 1},
+}
+# Voxtral, shrunk: the encoder's Whisper names (d_model, encoder_layers, encoder_ffn_dim) as the Hub config writes them
+VARIANTS["voxtral-whisper-names"] = {
+    "model_type": "voxtral", "architectures": ["VoxtralForConditionalGeneration"],
+    "text_config": {**TINY, "model_type": "llama", "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True},
+    "audio_config": {"model_type": "voxtral_encoder", "d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 4,
+                     "encoder_ffn_dim": 128, "num_mel_bins": 8, "max_source_positions": 10},
+}
+# Gemma 4 "E" style, shrunk: per-layer embeddings, the last 2 layers reusing the cache (their MLP double wide),
+# global layers with K = V (1 KV head of 32), a vision tower (standardize buffers) and an audio Conformer
+VARIANTS["gemma4-e-towers-kv-sharing"] = {
+    "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+    "text_config": {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                    "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "intermediate_size": 96,
+                    "vocab_size": 97, "vocab_size_per_layer_input": 50, "hidden_size_per_layer_input": 8,
+                    "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "attention_k_eq_v": True,
+                    "num_global_key_value_heads": 1,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
+    "vision_config": {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "position_embedding_size": 20,
+                      "patch_size": 4, "standardize": True},
+    "audio_config": {"model_type": "gemma4_audio", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5, "output_proj_dims": 40},
+}
+# Gemma 4 26B-A4B style MoE text model, shrunk: dense MLP beside 4 experts (top 2), biases, untied, no per-layer
+# embeddings; the last layer forced to full attention (layer_types ends sliding)
+VARIANTS["gemma4_text-moe-bias-untied"] = {
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 3,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 16, "global_head_dim": 24, "intermediate_size": 96,
+    "vocab_size": 97, "hidden_size_per_layer_input": 0, "attention_bias": True, "tie_word_embeddings": False,
+    "enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 16,
+    "attention_k_eq_v": True, "num_global_key_value_heads": 2,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
 }
 # Mamba-1, shrunk (MambaConfig's state 16, conv 4, expand 2)
 VARIANTS["mamba-130m-shrunk"] = {

@@ -101,9 +101,17 @@ def _exit(message: str, code: int) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
+def _notice_on_stderr(message: str) -> None:
+    """A library notice (:func:`memest.sources.spec_cache.notify`) as one line on stderr."""
+    typer.echo(message, err=True)
+
+
 def _dispatch(debug: bool) -> None:
+    from memest.sources.spec_cache import notices
+
     try:
-        code = app(standalone_mode=False)
+        with notices(_notice_on_stderr):
+            code = app(standalone_mode=False)
     except typer.Exit as exc:
         if exc.exit_code == EXIT_INTERRUPTED or _CTRL_C.is_set():  # typer turns Ctrl-C into Exit(130), silently
             _exit("Interrupted.", EXIT_INTERRUPTED)

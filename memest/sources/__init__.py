@@ -18,6 +18,7 @@ from memest.sources.config import HFConfig, check_parameter_count, validate_fiel
 from memest.sources.families import ADAPTERS, supported_model_types
 from memest.sources.hub import HubUnreachableError, fetch_config, hub_offline
 from memest.sources.local import check_config_data, config_from_meta_params, is_meta_params, read_local
+from memest.sources.spec_cache import Notice, cached_spec
 from memest.spec import ModelSpec
 
 __all__ = ["config_from_data", "load_config", "load_model", "spec_from_config"]
@@ -92,11 +93,14 @@ def config_from_data(raw: Any, *, name: str = "config.json") -> HFConfig:
     return HFConfig(data, name=name, source="given data")
 
 
-def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> ModelSpec:
+def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False, notice: Notice | None = None) -> ModelSpec:
     """The ModelSpec of a config: by the family's analytic adapter, else on the meta device.
 
     Multimodal configs whose family has no adapter use the adapter of their ``text_config`` and
-    say that the other towers are not counted.
+    say that the other towers are not counted. A spec built on the meta device is kept on disk and
+    read back on the next call with the same config (:mod:`memest.sources.spec_cache`); ``notice``
+    (else the callback :func:`memest.sources.spec_cache.notices` installed) is told when the slow build
+    runs.
 
     Raises:
         UnsupportedArchitectureError: no adapter, and the model cannot be built on the meta device.
@@ -114,7 +118,7 @@ def spec_from_config(cfg: HFConfig, *, trust_remote_code: bool = False) -> Model
             spec = ADAPTERS[text_type](text)
             spec = spec.replace(notes=(*spec.notes, f"only the {text_type} language model of this {cfg.model_type} checkpoint is counted"))
         else:
-            spec = _spec_on_meta(cfg, trust_remote_code=trust_remote_code)
+            spec = _spec_on_meta(cfg, trust_remote_code=trust_remote_code, notice=notice)
     check_parameter_count(cfg.name, spec.num_params)
     if cfg.note:
         spec = spec.replace(notes=(cfg.note, *spec.notes))
@@ -130,13 +134,14 @@ def load_model(reference: str, *, trust_remote_code: bool = False, revision: str
     return spec_from_config(load_config(reference, revision=revision), trust_remote_code=trust_remote_code)
 
 
-def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool) -> ModelSpec:
+def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool, notice: Notice | None = None) -> ModelSpec:
     try:
         from memest.sources import meta
     except ImportError as exc:  # pragma: no cover
         raise UnsupportedArchitectureError(str(exc)) from exc
     try:
-        return meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code)
+        return cached_spec(cfg, lambda: meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code),
+                           trust_remote_code=trust_remote_code, notice=notice)
     except UnsupportedArchitectureError:
         raise
     except Exception as exc:

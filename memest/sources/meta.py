@@ -684,7 +684,7 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
         re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"),
         Component.OTHER,
     ),
-    (re.compile(r"experts?\.\d+\.|\.experts\.|routed"), Component.EXPERTS),
+    (re.compile(r"experts?\.\d+\.|(^|\.)experts\.|routed"), Component.EXPERTS),  # Gemma 4: a layer's own experts
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
     (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
     # state-space mixers; Nemotron-H names every block's module "mixer", its attention and MLPs too

@@ -27,6 +27,7 @@ from memest.sources.families import (
     falcon,
     falcon_h1,
     gemma,
+    gemma4,
     glm,
     gpt2,
     gpt_oss,
@@ -35,6 +36,7 @@ from memest.sources.families import (
     jamba,
     kimi_vl,
     lfm2,
+    lfm2_vl,
     llama,
     llama4,
     mamba,
@@ -52,6 +54,7 @@ from memest.sources.families import (
     stablelm,
     starcoder2,
     t5,
+    voxtral,
 )
 from memest.spec import ModelSpec
 
@@ -77,6 +80,8 @@ ADAPTERS: dict[str, Adapter] = {
     "gemma2": gemma.build,
     "gemma3": gemma.build,
     "gemma3_text": gemma.build,
+    "gemma4": gemma4.build,
+    "gemma4_text": gemma4.build,
     "phi": phi.build,
     "phi3": phi.build,
     "phimoe": phi.build,
@@ -116,6 +121,7 @@ ADAPTERS: dict[str, Adapter] = {
     "baichuan": baichuan.build,
     "nemotron_h": nemotron_h.build,
     "lfm2": lfm2.build,
+    "lfm2_vl": lfm2_vl.build,
     "mamba": mamba.build,
     "mamba2": mamba.build,
     "qwen3_next": qwen3_next.build,
@@ -123,6 +129,7 @@ ADAPTERS: dict[str, Adapter] = {
     "falcon_h1": falcon_h1.build,
     "mimo": mimo.build,
     "nemotron-nas": nemotron_nas.build,
+    "voxtral": voxtral.build,
 }
 
 
