@@ -1,7 +1,8 @@
 """Engine start-up logs: which engine wrote one, the job it ran and the memory figures it printed.
 
 :func:`read_log` detects the format from the text and hands it to that format's parser (one module
-each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`), which returns an :class:`EngineLog`. A log
+each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.trtllm`, :mod:`.llamacpp`; training logs :mod:`.torchtitan`,
+:mod:`.torchtune`, :mod:`.hf_trainer`), which returns an :class:`EngineLog`. A log
 missing a figure simply lacks that key; :mod:`memest.check` compares the figures it has. This layer
 only extracts: it predicts nothing (DESIGN.md, "Layers").
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 from types import ModuleType
 
 from memest.errors import InputError
-from memest.logs import llamacpp, sglang, vllm
+from memest.logs import llamacpp, sglang, trtllm, vllm
 from memest.logs.record import FIGURES, EngineLog, Logged
 
 __all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
 
-FORMATS: dict[str, ModuleType] = {"SGLang": sglang, "llama.cpp / Ollama": llamacpp, "vLLM (0.6, V1)": vllm}
+FORMATS: dict[str, ModuleType] = {"TensorRT-LLM": trtllm, "SGLang": sglang, "llama.cpp / Ollama": llamacpp,
+                                   "vLLM (0.6, V1)": vllm}
 """The formats read, in the order they are tried (the most specific markers first)."""
 
 
