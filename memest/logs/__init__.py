@@ -12,13 +12,14 @@ from __future__ import annotations
 from types import ModuleType
 
 from memest.errors import InputError
-from memest.logs import llamacpp, sglang, torchtitan, trtllm, vllm
+from memest.logs import hf_trainer, llamacpp, sglang, torchtitan, torchtune, trtllm, vllm
 from memest.logs.record import FIGURES, EngineLog, Logged
 
 __all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
 
 FORMATS: dict[str, ModuleType] = {"TensorRT-LLM": trtllm, "SGLang": sglang, "llama.cpp / Ollama": llamacpp,
-                                   "torchtitan": torchtitan, "vLLM (0.6, V1)": vllm}
+                                   "torchtitan": torchtitan, "torchtune": torchtune,
+                                   "HF Trainer memory metrics": hf_trainer, "vLLM (0.6, V1)": vllm}
 """The formats read, in the order they are tried (the most specific markers first)."""
 
 
