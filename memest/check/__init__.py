@@ -296,8 +296,18 @@ def training_predicted(e: Estimate, t: TrainingConfig) -> dict[str, int | float]
             "weights": weights, "train_states": states}
 
 
-def largest_gap(engine: str, rows: tuple[Row, ...]) -> Row | None:
-    """The row of a term (not a figure derived from the others) with the largest gap in bytes."""
+PEAKS = ("peak_reserved", "peak_allocated", "peak_active")
+"""A training log's step peaks, the figure its gap is told by first (reserved, as torchtitan and nvidia-smi
+see it, then allocated)."""
+
+
+def largest_gap(engine: str, rows: tuple[Row, ...], training: bool = False) -> Row | None:
+    """The row of a term (not a figure derived from the others) with the largest gap in bytes; for a
+    training log its step peak (:data:`PEAKS`), which the estimate's terms add up to."""
+    if training:
+        peak = next((r for name in PEAKS for r in rows if r.figure == name), None)
+        if peak is not None:
+            return peak
     derived = DERIVED.get(engine, ())
     sizes = [r for r in rows if r.unit == "bytes" and r.term is not None]
     direct = [r for r in sizes if r.figure not in derived] or sizes
@@ -346,7 +356,8 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc
     absent = missing_settings(log, values, given)
     if absent:
-        named = " and ".join(f"{{{n}}}" for n in absent)
+        placeholders = [f"{{{n}}}" for n in absent]
+        named = placeholders[0] if len(absent) == 1 else ", ".join(placeholders[:-1]) + " and " + placeholders[-1]
         raise InputError(f"{name}: the {log.format} log does not print {named}, which the estimate needs; give "
                          f"{'them' if len(absent) > 1 else 'it'} as the run had {'them' if len(absent) > 1 else 'it'} "
                          "(memest does not guess a training job's shape)", field=absent[0])
@@ -376,7 +387,7 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
     return Check(name=name, log=log, model=model_name, engine_version=version, device=device, rows=rows,
                  not_compared=tuple(k for k in log.figures if k not in ours),
                  not_logged=tuple(k for k in ours if k not in log.figures and not _alias(k, log)),
-                 largest_gap=largest_gap(log.engine, rows), notes=tuple(notes), estimate=e)
+                 largest_gap=largest_gap(log.engine, rows, log.training), notes=tuple(notes), estimate=e)
 
 
 def _alias(figure: str, log: EngineLog) -> bool:
