@@ -1,4 +1,5 @@
-"""Engine start-up logs: which engine wrote one, the job it ran and the memory figures it printed.
+"""Engine start-up logs and training logs: which engine or trainer wrote one, the job it ran and the
+memory figures it printed.
 
 :func:`read_log` detects the format from the text and hands it to that format's parser (one module
 each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.trtllm`, :mod:`.llamacpp`; training logs :mod:`.torchtitan`,
@@ -30,10 +31,11 @@ def read_bytes(data: bytes, name: str) -> str:
         InputError: the file is empty or binary (not text).
     """
     if not data.strip():
-        raise InputError(f"log {name!r} is empty; pass an engine's start-up log (formats read: {_formats()})")
-    if b"\x00" in data[:65536]:
-        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log "
+        raise InputError(f"log {name!r} is empty; pass an engine's start-up log or a training log "
                          f"(formats read: {_formats()})")
+    if b"\x00" in data[:65536]:
+        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log or a "
+                         f"training log (formats read: {_formats()})")
     return data.decode("utf-8", errors="replace")
 
 
@@ -50,8 +52,8 @@ def read_log(text: str, name: str = "<log>") -> EngineLog:
                 raise InputError(f"log {name!r} ({log.format}) prints none of its memory figures "
                                  f"({', '.join(repr(line) for line in module.FIGURE_LINES)}); pass the whole start-up log")
             return log
-    raise InputError(f"log {name!r} is not a start-up log memest reads (formats read: {_formats()}); pass the "
-                     "engine's log from its start to 'ready'")
+    raise InputError(f"log {name!r} is not a start-up or training log memest reads (formats read: {_formats()}); "
+                     "pass the engine's log from its start to 'ready', or the trainer's log through its first steps")
 
 
 def _formats() -> str:
