@@ -13,7 +13,9 @@ before ``Trainer.__init__``. ``__init__`` moves the model to the device, so:
 - what training left allocated (``train_states``) = ``train_mem_gpu_alloc_delta``: the optimizer states,
   and the gradients where ``zero_grad`` keeps them (torch < 2.0's ``set_to_none=False``).
 
-The log's block prints ``metrics_format``'s ``f"{v >> 20}MB"`` (MiB, floored); the JSON files hold bytes.
+The log's block prints ``metrics_format``'s ``f"{v >> 20}MB"`` (MiB, floored); the JSON files, and the
+metrics dict ``Trainer.log`` prints on the console (``{'train_runtime': ..., 'train_mem_gpu_alloc_delta':
+693125632, ...}``), hold bytes.
 A command line in the log (``run_clm.py --model_name_or_path gpt2 --per_device_train_batch_size 1 --fp16
 ...``) gives the model and settings; the metrics alone give neither (the check then names what to pass).
 """
@@ -65,6 +67,11 @@ def _metrics(text: str) -> tuple[dict[str, int], dict[str, str], dict[str, Any]]
         if m is not None:
             out[key] = int(m.group(1)) * MiB
             lines[key] = m.group(0).strip()
+        else:  # the metrics dict ``Trainer.log`` prints on the console: bytes
+            d = first(rf"['\"]{key}['\"]:\s*(-?\d+)\b", text)
+            if d is not None:
+                out[key] = int(d.group(1))
+                lines[key] = d.group(0)
     return out, lines, {}
 
 

@@ -110,7 +110,7 @@ def _settings(recipe: str | None, cfg: dict[str, Any]) -> tuple[dict[str, Any], 
         notes.append("tokenizer.max_seq_len is not set: the run trained at each batch's longest sample")
     for key, name in (("enable_activation_offloading", "activation_offloading"),
                       ("optimizer_in_bwd", "optimizer_in_bwd"), ("compile", "torch_compile")):
-        if isinstance(cfg.get(key), bool):
+        if isinstance(cfg.get(key), bool) and not (adapter and name == "optimizer_in_bwd"):  # full fine-tunes only
             out[name] = cfg[key]
     if isinstance(cfg.get("enable_activation_checkpointing"), bool):
         out["recompute"] = "full" if cfg["enable_activation_checkpointing"] else "none"

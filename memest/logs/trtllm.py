@@ -78,13 +78,13 @@ def _settings(text: str) -> dict[str, Any]:
         ("max_num_tokens", (r"TRTGptModel maxNumTokens: (\d+)", r"Max Runtime Tokens:\s+(\d+)", r"\bmax_num_tokens=(\d+)")),
         ("max_model_len", (r"TRTGptModel maxSequenceLen: (\d+)", r"Max Sequence Length:\s+(\d+)", r"\bmax_seq_len=(\d+)")),
         ("tokens_per_block", (r"Number of tokens per block: (\d+)", r"tokens per block=(\d+)")),
-        ("tp", (r"TP Size:\s+(\d+)",)),
-        ("pp", (r"PP Size:\s+(\d+)",)),
+        ("tp", (r"TP Size:\s+(\d+)", r"tensor_parallel_size['\"]?[=:]\s*(\d+)")),
+        ("pp", (r"PP Size:\s+(\d+)", r"pipeline_parallel_size['\"]?[=:]\s*(\d+)")),
     ):
         value = next((v for v in (_int(p, text) for p in patterns) if v is not None), None)
         if value is not None:
             out[name] = value
-    fraction = last(r"fraction is set ([0-9.]+)", text)
+    fraction = last(r"fraction is set ([0-9.]+)", text) or last(r"free_gpu_memory_fraction['\"]?[=:]\s*([0-9.]+)", text)
     percentage = last(r"KV Memory Percentage:\s+([0-9.]+)%", text)
     if fraction is not None:  # a float32 printed as a double (0.8999999761581421): the value the user set
         out["kv_cache_free_gpu_mem_fraction"] = float(f"{number(fraction.group(1)):.6g}")
