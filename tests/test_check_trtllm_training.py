@@ -30,6 +30,10 @@ LOGS = Path(__file__).resolve().parent / "data" / "logs"
 TITAN_LOG = LOGS / "torchtitan_debugmodel_h200_fsdp8.log"
 """torchtitan (2025-11-25) ``debug_model.toml`` on 8 x H200, FSDP: a public GitHub markdown file ('# Applications
 tests / ## TorchTitan', its 'Output' block), search-index id 39298784851 (tests/data/logs/README.md)."""
+TITAN_8B_LOG = LOGS / "torchtitan_llama3_8b_h200_fsdp8.log"
+"""torchtitan (2025-02-13) ``train_configs/llama3_8b.toml`` on 8 x H200 (batch 1 x 8192, selective_ac_option 'op',
+the toml shown above the log in the same file): a public GitHub markdown page ('### torchtitan', its 'Results'
+block), search-index id 19093018932 (tests/data/logs/README.md)."""
 TITAN_STEPS_LOG = LOGS / "torchtitan_pr1287_steps.log"
 """pytorch/torchtitan PR #1287 (Saiteja64, 2025-06-16): step lines only."""
 TUNE_LOG = LOGS / "torchtune_kubeflow_llama32_1b_full.log"
@@ -222,6 +226,29 @@ def test_torchtitan_against_memest_brackets_its_checkpointing() -> None:
     c = check_log(log)  # 'op' assumed, and said
     assert c.largest_gap is not None and c.largest_gap.figure == "peak_reserved"
     assert any("memest estimates 'op'" in n for n in c.notes)
+
+
+def test_torchtitan_8b_log() -> None:
+    """The flavor names the model ('Model llama3 8B [31msize: ...': the color code of a pasted log is dropped);
+    'Training starts at step 1, with local batch size 1, global batch size 8, sequence length 8192'; the
+    largest step 'memory:' is 49.59 GiB (step 1: 42.08 GiB, before the optimizer states exist)."""
+    log = read_log(TITAN_8B_LOG.read_text())
+    assert (log.model, log.gpu, log.device_total_bytes) == ("meta-llama/Llama-3.1-8B", "NVIDIA H200", gib(139.83))
+    assert log.settings == {"dp": 8, "gpus": 8, "micro_batch_size": 1, "seq_len": 8192, "recompute": "selective_op"}
+    assert _values(log) == {"init_reserved": gib(3.77), "peak_reserved": gib(49.59)}
+
+
+def test_torchtitan_8b_against_memest() -> None:
+    """The validation's tolerance for a reserved figure is 15% (memest.validation.training.DEVICE_TOLERANCE:
+    allocator slack varies 11-30% across runs). After the model is built a rank holds its fp32 FSDP2 shard:
+    8,030,261,248 x 4 B / 8 = 4,015,130,624 B = 3.739 GiB; the log's reserved 3.77 GiB is at least that
+    (reserved >= allocated) by the caching allocator's rounding of the shards' segments, under 2%."""
+    c = check_log(read_log(TITAN_8B_LOG.read_text()))
+    assert (c.model, c.device.name) == ("meta-llama/Llama-3.1-8B", "H200-141GB")
+    init = _row(c, "init_reserved")
+    assert init.predicted == 8_030_261_248 * 4 // 8 and -0.02 < init.error < 0
+    assert abs(_row(c, "peak_reserved").error) < 0.15
+    assert c.largest_gap is not None and c.largest_gap.figure == "peak_reserved"
 
 
 def test_torchtitan_steps_without_a_model() -> None:

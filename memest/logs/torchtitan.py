@@ -118,8 +118,14 @@ def _parallelism(text: str) -> dict[str, int]:
     return out
 
 
+COLOR = re.compile(r"\x1b?\[\d+(?:;\d+)*m")
+"""torchtitan's terminal colors (``utils.Color``: ``\033[31m``), which logs pasted without the escape byte keep
+as ``[31m``."""
+
+
 def parse(text: str) -> EngineLog:
     """The job and the figures of a torchtitan training log (rank 0's lines)."""
+    text = COLOR.sub("", text)
     settings: dict[str, Any] = _parallelism(text)
     notes: list[str] = []
     init = first(r"(?:Trainer is initialized with|Training starts at step \d+, with) local batch size (\d+), "
