@@ -180,6 +180,24 @@ def test_trtllm_pytorch_backend_against_memest() -> None:
     assert c.largest_gap is not None and c.largest_gap.figure == "non_torch"
 
 
+TRT020_LOG = LOGS / "trtllm020_llama31_8b_fp8_h100_issue6294.log"
+"""NVIDIA/TensorRT-LLM issue #6294 (skymizerFuji, 2025-07-24): trtllm-bench 0.20 on the PyTorch backend,
+nvidia/Llama-3.1-8B-Instruct-FP8 on an H100, up to the weights line."""
+
+
+def test_trtllm_020_weights_line() -> None:
+    """0.20's 'Rank 0 uses 8.46 GB for model weights.' against memest's FP8 weights, within issue 15's 1% for
+    weights: the linears at 1 B (32 x (2 x 4096^2 + 2 x 4096 x 1024 + 3 x 4096 x 14336) = 6,979,321,856), the
+    untied embedding and lm_head at 2 B (2 x 128256 x 4096 x 2 = 2,101,346,304), the norms at 2 B (532,480):
+    9,081,200,640 B = 8.4575 GiB."""
+    log = read_log(TRT020_LOG.read_text())
+    assert (log.format, log.version) == ("TensorRT-LLM PyTorch backend", "0.20.0")
+    assert _values(log) == {"weights": gib(8.46)}
+    c = check_log(log, model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB", settings={"quantization": "fp8"})
+    weights = _row(c, "weights")
+    assert weights.predicted == pytest.approx(9_081_200_640, rel=1e-4) and abs(weights.error) < 0.01
+
+
 def test_trtllm_log_without_a_model() -> None:
     with pytest.raises(InputError, match=r"5090.log: the TensorRT-LLM C\+\+ runtime log does not name its model"):
         check_log(read_log(_excerpt("trtllm_019_llama31_8b_fp8_kvfp8_rtx5090_triton")), name="5090.log", gpu="RTX-5090")
@@ -249,6 +267,16 @@ def test_torchtitan_8b_against_memest() -> None:
     assert init.predicted == 8_030_261_248 * 4 // 8 and -0.02 < init.error < 0
     assert abs(_row(c, "peak_reserved").error) < 0.15
     assert c.largest_gap is not None and c.largest_gap.figure == "peak_reserved"
+
+
+def test_torchtitan_mesh_line() -> None:
+    """torchtitan's newer mesh line and 'FullAC', as a 64 x GB300 gpt-oss-120b run log quotes them (a public
+    GitHub markdown page, search-index id 69045643857)."""
+    from memest.logs import torchtitan
+
+    log = torchtitan.parse("Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=64, cp=1, tp=1, ep=1\n"
+                           "Applied FullAC activation checkpointing to the model\n")
+    assert log.settings == {"dp": 64, "gpus": 64, "recompute": "full"}
 
 
 def test_torchtitan_steps_without_a_model() -> None:
