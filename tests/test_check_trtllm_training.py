@@ -407,6 +407,17 @@ def test_hf_trainer_train_results_json() -> None:
         check_log(log, name="train_results.json", gpu="A100-80GB")
 
 
+def test_a_config_file_names_the_model_and_settings(tmp_path: Path) -> None:
+    """The run's TrainingArguments file gives what the metrics do not: trl's example config (tests/data/configs/trl,
+    model_name_or_path Qwen/Qwen2.5-0.5B) names the model; the batch and length still missing are named."""
+    config = str(Path(__file__).resolve().parent / "data" / "configs" / "trl" / "example_config.yaml")
+    log = read_log(HF_JSON.read_text())
+    with pytest.raises(InputError, match=r"does not print micro_batch_size and seq_len"):
+        check_log(log, gpu="A100-80GB", settings={"config": [config]})
+    c = check_log(log, gpu="A100-80GB", settings={"config": [config], "micro_batch_size": 16, "seq_len": 384})
+    assert c.model == "Qwen/Qwen2.5-0.5B"
+
+
 # ---- the command ----
 
 

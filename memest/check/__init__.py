@@ -335,7 +335,8 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
         engine_version: The engine arithmetic to apply instead of the one the log's version implies.
         settings: Settings of the job the log does not print (or prints wrong), by memest's setting
             names (:func:`memest.workload.settings.settings`; ``config``: config files to read them
-            from); they win over the log's.
+            from, whose model is estimated when neither ``model`` nor the log names one); they win
+            over the log's.
 
     Raises:
         InputError: the model is not named or not resolvable offline; no accelerator is known; a
@@ -344,6 +345,10 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
     """
     notes: list[str] = []
     given = dict(settings or {})
+    if model is None and log.model is None and given.get("config"):  # the run's config file may name it
+        from memest.workload import files
+
+        model = files.read(tuple(given["config"])).model
     try:
         model_name, spec = _model(log, model)
         device = _device(log, gpu, notes)
