@@ -296,7 +296,8 @@ def test_a_log_missing_figures_compares_the_rest() -> None:
 
 
 def test_unknown_format_names_the_formats() -> None:
-    with pytest.raises(InputError, match=r"formats read: SGLang, llama.cpp / Ollama, vLLM"):
+    with pytest.raises(InputError, match=r"formats read: TensorRT-LLM, SGLang, llama.cpp / Ollama, torchtitan, "
+                                         r"torchtune, HF Trainer memory metrics, vLLM"):
         read_log("2026-01-01 12:00:00 INFO server started on port 8000\n", "app.log")
 
 
@@ -354,7 +355,8 @@ def test_cli_reads_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("content", "fragment"), [
-    (b"hello\nworld\n", "is not a start-up log memest reads (formats read: SGLang, llama.cpp / Ollama, vLLM"),
+    (b"hello\nworld\n", "is not a start-up or training log memest reads (formats read: TensorRT-LLM, SGLang, "
+                       "llama.cpp / Ollama, torchtitan, torchtune, HF Trainer memory metrics, vLLM"),
     (b"", "is empty"),
     (b"\x00\x01\x02binary", "is a binary file"),
     (V064_LOG.read_bytes(), "log does not name its model; pass it with --model"),

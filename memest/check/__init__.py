@@ -1,11 +1,13 @@
-"""``memest check``: an engine's start-up log against memest's estimate of the same job.
+"""``memest check``: an engine's start-up log (or a trainer's log) against memest's estimate of the same job.
 
-:func:`check_log` takes an :class:`~memest.logs.EngineLog` (the job and the figures the engine
-printed, :mod:`memest.logs`), re-estimates that job through memest's own path (the settings resolved
-by :mod:`memest.workload.resolve`, the terms by :func:`memest.estimate.estimate`) and pairs each
-logged figure with memest's value of the same quantity: the log is the measurement. It then names the
-estimate's term (weights, activations, runtime, KV cache, workspace) with the largest gap in bytes.
-Figures the log does not print are not compared; nothing is printed here (the report layer renders).
+:func:`check_log` takes an :class:`~memest.logs.EngineLog` (the job and the figures the engine or
+trainer printed, :mod:`memest.logs`), re-estimates that job through memest's own path (the settings
+resolved by :mod:`memest.workload.resolve`, the terms by :func:`memest.estimate.estimate`; a training
+log through the training path with its stack's defaults) and pairs each logged figure with memest's
+value of the same quantity: the log is the measurement. It then names the estimate's term (weights,
+activations, runtime, KV cache, workspace) with the largest gap in bytes. Figures the log does not
+print are not compared; settings a training log does not print are refused by name, never guessed;
+nothing is printed here (the report layer renders).
 """
 
 from __future__ import annotations
@@ -20,22 +22,30 @@ from memest.errors import InputError, MemestError
 from memest.estimate import estimate
 from memest.logs import EngineLog
 from memest.result import Estimate, Kind
-from memest.sources import catalog, load_config, spec_from_config
+from memest.sources import catalog, config_from_data, load_config, spec_from_config
 from memest.spec import ModelSpec
-from memest.workload import ENGINE_VERSIONS, resolve, validate
+from memest.workload import ENGINE_VERSIONS, ServingConfig, TrainingConfig, Workload, resolve, validate
 
 TERMS: dict[str, Kind | None] = {
     "weights": Kind.WEIGHTS, "activation_peak": Kind.ACTIVATIONS, "non_torch": Kind.RUNTIME,
     "requested": None, "non_kv": None, "kv_cache_memory": Kind.KV_CACHE, "kv_cache_tokens": Kind.KV_CACHE,
     "kv_cache_blocks": Kind.KV_CACHE, "max_concurrency": Kind.KV_CACHE, "k_size": Kind.KV_CACHE,
     "v_size": Kind.KV_CACHE, "context_len": None, "kv_buffer": Kind.KV_CACHE, "compute_buffer": Kind.WORKSPACE,
-    "file_size": Kind.WEIGHTS,
+    "file_size": Kind.WEIGHTS, "free_memory": None, "kv_budget": Kind.KV_CACHE, "runtime_buffers": Kind.ACTIVATIONS,
+    "kv_bytes_per_token": Kind.KV_CACHE, "peak_reserved": None, "peak_allocated": None, "peak_active": None,
+    "init_allocated": Kind.WEIGHTS, "init_reserved": Kind.WEIGHTS, "train_states": Kind.OPTIMIZER_STATES,
 }
 """The estimate's term each figure measures (None: a setting or a sum, no one term)."""
 
-DERIVED = {"vllm": ("kv_cache_memory", "non_kv", "requested")}
-"""Figures an engine derives from the others (vLLM's KV pool is the budget less the other terms):
-left out when naming the term of the largest gap, which they inherit."""
+DERIVED = {"vllm": ("kv_cache_memory", "non_kv", "requested"),
+           "trtllm": ("kv_cache_memory", "kv_budget", "free_memory", "non_kv")}
+"""Figures an engine derives from the others (vLLM's KV pool is the budget less the other terms;
+TensorRT-LLM's pool a fraction of what weights, activations and buffers leave free): left out when
+naming the term of the largest gap, which they inherit."""
+
+TRAINING_REQUIRED = ("micro_batch_size", "seq_len")
+"""Settings a training estimate cannot do without: a training log that prints neither (nor gets them
+from the caller) is refused, naming them (memest's defaults would be a guess)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,9 @@ def offline_model(reference: str) -> str | None:
 
 
 def _model(log: EngineLog, given: str | None) -> tuple[str, ModelSpec]:
+    if given is None and log.model_config is not None and (log.model is None or offline_model(log.model) is None):
+        cfg = config_from_data(log.model_config, name=log.model or "the log's model")
+        return f"{cfg.name} (shapes from the log)", spec_from_config(cfg)
     if given is not None:
         reference = given
     elif log.model is None:
@@ -173,15 +186,25 @@ def modelled_version(log: EngineLog, given: str | None) -> str | None:
                 return candidate
     if log.engine == "vllm":
         return known[0] if log.format == "vLLM V1" else "0.6"
+    if log.engine == "trtllm":  # memest models the PyTorch backend as 1.1 and a TensorRT engine as 0.19
+        return "1.1" if log.format == "TensorRT-LLM PyTorch backend" else "0.19"
     return None
 
 
-def job_values(log: EngineLog, spec: ModelSpec, version: str | None) -> dict[str, Any]:
-    """The settings of the log's job by memest's setting names (complete: :func:`resolve.complete`)."""
-    values: dict[str, Any] = {"serve": True, "engine": log.engine, **log.settings}
+def job_values(log: EngineLog, spec: ModelSpec, version: str | None,
+               given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of the log's job by memest's setting names (complete: :func:`resolve.complete`);
+    ``given`` (the caller's settings, and ``config`` files) win over the log's."""
+    given = dict(given or {})
+    if log.training:
+        values: dict[str, Any] = {"stack": log.engine, **log.settings, **given}
+        if not values.get("finetune"):
+            values["train"] = True
+        return resolve.complete(values)
+    values = {"serve": True, "engine": log.engine, **log.settings, **given}
     if version is not None:
         values["engine_version"] = version
-    if log.engine in ("vllm", "sglang"):
+    if log.engine in ("vllm", "sglang", "trtllm"):
         values.setdefault("gpus", values.get("tp", 1) * values.get("pp", 1))
     if log.engine == "llama.cpp" and "quantization" in values:
         values["quantization"] = gguf_file_type(values["quantization"])
@@ -204,12 +227,20 @@ def gguf_file_type(printed: str) -> str:
 # ---- memest's values of the logged figures ----
 
 
-def predicted(log: EngineLog, e: Estimate) -> dict[str, int | float]:
-    """memest's value of each figure this engine's log prints, from the estimate ``e``."""
+def predicted(log: EngineLog, e: Estimate, spec: ModelSpec | None = None, workload: Workload | None = None,
+              device: Device | None = None) -> dict[str, int | float]:
+    """memest's value of each figure this engine's (or trainer's) log prints, from the estimate ``e``
+    of the job ``workload`` of model ``spec`` on ``device`` (TensorRT-LLM's and training's figures need them)."""
+    if log.training:
+        assert isinstance(workload, TrainingConfig)
+        return training_predicted(e, workload)
     rank = e.ranks[0]
     s = e.serving
     assert s is not None
     weights = sum(t.bytes for t in rank.terms if t.kind is Kind.WEIGHTS)
+    if log.engine == "trtllm":
+        assert spec is not None and isinstance(workload, ServingConfig) and device is not None
+        return trtllm_predicted(e, spec, workload, device.memory_bytes)
     if log.engine == "vllm":
         return {"weights": weights, "activation_peak": s.activation_peak_bytes, "non_torch": s.non_torch_bytes,
                 "requested": s.requested_bytes, "non_kv": s.non_kv_bytes, "kv_cache_memory": s.kv_budget_bytes,
@@ -224,16 +255,77 @@ def predicted(log: EngineLog, e: Estimate) -> dict[str, int | float]:
             "kv_cache_memory": s.kv_budget_bytes, "file_size": e.extra["llamacpp_file_bytes"]}
 
 
-def largest_gap(engine: str, rows: tuple[Row, ...]) -> Row | None:
-    """The row of a term (not a figure derived from the others) with the largest gap in bytes."""
+def trtllm_predicted(e: Estimate, spec: ModelSpec, s: ServingConfig, device_bytes: int) -> dict[str, int | float]:
+    """memest's value of each figure a TensorRT-LLM log prints (:mod:`memest.estimate.serving.trtllm`):
+    the pool of the rank with the fewest blocks, the weights of the first rank, the fitted activation and
+    buffer terms apart (the log prints them apart)."""
+    from memest.estimate.serving.common import compute_bytes
+    from memest.estimate.serving.trtllm import budget as tb
+    from memest.estimate.serving.trtllm.engine import max_batch_size_of, max_num_tokens_of
+
+    summary = e.serving
+    assert summary is not None
+    weights = sum(t.bytes for t in e.ranks[0].terms if t.kind is Kind.WEIGHTS)
+    return {
+        "weights": weights,
+        "activation_peak": tb.activation_bytes(max_num_tokens_of(s), spec.hidden_size, compute_bytes(spec, s)),
+        "runtime_buffers": tb.buffer_bytes(max_batch_size_of(s), spec.vocab_size),
+        "non_torch": summary.non_torch_bytes,
+        "non_kv": summary.non_kv_bytes,
+        "free_memory": device_bytes - summary.non_kv_bytes,
+        "kv_budget": summary.kv_budget_bytes,
+        "kv_cache_memory": summary.kv_cache_tokens * summary.kv_cache_bytes_per_token,
+        "kv_cache_tokens": summary.kv_cache_tokens,
+        "kv_cache_blocks": summary.kv_cache_blocks,
+        "kv_bytes_per_token": summary.kv_cache_bytes_per_token,
+    }
+
+
+def training_predicted(e: Estimate, t: TrainingConfig) -> dict[str, int | float]:
+    """memest's value of each figure a training log prints, for the rank that needs the most memory:
+    the step's peak allocated and reserved (torchtune's 'active' is the allocated peak: the caching
+    allocator's active bytes are the allocated blocks), the weights as loaded (the model-init figures),
+    and what a finished step leaves allocated (HF's train delta: optimizer states, and the gradients
+    when they are kept between steps)."""
+    rank = e.per_device
+    kinds = rank.by_kind()
+    weights = kinds.get(Kind.WEIGHTS, 0)
+    states = kinds.get(Kind.OPTIMIZER_STATES, 0) + (0 if t.set_grads_to_none else kinds.get(Kind.GRADIENTS, 0))
+    return {"peak_reserved": rank.reserved_bytes, "peak_allocated": rank.allocated_bytes,
+            "peak_active": rank.allocated_bytes, "init_allocated": weights, "init_reserved": weights,
+            "weights": weights, "train_states": states}
+
+
+PEAKS = ("peak_reserved", "peak_allocated", "peak_active")
+"""A training log's step peaks, the figure its gap is told by first (reserved, as torchtitan and nvidia-smi
+see it, then allocated)."""
+
+
+def largest_gap(engine: str, rows: tuple[Row, ...], training: bool = False) -> Row | None:
+    """The row of a term (not a figure derived from the others) with the largest gap in bytes; for a
+    training log its step peak (:data:`PEAKS`), which the estimate's terms add up to."""
+    if training:
+        peak = next((r for name in PEAKS for r in rows if r.figure == name), None)
+        if peak is not None:
+            return peak
     derived = DERIVED.get(engine, ())
     sizes = [r for r in rows if r.unit == "bytes" and r.term is not None]
     direct = [r for r in sizes if r.figure not in derived] or sizes
     return max(direct, key=lambda r: abs(r.predicted - r.measured), default=None)
 
 
+def missing_settings(log: EngineLog, values: dict[str, Any], given: dict[str, Any]) -> tuple[str, ...]:
+    """The settings a training estimate needs (:data:`TRAINING_REQUIRED`, and those the parser names as
+    missing) that neither the log, the caller nor the ``config`` files give."""
+    if not log.training:
+        return ()
+    files = resolve.from_files(values)
+    need = dict.fromkeys((*TRAINING_REQUIRED, *log.missing))
+    return tuple(n for n in need if n not in log.settings and n not in given and n not in files)
+
+
 def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, gpu: str | None = None,
-              engine_version: str | None = None) -> Check:
+              engine_version: str | None = None, settings: dict[str, Any] | None = None) -> Check:
     """The log's figures beside memest's estimate of the job the log describes.
 
     Args:
@@ -241,34 +333,69 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
         gpu: The accelerator, when the log names none memest knows (its total memory, when printed,
             replaces the catalog's).
         engine_version: The engine arithmetic to apply instead of the one the log's version implies.
+        settings: Settings of the job the log does not print (or prints wrong), by memest's setting
+            names (:func:`memest.workload.settings.settings`; ``config``: config files to read them
+            from, whose model is estimated when neither ``model`` nor the log names one); they win
+            over the log's.
 
     Raises:
-        InputError: the model is not named or not resolvable offline; no accelerator is known; the
-            log's settings are invalid for memest.
+        InputError: the model is not named or not resolvable offline; no accelerator is known; a
+            training log lacks a setting the estimate needs (named); the log's settings are invalid
+            for memest.
     """
     notes: list[str] = []
+    given = dict(settings or {})
+    if model is None and log.model is None and given.get("config"):  # the run's config file may name it
+        from memest.workload import files
+
+        model = files.read(tuple(given["config"])).model
     try:
         model_name, spec = _model(log, model)
         device = _device(log, gpu, notes)
     except InputError as exc:
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc
-    version = modelled_version(log, engine_version)
+    version = None if log.training else modelled_version(log, engine_version)
     try:
-        values = job_values(log, spec, version)
+        values = job_values(log, spec, version, given)
+    except InputError as exc:
+        raise InputError(f"{name}: {exc.template}", field=exc.field) from exc
+    absent = missing_settings(log, values, given)
+    if absent:
+        placeholders = [f"{{{n}}}" for n in absent]
+        named = placeholders[0] if len(absent) == 1 else ", ".join(placeholders[:-1]) + " and " + placeholders[-1]
+        raise InputError(f"{name}: the {log.format} log does not print {named}, which the estimate needs; give "
+                         f"{'them' if len(absent) > 1 else 'it'} as the run had {'them' if len(absent) > 1 else 'it'} "
+                         "(memest does not guess a training job's shape)", field=absent[0])
+    try:
         workload = resolve.resolve(values, spec, device)
         validate(spec, workload)
         e = estimate(spec, workload, device)
     except InputError as exc:
         raise InputError(f"{name}: the job the log describes is not one memest estimates: {exc}") from exc
-    ours = predicted(log, e)
+    ours = predicted(log, e, spec, workload, device)
     rows = tuple(Row(k, TERMS[k], ours[k], f.value, f.unit, f.line) for k, f in log.figures.items() if k in ours)
-    if log.version and version:
+    if log.training:
+        from memest.workload.stacks import STACKS
+
+        label = STACKS[workload.stack].label if isinstance(workload, TrainingConfig) and workload.stack else log.engine
+        notes.append(f"{log.format} log, estimated with memest's {label} defaults where the log is silent")
+    elif log.version and version:
         notes.append(f"{log.format} {log.version}, compared with memest's {log.engine} {version} arithmetic")
     elif version is None:
         notes.append(f"the log prints no {log.engine} version: memest's default {log.engine} "
                      f"{ENGINE_VERSIONS[log.engine][0]} arithmetic applies")
+    elif log.engine == "trtllm":
+        notes.append(f"the log prints no TensorRT-LLM version: memest's {version} arithmetic of the {log.format}")
+    notes += log.notes
+    if given:
+        notes.append("given: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     return Check(name=name, log=log, model=model_name, engine_version=version, device=device, rows=rows,
                  not_compared=tuple(k for k in log.figures if k not in ours),
-                 not_logged=tuple(k for k in ours if k not in log.figures),
-                 largest_gap=largest_gap(log.engine, rows), notes=tuple(notes), estimate=e)
+                 not_logged=tuple(k for k in ours if k not in log.figures and not _alias(k, log)),
+                 largest_gap=largest_gap(log.engine, rows, log.training), notes=tuple(notes), estimate=e)
 
+
+def _alias(figure: str, log: EngineLog) -> bool:
+    """A predicted figure that is another name of one the log prints (training's weights and init figures)."""
+    return log.training and figure in ("weights", "init_allocated", "init_reserved", "peak_active", "train_states") \
+        and figure not in log.figures

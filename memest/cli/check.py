@@ -1,9 +1,10 @@
-"""``memest check LOG [LOG ...]``: engine start-up logs against memest's estimate of the same jobs
-(see :mod:`memest.check`)."""
+"""``memest check LOG [LOG ...]``: engine start-up logs and training logs against memest's estimate of
+the same jobs (see :mod:`memest.check`)."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -13,13 +14,23 @@ import typer
 from memest.cli.app import JsonOpt, _console, app
 from memest.errors import InputError
 
-LogsArg = Annotated[list[str], typer.Argument(help="Start-up logs of vLLM (0.6, V1), SGLang or llama.cpp / Ollama; "
-                                                   "'-' reads stdin.", show_default=False)]
+LogsArg = Annotated[list[str], typer.Argument(
+    help="Start-up logs of vLLM (0.6, V1), SGLang, TensorRT-LLM or llama.cpp / Ollama, or training logs of "
+         "torchtitan, torchtune or the HF Trainer (its memory metrics, train_results.json, trainer_state.json); "
+         "'-' reads stdin.", show_default=False)]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", show_default=False,
     help="The model to estimate (catalog name, Hub id or config folder) when the log names none memest resolves offline.")]
 GpuOpt = Annotated[str | None, typer.Option(
     "--gpu", show_default=False, help="The accelerator (see 'memest gpus') when the log names none memest knows.")]
+SettingOpt = Annotated[list[str] | None, typer.Option(
+    "--setting", show_default=False, metavar="NAME=VALUE",
+    help="A setting of the job the log does not print, as memest names it without the dashes "
+         "(micro-batch-size=2, seq-len=4096, gpus=8, quantization=fp8); repeat for several.")]
+ConfigOpt = Annotated[list[str] | None, typer.Option(
+    "--config", show_default=False,
+    help="A training config file the run used (TrainingArguments / trl / axolotl / LLaMA-Factory YAML, DeepSpeed "
+         "JSON, accelerate config): the settings the log does not print.")]
 EngineVersionOpt = Annotated[str | None, typer.Option(
     "--engine-version", show_default=False,
     help="The engine arithmetic to apply (default: the one of the log's version or format).")]
@@ -36,27 +47,78 @@ def _read(name: str) -> str:
     return read_bytes(path.read_bytes(), name)
 
 
+def _value(text: str) -> object:
+    """A ``--setting`` value as its type: an integer, a number, true / false, else the text."""
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d*\.\d+(?:e-?\d+)?", text):
+        return float(text)
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_settings(items: list[str] | None, config: list[str] | None) -> dict[str, object]:
+    """``--setting NAME=VALUE`` items (and ``--config`` files) as settings by memest's names.
+
+    Raises:
+        InputError: an item without ``=``, or a name that is no setting.
+    """
+    from memest.workload.settings import settings
+
+    known = settings()
+    out: dict[str, object] = {}
+    for item in items or ():
+        name, sep, value = item.partition("=")
+        key = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not value.strip():
+            raise InputError(f"--setting {item!r} is not NAME=VALUE; write it as --setting seq-len=4096")
+        if key not in known or key == "config":
+            raise InputError(f"--setting {name!r} is not a setting memest knows; the settings are the flags of "
+                             "'memest hf' without their dashes (micro-batch-size, seq-len, gpus, quantization, ...)")
+        out[key] = _value(value.strip())
+    if config:
+        out["config"] = list(config)
+    return out
+
+
+def check_flag(name: str) -> str:
+    """A setting as ``memest check`` takes it: ``--model`` / ``--gpu``, else ``--setting NAME=...``."""
+    from memest.cli.options import flag_name
+
+    if name in ("model", "gpu"):
+        return f"--{name}"
+    return f"--setting {flag_name(name).lstrip('-')}=..."
+
+
 @app.command("check")
 def check_command(
     logs: LogsArg,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
+    setting: SettingOpt = None,
+    config: ConfigOpt = None,
     engine_version: EngineVersionOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Compare an engine's start-up log with memest's estimate of the job it ran.
+    """Compare an engine's start-up log, or a training log, with memest's estimate of the job it ran.
 
-    Reads the model, the settings and the memory figures the engine printed (weights, activation peak,
-    KV cache memory, tokens and blocks, concurrency, buffers), re-estimates the same job and prints
-    logged vs memest per figure with the error and the term of the largest gap.
+    Reads the model, the settings and the memory figures the engine or trainer printed (weights,
+    activation peak, KV cache memory, tokens and blocks, concurrency, buffers; a training step's peak
+    allocated / reserved / active), re-estimates the same job and prints logged vs memest per figure
+    with the error and the term of the largest gap. A setting the log does not print is named: give it
+    with --setting (or --config).
     """
     from memest.check import check_log
+    from memest.errors import MemestError
     from memest.logs import read_log
 
     if logs.count("-") > 1:
         raise InputError("'-' (stdin) is given more than once; stdin can be read once")
-    checks = [check_log(read_log(_read(name), name), name=name, model=model, gpu=gpu, engine_version=engine_version)
-              for name in logs]
+    given = parse_settings(setting, config)
+    try:
+        checks = [check_log(read_log(_read(name), name), name=name, model=model, gpu=gpu,
+                            engine_version=engine_version, settings=given) for name in logs]
+    except MemestError as exc:
+        raise exc.named(check_flag) from exc
     from memest.report.check import check_to_dict, render_check
 
     if json_:

@@ -1,7 +1,9 @@
-"""Engine start-up logs: which engine wrote one, the job it ran and the memory figures it printed.
+"""Engine start-up logs and training logs: which engine or trainer wrote one, the job it ran and the
+memory figures it printed.
 
 :func:`read_log` detects the format from the text and hands it to that format's parser (one module
-each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.llamacpp`), which returns an :class:`EngineLog`. A log
+each: :mod:`.vllm`, :mod:`.sglang`, :mod:`.trtllm`, :mod:`.llamacpp`; training logs :mod:`.torchtitan`,
+:mod:`.torchtune`, :mod:`.hf_trainer`), which returns an :class:`EngineLog`. A log
 missing a figure simply lacks that key; :mod:`memest.check` compares the figures it has. This layer
 only extracts: it predicts nothing (DESIGN.md, "Layers").
 """
@@ -11,12 +13,14 @@ from __future__ import annotations
 from types import ModuleType
 
 from memest.errors import InputError
-from memest.logs import llamacpp, sglang, vllm
+from memest.logs import hf_trainer, llamacpp, sglang, torchtitan, torchtune, trtllm, vllm
 from memest.logs.record import FIGURES, EngineLog, Logged
 
 __all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
 
-FORMATS: dict[str, ModuleType] = {"SGLang": sglang, "llama.cpp / Ollama": llamacpp, "vLLM (0.6, V1)": vllm}
+FORMATS: dict[str, ModuleType] = {"TensorRT-LLM": trtllm, "SGLang": sglang, "llama.cpp / Ollama": llamacpp,
+                                   "torchtitan": torchtitan, "torchtune": torchtune,
+                                   "HF Trainer memory metrics": hf_trainer, "vLLM (0.6, V1)": vllm}
 """The formats read, in the order they are tried (the most specific markers first)."""
 
 
@@ -27,10 +31,11 @@ def read_bytes(data: bytes, name: str) -> str:
         InputError: the file is empty or binary (not text).
     """
     if not data.strip():
-        raise InputError(f"log {name!r} is empty; pass an engine's start-up log (formats read: {_formats()})")
-    if b"\x00" in data[:65536]:
-        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log "
+        raise InputError(f"log {name!r} is empty; pass an engine's start-up log or a training log "
                          f"(formats read: {_formats()})")
+    if b"\x00" in data[:65536]:
+        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log or a "
+                         f"training log (formats read: {_formats()})")
     return data.decode("utf-8", errors="replace")
 
 
@@ -47,8 +52,8 @@ def read_log(text: str, name: str = "<log>") -> EngineLog:
                 raise InputError(f"log {name!r} ({log.format}) prints none of its memory figures "
                                  f"({', '.join(repr(line) for line in module.FIGURE_LINES)}); pass the whole start-up log")
             return log
-    raise InputError(f"log {name!r} is not a start-up log memest reads (formats read: {_formats()}); pass the "
-                     "engine's log from its start to 'ready'")
+    raise InputError(f"log {name!r} is not a start-up or training log memest reads (formats read: {_formats()}); "
+                     "pass the engine's log from its start to 'ready', or the trainer's log through its first steps")
 
 
 def _formats() -> str:

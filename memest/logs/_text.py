@@ -30,6 +30,14 @@ def first(pattern: str, text: str, flags: int = 0) -> re.Match[str] | None:
     return re.search(pattern, text, flags)
 
 
+def last(pattern: str, text: str, flags: int = 0) -> re.Match[str] | None:
+    """The last match of ``pattern`` in ``text`` (an engine that sizes a pool twice logs the final one last)."""
+    found = None
+    for found in re.finditer(pattern, text, flags):
+        pass
+    return found
+
+
 def line_of(text: str, match: re.Match[str]) -> str:
     """The whole (stripped) line a match lies on."""
     start = text.rfind("\n", 0, match.start()) + 1
@@ -40,6 +48,12 @@ def line_of(text: str, match: re.Match[str]) -> str:
 def size_figure(pattern: str, text: str) -> Logged | None:
     """A size figure from the first match of ``pattern``: group 1 the number, group 2 the unit."""
     m = first(pattern, text)
+    return None if m is None else Logged(nbytes(m.group(1), m.group(2)), "bytes", line_of(text, m))
+
+
+def last_size_figure(pattern: str, text: str) -> Logged | None:
+    """A size figure from the last match of ``pattern``: group 1 the number, group 2 the unit."""
+    m = last(pattern, text)
     return None if m is None else Logged(nbytes(m.group(1), m.group(2)), "bytes", line_of(text, m))
 
 

@@ -1,4 +1,5 @@
-"""``memest check``'s output: each log's figures beside memest's, the error, and the term of the largest gap.
+"""``memest check``'s output: each log's figures beside memest's, the error, and the term of the largest gap
+(for a training log, the gap at the step's peak and the estimate's largest terms).
 
 :func:`render_check` is the table, :func:`check_to_dict` the ``--json`` (integer bytes). Sizes print in
 GiB from 1 GiB up, else MiB (llama.cpp's buffers), as :func:`memest.report.size` does.
@@ -10,6 +11,7 @@ from typing import Any
 
 from memest.check import Check, Row
 from memest.report import size
+from memest.result import Kind
 from memest.report.tables import Narrowest, name_col, new_table, number_col
 
 
@@ -19,6 +21,8 @@ def value(n: float, unit: str) -> str:
         return size(n)
     if unit == "x":
         return f"{n:,.2f}x"
+    if unit == "bytes/token":
+        return f"{n:,.0f} B/token"
     return f"{n:,.0f} {unit}"
 
 
@@ -36,6 +40,14 @@ def gap_line(c: Check) -> str:
     if r is None:
         return "No size figure to compare."
     delta = r.predicted - r.measured
+    if c.log.training and r.term is None:
+        line = (f"Gap at the step's peak ({r.figure}): memest {'+' if delta >= 0 else '-'}{size(abs(delta))} against "
+                f"the log ({_error(r)}).")
+        if c.estimate is not None:
+            shown = {Kind.RUNTIME} | ({Kind.ALLOCATOR} if r.figure != "peak_reserved" else set())
+            terms = sorted((t for t in c.estimate.per_device.terms if t.kind not in shown), key=lambda t: -t.bytes)[:4]
+            line += " memest's largest terms: " + ", ".join(f"{t.name} {size(t.bytes)}" for t in terms) + "."
+        return line
     line = (f"Largest gap: {_term(r)} ({r.figure}): memest {'+' if delta >= 0 else '-'}{size(abs(delta))} "
             f"against the log ({_error(r)}).")
     pool = next((x for x in c.rows if x.figure == "kv_cache_memory"), None)
@@ -76,7 +88,7 @@ def check_to_dict(c: Check) -> dict[str, Any]:
     """One log's comparison as JSON-ready data (sizes in integer bytes)."""
     gap = c.largest_gap
     return {
-        "log": c.name, "engine": c.log.engine, "format": c.log.format, "engine_version_logged": c.log.version,
+        "log": c.name, "engine": c.log.engine, "format": c.log.format, "training": c.log.training, "engine_version_logged": c.log.version,
         "engine_version_modelled": c.engine_version, "model_logged": c.log.model, "model": c.model,
         "device": c.device.name, "device_memory_bytes": c.device.memory_bytes, "settings_logged": dict(c.log.settings),
         "figures": [{"figure": r.figure, "term": r.term.value if r.term else None, "unit": r.unit,
