@@ -29,28 +29,53 @@ ABOUT = ("Runtime constants measured by `memest calibrate`, per device family (a
          "An empty section means the defaults in memest/estimate/runtime.py (with their published sources) apply.")
 
 
+IMPLIED = {
+    "cuda_context_bytes": "NVML process used - reserved after the steps (one process)",
+    "allocator_slack": "(peak reserved - peak allocated) / peak allocated, training",
+    "context_before_tensors_bytes": "device memory the process used before its first tensor (calibrate)",
+    "non_torch_multi_bytes": "NVML process used - reserved after the steps, rank 0 of several processes",
+}
+"""What :func:`implied` reads from a record, by name."""
+
+
+def implied(rec: dict[str, Any]) -> dict[str, int | float]:
+    """The runtime constants one record implies (rank 0's measurement; none for a CPU run or one that ran out
+    of memory): :data:`IMPLIED`. ``cuda_context_bytes`` and ``allocator_slack`` come from one-process runs
+    only (NCCL's buffers and a second rank's context are not the context); ``non_torch_multi_bytes`` is the
+    same non-torch figure of a run of several processes (NCCL's communicators on top of the context)."""
+    device = rec.get("device", {})
+    if device.get("backend") != "cuda" or rec.get("outcome") != "ok" or not rec.get("measured"):
+        return {}
+    m = Measurement.from_dict(rec["measured"][0])
+    one = rec["inputs"].get("nproc") == 1
+    out: dict[str, int | float] = {}
+    if m.non_torch_bytes is not None and m.non_torch_bytes > 0:
+        out["cuda_context_bytes" if one else "non_torch_multi_bytes"] = m.non_torch_bytes
+    if one and rec["inputs"]["mode"] != "serve" and m.peak_allocated_bytes and m.peak_reserved_bytes is not None:
+        out["allocator_slack"] = (m.peak_reserved_bytes - m.peak_allocated_bytes) / m.peak_allocated_bytes
+    if m.cuda_context_bytes:
+        out["context_before_tensors_bytes"] = m.cuda_context_bytes
+    return out
+
+
 def derive(records: Iterable[tuple[Path, dict[str, Any]]], root: Path | None = None) -> dict[str, Any]:
     """The contents of ``calibrated.json`` from ``(file, record)`` pairs."""
     context: dict[str, list[tuple[int, str]]] = defaultdict(list)
     slack: dict[str, list[tuple[float, str]]] = defaultdict(list)
     for path, rec in records:
-        device = rec.get("device", {})
-        if device.get("backend") != "cuda" or rec.get("outcome") != "ok" or rec["inputs"].get("nproc") != 1:
-            continue
-        arch = device.get("arch") or "unknown"
-        m = Measurement.from_dict(rec["measured"][0])
+        found = implied(rec)
+        arch = rec.get("device", {}).get("arch") or "unknown"
         ref = record_ref(path, rec, root)
-        if m.non_torch_bytes is not None and m.non_torch_bytes > 0:
-            context[arch].append((m.non_torch_bytes, ref))
-        if rec["inputs"]["mode"] != "serve" and m.peak_allocated_bytes and m.peak_reserved_bytes is not None:
-            slack[arch].append(((m.peak_reserved_bytes - m.peak_allocated_bytes) / m.peak_allocated_bytes, ref))
+        if "cuda_context_bytes" in found:
+            context[arch].append((int(found["cuda_context_bytes"]), ref))
+        if "allocator_slack" in found:
+            slack[arch].append((float(found["allocator_slack"]), ref))
     return {
         "schema": SCHEMA,
         "about": ABOUT,
-        "cuda_context_bytes": {a: _entry(v, "NVML process used - reserved after the steps (one process)", integer=True)
+        "cuda_context_bytes": {a: _entry(v, IMPLIED["cuda_context_bytes"], integer=True)
                                for a, v in sorted(context.items())},
-        "allocator_slack": {a: _entry(v, "(peak reserved - peak allocated) / peak allocated, training")
-                            for a, v in sorted(slack.items())},
+        "allocator_slack": {a: _entry(v, IMPLIED["allocator_slack"]) for a, v in sorted(slack.items())},
     }
 
 
