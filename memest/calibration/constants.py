@@ -14,6 +14,7 @@ Only successful runs count (an out-of-memory run's reserved figure is the alloca
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
@@ -21,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from memest.calibration.measure import Measurement
-from memest.calibration.records import record_ref
+from memest.calibration.records import read_records, record_ref
+from memest.devices import Device
+from memest.errors import InputError
 
 SCHEMA = 1
 ABOUT = ("Runtime constants measured by `memest calibrate`, per device family (arch). Written by "
@@ -90,3 +93,35 @@ def _entry(values: list[tuple[Any, str]], measured: str, *, integer: bool = Fals
         "measured": measured,
         "records": [ref for _, ref in values],
     }
+
+
+RESULTS_DIR = Path("calibrate") / "results"
+"""Where ``memest calibrate`` (and the integrations) write records by default, relative to the working folder:
+what ``use_calibration`` reads."""
+
+
+def with_user_constants(device: Device, folder: Path = RESULTS_DIR) -> Device:
+    """``device`` carrying the runtime constants the records in ``folder`` imply for its family (:func:`derive`'s
+    rule: medians over one-process CUDA runs that ran within memory), for ``use_calibration``; a family the records
+    do not cover keeps memest's constants, and the estimate says so (:func:`memest.estimate.runtime.calibration_note`).
+
+    Raises:
+        InputError: ``folder`` holds no records.
+    """
+    import warnings
+
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a cut line is skipped here; 'memest calibrate --report' names it
+        records = list(read_records(files))
+    if not records:
+        raise InputError(f"{{use_calibration}} reads your calibration records in {str(folder)!r}, and there are none: "
+                         "run 'memest calibrate MODEL ...' on your device first (or train with "
+                         "memest.integrations.hf.MemestCallback), or drop {use_calibration}", field="use_calibration")
+    data = derive(records)
+    found = tuple((name, data[name][device.arch]["value"]) for name in ("cuda_context_bytes", "allocator_slack")
+                  if device.arch in data[name])
+    n = max((data[name][device.arch]["n"] for name, _ in found), default=0)
+    total = f"{len(records)} record{'s' if len(records) != 1 else ''}"
+    source = f"{folder.as_posix()}, {n} of {total}" if found else f"{folder.as_posix()}, {total}"
+    return dataclasses.replace(device, runtime_constants=found, runtime_source=source)
