@@ -207,6 +207,38 @@ def test_track_plain_loop_measured_against_the_estimate(tmp_path):
     assert rec["origin"] == "track" and rec["inputs"]["workload"]["stack"] == "pytorch"
 
 
-def test_lightning_callback_needs_lightning():
+@pytest.mark.slow
+def test_lightning_callback_measured_against_the_estimate(tmp_path):
+    """The Lightning callback over the same tiny Llama: fp32 ('32-true'), torch AdamW (foreach), 3 optimizer
+    steps, micro-batch and tokens from the first batch; the weights P x 4 B, the peak within 10%."""
     pytest.importorskip("lightning", reason="lightning is not installed (memest does not depend on it): the "
                                             "Lightning callback is not tested here")
+    import lightning
+    import torch
+
+    from memest.integrations.lightning import MemestLightningCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model()
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=True)
+
+    cb = MemestLightningCallback(log=lambda line: None, results_path=tmp_path)
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, callbacks=[cb],
+                                default_root_dir=str(tmp_path))
+    trainer.fit(Module(), torch.utils.data.DataLoader(_dataset(), batch_size=BATCH))
+    assert trainer.global_step == 3
+    w = cb.watch
+    assert w.values["micro_batch_size"] == BATCH and w.values["seq_len"] == SEQ
+    (rec,) = _records(tmp_path / "cpu.jsonl")
+    assert rec["origin"] == "lightning" and rec["inputs"]["steps"] == 2
+    assert rec["measured"][0]["static"]["weights"] == P * 4
+    rows = {r["name"]: r for r in rec["comparison"]["ranks"][0]["rows"]}
+    assert abs(rows["peak allocated"]["error"]) <= TOLERANCE
