@@ -2,15 +2,16 @@
 
 The Python API (see README.md "Python API"): :func:`estimate_memory` (``memest hf``),
 :func:`plan_memory` (``memest plan``) and :func:`sweep_memory` (``memest sweep``); bad input raises
-:class:`InputError`. Importing memest loads no torch, transformers or huggingface_hub.
+:class:`InputError`. :func:`track` (:mod:`memest.integrations.track`) checks a running PyTorch loop against its
+estimate. Importing memest loads no torch, transformers or huggingface_hub.
 """
 
 __version__ = "0.1.0"
 
 __all__ = ["InputError", "MemestError", "MemoryEstimate", "MemoryPlan", "MemorySweep", "Report", "__version__",
-           "estimate_memory", "plan_memory", "sweep_memory"]
+           "estimate_memory", "plan_memory", "sweep_memory", "track"]
 
-_FROM = {"InputError": "memest.errors", "MemestError": "memest.errors"}
+_FROM = {"InputError": "memest.errors", "MemestError": "memest.errors", "track": "memest.integrations.track"}
 
 
 def __getattr__(name: str):  # the API is loaded on first use: `python -m memest` starts with nothing loaded

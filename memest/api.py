@@ -18,13 +18,14 @@ is the keyword at fault.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from memest.devices import GiB
+from memest.devices import Fleet, GiB
 from memest.errors import InputError
 from memest.spec import ModelSpec
 
@@ -195,6 +196,20 @@ def _model(model: Model, values: Mapping[str, Any]) -> tuple[Any, ModelSpec]:
     return cfg, spec_from_config(cfg, trust_remote_code=values["trust_remote_code"])
 
 
+def calibrated(device: Any, values: Mapping[str, Any]) -> Any:
+    """``device``, with ``use_calibration`` carrying the runtime constants of the user's records
+    (:func:`memest.calibration.constants.with_user_constants`).
+
+    Raises:
+        InputError: ``use_calibration`` and no records.
+    """
+    if not values.get("use_calibration"):
+        return device
+    from memest.calibration.constants import with_user_constants
+
+    return with_user_constants(device)
+
+
 def model_reference(model: Model | None, values: Mapping[str, Any]) -> Model:
     """``model``, or the model the ``config`` files name when it is None.
 
@@ -259,6 +274,8 @@ def estimate_values(model: Model | None, values: Mapping[str, Any], *, hold_batc
 
     cfg, spec = _model(model_reference(model, values), values)
     device = resolve.devices(values)  # one device, or a Fleet of unlike ones
+    if not isinstance(device, Fleet):
+        device = calibrated(device, values)
     workload = resolve.resolve(values, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values), model=_given(model))
     result = assess(spec, workload, device, headroom=resolve.headroom(values),
@@ -350,7 +367,8 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
                          "training use {allow_method_change} (QLoRA)", field="allow_quantization")
     if s["compare_engines"]:
         return _compare_values(model, values, s, max_gpus, serving)
-    devices = device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus)
+    devices = tuple(dataclasses.replace(c, device=calibrated(c.device, values))
+                    for c in device_choices(s["gpus_available"], resolve.gpu_name(values), max_gpus))
     space = Space(devices=devices, prices=price_table(s["cost"], s["costs"], [c.device for c in devices]),
                   allow_method_change=s["allow_method_change"],
                   allow_quantization=s["allow_quantization"], allow_offload=s["allow_offload"],
@@ -543,7 +561,7 @@ def sweep_values(model: Model | None, values: Mapping[str, Any], ranged: Mapping
 
     setting, points, job = split_sweep(values, ranged)
     _, spec = _model(model_reference(model, job), job)
-    device = resolve.device(job)
+    device = calibrated(resolve.device(job), job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(job, spec),
                                gguf_tensors=gguf_tensors(job), model=_given(model))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))

@@ -63,6 +63,8 @@ class Device:
         measured: True when memory_bytes is a published reading of the usable total.
         source: Where memory_bytes comes from.
         aliases: Other names users write.
+        runtime_constants: The user's calibrated runtime constants, if applied.
+        runtime_source: Where they come from.
     """
 
     name: str
@@ -77,6 +79,11 @@ class Device:
     measured: bool = False
     source: str = "vendor datasheet (nominal)"
     aliases: tuple[str, ...] = ()
+    runtime_constants: tuple[tuple[str, int | float], ...] = ()
+    """Runtime constants measured by the user's own calibration records (``use_calibration``), by the names of
+    :mod:`memest.estimate.runtime` (``cuda_context_bytes``, ``allocator_slack``): they replace its values."""
+    runtime_source: str = ""
+    """Where :attr:`runtime_constants` come from (the records folder and how many records), for the assumptions."""
 
     @property
     def capacity_basis(self) -> str:

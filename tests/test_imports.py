@@ -102,3 +102,14 @@ def test_new_family_config_loads_no_heavy_module(model_type):
         "assert not any('meta device' in note for note in spec.notes)"
     )
     assert _imports_of(code) == ""
+
+
+def test_integrations_package_and_memest_track_are_light():
+    """``import memest``, ``memest.track`` and the integrations package load no torch or transformers (the
+    callback module itself subclasses transformers' TrainerCallback, so importing it loads transformers)."""
+    code = ("import sys, memest, memest.integrations\n"
+            "memest.track\n"
+            "from memest.integrations import _job, track\n"
+            "print(' '.join(m for m in ('torch', 'transformers', 'accelerate', 'peft') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

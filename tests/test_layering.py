@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("memest.api", 7),
     ("memest.cli", 8),
     ("memest.web", 8),
+    ("memest.integrations", 8),
     ("memest.__main__", 8),
 )
 

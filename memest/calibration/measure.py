@@ -239,6 +239,10 @@ class CudaMeter:
 
     Args:
         index: The CUDA ordinal (``LOCAL_RANK`` under torchrun).
+        running: The job's tensors already exist (a meter created inside a running job,
+            :mod:`memest.integrations`): the CUDA context cannot be told apart from them (``cuda_context_bytes``
+            None), and NVML's device used now is no baseline of other processes (the non-torch figure then
+            needs NVML's per-process reading).
 
     Raises:
         MissingDependencyError: torch has no CUDA, or no device ``index``.
@@ -246,7 +250,7 @@ class CudaMeter:
 
     backend = "cuda"
 
-    def __init__(self, index: int = 0) -> None:
+    def __init__(self, index: int = 0, *, running: bool = False) -> None:
         import torch
 
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
@@ -266,6 +270,8 @@ class CudaMeter:
         self.device_name = torch.cuda.get_device_name(index)
         self.capability = torch.cuda.get_device_capability(index)
         self.context_bytes, self.context_method = self._context(total - free)
+        if running:
+            self.context_bytes, self.context_method, self._used_before = None, None, None
         self._baseline: dict[str, int] = {}
         self._step_peaks: list[int] = []
         self._maxima: dict[str, int] = {}
@@ -377,7 +383,7 @@ class CpuMeter:
 
     def __init__(self) -> None:
         self.device_name = "cpu"
-        self.device_total_bytes = _physical_memory()
+        self.device_total_bytes = physical_memory()
         self.context_bytes = None
         self._prof: Any = None
         self._live: int | None = None
@@ -532,7 +538,8 @@ def allocations_peak(prof: Any, device: str = "cpu") -> int:
     return peak
 
 
-def _physical_memory() -> int | None:
+def physical_memory() -> int | None:
+    """The host's physical RAM in bytes (``os.sysconf``), or None where it cannot be read."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -51,6 +51,9 @@ ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Folde
 CaseTimeoutOpt = Annotated[float | None, typer.Option("--case-timeout", help="With --suite: stop a case after this many "
                                                       "seconds (nothing is recorded for it).", show_default=False)]
 TagOpt = Annotated[str | None, typer.Option("--record-tag", hidden=True, help="suite/case id stored in the record.")]
+ReportOpt = Annotated[bool, typer.Option("--report", help="Summarize the records in RESULTS_DIR (default "
+                                         "./calibrate/results): median and worst error per figure, per device and "
+                                         "stack, and the runtime constants they imply; runs nothing.")]
 
 
 @app.command("calibrate")
@@ -68,6 +71,7 @@ def calibrate_command(
     json_: JsonOpt = False,
     case_timeout: CaseTimeoutOpt = None,
     record_tag: TagOpt = None,
+    report: ReportOpt = False,
     job: JobOptions,
 ) -> None:
     """Run warm-up + a few real steps of the job on this machine and compare with the estimate.
@@ -77,6 +81,12 @@ def calibrate_command(
     total, and whether the fit verdict was right; an out-of-memory is recorded as 'did not fit'
     (exit code 3).
     """
+    if report:
+        if model is not None or suite is not None:
+            raise InputError("--report summarizes the records already written and runs nothing: drop "
+                             f"{'the MODEL' if model is not None else '--suite'}, or drop --report to calibrate")
+        _report(results_dir or Path("calibrate") / "results", json_=json_)
+        return
     if suite is not None:
         _run_suite(suite, device=None if device is Backend.AUTO else device.value, steps=steps, record=record,
                    results_dir=results_dir, case_timeout=case_timeout)
@@ -137,6 +147,35 @@ def calibrate_command(
                          field=not_recorded.field)
     if not result.fits:
         raise typer.Exit(EXIT_NO_FIT)
+
+
+def _report(folder: Path, *, json_: bool) -> None:
+    """Print the summary of every record in ``folder``'s ``*.jsonl`` files.
+
+    Raises:
+        InputError: no records there.
+    """
+    import warnings
+
+    from memest.calibration.records import read_records
+    from memest.calibration.summary import summarize, summary_dict
+    from memest.report.calibration import render_summary
+
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        records = list(read_records(files))
+    for w in skipped:
+        typer.echo(f"Warning: {w.message}", err=True)
+    if not records:
+        raise InputError(f"no calibration records in {str(folder)!r}: run 'memest calibrate MODEL ...' (or train with "
+                         "memest.integrations.hf.MemestCallback) first, or pass --results-dir to the folder that "
+                         "holds them")
+    groups = summarize(records)
+    if json_:
+        typer.echo(json.dumps(summary_dict(groups), indent=2))
+    else:
+        _console().print(render_summary(groups, str(folder)))
 
 
 HOST_RAM_SHARE = 0.8

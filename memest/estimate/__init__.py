@@ -59,10 +59,17 @@ def estimate(spec: ModelSpec, workload: Workload, device: Device | Fleet) -> Est
             return _without_cuda_context(est, device.smallest) if not any(
                 runtime.has_cuda_context(d) for d in device.devices) else est
     if isinstance(workload, TrainingConfig):
-        return _without_cuda_context(estimate_training(spec, workload, device), device)
+        return _calibrated(_without_cuda_context(estimate_training(spec, workload, device), device), device)
     if isinstance(workload, ServingConfig):
-        return _without_cuda_context(estimate_serving(spec, workload, device), device)
+        return _calibrated(_without_cuda_context(estimate_serving(spec, workload, device), device), device)
     raise TypeError(f"workload must be a TrainingConfig or ServingConfig, not {type(workload).__name__}")
+
+
+def _calibrated(est: Estimate, device: Device) -> Estimate:
+    """``est`` saying, in its assumptions, that the device's runtime constants are the user's
+    (:func:`memest.estimate.runtime.calibration_note`)."""
+    note = runtime.calibration_note(device)
+    return est if note is None else dataclasses.replace(est, assumptions=(*est.assumptions, note))
 
 
 def _without_cuda_context(est: Estimate, device: Device) -> Estimate:

@@ -123,6 +123,9 @@ def calibrated() -> dict[str, Any]:
 
 
 def _calibrated_entry(name: str, device: Device) -> dict[str, Any] | None:
+    own = dict(device.runtime_constants)  # the user's records (use_calibration) win over the packaged file
+    if name in own:
+        return {"value": own[name], "records": [device.runtime_source]}
     entry = calibrated().get(name, {}).get(device.arch)
     return entry if isinstance(entry, dict) and "value" in entry else None
 
@@ -169,6 +172,20 @@ def constant_source(name: str, device: Device) -> str:
     if entry is None:
         return "default"
     return "calibrated: " + ", ".join(entry.get("records", [])[:3])
+
+
+def calibration_note(device: Device) -> str | None:
+    """The assumption an estimate states when ``device`` carries the user's calibrated constants
+    (:attr:`memest.devices.Device.runtime_constants`); None when it carries none."""
+    if not device.runtime_source:
+        return None
+    if not device.runtime_constants:
+        return (f"use_calibration: your calibration records ({device.runtime_source}) hold no one-process CUDA run on "
+                f"{device.arch} devices: memest's runtime constants apply")
+    names = {"cuda_context_bytes": "the CUDA context", "allocator_slack": "the allocator slack"}
+    used = " and ".join(names.get(n, n) for n, _ in device.runtime_constants)
+    return (f"use_calibration: {used} of {device.arch} devices from your calibration records "
+            f"({device.runtime_source}), in place of memest's")
 
 
 def nccl_bytes(world_size: int) -> int:

@@ -498,9 +498,10 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     for r in a.rules:
         thumbs.add_row(r.name, gib(r.bytes), f"{r.bytes / max(per.device_used_bytes, 1):.0%}")
     parts.append(Narrowest(thumbs))
-    if explain:
-        for assumption in est.assumptions:
+    for assumption in est.assumptions:  # the user's own constants are said even without --explain
+        if explain or assumption.startswith("use_calibration:"):
             parts.append(Text(f"assumes: {assumption}", style="dim"))
+    if explain:
         for line in a.workload.config_read:
             parts.append(Text(f"read: {line}", style="dim"))
     parts.append(Text(CONFIRM, style="dim"))

@@ -714,6 +714,7 @@ class JobSettings:
         fsdp: PyTorch FSDP sharding strategy: sets the framework and the ZeRO stage.
         allow_stack_change: Recommendations may leave the job's stack (and then name the new one).
         headroom: Share of device memory to keep free.
+        use_calibration: Apply the runtime constants the user's calibration records imply.
     """
 
     config: tuple[str, ...] = setting((), group="model", unset=None, type=list[str] | None,
@@ -753,6 +754,10 @@ class JobSettings:
                                             "stack that runs them.")
     headroom: float = setting(0.10, group="parallelism", help="Share of device memory to keep free (not applied to "
                                                               "vLLM: {gpu_memory_utilization} sets its share).")
+    use_calibration: bool = setting(False, group="parallelism",
+                                    help="Apply the runtime constants (CUDA context, allocator slack) that your "
+                                         "calibration records in ./calibrate/results imply for the device's family "
+                                         "(see 'memest calibrate --report'), in place of memest's.")
 
 
 def resolve_framework(t: TrainingConfig) -> Framework:

@@ -123,6 +123,31 @@ def read(paths: Iterable[str | Path], model: str | None = None) -> Read:
     missing: list[str] = []
     for path in paths:
         _collect(Path(path), readings, missing)
+    return _together(readings, missing, model)
+
+
+def read_data(doc: dict[str, Any], name: str, model: str | None = None) -> Read:
+    """What a config held in memory says, as :func:`read` reads a file of the same contents: a running
+    job's ``TrainingArguments.to_dict()`` (:mod:`memest.integrations.hf`), with its ``deepspeed`` config
+    inline or as a path (found as :func:`locate` finds it from the working folder).
+
+    Args:
+        doc: The config's keys and values (one of :data:`FORMATS`).
+        name: What the notes and origins call it (``TrainingArguments``).
+        model: As for :func:`read`.
+
+    Raises:
+        InputError: as :func:`read` (``name`` in place of a file).
+    """
+    path = Path(name)
+    readings: list[_Reading] = []
+    missing: list[str] = []
+    _collect_doc(path, _format(path, doc, ""), doc, "", readings, missing)
+    return _together(readings, missing, model)
+
+
+def _together(readings: list[_Reading], missing: list[str], model: str | None) -> Read:
+    """The readings merged into one :class:`Read` (see :func:`read`)."""
     values, owner = _merge(readings)
     modes = [m for m in ("train", "finetune", "serve") if values.get(m)]
     if len(modes) > 1:  # a training recipe and a serving config (or a full and an adapter recipe)
@@ -220,6 +245,11 @@ def _format(path: Path, doc: Any, text: str) -> ModuleType:
 def _collect(path: Path, out: list[_Reading], notes: list[str], yields: bool = False) -> None:
     """``path`` read into ``out``, then each config it includes (a missing included file: a note)."""
     module, doc, text = _parse(path)
+    _collect_doc(path, module, doc, text, out, notes)
+
+
+def _collect_doc(path: Path, module: ModuleType, doc: Any, text: str, out: list[_Reading], notes: list[str]) -> None:
+    """``doc`` (of format ``module``, parsed from ``text``) read into ``out``, then each config it includes."""
     found = module.read(path, doc)
     lines = getattr(module, "key_lines", key_lines)(text, doc)
     out.append(_Reading(path, module, doc, found, lines, "", yields))
@@ -303,4 +333,4 @@ def _conflict(name: str, first: _Reading, a: Any, second: _Reading, b: Any) -> I
                       f"{second.path} says {_shown(b)} ({where_b}); pass one of them", field="config")
 
 
-__all__ = ["FALSY", "FORMATS", "Found", "Include", "Read", "formats", "locate", "lookup", "read", "read_one"]
+__all__ = ["FALSY", "FORMATS", "Found", "Include", "Read", "formats", "locate", "lookup", "read", "read_data", "read_one"]
