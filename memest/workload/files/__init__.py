@@ -245,10 +245,11 @@ def _format(path: Path, doc: Any, text: str) -> ModuleType:
 def _collect(path: Path, out: list[_Reading], notes: list[str], yields: bool = False) -> None:
     """``path`` read into ``out``, then each config it includes (a missing included file: a note)."""
     module, doc, text = _parse(path)
-    _collect_doc(path, module, doc, text, out, notes)
+    _collect_doc(path, module, doc, text, out, notes, yields)
 
 
-def _collect_doc(path: Path, module: ModuleType, doc: Any, text: str, out: list[_Reading], notes: list[str]) -> None:
+def _collect_doc(path: Path, module: ModuleType, doc: Any, text: str, out: list[_Reading], notes: list[str],
+                 yields: bool = False) -> None:
     """``doc`` (of format ``module``, parsed from ``text``) read into ``out``, then each config it includes."""
     found = module.read(path, doc)
     lines = getattr(module, "key_lines", key_lines)(text, doc)
