@@ -36,7 +36,8 @@ def refused(*argv: str) -> str:
     """The one-line message of a refused input (exit code 2, no traceback)."""
     code, out, err = memest(*argv)
     assert code == 2, (code, out[-2000:], err[-2000:])
-    lines = err.strip().splitlines()
+    # the meta-device build's one-line notice (issue 12 item 3) may precede the error
+    lines = [line for line in err.strip().splitlines() if not line.startswith("no analytic adapter for model_type")]
     assert len(lines) == 1 and lines[0].startswith("Error: "), err
     assert "Traceback" not in err and "unexpectedly" not in err, err
     return lines[0]
@@ -88,7 +89,9 @@ def test_remote_code_runs_from_the_named_folder_not_the_cwd(tmp_path):
     assert not (tmp_path / "decoy.marker").exists(), proc.stderr[-2000:]
     assert (tmp_path / "named.marker").exists(), proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stderr == ""  # no transformers warnings (torch_dtype deprecation) unless MEMEST_DEBUG=1
+    # no transformers warnings (torch_dtype deprecation) unless MEMEST_DEBUG=1; the one line saying the spec is
+    # built on the meta device (issue 12 item 3's notice) is all stderr holds
+    assert all(line.startswith("no analytic adapter for model_type") for line in proc.stderr.splitlines()), proc.stderr
     # built from the named folder's classes (a LlamaForCausalLM): the 202,048 parameters of tests/conftest.py's
     # TINY_LLAMA, derived there by hand
     assert json.loads(proc.stdout)["model"]["num_params"] == 202_048
