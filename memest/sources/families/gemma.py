@@ -211,7 +211,6 @@ def siglip_vision_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]:
     All are :attr:`Component.OTHER`.
     """
     vh = vision.int("hidden_size")
-    vi = vision.int("intermediate_size")
     channels = vision.int("num_channels")
     patch = vision.int("patch_size")
     image = vision.int("image_size")
@@ -220,6 +219,19 @@ def siglip_vision_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]:
         TensorSpec(f"{prefix}embeddings.patch_embedding.bias", (vh,), OTHER),
         TensorSpec(f"{prefix}embeddings.position_embedding.weight", ((image // patch) ** 2, vh), OTHER),
     ]
+    return tensors + siglip_encoder_tensors(vision, prefix=prefix)
+
+
+def siglip_encoder_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]:
+    """A SigLIP / SigLIP2 vision tower's parameters after its embeddings (``modeling_siglip.py`` and
+    ``modeling_siglip2.py`` share them): ``num_hidden_layers`` pre-norm encoder layers (LayerNorms, biased
+    Q/K/V/out vh x vh, fc1/fc2 MLP), ``post_layernorm`` and, with ``vision_use_head``, the attention-pooling
+    head (``probe``, ``nn.MultiheadAttention``'s packed in-projection, its out_proj, a LayerNorm and an MLP).
+    All :attr:`Component.OTHER`.
+    """
+    vh = vision.int("hidden_size")
+    vi = vision.int("intermediate_size")
+    tensors: list[TensorSpec] = []
     for n in range(vision.int("num_hidden_layers")):
         p = f"{prefix}encoder.layers.{n}."
         tensors += [
@@ -247,4 +259,4 @@ def siglip_vision_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]:
     return tensors
 
 
-__all__ = ["build", "siglip_vision_tensors"]
+__all__ = ["build", "siglip_encoder_tensors", "siglip_vision_tensors"]

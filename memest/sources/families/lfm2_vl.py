@@ -21,6 +21,7 @@ from __future__ import annotations
 from memest.sources.config import HFConfig
 from memest.sources.families import lfm2
 from memest.sources.families._build import OTHER, linear, norm, with_towers
+from memest.sources.families.gemma import siglip_encoder_tensors
 from memest.spec import ModelSpec, Split, TensorSpec
 
 # Lfm2VlConfig defaults (models/lfm2_vl/configuration_lfm2_vl.py) of the fields read here
@@ -55,38 +56,13 @@ def siglip2_vision_tensors(vision: HFConfig, *, prefix: str) -> list[TensorSpec]
     """
     vision = vision.with_defaults(SIGLIP2_DEFAULTS)
     vh = vision.int("hidden_size")
-    vi = vision.int("intermediate_size")
     patch = vision.int("patch_size")
     tensors = [
         *linear(f"{prefix}embeddings.patch_embedding", vision.int("num_channels") * patch * patch, vh, OTHER,
                 Split.NONE, bias=True),
         TensorSpec(f"{prefix}embeddings.position_embedding.weight", (vision.int("num_patches"), vh), OTHER),
     ]
-    for n in range(vision.int("num_hidden_layers")):
-        p = f"{prefix}encoder.layers.{n}."
-        tensors += [
-            *norm(f"{p}layer_norm1", vh, bias=True, component=OTHER),
-            *linear(f"{p}self_attn.k_proj", vh, vh, OTHER, Split.COL, bias=True),
-            *linear(f"{p}self_attn.v_proj", vh, vh, OTHER, Split.COL, bias=True),
-            *linear(f"{p}self_attn.q_proj", vh, vh, OTHER, Split.COL, bias=True),
-            *linear(f"{p}self_attn.out_proj", vh, vh, OTHER, Split.ROW, bias=True),
-            *norm(f"{p}layer_norm2", vh, bias=True, component=OTHER),
-            *linear(f"{p}mlp.fc1", vh, vi, OTHER, Split.COL, bias=True),
-            *linear(f"{p}mlp.fc2", vi, vh, OTHER, Split.ROW, bias=True),
-        ]
-    tensors += norm(f"{prefix}post_layernorm", vh, bias=True, component=OTHER)
-    if vision.bool("vision_use_head"):
-        p = f"{prefix}head."
-        tensors += [
-            TensorSpec(f"{p}probe", (1, 1, vh), OTHER),
-            TensorSpec(f"{p}attention.in_proj_weight", (3 * vh, vh), OTHER),
-            TensorSpec(f"{p}attention.in_proj_bias", (3 * vh,), OTHER),
-            *linear(f"{p}attention.out_proj", vh, vh, OTHER, Split.NONE, bias=True),
-            *norm(f"{p}layernorm", vh, bias=True, component=OTHER),
-            *linear(f"{p}mlp.fc1", vh, vi, OTHER, Split.NONE, bias=True),
-            *linear(f"{p}mlp.fc2", vi, vh, OTHER, Split.NONE, bias=True),
-        ]
-    return tensors
+    return tensors + siglip_encoder_tensors(vision, prefix=prefix)
 
 
 def build(cfg: HFConfig) -> ModelSpec:
