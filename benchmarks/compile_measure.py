@@ -87,7 +87,6 @@ def _Lora(base, rank):  # noqa: N802
 
 
 def _wrap(model, compiled: bool, checkpoint: bool):
-    import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for n, layer in enumerate(model.layers):

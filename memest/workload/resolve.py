@@ -28,7 +28,6 @@ from memest.workload.config import (
     KbitPrep,
     LoraConfig,
     LoraLibrary,
-    Loss,
     Method,
     Parallelism,
     ServingConfig,
