@@ -311,7 +311,7 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     if lora is None:
         if not trains:
             return []
-        if x.float8_compiled:  # FLOAT8_RULES: recomputed from the norm's saved input, recast in backward
+        if x.float8_compiled and itemsize is None:  # FLOAT8_RULES: a norm's output, recomputed and recast
             return []
         if cast and x.compiled:  # inductor makes the autocast copy once for all its readers
             return [Saved(f"{what} (autocast copy)", x.compute_bytes * width, inside)]

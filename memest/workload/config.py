@@ -528,7 +528,8 @@ class TrainingConfig:
         Float8.NONE, group="training", scope="training", methods=("full",), describe="changed",
         what="float8 linears' saved tensors",
         help="torchao float8 training of the linears (torchtitan model.converters float8): none, tensorwise or "
-             "rowwise; with {torch_compile} tensorwise saves 1-byte casts of the linears' inputs.")
+             "rowwise; with {torch_compile} the norms' outputs and the down projection's input are recomputed "
+             "for the backward's float8 casts.")
     float8_all_gather: bool = setting(
         False, group="training", scope="training", methods=("full",), describe="changed",
         what="float8 FSDP all-gathers",
