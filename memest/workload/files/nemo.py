@@ -285,8 +285,8 @@ def _factory_call(path: Path, factory: str) -> tuple[str, dict[str, Any]]:
             return call.func.id, {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
         except ValueError:
             pass
-    raise InputError(f"{{config}} {path}: --factory {factory!r}; expected NAME or NAME(key=value, ...) with literal "
-                     "values", field="config")
+    raise InputError(f"{{config}} {path}: the NeMo factory {factory!r} is not NAME or NAME(key=value, ...) with "
+                     "literal values", field="config")
 
 
 def _peft_scheme(args: dict[str, Any]) -> str:
