@@ -41,8 +41,6 @@ TENSORS = 1 + 3 * 9 + 1 + 1
 TIMEOUT_S = 240
 """One launch: two interpreters importing torch and transformers, a few profiled steps of a 0.7 M-parameter model."""
 
-pytestmark = pytest.mark.slow
-
 
 def launch(tmp_path: Path, mode: str) -> tuple[dict[int, dict], list[dict]]:
     """Run MODE under torchrun; (each rank's report, the records written)."""
@@ -109,6 +107,7 @@ def _within_tolerance(rec: dict) -> None:
 # ---- DDP + memest.track ----
 
 
+@pytest.mark.slow
 def test_ddp_track_reads_two_replicas(ddp):
     ranks, _ = ddp
     for r in (0, 1):  # every rank reads the same job
@@ -117,6 +116,7 @@ def test_ddp_track_reads_two_replicas(ddp):
                                            "precision": "fp32"}
 
 
+@pytest.mark.slow
 def test_ddp_track_records_both_ranks_once_and_logs_on_rank_zero(ddp):
     ranks, records = ddp
     rec = _one_record_of_both_ranks(ranks, records, "track")
@@ -129,6 +129,7 @@ def test_ddp_track_records_both_ranks_once_and_logs_on_rank_zero(ddp):
         assert len(m["step_peak_bytes"]) == 2
 
 
+@pytest.mark.slow
 def test_ddp_track_within_tolerance(ddp):
     ranks, records = ddp
     _within_tolerance(records[0])
@@ -136,6 +137,7 @@ def test_ddp_track_within_tolerance(ddp):
     assert ranks[1]["report"] == []  # the comparison lives on rank 0
 
 
+@pytest.mark.slow
 def test_a_failure_on_one_rank_leaves_the_others_compared(ddp):
     """The second block: rank 1's watch fails (gpu 'no-such-gpu'), logs it once with its rank and still joins
     the gather; rank 0 compares its own figures and says rank 1 sent none; the job finished (exit 0)."""
@@ -154,6 +156,7 @@ def test_a_failure_on_one_rank_leaves_the_others_compared(ddp):
 # ---- FSDP2 fully_shard + memest.track ----
 
 
+@pytest.mark.slow
 def test_fsdp2_track_reads_the_sharding(fsdp2):
     """fully_shard with reshard_after_forward (the default) below the root: ZeRO 3 (FULL_SHARD);
     MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards: the fsdp2 recipe."""
@@ -163,6 +166,7 @@ def test_fsdp2_track_reads_the_sharding(fsdp2):
                                            "precision": "fsdp2"}
 
 
+@pytest.mark.slow
 def test_fsdp2_track_records_half_the_states_per_rank(fsdp2):
     ranks, records = fsdp2
     rec = _one_record_of_both_ranks(ranks, records, "track")
@@ -174,6 +178,7 @@ def test_fsdp2_track_records_half_the_states_per_rank(fsdp2):
         assert len(m["step_peak_bytes"]) == 4
 
 
+@pytest.mark.slow
 def test_fsdp2_track_within_tolerance(fsdp2):
     _within_tolerance(fsdp2[1][0])
 
@@ -181,6 +186,7 @@ def test_fsdp2_track_within_tolerance(fsdp2):
 # ---- the HF Trainer (DDP over gloo) + MemestCallback ----
 
 
+@pytest.mark.slow
 def test_hf_trainer_under_torchrun(hf):
     """TrainingArguments(use_cpu=True, ddp_backend="gloo") under torchrun: args.world_size 2, the Trainer's DDP;
     steps 2 and 3 measured on each rank, one record, the estimate within 10% on both."""
@@ -195,3 +201,63 @@ def test_hf_trainer_under_torchrun(hf):
         assert m["static"]["weights"] == 4 * P
         assert m["static"]["optimizer_states"] == 2 * 4 * P + 4 * TENSORS
     _within_tolerance(rec)
+
+
+# ---- the wrapper read, in this process ----
+
+
+@pytest.fixture
+def one_process_group():
+    """A one-process gloo group on an in-memory store (as ``memest calibrate`` runs FSDP2 on one process)."""
+    import torch.distributed as dist
+
+    from memest.calibration import distributed
+
+    started = distributed.init_process_group("cpu", None)
+    yield
+    if started:
+        dist.destroy_process_group()
+
+
+def _tiny(layers: int = 1):
+    import torch
+    from cpu_measure import tiny_llama_config
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = tiny_llama_config(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=2,
+                            num_key_value_heads=1, vocab_size=128)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(**{k: v for k, v in cfg.items()
+                                                                     if k != "architectures"}))
+
+
+def test_parallel_of_reads_the_wrapper(one_process_group):
+    """fully_shard(reshard_after_forward=False) on the layers: ZeRO 2 (SHARD_GRAD_OP), and without a
+    MixedPrecisionPolicy no precision (the fp32 parameters say fp32); the model alone fully_shard-ed: ZeRO 2 (the
+    root never reshards after forward) and a note; DDP with gradient_as_bucket_view=True: ddp and a note; a bare
+    model in a 2-process job: gpus 2 and a note, no framework."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    from memest.integrations._job import parallel_of
+    from memest.workload import Framework
+
+    sharded = _tiny(layers=2)
+    for layer in sharded.model.layers:
+        fully_shard(layer, reshard_after_forward=False)
+    fully_shard(sharded)
+    values, notes = parallel_of(sharded, 1)
+    assert values == {"gpus": 1, "framework": Framework.FSDP, "zero_stage": 2} and notes == []
+
+    root_only = _tiny()
+    fully_shard(root_only, reshard_after_forward=False)
+    values, notes = parallel_of(root_only, 1)
+    assert values["zero_stage"] == 2 and "precision" not in values
+    assert len(notes) == 1 and "no unit per decoder layer" in notes[0]
+
+    values, notes = parallel_of(DistributedDataParallel(_tiny(), gradient_as_bucket_view=True), 1)
+    assert values == {"gpus": 1, "framework": Framework.DDP}
+    assert len(notes) == 1 and "gradient_as_bucket_view=True" in notes[0]
+
+    values, notes = parallel_of(_tiny(), 2)
+    assert values == {"gpus": 2} and len(notes) == 1 and "neither a DistributedDataParallel" in notes[0]

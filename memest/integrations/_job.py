@@ -9,8 +9,16 @@ through :func:`memest.api.estimate_values`, the warning before the first step, t
 ``memest calibrate`` measures), the comparison (:func:`memest.calibration.compare.evaluate`) and the record
 (:func:`memest.calibration.records.build_record`, :func:`~memest.calibration.records.append_record`).
 
-Every failure inside a :class:`Watch` is caught and logged once (:meth:`Watch.guard`); the job goes on.
-torch is imported inside functions only.
+Many processes (torchrun, accelerate launch): :func:`rank_of` reads the rank and world size from
+torch.distributed (else torchrun's ``RANK`` / ``WORLD_SIZE``), :func:`parallel_of` the data parallelism from the
+model as wrapped (``DistributedDataParallel``, FSDP2 ``fully_shard`` units). Every rank estimates and measures its
+own steps; rank 0 alone logs, gathers the ranks' figures at the stop (``dist.gather_object``, as ``memest
+calibrate --nproc`` gathers its workers') and appends one record of them all, so no two processes write the
+records file (:func:`~memest.calibration.records.append_record` also locks it, for separate jobs).
+
+Every failure inside a :class:`Watch` is caught and logged once (:meth:`Watch.guard`); the job goes on. The
+gather is the one collective: :meth:`Watch.stop` joins it on every rank at the same step, a failed rank sending
+nothing. torch is imported inside functions only.
 """
 
 from __future__ import annotations
