@@ -34,7 +34,7 @@ def version_of(s: ServingConfig) -> str:
 def free_before_load(device: Device, world_size: int) -> int:
     """Free memory on a rank when SGLang measures ``total_gpu_memory``: the capacity less the CUDA
     context and the NCCL communicators (initialised before, ``init_torch_distributed``)."""
-    return device.memory_bytes - runtime.cuda_context_bytes(device) - runtime.nccl_bytes(world_size)
+    return device.memory_bytes - runtime.cuda_context_bytes(device) - runtime.nccl_bytes(world_size, device)
 
 
 def mem_fraction(spec: ModelSpec, s: ServingConfig, device: Device, sized_by: Device | None = None) -> float:
@@ -126,7 +126,7 @@ def _terms(spec: ModelSpec, s: ServingConfig, device: Device, r: SglangRank, tok
              "request table: (max_num_reqs + 1) x (context_len + 4) x int32"),
         Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"),
     ]
-    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
     if nccl:
         terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
     return terms
@@ -166,7 +166,7 @@ def estimate_sglang(spec: ModelSpec, s: ServingConfig, device: Device, sized_by:
         engine_version=version,
         requested_bytes=p.static,
         non_kv_bytes=p.weights,
-        non_torch_bytes=runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp),
+        non_torch_bytes=runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp, device),
         request_kv_bytes=request,
         engine_error=error,
         largest_max_model_len=largest_max_model_len(spec, s, device, s.batch_size, ranks=ranks),
