@@ -387,3 +387,88 @@ def test_gemma4_kv_sharing_and_per_layer_embeddings() -> None:
                                       "full_attention"]})
     with pytest.raises(ConfigError, match="num_kv_shared_layers 3"):  # layers 1-3 reuse; layer 0 caches no full layer
         _spec({**raw, "num_kv_shared_layers": 3})
+
+
+# ---- RWKV: a recurrent state per sequence, no KV cache ---------------------------------------------
+
+
+def test_rwkv4_169m_state_and_count() -> None:
+    """RWKV/rwkv-4-169m-pile: h 768, 12 blocks, vocab 50277, untied, i = 4 h = 3072 (RwkvFeedForward).
+    A block: ln1, ln2 4 x 768; time mix key/value/receptance/output 4 x 768^2 = 2,359,296, time_decay /
+    time_first 2 x 768, three time_mix 3 x 768; channel mix key 768 x 3072 + value 3072 x 768 + receptance 768^2 =
+    5,308,416, two time_mix 2 x 768. Per block 3,072 + 2,359,296 + 1,536 + 2,304 + 5,308,416 + 1,536 = 7,676,160. Model: 12 x 7,676,160 + pre_ln 1,536 +
+    embeddings and head 2 x 50277 x 768 = 77,225,472 + ln_out 1,536 = 169,342,464 (the "169m").
+
+    State per sequence (transformers RwkvModel.forward: five (b, h, L) tensors, the two token shifts at the
+    model dtype, numerator / denominator / max float32): per block 2 x 768 x 2 B + 3 x 768 x 4 B = 3,072 + 9,216
+    = 12,288 B; 12 blocks 147,456 B; nothing per token."""
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+           "vocab_size": 50277, "context_length": 1024}
+    spec = _spec(raw)
+    block = 3_072 + 4 * 768**2 + 1_536 + 2_304 + (2 * 768 * 3072 + 768**2) + 1_536
+    assert block == 7_676_160
+    assert spec.num_params == 12 * block + 1_536 + 2 * 50_277 * 768 + 1_536 == 169_342_464
+    assert [layer.attention.kind for layer in spec.layers] == ["linear"] * 12
+    for transformers in (False, True):  # token shifts: one column in either engine
+        layers = kv_layers(spec.layer_kinds(), 1, 2, transformers=transformers)
+        assert bytes_per_token(layers) == 0
+        assert state_bytes_per_sequence(layers) == 12 * (2 * 768 * 2 + 3 * 768 * 4) == 147_456
+
+
+def test_rwkv6_finch_1b6_count_and_state() -> None:
+    """RWKV/v6-Finch-1B6-HF (model_type rwkv6, remote code): h 2048, 24 blocks, head_size 64 -> 32 heads,
+    vocab 65536, untied; Rwkv6Config sets intermediate_size None, so i = int(3.5 x 2048) // 32 x 32 = 7168.
+    Time mix (TIME_MIX_EXTRA_DIM 32, TIME_DECAY_EXTRA_DIM 64 below h 4096): receptance / key / value / gate /
+    output 5 x 2048^2 = 20,971,520; ln_x 2 x 2048; time_maa_x/w/k/v/r/g 6 x 2048; time_maa_w1 2048 x 160 and
+    time_maa_w2 5 x 32 x 2048 (327,680 each); time_decay 2048; time_decay_w1 2048 x 64 and _w2 64 x 2048
+    (131,072 each); time_faaaa 32 x 64: 21,909,504. Channel mix: time_maa_k/r 2 x 2048, key and value
+    2 x 2048 x 7168 = 29,360,128, receptance 2048^2: 33,558,528. ln1 + ln2 4 x 2048.
+    Block 55,476,224; 24 blocks 1,331,429,376 + pre_ln 4,096 + embeddings and head 2 x 65536 x 2048 +
+    ln_out 4,096 = 1,599,873,024 ("1B6").
+
+    State per sequence (state_attn_x / state_ffn_x (b, h, L) at the model dtype, state_attn_kv (b, H, S, S, L)
+    float32): per block 2 x 2048 x 2 B + 32 x 64 x 64 x 4 B = 8,192 + 524,288 = 532,480 B; 24 blocks
+    12,779,520 B."""
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "hidden_size": 2048,
+           "num_hidden_layers": 24, "head_size": 64, "vocab_size": 65536, "intermediate_size": None,
+           "auto_map": {"AutoModelForCausalLM": "modeling_rwkv6.Rwkv6ForCausalLM"}}
+    time_mix = (5 * 2048**2 + 2 * 2048 + 6 * 2048 + 2 * 2048 * 160 + 2048 + 2 * 2048 * 64 + 32 * 64)
+    assert time_mix == 21_909_504
+    channel_mix = 2 * 2048 + 2 * 2048 * 7168 + 2048**2
+    assert channel_mix == 33_558_528
+    block = time_mix + channel_mix + 4 * 2048
+    spec = _spec(raw)
+    assert spec.num_params == 24 * block + 4_096 + 2 * 65_536 * 2_048 + 4_096 == 1_599_873_024
+    assert abs(spec.num_params - 1.6e9) / 1.6e9 < 0.001
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 0
+    assert state_bytes_per_sequence(layers) == 24 * (2 * 2048 * 2 + 32 * 64 * 64 * 4) == 12_779_520
+    # fp8 KV-cache setting or not, the time-mix state stays float32; the token shifts follow the state dtype
+    assert state_bytes_per_sequence(kv_layers(spec.layer_kinds(), 1, 1, state_e=1)) == 24 * (2 * 2048 + 524_288)
+    # the 7B (h 4096) takes the wider LoRA dims 64 / 128: time_maa_w1 4096 x 320 + w2 5 x 64 x 4096
+    wide = _spec({**raw, "hidden_size": 4096, "num_hidden_layers": 1})
+    names = {t.name: t.shape for t in wide.layers[0].tensors}
+    assert names["attention.time_maa_w1"] == (4096, 320) and names["attention.time_decay_w2"] == (128, 4096)
+
+
+def test_rwkv5_world_heads_from_num_attention_heads() -> None:
+    """rwkv5 (RWKV/rwkv-5-world-*): the config's num_attention_heads is the head *size* (RwkvSelfAttention:
+    H = h // num_attention_heads). A shrunk one: h 64, head size 16 -> 4 heads, 2 blocks, vocab 97, i given 96.
+    Time mix: receptance / key / value / gate / output 5 x 64^2 = 20,480, ln_x 128, time_decay and time_faaaa
+    2 x 4 x 16 = 128, four time_mix 4 x 64 = 256: 20,992. Channel mix: 2 x 64 + 2 x 64 x 96 + 64^2 = 16,512.
+    Norms 256 per block, pre_ln 128. Model: 2 x (20,992 + 16,512 + 256) + 128 + 2 x 97 x 64 + 128 = 88,192.
+    State (bf16): per block 2 x 64 x 2 B + 4 x 16 x 16 x 4 B = 256 + 4,096; 2 blocks 8,704 B."""
+    from memest.errors import ConfigError
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv5", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 16,
+           "vocab_size": 97, "intermediate_size": 96}
+    spec = _spec(raw)
+    assert spec.num_params == 2 * (20_992 + 16_512 + 256) + 128 + 2 * 97 * 64 + 128 == 88_192
+    assert state_bytes_per_sequence(kv_layers(spec.layer_kinds(), 1, 2)) == 2 * (256 + 4_096) == 8_704
+    with pytest.raises(ConfigError, match=r"num_attention_heads \(24\) is the head size of model_type 'rwkv5'"):
+        _spec({**raw, "num_attention_heads": 24})

@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas", "rwkv5", "rwkv6"}
 
 
 def _raw(model_id: str) -> dict:
@@ -215,6 +215,7 @@ DEFAULT_CLASSES = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "rwkv": "RwkvForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -266,6 +267,7 @@ DEFAULT_EXTRA["voxtral"] = {"text_config": {"num_attention_heads": 32}}
 DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["rwkv"] = {"hidden_size": 4096, "num_hidden_layers": 32}  # RwkvConfig: no heads
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["falcon_h1"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
@@ -1187,6 +1189,14 @@ VARIANTS["falcon_h1-rmsnorm-biases-tied"] = {
     "mamba_d_ssm": None, "mamba_expand": 2, "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 8,
     "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "mamba_conv_bias": False,
     "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
+}
+VARIANTS["rwkv-4-169m-pile"] = {  # RWKV/rwkv-4-169m-pile's geometry
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+    "vocab_size": 50277, "context_length": 1024,
+}
+VARIANTS["rwkv-narrow-attention-tied"] = {
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 64, "attention_hidden_size": 32,
+    "intermediate_size": 80, "num_hidden_layers": 3, "vocab_size": 97, "tie_word_embeddings": True,
 }
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {

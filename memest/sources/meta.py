@@ -714,15 +714,17 @@ _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     ),
     (re.compile(r"experts?\.\d+\.|(^|\.)experts\.|routed"), Component.EXPERTS),  # Gemma 4: a layer's own experts
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
-    (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
+    (re.compile(r"norm|\bln_|(^|\.)ln\d|(^|\.)pre_ln\.|layernorm|LayerNorm"), Component.NORM),  # RWKV: ln1, pre_ln
     # state-space mixers; Nemotron-H names every block's module "mixer", its attention and MLPs too
     (re.compile(r"mamba|ssm|A_log|(^|\.)D$|mixer\.(?!(q_proj|k_proj|v_proj|o_proj|up_proj|down_proj|shared_experts"
                 r"|fc\d_latent_proj)\b)"), Component.OTHER),
-    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
+    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out|^head\.weight$"),
+     Component.LM_HEAD),  # RWKV: head
     (
         re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"),
         Component.EMBEDDING,
     ),
+    (re.compile(r"(^|\.)feed_forward\."), Component.MLP),  # RWKV's channel mix has a key and a value
     (
         re.compile(r"attn|attention|q_proj|k_proj|v_proj|o_proj|query|key|value|qkv|sinks", re.IGNORECASE),
         Component.ATTENTION,

@@ -51,6 +51,7 @@ from memest.sources.families import (
     phi,
     qwen3_next,
     qwen_vl,
+    rwkv,
     stablelm,
     starcoder2,
     t5,
@@ -130,6 +131,9 @@ ADAPTERS: dict[str, Adapter] = {
     "mimo": mimo.build,
     "nemotron-nas": nemotron_nas.build,
     "voxtral": voxtral.build,
+    "rwkv": rwkv.build,
+    "rwkv5": rwkv.build,
+    "rwkv6": rwkv.build,
 }
 
 
