@@ -709,7 +709,8 @@ def _ssm_dtype(value: Any) -> str | None:
 
 _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     (
-        re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"),
+        re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"
+                   r"|altup|laurel"),  # Gemma 3n's AltUp and LAuReL blocks
         Component.OTHER,
     ),
     (re.compile(r"experts?\.\d+\.|(^|\.)experts\.|routed"), Component.EXPERTS),  # Gemma 4: a layer's own experts
