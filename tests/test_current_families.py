@@ -517,6 +517,9 @@ def test_gemma3n_e4b_count_by_hand() -> None:
     embedders = (128 * 2048 + 2 * 2048 + 2048**2) + (128 * 1536 + 2 * 1536 + 1536 * 2048)
     spec = _spec(GEMMA3N_E4B)
     assert spec.num_params == text + audio + embedders + 294_126_912 == 7_818_517_072
+    # the catalog's E4B (-it and its base alias) is this geometry
+    assert load_model("google/gemma-3n-E4B-it").num_params == load_model("google/gemma-3n-E4B").num_params \
+        == 7_818_517_072
     from memest.spec import Component
     assert spec.params_by_component()[Component.OTHER] >= audio + embedders + 294_126_912
     assert [layer.attention.kv_reused for layer in spec.layers] == [False] * 20 + [True] * 15
@@ -553,6 +556,8 @@ def test_gemma3n_e2b_geometry() -> None:
     assert text == expected == 4_435_182_688
     assert round((text + 10 * 2_097_408) / 1e9, 2) == 4.46
     assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 40_960
+    # the catalog's E2B: the same text model and towers
+    assert load_model("google/gemma-3n-E2B-it").num_params == spec.num_params == text + 983_281_504
 
 
 @pytest.mark.slow
