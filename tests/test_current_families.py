@@ -596,3 +596,31 @@ def test_gemma3n_bad_configs_name_the_key() -> None:
         _spec({**text, "intermediate_size": [96, "x", 96, 96]})
     with pytest.raises(ConfigError, match=r"vision_config.architecture = 'mobilenetv9' is a timm model"):
         _spec({**GEMMA3N_E4B, "vision_config": {"architecture": "mobilenetv9"}})
+
+
+def test_rwkv7_count_and_state() -> None:
+    """rwkv7 (flash-linear-attention RWKV7Config defaults for the low-rank widths: decay 64, gate 128, a 64, v 16;
+    head_dim 64) at h 2048, 24 blocks, V 65536, untied; i = 4 x 2048 = 8192.
+    Time mix of block n > 0: x_r/w/k/v/a/g 6 x 2048, k_k / k_a 2 x 2048, r_k 32 x 64, r/k/v/o 4 x 2048^2 =
+    16,777,216, w_lora and a_lora 2 x (2048 x 64 x 2 + 2048) = 528,384, v_lora 2048 x 16 x 2 + 2048 = 67,584,
+    g_lora 2048 x 128 x 2 = 524,288 (no bias), g_norm 2 x 2048: 17,920,000. Channel mix: x_k 2048 + key and value
+    2 x 2048 x 8192 = 33,556,480. attn_norm + ffn_norm 4 x 2048. Block 51,484,672; block 0 has no v_lora and a
+    pre_norm: 51,421,184. Total 23 x 51,484,672 + 51,421,184 + 2 x 65536 x 2048 + 4,096 = 1,504,008,192.
+    State per sequence (bf16): token shifts 2 x 2048 x 2 B + recurrent 32 x 64 x 64 x 4 B (float32) = 532,480 B per
+    block; 24 blocks 12,779,520 B."""
+    from memest.errors import ConfigError
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    block = (6 * 2048 + 2 * 2048 + 32 * 64 + 4 * 2048**2 + 2 * (2048 * 64 * 2 + 2048) + (2048 * 16 * 2 + 2048)
+             + 2048 * 128 * 2 + 2 * 2048) + (2048 + 2 * 2048 * 8192) + 4 * 2048
+    assert block == 51_484_672
+    first = block - (2048 * 16 * 2 + 2048) + 2 * 2048
+    raw = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 24,
+           "vocab_size": 65536}
+    spec = _spec(raw)
+    assert spec.num_params == 23 * block + first + 2 * 65_536 * 2_048 + 4_096 == 1_504_008_192
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 0
+    assert state_bytes_per_sequence(layers) == 24 * (2 * 2048 * 2 + 32 * 64 * 64 * 4) == 12_779_520
+    with pytest.raises(ConfigError, match=r"'attn' = .* makes some rwkv7 layers softmax attention"):
+        _spec({**raw, "attn": {"layers": [1], "num_heads": 32}})

@@ -44,7 +44,7 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas", "rwkv5", "rwkv6"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas", "rwkv5", "rwkv6", "rwkv7"}
 # transformers builds these only with timm installed (Gemma 3n's MobileNet-v5 vision tower, TimmWrapperModel); the
 # venv has no timm: their text models are checked on meta here, the whole in tests/test_current_families.py
 NEEDS_TIMM = {"gemma3n"}

@@ -137,6 +137,7 @@ ADAPTERS: dict[str, Adapter] = {
     "rwkv": rwkv.build,
     "rwkv5": rwkv.build,
     "rwkv6": rwkv.build,
+    "rwkv7": rwkv.build,
 }
 
 

@@ -26,6 +26,19 @@ Every block (``rwkv.blocks.n``): LayerNorms ``ln1`` and ``ln2`` (and ``pre_ln`` 
 
 The model: ``rwkv.embeddings (V, h)``, ``rwkv.ln_out``, ``head (V, h)`` (untied by default).
 
+RWKV-7 (``rwkv7``: the flash-linear-attention classes the ``fla-hub`` / RWKV-7 Hub repos run;
+fla-org/flash-linear-attention @ bc3b101dcb713ddc5bd8924b66754eb68b5ccf89 ``fla/layers/rwkv7.py``,
+``fla/models/rwkv7/modeling_rwkv7.py`` / ``configuration_rwkv7.py``, ``fla/layers/rwkv6.py`` ``LoRA``), with
+H = h / head_dim heads, value width v_n = ``value_dim[n]`` (default h): ``model.layers.n`` has ``pre_norm`` (block
+0, with ``norm_first``), ``attn_norm``, ``ffn_norm`` (LayerNorms, biased with ``norm_bias``); ``attn``:
+``x_r/w/k/v/a/g (1, 1, h)``, ``k_k`` / ``k_a (h)``, ``r_k (H, head_dim)``, ``r_proj`` / ``k_proj (h, h)``,
+``v_proj (v, h)``, ``o_proj (h, v)``, low-rank ``w_lora`` / ``a_lora`` (``lora.0 (r, h)``, ``lora.2 (h, r)`` +
+bias), ``v_lora`` (to v, with bias; not in block 0), ``g_lora`` (to v, no bias), GroupNorm ``g_norm`` (v, weight
+and bias); ``ffn``: ``x_k (h)``, ``key (i, h)``, ``value (h, i)``, i = ``intermediate_size`` or 4 h rounded up to
+32. ``model.embeddings``, ``model.norm``, ``lm_head``. Its state per sequence: the token shifts of ``attn`` and
+``ffn`` (2 h) and the recurrent state (H, head_dim, v / H) in float32 (``fla/ops/rwkv7/fused_recurrent.py``:
+``ht`` float32).
+
 **State, no KV cache.** Each sequence keeps per layer the token-shift inputs of the time mix and of the
 channel mix (2 h at the model dtype) and the time mix's recurrent state in float32: RWKV-4 numerator,
 denominator and running max, 3 x h (``RwkvModel.forward`` allocates five (b, h, L) tensors, the last three
@@ -36,7 +49,7 @@ from __future__ import annotations
 
 from memest.errors import ConfigError
 from memest.sources.config import HFConfig
-from memest.sources.families._build import ATTN, MLP, linear, lm_head, model_spec, norm, token_embedding
+from memest.sources.families._build import ATTN, MLP, intern, linear, lm_head, model_spec, norm, token_embedding
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, StateSpec, TensorSpec
 
 # RwkvConfig / Rwkv5Config / Rwkv6Config defaults of the fields read here
@@ -46,6 +59,10 @@ _DEFAULTS: dict[str, dict[str, object]] = {
     "rwkv5": {"vocab_size": 65536, "num_attention_heads": 64, "attention_hidden_size": None,
               "intermediate_size": None, "tie_word_embeddings": False, "context_length": 4096},
     "rwkv6": {"vocab_size": 65536, "head_size": 64, "attention_hidden_size": None, "tie_word_embeddings": False},
+    "rwkv7": {"vocab_size": 32000, "hidden_ratio": 4, "intermediate_size": None, "head_dim": 64, "num_heads": None,
+              "decay_low_rank_dim": 64, "gate_low_rank_dim": 128, "a_low_rank_dim": 64, "v_low_rank_dim": 16,
+              "max_position_embeddings": 2048, "norm_first": True, "norm_bias": True, "attn": None,
+              "tie_word_embeddings": False, "value_dim": None},
 }
 
 
@@ -108,10 +125,92 @@ def _heads(cfg: HFConfig, version: str, h: int, a: int) -> tuple[int, int]:
     return width // size, size
 
 
+def _lora(name: str, h: int, out: int, rank: int, *, bias: bool) -> list[TensorSpec]:
+    """fla's ``LoRA``: ``lora.0 (rank, h)`` without bias, an activation, ``lora.2 (out, rank)``."""
+    return [*linear(f"{name}.lora.0", h, rank, ATTN, Split.NONE), *linear(f"{name}.lora.2", rank, out, ATTN,
+                                                                         Split.NONE, bias=bias)]
+
+
+def _build_rwkv7(cfg: HFConfig) -> ModelSpec:
+    """ModelSpec of an rwkv7 (flash-linear-attention) config (see the module docstring).
+
+    Raises:
+        ConfigError: hybrid softmax-attention layers (``attn``), which memest does not count here; a head size
+            that does not divide hidden_size; ``value_dim`` of the wrong length.
+    """
+    h = cfg.int("hidden_size")
+    vocab = cfg.int("vocab_size")
+    num_layers = cfg.int("num_hidden_layers")
+    if cfg.get("attn", default=None) is not None:
+        raise ConfigError(f"config of {cfg.name!r}: 'attn' = {cfg.get('attn', default=None)!r} makes some rwkv7 layers softmax "
+                          "attention, which memest does not count; use a config without 'attn'")
+    if cfg.get("head_dim", default=None) is not None:
+        size = cfg.int("head_dim")
+        heads = cfg.divide("hidden_size", h, "head_dim", size)
+    else:
+        heads = cfg.int("num_heads")
+        size = cfg.divide("hidden_size", h, "num_heads", heads)
+    given = cfg.get("value_dim", default=None)
+    if given is None:
+        values = [h] * num_layers
+    elif isinstance(given, list):
+        if len(given) != num_layers:
+            raise ConfigError(f"config of {cfg.name!r}: value_dim lists {len(given)} widths for {num_layers} layers")
+        values = [int(v) for v in given]
+    else:
+        values = [cfg.int("value_dim")] * num_layers
+    width = cfg.get("intermediate_size", default=None)
+    i = cfg.int("intermediate_size") if width is not None else 32 * -(-int(h * cfg.float("hidden_ratio")) // 32)
+    bias = cfg.bool("norm_bias")
+    ranks = {key: cfg.int(f"{key}_low_rank_dim") for key in ("decay", "gate", "a", "v")}
+
+    def block(n: int) -> LayerSpec:
+        v = values[n]
+        attn = [
+            *(TensorSpec(f"attn.x_{x}", (1, 1, h), ATTN) for x in "rwkvag"),
+            TensorSpec("attn.k_k", (h,), ATTN), TensorSpec("attn.k_a", (h,), ATTN),
+            TensorSpec("attn.r_k", (heads, size), ATTN),
+            *linear("attn.r_proj", h, h, ATTN, Split.COL), *linear("attn.k_proj", h, h, ATTN, Split.COL),
+            *linear("attn.v_proj", h, v, ATTN, Split.COL), *linear("attn.o_proj", v, h, ATTN, Split.ROW),
+            *_lora("attn.w_lora", h, h, ranks["decay"], bias=True),
+            *(_lora("attn.v_lora", h, v, ranks["v"], bias=True) if n else []),
+            *_lora("attn.a_lora", h, h, ranks["a"], bias=True),
+            *_lora("attn.g_lora", h, v, ranks["gate"], bias=False),
+            *norm("attn.g_norm", v, bias=True),
+        ]
+        ffn = [TensorSpec("ffn.x_k", (h,), MLP), *linear("ffn.key", h, i, MLP, Split.COL),
+               *linear("ffn.value", i, h, MLP, Split.ROW)]
+        norms = [*(norm("pre_norm", h, bias=bias) if n == 0 and cfg.bool("norm_first") else []),
+                 *norm("attn_norm", h, bias=bias), *norm("ffn_norm", h, bias=bias)]
+        state = StateSpec(shift_channels=2 * h, ssm_elements=heads * size * (v // heads), ssm_dtype="float32")
+        return LayerSpec(
+            attention=AttentionSpec(kind="linear", num_heads=0, num_kv_heads=0, head_dim=0, rope="none", state=state),
+            mlp=MLPSpec(gated=False, intermediate_size=i, activation="relu2"), norm="layer",
+            tensors=(*norms, *attn, *ffn))
+
+    kinds: dict[object, LayerSpec] = {}
+    layers = [intern(kinds, (n == 0, values[n]), lambda n=n: block(n)) for n in range(num_layers)]
+    tied = cfg.bool("tie_word_embeddings")
+    return model_spec(
+        cfg,
+        hidden_size=h,
+        vocab_size=vocab,
+        layers=layers,
+        embedding=[token_embedding("model.embeddings.weight", vocab, h)],
+        head=[*norm("model.norm", h, bias=bias), *([] if tied else lm_head(vocab, h))],
+        tie_word_embeddings=tied,
+        max_position_embeddings=cfg.int("max_position_embeddings"),
+        notes=("RWKV keeps a fixed-size state per sequence (token shifts and the float32 time-mix state), "
+               "no KV cache",),
+    )
+
+
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of an rwkv / rwkv5 / rwkv6 config."""
+    """ModelSpec of an rwkv / rwkv5 / rwkv6 / rwkv7 config."""
     version = cfg.model_type
     cfg = cfg.with_defaults(_DEFAULTS[version])
+    if version == "rwkv7":
+        return _build_rwkv7(cfg)
     h = cfg.int("hidden_size")
     vocab = cfg.int("vocab_size")
     num_layers = cfg.int("num_hidden_layers")
