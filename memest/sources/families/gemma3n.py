@@ -231,13 +231,14 @@ def _text_model(text: HFConfig, *, prefix: str) -> tuple[list[LayerSpec], list[T
         TensorSpec(f"{prefix}embed_tokens_per_layer.weight",
                    (text.int("vocab_size_per_layer_input"), num_layers * per_layer), Component.EMBEDDING,
                    Split.VOCAB),  # vLLM Gemma3nTextModel: a VocabParallelEmbedding
-        *linear(f"{prefix}per_layer_model_projection", h, num_layers * per_layer, OTHER, Split.NONE),
+        # vLLM Gemma3nTextModel: ColumnParallelLinear (gather_output) for these projections
+        *linear(f"{prefix}per_layer_model_projection", h, num_layers * per_layer, OTHER, Split.COL),
         *norm(f"{prefix}per_layer_projection_norm", per_layer),
-        *(t for j in range(m - 1) for t in linear(f"{prefix}altup_projections.{j}", h, h, OTHER, Split.NONE)),
+        *(t for j in range(m - 1) for t in linear(f"{prefix}altup_projections.{j}", h, h, OTHER, Split.COL)),
     ]
     head = [*norm(f"{prefix}norm", h),
             *(t for j in range(m - 1) for t in linear(f"{prefix}altup_unembed_projections.{j}", h, h, OTHER,
-                                                      Split.NONE))]
+                                                      Split.COL))]
     return [layer(n) for n in range(num_layers)], embedding, head
 
 
