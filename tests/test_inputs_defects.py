@@ -32,16 +32,12 @@ def memest(*argv: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
-def refused(*argv: str, built: bool = False) -> str:
-    """The one-line message of a refused input (exit code 2, no traceback): stderr holds that line only, or,
-    with ``built`` (the input is refused after its spec was built on the meta device), that line after the
-    build's one-line notice (issue 12 item 3)."""
+def refused(*argv: str) -> str:
+    """The one-line message of a refused input (exit code 2, no traceback): stderr holds that line only (a model
+    refused before any meta-device build gets no "building ... on the meta device" notice either)."""
     code, out, err = memest(*argv)
     assert code == 2, (code, out[-2000:], err[-2000:])
     lines = err.strip().splitlines()
-    if built:
-        assert lines and lines[0].startswith("no analytic adapter for model_type"), err
-        lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("Error: "), err
     assert "Traceback" not in err and "unexpectedly" not in err, err
     return lines[0]
