@@ -271,3 +271,13 @@ def test_remote_code_refusal_comes_before_the_notice(cache) -> None:
     with pytest.raises(UnsupportedArchitectureError, match="trust_remote_code"):
         spec_from_config(cfg, notice=heard.append)
     assert heard == []
+
+
+def test_rwkv_state_round_trips() -> None:
+    # StateSpec.shift_channels (RWKV's token shifts) survives the stored format
+    cfg = HFConfig({"model_type": "rwkv6", "hidden_size": 64, "num_hidden_layers": 2, "head_size": 16,
+                    "vocab_size": 97}, name="t", source="test")
+    spec = spec_from_config(cfg)
+    back = spec_cache.decode(json.loads(json.dumps(spec_cache.encode(spec)))).replace(name=spec.name,
+                                                                                      source=spec.source)
+    assert back == spec and back.layers[0].attention.state.shift_channels == 2 * 64
