@@ -716,6 +716,26 @@ class ServingConfig:
         """Always ``serve``."""
         return "serve"
 
+    def layout_words(self, parallelism: Parallelism | None = None) -> str | None:
+        """How the engine spreads the job over its devices, in its own words, where that is not tensor /
+        pipeline parallelism (None: the tp / pp degrees say it). llama.cpp splits whole layers over its
+        GPUs (``--split-mode layer``, its default; ``common/arg.cpp``), each GPU's share by ``--tensor-split``,
+        else by free memory (``llama_model_load``: ``ggml_backend_dev_memory``); Ollama places the layers
+        itself. memest counts those GPUs as ``parallelism.tp`` (any count, no head split).
+
+        Args:
+            parallelism: Another layout of the same job (a planned setup's), else the job's.
+        """
+        if self.engine.value not in GGUF_ENGINES:
+            return None
+        gpus = (parallelism or self.parallelism).world_size
+        if gpus == 1:
+            return None
+        split = f"tensor-split {','.join(f'{x:g}' for x in self.tensor_split)}" if self.tensor_split else None
+        if self.engine is Engine.OLLAMA:
+            return f"layers split over {gpus} GPUs" + (f", {split}" if split else " (Ollama's placement)")
+        return f"split-mode layer over {gpus} GPUs, " + (split or "tensor-split by free memory")
+
     def replace(self, **changes: Any) -> ServingConfig:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
