@@ -16,7 +16,7 @@ from memest.errors import InputError
 from memest.logs import hf_trainer, llamacpp, sglang, torchtitan, torchtune, trtllm, vllm
 from memest.logs.record import FIGURES, EngineLog, Logged
 
-__all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "read_bytes", "read_log"]
+__all__ = ["FIGURES", "FORMATS", "EngineLog", "Logged", "check_text", "read_bytes", "read_log"]
 
 FORMATS: dict[str, ModuleType] = {"TensorRT-LLM": trtllm, "SGLang": sglang, "llama.cpp / Ollama": llamacpp,
                                    "torchtitan": torchtitan, "torchtune": torchtune,
@@ -25,18 +25,27 @@ FORMATS: dict[str, ModuleType] = {"TensorRT-LLM": trtllm, "SGLang": sglang, "lla
 
 
 def read_bytes(data: bytes, name: str) -> str:
-    """A log file's text.
+    """A log file's text (:func:`check_text` of its UTF-8, undecodable bytes replaced).
 
     Raises:
         InputError: the file is empty or binary (not text).
     """
-    if not data.strip():
+    return check_text(data.decode("utf-8", errors="replace"), name)
+
+
+def check_text(text: str, name: str) -> str:
+    """``text``, when it can be a log.
+
+    Raises:
+        InputError: it is empty (or only whitespace) or binary (a NUL in its first 64 Ki characters).
+    """
+    if not text.strip():
         raise InputError(f"log {name!r} is empty; pass an engine's start-up log or a training log "
                          f"(formats read: {_formats()})")
-    if b"\x00" in data[:65536]:
+    if "\x00" in text[:65536]:
         raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log or a "
                          f"training log (formats read: {_formats()})")
-    return data.decode("utf-8", errors="replace")
+    return text
 
 
 def read_log(text: str, name: str = "<log>") -> EngineLog:
