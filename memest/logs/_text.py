@@ -10,9 +10,9 @@ from memest.logs.record import Logged
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 """A printed number, thousands separators allowed (``476,016``, ``14.99``)."""
 
-GAP = r".{0,1000}?"
+GAP = r".{0,500}?"
 """The words between a line's lead and the figure it reads (``Load weight end. ... mem usage=``): at most
-1,000 characters of the same line. Every pattern here runs in time linear in the log: a gap, a name or a
+500 characters of the same line. Every pattern here runs in time linear in the log: a gap, a name or a
 value between a literal and what follows it is bounded or of a class its neighbours exclude, never two
 unbounded quantifiers over the same characters (``\s*[(=]?\s*``), never a line's scan repeated from each
 of many leads on it (a pasted log is untrusted text: ``memest serve`` reads it)."""
