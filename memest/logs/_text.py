@@ -11,7 +11,7 @@ NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 """A printed number, thousands separators allowed (``476,016``, ``14.99``)."""
 
 GAP = r".{0,500}?"
-"""The words between a line's lead and the figure it reads (``Load weight end. ... mem usage=``): at most
+r"""The words between a line's lead and the figure it reads (``Load weight end. ... mem usage=``): at most
 500 characters of the same line. Every pattern here runs in time linear in the log: a gap, a name or a
 value between a literal and what follows it is bounded or of a class its neighbours exclude, never two
 unbounded quantifiers over the same characters (``\s*[(=]?\s*``), never a line's scan repeated from each
