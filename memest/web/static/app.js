@@ -492,6 +492,7 @@ function renderCheck(checks) {
     for (const name of ["figure", "term", "logged", "memest", "error"]) {
       const th = document.createElement("th");
       th.scope = "col"; th.textContent = name;
+      if (name === "term") th.className = "term";
       head.appendChild(th);
     }
     table.appendChild(head);
@@ -503,6 +504,7 @@ function renderCheck(checks) {
       cells.forEach((text, i) => {
         const td = document.createElement(i === 0 ? "th" : "td");
         if (i === 0) td.scope = "row";
+        if (i === 1) td.className = "term";
         td.textContent = text;
         if (i === 2) td.title = f.line;
         tr.appendChild(td);
