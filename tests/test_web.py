@@ -383,3 +383,56 @@ def test_check_answers_hostile_text_in_linear_time(client, reader):
 def test_check_huge_numbers_are_400(client, line):
     message = _one_line_error(client.post("/v1/check", json={"log": f"vLLM\n{line}\n"}), 400)
     assert "too large" in message or "beyond any device" in message
+
+
+def _leads(module) -> list[str]:
+    """The literal text each of a reader's patterns starts with (every string in its source, cut at its first
+    regex metacharacter): what a hostile log repeats to make a pattern rescan a line from each copy."""
+    import ast
+
+    leads = set()
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if isinstance(node, ast.JoinedStr):
+            node = node.values[0] if node.values else None
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        text, out = node.value, ""
+        for i, ch in enumerate(text):
+            if ch in ".^$*+?{}[]|()\\":
+                if ch == "\\" and i + 1 < len(text) and not text[i + 1].isalnum():
+                    continue  # an escaped literal: the next character is kept
+                if i and text[i - 1] == "\\":
+                    out += ch
+                    continue
+                break
+            out += ch
+        if 3 <= len(out) <= 80:
+            leads.add(out)
+    return sorted(leads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", list(MARKERS))
+def test_every_pattern_of_a_reader_is_linear(reader):
+    """Each lead of each of the reader's patterns repeated along one 100 kB line, or followed by 20 kB of spaces
+    or digits. A pattern that rescans the rest of the line from each copy of its lead takes k x L steps (2,800
+    copies of a 35-character lead x 50 kB on average: 1.4e8, seconds); one that splits a run between two
+    quantifiers over the same characters takes n^2 per start (4e8 at 20 kB); a linear one takes milliseconds
+    (some 40 patterns x 100 kB). The bounds, 1 s and 0.25 s, are some 20x the linear time."""
+    import time
+
+    from memest.errors import MemestError
+    from memest.logs import FORMATS, read_log
+
+    module = next(m for label, m in FORMATS.items() if label.startswith(reader))
+    marker = MARKERS[reader]
+    for lead in _leads(module):
+        texts = [(marker + (lead + " ") * (100_000 // (len(lead) + 1)), 1.0),
+                 (marker + lead + " " * 20_000, 0.25), (marker + lead + "1" * 20_000, 0.25)]
+        for text, bound in texts:
+            start = time.perf_counter()
+            try:
+                read_log(text)
+            except MemestError:
+                pass
+            assert time.perf_counter() - start < bound, (reader, lead, text[len(marker):][:40])

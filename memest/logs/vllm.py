@@ -40,7 +40,7 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     "activation_peak": (rf"torch peak memory increase: {SIZE}", rf"PyTorch activation peak memory(?: takes)?\s+{SIZE}"),
     "non_torch": (rf"non-torch forward increase memory: {SIZE}", rf"non_torch_memory takes {SIZE}",
                   rf"non_torch_memory\s+{SIZE}", rf"Memory profiling results:{GAP}non_torch_memory={SIZE}"),
-    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]*=\s*{SIZE}",
+    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]{{0,500}}=\s*{SIZE}",
                   rf"the current vLLM instance can use\s+{SIZE}"),
     "non_kv": (rf"Total non KV cache memory: {SIZE}",),
     "kv_cache_memory": (rf"Available KV cache memory: {SIZE}", rf"available_kv_cache_memory\s+{SIZE}",
