@@ -294,6 +294,16 @@ def test_check_bad_input_is_one_line(client):
         client.post("/v1/check", json={"log": V1_LOG.read_text(), "settings": {"no_such": 1}}), 400)
 
 
+def test_check_a_log_with_a_lone_surrogate(client):
+    """JSON may carry "\\ud800", which is no character: read as '?', so the
+    answer, which quotes the line, can be sent."""
+    body = (b'{"log": "vLLM\\nGPU KV cache size: 10 tokens \\ud800", "model": "meta-llama/Llama-3.1-8B", '
+            b'"gpu": "H100"}')
+    r = client.post("/v1/check", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["figures"][0]["line"] == "GPU KV cache size: 10 tokens ?"
+
+
 @pytest.mark.parametrize("settings", [{"config": ["/etc/passwd"]}, {"config": "train.yaml"}, {"gguf": "/tmp/x.gguf"},
                                       {"trust_remote_code": True}])
 def test_check_refuses_settings_that_name_files_or_run_code(client, settings):

@@ -35,7 +35,8 @@ def read_bytes(data: bytes, name: str) -> str:
 
 
 def check_text(text: str, name: str) -> str:
-    """``text``, when it can be a log.
+    """``text``, when it can be a log, its lone surrogates (a JSON ``"\\ud800"``, no character) replaced by ``?``,
+    so that what is read from it (and quoted in an answer) is text.
 
     Raises:
         InputError: it is empty (or only whitespace) or binary (a NUL in its first 64 Ki characters).
@@ -46,6 +47,10 @@ def check_text(text: str, name: str) -> str:
     if "\x00" in text[:65536]:
         raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log or a "
                          f"training log (formats read: {_formats()})")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", errors="replace").decode("utf-8")
     return text
 
 
