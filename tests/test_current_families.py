@@ -673,26 +673,31 @@ def test_deepseek_v4_flash_count_by_hand() -> None:
 
 @pytest.mark.parametrize(("tokens", "expected"), [
     # L = 1: every window is open. sliding_attention layers (DynamicSlidingWindowLayer: K and V stored apart)
-    # 2 x 1 x (512 + 512) x 2 B = 4,096; the CSA/HCA caches' K = V 41 x 1 x 512 x 2 = 41,984; the open window's
-    # buffered kv + gate: CSA compressor 21 x (2x512 + 2x512) x 2 = 86,016, its indexer 21 x (2x128 + 2x128) x 2
-    # = 21,504, HCA 20 x (512 + 512) x 2 = 40,960.
+    # 2 x 1 x (512 + 512) x 2 B = 4,096; the CSA/HCA caches' K = V 41 x 1 x 512 x 2 = 41,984; the buffered kv +
+    # gate of (1 - 1) mod m + 1 = 1 token: CSA compressor 21 x (2x512 + 2x512) x 2 = 86,016, its indexer
+    # 21 x (2x128 + 2x128) x 2 = 21,504, HCA 20 x (512 + 512) x 2 = 40,960.
     (1, 4_096 + 41_984 + 86_016 + 21_504 + 40_960),
-    # L = 128 (the window, 32 CSA windows, 1 HCA window): windows full, 2 x 128 x 2,048 + 41 x 128 x 1,024
-    # = 5,898,240; CSA 21 x (32 entries x 1,024 + overlap 4 x 512 x (2 + 4 fp32 gate)) = 21 x 45,056 = 946,176;
-    # indexer 21 x (32 x 256 + 4 x 128 x 6) = 21 x 11,264 = 236,544; HCA 20 x 1 x 1,024 = 20,480.
-    (128, 5_898_240 + 946_176 + 236_544 + 20_480),
-    # L = 4096: CSA 21 x (1,024 x 1,024 + 12,288) = 22,278,144; indexer 21 x (1,024 x 256 + 3,072) = 5,569,536;
-    # HCA 20 x 32 x 1,024 = 655,360.
-    (4096, 5_898_240 + 22_278_144 + 5_569_536 + 655_360),
-    # L = 131072: CSA 21 x (32,768 x 1,024 + 12,288) = 704,901,120; indexer 21 x (32,768 x 256 + 3,072)
-    # = 176,225,280; HCA 20 x 1,024 x 1,024 = 20,971,520.
-    (131072, 5_898_240 + 704_901_120 + 176_225_280 + 20_971_520),
+    # L = 128 (the window; 32 CSA windows, 1 HCA window closed): windows full, 2 x 128 x 2,048 + 41 x 128 x 1,024
+    # = 5,898,240. The buffer keeps the last step's window: 127 mod 4 + 1 = 4 tokens (CSA), 127 mod 128 + 1 = 128
+    # (HCA). CSA 21 x (32 entries x 1,024 + 4 x 4,096 + overlap 4 x 512 x (2 + 4 fp32 gate)) = 21 x 61,440
+    # = 1,290,240; indexer 21 x (32 x 256 + 4 x 1,024 + 4 x 128 x 6) = 21 x 15,360 = 322,560;
+    # HCA 20 x (1 x 1,024 + 128 x 2,048) = 20 x 263,168 = 5,263,360.
+    (128, 5_898_240 + 1_290_240 + 322_560 + 5_263_360),
+    # L = 4096: CSA 21 x (1,024 x 1,024 + 16,384 + 12,288) = 22,622,208; indexer 21 x (1,024 x 256 + 4,096
+    # + 3,072) = 5,655,552; HCA 20 x (32 x 1,024 + 262,144) = 5,898,240.
+    (4096, 5_898_240 + 22_622_208 + 5_655_552 + 5_898_240),
+    # L = 131072: CSA 21 x (32,768 x 1,024 + 28,672) = 705,245,184; indexer 21 x (32,768 x 256 + 7,168)
+    # = 176,311,296; HCA 20 x (1,024 x 1,024 + 262,144) = 26,214,400.
+    (131072, 5_898_240 + 705_245_184 + 176_311_296 + 26_214_400),
 ])
 def test_deepseek_v4_transformers_cache_by_hand(tokens: int, expected: int) -> None:
     """DeepSeek-V4-Flash in bf16, one sequence, as transformers 5.24's DeepseekV4HCACache / DeepseekV4CSACache hold
-    it: the sliding window of K = V (min(L, 128) tokens x 512), one compressed entry of 512 (CSA, HCA) or 128 (the
-    CSA indexer) per closed window of 4 / 128 tokens, the open window's buffered kv and gate, and a CSA cache's
-    overlap state (the last window's first series: kv at 2 B, gate at 4 B after the fp32 position_bias)."""
+    it after a decode step to L tokens: the sliding window of K = V (min(L, 128) tokens x 512: the storage of the
+    step's concatenation, of which the cache keeps a view of the last 127), one compressed entry of 512 (CSA, HCA)
+    or 128 (the CSA indexer) per closed window of 4 / 128 tokens, the buffer (a view of the last step's
+    concatenation of the buffered tokens and the new one: kv and gate of (L - 1) mod m + 1 tokens), and a CSA
+    cache's overlap state (the last window's first series: kv at 2 B, gate at 4 B after the fp32 position_bias,
+    which from_pretrained keeps in fp32). The slow test below measures these storages on a shrunk model."""
     layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2, transformers=True)
     assert contiguous_cache_bytes(layers, 1, tokens) == expected
     assert contiguous_cache_bytes(layers, 3, tokens) == 3 * expected
@@ -732,3 +737,54 @@ def test_deepseek_v4_bad_layer_types_name_the_key() -> None:
         _spec({**tiny, "mlp_layer_types": ["dense", "moe", "moe"]})
     with pytest.raises(ConfigError, match=r"'layer_types' must list 3 entries"):
         _spec({**tiny, "layer_types": ["sliding_attention", "sliding_attention"]})
+
+
+V4_SMALL = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 97,
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 24,
+            "o_groups": 2, "o_lora_rank": 12, "hc_mult": 2, "sliding_window": 8, "index_n_heads": 2,
+            "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                            "compressed_sparse_attention"],
+            "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 8}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 9, 13, 16, 30])
+def test_deepseek_v4_cache_matches_transformers_storage(tokens: int) -> None:
+    """Run a shrunk DeepSeek-V4 (every layer type, compress rates 2 and 8, window 8) in bf16 on the CPU: a prefill of
+    tokens - 1 positions, then one decode step; sum the storage bytes every cache layer holds (keys, values,
+    compressed_kv, buffer_kv, buffer_gate, overlap_kv, overlap_gate; a storage shared by several views once).
+    Measured after the prefill, it must equal the prefill's cache (``layer_cache_bytes``: sliding layers hold a
+    view of the whole prompt's K/V, compressed caches :meth:`KVLayer.prefill_bytes`); after the decode step,
+    :func:`contiguous_cache_bytes`."""
+    pytest.importorskip("transformers")
+    from memest.estimate.serving.hf.prefill import layer_cache_bytes
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    raw = {k: v for k, v in V4_SMALL.items() if k not in ("model_type", "architectures")}
+    config = DeepseekV4Config(**raw)
+    torch.manual_seed(0)
+    model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()  # keeps the fp32 modules
+
+    def held(cache) -> int:
+        storages = {}
+        for layer in cache.layers:
+            tensors = [layer.keys, layer.values]
+            for name in ("compressed_kv", "buffer_kv", "buffer_gate", "overlap_kv", "overlap_gate"):
+                tensors += list(getattr(layer, name, {}).values())
+            for t in tensors:
+                if t is not None:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    spec = _spec(V4_SMALL)
+    layers = kv_layers(spec.layer_kinds(), 1, 2, transformers=True)
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        if tokens > 1:
+            model(input_ids=torch.randint(0, 97, (1, tokens - 1)), cache=cache, use_cache=True)
+            assert held(cache) == sum(layer_cache_bytes(layer, 1, tokens - 1, 2) for layer in spec.layers)
+        model(input_ids=torch.randint(0, 97, (1, 1)), cache=cache, use_cache=True)
+    assert held(cache) == contiguous_cache_bytes(layers, 1, tokens)

@@ -88,16 +88,29 @@ class KVLayer:
             return -(-self.bytes_per_token // self.compress_rate)
         return 0 if self.kind in ("cross", "state") else self.bytes_per_token
 
+    def prefill_bytes(self, tokens: int) -> int:
+        """Bytes one sequence holds after a prefill of ``tokens`` positions in transformers: a
+        compressed cache's buffer is then a view of the whole prompt's projection (``tokens``
+        positions of it); other kinds as :meth:`sequence_bytes`."""
+        if self.kind != "compressed":
+            return self.sequence_bytes(tokens)
+        entries = tokens // self.compress_rate
+        return self.bytes_per_token * entries + self.pending_bytes * tokens + (self.overlap_bytes if entries else 0)
+
     def sequence_bytes(self, tokens: int) -> int:
         """Bytes one sequence of ``tokens`` positions holds in a contiguous cache (transformers):
         a full layer every token, a sliding or chunked layer at most its window
         (``DynamicSlidingWindowLayer``, which transformers also uses for ``chunked_attention`` with
         ``sliding_window = attention_chunk_size``), a cross layer its encoder tokens, a state layer
         its state; a compressed cache one entry per closed window of compress_rate tokens
-        (``DeepseekV4HCACache.store_compression_weights`` emits only whole windows), the tokens of the
-        open window and, once a window has closed, the overlap state."""
+        (``DeepseekV4HCACache.store_compression_weights`` emits only whole windows), the buffered
+        tokens and, once a window has closed, the overlap state. The buffer is a view
+        (``kv[:, usable:]``) of the last step's concatenation of the buffered tokens and the new one,
+        so after a decode step to ``tokens`` positions it holds the storage of
+        ``(tokens - 1) mod compress_rate + 1`` tokens, even when that step closed the window."""
         if self.kind == "compressed":
-            entries, pending = divmod(tokens, self.compress_rate)
+            entries = tokens // self.compress_rate
+            pending = (tokens - 1) % self.compress_rate + 1 if tokens else 0
             return (self.bytes_per_token * entries + self.pending_bytes * pending
                     + (self.overlap_bytes if entries else 0))
         if self.kind == "state":
