@@ -758,10 +758,11 @@ def test_deepseek_v4_cache_matches_transformers_storage(tokens: int) -> None:
     view of the whole prompt's K/V, compressed caches :meth:`KVLayer.prefill_bytes`); after the decode step,
     :func:`contiguous_cache_bytes`."""
     pytest.importorskip("transformers")
-    from memest.estimate.serving.hf.prefill import layer_cache_bytes
     import torch
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
     from transformers.cache_utils import DynamicCache
+
+    from memest.estimate.serving.hf.prefill import layer_cache_bytes
 
     raw = {k: v for k, v in V4_SMALL.items() if k not in ("model_type", "architectures")}
     config = DeepseekV4Config(**raw)

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 
 from memest.devices import Device
-from memest.estimate import runtime
 from memest.dtypes import nbytes
+from memest.estimate import runtime
 from memest.estimate.serving.common import (
     Allocation,
     compute_bytes,
