@@ -61,12 +61,12 @@ class VllmRank:
     num_blocks: int
 
 
-
 COMPRESSED_KV_ASSUMPTION = (
     "compressed attention (DeepSeek-V4): vLLM's pool is assumed to hold what transformers' cache holds (the "
     "sliding window of K = V, one entry per compress rate tokens, the CSA indexer keys) at the KV dtype; vLLM's fp8 "
     "entry layout and compressor state cache are not modelled"
 )
+
 
 def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRank]:
     """Every pipeline stage's vLLM start-up arithmetic.
