@@ -220,7 +220,19 @@ class AttentionSpec:
         kv_shared: One tensor serves as both K and V (Gemma 4 global layers
             ``attention_k_eq_v``): the cache holds it once.
         index_head_dim: The key width a sparse-attention indexer caches per token beside an MLA
-            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``); 0 without an indexer.
+            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``), or per compressed entry beside a
+            compressed layer's entries (DeepSeek-V4 CSA ``index_head_dim``); 0 without an indexer.
+        compress_rate: Compressed attention (DeepSeek-V4 ``compress_rates``): besides its sliding
+            window of K = V, the layer caches one compressed entry of ``head_dim`` per
+            ``compress_rate`` tokens (CSA 4, HCA 128), and its indexer (``index_head_dim``) one key
+            per entry likewise; 0 for a layer without a compressor.
+        compress_overlap: The compressor pools overlapping windows (DeepSeek-V4 CSA: two series of
+            ``head_dim``, entry w mixes window w - 1 and w), so it projects ``2 x head_dim`` per token
+            and transformers keeps the last window's first series as state; False for HCA.
+        kv_copied_by_transformers: ``kv_shared`` holds in the model, but transformers' cache layer
+            stores the one tensor as both its K and its V (DeepSeek-V4 ``sliding_attention`` layers:
+            ``DynamicSlidingWindowLayer.update(kv, kv)`` concatenates each), so its cache holds two
+            copies where engines hold one.
         kv_reused: The layer attends over another layer's cached K and V and caches nothing itself
             (Gemma 4 ``num_kv_shared_layers``; vLLM ``kv_sharing_target_layer_name``).
         encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
@@ -254,6 +266,9 @@ class AttentionSpec:
     kv_shared: bool = False
     kv_reused: bool = False
     index_head_dim: int = 0
+    compress_rate: int = 0
+    compress_overlap: bool = False
+    kv_copied_by_transformers: bool = False
     encoder_tokens: int = 0
     cross_attention: bool = False
     causal: bool = True

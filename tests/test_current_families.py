@@ -624,3 +624,168 @@ def test_rwkv7_count_and_state() -> None:
     assert state_bytes_per_sequence(layers) == 24 * (2 * 2048 * 2 + 32 * 64 * 64 * 4) == 12_779_520
     with pytest.raises(ConfigError, match=r"'attn' = .* makes some rwkv7 layers softmax attention"):
         _spec({**raw, "attn": {"layers": [1], "num_heads": 32}})
+
+
+# ---- DeepSeek-V4: compressed attention ----------------------------------------------------------------
+
+# DeepSeek-V4-Flash's geometry: DeepseekV4Config's defaults (transformers 5.24 configuration_deepseek_v4.py, whose
+# docstring names deepseek-ai/DeepSeek-V4-Flash-Base) with Flash's layer schedule as its config.json ships it: the
+# legacy per-layer compress_ratios, two sliding layers, then CSA (4) and HCA (128) alternating, plus an MTP entry.
+V4_FLASH = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 4096,
+            "num_hidden_layers": 43, "num_attention_heads": 64,
+            "compress_ratios": [0, 0] + [4 if n % 2 == 0 else 128 for n in range(41)] + [0]}
+
+
+def test_deepseek_v4_flash_count_by_hand() -> None:
+    """h 4096, a 64, d 512, q_lora_rank 1024, o_groups 8 x o_lora_rank 1024, hc_mult 4, 256 experts of 2048,
+    index 64 heads x 128, vocab 129,280. Per layer:
+    attention  q_a 4096x1024 + q_a_norm 1024 + q_b 1024x(64x512) + kv_proj 4096x512 + kv_norm 512
+               + o_a (8x1024)x(32768/8) + o_b 8192x4096 + sinks 64                              = 106,956,352
+    MoE        gate 256x4096 + gate_up 256x4096x4096 + down 256x4096x2048 + shared 3x4096x2048 = 6,468,665,344
+    block      2 norms 2x4096 + 2 mHC x (fn 24x16384 + base 24 + scale 3)                       =     794,678
+    HCA        kv_proj + gate_proj 2x4096x512 + position_bias 128x512 + kv_norm 512              =   4,260,352
+    CSA        compressor 2x4096x1024 + 4x1024 + 512, indexer compressor 2x4096x256 + 4x256 + 128,
+               indexer q_b 1024x(64x128) + weights_proj 4096x64                                 =  19,142,272
+    head       hc_head 4x16384 + 4 + 1, norm 4096, lm_head 129280x4096                          = 529,600,517
+    embedding  129280x4096                                                                      = 529,530,880
+    Total 43 x (106,956,352 + 6,468,665,344 + 794,678) + 21 x 19,142,272 + 20 x 4,260,352 + 529,600,517
+    + 529,530,880 = 284,332,230,231: the model card's "284B total parameters" (deepseek-ai/DeepSeek-V4-Flash,
+    as https://featherless.ai/models/deepseek-ai/DeepSeek-V4-Flash quotes it: "284 billion total parameter (13
+    billion activated)"); the MTP layer is not instantiated by transformers and not counted."""
+    attn = 4096 * 1024 + 1024 + 1024 * 64 * 512 + 4096 * 512 + 512 + 8192 * 4096 + 8192 * 4096 + 64
+    moe = 256 * 4096 + 256 * 4096 * 4096 + 256 * 4096 * 2048 + 3 * 4096 * 2048
+    block = 2 * 4096 + 2 * (24 * 16384 + 24 + 3)
+    hca = 2 * 4096 * 512 + 128 * 512 + 512
+    csa = 2 * 4096 * 1024 + 4 * 1024 + 512 + 2 * 4096 * 256 + 4 * 256 + 128 + 1024 * 64 * 128 + 4096 * 64
+    head = 4 * 16384 + 4 + 1 + 4096 + 129280 * 4096
+    assert (attn, moe, block, hca, csa, head) == (106_956_352, 6_468_665_344, 794_678, 4_260_352, 19_142_272,
+                                                  529_600_517)
+    spec = _spec(V4_FLASH)
+    assert spec.num_params == 43 * (attn + moe + block) + 21 * csa + 20 * hca + head + 129280 * 4096 \
+        == 284_332_230_231
+    assert round(spec.num_params / 1e9) == 284
+    kinds = [(layer.attention.compress_rate, layer.attention.index_head_dim) for layer in spec.layers]
+    assert kinds[:4] == [(0, 0), (0, 0), (4, 128), (128, 0)] and kinds.count((4, 128)) == 21
+    assert all(layer.attention.num_kv_heads == 1 and layer.attention.kv_shared for layer in spec.layers)
+    # the three hash-routed layers' tid2eid tables: 129280 x 6 int64
+    assert [b.nbytes for b in spec.buffers] == [129280 * 6 * 8] * 3
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    # L = 1: every window is open. sliding_attention layers (DynamicSlidingWindowLayer: K and V stored apart)
+    # 2 x 1 x (512 + 512) x 2 B = 4,096; the CSA/HCA caches' K = V 41 x 1 x 512 x 2 = 41,984; the buffered kv +
+    # gate of (1 - 1) mod m + 1 = 1 token: CSA compressor 21 x (2x512 + 2x512) x 2 = 86,016, its indexer
+    # 21 x (2x128 + 2x128) x 2 = 21,504, HCA 20 x (512 + 512) x 2 = 40,960.
+    (1, 4_096 + 41_984 + 86_016 + 21_504 + 40_960),
+    # L = 128 (the window; 32 CSA windows, 1 HCA window closed): windows full, 2 x 128 x 2,048 + 41 x 128 x 1,024
+    # = 5,898,240. The buffer keeps the last step's window: 127 mod 4 + 1 = 4 tokens (CSA), 127 mod 128 + 1 = 128
+    # (HCA). CSA 21 x (32 entries x 1,024 + 4 x 4,096 + overlap 4 x 512 x (2 + 4 fp32 gate)) = 21 x 61,440
+    # = 1,290,240; indexer 21 x (32 x 256 + 4 x 1,024 + 4 x 128 x 6) = 21 x 15,360 = 322,560;
+    # HCA 20 x (1 x 1,024 + 128 x 2,048) = 20 x 263,168 = 5,263,360.
+    (128, 5_898_240 + 1_290_240 + 322_560 + 5_263_360),
+    # L = 4096: CSA 21 x (1,024 x 1,024 + 16,384 + 12,288) = 22,622,208; indexer 21 x (1,024 x 256 + 4,096
+    # + 3,072) = 5,655,552; HCA 20 x (32 x 1,024 + 262,144) = 5,898,240.
+    (4096, 5_898_240 + 22_622_208 + 5_655_552 + 5_898_240),
+    # L = 131072: CSA 21 x (32,768 x 1,024 + 28,672) = 705,245,184; indexer 21 x (32,768 x 256 + 7,168)
+    # = 176,311,296; HCA 20 x (1,024 x 1,024 + 262,144) = 26,214,400.
+    (131072, 5_898_240 + 705_245_184 + 176_311_296 + 26_214_400),
+])
+def test_deepseek_v4_transformers_cache_by_hand(tokens: int, expected: int) -> None:
+    """DeepSeek-V4-Flash in bf16, one sequence, as transformers 5.24's DeepseekV4HCACache / DeepseekV4CSACache hold
+    it after a decode step to L tokens: the sliding window of K = V (min(L, 128) tokens x 512: the storage of the
+    step's concatenation, of which the cache keeps a view of the last 127), one compressed entry of 512 (CSA, HCA)
+    or 128 (the CSA indexer) per closed window of 4 / 128 tokens, the buffer (a view of the last step's
+    concatenation of the buffered tokens and the new one: kv and gate of (L - 1) mod m + 1 tokens), and a CSA
+    cache's overlap state (the last window's first series: kv at 2 B, gate at 4 B after the fp32 position_bias,
+    which from_pretrained keeps in fp32). The slow test below measures these storages on a shrunk model."""
+    layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2, transformers=True)
+    assert contiguous_cache_bytes(layers, 1, tokens) == expected
+    assert contiguous_cache_bytes(layers, 3, tokens) == 3 * expected
+
+
+def test_deepseek_v4_vllm_pool_by_hand() -> None:
+    """vLLM, bf16, --block-size 16, assumed to hold transformers' entries: one K = V of 512 x 2 = 1,024 B per
+    window token on all 43 layers (the sliding_attention layers too), 1,024 B per CSA / HCA entry, 256 B per
+    indexer key. Per token, windows ignored: 43 x 1,024 + 21 x 1,024 / 4 + 21 x 256 / 4 + 20 x 1,024 / 128
+    = 44,032 + 5,376 + 1,344 + 160 = 50,912. Pages of 16 x 1,024 = 16,384 B; a compressed page holds 16,384 /
+    1,024 = 16 entries (64 tokens of CSA, 2,048 of HCA) or 64 indexer keys (256 tokens). One request of 131,072
+    tokens with max_num_batched_tokens 8,192: sliding ceil(min(127 + 8,192, 131,072) / 16) + 1 = 521 pages x 43,
+    CSA 131,072 / 64 = 2,048 x 21, indexer 131,072 / 256 = 512 x 21, HCA 131,072 / 2,048 = 64 x 20:
+    22,403 + 43,008 + 10,752 + 1,280 = 77,443 pages x 16,384 = 1,268,826,112 B."""
+    layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 43 * 1024 + 21 * 1024 // 4 + 21 * 256 // 4 + 20 * 1024 // 128 == 50_912
+    layout = paged_layout(layers, 16)
+    assert layout.page_bytes == 16 * 1024
+    assert sorted({(g.kind, g.block_size) for g in layout.groups}) == [
+        ("compressed", 64), ("compressed", 256), ("compressed", 2048), ("sliding", 16)]
+    assert layout.request_bytes(131072, 8192) == (521 * 43 + 2048 * 21 + 512 * 21 + 64 * 20) * 16384 \
+        == 1_268_826_112
+
+
+def test_deepseek_v4_bad_layer_types_name_the_key() -> None:
+    from memest.errors import ConfigError
+
+    tiny = {"model_type": "deepseek_v4", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "head_dim": 16, "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8, "vocab_size": 97}
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'foo' is not a layer type"):
+        _spec({**tiny, "layer_types": ["sliding_attention", "foo", "sliding_attention"]})
+    with pytest.raises(ConfigError, match=r"compress_ratios\[2\] = 8 is not a compress ratio"):
+        _spec({**tiny, "compress_ratios": [0, 4, 8]})
+    with pytest.raises(ConfigError, match=r"compress_rates\['windowed_attention'\] names no compressed layer type"):
+        _spec({**tiny, "compress_rates": {"windowed_attention": 4}})
+    with pytest.raises(ConfigError, match=r"mlp_layer_types\[0\] = 'dense' is not a layer type"):
+        _spec({**tiny, "mlp_layer_types": ["dense", "moe", "moe"]})
+    with pytest.raises(ConfigError, match=r"'layer_types' must list 3 entries"):
+        _spec({**tiny, "layer_types": ["sliding_attention", "sliding_attention"]})
+
+
+V4_SMALL = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 97,
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 24,
+            "o_groups": 2, "o_lora_rank": 12, "hc_mult": 2, "sliding_window": 8, "index_n_heads": 2,
+            "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                            "compressed_sparse_attention"],
+            "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 8}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 9, 13, 16, 30])
+def test_deepseek_v4_cache_matches_transformers_storage(tokens: int) -> None:
+    """Run a shrunk DeepSeek-V4 (every layer type, compress rates 2 and 8, window 8) in bf16 on the CPU: a prefill of
+    tokens - 1 positions, then one decode step; sum the storage bytes every cache layer holds (keys, values,
+    compressed_kv, buffer_kv, buffer_gate, overlap_kv, overlap_gate; a storage shared by several views once).
+    Measured after the prefill, it must equal the prefill's cache (``layer_cache_bytes``: sliding layers hold a
+    view of the whole prompt's K/V, compressed caches :meth:`KVLayer.prefill_bytes`); after the decode step,
+    :func:`contiguous_cache_bytes`."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from memest.estimate.serving.hf.prefill import layer_cache_bytes
+
+    raw = {k: v for k, v in V4_SMALL.items() if k not in ("model_type", "architectures")}
+    config = DeepseekV4Config(**raw)
+    torch.manual_seed(0)
+    model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()  # keeps the fp32 modules
+
+    def held(cache) -> int:
+        storages = {}
+        for layer in cache.layers:
+            tensors = [layer.keys, layer.values]
+            for name in ("compressed_kv", "buffer_kv", "buffer_gate", "overlap_kv", "overlap_gate"):
+                tensors += list(getattr(layer, name, {}).values())
+            for t in tensors:
+                if t is not None:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    spec = _spec(V4_SMALL)
+    layers = kv_layers(spec.layer_kinds(), 1, 2, transformers=True)
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        if tokens > 1:
+            model(input_ids=torch.randint(0, 97, (1, tokens - 1)), cache=cache, use_cache=True)
+            assert held(cache) == sum(layer_cache_bytes(layer, 1, tokens - 1, 2) for layer in spec.layers)
+        model(input_ids=torch.randint(0, 97, (1, 1)), cache=cache, use_cache=True)
+    assert held(cache) == contiguous_cache_bytes(layers, 1, tokens)

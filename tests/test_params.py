@@ -196,6 +196,7 @@ DEFAULT_CLASSES = {
     "kimi_k2": "DeepseekV3ForCausalLM",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
     "deepseek_v32": "DeepseekV32ForCausalLM",
+    "deepseek_v4": "DeepseekV4ForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
@@ -229,7 +230,7 @@ _GEOMETRY = {
     "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
     "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128),
     "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64), "deepseek_v32": (7168, 61, 128),
-    "glm_moe_dsa": (6144, 78, 64),
+    "glm_moe_dsa": (6144, 78, 64), "deepseek_v4": (4096, 43, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32), "internlm3": (4096, 48, 32),
@@ -515,6 +516,31 @@ VARIANTS: dict[str, dict] = {
         "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12,
         "index_n_heads": 2, "index_head_dim": 8, "mlp_layer_types": ["sparse", "dense", "sparse"],
         "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    },
+    # DeepSeek-V4, shrunk: every attention type (sliding, CSA, HCA) at other compress rates, hash and
+    # top-k MoE layers, 2 residual streams, 2 output groups
+    "deepseek_v4-small-layer_types": {
+        **TINY,
+        "num_hidden_layers": 4,
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "head_dim": 32, "q_lora_rank": 24, "o_groups": 2, "o_lora_rank": 12, "hc_mult": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                        "compressed_sparse_attention"],
+        "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 8},
+        "mlp_layer_types": ["hash_moe", "moe", "moe", "hash_moe"],
+        "index_n_heads": 2, "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    },
+    # the per-layer compress_ratios (with a trailing MTP entry) and num_hash_layers of older V4 configs; tied head
+    "deepseek_v4-small-compress_ratios": {
+        **TINY,
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "head_dim": 16, "q_lora_rank": 20, "o_groups": 4, "o_lora_rank": 8, "hc_mult": 3,
+        "compress_ratios": [0, 4, 128, 0], "num_hash_layers": 1, "tie_word_embeddings": True,
+        "index_n_heads": 4, "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 1,
+        "moe_intermediate_size": 24,
     },
     # GLM-5.2's shared indexers (index_topk_freq 4, index_skip_topk_offset 3: layers 0-2 full, then one in four)
     "glm_moe_dsa-shared-indexers": {
