@@ -24,7 +24,7 @@ from memest.estimate.weights import tensor_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
 from memest.spec import Component, ModelSpec
-from memest.workload import Framework, Method, Offload, Optimizer
+from memest.workload import Framework, Method, Offload, Optimizer, Parallelism
 
 FRAMEWORKS: dict[Framework, ModuleType] = {
     Framework.PYTORCH: pytorch,
