@@ -57,11 +57,6 @@ KNOWN_GAPS: dict[str, str] = {
     "torchtune_llama31_70b_lora_8xa100": "over-prediction (+10.1%): the README runs compile: True; the compiled "
     "layers' saved tensors are not modelled (only the compiled chunked loss), and which torchtune memory statistic "
     "the README shows is not stated",
-    "torchtune_llama31_8b_full_4090": "over-prediction (+75%): the recipe's bitsandbytes PagedAdamW8bit allocates its "
-    "states in CUDA managed memory (bitsandbytes is_paged), outside PyTorch's caching allocator, so the torch.cuda "
-    "statistics torchtune reports never count them; memest counts the paged states on the device (15.2 GiB) in every "
-    "figure, without them it is ~18 GiB of the measured 18.9: paged states outside the allocated figure are not "
-    "modelled",
     "torchtune_llama31_70b_full_8xa100_cpu_offload": "over-prediction (+13%): the recipe's custom_sharded_layers "
     "['tok_embeddings', 'output'] makes the embedding and the output projection FSDP units of their own (each "
     "resharded after use), where memest gathers them whole with the root unit (3.9 GiB); not modelled",
@@ -80,9 +75,6 @@ KNOWN_GAPS: dict[str, str] = {
     "loss path of a LoRA run with activation offloading: not identified",
     "torchtune_llama32_3b_qlora_a100": "over-prediction (+33%): as the LoRA row (the loss path, 3.2 GiB of memest's "
     "6.1 GiB), with the torchao NF4 base: not identified",
-    "axolotl_llama3_8b_fft_48gb": "over-prediction (+39%, low confidence: the README names the card the example runs "
-    "on, no reading): bitsandbytes' paged_adamw_8bit states (15.2 GiB) page out to host RAM when the device fills, "
-    "where memest counts them on the device; paging under memory pressure is not modelled",
     "axolotl_llama3_70b_qlora_fsdp_offload_2gpu": "under-prediction (-22%, low confidence: the README's rounded "
     "'21GB' per GPU, GB or GiB and GPU type not stated): accelerate's FSDP1 with fsdp_offload_params over a "
     "bitsandbytes NF4 base (its quant states and the cpu_ram_efficient_loading path) is modelled as FSDP2 "

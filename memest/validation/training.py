@@ -314,7 +314,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
     cid = "torchtune_llama31_8b_full_4090"
     out.append(Case(cid, llama8, tune.replace(optimizer=Optimizer.PAGED_ADAMW8BIT, optimizer_in_bwd=True),
                     get_device("RTX-4090"), "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
-                    tune_note + "; PagedAdamW8bit (its states counted on the device), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+                    tune_note + "; PagedAdamW8bit (its states of tensors >= 1e5 elements in managed memory, in no "
+                    "torch.cuda figure), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     cid = "torchtune_llama31_70b_full_8xa100_cpu_offload"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-70B"),
                     tune.replace(framework=Framework.FSDP, offload=Offload.PARAMS,
@@ -402,8 +403,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                    optimizer=Optimizer.PAGED_ADAMW8BIT, recompute=Recompute.FULL,
                                    attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH),
                     a6000, "device_used", a6000.memory_bytes,
-                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states counted on the "
-                    "device), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
+                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states in managed "
+                    "memory: resident while the card has room, the rest evicted to host RAM), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
                     MEDIUM_TOLERANCE, "capacity of the named 48 GB card"))
     cid = "axolotl_llama3_70b_qlora_fsdp_offload_2gpu"
     out.append(Case(cid, load_model("meta-llama/Meta-Llama-3-70B"),

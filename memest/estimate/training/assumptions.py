@@ -110,7 +110,9 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.method is Method.QLORA:
         out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
     if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
-        out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
+        out.append("bitsandbytes paged optimizer: the states of tensors >= 1e5 elements in CUDA managed memory, "
+                   "outside PyTorch's allocator (in no torch.cuda figure); on the device while it has room, the rest "
+                   "evicted to host RAM (a slower step, not an out-of-memory)")
     if a.expert_sharded:
         out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
                    "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
