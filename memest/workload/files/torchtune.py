@@ -78,8 +78,9 @@ OPTIMIZERS: dict[str, Optimizer] = {
     "torchao.optim.AdamW8bit": Optimizer.ADAMW8BIT, "torch.optim.SGD": Optimizer.SGD,
 }
 """``optimizer._component_`` -> memest's optimizer: the same states per parameter (torch AdamW with
-``fused: True`` is ``adamw_fused``; SGD with ``momentum`` > 0 keeps one state; a paged 32-bit AdamW keeps
-fp32 states in unified memory, counted on the device; torchao ``AdamW8bit`` quantizes its states in blocks
+``fused: True`` is ``adamw_fused``; SGD with ``momentum`` > 0 keeps one state; ``PagedAdamW8bit`` keeps its
+large states in CUDA managed memory, outside the allocator; a paged 32-bit AdamW is read as ``adamw`` (its
+states counted on the allocator, where bitsandbytes keeps fp32 ones in managed memory); torchao ``AdamW8bit`` quantizes its states in blocks
 of 256 as bitsandbytes does, ``torchao/optim/adam.py`` ``block_size=256``)."""
 
 LOSSES: dict[str, Loss] = {

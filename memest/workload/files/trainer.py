@@ -56,8 +56,10 @@ OPTIM: dict[str, Optimizer] = {
     "lion_32bit": Optimizer.LION, "paged_lion_32bit": Optimizer.LION, "sgd": Optimizer.SGD,
 }
 """transformers ``OptimizerNames`` (``training_args.py``) -> memest's optimizer: the same states per parameter
-(paged 32-bit AdamW: fp32 states in unified memory, counted on the device; the Trainer's ``sgd`` is torch SGD
-without momentum)."""
+(``paged_adamw_8bit``: bitsandbytes' states of tensors >= 1e5 elements in CUDA managed memory, outside the
+allocator; paged 32-bit AdamW is read as ``adamw``: memest counts its states on the allocator at the parameters'
+dtype, where bitsandbytes keeps fp32 states in managed memory; the Trainer's ``sgd`` is torch SGD without
+momentum)."""
 ATTN = {"sdpa": AttnImplementation.SDPA, "flash_attention_2": AttnImplementation.FLASH_ATTENTION_2,
         "eager": AttnImplementation.EAGER}
 _FSDP = {"full_shard": FsdpStrategy.FULL_SHARD, "shard_grad_op": FsdpStrategy.SHARD_GRAD_OP,
