@@ -53,16 +53,12 @@ KNOWN_GAPS: dict[str, str] = {
     "above allocated), memest's fixed share 12%; the allocated figure agrees (-1.0%)",
     "unsloth_llama31_8b_qlora_max_context": "under-prediction (-13.5%): the HF + FA2 baseline's setup is not "
     "published; its slope per token agrees (2.47 vs 2.32 MB per token) and a constant ~11 GiB is unexplained",
-    "unsloth_llama31_8b_qlora_max_context_unsloth": "over-prediction (+104%): memest's unsloth stack models its "
-    "offloaded checkpoints (one layer's input back on the device) and fused cross-entropy, but rebuilds the recomputed "
-    "layer with transformers' / PEFT's saved tensors (94 GiB at 342,733 tokens, ~70 B x h per token). unsloth's own "
-    "autograd functions (unsloth/kernels at c67183f, 2024-11-20: Fast_RMS_Layernorm saves X, W, rstd; LoRA_QKV X; "
-    "fast RoPE in place; flash_attn_func q, k, v, out, lse; LoRA_W X, a view of out; LoRA_MLP X, e, g, its backward "
-    "in place in e, g and X) keep 2 x (3h + 2q + 2kv) + 2 x 2i B = 25 B x h per token for Llama-3.1-8B (32.7 GiB); "
-    "that alone would leave ~+25%, the rest in its in-place backward: an unsloth kernel execution is not modelled",
-    "unsloth_llama33_70b_qlora_max_context_unsloth": "over-prediction (+58%): as the 8B unsloth column: memest's "
-    "recomputed layer follows transformers' module graph (49 GiB at 89,389 tokens) where unsloth's LoRA_QKV / "
-    "LoRA_W / LoRA_MLP and fast RMSNorm keep only their inputs and the gate and up outputs: not modelled",
+    "unsloth_llama31_8b_qlora_max_context_unsloth": "under-prediction (-21%): memest runs unsloth's LoRA kernels "
+    "(LoRA_QKV / LoRA_W / LoRA_MLP, Fast_RMS_Layernorm, in-place RoPE: 25 B x h per token rebuilt in backward) and "
+    "its offloaded checkpointer (one layer input on the device, the rebuilt layer's output held), 175 KB per token "
+    "on the device; the README's sweep is exactly linear (7.37 GB + 211.9 KB per token at each of its 8-80 GB "
+    "budgets, to the token), a formula's extrapolation rather than seven readings, and its 8 GB row (2,972 "
+    "tokens) is where memest agrees (8.5 GB): the 37 KB per token between the slopes is not identified",
     "torchtune_llama31_70b_lora_8xa100": "over-prediction (+10.1%): the README runs compile: True; the compiled "
     "layers' saved tensors are not modelled (only the compiled chunked loss), and which torchtune memory statistic "
     "the README shows is not stated",

@@ -44,6 +44,7 @@ from memest.workload import (
     Parallelism,
     Precision,
     Recompute,
+    Stack,
     TrainingConfig,
 )
 
@@ -360,18 +361,21 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                  optimizer=Optimizer.ADAMW8BIT, recompute=Recompute.FULL, activation_offloading=True,
                                  loss=Loss.FUSED, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
                                  framework=Framework.PYTORCH, lora=LoraConfig(rank=32, targets="all-linear"),
-                                 prepare_kbit_training=KbitPrep.NONE)
-    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL)
+                                 prepare_kbit_training=KbitPrep.NONE, lora_library=LoraLibrary.UNSLOTH,
+                                 stack=Stack.UNSLOTH)
+    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL,
+                                 lora_library=LoraLibrary.PEFT, stack=None)
     llama70 = load_model("meta-llama/Llama-3.3-70B-Instruct")
     for cid, spec, device, w, note in (
             ("unsloth_llama31_8b_qlora_max_context_unsloth", llama8, h100, unsloth_own,
-             "unsloth's column: offloaded checkpoints (one layer's input back on the device), fused cross-entropy, "
-             "adamw_8bit (its examples)"),
+             "unsloth's column: offloaded checkpoints (one layer's input back on the device: the unsloth stack's), "
+             "fused cross-entropy, adamw_8bit (its examples), its LoRA kernels (lora_dropout 0)"),
             ("unsloth_llama33_70b_qlora_max_context", llama70, a100, hf_fa2,
              "the HF + FA2 column: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl), checkpointing on, "
              "adamw_8bit"),
             ("unsloth_llama33_70b_qlora_max_context_unsloth", llama70, a100, unsloth_own,
-             "unsloth's column: offloaded checkpoints, fused cross-entropy, adamw_8bit (its examples)")):
+             "unsloth's column: offloaded checkpoints (one back on the device), fused cross-entropy, adamw_8bit (its "
+             "examples), its LoRA kernels (lora_dropout 0)")):
         tokens = pub[cid]["measured"]["max_context_tokens"]
         out.append(Case(cid, spec, w.replace(seq_len=tokens), device, "device_used", device.memory_bytes,
                         f"the longest context that fits 80 GB ({tokens:,} tokens) should need the whole device; "

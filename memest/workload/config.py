@@ -237,6 +237,11 @@ class LoraLibrary(str, Enum):
     """litgpt: adapters at the run's dtype; ``bnb.nf4`` on every linear, lm_head included, no double quant."""
     TORCHTUNE = "torchtune"
     """torchtune: adapters at the run's dtype; torchao ``NF4Tensor`` on every decoder linear."""
+    UNSLOTH = "unsloth"
+    """unsloth ``FastLanguageModel.get_peft_model``: PEFT's fp32 adapters over the transformers NF4 base (double
+    quant, ``unsloth/models/llama.py`` ``bnb_4bit_use_double_quant=True``), each decoder layer run by unsloth's
+    own autograd functions when ``lora_dropout`` is 0 (``patch_peft_model``: ``LoRA_QKV``, ``LoRA_W``,
+    ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
 
 
 class Engine(str, Enum):
@@ -510,7 +515,8 @@ class TrainingConfig:
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",
         help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
              "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
-             "linear, lm_head too, no double quant) or torchtune (adapters at the run's dtype; torchao NF4).")
+             "linear, lm_head too, no double quant), torchtune (adapters at the run's dtype; torchao NF4) or unsloth "
+             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0).")
 
     @property
     def mode(self) -> str:

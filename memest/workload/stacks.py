@@ -36,12 +36,14 @@ Sources (each row cites the file that sets its defaults):
   ``model_args.py`` ``disable_gradient_checkpointing`` False (checkpointing on).
 - unsloth ``unsloth/models/llama.py``: ``use_gradient_checkpointing="unsloth"`` (full checkpointing with the
   checkpoints in host RAM: ``unsloth_zoo/gradient_checkpointing.py``, activation offloading), its fused
-  cross-entropy, LoRA on every linear in its examples.
+  cross-entropy, LoRA on every linear in its examples, PEFT adapters whose layers its own LoRA kernels run
+  (:attr:`LoraLibrary.UNSLOTH`).
 - litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
   and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
-  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT. ``--quantize bnb.*`` refuses a
+  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); every
+  other stack runs PEFT. ``--quantize bnb.*`` refuses a
   mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
   ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
 - DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
@@ -186,7 +188,8 @@ STACKS: dict[Stack, StackDefaults] = {
                                  optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
                                  losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
-                                 activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT),
+                                 activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT,
+                                 lora_library=LoraLibrary.UNSLOTH),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,

@@ -134,6 +134,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
                      routing_bytes=routing, quantized_outputs=quantized,
                      saves_4bit_inputs=quantized and t.lora_library is LoraLibrary.LITGPT,
                      fused_gelu=t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT,
+                     unsloth_kernels=t.method is not Method.FULL and t.lora_library is LoraLibrary.UNSLOTH,
                      fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
                      attention_dropout=spec.attention_dropout)
 

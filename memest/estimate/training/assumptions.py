@@ -60,6 +60,7 @@ _QLORA_BASES = {
     LoraLibrary.LITGPT: ("litgpt bnb.nf4 on every linear and the lm_head (no double quantization); bitsandbytes 0.42 "
                          "keeps each 4-bit linear's input for backward"),
     LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (block 64, scaler block 256), output projection 16-bit",
+    LoraLibrary.UNSLOTH: "bitsandbytes NF4 linear weights (double quantization), lm_head 16-bit",
 }
 
 
@@ -94,8 +95,12 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.too_long:
         out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
     if a.method is not Method.FULL:
-        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library is LoraLibrary.PEFT
+        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library in (LoraLibrary.PEFT, LoraLibrary.UNSLOTH)
                     else f"at the run's parameter dtype ({a.lora_library.value})")
+        if a.lora_library is LoraLibrary.UNSLOTH:
+            out.append("unsloth's LoRA kernels (LoRA_QKV, LoRA_W, LoRA_MLP, Fast_RMS_Layernorm, in-place RoPE) in "
+                       "every layer whose linears all carry an adapter, with LoRA dropout 0: each keeps only its "
+                       "input, Q, K, V, the attention output and the gate and up outputs for backward")
         out.append(f"LoRA adapters {adapters}, trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
