@@ -85,8 +85,14 @@ to them. Hand-mapped, their median |error| is 12.0% (16.4% before the paged opti
 - torchtune's ``custom_sharded_layers`` (embedding and output projection as FSDP units of their own): +13% on
   the 70B CPU-offload row, where memest gathers them with the root.
 - torch.compile of the layers (+15% on the chunked-CE row, +18% / +33% on the 3B LoRA / QLoRA rows, whose loss
-  path is also suspect), unsloth's fused kernels (+58% .. +104%: the recomputed layer) and float8 / AsyncTP with
-  an assumed pipeline micro-batching (-51% on the 405B 3D row) are not modelled.
+  path is also suspect) and float8 / AsyncTP with an assumed pipeline micro-batching (-51% on the 405B 3D row)
+  are not modelled.
+- unsloth's LoRA kernels (``--lora-library unsloth``, the unsloth stack's): a layer keeps what LoRA_QKV /
+  LoRA_W / LoRA_MLP and Fast_RMS_Layernorm save (25 B x h per token for Llama-3.1-8B, where the module graph
+  keeps ~70), LoRA_MLP's backward runs in place, and unsloth's checkpointer holds the rebuilt layer's output:
+  the 70B row went from +58% to -6.9%, the 8B from +104% to -20.6%. The 8B README sweep is exactly linear
+  (7.37 GB + 211.9 KB per token at every budget from 8 to 80 GB), an extrapolation rather than readings; memest
+  agrees at its 8 GB point (8.5 GB at 2,972 tokens) and its slope is 174.5 KB per token.
 
 ## The worst cases, and why
 
@@ -130,8 +136,8 @@ to them. Hand-mapped, their median |error| is 12.0% (16.4% before the paged opti
   tokens memest predicts 68.5 GiB of the 80 GB card. The slope of that column (2.47 MB per token
   between its 40, 48 and 80 GB points) is close to memest's (2.32 MB/token: the fp32 logits path
   12 x V and the fp32 checkpoints); the gap is a constant ~11 GiB of the baseline's setup that the
-  README does not describe. unsloth's own column (offloaded checkpoints, fused cross-entropy) is not
-  modelled.
+  README does not describe. unsloth's own column is compared in its own row
+  (unsloth_llama31_8b_qlora_max_context_unsloth).
 - **torchtune README rows (medium: torchtune_llama31_8b_lora_4090 +9.4%, torchtune_llama31_8b_qlora_4090
   +9.3%, torchtune_llama31_70b_lora_8xa100 +10.1%).** All run with ``compile: True``: torchtune compiles
   its chunked cross-entropy (``training.compile_loss``), which then keeps each chunk's bf16 logits
