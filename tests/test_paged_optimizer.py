@@ -74,3 +74,20 @@ def test_paged_states_evicted_when_the_device_is_full(llama):
     est = estimate(llama, _train(Optimizer.PAGED_ADAMW8BIT), none)
     assert named(est.ranks[0], "runtime.paged_optimizer_states") == 0
     assert est.host_bytes == PAGED
+
+
+def test_a_job_whose_paged_states_are_evicted_fits(llama):
+    # the fit rule asks for device used less the evictable paged states: on the card with 1 GiB of room beside the
+    # rest, device used is the whole card (1 GiB of paged states resident) and the job fits with no headroom; on one
+    # 1 GiB short of the rest it does not
+    from memest.planning.fit import verdict
+
+    full = estimate(llama, _train(Optimizer.PAGED_ADAMW8BIT), A100).ranks[0]
+    rest = full.device_used_bytes - PAGED
+    small = dataclasses.replace(A100, memory_bytes=rest + GiB)
+    v = verdict(estimate(llama, _train(Optimizer.PAGED_ADAMW8BIT), small), small, 1, 0.0)
+    assert v.needed_bytes == rest and v.fits
+    short = dataclasses.replace(A100, memory_bytes=rest - GiB)
+    assert not verdict(estimate(llama, _train(Optimizer.PAGED_ADAMW8BIT), short), short, 1, 0.0).fits
+    # adamw8bit keeps the same states on the allocator: it needs them on the device
+    assert not verdict(estimate(llama, _train(Optimizer.ADAMW8BIT), small), small, 1, 0.0).fits

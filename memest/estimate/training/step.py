@@ -24,7 +24,7 @@ from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.states import ModelStates, model_states
 from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE
 from memest.estimate.weights import SCHEMES, weight_bytes
-from memest.result import Estimate, Kind, RankEstimate, Term
+from memest.result import PAGED_STATES, Estimate, Kind, RankEstimate, Term
 from memest.spec import ModelSpec
 from memest.workload import Framework, Method, Offload, Optimizer, Parallelism, TrainingConfig, resolve_framework
 
@@ -148,7 +148,7 @@ def _paged_term(paged: int, rest: int, device: Device) -> Term:
     memory, the remainder evicted to host RAM by the driver (:func:`paged_on_host`)."""
     resident = min(paged, max(0, device.memory_bytes - rest))
     evicted = paged - resident
-    return Term("runtime.paged_optimizer_states", Kind.RUNTIME, resident,
+    return Term(PAGED_STATES, Kind.RUNTIME, resident,
                 "paged optimizer states (CUDA managed memory, outside the allocator)"
                 + (f", {evicted} B of them evicted to host RAM (the device is full)" if evicted else ""))
 
@@ -163,7 +163,7 @@ def paged_on_host(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
     for stage in stages(spec.num_layers, t.parallelism.pp):
         st = model_states(spec, states_input(t), fw, stage)
         terms, _ = _stage_terms(spec, t, fw, device, stage)
-        resident = sum(x.bytes for x in terms if x.name == "runtime.paged_optimizer_states")
+        resident = sum(x.bytes for x in terms if x.name == PAGED_STATES)
         out = max(out, st.paged - resident)
     return out
 
