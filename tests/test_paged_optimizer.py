@@ -91,3 +91,38 @@ def test_a_job_whose_paged_states_are_evicted_fits(llama):
     assert not verdict(estimate(llama, _train(Optimizer.PAGED_ADAMW8BIT), short), short, 1, 0.0).fits
     # adamw8bit keeps the same states on the allocator: it needs them on the device
     assert not verdict(estimate(llama, _train(Optimizer.ADAMW8BIT), small), small, 1, 0.0).fits
+
+
+def test_paged_adamw32bit_keeps_fp32_states_in_managed_memory(llama):
+    # bitsandbytes PagedAdamW / PagedAdamW32bit (Optimizer2State, optim_bits=32): two fp32 states whatever the
+    # parameters' dtype, min_8bit_size irrelevant; the tensors >= 1e5 elements paged: 8 x 1,235,746,816 =
+    # 9,885,974,528 B in managed memory, the norms' 8 x 67,584 = 540,672 B on the allocator
+    rank = estimate(llama, _train(Optimizer.PAGED_ADAMW32BIT), A100).ranks[0]
+    assert named(rank, "runtime.paged_optimizer_states") == 9_885_974_528
+    assert named(rank, "optimizer_states.moments") == 540_672
+    assert named(rank, "workspace.optimizer_step") == 0  # bitsandbytes' fused update: no foreach temporary
+
+
+def test_the_readers_and_litgpt_name_the_paged_optimizers(llama):
+    from memest.workload.files import torchtune, trainer
+    from memest.workload.resolve import resolve
+
+    # transformers OptimizerNames: PAGED_ADAMW = "paged_adamw_32bit", PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+    assert trainer.OPTIM["paged_adamw_32bit"] is Optimizer.PAGED_ADAMW32BIT
+    assert trainer.OPTIM["paged_adamw_8bit"] is Optimizer.PAGED_ADAMW8BIT
+    assert trainer.OPTIM["adamw_8bit"] is Optimizer.ADAMW8BIT  # not paged
+    assert torchtune.OPTIMIZERS["bitsandbytes.optim.PagedAdamW"] is Optimizer.PAGED_ADAMW32BIT
+    assert torchtune.OPTIMIZERS["bitsandbytes.optim.PagedAdamW8bit"] is Optimizer.PAGED_ADAMW8BIT
+    # litgpt/utils.py instantiate_bnb_optimizer (commit 00af8b0): --quantize swaps in bnb.optim.PagedAdamW
+    assert resolve({"finetune": "qlora", "stack": "litgpt"}, llama, A100).optimizer is Optimizer.PAGED_ADAMW32BIT
+    assert resolve({"finetune": "lora", "stack": "litgpt"}, llama, A100).optimizer is Optimizer.ADAMW
+    given = resolve({"finetune": "qlora", "stack": "litgpt", "optimizer": "adamw"}, llama, A100)
+    assert given.optimizer is Optimizer.ADAMW  # what the user gives wins
+
+
+def test_the_hf_spelling_is_refused_naming_memest_s():
+    from inprocess import run_memest
+
+    out = run_memest("hf", "meta-llama/Llama-3.2-1B", "--train", "--optimizer", "paged_adamw_32bit")
+    assert out.returncode == 2
+    assert "paged_adamw32bit" in out.stderr and "Traceback" not in out.stderr

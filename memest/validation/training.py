@@ -444,14 +444,15 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
         method = Method(case["kind"])
         w = TrainingConfig(method=method, micro_batch_size=case["batch_size"], seq_len=512,
                            grad_accum_steps=case["grad_accum"], precision=Precision.BF16,
-                           optimizer=Optimizer.ADAMW_FUSED, framework=Framework.PYTORCH,
+                           optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW_FUSED,
+                           framework=Framework.PYTORCH,
                            lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
                            lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
         note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
                 "assumed (max_seq_length)")
         if method is Method.QLORA:
             note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
-                     "keeps its input); PagedAdamW modelled as AdamW (its states of tensors >= 1e5 elements live in "
+                     "keeps its input); bitsandbytes PagedAdamW (fp32 states, those of tensors >= 1e5 elements in "
                      "managed memory, outside the allocator's count)")
         if lora["head"]:
             note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"

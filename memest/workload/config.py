@@ -63,7 +63,13 @@ class Optimizer(str, Enum):
     """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 256-value block
     (tensors under 4096 elements keep fp32 states)."""
     PAGED_ADAMW8BIT = "paged_adamw8bit"
-    """As adamw8bit, states in CUDA unified memory that pages to host under pressure."""
+    """As adamw8bit, the states of tensors of >= 1e5 elements in CUDA managed memory, outside PyTorch's allocator:
+    on the device while it has room, evicted to host RAM when it fills (HF ``paged_adamw_8bit``, torchtune and
+    axolotl ``PagedAdamW8bit``)."""
+    PAGED_ADAMW32BIT = "paged_adamw32bit"
+    """bitsandbytes ``PagedAdamW`` / ``PagedAdamW32bit`` (HF ``paged_adamw_32bit``; litgpt's optimizer under
+    ``--quantize``): two fp32 states whatever the parameters' dtype (``optim_bits=32``), those of tensors of
+    >= 1e5 elements in CUDA managed memory as paged_adamw8bit's."""
     ADAFACTOR = "adafactor"
     """Adafactor: factored second moment (one row and one column vector per matrix), no momentum."""
     LION = "lion"

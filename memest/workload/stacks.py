@@ -106,6 +106,7 @@ class StackDefaults:
         lora_library: Who builds its adapters and QLoRA base (:class:`~memest.workload.config.LoraLibrary`).
         qlora_precision: The recipe its QLoRA runs when it differs from ``precision`` (None: the same).
         qlora_recipe: How its users ask for that recipe, and what it runs, in words.
+        qlora_optimizer: The optimizer its QLoRA swaps in (None: ``optimizer``).
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
         losses: The losses it switches on by a setting of its own, each with that setting in the
             stack's words (module docstring).
@@ -130,6 +131,7 @@ class StackDefaults:
     lora_library: LoraLibrary = LoraLibrary.PEFT
     qlora_precision: Precision | None = None
     qlora_recipe: str = ""
+    qlora_optimizer: Optimizer | None = None
     model_parallel: bool = False
     losses: tuple[tuple[Loss, str], ...] = ()
     activation_offloading: bool | None = None
@@ -194,6 +196,7 @@ STACKS: dict[Stack, StackDefaults] = {
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
+                                qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
@@ -245,7 +248,8 @@ def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
 def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
-    A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
+    A stack whose QLoRA runs another recipe or optimizer (litgpt: bf16-true, ``instantiate_bnb_optimizer``'s
+    bitsandbytes PagedAdamW in ``litgpt/utils.py`` at commit 00af8b0) gets them under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
     them too (its FSDP over the data-parallel ranks beside TP / PP). axolotl prepares no QLoRA model under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
@@ -254,6 +258,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     out = dict(v)
     if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
         out["precision"] = d.qlora_precision
+    if out["optimizer"] is None and d.qlora_optimizer is not None and v["finetune"] == Method.QLORA.value:
+        out["optimizer"] = d.qlora_optimizer
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}

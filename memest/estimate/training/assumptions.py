@@ -114,7 +114,7 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if a.method is Method.QLORA:
         out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
-    if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
+    if a.optimizer in (Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT):
         out.append("bitsandbytes paged optimizer: the states of tensors >= 1e5 elements in CUDA managed memory, "
                    "outside PyTorch's allocator (in no torch.cuda figure); on the device while it has room, the rest "
                    "evicted to host RAM (a slower step, not an out-of-memory)")

@@ -40,7 +40,7 @@ BNB_PAGED_MIN_NUMEL = 100_000
 """bitsandbytes paged optimizers page the states of tensors of at least this many elements
 (``get_state_buffer``: ``if not self.is_paged or p.numel() < 1e5: return torch.zeros_like(...)``)."""
 
-PAGED_OPTIMIZERS = frozenset({Optimizer.PAGED_ADAMW8BIT})
+PAGED_OPTIMIZERS = frozenset({Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT})
 """Optimizers whose large states live in CUDA managed memory (bitsandbytes ``is_paged=True``)."""
 
 
@@ -50,6 +50,8 @@ def state_bytes_per_param(opt: Optimizer, state: int, numel: int = BNB_MIN_8BIT_
         return 2 * state
     if opt in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
         return 2 * (1 + 4 / BNB_BLOCK) if numel >= BNB_MIN_8BIT_SIZE else 2 * 4
+    if opt is Optimizer.PAGED_ADAMW32BIT:  # Optimizer2State with optim_bits=32: fp32 state1, state2
+        return 2 * 4
     if opt in (Optimizer.LION, Optimizer.SGD_MOMENTUM):
         return state
     if opt is Optimizer.SGD:
@@ -76,11 +78,13 @@ def optimizer_bytes(trainable: Sequence[tuple[TensorSpec, int, int]], opt: Optim
 def paged_bytes(trainable: Sequence[tuple[TensorSpec, int, int]], opt: Optimizer) -> int:
     """Bytes of the optimizer states a paged optimizer keeps in CUDA managed memory, for (tensor, local
     numel, count) triples: the states of tensors of at least :data:`BNB_PAGED_MIN_NUMEL` elements (always
-    8-bit for ``paged_adamw8bit``: 1e5 > ``min_8bit_size``; two uint8 states, 2 B per element); 0 for any
-    other optimizer. Their fp32 ``absmax`` blocks stay in the allocator (``torch.zeros``)."""
+    8-bit for ``paged_adamw8bit``: 1e5 > ``min_8bit_size``; two uint8 states, 2 B per element, their fp32
+    ``absmax`` blocks staying in the allocator as ``torch.zeros``; ``paged_adamw32bit``: two fp32 states, 8 B);
+    0 for any other optimizer."""
     if opt not in PAGED_OPTIMIZERS:
         return 0
-    return sum(local * count * 2 for _, local, count in trainable if local >= BNB_PAGED_MIN_NUMEL)
+    per = 2 if opt is Optimizer.PAGED_ADAMW8BIT else 8
+    return sum(local * count * per for _, local, count in trainable if local >= BNB_PAGED_MIN_NUMEL)
 
 
 def step_temporaries(spec: ModelSpec, t: TrainingConfig, trainable: Sequence[Item],
