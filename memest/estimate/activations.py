@@ -92,6 +92,15 @@ class Execution:
             ``torch.nn.functional.gelu(x, approximate=config.gelu_approximate)`` (``litgpt/model.py``,
             commit 00af8b0; phi-2's config sets ``gelu_approximate="tanh"``), one op where transformers'
             ``NewGELUActivation`` composes five.
+        litgpt_attention: litgpt's ``CausalSelfAttention`` and ``LoRAQKVLinear`` (``litgpt/model.py``,
+            ``litgpt/lora.py`` at commit 00af8b0), whatever the checkpoint's layout: one fused ``attn``
+            linear; under MHA Q, K, V are views of its output (``qkv.view(...).permute(...).split``, a
+            ``reshape`` that merges a size-1 dim) and the V view kept by the attention keeps the whole
+            output; under GQA / MQA K and V are ``expand``-ed to n_head and copied by ``reshape``; one LoRA
+            dropout for the fused linear (``F.linear(self.lora_dropout(x), self.lora_A)``); with some of
+            q, k, v adapted, ``zero_pad``'s ``index_copy_`` keeps its source (the adapted outputs); a gated
+            MLP is two linears (``LLaMAMLP`` ``fc_1``, ``fc_2``), each adapter with its own dropout, where the
+            checkpoint fuses ``gate_up_proj``; no residual or attention dropout.
         unsloth_kernels: unsloth patched the decoder layers with its own autograd functions (its
             ``get_peft_model`` with ``lora_dropout=0``): a layer every linear of which carries an adapter
             keeps only what they save (:func:`_unsloth_layer`).
@@ -111,6 +120,7 @@ class Execution:
     quantized_outputs: bool = False
     saves_4bit_inputs: bool = False
     fused_gelu: bool = False
+    litgpt_attention: bool = False
     unsloth_kernels: bool = False
 
     def activation(self, name: str) -> str:
@@ -262,6 +272,13 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
             return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
         return [Saved(what, size * width, inside)]
     out: list[Saved] = []
+    joined: list[TensorSpec] = []  # adapted readers whose input copy another reader's adapter already made
+    if x.litgpt_attention:  # one LoRAQKVLinear for q, k, v: one dropout, one copy of its input
+        joined = [t for t in readers if t.component is Component.ATTENTION and t.split in (Split.COL, Split.KV)
+                  and lora.adapts(t)][1:]
+        # its gated MLP is two LoRALinears (LLaMAMLP fc_1, fc_2) where the checkpoint fuses gate_up (Phi-3)
+        readers += [t for t in readers if t.component is Component.MLP and t.module.endswith("gate_up_proj")
+                    and lora.adapts(t)]
     if x.saves_4bit_inputs and needs_grad:
         # bitsandbytes 0.42 MatMul4Bit keeps its (compute-dtype) input: one tensor for all readers
         c = x.compute_bytes
@@ -271,14 +288,16 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     for t in readers:
         if not lora.adapts(t):
             continue
-        if shared:
+        if t in joined:  # its lora_A rows are the joined adapter's: only their output (r per projection)
+            pass
+        elif shared:
             if not any(s.what == what for s in out):
                 out.append(Saved(what, size * width, inside))
         elif x.autocast:  # lora_A(dropout(x)): autocast's copy of (dropout's output of) the input
             out.append(Saved(f"{what} ({t.module} lora_A autocast copy)", x.compute_bytes * width, inside))
         else:
             out.append(Saved(f"{what} ({t.module} adapter-dtype copy)", lora.adapter_bytes * width, inside))
-        if lora.dropout > 0 and not shared:
+        if lora.dropout > 0 and not shared and t not in joined:
             out.append(Saved(f"{what} ({t.module} lora dropout mask)", x.mask_bytes * width, inside))
         # lora_B keeps A's output: at the compute dtype under autocast, else the adapters'
         out.append(Saved(f"{t.module} lora_A output", (x.compute_bytes if x.autocast else lora.adapter_bytes) * lora.rank,
@@ -327,7 +346,11 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
     if attn.kind != "gqa":
         return _read(input_what, input_width, input_readers, x)
     a, k, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
+    adapted = [t for t in attn_in if x.lora is not None and x.lora.adapts(t)]
     out = _read(input_what, input_width, input_readers, x)
+    if x.litgpt_attention and adapted and len(adapted) < len(attn_in):
+        out.append(Saved("zero_pad's index_copy_ source (the adapted q / k / v LoRA outputs)",
+                         sum(t.shape[0] for t in adapted) * c))
     blocks = 2 if attn.cross_attention else 1
     for norm_name, heads in (("q_norm", a), ("k_norm", k)):
         if attn.qk_norm != "none":
@@ -342,8 +365,9 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
                 out += _eager_scores(attn, seq_len, x)
             out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
         return out
-    kv = a if x.repeat_kv else k
-    fused = len(attn_in) == 1
+    kv = a if x.repeat_kv or (x.litgpt_attention and k != a) else k
+    # litgpt: the V view keeps the fused output under MHA; expanded K, V are copies under GQA / MQA
+    fused = k == a if x.litgpt_attention else len(attn_in) == 1
     for _ in range(blocks):
         if fused and attn.rope == "none" and attn.qk_norm == "none":
             out.append(Saved("fused QKV output (Q, K, V are views)", (a * d + kv * d + kv * dv) * c))
