@@ -153,13 +153,17 @@ to them. Hand-mapped, their median |error| is 12.0% (16.4% before the paged opti
   its own lm_head (litgpt 0.4 ``GPT.lm_head``, filled from ``wte`` by ``convert_hf_checkpoint``);
   bitsandbytes 0.42 (pinned by litgpt then) keeps each 4-bit linear's input for backward
   (``MatMul4Bit``: ``ctx.tensors = (A, B)``), and the NF4 lm_head's backward holds its fp16
-  dequantized copy and the bf16 cast. The LoRA rows are within -3% to +4%; the QLoRA rows moved from
-  -10% .. -35% (a PEFT-style base) to -14% .. +9%. Five QLoRA rows stay beyond -10%
-  (falcon-7b, llama-2-7b, both mistral-7b, phi-3: expected failures): 1.0-2.6 GB above memest, about
-  16 B x hidden per token per layer in each, a mechanism not identified (it is not in the bf16 LoRA
-  rows of the same models). litgpt's own model code runs phi-2's ``gelu_new`` as one
-  ``gelu(approximate="tanh")`` op (``GptNeoxMLP``): with that, the phi-2 rows moved from +35% / +23% to
-  +6% / -5%.
+  dequantized copy and the bf16 cast. litgpt's own layer (``Execution.litgpt_attention``, litgpt 0.4
+  ``model.py`` / ``lora.py``): one fused qkv linear for every family, its output kept through the V view
+  under MHA and K, V copied to n_head under GQA; ``zero_pad``'s ``index_copy_`` keeps the q / v LoRA outputs;
+  one LoRA dropout per ``LoRAQKVLinear``; separate ``fc_1`` / ``fc_2`` adapters where the checkpoint fuses
+  gate_up; no residual dropout. Its saved tensors, counted on the CPU (litgpt's code at commit 00af8b0 with
+  a stand-in for ``MatMul4Bit``), agree with memest's within 0.4 B x h per token per layer (falcon's q / v
+  adapter on the checkpoint's fused QKV aside). With it the LoRA rows are within -1% .. +4%, the QLoRA rows
+  -11% .. +7%, and the QLoRA optimizer is litgpt's bitsandbytes ``PagedAdamW`` (fp32 states, the large ones
+  in managed memory). Three QLoRA rows stay beyond -10% (both mistral-7b -11.1%, phi-3 -10.3%: expected
+  failures): 1.6-2.0 GB (10-12 B x h per token per layer) not identified, not in the bf16 LoRA rows of the
+  same models. litgpt runs phi-2's ``gelu_new`` as one ``gelu(approximate="tanh")`` op (``GptNeoxMLP``).
 - **PEFT's DeepSpeed ZeRO-3 guide (medium: Llama-2-70B LoRA on 8 GPUs -4.1%, QLoRA on 2 GPUs -6.3%,
   both against device used).** The QLoRA run stores the NF4 base in bf16 ``Params4bit``
   (``bnb_4bit_quant_storage``), which ZeRO-3 partitions and gathers packed: its gathered layers are
