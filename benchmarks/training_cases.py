@@ -68,15 +68,15 @@ optimizer in backward, activation offloading, 8-bit AdamW, LoRA, QLoRA), unsloth
 column on 8B and 70B, the HF + FA2 column on 70B) and torchtitan's context-parallel and 3D rows (FSDP 8 at
 32k tokens, CP 8 at 256k, Llama 3.1 405B on 512 GPUs) and axolotl's Llama-3 examples (8B full fine-tune, 70B
 QLoRA + FSDP with parameter offload on 2 GPUs; low confidence: the README's round figures). No formula was fitted
-to them. Hand-mapped, their median |error| is 12.0% (16.4% before the paged optimizer states were modelled) against
-4.8% on the earlier 50. What they show:
+to them. Hand-mapped, their median |error| is 6.4% (16.4% before the compiled layers, the paged optimizer
+states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What they show:
 
 - The mechanisms modelled for issue 14 hold where they are the whole story: optimizer in backward (-2.0%),
   activation offloading (-1.1%), activation checkpointing (+0.6%), torchtitan's FSDP2 with CP (-4.3%, -5.0%).
 - Paged optimizer states: the 8B full fine-tune's ``PagedAdamW8bit`` keeps the states of its tensors of >= 1e5
   elements in CUDA managed memory (bitsandbytes ``get_paged``: ``cudaMallocManaged``), outside torch's statistics;
   memest now leaves them (15.0 GiB) out of peak allocated / reserved and counts them in nvidia-smi's figure only
-  while the device has room, the rest evicted to host RAM: the 4090 row went from +75% to -3.7%, axolotl's fft-8b
+  while the device has room, the rest evicted to host RAM: the 4090 row went from +74% to -5.0%, axolotl's fft-8b
   "runs on a 48 GB GPU" from +39% to +4.1% (every paged state evicted: the rest alone fills the card).
 - axolotl's examples read through ``--config`` (fft-8b.yaml, qlora-fsdp-70b.yaml at commit 15f7910): the stack
   mapping needs nothing but the file (and "Dual GPU" from the README); axolotl skips

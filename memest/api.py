@@ -415,7 +415,8 @@ def _compare_values(model: Model | None, values: Mapping[str, Any], s: Mapping[s
     # the job is resolved on a device every compared engine runs on; each row is estimated on its own type
     workload = resolve.resolve(job, spec, get_device(DEFAULT_DEVICE), checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values), model=_given(model))
-    result = compare_engines(spec, workload, devices, headroom=resolve.headroom(values))
+    result = compare_engines(spec, workload, devices, headroom=resolve.headroom(values),
+                             prices=price_table(s["cost"], s["costs"], [c.device for c in devices]), top=s["top"])
     return MemoryPlan(engines_to_dict(result, model=_name(ref, spec)), result)
 
 

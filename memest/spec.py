@@ -155,6 +155,10 @@ class StateSpec:
     - the SSM / recurrent state: ``ssm_elements`` (Mamba d_in x N, Mamba-2 heads x head_dim x N,
       Gated DeltaNet v_heads x v_dim x k_dim, lightning attention heads x d x d).
 
+    - RWKV's token-shift states (``shift_channels``): the previous token's input of the time mix and of
+      the channel mix, one column each whatever the engine (transformers ``RwkvSelfAttention`` /
+      ``RwkvFeedForward`` ``state[0]`` / ``state[1]``), at the model's dtype like the conv state.
+
     Tensor parallelism divides both by tp (vLLM ``divide(conv_dim, tp)``, ``divide(num_heads, tp)``);
     Mamba-2 first grows ``groups`` to tp when tp does not divide it (``extra_groups_for_head_shards``).
 
@@ -166,6 +170,7 @@ class StateSpec:
         ssm_elements: Elements of the recurrent state (0: none, LFM2's short convolution).
         ssm_dtype: The recurrent state's dtype when the config fixes it (``mamba_ssm_cache_dtype``:
             ``float32``); None = the model's dtype.
+        shift_channels: Elements of the token-shift states (RWKV: 2 x hidden_size), one column.
     """
 
     conv_channels: int = 0
@@ -174,17 +179,19 @@ class StateSpec:
     group_channels: int = 0
     ssm_elements: int = 0
     ssm_dtype: str | None = None
+    shift_channels: int = 0
 
     def conv_elements(self, tp: int, *, transformers: bool = False) -> int:
         """Conv-state elements per sequence on one of ``tp`` ranks (vLLM: K - 1 columns;
-        ``transformers``: its cache's K columns, on one rank)."""
+        ``transformers``: its cache's K columns, on one rank), token-shift states included."""
+        shift = self.shift_channels // tp
         if not self.conv_channels and not self.groups:
-            return 0
+            return shift
         groups = self.groups
         if groups and groups % tp:
             groups = tp  # vLLM extra_groups_for_head_shards: n_groups + (tp - n_groups)
         width = self.conv_kernel if transformers else self.conv_kernel - 1
-        return (self.conv_channels + groups * self.group_channels) // tp * width
+        return (self.conv_channels + groups * self.group_channels) // tp * width + shift
 
     def ssm_elements_on(self, tp: int) -> int:
         """Recurrent-state elements per sequence on one of ``tp`` ranks."""

@@ -166,7 +166,7 @@ def test_torchtitan_explicit_degrees_and_switches(tmp_path):
     # replicate 2 x shard 4 (HSDP) x tp 2 = 16 devices, FSDP over the 4 shard ranks (dp_shard 4); global_batch_size
     # 64 / (local 2 x dp 8) = 4 micro-batches; dtype bfloat16 -> pure bf16; enable_cpu_offload -> parameters in
     # host memory; early_step_in_backward -> the optimizer in backward; implementation foreach -> adamw;
-    # selective_ac_option "1" -> every layer checkpointed (full); compile enable true (line 22) -> a note
+    # selective_ac_option "1" -> every layer checkpointed (full); compile enable true -> torch_compile
     path = tmp_path / "job.toml"
     path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n'
                     'global_batch_size = 64\nseq_len = 4096\ndtype = "bfloat16"\nenable_cpu_offload = true\n'
@@ -179,7 +179,7 @@ def test_torchtitan_explicit_degrees_and_switches(tmp_path):
     assert (v["gpus"], v["dp_shard"], v["tp"], v["zero_stage"], v["grad_accum_steps"]) == (16, 4, 2, 3, 4)
     assert (v["precision"], v["offload"], v["optimizer_in_bwd"], v["optimizer"], v["recompute"]) == (
         Precision.BF16, Offload.PARAMS, True, Optimizer.ADAMW, Recompute.FULL)
-    assert any(n.startswith("job.toml:22 compile.enable is True") for n in r.notes), r.notes
+    assert v["torch_compile"] is True and not any("compile.enable" in n for n in r.notes), r.notes
 
 
 # vLLM
@@ -344,9 +344,8 @@ def test_a_serving_file_and_a_training_recipe_are_one_error_naming_both():
     assert "disagree on the mode" in lines[0], lines
 
 
-def test_torchtune_compile_with_the_chunked_loss(tmp_path):
-    # compile: True under CEWithChunkedOutputLoss -> the compiled chunked loss (torch_compile); under
-    # torch.nn.CrossEntropyLoss memest models no compilation: a note, torch_compile not set
+def test_torchtune_compile_with_either_loss(tmp_path):
+    # compile: True compiles each layer (training.compile_model) and the loss, under either loss: torch_compile
     base = "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\ncompile: True\nloss:\n  _component_: "
     chunked, plain = tmp_path / "chunked.yaml", tmp_path / "plain.yaml"
     chunked.write_text(base + "torchtune.modules.loss.CEWithChunkedOutputLoss\n")
@@ -354,8 +353,7 @@ def test_torchtune_compile_with_the_chunked_loss(tmp_path):
     c, p = files.read([chunked]), files.read([plain])
     assert c.model == "meta-llama/Llama-3.2-1B" and (c.values["torch_compile"], c.values["loss"]) == (True,
                                                                                                      Loss.CHUNKED)
-    assert "torch_compile" not in p.values and p.values["loss"] is Loss.DEFAULT
-    assert any("compile is True; memest models torch.compile only for the chunked loss" in n for n in p.notes)
+    assert p.values["torch_compile"] is True and p.values["loss"] is Loss.DEFAULT
 
 
 def test_a_vllm_command_reads_its_config_file_and_wins_over_it(tmp_path):
@@ -391,3 +389,161 @@ def test_a_megatron_launch_without_model_says_to_pass_one():
     out = run_memest("hf", "--config", MEGATRON_175B)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "a Megatron-LM launch names none" in out.stderr
+
+
+# NeMo (memest/workload/files/nemo.py; recipes read at NVIDIA/NeMo 8cfedd7203462cb251a914e700e5605444277561)
+
+NEMO = DATA / "nemo"
+
+
+def _nemo(tmp_path, line):
+    path = tmp_path / "launch.sh"
+    path.write_text(line + "\n")
+    return files.read([path])
+
+
+def test_nemo2_factory_with_tensor_parallelism(tmp_path):
+    # docs/source/features/parallelisms.rst:168. recipes/llama3_8b.py pretrain_recipe: num_nodes 1 x
+    # num_gpus_per_node 8 = 8 devices; trainer(context_parallelism=2, pipeline_parallelism=1); the line's tp 2 ->
+    # dp = 8 / (2 x 1 x 2) = 2; MockDataModule(seq_length=8192, global_batch_size=512, micro_batch_size=1) ->
+    # 512 / (1 x 2) = 256 micro-batches; plugins=bf16_mixed() -> bf16 params, fp32 main_grad and master (mixed);
+    # distributed_fused_adam_with_cosine_annealing: use_distributed_optimizer=True -> ZeRO-1; model Llama3Config8B
+    # = meta-llama/Meta-Llama-3-8B (its finetune_recipe's resume_path); sequence_parallelism False -> not set
+    r = _nemo(tmp_path, "nemo llm pretrain --factory llama3_8b trainer.strategy.tensor_model_parallel_size=2")
+    v = r.values
+    assert r.model == "meta-llama/Meta-Llama-3-8B" and v["stack"] is Stack.NEMO and v["train"] is True
+    assert (v["gpus"], v["tp"], v["pp"], v["cp"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"]) == (
+        8, 2, 1, 2, 1, 256, 8192)
+    assert (v["precision"], v["zero_stage"], "sequence_parallel" in v) == (Precision.MIXED, 1, False)
+    assert r.origins["tp"] == "launch.sh:1 trainer.strategy.tensor_model_parallel_size"
+    assert r.origins["cp"] == "launch.sh:1 --factory llama3_8b"
+    t = resolve({"config": [str(tmp_path / "launch.sh")]}, load_model("meta-llama/Meta-Llama-3-8B"), H100)
+    assert (t.stack, resolve_framework(t), t.parallelism.dp, t.parallelism.zero_stage) == (
+        Stack.NEMO, Framework.MEGATRON, 2, 1)
+
+
+def test_nemo2_docs_sequence_parallelism_key_is_not_a_strategy_argument(tmp_path):
+    # parallelisms.rst:358 writes trainer.strategy.sequence_parallelism=True; MegatronStrategy.__init__
+    # (nemo/lightning/pytorch/strategies/megatron_strategy.py) takes sequence_parallel: not read, said
+    r = _nemo(tmp_path, "nemo llm pretrain --factory llama3_8b trainer.strategy.tensor_model_parallel_size=2 "
+                        "trainer.strategy.sequence_parallelism=True")
+    assert "sequence_parallel" not in r.values
+    assert any("sequence_parallelism is no argument of MegatronStrategy" in n for n in r.notes), r.notes
+    r = _nemo(tmp_path, "nemo llm pretrain --factory llama3_8b trainer.strategy.tensor_model_parallel_size=2 "
+                        "trainer.strategy.sequence_parallel=True")
+    assert r.values["sequence_parallel"] is True
+
+
+def test_nemo2_batching_line(tmp_path):
+    # docs/source/nlp/nemo_megatron/batching.rst:42: micro 4, global 16; llama3_8b: 8 devices, tp 1 pp 1 cp 2 ->
+    # dp 4 -> 16 / (4 x 4) = 1 micro-batch per step; trainer.accumulate_grad_batches is not NeMo's accumulation
+    r = _nemo(tmp_path, "nemo llm pretrain --factory llama3_8b data.micro_batch_size=4 data.global_batch_size=16 "
+                        "trainer.accumulate_grad_batches=1")
+    assert (r.values["micro_batch_size"], r.values["grad_accum_steps"], r.values["gpus"]) == (4, 1, 8)
+    assert r.origins["grad_accum_steps"] == "launch.sh:1 data.global_batch_size"
+
+
+def test_nemo2_finetune_factory_is_lora(tmp_path):
+    # recipes/llama3_8b.py docstring 'nemo llm finetune --factory llama3_8b'; finetune_recipe(peft_scheme='lora'):
+    # LoRA dim 8 on LoRA's default target_modules linear_qkv, linear_proj, linear_fc1, linear_fc2 (every linear of
+    # a block), dropout 0.0; use_distributed_optimizer = False -> no ZeRO; default_finetune_recipe: 1 node x 8,
+    # tp 1 pp 1 cp 1 -> dp 8; SquadDataModule(seq_length=2048, global_batch_size=128, micro_batch_size=1) ->
+    # 128 / (1 x 8) = 16 micro-batches
+    for line in ("nemo llm finetune --factory llama3_8b", "nemo llm finetune --factory \"llama3_8b(peft_scheme='lora')\""):
+        r = _nemo(tmp_path, line)
+        v = r.values
+        assert r.model == "meta-llama/Meta-Llama-3-8B"
+        assert (v["finetune"], v["lora_rank"], v["lora_targets"], v["lora_dropout"]) == (Method.LORA, 8, "all-linear",
+                                                                                          0.0)
+        assert (v["gpus"], v["tp"], v["cp"], v["seq_len"], v["grad_accum_steps"], "zero_stage" in v) == (
+            8, 1, 1, 2048, 16, False)
+    t = resolve({"config": [str(tmp_path / "launch.sh")]}, load_model("meta-llama/Meta-Llama-3-8B"), H100)
+    assert (t.method, t.stack, t.parallelism.dp, t.parallelism.zero_stage) == (Method.LORA, Stack.NEMO, 8, 0)
+
+
+def test_nemo2_full_finetune_and_factory_arguments(tmp_path):
+    # finetune_recipe(peft_scheme=None / 'none'): tensor_model_parallel_size 2, distributed optimizer kept ->
+    # full training, ZeRO-1; num_nodes=2 -> 16 devices, dp = 16 / 2 = 8; packed_sequence=True -> seq_length 4096,
+    # global_batch_size 8 -> 8 / (1 x 8) = 1
+    r = _nemo(tmp_path, "nemo llm finetune --factory \"llama3_8b(peft_scheme='none', num_nodes=2, "
+                        "packed_sequence=True)\"")
+    v = r.values
+    assert (v["train"], "finetune" in v, v["tp"], v["zero_stage"], v["gpus"], v["seq_len"], v["grad_accum_steps"]) == (
+        True, False, 2, 1, 16, 4096, 1)
+
+
+def test_nemo2_70b_factory_names_its_interleaving(tmp_path):
+    # examples/llm/pretrain/README.md:23 'nemo llm pretrain --factory "llama3_70b(num_nodes=128)"'; llama3_70b.py
+    # trainer(4, 4, virtual 5, context 2, sequence_parallelism=True): 128 x 8 = 1024 devices, dp = 1024 / 32 = 32;
+    # 512 / (1 x 32) = 16 micro-batches; sequence parallel at tp 4; the virtual pipeline (5) is not modelled: named
+    r = _nemo(tmp_path, 'nemo llm pretrain --factory "llama3_70b(num_nodes=128)"')
+    v = r.values
+    assert r.model == "meta-llama/Meta-Llama-3-70B"
+    assert (v["gpus"], v["tp"], v["pp"], v["cp"], v["sequence_parallel"], v["grad_accum_steps"]) == (
+        1024, 4, 4, 2, True, 16)
+    assert any("virtual_pipeline_model_parallel_size is 5" in n for n in r.notes), r.notes
+
+
+def test_nemo2_unknown_factory_names_it_and_the_keys_read(tmp_path):
+    # parallelisms.rst:289: mixtral_8x7b is no factory memest tabulates: a note naming it; the line's ep 4 is read
+    r = _nemo(tmp_path, "nemo llm pretrain --factory mixtral_8x7b trainer.strategy.expert_model_parallel_size=4")
+    assert r.model is None and r.values["ep"] == 4 and "tp" not in r.values
+    assert any("--factory mixtral_8x7b is not a NeMo recipe memest knows" in n
+               and "trainer.strategy.expert_model_parallel_size" in n for n in r.notes), r.notes
+
+
+def test_nemo1_docs_launch_line():
+    # gpt_training.rst (v2.0.0) Option 1: megatron_gpt_pretraining.py with --config-name=megatron_gpt_config;
+    # trainer.devices=1 x trainer.num_nodes=1; trainer.precision=16 with the config's model.megatron_amp_O2 True ->
+    # fp16 params with fp32 main params (fp16); micro 6, global 192, dp 1 -> 192 / 6 = 32; encoder_seq_length
+    # 1024; model.optim.name=fused_adam -> the stack's Adam, no sharding; the architecture keys are named
+    r = files.read([NEMO / "gpt_training_option1.sh"])
+    v = r.values
+    assert (v["stack"], v["gpus"], v["tp"], v["pp"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"]) == (
+        Stack.NEMO, 1, 1, 1, 6, 32, 1024)
+    assert (v["precision"], "zero_stage" in v, "recompute" in v) == (Precision.FP16, False, False)
+    assert r.origins["micro_batch_size"] == "gpt_training_option1.sh:14 model.micro_batch_size"
+    assert any("model.num_layers 12, model.hidden_size 768, model.num_attention_heads 12" in n for n in r.notes)
+
+
+def test_nemo1_config_yaml():
+    # megatron_gpt_config.yaml: trainer.devices 1, num_nodes 1, precision bf16 with megatron_amp_O2 True -> mixed;
+    # micro_batch_size 4, global_batch_size 8 -> 8 / (4 x 1) = 2; encoder_seq_length 512;
+    # activations_checkpoint_granularity null -> none given; optim fused_adam
+    r = files.read([NEMO / "megatron_gpt_config.yaml"])
+    v = r.values
+    assert (v["stack"], v["gpus"], v["micro_batch_size"], v["grad_accum_steps"], v["seq_len"], v["precision"]) == (
+        Stack.NEMO, 1, 4, 2, 512, Precision.MIXED)
+    assert "recompute" not in v and r.origins["seq_len"] == "megatron_gpt_config.yaml:90 model.encoder_seq_length"
+
+
+def test_nemo1_overrides_without_o2_run_autocast(tmp_path):
+    # megatron_gpt_model.py: enable_autocast = not megatron_amp_O2 and autocast_dtype in (fp16, bf16): fp32 params
+    # under autocast (amp); tp 2 over trainer.devices 8 -> dp 4; global 64 / (1 x 4) = 16; selective recompute;
+    # distributed_fused_adam shards the optimizer states over dp (ZeRO-1)
+    r = _nemo(tmp_path, "python examples/nlp/language_modeling/megatron_gpt_pretraining.py "
+                        "model.tensor_model_parallel_size=2 model.micro_batch_size=1 model.global_batch_size=64 "
+                        "model.encoder_seq_length=4096 trainer.devices=8 trainer.precision=bf16-mixed "
+                        "model.megatron_amp_O2=False model.activations_checkpoint_granularity=selective "
+                        "model.optim.name=distributed_fused_adam")
+    v = r.values
+    assert (v["precision"], v["tp"], v["gpus"], v["grad_accum_steps"], v["recompute"], v["zero_stage"]) == (
+        Precision.AMP, 2, 8, 16, Recompute.SELECTIVE, 1)
+
+
+def test_nemo_bad_value_is_one_line(tmp_path):
+    path = tmp_path / "launch.sh"
+    path.write_text("nemo llm pretrain --factory llama3_8b trainer.strategy.tensor_model_parallel_size=two\n")
+    out = run_memest("hf", "--config", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "trainer.strategy.tensor_model_parallel_size is 'two'; expected an integer" in lines[0]
+
+
+def test_nemo_launch_estimates_under_the_nemo_stack(tmp_path):
+    path = tmp_path / "launch.sh"
+    path.write_text("nemo llm pretrain --factory llama3_8b trainer.strategy.tensor_model_parallel_size=2\n")
+    out = run_memest("hf", "--config", str(path), "--gpu", "H100")
+    assert out.returncode in (0, 3), out.stderr
+    text = " ".join(out.stdout.split())
+    assert "meta-llama/Meta-Llama-3-8B" in text and "NeMo 2" in text and "tp 2" in text

@@ -110,3 +110,61 @@ def test_a_gguf_file_is_compared_under_llamacpp_alone():
     rows = c.devices[0].rows
     assert all(r.skipped and r.skipped.startswith("a GGUF file is served by llama.cpp") for r in rows[:3])
     assert rows[3].engine is Engine.LLAMACPP
+
+
+# --top / --cost: setups across engines, ranked as plan ranks them (price, devices, sequences held)
+
+H100_USD, L4_USD = 3.0, 0.8  # memest/devices.py catalog: H100-80GB hourly_usd 3.0, L4 0.8
+
+
+@pytest.fixture(scope="module")
+def h100_and_l4():
+    spec = load_model(MODEL)
+    s = ServingConfig(max_model_len=8192, batch_size=16)
+    return spec, s, compare_engines(spec, s, (DeviceChoice(get_device("H100"), 8), DeviceChoice(get_device("L4"), 8)),
+                                    top=20)
+
+
+def test_setups_are_ranked_by_price_then_devices(h100_and_l4):
+    # every setup costs its devices x the type's price; 16 x 8k fits one H100 ($3.00/h) but no single L4
+    # (23,034 MiB: 16 x 8,192 x 128 KiB = 16 GiB of KV beside 14.96 GiB of weights), so the L4 setups are 2 L4 =
+    # $1.60/h (cheaper than one H100, first) or 4 L4 = $3.20/h (dearer, after the H100s)
+    _, _, c = h100_and_l4
+    ranked = c.ranked
+    for x in ranked:
+        assert x.row.verdict == "fits"
+        assert x.usd_per_hour == pytest.approx(x.count * (H100_USD if x.device.name == "H100-80GB" else L4_USD))
+    prices = [x.usd_per_hour for x in ranked]
+    assert prices == sorted(prices) and ranked[0].device.name == "L4" and ranked[0].count == 2
+    assert {x.count for x in ranked if x.device.name == "H100-80GB"} == {1}
+    first_h100 = next(i for i, x in enumerate(ranked) if x.device.name == "H100-80GB")
+    assert all(x.usd_per_hour == pytest.approx(2 * L4_USD) for x in ranked[:first_h100])
+    for a, b in zip(ranked, ranked[1:]):  # equal price and devices: more sequences first
+        if (a.usd_per_hour, a.count) == (b.usd_per_hour, b.count):
+            assert a.row.concurrent_sequences >= b.row.concurrent_sequences
+    # each setup is its engine's own fewest devices: one per engine and type at most
+    assert len({(x.device.name, x.engine) for x in ranked}) == len(ranked)
+
+
+def test_cost_changes_the_ranking(h100_and_l4):
+    # at $5/h an L4, 2 L4 = $10/h: every H100 setup ($3/h) now comes first
+    from memest.planning.costs import PriceTable
+
+    spec, s, _ = h100_and_l4
+    c = compare_engines(spec, s, (DeviceChoice(get_device("H100"), 8), DeviceChoice(get_device("L4"), 8)), top=2,
+                        prices=PriceTable.catalog().with_overrides({"L4": 5.0}))
+    assert [x.device.name for x in c.ranked] == ["H100-80GB", "H100-80GB"]
+    assert [x.usd_per_hour for x in c.ranked] == [3.0, 3.0]
+
+
+def test_cli_top_and_cost():
+    base = ["plan", MODEL, "--serve", "--engine", "any", "--gpus-available", "8xH100,8xL4", "--max-model-len", "8192",
+            "--batch-size", "16"]
+    out = CliRunner().invoke(app, [*base, "--top", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert len(doc["setups"]) == 3 and doc["setups"][0]["device"] == "L4" and doc["setups"][0]["usd_per_hour"] == 1.6
+    out = CliRunner().invoke(app, [*base, "--top", "2", "--cost", "L4=5"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "Best 2 setups over every engine" in out.output and "1. 1 x H100-80GB" in out.output
+    assert "2. 1 x H100-80GB" in out.output and "3. " not in out.output

@@ -234,3 +234,16 @@ def test_expert_states_shard_over_the_expert_data_parallel_group(dp, ep, master_
     states = {term.name: term.bytes for term in est.per_device.terms}
     assert states["optimizer_states.master"] == master_bytes
     assert states["optimizer_states.moments"] == 2 * master_bytes  # FusedAdam: two fp32 states like the master
+
+
+def test_nccl_communicators_only_on_an_accelerator(tiny):
+    # two ranks on H100s hold NCCL's buffers (the 1 GiB of runtime.NCCL_BYTES); two CPU ranks run gloo in host
+    # memory that the profiler already counts, so there is no such term (a 2-rank memest.track / calibrate --nproc
+    # job on CPU)
+    from memest.calibration.compare import local_device
+
+    cpu = local_device("cpu", "cpu", 16 * 2**30)
+    job = TrainingConfig(micro_batch_size=1, seq_len=16, parallelism=Parallelism(dp=2))
+    nccl = {name: [t.bytes for t in estimate(tiny, job, device).ranks[0].terms if t.name == "runtime.nccl"]
+            for name, device in (("h100", H100), ("cpu", cpu))}
+    assert nccl == {"h100": [2**30], "cpu": []}

@@ -221,3 +221,27 @@ def test_plan_and_sweep_take_one_device_type(monkeypatch, capsys):
     err = _cli_error(monkeypatch, capsys, ["sweep", MODEL, "--serve", "--gpu", "RTX-4090,RTX-3060",
                                            "--max-model-len", "1k..4k"])
     assert "lists several devices" in err
+
+
+def test_sglang_sizes_its_default_fraction_by_the_smallest_card():
+    """SGLang reads gpu_mem once for every rank (ServerArgs._handle_gpu_memory_settings: get_device_memory_capacity
+    -> get_nvgpu_memory_capacity, the min of nvidia-smi's memory.total over every GPU, sglang
+    python/sglang/srt/utils/common.py at 004f0c7) and takes the least free memory of its ranks (an all-reduce MIN).
+
+    Cards of 34 GiB = 34,816 MiB and 36 GiB = 36,864 MiB (custom sizes: generic runtime constants, CUDA context
+    round(0.51 GiB) = 547,608,330 B, NCCL 1 GiB), tp 2. gpu_mem = 34,816 MiB (< 35 GiB: chunked_prefill_size 2048,
+    cuda_graph_max_bs 24 at tp < 4): reserved = 512 + 2048 x 1.5 + 24 x 2 + 2 / 8 x 1024 = 3,888 MiB,
+    mem_fraction_static = round((34,816 - 3,888) / 34,816, 3) = round(0.88833, 3) = 0.888 on both cards. (The
+    36 GiB card's own default would be 0.811: reserved 512 + 4096 x 1.5 + 32 x 2 + 256 = 6,976, (36,864 - 6,976) /
+    36,864 = 0.8108; at 0.811 of its free 37,033,355,510 B it would hold 30,034,051,318 B, the smaller figure.)
+    The 34 GiB card has the least free: 36,507,222,016 - 547,608,330 - 1,073,741,824 = 34,885,871,862 B; static =
+    floor(34,885,871,862 x 0.888) = 30,978,654,213 B. Llama-2-7B's KV per token per rank: 32 layers x 2 (K, V) x
+    32 heads x 128 x 2 B / tp 2 = 262,144 B; tokens = (static - the rank's weights) // 262,144."""
+    spec = load_model(MODEL)
+    s = ServingConfig(engine=Engine.SGLANG, parallelism=Parallelism(tp=2), max_model_len=4096)
+    est = estimate(spec, s, get_devices("34GiB,36GiB"))
+    weights = next(t.bytes for t in est.ranks[0].terms if t.name == "weights")
+    assert est.extra["fleet_binding"] == "34GiB"
+    assert est.serving.requested_bytes == 30_978_654_213
+    assert est.serving.kv_cache_tokens == (30_978_654_213 - weights) // 262_144
+    assert any("mem_fraction_static 0.888 " in a for a in est.assumptions), est.assumptions

@@ -147,6 +147,18 @@ def test_short_conv_state_of_lfm2() -> None:
     assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 6_144
 
 
+def test_rwkv_token_shift_and_time_mix_state() -> None:
+    # RWKV-6 Finch-7B: h 4096, 64 heads x 64. Token shifts 2 x 4096, one column in vLLM and transformers alike:
+    # 8,192 x 2 B = 16,384 B; time-mix state 64 x 64 x 64 = 262,144 x 4 B (float32) = 1,048,576 B
+    layer = _state_layer("linear", StateSpec(shift_channels=2 * 4096, ssm_elements=64 * 64 * 64, ssm_dtype="float32"))
+    assert kv_layer(layer, 1, 2) == KVLayer("state", 0, state_bytes=16_384 + 1_048_576)
+    assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 16_384 + 1_048_576
+    # tp 2 halves both: 4,096 x 2 B + 131,072 x 4 B
+    assert kv_layer(layer, 2, 2).state_bytes == 8_192 + 524_288
+    # the shifts follow the state dtype (fp8 KV cache: still the model's 2 B), the time-mix state stays float32
+    assert kv_layer(layer, 1, 1, state_e=2).state_bytes == 16_384 + 1_048_576
+
+
 def test_a_state_kind_needs_its_state() -> None:
     with pytest.raises(ValueError, match="state is required"):
         AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0)

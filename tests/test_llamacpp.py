@@ -233,3 +233,28 @@ def test_hf_report_prints_the_quant_search():
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if x.startswith("GGUF quants:"))
     assert "fits fully on the GPU at 2,048 tokens" in line and "Q8_0 fits with" in line and "layers in RAM" in line
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--engine", "llama.cpp", "--gpu", "RTX-4090,RTX-3090"], "split-mode layer over 2 GPUs, tensor-split by free memory"),
+    (["--engine", "llama.cpp", "--gpu", "RTX-4090", "--gpus", "2", "--tensor-split", "10,6"],
+     "split-mode layer over 2 GPUs, tensor-split 10,6"),
+    (["--engine", "ollama", "--gpu", "RTX-4090,RTX-3090"], "layers split over 2 GPUs (Ollama's placement)"),
+], ids=["llama.cpp-fleet", "llama.cpp-split", "ollama"])
+def test_job_line_names_the_layer_split_not_tensor_parallelism(args, words):
+    """llama.cpp splits whole layers over its GPUs (common/arg.cpp: --split-mode default layer; -ts each GPU's share,
+    else by free memory): the job line says so in its words, never "tp 2", which llama.cpp does not run."""
+    out = subprocess.run([sys.executable, "-m", "memest", "hf", "meta-llama/Llama-3.1-8B", *args], capture_output=True,
+                         text=True, env=ENV, timeout=120)
+    assert out.returncode in (0, 3), out.stderr
+    job = " ".join(" ".join(out.stdout.split()).split("Job ", 1)[1].split("Device ", 1)[0].split())
+    assert words in job and "tp 2" not in job, job
+
+
+def test_one_gpu_and_other_engines_keep_their_words():
+    """One GPU: no split to name; vLLM's tp is tensor parallelism: layout_words leaves it to the tp setting."""
+    from memest.workload import Parallelism
+    assert ServingConfig(engine=Engine.LLAMACPP).layout_words() is None
+    assert ServingConfig(engine=Engine.VLLM, parallelism=Parallelism(tp=2)).layout_words() is None
+    assert ServingConfig(engine=Engine.LLAMACPP).layout_words(Parallelism(tp=3)) == (
+        "split-mode layer over 3 GPUs, tensor-split by free memory")

@@ -44,7 +44,10 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas", "rwkv5", "rwkv6", "rwkv7"}
+# transformers builds these only with timm installed (Gemma 3n's MobileNet-v5 vision tower, TimmWrapperModel); the
+# venv has no timm: their text models are checked on meta here, the whole in tests/test_current_families.py
+NEEDS_TIMM = {"gemma3n"}
 
 
 def _raw(model_id: str) -> dict:
@@ -122,7 +125,7 @@ def _check_against_meta(raw: dict) -> ModelSpec:
 # ---- every catalog config ------------------------------------------------------------------------
 
 
-ON_META = [m for m in CATALOG if _raw(m)["model_type"] not in CONFIG_ONLY]
+ON_META = [m for m in CATALOG if _raw(m)["model_type"] not in CONFIG_ONLY | NEEDS_TIMM]
 
 
 @pytest.mark.parametrize("model_id", ON_META, ids=ON_META)
@@ -215,6 +218,8 @@ DEFAULT_CLASSES = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "rwkv": "RwkvForCausalLM",
+    "gemma3n_text": "Gemma3nForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -266,6 +271,8 @@ DEFAULT_EXTRA["voxtral"] = {"text_config": {"num_attention_heads": 32}}
 DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["gemma3n_text"] = {"hidden_size": 2048, "num_hidden_layers": 35, "num_attention_heads": 8}  # E4B
+DEFAULT_EXTRA["rwkv"] = {"hidden_size": 4096, "num_hidden_layers": 32}  # RwkvConfig: no heads
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["falcon_h1"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
@@ -274,7 +281,7 @@ DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
 
 def test_every_adapter_has_a_defaults_case() -> None:
-    assert set(DEFAULT_CLASSES) == set(ADAPTERS) - CONFIG_ONLY
+    assert set(DEFAULT_CLASSES) == set(ADAPTERS) - CONFIG_ONLY - NEEDS_TIMM
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_CLASSES), ids=sorted(DEFAULT_CLASSES))
@@ -1188,6 +1195,22 @@ VARIANTS["falcon_h1-rmsnorm-biases-tied"] = {
     "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "mamba_conv_bias": False,
     "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
 }
+VARIANTS["gemma3n_text-widths-kv-sharing-bias-untied"] = {
+    "model_type": "gemma3n_text", "architectures": ["Gemma3nForCausalLM"], "hidden_size": 64, "num_hidden_layers": 6,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97,
+    "vocab_size_per_layer_input": 50, "hidden_size_per_layer_input": 8, "intermediate_size": [96, 96, 128, 128, 64, 64],
+    "num_kv_shared_layers": 2, "altup_num_inputs": 3, "laurel_rank": 4, "attention_bias": True,
+    "tie_word_embeddings": False, "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"] * 3,
+}
+VARIANTS["rwkv-4-169m-pile"] = {  # RWKV/rwkv-4-169m-pile's geometry
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+    "vocab_size": 50277, "context_length": 1024,
+}
+VARIANTS["rwkv-narrow-attention-tied"] = {
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 64, "attention_hidden_size": 32,
+    "intermediate_size": 80, "num_hidden_layers": 3, "vocab_size": 97, "tie_word_embeddings": True,
+}
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {
     **_BERT,
@@ -1240,7 +1263,7 @@ def test_exaone4_pattern_string() -> None:
 
 
 def test_variants_cover_every_adapter() -> None:
-    assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS) - CONFIG_ONLY
+    assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS) - CONFIG_ONLY - NEEDS_TIMM
 
 
 # ---- config-only families: the Hub repos' own modeling code, checked against published totals -------

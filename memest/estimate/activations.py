@@ -32,6 +32,50 @@ indices, sort permutation, ``perm // topk`` and inverse permutation; fp32 routin
 gathered copy."""
 
 
+COMPILED_RULES = """What inductor's partitioner saves between a compiled layer's forward and backward.
+
+torch 2.13.0 ``torch/_functorch/partitioners.py`` ``min_cut_rematerialization_partition`` saves a minimum cut of
+the joint graph, by bytes, under ``should_ban_recomputation``: a matmul or attention kernel is never recomputed
+(not in the recomputable allowlist), nor is a value a non-fusible op of the backward reads
+(``is_materialized_backwards``: the inputs of the weight-gradient matmuls), nor a reduction 4x smaller than
+its input (``ban_recompute_reductions``: a norm's rstd). Pointwise chains are recomputed from the cheapest
+saved values. For a pre-norm Llama layer (RMSNorm with its fp32 upcast, rotary, SDPA / flash attention,
+SwiGLU) that is, per token:
+
+- each RMSNorm: its input in the residual stream's dtype (r·h: the layer's input; for the second norm the
+  output projection's output, from which the residual is re-added) and its fp32 rstd (4 B), instead of
+  eager's fp32 upcast (4·h) and normalized input (r·h); its output (c·h) only when a matmul reads it in
+  backward (a trained linear or an adapter);
+- the attention block as eager's flash path: q and k after rotary, v, the kernel's output and logsumexp;
+- a gated MLP: the gate and up projections' outputs (c·i each) and, when the down projection trains or
+  carries an adapter, its input (c·i): the activation's output (SiLU(gate)) is recomputed;
+  a composite GELU keeps only its input.
+
+Measured on the CPU (``benchmarks/compile_measure.py``, ``benchmarks/compile_findings.md``): a
+bf16 layer with h 256, i 640, 8 heads, 2 KV heads keeps 10,536 B per token eager and 7,208 B compiled in
+full training, 7,752 and 5,448 B under LoRA (q, v adapters), as this rule gives. Under activation
+checkpointing each layer keeps its input and its rebuild in backward is the compiled layer's saved set.
+Eager attention's s x s tensors and the backward's gradients are taken as eager's."""
+
+
+FLOAT8_RULES = """What torchao float8 training saves (torchao 0.18.0 ``torchao/float8/float8_linear.py``).
+
+``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight
+(``ctx.save_for_backward(input_hp, weight_hp_t)``) and its backward casts them to float8 again (for the
+grad-weight matmul, along the other axis under rowwise): eager float8 saves what a bf16 linear saves. Under
+torch.compile the backward's casts are graph ops reading the high-precision input through fusible ops (abs,
+amax, scale, clamp, convert), so that input is no longer materialized in backward
+(:data:`COMPILED_RULES`) and is recomputed where it is a pointwise function of saved tensors: the norms'
+outputs (from the saved residual and rstd) and the down projection's input (from the gate and up outputs)
+are not saved at all. The attention output, an attention kernel's output, is saved for that kernel's
+backward and its float8 cast for the output projection's grad-weight matmul (1 B per element) beside it.
+The partition of a bf16 Llama layer (h 256, i 640, 8 heads, 2 KV heads) listed by
+``benchmarks/compile_measure.py --list-partition`` keeps exactly that under both recipes, plus per-tensor
+(tensorwise) or per-column (rowwise) amax scalars, no per-token bytes; eager, the layer measured 10,536 B
+per token under both, as bf16 (``benchmarks/compile_findings.md``). Dynamic scaling keeps no amax
+history (torchao removed delayed scaling)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoraActivations:
     """What LoRA adapters add to a layer's saved tensors.
@@ -104,6 +148,9 @@ class Execution:
         unsloth_kernels: unsloth patched the decoder layers with its own autograd functions (its
             ``get_peft_model`` with ``lora_dropout=0``): a layer every linear of which carries an adapter
             keeps only what they save (:func:`_unsloth_layer`).
+        compiled: The layers run under torch.compile (inductor; :data:`COMPILED_RULES`).
+        float8: torchao float8 training of the trained linears: ``none``, ``tensorwise`` or ``rowwise``
+            (:data:`FLOAT8_RULES`).
     """
 
     compute_bytes: int
@@ -122,6 +169,14 @@ class Execution:
     fused_gelu: bool = False
     litgpt_attention: bool = False
     unsloth_kernels: bool = False
+    compiled: bool = False
+    float8: str = "none"
+
+    @property
+    def float8_compiled(self) -> bool:
+        """The trained linears are torchao float8 linears under torch.compile: their backward recasts its
+        inputs from the recomputed high-precision input (:data:`FLOAT8_RULES`)."""
+        return self.compiled and self.float8 != "none" and self.lora is None
 
     def activation(self, name: str) -> str:
         """The MLP activation as the model code runs it: a composite GELU (``gelu_new`` ...) is one
@@ -236,6 +291,9 @@ def _norm(kind: str, width: int, x: Execution, *, weight_trains: bool, rows: int
         keep_input: False for a LayerNorm whose input another norm already keeps.
     """
     r = x.stream_bytes
+    if x.compiled and not x.fused_norms and kind != "layer":  # COMPILED_RULES: the fp32 copies are recomputed
+        return [*([Saved(f"{what} input", r * width, inside)] if keep_input else []),
+                Saved(f"{what} rstd", 4 * rows, inside)]
     if x.fused_norms or kind == "layer":
         stats = 8 if kind == "layer" else 4
         return [*([Saved(f"{what} input", r * width, inside)] if keep_input else []),
@@ -268,6 +326,10 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     if lora is None:
         if not trains:
             return []
+        if x.float8_compiled and itemsize is None:  # FLOAT8_RULES: a norm's output, recomputed and recast
+            return []
+        if cast and x.compiled:  # inductor makes the autocast copy once for all its readers
+            return [Saved(f"{what} (autocast copy)", x.compute_bytes * width, inside)]
         if cast:
             return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
         return [Saved(what, size * width, inside)]
@@ -383,6 +445,8 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
             out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
         else:  # the output projection reads the kernel's output as a view (kept above) or adapts it
             out += _read("attention output", a * dv, out_readers, x, trains=False, inside=True, itemsize=c)
+            if x.float8_compiled and out_readers:  # beside the kernel's output its backward reads
+                out.append(Saved("attention output (float8 cast)", a * dv, True))
     return out
 
 
@@ -443,9 +507,12 @@ def _mla(layer: LayerSpec, x: Execution, by_name: dict[str, TensorSpec], attn_ou
 # ---- MLP ----
 
 
-def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product: bool) -> list[Saved]:
-    """Bytes per token of one MLP's intermediates (see the module docstring)."""
+def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product: bool,
+                   compiled: bool = False) -> list[Saved]:
+    """Bytes per token of one MLP's intermediates (see the module docstring; ``compiled``: :data:`COMPILED_RULES`)."""
     product = [Saved("MLP product (down input)", i * c)] if keep_product else []
+    if compiled and activation not in ("swiglu_limit", "relu"):  # the activation's output is recomputed
+        return [Saved("activation input", i * c), *([Saved("up output", i * c)] if gated else []), *product]
     if activation == "swiglu_limit":
         # GptOssExperts._apply_gate holds the clamped up and the gated output in locals until it returns:
         # forward temporaries when autograd does not keep them
@@ -481,7 +548,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
         out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, m,
-                              keep_product=trains)
+                              keep_product=trains and not x.float8_compiled, compiled=x.compiled)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=m)
         return out
     routers = _routers(layer)
@@ -494,7 +561,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
     for s in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, c,
-                            keep_product=trains):
+                            keep_product=trains, compiled=x.compiled):
         out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
     if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
         # grouped_mm_experts_forward's selected_biases = bias[expert_ids]: a local until the down projection
@@ -502,7 +569,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
         out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, m,
-                              keep_product=trains)
+                              keep_product=trains, compiled=x.compiled)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
                      inside=True, itemsize=m)
     return out
@@ -750,7 +817,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
             mlp_part -= sum(t.width for t in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
-                                                            keep_product=product_kept) if t.kept)
+                                                            keep_product=product_kept, compiled=x.compiled) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0

@@ -188,6 +188,7 @@ def calibration_note(device: Device) -> str | None:
             f"({device.runtime_source}), in place of memest's")
 
 
-def nccl_bytes(world_size: int) -> int:
-    """NCCL buffers per process for a job of ``world_size`` devices (0 for one device)."""
-    return NCCL_BYTES if world_size > 1 else 0
+def nccl_bytes(world_size: int, device: Device) -> int:
+    """NCCL buffers per process for a job of ``world_size`` devices on ``device``: 0 for one device,
+    and 0 on a CPU (its collectives run over gloo, in host memory the profiler counts as allocations)."""
+    return NCCL_BYTES if world_size > 1 and device.kind != "cpu" else 0

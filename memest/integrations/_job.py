@@ -9,8 +9,16 @@ through :func:`memest.api.estimate_values`, the warning before the first step, t
 ``memest calibrate`` measures), the comparison (:func:`memest.calibration.compare.evaluate`) and the record
 (:func:`memest.calibration.records.build_record`, :func:`~memest.calibration.records.append_record`).
 
-Every failure inside a :class:`Watch` is caught and logged once (:meth:`Watch.guard`); the job goes on.
-torch is imported inside functions only.
+Many processes (torchrun, accelerate launch): :func:`rank_of` reads the rank and world size from
+torch.distributed (else torchrun's ``RANK`` / ``WORLD_SIZE``), :func:`parallel_of` the data parallelism from the
+model as wrapped (``DistributedDataParallel``, FSDP2 ``fully_shard`` units). Every rank estimates and measures its
+own steps; rank 0 alone logs, gathers the ranks' figures at the stop (``dist.gather_object``, as ``memest
+calibrate --nproc`` gathers its workers') and appends one record of them all, so no two processes write the
+records file (:func:`~memest.calibration.records.append_record` also locks it, for separate jobs).
+
+Every failure inside a :class:`Watch` is caught and logged once (:meth:`Watch.guard`); the job goes on. The
+gather is the one collective: :meth:`Watch.stop` joins it on every rank at the same step, a failed rank sending
+nothing. torch is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -181,6 +189,70 @@ def rank_of() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def parallel_of(model: Any, world: int) -> tuple[dict[str, Any], list[str]]:
+    """memest's data-parallel settings (and notes) for the model as it is wrapped, in a job of ``world`` processes.
+
+    - **FSDP2** (``torch.distributed.fsdp.fully_shard``: the model or its submodules are ``FSDPModule``, the
+      parameters DTensors): ``framework`` fsdp; ``zero_stage`` 3 when the units below the root reshard their
+      parameters after forward (``FSDPParamGroup.post_forward_mesh_info`` set: FULL_SHARD), else 2
+      (``reshard_after_forward=False``: SHARD_GRAD_OP); ``precision`` fsdp2 when the units' ``MixedPrecisionPolicy``
+      computes in bf16 over the sharded parameters (``param_dtype`` bfloat16; otherwise the parameters' dtype
+      says, :func:`model_keys`). Read from torch 2.13 ``distributed/fsdp/_fully_shard/_fsdp_param_group.py``:
+      the root's own group never reshards after forward (``FSDPState._lazy_init``), so it is not read.
+    - **DDP** (``torch.nn.parallel.DistributedDataParallel``): ``framework`` ddp (a full replica per rank plus the
+      gradient buckets, :mod:`memest.estimate.training.ddp`).
+    - Neither, with ``world`` > 1: the stack's data parallelism over ``world`` ranks, said in a note (the
+      wrapper may be outside what was handed over).
+
+    ``gpus`` is ``world`` in every case.
+    """
+    values: dict[str, Any] = {"gpus": world}
+    notes: list[str] = []
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # a torch without torch.distributed
+        return values, notes
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if units:
+        from memest.workload import Framework, Precision
+
+        below = [u for u in units if u is not model]
+        groups = [g for g in (_param_group(u) for u in below) if g is not None]
+        values["framework"] = Framework.FSDP
+        values["zero_stage"] = 3 if any(g.post_forward_mesh_info is not None for g in groups) else 2
+        if not below:
+            notes.append("fully_shard wraps the model alone (no unit per decoder layer): memest estimates one "
+                         "unit per decoder layer")
+        mp = next((g.mp_policy for g in (groups or [_param_group(model)]) if g is not None), None)
+        import torch
+
+        if mp is not None and mp.param_dtype == torch.bfloat16:
+            values["precision"] = Precision.FSDP2
+        mesh = next((getattr(p, "device_mesh", None) for p in model.parameters()), None)
+        if mesh is not None and mesh.ndim > 1:
+            notes.append(f"the FSDP mesh has {mesh.ndim} dimensions (HSDP): memest estimates sharding over all "
+                         f"{world} ranks")
+        return values, notes
+    if isinstance(model, DistributedDataParallel):
+        from memest.workload import Framework
+
+        values["framework"] = Framework.DDP
+        if getattr(model, "gradient_as_bucket_view", False):
+            notes.append("DistributedDataParallel(gradient_as_bucket_view=True): the gradients are views of the "
+                         "buckets; memest counts both")
+    elif world > 1:
+        notes.append(f"{world} processes and the model is neither a DistributedDataParallel module nor "
+                     "fully_shard-ed: estimated with the stack's data parallelism (hand memest the wrapped model)")
+    return values, notes
+
+
+def _param_group(unit: Any) -> Any:
+    """The ``FSDPParamGroup`` of one ``fully_shard`` unit (None for a unit that holds no parameter of its own)."""
+    state = unit._get_fsdp_state()
+    return getattr(state, "_fsdp_param_group", None)
+
+
 def batch_shape(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int] | None:
     """(micro-batch, tokens) of a forward call: ``input_ids`` (or ``inputs_embeds``) among its arguments."""
     for value in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), args[0] if args else None):
@@ -194,15 +266,22 @@ def batch_shape(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, 
 
 
 class Watch:
-    """One job: its estimate, the measured steps, the comparison and the record (on rank 0 only).
+    """One job: its estimate, the measured steps, the comparison and the record.
+
+    Under torch.distributed (torchrun, accelerate launch) every rank reads the job, estimates it and measures its
+    own steps; rank 0 alone logs, gathers every rank's figures (:func:`memest.calibration.distributed.gather`,
+    ``dist.gather_object``, as ``memest calibrate --nproc`` does), compares each rank and appends one record
+    holding them all. Without a process group (``RANK`` / ``WORLD_SIZE`` set, none initialised) rank 0 measures
+    and records itself alone.
 
     Args:
         steps: Optimizer steps to measure after the first.
         record: Append a record of the comparison.
         results_path: A folder (records go to ``<device>.jsonl`` in it) or a ``.jsonl`` file; default
             ``./calibrate/results``, as ``memest calibrate``.
-        log: Where lines go (default: the ``memest`` logger, INFO).
-        warn: Where warnings go (default: ``log`` when given, else the ``memest`` logger at WARNING).
+        log: Where lines go (default: the ``memest`` logger, INFO); on rank 0 only.
+        warn: Where warnings go (default: ``log`` when given, else the ``memest`` logger at WARNING); on rank 0
+            only, but for a failure inside memest on another rank (logged with its rank).
         origin: What made the record (``hf-callback``, ``track``, ``lightning``), stored in it.
         settings: memest settings that win over what is read (``gpu``, ``seq_len``, ``headroom``, ...).
     """
@@ -215,12 +294,12 @@ class Watch:
         self.steps = steps
         self.record = record
         self.results_path = Path(results_path) if results_path is not None else Path("calibrate") / "results"
-        self.log = log or default_log(logging.INFO)
-        self.warn = warn or log or default_log(logging.WARNING)
+        self.rank, self.world = rank_of()
+        self._log = log or default_log(logging.INFO)
+        self._warn = warn or log or default_log(logging.WARNING)
         self.origin = origin
         self.settings = dict(settings)
-        self.rank, self.world = rank_of()
-        self.active = self.rank == 0
+        self.active = True
         self.config: dict[str, Any] | None = None
         self.values: dict[str, Any] | None = None
         self.notes: list[str] = []
@@ -234,6 +313,22 @@ class Watch:
         self._optimizer: Any = None
         self._windows = 0
         self._failed = False
+        self._stopped = False
+
+    @property
+    def lead(self) -> bool:
+        """This process is rank 0 (it logs, compares and records)."""
+        return self.rank == 0
+
+    def log(self, line: str) -> None:
+        """Log a line (rank 0 only)."""
+        if self.lead:
+            self._log(line)
+
+    def warn(self, line: str) -> None:
+        """Log a warning (rank 0 only)."""
+        if self.lead:
+            self._warn(line)
 
     # -- errors never stop the job --
 
@@ -246,12 +341,18 @@ class Watch:
         try:
             yield
         except Exception as exc:  # noqa: BLE001 - memest must never interrupt a training run
-            self.active = False
-            self._drop_meter()
-            if not self._failed:
-                self._failed = True
-                self.warn(f"memest: {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                          "); memest stops watching this run, the run goes on")
+            self._fail(what, exc)
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        """Stop watching after a failure, logged once (with its rank on a rank other than 0)."""
+        self.active = False
+        self._drop_meter()
+        if not self._failed:
+            self._failed = True
+            where = "" if self.lead else f"rank {self.rank}: "
+            self._warn(f"memest: {where}{what} failed ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}); memest stops watching this run, the run "
+                       "goes on")
 
     # -- the estimate --
 
@@ -263,6 +364,7 @@ class Watch:
         from memest.planning.fit import verdict
         from memest.report.integration import estimate_line, fit_warning
 
+        self.rank, self.world = rank_of()
         self.config = config
         given = {**values, **self.settings}
         if "gpu" not in self.settings and device.kind != "cpu" and _in_catalog(device.name):
@@ -297,12 +399,16 @@ class Watch:
     # -- the measurement --
 
     def start(self, model: Any, optimizer: Any) -> None:
-        """Start measuring (after the first optimizer step: the optimizer states exist)."""
+        """Start measuring (after the first optimizer step: the optimizer states exist). A rank other than 0
+        measures only when a process group can bring its figures to rank 0."""
         import torch
 
         from memest.calibration.measure import CpuMeter, CudaMeter
 
-        if self.record:
+        self.rank, self.world = rank_of()
+        if not self.lead and not _grouped():
+            return
+        if self.record and self.lead:
             from memest.calibration.records import check_writable_folder
 
             try:
@@ -332,24 +438,66 @@ class Watch:
             self._windows += 1
 
     def stop(self) -> None:
-        """Stop measuring, compare with the estimate, log it and record it."""
-        from memest.calibration.compare import evaluate
-        from memest.calibration.runner import environment
-        from memest.report.integration import comparison_lines
+        """Stop measuring, gather every rank's figures on rank 0, compare them with the estimate, log and record.
 
-        if self._meter is None:
+        Call it at the same step on every rank, whether this rank's watch is still active or not: under a
+        process group the gather is a collective that every rank joins once (a rank whose watch failed sends
+        nothing, and rank 0 compares the others). Not a guarded piece itself: each part is guarded inside."""
+        if self._stopped:
             return
+        self._stopped = True
+        payload: dict[str, Any] | None = None
+        with self.guard("reading the measured steps"):
+            if self.active and self._meter is not None:
+                payload = self._payload()
+        payloads = self._gather(payload)
+        with self.guard("comparing the measured steps"):
+            if not (self.active and self.lead and self.estimate is not None):
+                return
+            from memest.calibration.compare import evaluate
+            from memest.report.integration import comparison_lines
+
+            measured = [p for p in payloads if p is not None]
+            if not measured:
+                self.log("memest: no rank measured its steps: nothing to compare")
+                return
+            missing = [r for r, p in enumerate(payloads) if p is None]
+            self.calibration = evaluate(self._spec, self._workload, measured, headroom=float(self.values["headroom"]))
+            for line in comparison_lines(self.calibration):
+                self.log(line)
+            if missing:
+                self.log(f"memest: rank(s) {', '.join(map(str, missing))} sent no figures (see their log); the "
+                         "others are compared")
+            if self.record:
+                self._record(measured)
+
+    def _payload(self) -> dict[str, Any]:
+        """This rank's figures, as a ``memest calibrate`` worker sends them: ``{"measurement", "static",
+        "environment"}``."""
+        from memest.calibration.runner import environment
+
         meter, self._meter = self._meter, None
         measurement = meter.stop(self._windows, rank=self.rank, world_size=self.world)
         payload = {"measurement": measurement.to_dict(), "static": self._static_bytes(),
                    "environment": environment(self._backend or "cpu")}
         meter.release()
         self._model = self._optimizer = None
-        self.calibration = evaluate(self._spec, self._workload, [payload], headroom=float(self.values["headroom"]))
-        for line in comparison_lines(self.calibration):
-            self.log(line)
-        if self.record:
-            self._record(payload)
+        return payload
+
+    def _gather(self, payload: dict[str, Any] | None) -> list[dict[str, Any] | None]:
+        """Every rank's payload on rank 0, in rank order (``[payload]`` without a process group; ``[]`` on the
+        other ranks). A failed gather is logged once and leaves rank 0 its own figures."""
+        if not _grouped():
+            return [payload]
+        from memest.calibration.distributed import DistEnv, gather
+
+        try:
+            out = gather(payload, DistEnv(self.rank, self.world, self.rank))
+        except Exception as exc:  # noqa: BLE001 - memest must never interrupt a training run
+            if self.active:
+                self._fail("gathering the ranks' figures", exc)
+            return [payload] if self.lead else []
+        return list(out) if out is not None else []
 
     def _drop_meter(self) -> None:
         meter, self._meter = self._meter, None
@@ -374,7 +522,7 @@ class Watch:
                 "optimizer_states": tensors_bytes(optimizer_state_tensors(_inner(self._optimizer))),
                 "master_weights": 0}
 
-    def _record(self, payload: dict[str, Any]) -> None:
+    def _record(self, payloads: list[dict[str, Any]]) -> None:
         from memest.calibration.compare import device_slug
         from memest.calibration.records import append_record, build_record
         from memest.calibration.request import Request, flags_of
@@ -384,7 +532,7 @@ class Watch:
         request = Request(model=reference, flags=flags_of(self.values), backend=self._backend or "cpu",
                           steps=self._windows, nproc=self.world, weights=True)
         rec = build_record(request=request, spec=self._spec, workload=self._workload, device=cal.device,
-                           estimate=cal.estimate, comparisons=list(cal.ranks), verdict=cal.verdict, payloads=[payload],
+                           estimate=cal.estimate, comparisons=list(cal.ranks), verdict=cal.verdict, payloads=payloads,
                            steps=self._windows)
         rec["origin"] = self.origin
         rec["model"]["config"] = self.config
@@ -393,6 +541,15 @@ class Watch:
         append_record(path, rec)
         self.record_path, self.record_data = path, rec
         self.log(f"memest: recorded {path}#{rec['id']}")
+
+
+def _grouped() -> bool:
+    """True when a torch.distributed process group of more than one process runs (the ranks can gather)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _inner(optimizer: Any) -> Any:

@@ -15,7 +15,9 @@ micro-batches are fetched), the forwards and backwards, ``optimizer.step()``, ``
   ``gradient_checkpointing``, ``optim``, ``use_liger_kernel``, ``deepspeed`` (the config the Trainer filled,
   ``args.hf_deepspeed_config.config``), ``fsdp`` / ``fsdp_config``, trl's ``max_length``) go through the
   recipe reader :mod:`memest.workload.files.trainer`; the stack is ``trl`` for trl's configs, else
-  ``hf-trainer``; ``gpus`` is ``args.world_size``.
+  ``hf-trainer``; ``gpus`` is ``args.world_size`` (under torchrun the Trainer wraps the model in
+  ``DistributedDataParallel``: the stack's data parallelism); a model already ``fully_shard``-ed (its parameters
+  DTensors) without ``fsdp`` / ``deepspeed`` arguments is read as :func:`memest.integrations._job.parallel_of` reads it.
 - **The sequence length**: ``seq_len=`` when given (the estimate is then logged at ``on_train_begin``);
   else the first forward's ``input_ids`` shape, read by a forward pre-hook on the model that removes itself
   (the estimate is logged and the fit checked before that forward runs). Reading a batch from the dataloader
@@ -27,7 +29,8 @@ micro-batches are fetched), the forwards and backwards, ``optimizer.step()``, ``
   ``on_step_end`` of the last stops it): on CUDA ``torch.cuda.memory_stats`` peaks and NVML's per-process
   used (nvidia-ml-py), on the CPU the profiler's memory timeline, step by step
   (:mod:`memest.calibration.measure`). Then predicted versus measured per figure is logged and a record
-  appended (``record=False`` opts out). Rank 0 alone estimates, measures and records.
+  appended (``record=False`` opts out). Under torchrun every rank measures its own steps; rank 0 alone logs,
+  gathers the ranks' figures and appends one record of them all (:class:`memest.integrations._job.Watch`).
 
 Every failure inside the callback is caught and logged once; the run goes on.
 """
@@ -39,7 +42,17 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from memest.integrations._job import DEFAULT_STEPS, Log, Watch, batch_shape, local_device, model_keys, pure_half, read_keys
+from memest.integrations._job import (
+    DEFAULT_STEPS,
+    Log,
+    Watch,
+    batch_shape,
+    local_device,
+    model_keys,
+    parallel_of,
+    pure_half,
+    read_keys,
+)
 
 TRAINING_ARGUMENT_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
                           "gradient_checkpointing", "optim", "use_liger_kernel", "fsdp", "fsdp_config",
@@ -138,19 +151,17 @@ class MemestCallback(TrainerCallback):
                 w.lap()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        w = self.watch
-        with w.guard("comparing the measured steps"):
-            if w.active and self._done(state) == 1 + w.steps:
-                w.stop()
+        if self._done(state) == 1 + self.watch.steps:
+            self.watch.stop()  # on every rank, at the same step (rank 0 gathers)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         w = self.watch
         self._remove_hook()
-        with w.guard("comparing the measured steps"):
-            if w.active and w.calibration is None and w.estimate is not None:
-                if self._done(state) >= 2:
-                    w.stop()  # the run ended before 1 + steps optimizer steps: compare those measured
-                else:
+        if self._done(state) >= 2:
+            w.stop()  # the run ended before 1 + steps optimizer steps: compare those measured (once)
+        else:
+            with w.guard("comparing the measured steps"):
+                if w.active and w.estimate is not None:
                     w.log(f"memest: the run took {self._done(state)} optimizer step(s); memest measures the steps "
                           "after the first, so nothing was measured")
 
@@ -172,5 +183,11 @@ def job_of(model: Any, args: Any) -> tuple[dict[str, Any], dict[str, Any], list[
     values, read_notes = read_keys(doc, "TrainingArguments")
     trl = type(args).__module__.split(".")[0] == "trl"
     values["stack"] = Stack.TRL if trl else Stack.HF_TRAINER
-    values["gpus"] = int(getattr(args, "world_size", 1) or 1)
-    return config, values, notes + read_notes + pure_half(values, keys.get("torch_dtype"))
+    world = int(getattr(args, "world_size", 1) or 1)
+    parallel, par_notes = parallel_of(model, world)
+    if any(values.get(k) for k in ("framework", "fsdp", "zero_stage")):
+        parallel = {"gpus": world}  # the TrainingArguments' FSDP / DeepSpeed settings say it
+    elif "framework" not in parallel:
+        parallel, par_notes = {"gpus": world}, []  # the Trainer wraps its DDP itself (args.world_size ranks)
+    values.update(parallel)
+    return config, values, notes + read_notes + par_notes + pure_half(values, keys.get("torch_dtype"))

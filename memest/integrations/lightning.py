@@ -86,7 +86,7 @@ class MemestLightningCallback(Callback):
                 return
             self._model = transformers_model(pl_module)
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
-            config, values, notes = job_of(self._model, optimizer)
+            config, values, notes = job_of(self._model, optimizer, getattr(trainer.strategy, "model", None))
             precision = PRECISION.get(str(trainer.precision))
             if precision is not None:
                 values["precision"] = precision
@@ -123,18 +123,16 @@ class MemestLightningCallback(Callback):
                 w.lap()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        w = self.watch
-        with w.guard("comparing the measured steps"):
-            if w.active and w.calibration is None and trainer.global_step - self._begin == 1 + w.steps:
-                w.stop()
+        if trainer.global_step - self._begin == 1 + self.watch.steps:
+            self.watch.stop()  # on every rank, at the same step (rank 0 gathers); once
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         w = self.watch
-        with w.guard("comparing the measured steps"):
-            done = trainer.global_step - self._begin
-            if w.active and w.calibration is None and w.estimate is not None:
-                if done >= 2:
-                    w.stop()
-                else:
+        done = trainer.global_step - self._begin
+        if done >= 2:
+            w.stop()
+        else:
+            with w.guard("comparing the measured steps"):
+                if w.active and w.estimate is not None:
                     w.log(f"memest: the run took {done} optimizer step(s); memest measures the steps after the "
                           "first, so nothing was measured")

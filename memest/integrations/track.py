@@ -12,10 +12,20 @@ given as memest settings: ``seq_len`` and ``micro_batch_size`` (else the first f
 read by a forward pre-hook), ``precision`` (read from the parameters: ``fp32`` or ``bf16``; a loop under
 ``torch.autocast(bf16)`` over fp32 parameters is ``precision="amp"``), ``grad_accum_steps``, ``gpu``.
 
-The block is measured as one window (:mod:`memest.calibration.measure`: the CUDA allocator's peak statistics
-and NVML, or the CPU profiler's memory timeline over the block: keep the block to a few steps on the CPU). The
-estimate is of the steady state, with the optimizer states already made: run one step before the block for
-the figure memest predicts (a first step inside it also makes the states, at its optimizer step).
+The block is measured step by step (:mod:`memest.calibration.measure`: the CUDA allocator's peak statistics
+and NVML, or the CPU profiler's memory timeline: keep the block to a few steps on the CPU): the first forward of
+each optimizer step after the first inside the block (every ``grad_accum_steps`` forwards, read by the same
+forward pre-hook) closes one measured window and opens the next, so the CPU figure is the smallest step's peak,
+as ``memest calibrate`` takes it (a free that gloo makes on its own thread is missed by the profiler and only ever
+adds bytes to a step). Keep evaluation forwards out of the block. The estimate is of the steady state, with the
+optimizer states already made: run one step before the block for the figure memest predicts (a first step
+inside it also makes the states, at its optimizer step).
+
+Under torchrun (a torch.distributed process group) the data parallelism is read from the model handed over
+(:func:`~memest.integrations._job.parallel_of`: ``DistributedDataParallel`` or FSDP2 ``fully_shard`` units,
+``gpus`` the world size); every rank measures its block, rank 0 alone logs, gathers the ranks' figures and
+appends one record of them all (:class:`~memest.integrations._job.Watch`). Enter and leave the block on every
+rank.
 """
 
 from __future__ import annotations
@@ -25,7 +35,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from memest.integrations._job import Log, Watch, batch_shape, local_device, model_keys, optimizer_value, pure_half, read_keys
+from memest.integrations._job import (
+    Log,
+    Watch,
+    batch_shape,
+    local_device,
+    model_keys,
+    optimizer_value,
+    parallel_of,
+    pure_half,
+    rank_of,
+    read_keys,
+)
 
 
 class Tracked:
@@ -73,7 +94,7 @@ def track(model: Any, optimizer: Any = None, *, steps: int = 1, record: bool = T
     Args:
         model: A transformers model (PEFT-wrapped or not), on the device it trains on.
         optimizer: Its torch optimizer (its class gives ``optimizer``; its states are counted as measured).
-        steps: Stored in the record as the measured steps (the block is one window).
+        steps: Unused (kept for the signature): the record stores the measured steps the block ran.
         record, results_path, log, warn: As :class:`memest.integrations.hf.MemestCallback`.
         settings: memest settings that win over what is read (``seq_len``, ``micro_batch_size``,
             ``precision``, ``grad_accum_steps``, ``gpu``, ``headroom``).
@@ -86,17 +107,25 @@ def track(model: Any, optimizer: Any = None, *, steps: int = 1, record: bool = T
     tracked = Tracked(watch)
     hook = None
     job: list[Any] = []
+    per_step = settings.get("grad_accum_steps", 1)
+    forwards = 0
+
+    def pre_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        nonlocal forwards
+        forwards += 1
+        if job:
+            _estimate(watch, job, batch_shape(args, kwargs))
+            return
+        with watch.guard("measuring the block"):
+            if watch.active and forwards > 1 and (forwards - 1) % per_step == 0:
+                watch.lap()  # the first forward of the next optimizer step
+
     with watch.guard("reading the job"):
         if watch.active:
             job.append((*job_of(model, optimizer), local_device(model)))
             if "seq_len" in settings:
                 _estimate(watch, job, None)
-            else:
-                def first(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-                    hook.remove()
-                    _estimate(watch, job, batch_shape(args, kwargs))
-
-                hook = model.register_forward_pre_hook(first, with_kwargs=True)
+            hook = model.register_forward_pre_hook(pre_forward, with_kwargs=True)
     with watch.guard("measuring the block"):
         if watch.active:
             watch.start(model, optimizer)
@@ -105,11 +134,9 @@ def track(model: Any, optimizer: Any = None, *, steps: int = 1, record: bool = T
     finally:
         if hook is not None:
             hook.remove()
+        watch.stop()  # on every rank (rank 0 gathers)
         with watch.guard("comparing the block"):
-            if watch.active and watch.estimate is not None:
-                watch.stop()
-            elif watch.active:
-                watch._drop_meter()
+            if watch.active and watch.estimate is None:
                 watch.log("memest: the block ran no forward with input_ids and no seq_len was given: nothing to "
                           "compare")
 
@@ -125,8 +152,9 @@ def _estimate(watch: Watch, job: list[Any], shape: tuple[int, int] | None) -> No
         watch.estimate_job(config, values, notes, device)
 
 
-def job_of(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(config.json contents, memest settings, notes) of a plain PyTorch loop's model and optimizer."""
+def job_of(model: Any, optimizer: Any, wrapped: Any = None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(config.json contents, memest settings, notes) of a plain PyTorch loop's model and optimizer; the data
+    parallelism is read from ``wrapped`` (the module the loop calls, when it is not ``model``)."""
     from memest.workload import Stack
 
     config, keys, notes = model_keys(model)
@@ -135,4 +163,7 @@ def job_of(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any], 
     name, opt_notes = optimizer_value(optimizer) if optimizer is not None else (None, [])
     if name is not None:
         values["optimizer"] = name
-    return config, values, notes + read_notes + opt_notes + pure_half(values, keys.get("torch_dtype"))
+    parallel, par_notes = parallel_of(model if wrapped is None else wrapped, rank_of()[1])
+    half = pure_half(values, keys.get("torch_dtype")) if "precision" not in parallel else []
+    values.update(parallel)
+    return config, values, notes + read_notes + opt_notes + par_notes + half

@@ -11,6 +11,13 @@ llama.cpp's longest context over max_model_len); the engine holding the most, am
 (:attr:`memest.planning.fit.Verdict.starts`), is named for the type (the first of :data:`COMPARED` on a
 tie).
 
+Setups across engines (``--top N``, ``--cost``): each engine that fits on a type, on its own fewest devices of
+it (:func:`memest.planning.search.smallest_parallelism`), is one setup; the setups of every type are ranked
+as ``memest plan`` ranks its fits, by price first (devices x USD per device-hour,
+:class:`memest.planning.costs.PriceTable`: the catalog's, with the user's overrides; an unpriced device is
+``inf``), then by fewer devices, then by more concurrent sequences held, then in :data:`COMPARED` order;
+:attr:`EngineComparison.top` of them are the answer's.
+
 Which engines are compared: vLLM, SGLang and TensorRT-LLM always; llama.cpp when the weights are ones a
 GGUF file holds: no quantization (the f16 GGUF ``convert_hf_to_gguf.py`` writes, the same 2 bytes per
 weight as the 16-bit checkpoint) or a GGUF type (``q4_k_m``, ...), or a ``.gguf`` file (``gguf``: then llama.cpp
@@ -24,13 +31,15 @@ and transformers ``generate`` has no pool: neither is compared.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from memest.devices import Device
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving import largest_concurrency
 from memest.estimate.serving.common import max_model_len_of
+from memest.planning.costs import PriceTable
 from memest.planning.fit import VerdictKind, verdict
 from memest.planning.search import DeviceChoice, smallest_parallelism
 from memest.spec import ModelSpec
@@ -67,6 +76,36 @@ class EngineRow:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineSetup:
+    """One engine on the fewest devices of one type on which it fits: a setup, as ``memest plan`` ranks them.
+
+    Attributes:
+        device: The device type.
+        count: Devices (the engine's own fewest).
+        parallelism: Their layout (tp x pp).
+        row: The engine's row on them (its verdict ``fits``).
+        usd_per_hour: count x the device's price (``math.inf`` when it has none).
+    """
+
+    device: Device
+    count: int
+    parallelism: Parallelism
+    row: EngineRow
+    usd_per_hour: float
+
+    @property
+    def engine(self) -> Engine:
+        """The engine."""
+        return self.row.engine
+
+
+def rank_key(setup: EngineSetup, order: int = 0) -> tuple[float, int, int, int, int]:
+    """How setups are ranked (module docstring): price, devices, sequences held (more first), the device
+    type's ``order`` among those given, the engine's place in :data:`COMPARED`."""
+    return (setup.usd_per_hour, setup.count, -setup.row.concurrent_sequences, order, COMPARED.index(setup.engine))
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceComparison:
     """Every compared engine on one device type.
 
@@ -76,6 +115,7 @@ class DeviceComparison:
         parallelism: Their layout (tp x pp).
         rows: One per engine of :data:`COMPARED`, in that order.
         best: The engine that holds the most concurrent sequences among those that start; None when none starts.
+        setups: Each engine that fits, on its own fewest devices of the type (:class:`EngineSetup`), ranked.
     """
 
     device: Device
@@ -83,6 +123,7 @@ class DeviceComparison:
     parallelism: Parallelism
     rows: tuple[EngineRow, ...]
     best: Engine | None
+    setups: tuple[EngineSetup, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +135,22 @@ class EngineComparison:
         max_model_len: Tokens per sequence compared.
         headroom: Share of memory kept free for the engines that do not size a pool up front (llama.cpp).
         devices: One per device type, in the order given.
+        top: How many of the ranked setups are the answer (``--top``).
+        prices: The prices the setups are ranked by.
     """
 
     workload: ServingConfig
     max_model_len: int
     headroom: float
     devices: tuple[DeviceComparison, ...]
+    top: int = 1
+    prices: PriceTable = field(default_factory=PriceTable.catalog)
+
+    @property
+    def ranked(self) -> tuple[EngineSetup, ...]:
+        """The ``top`` best setups over every device type and engine (module docstring)."""
+        every = [(rank_key(x, i), x) for i, d in enumerate(self.devices) for x in d.setups]
+        return tuple(x for _, x in sorted(every, key=lambda item: item[0]))[:self.top]
 
 
 def _trial(s: ServingConfig, engine: Engine) -> ServingConfig:
@@ -132,8 +183,10 @@ def _row(spec: ModelSpec, s: ServingConfig, device: Device, par: Parallelism, he
     return EngineRow(s.engine, tokens, held if v.starts else 0, v.kind, v.needed_bytes)
 
 
-def compare_device(spec: ModelSpec, s: ServingConfig, choice: DeviceChoice, headroom: float) -> DeviceComparison:
-    """Every engine of :data:`COMPARED` on ``choice``'s device type (module docstring)."""
+def compare_device(spec: ModelSpec, s: ServingConfig, choice: DeviceChoice, headroom: float,
+                   prices: PriceTable | None = None) -> DeviceComparison:
+    """Every engine of :data:`COMPARED` on ``choice``'s device type, and each one's own fewest devices that
+    fit, priced by ``prices`` (default: the catalog's) (module docstring)."""
     device = choice.device
     trials, skipped = [], {}
     for engine in COMPARED:
@@ -148,27 +201,41 @@ def compare_device(spec: ModelSpec, s: ServingConfig, choice: DeviceChoice, head
             trials.append(trial)
         else:
             skipped[engine] = reason
-    layouts = []
+    layouts: dict[Engine, Parallelism] = {}
     for trial in trials:
-        par = smallest_parallelism(spec, trial, device, headroom=headroom)
-        if par is not None and par.world_size <= choice.max_count:
-            layouts.append(par)
+        own = smallest_parallelism(spec, trial, device, headroom=headroom)
+        if own is not None and own.world_size <= choice.max_count:
+            layouts[trial.engine] = own
     one = dataclasses.replace(s.parallelism, tp=1, pp=1, dp=1, cp=1, zero_stage=0)
-    par = min(layouts, key=lambda p: (p.world_size, p.pp), default=one)
+    par = min(layouts.values(), key=lambda p: (p.world_size, p.pp), default=one)
     max_len = max_model_len_of(spec, s)
     rows = tuple(EngineRow(e, skipped=skipped[e]) if e in skipped else
                  _row(spec, next(t for t in trials if t.engine is e), device, par, headroom, max_len) for e in COMPARED)
     starting = [r for r in rows if r.starts]
     best = max(starting, key=lambda r: (r.concurrent_sequences, -COMPARED.index(r.engine))).engine if starting else None
-    return DeviceComparison(device, par.world_size, par, rows, best)
+    price = (prices or PriceTable.catalog()).price(device)
+    setups = []
+    for engine, own in layouts.items():
+        row = next(r for r in rows if r.engine is engine) if own == par else \
+            _row(spec, next(t for t in trials if t.engine is engine), device, own, headroom, max_len)
+        if row.verdict == "fits":
+            usd = own.world_size * price if math.isfinite(price) else math.inf
+            setups.append(EngineSetup(device, own.world_size, own, row, usd))
+    setups.sort(key=rank_key)
+    return DeviceComparison(device, par.world_size, par, rows, best, tuple(setups))
 
 
 def compare_engines(spec: ModelSpec, s: ServingConfig, choices: tuple[DeviceChoice, ...], *,
-                    headroom: float = 0.10) -> EngineComparison:
-    """The engines of :data:`COMPARED` on each device type of ``choices`` (module docstring).
+                    headroom: float = 0.10, prices: PriceTable | None = None, top: int = 1) -> EngineComparison:
+    """The engines of :data:`COMPARED` on each device type of ``choices``, and the ``top`` best setups over
+    them all ranked by ``prices`` (default: the catalog's) (module docstring).
 
     Raises:
-        InputError: never for one engine's settings (that engine is skipped with the reason).
+        InputError: ``top`` below 1; never for one engine's settings (that engine is skipped with the reason).
     """
+    if top < 1:
+        raise InputError(f"top is {top}; it must be at least 1 (the best setups to return)")
+    prices = prices or PriceTable.catalog()
     s = s.replace(max_model_len=max_model_len_of(spec, s))  # one length for all (llama.cpp's own default is 4096)
-    return EngineComparison(s, s.max_model_len, headroom, tuple(compare_device(spec, s, c, headroom) for c in choices))
+    return EngineComparison(s, s.max_model_len, headroom,
+                            tuple(compare_device(spec, s, c, headroom, prices) for c in choices), top, prices)

@@ -3,11 +3,13 @@ and Markdown (:mod:`memest.planning.engines`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from memest import __version__
-from memest.planning.engines import DeviceComparison, EngineComparison, EngineRow
+from memest.planning.engines import DeviceComparison, EngineComparison, EngineRow, EngineSetup
 from memest.report.estimate import describe_workload
+from memest.report.plan import describe_layout
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, gib
 
@@ -24,9 +26,22 @@ def _device_dict(d: DeviceComparison) -> dict[str, Any]:
             "engines": [_row_dict(r) for r in d.rows]}
 
 
+def _usd(usd: float) -> float | None:
+    return usd if math.isfinite(usd) else None
+
+
+def _setup_dict(x: EngineSetup) -> dict[str, Any]:
+    return {"device": x.device.name, "count": x.count, "tp": x.parallelism.tp, "pp": x.parallelism.pp,
+            "engine": x.engine.value, "usd_per_hour": _usd(x.usd_per_hour),
+            "concurrent_sequences": x.row.concurrent_sequences, "kv_cache_tokens": x.row.kv_cache_tokens,
+            "needed_bytes": x.row.needed_bytes}
+
+
 def engines_to_dict(c: EngineComparison, *, model: str) -> dict[str, Any]:
     """The JSON of ``memest plan --engine any --json`` (and :func:`memest.plan_memory` with ``engine="any"``):
-    ``engine_comparison`` holds one entry per device type, each with its engines' rows and the best."""
+    ``engine_comparison`` holds one entry per device type, each with its engines' rows and the best;
+    ``setups`` the ``top`` best setups over every type and engine, ranked as ``ranking`` says (prices in
+    ``prices_usd_per_hour``, null where a device has none)."""
     return {
         "memest_version": __version__,
         "model": model,
@@ -35,8 +50,29 @@ def engines_to_dict(c: EngineComparison, *, model: str) -> dict[str, Any]:
         "batch_size": c.workload.batch_size,
         "headroom": c.headroom,
         "engine_comparison": [_device_dict(d) for d in c.devices],
+        "ranking": ["usd_per_hour", "count", "-concurrent_sequences"],
+        "prices_usd_per_hour": {d.device.name: _usd(c.prices.price(d.device)) for d in c.devices},
+        "setups": [_setup_dict(x) for x in c.ranked],
         "confirm": CONFIRM,
     }
+
+
+def _setup_line(c: EngineComparison, i: int, x: EngineSetup) -> str:
+    usd = f"${x.usd_per_hour:,.2f}/h" if math.isfinite(x.usd_per_hour) else "no price"
+    n = x.row.concurrent_sequences
+    layout = describe_layout(c.workload.replace(engine=x.engine, parallelism=x.parallelism))
+    return (f"{i}. {x.count} x {x.device.name} · {x.engine.value} ({layout}) · {usd} · holds {n:,} "
+            f"sequence{'s' if n != 1 else ''} of {c.max_model_len:,} tokens")
+
+
+def _setup_lines(c: EngineComparison) -> list[str]:
+    """The ranked setups, with their heading (none when no engine fits anywhere)."""
+    ranked = c.ranked
+    if not ranked:
+        return []
+    head = ("Best setup" if c.top == 1 else f"Best {len(ranked)} setups") + \
+        " over every engine (ranked by $/h, then devices, then sequences held):"
+    return [head, *(_setup_line(c, i, x) for i, x in enumerate(ranked, 1))]
 
 
 def _fits_words(r: EngineRow) -> str:
@@ -75,6 +111,7 @@ def render_engines(c: EngineComparison, *, model: str) -> Any:
                             f"engine {c.workload.engine.value}", "engine any")),
                         Narrowest(table)]
     parts += [Text(_best_line(d, c.max_model_len), style="bold" if d.best else "red") for d in c.devices]
+    parts += [Text(line, style="bold" if i == 0 else "") for i, line in enumerate(_setup_lines(c))]
     parts.append(Text("* holds the most sequences of max_model_len on that device type; sequences: how many the "
                       "engine holds at once (0 when it does not start). " + CONFIRM, style="dim"))
     return Group(*parts)
@@ -91,4 +128,7 @@ def engines_to_markdown(c: EngineComparison, *, model: str) -> str:
                          + f" | {_fits_words(r)} | {r.skipped or ''} |")
     lines.append("")
     lines += [f"{_best_line(d, c.max_model_len)}  " for d in c.devices]
+    setups = _setup_lines(c)
+    if setups:
+        lines += ["", f"**{setups[0]}**", "", *(f"{line}  " for line in setups[1:])]
     return "\n".join(lines) + "\n"

@@ -329,7 +329,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                         f"{gib(s.kv_budget_bytes)}; the longest that fits is {s.largest_max_model_len_one_request:,}. "
                         "Decrease --max-model-len or add devices.", "bold red"))
     par = a.fewest
-    fewest = (f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else "") + f" ({par.tp * par.pp} x {a.verdict.device.name})"
+    layout = w.layout_words(par) if par and isinstance(w, ServingConfig) else None
+    fewest = ((layout or f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else ""))
+              + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
     out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
                 f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,}"

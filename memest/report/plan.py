@@ -18,7 +18,11 @@ from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, 
 
 
 def describe_layout(w: Workload) -> str:
-    """Parallel degrees of a setup (``tp 2 · pp 1 · dp 4``; ep and cp only when above 1)."""
+    """Parallel degrees of a setup (``tp 2 · pp 1 · dp 4``; ep and cp only when above 1), or the engine's
+    words for its split (:meth:`~memest.workload.ServingConfig.layout_words`)."""
+    layout = w.layout_words() if isinstance(w, ServingConfig) else None
+    if layout:
+        return layout
     par = w.parallelism
     parts = [f"tp {par.tp}", f"pp {par.pp}"]
     if isinstance(w, TrainingConfig):

@@ -12,7 +12,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memest.errors import InputError, UnknownModelError, UnsupportedArchitectureError
+from memest.errors import (
+    ConfigError,
+    InputError,
+    MissingDependencyError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
 from memest.sources import catalog
 from memest.sources.config import HFConfig, check_parameter_count, validate_fields
 from memest.sources.families import ADAPTERS, supported_model_types
@@ -141,9 +147,10 @@ def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool, notice: Notice | No
         raise UnsupportedArchitectureError(str(exc)) from exc
     try:
         return cached_spec(cfg, lambda: meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code),
-                           trust_remote_code=trust_remote_code, notice=notice)
-    except UnsupportedArchitectureError:
-        raise
+                           trust_remote_code=trust_remote_code, notice=notice,
+                           check=lambda: meta.check_buildable(cfg, trust_remote_code=trust_remote_code))
+    except (UnsupportedArchitectureError, ConfigError, MissingDependencyError):
+        raise  # memest's own refusals (check_buildable's among them) say what to fix as they are
     except Exception as exc:
         raise UnsupportedArchitectureError(
             f"model_type {cfg.model_type!r} of {cfg.name!r} has no analytic adapter "

@@ -33,6 +33,7 @@ from memest.validation.cases import cases_by_id
 from memest.validation.gaps import GOAL, KNOWN_GAPS, STACK_GAPS
 from memest.workload import (
     AttnImplementation,
+    Float8,
     Framework,
     KbitPrep,
     LoraConfig,
@@ -183,7 +184,7 @@ def build_cases() -> list[Case]:
         get_device("RTX-4090"), "allocated",
         round(pub["torchtune_llama31_8b_lora_4090"]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
         "torchtune lora_finetune_single_device: activation checkpointing, CEWithChunkedOutputLoss (assumed from the "
-        "config), torch.compile (modelled for the loss only: the compiled chunked cross-entropy keeps bf16 logits)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+        "config), torch.compile of the layers and the chunked cross-entropy (bf16 logits kept)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     out.append(Case(
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
@@ -223,10 +224,11 @@ def build_cases() -> list[Case]:
         "as the 8-GPU row, FSDP2 over 128 GPUs on 16 hosts", DEVICE_TOLERANCE, "peak reserved (GiB)"))
     out.append(Case(
         "torchtitan_llama31_70b_fsdp32_tp8", load_model("meta-llama/Llama-3.1-70B"),
-        titan.replace(micro_batch_size=16, recompute=Recompute.FULL,
+        titan.replace(micro_batch_size=16, recompute=Recompute.FULL, torch_compile=True, float8=Float8.TENSORWISE,
                       parallelism=Parallelism(dp=32, tp=8, zero_stage=3, sequence_parallel=True)),
         h100_96, "reserved", round(pub["torchtitan_llama31_70b_fsdp32_tp8"]["measured"]["peak_reserved_GiB"] * GiB),
-        "FSDP 32 x TP 8 with sequence parallel and loss parallel; full AC; torch.compile and float8 not modelled",
+        "FSDP 32 x TP 8 with sequence parallel and loss parallel; full AC; torch.compile, float8 tensorwise (its "
+        "FSDP float8 all-gather not stated: off)",
         DEVICE_TOLERANCE, "peak reserved (GiB)"))
 
     llama7b = load_model("meta-llama/Llama-2-7b-hf")
@@ -262,7 +264,7 @@ def build_cases() -> list[Case]:
                           recompute=Recompute.FULL, loss=Loss.CHUNKED, lora_library=LoraLibrary.TORCHTUNE,
                           prepare_kbit_training=KbitPrep.NONE, framework=Framework.PYTORCH, torch_compile=True)
     tune_note = ("torchtune 0.3 recipe config; bf16 adapters; CEWithChunkedOutputLoss under torch.compile (the "
-                 "compiled loss keeps the chunks' bf16 logits; the compiled layers' own changes are not modelled)")
+                 "compiled loss keeps the chunks' bf16 logits; the compiled layers save inductor's partition)")
     cid = "torchtune_llama31_8b_qlora_4090"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-8B-Instruct"),
                     tune.replace(method=Method.QLORA, lora=LoraConfig(rank=8, targets="q_proj,k_proj,v_proj,o_proj,"
@@ -326,13 +328,13 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                     "Llama-3.1-70B-Instruct as Llama-3.1-70B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     cid = "torchtune_llama31_405b_qlora_8xa100"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-405B"),
-                    tune.replace(method=Method.QLORA, loss=Loss.DEFAULT, torch_compile=False, framework=Framework.FSDP,
+                    tune.replace(method=Method.QLORA, loss=Loss.DEFAULT, framework=Framework.FSDP,
                                  parallelism=Parallelism(dp=8, zero_stage=3),
                                  lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
                                                                   "down_proj")),
                     a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GB"] * GB),
                     "torchtune 0.3 405B_qlora recipe: torchao NF4 base under FSDP2 over 8, plain CrossEntropyLoss "
-                    "(compile not modelled without the chunked loss); the README's 'GB' read as 1e9; "
+                    "under compile (the layers compiled; the plain loss modelled eager); the README's 'GB' read as 1e9; "
                     "Llama-3.1-405B-Instruct as Llama-3.1-405B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GB)"))
 
     llama3b = load_model("meta-llama/Llama-3.2-3B-Instruct")
@@ -354,8 +356,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                    ("torchtune_llama32_3b_lora_a100", offloaded.replace(method=Method.LORA, lora=lora64)),
                    ("torchtune_llama32_3b_qlora_a100", offloaded.replace(method=Method.QLORA, lora=lora64))):
         out.append(Case(cid, llama3b, w, a100, "allocated", round(pub[cid]["measured"]["peak_memory_active_GiB"] * GiB),
-                        flags_note + "; the compiled chunked cross-entropy keeps bf16 logits (the compiled layers' own "
-                        "changes are not modelled)", HIGH_TOLERANCE, "peak active (GiB)"))
+                        flags_note + "; the compiled chunked cross-entropy keeps bf16 logits, the compiled layers "
+                        "inductor's partition", HIGH_TOLERANCE, "peak active (GiB)"))
 
     unsloth_own = TrainingConfig(method=Method.QLORA, micro_batch_size=1, precision=Precision.BF16,
                                  optimizer=Optimizer.ADAMW8BIT, recompute=Recompute.FULL, activation_offloading=True,
@@ -383,18 +385,20 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                         MEDIUM_TOLERANCE, "capacity at the max context"))
 
     titan = TrainingConfig(micro_batch_size=1, seq_len=32768, precision=Precision.FSDP2, optimizer=Optimizer.ADAMW,
-                           recompute=Recompute.FULL, parallelism=Parallelism(dp=8, zero_stage=3))
-    titan_note = ("torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 not "
-                  "modelled")
+                           recompute=Recompute.FULL, parallelism=Parallelism(dp=8, zero_stage=3), torch_compile=True,
+                           float8=Float8.TENSORWISE)
+    titan_note = ("torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 "
+                  "tensorwise (the table's)")
     for cid, spec, w, note in (
             ("torchtitan_llama31_8b_fsdp8_cp1_32k", load_model("meta-llama/Llama-3.1-8B"), titan, ""),
             ("torchtitan_llama31_8b_fsdp1_cp8_256k", load_model("meta-llama/Llama-3.1-8B"),
              titan.replace(seq_len=262144, parallelism=Parallelism(dp=1, cp=8, zero_stage=3)),
              "; context parallel 8 (each rank a 32,768-token shard)"),
             ("torchtitan_llama31_405b_fsdp8_tp8_pp8_1f1b", load_model("meta-llama/Llama-3.1-405B"),
-             titan.replace(micro_batch_size=4, seq_len=8192, grad_accum_steps=8,
+             titan.replace(micro_batch_size=4, seq_len=8192, grad_accum_steps=8, float8_all_gather=True,
                            parallelism=Parallelism(dp=8, tp=8, pp=8, zero_stage=3, sequence_parallel=True)),
-             "; FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, the local batch 32 as 8 micro-batches "
+             "; float8 all-gather (llama3_405b.toml); FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, "
+             "the local batch 32 as 8 micro-batches "
              "of 4")):
         conf = MEDIUM_TOLERANCE if pub[cid]["confidence"] == "medium" else DEVICE_TOLERANCE
         out.append(Case(cid, spec, w, h100_96, "reserved", round(pub[cid]["measured"]["peak_reserved_GiB"] * GiB),

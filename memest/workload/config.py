@@ -250,6 +250,20 @@ class LoraLibrary(str, Enum):
     ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
 
 
+class Float8(str, Enum):
+    """torchao float8 training (``torchao.float8.convert_to_float8_training``, torchtitan's ``float8`` converter):
+    each decoder linear becomes a ``Float8Linear`` whose matmuls cast their inputs to float8 with dynamic scales
+    (torchao 0.18.0 ``float8/config.py`` ``Float8LinearRecipeName``). What it saves for backward:
+    :mod:`memest.estimate.activations`."""
+
+    NONE = "none"
+    """bf16 linears."""
+    TENSORWISE = "tensorwise"
+    """One fp32 scale per tensor (torchao's default recipe; the one FSDP2's float8 all-gather supports)."""
+    ROWWISE = "rowwise"
+    """One fp32 scale per row (axiswise; the backward recasts the high-precision input along the other axis)."""
+
+
 class Engine(str, Enum):
     """Serving engines whose memory behaviour memest models."""
 
@@ -432,8 +446,13 @@ class TrainingConfig:
             ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
             ``none``.
         lora_library: LoRA and QLoRA: who builds the adapters and the 4-bit base (:class:`LoraLibrary`).
-        torch_compile: The loss runs under torch.compile (torchtune ``compile: True`` compiles it with
-            ``training.compile_loss``); modelled for the chunked loss only.
+        torch_compile: The layers (and the loss) run under torch.compile (torchtune ``compile: True``:
+            ``training.compile_model`` and ``compile_loss``; torchtitan ``[compile] enable`` / ``training.compile``):
+            inductor's partitioner decides what the layers save (:mod:`memest.estimate.activations`), and the
+            compiled chunked cross-entropy keeps each chunk's 16-bit logits.
+        float8: torchao float8 training of the decoder's linears (:class:`Float8`).
+        float8_all_gather: FSDP2 all-gathers the float8 linears' weights in float8
+            (torchao ``Float8LinearConfig.enable_fsdp_float8_all_gather``; tensorwise only).
     """
 
     method: Method = Method.FULL
@@ -512,10 +531,21 @@ class TrainingConfig:
              "preparation: 16-bit non-quantized weights and residual stream).")
 
     torch_compile: bool = setting(
-        False, group="training", scope="training", describe="changed", what="torch.compile's compiled loss",
-        help="torch.compile the loss (torchtune compile=True): the compiled chunked cross-entropy keeps each "
-             "chunk's 16-bit logits, not their fp32 log-probabilities (only {loss} chunked is modelled; the "
-             "compiled layers' own changes are not).")
+        False, group="training", scope="training", describe="changed", what="torch.compile's saved tensors",
+        help="torch.compile the layers and the loss (torchtune compile=True, torchtitan compile.enable): "
+             "inductor recomputes the norms' fp32 copies and the activation's output in backward, and the compiled "
+             "chunked cross-entropy keeps 16-bit logits.")
+    float8: Float8 = setting(
+        Float8.NONE, group="training", scope="training", methods=("full",), describe="changed",
+        what="float8 linears' saved tensors",
+        help="torchao float8 training of the linears (torchtitan model.converters float8): none, tensorwise or "
+             "rowwise; with {torch_compile} the norms' outputs and the down projection's input are recomputed "
+             "for the backward's float8 casts.")
+    float8_all_gather: bool = setting(
+        False, group="training", scope="training", methods=("full",), describe="changed",
+        what="float8 FSDP all-gathers",
+        help="FSDP2 all-gathers the float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather; "
+             "needs {float8} tensorwise and {zero_stage} 3).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",
@@ -697,6 +727,26 @@ class ServingConfig:
     def mode(self) -> str:
         """Always ``serve``."""
         return "serve"
+
+    def layout_words(self, parallelism: Parallelism | None = None) -> str | None:
+        """How the engine spreads the job over its devices, in its own words, where that is not tensor /
+        pipeline parallelism (None: the tp / pp degrees say it). llama.cpp splits whole layers over its
+        GPUs (``--split-mode layer``, its default; ``common/arg.cpp``), each GPU's share by ``--tensor-split``,
+        else by free memory (``llama_model_load``: ``ggml_backend_dev_memory``); Ollama places the layers
+        itself. memest counts those GPUs as ``parallelism.tp`` (any count, no head split).
+
+        Args:
+            parallelism: Another layout of the same job (a planned setup's), else the job's.
+        """
+        if self.engine.value not in GGUF_ENGINES:
+            return None
+        gpus = (parallelism or self.parallelism).world_size
+        if gpus == 1:
+            return None
+        split = f"tensor-split {','.join(f'{x:g}' for x in self.tensor_split)}" if self.tensor_split else None
+        if self.engine is Engine.OLLAMA:
+            return f"layers split over {gpus} GPUs" + (f", {split}" if split else " (Ollama's placement)")
+        return f"split-mode layer over {gpus} GPUs, " + (split or "tensor-split by free memory")
 
     def replace(self, **changes: Any) -> ServingConfig:
         """A copy with some fields changed."""

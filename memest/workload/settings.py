@@ -132,18 +132,20 @@ def reads(workload: Any, s: Setting) -> bool:
 def describe(workload: Any) -> str:
     """One line of a workload's main settings: the mode, the stack and its recipe in words (with why it
     was assumed), then each setting whose ``describe`` says to
-    show it (``seq_len 8192``; a setting at None is shown as ``= default``)."""
+    show it (``seq_len 8192``; a setting at None is shown as ``= default``); the parallel degrees in the
+    engine's words where the workload has them (``layout_words``: llama.cpp's layer split)."""
     parts = [workload.mode]
     stack = getattr(workload, "stack", None)
     if stack is not None:
         words = stacks.recipe_words(stack, workload.precision, workload.optimizer)
         parts.append(words + (f" (assumed: {workload.stack_assumed})" if workload.stack_assumed else ""))
+    layout = workload.layout_words() if hasattr(workload, "layout_words") else None
     for name, s in settings().items():
-        if s.describe is None or not reads(workload, s):
+        if s.describe is None or not reads(workload, s) or (layout and s.group == "parallelism"):
             continue
         value = value_of(workload, s)
         if s.describe == "changed" and value == s.field_default:
             continue
         shown = "= default" if value is None else str(value.value if isinstance(value, Enum) else value)
         parts.append(f"{name} {shown}")
-    return " · ".join(parts)
+    return " · ".join(parts + ([layout] if layout else []))

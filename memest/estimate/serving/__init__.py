@@ -50,9 +50,11 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
     use same value for maxTokens": an MPI allreduce MIN in ``KVCacheManager``'s pool sizing,
     ``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``). On the larger cards the engine holds the
     same KV pool and leaves the rest unused (vLLM: gpu_memory_utilization applies per GPU, and the
-    larger workers' KV tensors are shrunk to the common block count). Not modelled: SGLang picks its
-    default mem_fraction_static in the launcher from the first GPU's memory, memest from the binding
-    card's; on a fleet whose first card is the larger, give ``mem_fraction_static``.
+    larger workers' KV tensors are shrunk to the common block count). SGLang sizes its default
+    ``mem_fraction_static`` (and the ``chunked_prefill_size`` / ``cuda_graph_max_bs`` behind it) once, for
+    every rank, from the smallest card's memory (``get_nvgpu_memory_capacity``: the min over nvidia-smi's
+    ``memory.total``; :func:`memest.estimate.serving.sglang.engine.sglang_ranks`), so each card is estimated
+    at that fraction and the one with the least free memory binds, as its all-reduce MIN makes it.
 
     Raises:
         InputError: an ``--engine-version`` the engine does not have.
@@ -61,7 +63,10 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
         if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
             return (ollama.estimate_ollama if s.engine is Engine.OLLAMA else llamacpp_engine.estimate_llamacpp)(
                 spec, s, device)
-        each = {d: estimate_serving(spec, s, d) for d in dict.fromkeys(device.devices)}
+        if s.engine is Engine.SGLANG:  # one mem_fraction_static for all ranks, from the smallest card
+            each = {d: sglang_engine.estimate_sglang(spec, s, d, device.smallest) for d in dict.fromkeys(device.devices)}
+        else:
+            each = {d: estimate_serving(spec, s, d) for d in dict.fromkeys(device.devices)}
         small, est = min(each.items(), key=lambda item: (_pool_tokens(item[1]), item[0].memory_bytes))
         note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them and takes the smallest "
                 f"KV pool of its ranks, so every rank runs at the card with the least room ({small.name}); the others "

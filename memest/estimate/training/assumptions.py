@@ -11,6 +11,7 @@ from memest.memo import remembered
 from memest.spec import ModelSpec
 from memest.workload import (
     AttnImplementation,
+    Float8,
     Framework,
     KbitPrep,
     LoraLibrary,
@@ -53,6 +54,9 @@ class AssumptionsInput(NamedTuple):
     fsdp_offload: bool  # FSDP with CPUOffloadPolicy
     in_backward: bool  # torchtune's optimizer_in_bwd (full training)
     checkpoints_on_device: int  # activation offloading: checkpoints left on the device (0: off)
+    torch_compile: bool = False
+    float8: str = "none"  # Float8 value, "none" under LoRA / QLoRA
+    float8_all_gather: bool = False
 
 
 _QLORA_BASES = {
@@ -73,7 +77,8 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
         t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
         t.lora_library, t.optimizer, par.ep > 1 and par.zero_stage > 0,
         fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
-        offloaded_checkpoints_on_device(t)))
+        offloaded_checkpoints_on_device(t), t.torch_compile,
+        Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather))
 
 
 @remembered(maxsize=4096)
@@ -132,4 +137,14 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.checkpoints_on_device:
         out.append(f"activation offloading: layer checkpoints in host RAM, {a.checkpoints_on_device} kept on the "
                    "device (torchtune OffloadActivations' forward stash of 5; unsloth brings back 1)")
+    if a.torch_compile:
+        out.append("torch.compile (torch 2.13 inductor, default min-cut partitioner): each layer saves its norms' 16-bit "
+                   "inputs and rstd, not their fp32 copies, and the gated MLP's gate, up and down input, not the "
+                   "activation's output" + ("; with float8 the norms' outputs and the down input are recomputed too"
+                                            if a.float8 != "none" else "")
+                   + "; eager attention's scores, the backward's buffers and a plain loss as eager")
+    if a.float8 != "none":
+        out.append(f"torchao 0.18 float8 {a.float8} linears (dynamic scaling: no amax history)"
+                   + ("; FSDP2 all-gathers their weights in float8" if a.float8_all_gather else "")
+                   + ("" if a.torch_compile else "; eager Float8Linear saves its bf16 input, as a bf16 linear"))
     return tuple(out)

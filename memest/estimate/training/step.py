@@ -135,8 +135,8 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     if st.stream_pool:
         chosen.append(Term("allocator.all_gather_stream", Kind.ALLOCATOR, st.stream_pool, st.stream_pool_formula))
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
-    if t.parallelism.world_size > 1:
-        chosen.append(Term("runtime.nccl", Kind.RUNTIME, runtime.nccl_bytes(t.parallelism.world_size), "NCCL communicators"))
+    if nccl := runtime.nccl_bytes(t.parallelism.world_size, device):
+        chosen.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
     if st.paged:
         chosen.append(_paged_term(st.paged, sum(map(_BYTES, chosen)), device))
     return tuple(chosen), name

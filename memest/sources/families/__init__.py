@@ -27,6 +27,7 @@ from memest.sources.families import (
     falcon,
     falcon_h1,
     gemma,
+    gemma3n,
     gemma4,
     glm,
     gpt2,
@@ -51,6 +52,7 @@ from memest.sources.families import (
     phi,
     qwen3_next,
     qwen_vl,
+    rwkv,
     stablelm,
     starcoder2,
     t5,
@@ -130,6 +132,12 @@ ADAPTERS: dict[str, Adapter] = {
     "mimo": mimo.build,
     "nemotron-nas": nemotron_nas.build,
     "voxtral": voxtral.build,
+    "gemma3n": gemma3n.build,
+    "gemma3n_text": gemma3n.build,
+    "rwkv": rwkv.build,
+    "rwkv5": rwkv.build,
+    "rwkv6": rwkv.build,
+    "rwkv7": rwkv.build,
 }
 
 

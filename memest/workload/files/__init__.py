@@ -36,6 +36,7 @@ from memest.workload.files import (
     deepspeed,
     llamafactory,
     megatron,
+    nemo,
     torchtitan,
     torchtune,
     trainer,
@@ -53,11 +54,12 @@ from memest.workload.files._common import (
     lookup,
 )
 
-FORMATS: tuple[ModuleType, ...] = (torchtune, torchtitan, accelerate, llamafactory, axolotl, trainer, deepspeed, vllm,
-                                   megatron)
+FORMATS: tuple[ModuleType, ...] = (torchtune, torchtitan, nemo, accelerate, llamafactory, axolotl, trainer, deepspeed,
+                                   vllm, megatron)
 """The format modules, in the order their ``detect`` is tried (the most specific first: a torchtune recipe and a
 torchtitan TOML have ``optimizer`` and ``gradient_accumulation_steps`` keys as a DeepSpeed JSON does,
-LLaMA-Factory and axolotl recipes share TrainingArguments keys, and TrainingArguments shares ``bf16`` and
+a NeMo 1 config has ``trainer`` and ``model`` sections
+as others may, LLaMA-Factory and axolotl recipes share TrainingArguments keys, and TrainingArguments shares ``bf16`` and
 ``gradient_accumulation_steps`` with a DeepSpeed JSON; the command lines last); each has ``NAME``,
 ``detect(doc, text)`` and ``read(path, doc) -> Found``. ``doc`` is the parsed file (JSON, TOML or YAML; None
 when a script parses as none of them) and ``detect`` also sees its text, for formats that are command lines

@@ -18,6 +18,7 @@ is passed as MODEL (a Hub id or config.json of that architecture).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,24 +123,13 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     elif optimizer != "adam":
         notes.append(f"{path.name}: --optimizer {optimizer} is not modelled (memest models adam and sgd); the "
                      "stack's Adam is used")
-    group = degrees["tp"] * degrees["pp"] * degrees["cp"]
     per_node, nodes = doc.get("nproc_per_node"), doc.get("nnodes", "1")
-    gpus = None
+    launched = None
     if isinstance(per_node, str) and per_node.isdigit() and isinstance(nodes, str) and nodes.isdigit():
-        launched = int(per_node) * int(nodes)
-        if launched % group == 0:
-            gpus = launched
-            put("gpus", gpus, "nproc_per_node")
-        else:
-            notes.append(f"{path.name}: the launcher starts {per_node} x {nodes} = {launched} processes, not a "
-                         f"multiple of tp x pp x cp = {group}; pass the job's gpus")
-    total = integer("global-batch-size")
-    if total is not None and micro is not None:
-        if gpus is not None and total % (micro * (gpus // group)) == 0:
-            put("grad_accum_steps", total // (micro * (gpus // group)), "global-batch-size")
-        else:
-            notes.append(f"{path.name}: --global-batch-size {total} accumulates {total} / (micro-batch-size {micro} "
-                         "x the data-parallel degree) micro-batches; memest uses grad_accum_steps as given")
+        launched = (int(per_node), int(nodes))
+    data_parallel(path, put, notes, degrees, launched, micro, integer("global-batch-size"),
+                  starts="the launcher starts", gpus_key="nproc_per_node", total_key="global-batch-size",
+                  total_words="--global-batch-size", micro_words="micro-batch-size")
     if isinstance(doc, _shell.Flags):
         notes += _shell.blocked_note(path, doc)
     shape = [f"--{k} {doc[k]}" for k in _ARCHITECTURE if k in doc]
@@ -147,3 +137,30 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         notes.append(f"{path.name}: the architecture is given by flags ({', '.join(shape)}), not read: memest "
                      "estimates the MODEL passed (a Hub id or config.json of that architecture)")
     return Found(values, notes, None, origins)
+
+
+def data_parallel(path: Path, put: Callable[[str, Any, str], None], notes: list[str], degrees: dict[str, int],
+                  launched: tuple[int, int] | None, micro: int | None, total: int | None, *, starts: str,
+                  gpus_key: str, total_key: str, total_words: str, micro_words: str) -> None:
+    """The device count and the accumulation steps of a Megatron job (Megatron-LM, NeMo): ``launched`` =
+    (processes per node, nodes) is the device count when tp x pp x cp divides it (else a note); the global
+    batch accumulates ``total / (micro x dp)`` micro-batches, dp = devices / (tp x pp x cp)
+    (``megatron/training/arguments.py``: ``data_parallel_size = world_size // (tp * pp * cp)``;
+    ``num_microbatches = global_batch_size // (micro_batch_size * data_parallel_size)``), when it divides
+    (else a note: accumulation as given)."""
+    group = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    gpus = None
+    if launched is not None:
+        per_node, nodes = launched
+        if (per_node * nodes) % group == 0:
+            gpus = per_node * nodes
+            put("gpus", gpus, gpus_key)
+        else:
+            notes.append(f"{path.name}: {starts} {per_node} x {nodes} = {per_node * nodes} processes, not a "
+                         f"multiple of tp x pp x cp = {group}; pass the job's gpus")
+    if total is not None and micro is not None:
+        if gpus is not None and total % (micro * (gpus // group)) == 0:
+            put("grad_accum_steps", total // (micro * (gpus // group)), total_key)
+        else:
+            notes.append(f"{path.name}: {total_words} {total} accumulates {total} / ({micro_words} {micro} "
+                         "x the data-parallel degree) micro-batches; memest uses grad_accum_steps as given")

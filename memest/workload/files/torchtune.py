@@ -140,12 +140,8 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
               "enable_activation_checkpointing")
     _dtype(r)
     _loss(r)
-    if r.flag("compile"):
-        if r.values.get("loss", Loss.CHUNKED) is Loss.CHUNKED:
-            r.put("torch_compile", True, "compile")
-        else:
-            r.notes.append(f"{path.name}: compile is True; memest models torch.compile only for the chunked loss: "
-                           "the compiled layers are estimated uncompiled")
+    if r.flag("compile"):  # training.compile_model (each layer) and compile_loss
+        r.put("torch_compile", True, "compile")
     if r.flag("fsdp_cpu_offload"):
         r.put("offload", Offload.PARAMS, "fsdp_cpu_offload")
     tp = r.get("tensor_parallel_dim")

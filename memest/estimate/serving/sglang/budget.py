@@ -33,7 +33,7 @@ The default ``mem_fraction_static`` (``python/sglang/srt/server_args.py``):
   ``reserved = 512 + max(chunked_prefill_size, 2048) x 1.5 + cuda_graph_max_bs x 2 + tp x pp / 8 x
   1024`` MiB, at least 10 GiB on GPUs above 60 GiB, and ``mem_fraction_static = round((gpu_mem -
   reserved) / gpu_mem, 3)`` with ``gpu_mem`` the GPU's total in MiB. SGLang reads ``gpu_mem`` from
-  nvidia-smi's ``memory.total`` (81,559 MiB on an H100 80GB); memest from the device's capacity
+  nvidia-smi's ``memory.total`` (the smallest of the GPUs it lists, for every rank) (81,559 MiB on an H100 80GB); memest from the device's capacity
   (81,090 MiB), so its default can come out 0.001 lower (0.834 against 0.835 on an H100: 0.1% of
   the pool). Builds of 2026 that capture piecewise CUDA graphs by default also reserve 8 MiB per
   piecewise capture size before the floor (0.828 on an H100, sglang issue #29092); not modelled.

@@ -34,15 +34,16 @@ def version_of(s: ServingConfig) -> str:
 def free_before_load(device: Device, world_size: int) -> int:
     """Free memory on a rank when SGLang measures ``total_gpu_memory``: the capacity less the CUDA
     context and the NCCL communicators (initialised before, ``init_torch_distributed``)."""
-    return device.memory_bytes - runtime.cuda_context_bytes(device) - runtime.nccl_bytes(world_size)
+    return device.memory_bytes - runtime.cuda_context_bytes(device) - runtime.nccl_bytes(world_size, device)
 
 
-def mem_fraction(spec: ModelSpec, s: ServingConfig, device: Device) -> float:
+def mem_fraction(spec: ModelSpec, s: ServingConfig, device: Device, sized_by: Device | None = None) -> float:
     """The mem_fraction_static SGLang runs with: ``--mem-fraction-static``, else its default
-    (:func:`memest.estimate.serving.sglang.budget.mem_fraction_static`)."""
+    (:func:`memest.estimate.serving.sglang.budget.mem_fraction_static`) from the memory of ``sized_by``
+    (the smallest card of unlike ones: :func:`sglang_ranks`), else of ``device``."""
     par = s.parallelism
     version = version_of(s)
-    default = sg.default_mem_fraction_static(version, device, par.tp, par.pp, s.chunked_prefill_size)
+    default = sg.default_mem_fraction_static(version, sized_by or device, par.tp, par.pp, s.chunked_prefill_size)
     return sg.mem_fraction_static(version, s.mem_fraction_static, default, spec.architecture)
 
 
@@ -59,11 +60,19 @@ class SglangRank:
     pool: sg.Pool
 
 
-def sglang_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[SglangRank]:
-    """Every pipeline stage's pool (SGLang takes the smallest token count over the stages)."""
+def sglang_ranks(spec: ModelSpec, s: ServingConfig, device: Device, sized_by: Device | None = None) -> list[SglangRank]:
+    """Every pipeline stage's pool (SGLang takes the smallest token count over the stages) on ``device``.
+
+    Args:
+        sized_by: On unlike cards, the one SGLang sizes its defaults by: the smallest. ``ServerArgs``
+            (``_handle_gpu_memory_settings``) reads ``gpu_mem = get_device_memory_capacity()`` once, in the
+            launcher, for every rank; on CUDA that is ``get_nvgpu_memory_capacity()``, the ``min`` of
+            ``nvidia-smi --query-gpu=memory.total`` over every GPU it lists (sgl-project/sglang
+            ``python/sglang/srt/utils/common.py`` at 004f0c7a8d398a9c4b6844c1d8071502fa88e78c). None: ``device``.
+    """
     par = s.parallelism
     total = free_before_load(device, par.tp * par.pp)
-    fraction = mem_fraction(spec, s, device)
+    fraction = mem_fraction(spec, s, device, sized_by)
     c = compute_bytes(spec, s)
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
@@ -117,16 +126,17 @@ def _terms(spec: ModelSpec, s: ServingConfig, device: Device, r: SglangRank, tok
              "request table: (max_num_reqs + 1) x (context_len + 4) x int32"),
         Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"),
     ]
-    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
     if nccl:
         terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
     return terms
 
 
-def estimate_sglang(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate:
-    """Per-rank memory of this job under SGLang and SGLang's own start-up numbers (the summary)."""
+def estimate_sglang(spec: ModelSpec, s: ServingConfig, device: Device, sized_by: Device | None = None) -> Estimate:
+    """Per-rank memory of this job under SGLang and SGLang's own start-up numbers (the summary); ``sized_by``:
+    the card SGLang's defaults are sized by when it is not ``device`` (:func:`sglang_ranks`)."""
     version = version_of(s)
-    ranks = sglang_ranks(spec, s, device)
+    ranks = sglang_ranks(spec, s, device, sized_by)
     tokens = pool_tokens(ranks)
     max_len = max_model_len_of(spec, s)
     out = []
@@ -156,7 +166,7 @@ def estimate_sglang(spec: ModelSpec, s: ServingConfig, device: Device) -> Estima
         engine_version=version,
         requested_bytes=p.static,
         non_kv_bytes=p.weights,
-        non_torch_bytes=runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp),
+        non_torch_bytes=runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp, device),
         request_kv_bytes=request,
         engine_error=error,
         largest_max_model_len=largest_max_model_len(spec, s, device, s.batch_size, ranks=ranks),

@@ -66,7 +66,7 @@ def max_num_tokens_of(s: ServingConfig) -> int:
 def trtllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[TrtllmRank]:
     """Every pipeline stage's KV sizing."""
     par = s.parallelism
-    outside = runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp)
+    outside = runtime.cuda_context_bytes(device) + runtime.nccl_bytes(par.tp * par.pp, device)
     c = compute_bytes(spec, s)
     buffers = (tb.activation_bytes(max_num_tokens_of(s), spec.hidden_size, c)
                + tb.buffer_bytes(max_batch_size_of(s), spec.vocab_size))
@@ -110,7 +110,7 @@ def _terms(spec: ModelSpec, s: ServingConfig, device: Device, r: TrtllmRank) -> 
              f"{max_batch_size_of(s)} (fitted)"),
         Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"),
     ]
-    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+    nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
     if nccl:
         terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
     return terms

@@ -277,5 +277,5 @@ def outside_budget_bytes(version: str, device: Device, num_layers: int, *, enfor
     and the NCCL communicators of a job of ``world_size`` devices."""
     out = cuda_graph_bytes(device, num_layers, enforce_eager=enforce_eager)
     if version == "0.19":
-        out += runtime.cuda_context_bytes(device) + runtime.nccl_bytes(world_size)
+        out += runtime.cuda_context_bytes(device) + runtime.nccl_bytes(world_size, device)
     return out

@@ -132,7 +132,7 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
                           "non-torch memory the forward adds (all-reduce buffers, lazily loaded kernels)"))
         terms.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device),
                           f"{device.arch} context (outside vLLM's budget)"))
-        nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp)
+        nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
         if nccl:
             terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators (outside vLLM's budget)"))
     else:
