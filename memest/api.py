@@ -1,4 +1,4 @@
-"""memest's Python API: the estimate, the plan and the sweep of the CLI, as functions.
+"""memest's Python API: the estimate, the plan, the sweep and the log check of the CLI, as functions.
 
 >>> import memest
 >>> r = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="train", gpu="H100-80GB", gpus=8, zero_stage=3)
@@ -567,6 +567,68 @@ def sweep_values(model: Model | None, values: Mapping[str, Any], ranged: Mapping
                                gguf_tensors=gguf_tensors(job), model=_given(model))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
+
+
+class LogCheck(Report):
+    """One log of :func:`check_logs` (an item of ``memest check --json``); ``result`` is the
+    :class:`memest.check.Check`."""
+
+    __slots__ = ()
+
+
+def check_logs(logs: str | Any | Mapping[str, Any] | Iterable[Any], *, model: str | None = None,
+               gpu: str | None = None, engine_version: str | None = None,
+               settings: Mapping[str, Any] | None = None, local_files: bool = True) -> list[LogCheck]:
+    """Engine start-up logs or training logs against memest's estimate of the jobs they ran:
+    ``memest check LOG ... --json`` as a list of :class:`LogCheck` (``[c.to_dict() for c in ...]`` is
+    that JSON).
+
+    Args:
+        logs: One log's text; an iterable of texts (named ``<log 1>``, ``<log 2>``, ... in messages)
+            or of ``(name, text)`` pairs; or a mapping of names (a path, ``-``) to texts. A :class:`memest.logs.EngineLog` already
+            read may stand for a text. Texts, never paths: nothing is read from disk here.
+        model: The model to estimate when the log names none memest resolves offline (a catalog name,
+            a Hub id, or, with ``local_files``, a folder).
+        gpu: The accelerator, when the log names none memest knows.
+        engine_version: The engine arithmetic to apply instead of the log's version's (``"0.19"``).
+        settings: Settings the log does not print, by their keywords (``{"seq_len": 4096, "gpus": 8}``);
+            ``config``: config files to read them from.
+        local_files: False: the model a log names resolves from memest's catalog only, never a path on
+            this machine (what ``memest serve`` does with logs it is sent).
+
+    Raises:
+        InputError: an empty or binary text, a log in no format memest reads (the message lists the
+            formats), one without its figures, a number too large to be a figure; as
+            :func:`memest.check.check_log` (the model not named, no accelerator, a training setting the
+            log lacks, a job memest does not estimate), each message starting with the log's name.
+    """
+    from memest.check import check_log
+    from memest.logs import EngineLog, check_text, read_log
+    from memest.report.check import check_to_dict
+
+    if isinstance(logs, str | EngineLog):
+        named: list[tuple[str, Any]] = [("<log>", logs)]
+    elif isinstance(logs, Mapping):
+        named = list(logs.items())
+    else:
+        named = [item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                 else (f"<log {i}>", item) for i, item in enumerate(logs, 1)]
+    if not named:
+        raise InputError("no log given; pass an engine's start-up log or a training log as text")
+    given = dict(settings or {})
+    out = []
+    for name, item in named:
+        if isinstance(item, EngineLog):
+            log = item
+        elif isinstance(item, str):
+            log = read_log(check_text(item, name), name)
+        else:
+            raise InputError(f"log {name!r} is {type(item).__name__}, not a log's text; pass the log itself as a "
+                             "string (read the file yourself: this function reads none)")
+        c = check_log(log, name=name, model=model, gpu=gpu, engine_version=engine_version, settings=given,
+                      local_files=local_files)
+        out.append(LogCheck(check_to_dict(c), c))
+    return out
 
 
 def _advertise_settings(func: Any) -> None:

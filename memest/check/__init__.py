@@ -22,7 +22,7 @@ from memest.errors import InputError, MemestError
 from memest.estimate import estimate
 from memest.logs import EngineLog
 from memest.result import Estimate, Kind
-from memest.sources import catalog, config_from_data, load_config, spec_from_config
+from memest.sources import catalog, catalog_config, config_from_data, load_config, spec_from_config
 from memest.spec import ModelSpec
 from memest.workload import ENGINE_VERSIONS, ServingConfig, TrainingConfig, Workload, resolve, validate
 
@@ -108,12 +108,13 @@ class Check:
 # ---- the job the log describes ----
 
 
-def offline_model(reference: str) -> str | None:
-    """The model a log names as memest resolves it without the Hub: an existing path, or a catalog
-    entry under the full reference, its last two path components (``org/name``) or its last one."""
+def offline_model(reference: str, *, local_files: bool = True) -> str | None:
+    """The model a log names as memest resolves it without the Hub: an existing path (unless
+    ``local_files`` is False), or a catalog entry under the full reference, its last two path components
+    (``org/name``) or its last one."""
     from pathlib import Path
 
-    if Path(reference).expanduser().exists():
+    if local_files and Path(reference).expanduser().exists():
         return reference
     parts = [p for p in re.split(r"[/\\]", reference.strip()) if p]
     for candidate in (reference.strip(), "/".join(parts[-2:]), parts[-1] if parts else ""):
@@ -122,8 +123,9 @@ def offline_model(reference: str) -> str | None:
     return None
 
 
-def _model(log: EngineLog, given: str | None) -> tuple[str, ModelSpec]:
-    if given is None and log.model_config is not None and (log.model is None or offline_model(log.model) is None):
+def _model(log: EngineLog, given: str | None, local_files: bool = True) -> tuple[str, ModelSpec]:
+    if given is None and log.model_config is not None and (
+            log.model is None or offline_model(log.model, local_files=local_files) is None):
         cfg = config_from_data(log.model_config, name=log.model or "the log's model")
         return f"{cfg.name} (shapes from the log)", spec_from_config(cfg)
     if given is not None:
@@ -132,11 +134,15 @@ def _model(log: EngineLog, given: str | None) -> tuple[str, ModelSpec]:
         raise InputError(f"the {log.format} log does not name its model; pass it with {{model}} (a catalog name, see "
                          "'memest models', a Hub id or a config.json folder)", field="model")
     else:
-        found = offline_model(log.model)
+        found = offline_model(log.model, local_files=local_files)
         if found is None:
             raise InputError(f"the log's model {log.model!r} is not in memest's offline catalog; pass it with "
                              "{model} (a catalog name, see 'memest models', a Hub id or a config.json folder)",
                              field="model")
+        if not local_files:  # the catalog's own copy: a name that is also a folder here is not read
+            cfg = catalog_config(found)
+            assert cfg is not None
+            return cfg.name, spec_from_config(cfg)
         reference = found
     cfg = load_config(reference)
     return cfg.name, spec_from_config(cfg)
@@ -325,7 +331,8 @@ def missing_settings(log: EngineLog, values: dict[str, Any], given: dict[str, An
 
 
 def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, gpu: str | None = None,
-              engine_version: str | None = None, settings: dict[str, Any] | None = None) -> Check:
+              engine_version: str | None = None, settings: dict[str, Any] | None = None,
+              local_files: bool = True) -> Check:
     """The log's figures beside memest's estimate of the job the log describes.
 
     Args:
@@ -337,6 +344,8 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
             names (:func:`memest.workload.settings.settings`; ``config``: config files to read them
             from, whose model is estimated when neither ``model`` nor the log names one); they win
             over the log's.
+        local_files: False: the model the log names resolves from memest's catalog only, never a path
+            on this machine (a service checking logs it was sent).
 
     Raises:
         InputError: the model is not named or not resolvable offline; no accelerator is known; a
@@ -350,7 +359,7 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
 
         model = files.read(tuple(given["config"])).model
     try:
-        model_name, spec = _model(log, model)
+        model_name, spec = _model(log, model, local_files)
         device = _device(log, gpu, notes)
     except InputError as exc:
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc

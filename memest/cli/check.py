@@ -107,23 +107,22 @@ def check_command(
     with the error and the term of the largest gap. A setting the log does not print is named: give it
     with --setting (or --config).
     """
-    from memest.check import check_log
+    from memest.api import check_logs
     from memest.errors import MemestError
-    from memest.logs import read_log
 
     if logs.count("-") > 1:
         raise InputError("'-' (stdin) is given more than once; stdin can be read once")
     given = parse_settings(setting, config)
     try:
-        checks = [check_log(read_log(_read(name), name), name=name, model=model, gpu=gpu,
-                            engine_version=engine_version, settings=given) for name in logs]
+        texts = [(name, _read(name)) for name in logs]
+        checks = check_logs(texts, model=model, gpu=gpu, engine_version=engine_version, settings=given)
     except MemestError as exc:
         raise exc.named(check_flag) from exc
-    from memest.report.check import check_to_dict, render_check
+    from memest.report.check import render_check
 
     if json_:
-        typer.echo(json.dumps([check_to_dict(c) for c in checks], indent=2))
+        typer.echo(json.dumps([c.to_dict() for c in checks], indent=2))
         return
     console = _console()
     for c in checks:
-        console.print(render_check(c))
+        console.print(render_check(c.result))

@@ -22,7 +22,7 @@ import ast
 import re
 from typing import Any
 
-from memest.logs._text import NUMBER, count_figure, first, keep, line_of, nbytes, number, size_figure
+from memest.logs._text import GAP, NUMBER, count_figure, first, keep, line_of, nbytes, number, size_figure
 from memest.logs.record import EngineLog, Logged
 
 FIGURE_LINES = ("Model loading took", "Available KV cache memory", "GPU KV cache size")
@@ -39,8 +39,8 @@ PATTERNS: dict[str, tuple[str, ...]] = {
                 rf"weights memory: {SIZE}"),
     "activation_peak": (rf"torch peak memory increase: {SIZE}", rf"PyTorch activation peak memory(?: takes)?\s+{SIZE}"),
     "non_torch": (rf"non-torch forward increase memory: {SIZE}", rf"non_torch_memory takes {SIZE}",
-                  rf"non_torch_memory\s+{SIZE}", rf"Memory profiling results:.*?non_torch_memory={SIZE}"),
-    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]*=\s*{SIZE}",
+                  rf"non_torch_memory\s+{SIZE}", rf"Memory profiling results:{GAP}non_torch_memory={SIZE}"),
+    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]{{0,500}}=\s*{SIZE}",
                   rf"the current vLLM instance can use\s+{SIZE}"),
     "non_kv": (rf"Total non KV cache memory: {SIZE}",),
     "kv_cache_memory": (rf"Available KV cache memory: {SIZE}", rf"available_kv_cache_memory\s+{SIZE}",
@@ -55,8 +55,8 @@ COUNTS: dict[str, tuple[str, str]] = {
 
 CONCURRENCY = rf"Maximum concurrency for {NUMBER} tokens per request: {NUMBER}x"
 ENGINE_LINE = r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)"
-TOTAL = (rf"total_memory={SIZE}", rf"total_gpu_memory\s*[(=]?\s*{SIZE}")
-UTILIZATION = (r"Requested memory: ([0-9.]+) \(util\)", r"gpu_memory_utilization\s*[(=]?\s*([0-9.]+)")
+TOTAL = (rf"total_memory={SIZE}", rf"total_gpu_memory\s*(?:[(=]\s*)?{SIZE}")
+UTILIZATION = (r"Requested memory: ([0-9.]+) \(util\)", r"gpu_memory_utilization\s*(?:[(=]\s*)?([0-9.]+)")
 
 SERVE_FLAGS: dict[str, str] = {
     "tensor-parallel-size": "tp", "tp": "tp", "pipeline-parallel-size": "pp", "pp": "pp",
@@ -103,12 +103,19 @@ def _config_value(config: str, key: str) -> str | None:
 
 def _non_default_args(text: str) -> dict[str, Any]:
     """The ``non-default args: {...}`` dict (empty when absent or not a plain literal)."""
-    m = first(r"non-default args: (\{.*\})", text)
-    if m is None:
+    lead = "non-default args: {"
+    at = text.find(lead)
+    while at >= 0:  # the first such line holding its closing brace (found by str methods: linear on any text)
+        end = text.find("\n", at)
+        line = text[at + len(lead) - 1:end if end >= 0 else len(text)]
+        if "}" in line:
+            break
+        at = text.find(lead, end) if end >= 0 else -1
+    if at < 0:
         return {}
     try:
-        value = ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
+        value = ast.literal_eval(line[:line.rindex("}") + 1])
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         return {}
     return value if isinstance(value, dict) else {}
 

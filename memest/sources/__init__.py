@@ -59,8 +59,7 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     hit = catalog.resolve(ref)
     if hit is not None:
         if revision is None:
-            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note,
-                            code_from=hit.model_id)
+            return _from_catalog(hit)
         why = "the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
@@ -83,6 +82,17 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     matches = catalog.close_matches(ref)
     hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
     raise UnknownModelError(f"unknown model {ref!r}: {why}{hint} (list the catalog with 'memest models')")
+
+
+def catalog_config(reference: str) -> HFConfig | None:
+    """The config of the catalog entry ``reference`` names, read from the package's catalog only (never a
+    path on this machine, never the Hub), or None when no entry matches."""
+    hit = catalog.resolve(reference)
+    return None if hit is None else _from_catalog(hit)
+
+
+def _from_catalog(hit: catalog.CatalogHit) -> HFConfig:
+    return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note, code_from=hit.model_id)
 
 
 def config_from_data(raw: Any, *, name: str = "config.json") -> HFConfig:
