@@ -20,7 +20,7 @@ _LITGPT_QLORA = ("under-prediction (-10% .. -11%): memest runs litgpt 0.4's own 
                  "the fused qkv linear, its output kept through the V view under MHA, K and V copied to n_head under "
                  "GQA, zero_pad's index_copy_ source, one dropout per LoRAQKVLinear, fc_1 / fc_2 adapters, no residual "
                  "dropout), which matches its saved tensors counted on the CPU within 0.4 B x h per token per layer "
-                 "(litgpt/model.py and lora.py at commit 00af8b0, a stand-in for bitsandbytes 0.42's MatMul4Bit "
+                 "(benchmarks/litgpt_saved_tensors.py: litgpt/model.py and lora.py at commit 00af8b0, a stand-in for bitsandbytes 0.42's MatMul4Bit "
                  "keeping its input). The step sets the peak, not the load (lightning 2.3 _quantize_on_load_hook "
                  "quantizes one Linear at a time from its fp16 copy: the NF4 model + the largest linear x 2 B). What "
                  "remains, 1.6-2.0 GB here (10-12 B x h per token per layer), is not identified; memest also "
