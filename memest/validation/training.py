@@ -45,6 +45,7 @@ from memest.workload import (
     Parallelism,
     Precision,
     Recompute,
+    Stack,
     TrainingConfig,
 )
 
@@ -205,7 +206,7 @@ def build_cases() -> list[Case]:
         h100, "device_used", h100.memory_bytes,
         "the HF + FA2 column: the longest context that fits 80 GB (28,454 tokens) should need the whole device; "
         "its script is not published: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl); "
-        "unsloth's own column (offloaded checkpoints, fused CE) is not modelled", MEDIUM_TOLERANCE,
+        "unsloth's own column is its own row (..._unsloth)", MEDIUM_TOLERANCE,
         "capacity at HF+FA2's max context"))
 
     titan = TrainingConfig(micro_batch_size=2, seq_len=8192, precision=Precision.FSDP2, optimizer=Optimizer.ADAMW,
@@ -316,7 +317,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
     cid = "torchtune_llama31_8b_full_4090"
     out.append(Case(cid, llama8, tune.replace(optimizer=Optimizer.PAGED_ADAMW8BIT, optimizer_in_bwd=True),
                     get_device("RTX-4090"), "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
-                    tune_note + "; PagedAdamW8bit (its states counted on the device), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+                    tune_note + "; PagedAdamW8bit (its states of tensors >= 1e5 elements in managed memory, in no "
+                    "torch.cuda figure), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     cid = "torchtune_llama31_70b_full_8xa100_cpu_offload"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-70B"),
                     tune.replace(framework=Framework.FSDP, offload=Offload.PARAMS,
@@ -361,18 +363,21 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                  optimizer=Optimizer.ADAMW8BIT, recompute=Recompute.FULL, activation_offloading=True,
                                  loss=Loss.FUSED, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
                                  framework=Framework.PYTORCH, lora=LoraConfig(rank=32, targets="all-linear"),
-                                 prepare_kbit_training=KbitPrep.NONE)
-    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL)
+                                 prepare_kbit_training=KbitPrep.NONE, lora_library=LoraLibrary.UNSLOTH,
+                                 stack=Stack.UNSLOTH)
+    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL,
+                                 lora_library=LoraLibrary.PEFT, stack=None)
     llama70 = load_model("meta-llama/Llama-3.3-70B-Instruct")
     for cid, spec, device, w, note in (
             ("unsloth_llama31_8b_qlora_max_context_unsloth", llama8, h100, unsloth_own,
-             "unsloth's column: offloaded checkpoints (one layer's input back on the device), fused cross-entropy, "
-             "adamw_8bit (its examples)"),
+             "unsloth's column: offloaded checkpoints (one layer's input back on the device: the unsloth stack's), "
+             "fused cross-entropy, adamw_8bit (its examples), its LoRA kernels (lora_dropout 0)"),
             ("unsloth_llama33_70b_qlora_max_context", llama70, a100, hf_fa2,
              "the HF + FA2 column: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl), checkpointing on, "
              "adamw_8bit"),
             ("unsloth_llama33_70b_qlora_max_context_unsloth", llama70, a100, unsloth_own,
-             "unsloth's column: offloaded checkpoints, fused cross-entropy, adamw_8bit (its examples)")):
+             "unsloth's column: offloaded checkpoints (one back on the device), fused cross-entropy, adamw_8bit (its "
+             "examples), its LoRA kernels (lora_dropout 0)")):
         tokens = pub[cid]["measured"]["max_context_tokens"]
         out.append(Case(cid, spec, w.replace(seq_len=tokens), device, "device_used", device.memory_bytes,
                         f"the longest context that fits 80 GB ({tokens:,} tokens) should need the whole device; "
@@ -406,8 +411,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                    optimizer=Optimizer.PAGED_ADAMW8BIT, recompute=Recompute.FULL,
                                    attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH),
                     a6000, "device_used", a6000.memory_bytes,
-                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states counted on the "
-                    "device), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
+                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states in managed "
+                    "memory: resident while the card has room, the rest evicted to host RAM), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
                     MEDIUM_TOLERANCE, "capacity of the named 48 GB card"))
     cid = "axolotl_llama3_70b_qlora_fsdp_offload_2gpu"
     out.append(Case(cid, load_model("meta-llama/Meta-Llama-3-70B"),
@@ -443,14 +448,15 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
         method = Method(case["kind"])
         w = TrainingConfig(method=method, micro_batch_size=case["batch_size"], seq_len=512,
                            grad_accum_steps=case["grad_accum"], precision=Precision.BF16,
-                           optimizer=Optimizer.ADAMW_FUSED, framework=Framework.PYTORCH,
+                           optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW_FUSED,
+                           framework=Framework.PYTORCH,
                            lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
                            lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
         note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
                 "assumed (max_seq_length)")
         if method is Method.QLORA:
             note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
-                     "keeps its input); PagedAdamW modelled as AdamW (its states of tensors >= 1e5 elements live in "
+                     "keeps its input); bitsandbytes PagedAdamW (fp32 states, those of tensors >= 1e5 elements in "
                      "managed memory, outside the allocator's count)")
         if lora["head"]:
             note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"

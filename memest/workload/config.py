@@ -63,7 +63,13 @@ class Optimizer(str, Enum):
     """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 256-value block
     (tensors under 4096 elements keep fp32 states)."""
     PAGED_ADAMW8BIT = "paged_adamw8bit"
-    """As adamw8bit, states in CUDA unified memory that pages to host under pressure."""
+    """As adamw8bit, the states of tensors of >= 1e5 elements in CUDA managed memory, outside PyTorch's allocator:
+    on the device while it has room, evicted to host RAM when it fills (HF ``paged_adamw_8bit``, torchtune and
+    axolotl ``PagedAdamW8bit``)."""
+    PAGED_ADAMW32BIT = "paged_adamw32bit"
+    """bitsandbytes ``PagedAdamW`` / ``PagedAdamW32bit`` (HF ``paged_adamw_32bit``; litgpt's optimizer under
+    ``--quantize``): two fp32 states whatever the parameters' dtype (``optim_bits=32``), those of tensors of
+    >= 1e5 elements in CUDA managed memory as paged_adamw8bit's."""
     ADAFACTOR = "adafactor"
     """Adafactor: factored second moment (one row and one column vector per matrix), no momentum."""
     LION = "lion"
@@ -237,6 +243,11 @@ class LoraLibrary(str, Enum):
     """litgpt: adapters at the run's dtype; ``bnb.nf4`` on every linear, lm_head included, no double quant."""
     TORCHTUNE = "torchtune"
     """torchtune: adapters at the run's dtype; torchao ``NF4Tensor`` on every decoder linear."""
+    UNSLOTH = "unsloth"
+    """unsloth ``FastLanguageModel.get_peft_model``: PEFT's fp32 adapters over the transformers NF4 base (double
+    quant, ``unsloth/models/llama.py`` ``bnb_4bit_use_double_quant=True``), each decoder layer run by unsloth's
+    own autograd functions when ``lora_dropout`` is 0 (``patch_peft_model``: ``LoRA_QKV``, ``LoRA_W``,
+    ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
 
 
 class Float8(str, Enum):
@@ -540,7 +551,8 @@ class TrainingConfig:
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",
         help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
              "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
-             "linear, lm_head too, no double quant) or torchtune (adapters at the run's dtype; torchao NF4).")
+             "linear, lm_head too, no double quant), torchtune (adapters at the run's dtype; torchao NF4) or unsloth "
+             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0).")
 
     @property
     def mode(self) -> str:

@@ -129,6 +129,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
                                all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
                                adapter_bytes=adapter_bytes(t.lora_library, t.precision),
                                dropout=t.lora.dropout)
+    litgpt = t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT  # litgpt's own model code
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
@@ -136,9 +137,13 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
                      routing_bytes=routing, quantized_outputs=quantized,
                      saves_4bit_inputs=quantized and t.lora_library is LoraLibrary.LITGPT,
+                     litgpt_attention=litgpt,
                      fused_gelu=t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT,
-                     fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
-                     attention_dropout=spec.attention_dropout, compiled=t.torch_compile,
+                     unsloth_kernels=t.method is not Method.FULL and t.lora_library is LoraLibrary.UNSLOTH,
+                     fused_norms=fw is Framework.MEGATRON, lora=lora,
+                     # litgpt's GPT has no residual or attention dropout (litgpt/config.py: no such field)
+                     hidden_dropout=0.0 if litgpt else spec.hidden_dropout,
+                     attention_dropout=0.0 if litgpt else spec.attention_dropout, compiled=t.torch_compile,
                      float8=Float8(t.float8).value if t.method is Method.FULL else Float8.NONE.value)
 
 

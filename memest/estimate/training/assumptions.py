@@ -64,6 +64,7 @@ _QLORA_BASES = {
     LoraLibrary.LITGPT: ("litgpt bnb.nf4 on every linear and the lm_head (no double quantization); bitsandbytes 0.42 "
                          "keeps each 4-bit linear's input for backward"),
     LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (block 64, scaler block 256), output projection 16-bit",
+    LoraLibrary.UNSLOTH: "bitsandbytes NF4 linear weights (double quantization), lm_head 16-bit",
 }
 
 
@@ -99,8 +100,12 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.too_long:
         out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
     if a.method is not Method.FULL:
-        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library is LoraLibrary.PEFT
+        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library in (LoraLibrary.PEFT, LoraLibrary.UNSLOTH)
                     else f"at the run's parameter dtype ({a.lora_library.value})")
+        if a.lora_library is LoraLibrary.UNSLOTH:
+            out.append("unsloth's LoRA kernels (LoRA_QKV, LoRA_W, LoRA_MLP, Fast_RMS_Layernorm, in-place RoPE) in "
+                       "every layer whose linears all carry an adapter, with LoRA dropout 0: each keeps only its "
+                       "input, Q, K, V, the attention output and the gate and up outputs for backward")
         out.append(f"LoRA adapters {adapters}, trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
@@ -114,8 +119,10 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if a.method is Method.QLORA:
         out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
-    if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
-        out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
+    if a.optimizer in (Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT):
+        out.append("bitsandbytes paged optimizer: the states of tensors >= 1e5 elements in CUDA managed memory, "
+                   "outside PyTorch's allocator (in no torch.cuda figure); on the device while it has room, the rest "
+                   "evicted to host RAM (a slower step, not an out-of-memory)")
     if a.expert_sharded:
         out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
                    "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
