@@ -158,10 +158,7 @@ def _validate_float8(t: TrainingConfig) -> None:
     """torchao float8 training converts trained linears (full training); its FSDP2 float8 all-gather
     (``Float8LinearConfig.enable_fsdp_float8_all_gather``) supports tensorwise scaling only (torchao 0.18.0
     ``float8/config.py`` ``__post_init__``) and needs weights sharded by FSDP."""
-    if t.float8 != Float8.NONE and t.method is not Method.FULL:
-        raise InputError(f"{{float8}} {Float8(t.float8).value} converts trained linears: it runs with full "
-                         "training; drop it for LoRA / QLoRA", field="float8")
-    if not t.float8_all_gather:
+    if t.method is not Method.FULL or not t.float8_all_gather:  # LoRA / QLoRA never read them (declared: methods)
         return
     if t.float8 != Float8.TENSORWISE:
         raise InputError("{float8_all_gather} needs {float8} tensorwise (torchao's float8 all-gather has no "
