@@ -478,8 +478,9 @@ def test_model_and_gpu_apply_to_the_logs_naming_none(tmp_path: Path) -> None:
 
 
 def test_title_of_a_log_naming_no_device() -> None:
-    from memest.report.check import render_check
     from rich.console import Console
+
+    from memest.report.check import render_check
 
     console = Console(width=200, record=True)
     console.print(render_check(check_log(read_log(V1_LOG.read_text()))))

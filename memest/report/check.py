@@ -11,8 +11,8 @@ from typing import Any
 
 from memest.check import Check, Row, logged_device
 from memest.report import size
-from memest.result import Kind
 from memest.report.tables import Narrowest, name_col, new_table, number_col
+from memest.result import Kind
 
 
 def value(n: float, unit: str) -> str:
