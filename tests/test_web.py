@@ -447,3 +447,18 @@ each of 20,000 empty lines; a linear one takes milliseconds
             except MemestError:
                 pass
             assert time.perf_counter() - start < bound, (reader, lead, text[len(marker):][:40])
+
+
+def test_check_one_bad_log_hides_no_other(client):
+    """As memest check --json: the logs checked and each failed log's error, status 400 (the CLI exits 2);
+    a request whose every log fails keeps the one-line error."""
+    r = client.post("/v1/check", json={"logs": [V064_LOG.read_text(), V1_LOG.read_text()]})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert list(body) == ["error", "checks", "errors"] and "\n" not in body["error"]
+    assert body["error"].startswith("logs[0]: the vLLM V0 log does not name its model; pass it with model")
+    assert [c["log"] for c in body["checks"]] == ["logs[1]"]
+    assert body["checks"][0] == client.post("/v1/check", json={"logs": ["", V1_LOG.read_text()]}).json()["checks"][0]
+    assert [e["log"] for e in body["errors"]] == ["logs[0]"] and body["errors"][0]["error"] == body["error"]
+    both = _one_line_error(client.post("/v1/check", json={"logs": [V064_LOG.read_text(), "  \n"]}), 400)
+    assert both.endswith("(and 1 more log failed)")

@@ -42,10 +42,10 @@ def check_text(text: str, name: str) -> str:
         InputError: it is empty (or only whitespace) or binary (a NUL in its first 64 Ki characters).
     """
     if not text.strip():
-        raise InputError(f"log {name!r} is empty; pass an engine's start-up log or a training log "
+        raise InputError(f"{name}: the log is empty; pass an engine's start-up log or a training log "
                          f"(formats read: {_formats()})")
     if "\x00" in text[:65536]:
-        raise InputError(f"log {name!r} is a binary file, not a text log; pass an engine's start-up log or a "
+        raise InputError(f"{name}: the log is a binary file, not a text log; pass an engine's start-up log or a "
                          f"training log (formats read: {_formats()})")
     try:
         text.encode("utf-8")
@@ -67,14 +67,14 @@ def read_log(text: str, name: str = "<log>") -> EngineLog:
             except (OverflowError, ValueError) as exc:  # int('9' * 5000), int(float('1' * 400)): no figure
                 if isinstance(exc, InputError):
                     raise
-                raise InputError(f"log {name!r} ({label}) prints a number too large to be a memory figure or a "
+                raise InputError(f"{name} ({label}) prints a number too large to be a memory figure or a "
                                  f"setting ({str(exc)[:60]}); pass the engine's log as it printed it") from None
             _check_sizes(log, name)
             if not log.figures:
-                raise InputError(f"log {name!r} ({log.format}) prints none of its memory figures "
+                raise InputError(f"{name} ({log.format}) prints none of its memory figures "
                                  f"({', '.join(repr(line) for line in module.FIGURE_LINES)}); pass the whole start-up log")
             return log
-    raise InputError(f"log {name!r} is not a start-up or training log memest reads (formats read: {_formats()}); "
+    raise InputError(f"{name}: the log is not a start-up or training log memest reads (formats read: {_formats()}); "
                      "pass the engine's log from its start to 'ready', or the trainer's log through its first steps")
 
 
@@ -89,7 +89,7 @@ def _check_sizes(log: EngineLog, name: str) -> None:
         if not (isinstance(f.value, int) and abs(f.value) <= LARGEST
                 or isinstance(f.value, float) and math.isfinite(f.value) and abs(f.value) <= LARGEST):
             shown = str(f.value) if len(str(f.value)) <= 24 else f"a number of {len(str(f.value)):,} digits"
-            raise InputError(f"log {name!r} ({log.format}) prints {key} {shown} {f.unit}, beyond any device or pool "
+            raise InputError(f"{name} ({log.format}) prints {key} {shown} {f.unit}, beyond any device or pool "
                              f"(at most {LARGEST:,}); pass the engine's log as it printed it")
 
 

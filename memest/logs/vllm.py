@@ -7,6 +7,8 @@ Lines read (the worker's memory profile, the KV-cache manager, the engine's conf
 - ``Memory profiling takes ... Total non KV cache memory: X; torch peak memory increase: X;
   non-torch forward increase memory: X`` (V1), or the V0 profile (``non_torch_memory``, ``PyTorch
   activation peak memory``, ``the rest of the memory reserved for KV Cache is X``, ``kv_cache_size=X``);
+- the activation peak of 0.6.4's ``Memory profiling results: ... peak_torch_memory=X`` (weights included:
+  :data:`PEAK_TORCH`) less the weights line;
 - ``Available KV cache memory: X GiB``, ``GPU KV cache size: N tokens``, ``# GPU blocks: N``,
   ``Maximum concurrency for L tokens per request: Nx``;
 - the engine line ``Initializing a V1 LLM engine (v0.19.0) with config: model=..., dtype=...,
@@ -52,6 +54,14 @@ COUNTS: dict[str, tuple[str, str]] = {
     "kv_cache_tokens": (rf"GPU KV cache size: {NUMBER} tokens", "tokens"),
     "kv_cache_blocks": (rf"(?:(?:#\s*)?(?:GPU|CUDA) blocks: |num_gpu_blocks is: ){NUMBER}", "blocks"),
 }
+
+PEAK_TORCH = rf"Memory profiling results:{GAP}peak_torch_memory={SIZE}"
+"""vLLM 0.6.4's profile line (``Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
+peak_torch_memory=17.06GiB ...``). Its ``peak_torch_memory`` is torch's ``allocated_bytes.all.peak`` over the
+profile run, counted from ``reset_peak_memory_stats()`` with the weights already loaded, so weights plus the
+activation peak (vllm/worker/worker.py ``determine_num_available_blocks`` of the 0.6.4 line, which logs it as
+``(peak_memory - non_torch_allocations)``, ``peak_memory`` being that allocator peak plus the non-torch bytes);
+0.6.5 prints the activation peak itself (``PyTorch activation peak memory``)."""
 
 CONCURRENCY = rf"Maximum concurrency for {NUMBER} tokens per request: {NUMBER}x"
 ENGINE_LINE = r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)"
@@ -184,6 +194,10 @@ def parse(text: str) -> EngineLog:
         figures[key] = next((f for f in (size_figure(p, text) for p in patterns) if f is not None), None)
     for key, (pattern, unit) in COUNTS.items():
         figures[key] = count_figure(pattern, text, unit)
+    peak = size_figure(PEAK_TORCH, text)
+    if figures["activation_peak"] is None and peak is not None and figures["weights"] is not None:
+        # 0.6.4: the activation peak is the torch peak less the weights (PEAK_TORCH), both as the log prints them
+        figures["activation_peak"] = Logged(peak.value - figures["weights"].value, "bytes", peak.line)
     c = first(CONCURRENCY, text)
     if c is not None:
         figures["max_concurrency"] = Logged(number(c.group(2)), "x", line_of(text, c))

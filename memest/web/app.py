@@ -115,7 +115,7 @@ def _endpoint(kind: str, compute: Callable[..., Any], timeout_s: float,
         except schema.SchemaError as exc:
             return _error(422, str(exc))
         except MemestError as exc:
-            return _error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return _refused(exc)
         except TimeoutError:
             return _error(504, f"the request took longer than {timeout_s:g} s and was abandoned; try a smaller "
                                "search (plan: gpus_available, max_gpus) or fewer sweep points")
@@ -125,6 +125,17 @@ def _endpoint(kind: str, compute: Callable[..., Any], timeout_s: float,
         return JSONResponse(data)
 
     return endpoint
+
+
+def _refused(exc: MemestError) -> JSONResponse:
+    """A 400 of bad input: its one-line message; for ``/v1/check`` logs of which some were checked, also
+    ``checks`` (theirs) and ``errors`` (each failed log's), as ``memest check --json`` prints them."""
+    from memest.api import LogsFailed
+
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, LogsFailed) and exc.checks:
+        return JSONResponse({"error": message, **exc.to_dict()}, status_code=400)
+    return _error(400, message)
 
 
 def _cached(build: Callable[[], Any]) -> Callable[[Request], Any]:

@@ -260,7 +260,11 @@ def openapi() -> dict[str, Any]:
                                               "of its job: memest check --json",
                                    "requestBody": check_body,
                                    "responses": {"200": {"description": "the CLI's --json: a list, one item per log"},
-                                                 **errors}}}
+                                                 **errors, "400": {"description": (
+                                                     "bad input: {\"error\": one line naming the value and the "
+                                                     "fix}; when some logs were checked and some not, also "
+                                                     "\"checks\" (their items) and \"errors\" ([{\"log\", "
+                                                     "\"error\"}]), as memest check --json")}}}}
     paths["/v1/command"] = {"post": {"summary": "The memest hf command line of an estimate request",
                                      "requestBody": body("estimate"),
                                      "responses": {"200": {"description": "{\"command\": \"memest hf ...\"}"},
