@@ -23,6 +23,7 @@ from memest.planning.search import (
     _flag_items,
     _render,
     plan,
+    restacked,
     smallest_parallelism,
     stack_losses,
 )
@@ -114,7 +115,7 @@ _PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     """A fit as changes to the workload asked (one Change per flag group that differs)."""
-    old = _flag_items(asked, asked.parallelism.world_size)
+    old = _flag_items(restacked(asked, fit.setup.workload), asked.parallelism.world_size)
     new = _flag_items(fit.setup.workload, fit.setup.count)
     stack = cli_flag("stack")
     out = [Change(f"{stack} {new[stack]}", 0.0, True)] if new.get(stack, "None") != "None" else []

@@ -118,6 +118,7 @@ from memest.workload import (
     validate,
 )
 from memest.workload.settings import cli_flag, settings, value_of
+from memest.workload.stacks import restack, supports
 
 __all__ = [
     "DeviceChoice", "Fit", "Plan", "Setup", "Space", "Verdict", "device_counts", "hf_command", "plan", "setup_flags", "smallest_parallelism", "verdict",
@@ -470,6 +471,11 @@ class _Search:
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if eight_bit else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
+        stack = self._stack(par)
+        if stack is not None:  # never a method the layout's stack does not run (StackDefaults.methods)
+            method = [m for m in method if supports(stack, m)]
+            if not method:
+                return None
         offered = stack_losses(w) if self.space.allow_loss_change else {}
         loss = [v for v in _onwards(LOSS_ORDER, w.loss) if v == w.loss or v in offered]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
@@ -552,10 +558,27 @@ class _Search:
         if parallelism is None:
             parallelism = layout.parallelisms[key] = dataclasses.replace(layout.par, **par)
         fields["parallelism"] = parallelism
-        if self.training and (parallelism.tp > 1 or parallelism.pp > 1) and not _runs_model_parallel(self.base):
-            fields["stack"] = Stack.MEGATRON  # only with allow_stack_change (see _parallelisms)
-        w = layout.workloads[cfg] = type(self.base)(**fields)
+        stack = self._stack(parallelism)
+        if self.training:
+            fields["stack"] = stack
+        w = type(self.base)(**fields)
+        if self.training and w.stack_filled:  # type: ignore[union-attr]
+            # the settings the stack filled and no knob changed: what the stack (a new one, or the same at
+            # this layout: DeepSpeed's bf16 under a Trainer's ZeRO stage) does by default, as the printed
+            # command resolves them (memest.workload.stacks.apply)
+            left = frozenset(n for n in w.stack_filled if fields[n if n != "lora_targets" else "lora"]  # type: ignore[union-attr]
+                             == self.base_fields[n if n != "lora_targets" else "lora"])
+            w = restack(w, stack, refill=left)  # type: ignore[arg-type]
+        layout.workloads[cfg] = w
         return w
+
+    def _stack(self, par: Parallelism) -> Stack | None:
+        """The stack a training setup of layout ``par`` runs: the job's, or Megatron-LM for tensor / pipeline
+        parallelism the job's stack does not run (only with allow_stack_change, see :meth:`_parallelisms`)."""
+        stack = getattr(self.base, "stack", None)
+        if self.training and (par.tp > 1 or par.pp > 1) and not _runs_model_parallel(self.base):
+            return Stack.MEGATRON
+        return stack
 
     def evaluate(self, device: Device, layout: _Layout, cfg: tuple[int, ...]) -> tuple[Workload, Estimate, int] | None:
         """Estimate one setup (memoised per layout): (workload, estimate, per-device device-used
@@ -711,8 +734,9 @@ def _render(items: dict[str, str]) -> list[str]:
 def setup_flags(workload: Workload, count: int, asked: Workload, device: Device | None = None) -> str:
     """The ``memest hf`` flags that turn the job asked for into a setup: the device, the count
     and parallel degrees always, and every planner setting whose value differs from ``asked``
-    (the user's other flags stay as they were)."""
-    base = _flag_items(asked, asked.parallelism.world_size)
+    (the user's other flags stay as they were; on another stack, the values asked are compared as that
+    stack fills them, :func:`memest.workload.stacks.restack`)."""
+    base = _flag_items(restacked(asked, workload), asked.parallelism.world_size)
     items = _flag_items(workload, count)
     keep = {"--gpus", "--dp", "--tp", "--pp", cli_flag("stack")}  # a printed fix names its stack
     parts = [f"--gpu {shlex.quote(device.ref)}"] if device is not None else []
@@ -720,6 +744,15 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
         if flag in keep or value != base[flag]:
             parts += _render({flag: value})
     return " ".join(parts)
+
+
+def restacked(asked: Workload, setup: Workload) -> Workload:
+    """The job asked on a setup's stack (the settings its own stack filled taken from the setup's), so that
+    only the planner's own changes differ; ``asked`` itself on the same stack, or serving."""
+    stack = getattr(setup, "stack", None)
+    if not isinstance(asked, TrainingConfig) or stack is None or stack is asked.stack:
+        return asked
+    return restack(asked, stack)
 
 
 def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:

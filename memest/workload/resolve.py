@@ -442,6 +442,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     group = (v["tp"] or 1) * v["pp"] * v["cp"]
     replicas = v["dp"] or max(1, v["gpus"] // group)
     stack, assumed = stacks.stack_of(v, replicas)
+    filled = tuple(name for name in stacks.FILLED if v[name] is None)
     v = stacks.apply(v, stack, replicas)
     if v["torch_compile"] and Loss(v["loss"]) is not Loss.CHUNKED:
         raise InputError("{torch_compile} is modelled only for the compiled chunked cross-entropy (torchtune): add "
@@ -470,6 +471,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         torch_compile=v["torch_compile"],
         stack=stack,
         stack_assumed=assumed,
+        stack_filled=filled,
     )
     check_framework_runs(t, device)
     return t
