@@ -122,6 +122,7 @@ from memest.workload.stacks import restack, supports
 
 __all__ = [
     "DeviceChoice", "Fit", "Plan", "Setup", "Space", "Verdict", "device_counts", "hf_command", "plan", "setup_flags", "smallest_parallelism", "verdict",
+    "widenings",
 ]
 
 MAX_DEVICE_DOUBLINGS = 6
@@ -290,6 +291,8 @@ class Plan:
     evaluated: int
     setups: int
     not_run: tuple[DeviceChoice, ...] = ()
+    widenings: tuple[str, ...] = ()
+    """When nothing fits: the :class:`Space` switches that, turned on, find a fit (:func:`widenings`)."""
 
     @property
     def best(self) -> Fit | None:
@@ -704,6 +707,19 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
                  for f in found]
     return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups,
                 tuple(not_run))
+
+
+def widenings(p: Plan) -> Plan:
+    """``p`` with :attr:`Plan.widenings` filled when nothing fits: ``allow_stack_change`` when a training job's
+    stack runs no tensor / pipeline parallelism, the search did not allow another stack, and allowing it finds a
+    fit (one more search, run only then). The other switches widen what a job may change and are named by the
+    report without a search."""
+    w = p.workload
+    if p.fits or not isinstance(w, TrainingConfig) or p.space.allow_stack_change or _runs_model_parallel(w):
+        return p
+    wider = plan(p.spec, w, dataclasses.replace(p.space, allow_stack_change=True), headroom=p.headroom,
+                 max_queries=False)
+    return dataclasses.replace(p, widenings=("allow_stack_change",)) if wider.fits else p
 
 
 # ---- flags ----

@@ -563,8 +563,10 @@ def training_parallelism(v: Mapping[str, Any], device: Device) -> tuple[Parallel
             raise InputError(f"{{fsdp}} {fsdp.value} runs under FSDP; drop {{framework}} {framework.value}",
                              field="fsdp")
         stage = FSDP_ZERO_STAGE[fsdp]
-        if zero not in (0, stage):
-            raise InputError(f"{{fsdp}} {fsdp.value} is ZeRO stage {stage}; drop {{zero_stage}} {zero}", field="fsdp")
+        if zero:  # two sharding backends named: the job runs one (DeepSpeed's ZeRO or FSDP), not both
+            raise InputError(f"{{fsdp}} {fsdp.value} is FSDP's sharding and {{zero_stage}} {zero} DeepSpeed's ZeRO; a "
+                             f"job runs one: drop {{zero_stage}} (FSDP {fsdp.value} is ZeRO stage {stage}) or "
+                             "{fsdp}", field="fsdp")
         zero, framework = stage, Framework.FSDP
         if fsdp is FsdpStrategy.HYBRID_SHARD and dp_shard is None:
             dp_shard = math.gcd(dp * cp, max(1, device.per_node // (tp * pp)))
