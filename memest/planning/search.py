@@ -23,7 +23,8 @@ Search space
 - **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica); a training job stays in its
   stack (:mod:`memest.workload.stacks`): tp and pp are searched only where the stack runs them
   (Megatron-LM, NeMo, torchtitan) or with ``allow_stack_change`` (such a setup runs under
-  Megatron-LM, and its printed command says ``--stack megatron``);
+  Megatron-LM, and its printed command says ``--stack megatron``; the settings the job's stack filled
+  take Megatron-LM's defaults, :func:`memest.workload.stacks.restack`, as that command resolves them);
 
   - tp divides ``per_node`` (tensor parallelism stays within a node) and passes
     :func:`memest.workload.validate` (tp divides the heads; the KV-head rules);
@@ -46,7 +47,8 @@ Search space
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
   ``allow_optimizer_change``: adamw, adamw_fused -> adamw8bit), ``offload``,
-  ``method`` (full -> lora -> qlora, with ``allow_method_change``), ``loss`` (default -> chunked ->
+  ``method`` (full -> lora -> qlora, with ``allow_method_change``; only those the setup's stack runs,
+  :attr:`memest.workload.StackDefaults.methods`), ``loss`` (default -> chunked ->
   fused, the ones the job's stack switches on, with ``allow_loss_change``); serving: ``quantization``
   (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
 
