@@ -71,6 +71,13 @@ def test_the_job_line_names_the_sharding_backend(flags: tuple[str, ...], words: 
     assert words in job, job
 
 
+def test_a_zero_stage_fix_names_the_backend_it_was_sized_with() -> None:
+    out = run_memest("hf", LLAMA2, "--train", "--gpu", "A100-80GB", env=WIDE)
+    fixes = [line for line in out.stdout.splitlines() if "--zero-stage" in line and "fit:" in line]
+    assert fixes and all("--stack hf-trainer" in f and "(HF Trainer 4.57: deepspeed=ds.json with "
+                         "zero_optimization.stage" in f for f in fixes), fixes
+
+
 @pytest.mark.parametrize("args", [
     (LLAMA2, "--train", "--gpu", "A100-80GB"),  # the README's "What you get"
     ("mistralai/Mistral-7B-v0.1", "--finetune", "lora", "--gpu", "RTX-4090"),

@@ -409,6 +409,23 @@ _BACKEND_WORDS = {Framework.DEEPSPEED: ("DeepSpeed ZeRO-{z}", " (deepspeed=ds.js
 :attr:`StackDefaults.zero` is DeepSpeed) the argument that asks for it."""
 
 
+def sharding_words(t: TrainingConfig) -> str:
+    """How the job's stack asks for its ZeRO stage, in the stack's words ("" without one): the Trainer-based
+    stacks' ``deepspeed=ds.json`` with ``zero_optimization.stage N``, DeepSpeed's own config key, FSDP's
+    sharding strategy, Megatron-LM's distributed optimizer."""
+    z = t.parallelism.zero_stage
+    if t.stack is None or z < 1:
+        return ""
+    d, fw = STACKS[t.stack], resolve_framework(t)
+    if fw is Framework.DEEPSPEED:
+        return ("deepspeed=ds.json with " if d.one is not Framework.DEEPSPEED else "") + f"zero_optimization.stage {z}"
+    if fw is Framework.FSDP:
+        return f"FSDP {_FSDP_STRATEGY.get(z, str(z))}"
+    if fw is Framework.MEGATRON:
+        return "--use-distributed-optimizer"
+    return ""
+
+
 def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, framework: Framework | None = None,
                  zero_stage: int = 0) -> str:
     """The job line's sentence for a stack: its name (and the backend that shards it, when the stack runs
