@@ -82,16 +82,22 @@ def test_a_zero_stage_fix_names_the_backend_it_was_sized_with() -> None:
     (LLAMA2, "--train", "--gpu", "A100-80GB"),  # the README's "What you get"
     ("mistralai/Mistral-7B-v0.1", "--finetune", "lora", "--gpu", "RTX-4090"),
     ("meta-llama/Llama-3.1-8B", "--train", "--gpu", "L40S", "--micro-batch-size", "2", "--seq-len", "4096"),
-], ids=["llama2-a100", "mistral-lora-4090", "llama31-l40s"])
+    (LLAMA2, "--train", "--micro-batch-size", "16", "--gpu", "L4", "--allow-stack-change"),  # a fix on Megatron-LM
+], ids=["llama2-a100", "mistral-lora-4090", "llama31-l40s", "stack-change-l4"])
 def test_a_printed_fix_run_as_printed_gives_the_figure_printed(args: tuple[str, ...]) -> None:
     fixes = _fixes(*args)
     assert fixes
     for flags, figure in fixes:
         tokens = shlex.split(flags)
-        job = args
+        replaced = {t for t in tokens if t.startswith("--")}
         if "--finetune" in tokens:  # the fix's method replaces the one asked
-            job = tuple(a for i, a in enumerate(args) if a != "--train" and not (
-                a == "--finetune" or (i and args[i - 1] == "--finetune")))
+            replaced.add("--train")
+        job, i = [args[0]], 1  # the user's flags less those the fix sets (a flag's value follows it)
+        while i < len(args):
+            takes = i + 1 < len(args) and not args[i + 1].startswith("--")
+            if args[i] not in replaced:
+                job += args[i:i + 1 + takes]
+            i += 1 + takes
         again = _hf(*job, *tokens)
         assert _gib(again["needed_bytes"]) == figure, (flags, figure)
 
