@@ -203,9 +203,12 @@ def _validate_stack(t: TrainingConfig) -> None:
     if not supports(t.stack, t.method):
         others = ", ".join(k.value for k in stacks_supporting(t.method))
         words = {Method.LORA: "LoRA", Method.QLORA: "QLoRA (4-bit base)"}.get(t.method, t.method.value)
-        raise InputError(f"{{finetune}} {t.method.value} does not run under {{stack}} {t.stack.value}: {d.label} has "
-                         f"no {words} in-tree; stacks that run it: {others}", field="finetune")
-    if d.one in (Framework.DEEPSPEED, Framework.MEGATRON) and t.framework not in (Framework.AUTO, d.one):
+        assumed = f" (assumed: {t.stack_assumed})" if t.stack_assumed else ""
+        raise InputError(f"{{finetune}} {t.method.value} does not run under {{stack}} {t.stack.value}{assumed}: "
+                         f"{d.label} has no {words} in-tree; stacks that run it: {others}", field="finetune")
+    # a stack named with another framework (an assumed one is the framework's own, unless a caller set it)
+    if (not t.stack_assumed and d.one in (Framework.DEEPSPEED, Framework.MEGATRON)
+            and t.framework not in (Framework.AUTO, d.one)):
         named = "{fsdp} / {framework} fsdp" if t.framework is Framework.FSDP else f"{{framework}} {t.framework.value}"
         own = "its ZeRO is {zero_stage}" if d.one is Framework.DEEPSPEED else "its distributed optimizer is {zero_stage} 1"
         raise InputError(f"{{stack}} {t.stack.value} runs {d.label}'s own engine, which would not read {named}: drop "
