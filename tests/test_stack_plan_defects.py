@@ -223,3 +223,43 @@ def test_conflicting_sharding_flags_are_refused(args: tuple[str, ...], named: tu
     out = run_memest("hf", LLAMA2, *args, env=WIDE)
     assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
     assert all(n in out.stderr for n in named), out.stderr
+
+
+# ---- restack: the settings a stack filled, taken again, are what a command naming that stack resolves to ----
+
+
+@pytest.mark.parametrize("values", [
+    {"train": True},
+    {"train": True, "gpus": 8, "zero_stage": 3},
+    {"train": True, "gpus": 8, "fsdp": "full_shard", "stack": "trl"},
+    {"finetune": "qlora", "stack": "trl", "gpus": 2, "framework": "fsdp", "zero_stage": 2},
+    {"finetune": "qlora", "stack": "litgpt"},
+    {"train": True, "stack": "torchtune", "gpus": 8},
+    {"finetune": "lora", "stack": "unsloth", "recompute": "none"},
+    {"train": True, "stack": "megatron", "gpus": 16, "tp": 8, "zero_stage": 1},
+], ids=lambda v: "-".join(f"{k}={x}" for k, x in v.items()))
+def test_restack_to_its_own_stack_and_layout_changes_nothing(values: dict) -> None:
+    from memest.devices import get_device
+    from memest.sources import load_model
+    from memest.workload import resolve
+    from memest.workload.stacks import restack
+
+    t = resolve.resolve(values, load_model(LLAMA2), get_device("H100"))
+    assert restack(t) == t
+
+
+def test_restack_to_megatron_is_what_naming_megatron_resolves() -> None:
+    from memest.devices import get_device
+    from memest.sources import load_model
+    from memest.workload import resolve
+    from memest.workload.stacks import restack
+
+    spec, h100 = load_model(LLAMA2), get_device("H100")
+    layout = {"train": True, "gpus": 16, "tp": 8, "zero_stage": 1}
+    trainer = resolve.resolve({**layout, "stack": "hf-trainer", "recompute": "full"}, spec, h100)
+    megatron = resolve.resolve({**layout, "stack": "megatron", "recompute": "full"}, spec, h100)
+    moved = restack(trainer, megatron.stack)
+    # Megatron-LM --bf16 and its Adam replace the Trainer's autocast recipe and adamw_torch_fused; the
+    # recompute the user gave stays
+    assert (moved.precision.value, moved.optimizer.value, moved.recompute.value) == ("mixed", "adamw", "full")
+    assert moved.replace(stack_assumed="", stack_filled=megatron.stack_filled) == megatron

@@ -336,12 +336,13 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
     if out["optimizer_in_bwd"] is None:
         out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
+    fsdp = v["fsdp"] is not None or Framework(v["framework"]) is Framework.FSDP  # FSDP, however it was asked
     if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
-            and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
+            and (fsdp or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
         # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
         out["prepare_kbit_training"] = KbitPrep.NONE
-    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and v["fsdp"] is not None:
+    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and fsdp:
         # axolotl src/axolotl/utils/models.py (commit 15f7910, 2024-04): qlora_fsdp = cfg.fsdp and adapter qlora
         # sets skip_prepare_model_for_kbit_training
         out["prepare_kbit_training"] = KbitPrep.NONE
