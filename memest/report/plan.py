@@ -14,7 +14,16 @@ from memest.report.estimate import describe_model, describe_workload, finite, wo
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, gib, percent, plural
 from memest.result import plain
-from memest.workload import Engine, Method, Parallelism, ServingConfig, TrainingConfig, Workload, software
+from memest.workload import (
+    Engine,
+    Method,
+    Parallelism,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+    resolve_framework,
+    software,
+)
 
 
 def describe_layout(w: Workload) -> str:
@@ -35,8 +44,8 @@ def describe_settings(w: Workload, host_bytes: int = 0) -> str:
     """The settings a planner varies, where they are not plain (``zero 3 · recompute full · ...``)."""
     parts: list[str] = []
     if isinstance(w, TrainingConfig):
-        if w.parallelism.zero_stage:
-            parts.append(f"zero {w.parallelism.zero_stage}")
+        if w.parallelism.zero_stage:  # with the backend that shards it (the HF Trainer's ZeRO: DeepSpeed)
+            parts.append(f"zero {w.parallelism.zero_stage} ({resolve_framework(w).value})")
         if w.parallelism.sequence_parallel:
             parts.append("sequence parallel")
         if w.recompute.value != "none":
