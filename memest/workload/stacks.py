@@ -3,7 +3,9 @@
 One row per :class:`~memest.workload.config.Stack`: the precision recipe its "bf16" switch runs, who runs
 the step on one device and on several, its default optimizer, attention kernel, loss, activation
 checkpointing, QLoRA preparation and LoRA targets. :func:`stack_of` picks the stack a job names or
-implies; :func:`apply` fills the settings a user did not give from it (what the user gave wins);
+implies; :func:`apply` fills the settings a user did not give from it (what the user gave wins), :func:`restack`
+fills them again for another stack or layout (a planned setup, as its printed command resolves);
+:func:`supports` says which methods a stack runs;
 :func:`recipe_words` is the job line's sentence ("HF Trainer 4.57, bf16=True: fp32 params, autocast
 bf16, adamw_torch_fused").
 
