@@ -59,6 +59,18 @@ def test_hf_trainer_zero_stage_runs_deepspeed_with_its_bf16_recipe() -> None:
     assert any(a.startswith("framework deepspeed") for a in d["assumptions"]), d["assumptions"]
 
 
+def test_hf_trainer_fsdp_runs_accelerates_fsdp_mixed_precision() -> None:
+    # the Trainer's fsdp=full_shard with bf16=True is accelerate FSDP, whose AcceleratorState turns bf16 into
+    # FSDP MixedPrecision(param_dtype=bf16): fp32 parameters sharded over 2 ranks, 4 B x P / 2 = 2 P, and one
+    # decoder layer gathered in bf16 at a time: 2 B x (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096) = 2 x 202,383,360
+    # B; no autocast copy of the whole model
+    d = _hf(LLAMA2, "--train", "--gpu", "A100-80GB", "--stack", "hf-trainer", "--gpus", "2", "--fsdp", "full_shard")
+    terms = {t["name"]: t["bytes"] for t in d["terms"]}
+    assert terms["weights"] == 2 * LLAMA2_PARAMS
+    assert terms["workspace.gathered_layers"] == 2 * 202_383_360
+    assert "workspace.autocast_weights" not in terms
+
+
 @pytest.mark.parametrize(("flags", "words"), [
     (("--zero-stage", "3"), "HF Trainer 4.57 + DeepSpeed ZeRO-3 (deepspeed=ds.json)"),
     (("--fsdp", "full_shard"), "HF Trainer 4.57 + FSDP FULL_SHARD (fsdp=full_shard)"),

@@ -74,7 +74,12 @@ LLaMA-Factory recipes); the Trainer's ``bf16=True`` fills DeepSpeed's ``bf16.ena
 (transformers 4.57 ``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.trainer_config_process``:
 ``fill_match("bf16.enabled", args.bf16 ...)``), so DeepSpeed's bf16 recipe runs (bf16 parameters, fp32
 master and states in its optimizer), not autocast over fp32 parameters. Their FSDP is the ``fsdp``
-argument (accelerate FSDP): the ``fsdp`` setting. The FSDP stacks (accelerate, torchtune, torchtitan,
+argument (accelerate FSDP): the ``fsdp`` setting; ``TrainingArguments`` then sets ``ACCELERATE_USE_FSDP``
+and the Trainer's bf16 as accelerate's mixed precision, which accelerate's ``AcceleratorState.__init__``
+(``src/accelerate/state.py``: ``if self._mixed_precision != "no": fsdp_plugin.set_mixed_precision(...)``)
+turns into FSDP's ``MixedPrecision(param_dtype=bf16)`` over the fp32 sharded parameters: accelerate's
+recipe, not autocast over whole fp32 parameters (QLoRA keeps the stack's: PEFT sets FSDP's mixed precision
+to ``bnb_4bit_quant_storage`` there, ``utils/other.py``). The FSDP stacks (accelerate, torchtune, torchtitan,
 litgpt, FSDP2) shard a ZeRO stage with FSDP (stage 2 SHARD_GRAD_OP, 3 FULL_SHARD).
 
 The losses a stack can switch to by a setting of its own (:attr:`StackDefaults.losses`): the HF Trainer
@@ -327,9 +332,13 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["zero_stage"] = d.many[1]
     if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
         out["precision"] = d.qlora_precision
+    fsdp = v["fsdp"] is not None or Framework(v["framework"]) is Framework.FSDP  # FSDP, however it was asked
     if out["precision"] is None and runs_deepspeed(stack, Framework(v["framework"]), out["zero_stage"] or 0,
                                                    v["fsdp"] is not None, model_parallel):
         out["precision"] = STACKS[Stack.DEEPSPEED].precision
+    if (out["precision"] is None and d.zero is Framework.DEEPSPEED and d.one is not Framework.DEEPSPEED and fsdp
+            and not model_parallel and v["finetune"] != Method.QLORA.value):
+        out["precision"] = STACKS[Stack.ACCELERATE].precision  # the Trainer's fsdp= is accelerate FSDP (docstring)
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
@@ -338,7 +347,6 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
     if out["optimizer_in_bwd"] is None:
         out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
-    fsdp = v["fsdp"] is not None or Framework(v["framework"]) is Framework.FSDP  # FSDP, however it was asked
     if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
             and (fsdp or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
@@ -452,9 +460,9 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
             label += argument.format(a=strategy.lower())
     if precision is d.qlora_precision and precision is not d.precision:
         return f"{label}, {d.qlora_recipe}, {opt}"
-    ds = STACKS[Stack.DEEPSPEED]
-    if backend and framework is Framework.DEEPSPEED and precision is ds.precision and precision is not d.precision:
-        return f"{label}, {d.bf16} sets {ds.bf16}: {ds.recipe}, {opt}"
+    for fw, other in ((Framework.DEEPSPEED, STACKS[Stack.DEEPSPEED]), (Framework.FSDP, STACKS[Stack.ACCELERATE])):
+        if backend and framework is fw and precision is other.precision and precision is not d.precision:
+            return f"{label}, {d.bf16} sets {other.bf16}: {other.recipe}, {opt}"
     recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
     return f"{label}, {d.bf16}: {recipe}, {opt}"
 
