@@ -137,7 +137,8 @@ def test_readme_what_you_get_is_what_the_tool_prints() -> None:
     (LLAMA2, "--train", "--gpus-available", "8xA100-80GB,8xL40S", "--top", "4"),
     (LLAMA2, "--finetune", "lora", "--gpus-available", "8xL4", "--allow-method-change", "--allow-stack-change"),
     (LLAMA2, "--train", "--stack", "torchtune", "--gpus-available", "8xA100-40GB"),
-], ids=["70b-stack-change", "llama2-trainer", "lora-method-change", "torchtune"])
+    (LLAMA2, "--train", "--fsdp", "shard_grad_op", "--gpus-available", "8xL40S"),  # ZeRO 3 as --fsdp full_shard
+], ids=["70b-stack-change", "llama2-trainer", "lora-method-change", "torchtune", "fsdp-strategy-raised"])
 def test_each_plan_command_reestimated_gives_the_plans_figure(args: tuple[str, ...]) -> None:
     out = run_memest("plan", *args, "--json", env=WIDE)
     assert out.returncode == 0, out.stderr

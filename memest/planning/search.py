@@ -119,6 +119,7 @@ from memest.workload import (
     tp_head_problem,
     validate,
 )
+from memest.workload.resolve import FSDP_ZERO_STAGE
 from memest.workload.settings import cli_flag, settings, value_of
 from memest.workload.stacks import restack, supports
 
@@ -784,6 +785,14 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
         method = tokens[tokens.index("--finetune") + 1]
         # and the user's settings of the method left (full training's optimizer_in_bwd) go with it
         setup_names |= {cli_flag(name) for name, st in settings().items() if st.methods and method not in st.methods}
+    zero, fsdp = cli_flag("zero_stage"), cli_flag("fsdp")
+    if zero in setup_names and fsdp in given:  # the user's FSDP strategy at the setup's stage, not both settings
+        tokens = setup.split()
+        i = tokens.index(zero)
+        strategy = {stage: s.value for s, stage in reversed(FSDP_ZERO_STAGE.items())}.get(int(tokens[i + 1]))
+        if strategy is not None:
+            given = {**given, fsdp: strategy}
+            setup = " ".join(tokens[:i] + tokens[i + 2:])
     parts = ["memest", "hf", shlex.quote(model)]
     for flag, value in given.items():
         if flag not in setup_names and flag not in _SEARCHED:
