@@ -341,7 +341,7 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
         InputError: a search keyword the mode does not read, bad prices or devices, hybrid-shard
             FSDP without ``dp_shard``.
     """
-    from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan
+    from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DEFAULT_MAX_DEVICES, Space, plan, widenings
     from memest.report import plan_to_dict
     from memest.workload import FsdpStrategy, resolve
 
@@ -386,7 +386,7 @@ def plan_values(model: Model | None, values: Mapping[str, Any], search: Mapping[
     device = resolve.device(job)
     workload = resolve.resolve(job, spec, device, checkpoint_params=checkpoint_params(values, spec),
                                gguf_tensors=gguf_tensors(values), model=_given(model))
-    result = plan(spec, workload, space, headroom=resolve.headroom(values), top=s["top"])
+    result = widenings(plan(spec, workload, space, headroom=resolve.headroom(values), top=s["top"]))
     return MemoryPlan(plan_to_dict(result, model=_name(ref, spec), given=given), result)
 
 

@@ -23,6 +23,7 @@ from memest.planning.search import (
     _flag_items,
     _render,
     plan,
+    restacked,
     smallest_parallelism,
     stack_losses,
 )
@@ -42,6 +43,7 @@ from memest.workload import (
     workload_notes,
 )
 from memest.workload.settings import cli_flag
+from memest.workload.stacks import sharding_words
 
 # ---- memest hf: the cheapest change to the user's own setup ----
 
@@ -114,7 +116,7 @@ _PARALLEL_FLAGS = ("--gpus", "--dp", "--tp", "--pp", "--ep")
 
 def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
     """A fit as changes to the workload asked (one Change per flag group that differs)."""
-    old = _flag_items(asked, asked.parallelism.world_size)
+    old = _flag_items(restacked(asked, fit.setup.workload), asked.parallelism.world_size)
     new = _flag_items(fit.setup.workload, fit.setup.count)
     stack = cli_flag("stack")
     out = [Change(f"{stack} {new[stack]}", 0.0, True)] if new.get(stack, "None") != "None" else []
@@ -134,6 +136,8 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
             value = getattr(fit.setup.workload.parallelism if setting in _PAR_FIELDS else fit.setup.workload, setting)
             p = penalty(setting, value)
             switch = stack_losses(fit.setup.workload).get(value, "") if setting == "loss" else ""
+            if setting == "zero_stage" and isinstance(fit.setup.workload, TrainingConfig):
+                switch = sharding_words(fit.setup.workload)  # the backend the stage runs under
             how = f"{STACKS[fit.setup.workload.stack].label}: {switch}" if switch else ""  # type: ignore[union-attr,index]
             out.append(Change(" ".join(_render({flag: new[flag]})), p.communication + p.disruption, p.lossless, how))
     return tuple(out)

@@ -23,7 +23,8 @@ Search space
 - **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica); a training job stays in its
   stack (:mod:`memest.workload.stacks`): tp and pp are searched only where the stack runs them
   (Megatron-LM, NeMo, torchtitan) or with ``allow_stack_change`` (such a setup runs under
-  Megatron-LM, and its printed command says ``--stack megatron``);
+  Megatron-LM, and its printed command says ``--stack megatron``; the settings the job's stack filled
+  take Megatron-LM's defaults, :func:`memest.workload.stacks.restack`, as that command resolves them);
 
   - tp divides ``per_node`` (tensor parallelism stays within a node) and passes
     :func:`memest.workload.validate` (tp divides the heads; the KV-head rules);
@@ -46,7 +47,8 @@ Search space
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
   ``allow_optimizer_change``: adamw, adamw_fused -> adamw8bit), ``offload``,
-  ``method`` (full -> lora -> qlora, with ``allow_method_change``), ``loss`` (default -> chunked ->
+  ``method`` (full -> lora -> qlora, with ``allow_method_change``; only those the setup's stack runs,
+  :attr:`memest.workload.StackDefaults.methods`), ``loss`` (default -> chunked ->
   fused, the ones the job's stack switches on, with ``allow_loss_change``); serving: ``quantization``
   (fp8 on fp8 devices, int8, int4) and ``kv_cache_dtype`` fp8 (with ``allow_quantization``).
 
@@ -117,10 +119,13 @@ from memest.workload import (
     tp_head_problem,
     validate,
 )
+from memest.workload.resolve import FSDP_ZERO_STAGE
 from memest.workload.settings import cli_flag, settings, value_of
+from memest.workload.stacks import restack, supports
 
 __all__ = [
     "DeviceChoice", "Fit", "Plan", "Setup", "Space", "Verdict", "device_counts", "hf_command", "plan", "setup_flags", "smallest_parallelism", "verdict",
+    "widenings",
 ]
 
 MAX_DEVICE_DOUBLINGS = 6
@@ -289,6 +294,8 @@ class Plan:
     evaluated: int
     setups: int
     not_run: tuple[DeviceChoice, ...] = ()
+    widenings: tuple[str, ...] = ()
+    """When nothing fits: the :class:`Space` switches that, turned on, find a fit (:func:`widenings`)."""
 
     @property
     def best(self) -> Fit | None:
@@ -470,6 +477,11 @@ class _Search:
         optimizer = [w.optimizer] + ([Optimizer.ADAMW8BIT] if eight_bit else [])
         offload = _onwards(OFFLOAD_ORDER, w.offload) if self.space.allow_offload else [w.offload]
         method = _onwards(METHOD_ORDER, w.method) if lossy and self.space.allow_method_change else [w.method]
+        stack = self._stack(par)
+        if stack is not None:  # never a method the layout's stack does not run (StackDefaults.methods)
+            method = [m for m in method if supports(stack, m)]
+            if not method:
+                return None
         offered = stack_losses(w) if self.space.allow_loss_change else {}
         loss = [v for v in _onwards(LOSS_ORDER, w.loss) if v == w.loss or v in offered]
         return (_knob("zero_stage", zero), _knob("sequence_parallel", sp), _knob("recompute", recompute),
@@ -552,10 +564,27 @@ class _Search:
         if parallelism is None:
             parallelism = layout.parallelisms[key] = dataclasses.replace(layout.par, **par)
         fields["parallelism"] = parallelism
-        if self.training and (parallelism.tp > 1 or parallelism.pp > 1) and not _runs_model_parallel(self.base):
-            fields["stack"] = Stack.MEGATRON  # only with allow_stack_change (see _parallelisms)
-        w = layout.workloads[cfg] = type(self.base)(**fields)
+        stack = self._stack(parallelism)
+        if self.training:
+            fields["stack"] = stack
+        w = type(self.base)(**fields)
+        if self.training and w.stack_filled:  # type: ignore[union-attr]
+            # the settings the stack filled and no knob changed: what the stack (a new one, or the same at
+            # this layout: DeepSpeed's bf16 under a Trainer's ZeRO stage) does by default, as the printed
+            # command resolves them (memest.workload.stacks.apply)
+            left = frozenset(n for n in w.stack_filled if fields[n if n != "lora_targets" else "lora"]  # type: ignore[union-attr]
+                             == self.base_fields[n if n != "lora_targets" else "lora"])
+            w = restack(w, stack, refill=left)  # type: ignore[arg-type]
+        layout.workloads[cfg] = w
         return w
+
+    def _stack(self, par: Parallelism) -> Stack | None:
+        """The stack a training setup of layout ``par`` runs: the job's, or Megatron-LM for tensor / pipeline
+        parallelism the job's stack does not run (only with allow_stack_change, see :meth:`_parallelisms`)."""
+        stack = getattr(self.base, "stack", None)
+        if self.training and (par.tp > 1 or par.pp > 1) and not _runs_model_parallel(self.base):
+            return Stack.MEGATRON
+        return stack
 
     def evaluate(self, device: Device, layout: _Layout, cfg: tuple[int, ...]) -> tuple[Workload, Estimate, int] | None:
         """Estimate one setup (memoised per layout): (workload, estimate, per-device device-used
@@ -683,6 +712,19 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
                 tuple(not_run))
 
 
+def widenings(p: Plan) -> Plan:
+    """``p`` with :attr:`Plan.widenings` filled when nothing fits: ``allow_stack_change`` when a training job's
+    stack runs no tensor / pipeline parallelism, the search did not allow another stack, and allowing it finds a
+    fit (one more search, run only then). The other switches widen what a job may change and are named by the
+    report without a search."""
+    w = p.workload
+    if p.fits or not isinstance(w, TrainingConfig) or p.space.allow_stack_change or _runs_model_parallel(w):
+        return p
+    wider = plan(p.spec, w, dataclasses.replace(p.space, allow_stack_change=True), headroom=p.headroom,
+                 max_queries=False)
+    return dataclasses.replace(p, widenings=("allow_stack_change",)) if wider.fits else p
+
+
 # ---- flags ----
 
 
@@ -711,8 +753,9 @@ def _render(items: dict[str, str]) -> list[str]:
 def setup_flags(workload: Workload, count: int, asked: Workload, device: Device | None = None) -> str:
     """The ``memest hf`` flags that turn the job asked for into a setup: the device, the count
     and parallel degrees always, and every planner setting whose value differs from ``asked``
-    (the user's other flags stay as they were)."""
-    base = _flag_items(asked, asked.parallelism.world_size)
+    (the user's other flags stay as they were; on another stack, the values asked are compared as that
+    stack fills them, :func:`memest.workload.stacks.restack`)."""
+    base = _flag_items(restacked(asked, workload), asked.parallelism.world_size)
     items = _flag_items(workload, count)
     keep = {"--gpus", "--dp", "--tp", "--pp", cli_flag("stack")}  # a printed fix names its stack
     parts = [f"--gpu {shlex.quote(device.ref)}"] if device is not None else []
@@ -720,6 +763,15 @@ def setup_flags(workload: Workload, count: int, asked: Workload, device: Device 
         if flag in keep or value != base[flag]:
             parts += _render({flag: value})
     return " ".join(parts)
+
+
+def restacked(asked: Workload, setup: Workload) -> Workload:
+    """The job asked on a setup's stack (the settings its own stack filled taken from the setup's), so that
+    only the planner's own changes differ; ``asked`` itself on the same stack, or serving."""
+    stack = getattr(setup, "stack", None)
+    if not isinstance(asked, TrainingConfig) or stack is None or stack is asked.stack:
+        return asked
+    return restack(asked, stack)
 
 
 def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
@@ -733,6 +785,14 @@ def hf_command(model: str, given: Mapping[str, str], setup: str) -> str:
         method = tokens[tokens.index("--finetune") + 1]
         # and the user's settings of the method left (full training's optimizer_in_bwd) go with it
         setup_names |= {cli_flag(name) for name, st in settings().items() if st.methods and method not in st.methods}
+    zero, fsdp = cli_flag("zero_stage"), cli_flag("fsdp")
+    if zero in setup_names and fsdp in given:  # the user's FSDP strategy at the setup's stage, not both settings
+        tokens = setup.split()
+        i = tokens.index(zero)
+        strategy = {stage: s.value for s, stage in reversed(FSDP_ZERO_STAGE.items())}.get(int(tokens[i + 1]))
+        if strategy is not None:
+            given = {**given, fsdp: strategy}
+            setup = " ".join(tokens[:i] + tokens[i + 2:])
     parts = ["memest", "hf", shlex.quote(model)]
     for flag, value in given.items():
         if flag not in setup_names and flag not in _SEARCHED:

@@ -14,7 +14,7 @@ from memest.report.tables import Narrowest, name_col, new_table, number_col, pro
 from memest.report.units import CONFIRM, count, gib, percent, size
 from memest.result import RankEstimate, plain, rank_dict
 from memest.spec import ModelSpec
-from memest.workload import ServingConfig, Workload
+from memest.workload import Method, ServingConfig, TrainingConfig, Workload
 from memest.workload.settings import describe
 
 
@@ -549,7 +549,8 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
         tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
         flags = cand.flags or "(no change)"
         if "--finetune" in flags.split():
-            flags += " (in place of --train)"
+            asked = a.workload.method if isinstance(a.workload, TrainingConfig) else Method.FULL
+            flags += f" (in place of {'--train' if asked is Method.FULL else f'--finetune {asked.value}'})"
         hows = [c.how for c in cand.changes if c.how]
         if hows:
             tail += f" ({'; '.join(hows)})"

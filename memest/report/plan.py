@@ -14,7 +14,16 @@ from memest.report.estimate import describe_model, describe_workload, finite, wo
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, gib, percent, plural
 from memest.result import plain
-from memest.workload import Engine, Parallelism, ServingConfig, TrainingConfig, Workload, software
+from memest.workload import (
+    Engine,
+    Method,
+    Parallelism,
+    ServingConfig,
+    TrainingConfig,
+    Workload,
+    resolve_framework,
+    software,
+)
 
 
 def describe_layout(w: Workload) -> str:
@@ -35,8 +44,8 @@ def describe_settings(w: Workload, host_bytes: int = 0) -> str:
     """The settings a planner varies, where they are not plain (``zero 3 · recompute full · ...``)."""
     parts: list[str] = []
     if isinstance(w, TrainingConfig):
-        if w.parallelism.zero_stage:
-            parts.append(f"zero {w.parallelism.zero_stage}")
+        if w.parallelism.zero_stage:  # with the backend that shards it (the HF Trainer's ZeRO: DeepSpeed)
+            parts.append(f"zero {w.parallelism.zero_stage} ({resolve_framework(w).value})")
         if w.parallelism.sequence_parallel:
             parts.append("sequence parallel")
         if w.recompute.value != "none":
@@ -135,6 +144,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "headroom_applied": _plan_headroom_applied(p),
         "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
+        "widenings": list(p.widenings),
         "does_not_run_on": [c.device.name for c in p.not_run],
         "confirm": CONFIRM,
     }
@@ -200,6 +210,31 @@ def _plan_header(p: Plan) -> list[str]:
     ]
 
 
+_WIDER = {"allow_method_change": "--allow-method-change", "allow_optimizer_change": "--allow-optimizer-change",
+          "allow_batch_reshape": "--allow-batch-reshape", "allow_offload": "--allow-offload",
+          "allow_quantization": "--allow-quantization", "allow_stack_change": "--allow-stack-change"}
+"""The plan's search switches (:class:`memest.planning.search.Space`) as ``memest plan`` flags."""
+
+
+def nothing_fits(p: Plan) -> str:
+    """What to do when nothing fits: more devices, and the search switches the plan's mode reads that were
+    off (training: another method, the 8-bit optimizer, micro-batch reshaping, offload; serving:
+    quantization), first the one found to fit (:attr:`Plan.widenings`: another stack)."""
+    space = p.space
+    if isinstance(p.workload, TrainingConfig):
+        off = [n for n in ("allow_method_change", "allow_optimizer_change", "allow_batch_reshape", "allow_offload")
+               if not getattr(space, n) and not (n == "allow_method_change" and p.workload.method is Method.QLORA)]
+    else:
+        off = [n for n in ("allow_quantization",) if not space.allow_quantization]
+    found = [_WIDER[n] for n in p.widenings]
+    tried = [_WIDER[n] for n in off if n not in p.widenings]
+    head = "Nothing fits within the search"
+    if found:
+        head += f"; {' and '.join(found)} finds a fit"
+    rest = "allow more devices (--max-gpus, --gpus-available)" + (f", or try {', '.join(tried)}" if tried else "")
+    return f"{head}; {rest}."
+
+
 def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapping[str, str] | None = None) -> Any:
     """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
     command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
@@ -217,8 +252,7 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         parts.append(Text(f"Nothing to search: {software(p.workload)} runs on none of the devices given; pass "
                           f"another --{runner} or other --gpus-available.", style="bold red"))
     elif not p.fits:
-        parts.append(Text("Nothing fits within the search; allow more devices (--max-gpus, --gpus-available), "
-                          "--allow-method-change or --allow-quantization.", style="bold red"))
+        parts.append(Text(nothing_fits(p), style="bold red"))
     else:
         parts.append(_plan_table(p, top))
         command = _fit_command(p, p.fits[0], model, given or {})

@@ -434,6 +434,9 @@ class TrainingConfig:
         stack: The training stack whose defaults filled the settings not given (None: a workload
             built directly, at the fields' own defaults).
         stack_assumed: Why the stack was assumed when none was named ("" when it was named).
+        stack_filled: The settings the stack's defaults filled, not given by the user
+            (:data:`memest.workload.stacks.FILLED`; :func:`memest.workload.stacks.restack` takes them again
+            from another stack's defaults).
         config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
         config_read: What was read from which config file, line and key (``zero_stage 3 from ds.json:12
             zero_optimization.stage``), for ``explain``.
@@ -507,6 +510,7 @@ class TrainingConfig:
                                        "sharding; deepspeed with {zero_stage}; accelerate with {fsdp}; megatron with "
                                        "{tp} / {pp}). Flags given override its defaults.")
     stack_assumed: str = ""
+    stack_filled: tuple[str, ...] = ()
     config_notes: tuple[str, ...] = ()
     config_read: tuple[str, ...] = ()
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",

@@ -441,6 +441,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     group = (v["tp"] or 1) * v["pp"] * v["cp"]
     replicas = v["dp"] or max(1, v["gpus"] // group)
     stack, assumed = stacks.stack_of(v, replicas)
+    filled = tuple(name for name in stacks.FILLED if v[name] is None)
     v = stacks.apply(v, stack, replicas)
     par, framework = training_parallelism(v, device)
     t = TrainingConfig(
@@ -468,6 +469,7 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         float8_all_gather=bool(v["float8_all_gather"]),
         stack=stack,
         stack_assumed=assumed,
+        stack_filled=filled,
     )
     check_framework_runs(t, device)
     return t
@@ -559,8 +561,10 @@ def training_parallelism(v: Mapping[str, Any], device: Device) -> tuple[Parallel
             raise InputError(f"{{fsdp}} {fsdp.value} runs under FSDP; drop {{framework}} {framework.value}",
                              field="fsdp")
         stage = FSDP_ZERO_STAGE[fsdp]
-        if zero not in (0, stage):
-            raise InputError(f"{{fsdp}} {fsdp.value} is ZeRO stage {stage}; drop {{zero_stage}} {zero}", field="fsdp")
+        if zero:  # two sharding backends named: the job runs one (DeepSpeed's ZeRO or FSDP), not both
+            raise InputError(f"{{fsdp}} {fsdp.value} is FSDP's sharding and {{zero_stage}} {zero} DeepSpeed's ZeRO; a "
+                             f"job runs one: drop {{zero_stage}} (FSDP {fsdp.value} is ZeRO stage {stage}) or "
+                             "{fsdp}", field="fsdp")
         zero, framework = stage, Framework.FSDP
         if fsdp is FsdpStrategy.HYBRID_SHARD and dp_shard is None:
             dp_shard = math.gcd(dp * cp, max(1, device.per_node // (tp * pp)))

@@ -3,7 +3,9 @@
 One row per :class:`~memest.workload.config.Stack`: the precision recipe its "bf16" switch runs, who runs
 the step on one device and on several, its default optimizer, attention kernel, loss, activation
 checkpointing, QLoRA preparation and LoRA targets. :func:`stack_of` picks the stack a job names or
-implies; :func:`apply` fills the settings a user did not give from it (what the user gave wins);
+implies; :func:`apply` fills the settings a user did not give from it (what the user gave wins), :func:`restack`
+fills them again for another stack or layout (a planned setup, as its printed command resolves);
+:func:`supports` says which methods a stack runs;
 :func:`recipe_words` is the job line's sentence ("HF Trainer 4.57, bf16=True: fp32 params, autocast
 bf16, adamw_torch_fused").
 
@@ -54,6 +56,34 @@ Sources (each row cites the file that sets its defaults):
 - PyTorch FSDP2 ``fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32))``;
   a plain PyTorch loop with ``torch.autocast(bf16)`` over fp32 parameters and ``torch.optim.AdamW``.
 
+The methods each stack runs (:attr:`StackDefaults.methods`; a pair not listed is refused, and the planner
+never proposes one): the HF Trainer, trl, axolotl, LLaMA-Factory, unsloth (``full_finetuning=True`` or its
+LoRA / QLoRA), accelerate, DeepSpeed, FSDP2 and a plain PyTorch loop train a PEFT LoRA model or a
+bitsandbytes 4-bit one (PEFT docs, "DeepSpeed" and "Fully Sharded Data Parallel": QLoRA with ZeRO-3 / FSDP);
+torchtune (``recipes/lora_finetune_*.py``, ``qlora`` configs, torchao NF4) and litgpt (``finetune/lora.py``,
+``--quantize bnb.nf4``) build their own. torchtitan at commit b5bcd76c (2026-08-21) has LoRA in-tree
+(``torchtitan/components/lora.py`` ``LoRAConverter``, added in 74181b1e, 2026-05-08) and no 4-bit base
+(no NF4 / bitsandbytes outside ``experiments/``): full and LoRA. Megatron-LM has neither: issue
+NVIDIA/Megatron-LM#554 ("Support of LoRA/QLoRA?", answered "We have support for LoRA and other adapters in
+NeMo"); #7267 (moving Megatron-Bridge's PEFT into Megatron Core) is open: full only. NeMo 2
+``nemo/collections/llm/peft`` has LoRA (its PEFT notebook: "NeMo 2.0 currently supports Low-Rank Adaptation
+(LoRA)") and no bitsandbytes QLoRA: full and LoRA.
+
+Who shards a ZeRO stage named under a stack (:attr:`StackDefaults.zero`): the stacks built on
+``transformers.TrainingArguments`` (HF Trainer, trl, axolotl, LLaMA-Factory, unsloth) run it through
+DeepSpeed, their ``deepspeed=ds.json`` argument (``deepspeed: ds_z3_config.json`` in axolotl and
+LLaMA-Factory recipes); the Trainer's ``bf16=True`` fills DeepSpeed's ``bf16.enabled: "auto"``
+(transformers 4.57 ``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.trainer_config_process``:
+``fill_match("bf16.enabled", args.bf16 ...)``), so DeepSpeed's bf16 recipe runs (bf16 parameters, fp32
+master and states in its optimizer), not autocast over fp32 parameters. Their FSDP is the ``fsdp``
+argument (accelerate FSDP): the ``fsdp`` setting; ``TrainingArguments`` then sets ``ACCELERATE_USE_FSDP``
+and the Trainer's bf16 as accelerate's mixed precision, which accelerate's ``AcceleratorState.__init__``
+(``src/accelerate/state.py``: ``if self._mixed_precision != "no": fsdp_plugin.set_mixed_precision(...)``)
+turns into FSDP's ``MixedPrecision(param_dtype=bf16)`` over the fp32 sharded parameters: accelerate's
+recipe, not autocast over whole fp32 parameters (QLoRA keeps the stack's: PEFT sets FSDP's mixed precision
+to ``bnb_4bit_quant_storage`` there, ``utils/other.py``). The FSDP stacks (accelerate, torchtune, torchtitan,
+litgpt, FSDP2) shard a ZeRO stage with FSDP (stage 2 SHARD_GRAD_OP, 3 FULL_SHARD).
+
 The losses a stack can switch to by a setting of its own (:attr:`StackDefaults.losses`): the HF Trainer
 and trl ``TrainingArguments.use_liger_kernel`` (transformers 4.57 ``training_args.py``; the Trainer applies
 Liger's kernels, fused linear cross-entropy among them, to the model); axolotl's Liger plugin
@@ -65,6 +95,7 @@ cross-entropy (its default). The other stacks name no such switch: the loss is t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +144,9 @@ class StackDefaults:
         activation_offloading: Its switch for activation checkpoints in host RAM, at its default (None: it has
             none); ``offload_in_flight``: the checkpoints its offloading keeps on the device.
         optimizer_in_bwd: Its switch for the optimizer step inside backward, at its default (None: it has none).
+        methods: The methods it runs (module docstring).
+        zero: Who shards a ZeRO stage named under it without FSDP's own setting: DeepSpeed (the
+            ``deepspeed=`` argument of the Trainer-based stacks) or FSDP (module docstring).
     """
 
     label: str
@@ -137,6 +171,8 @@ class StackDefaults:
     activation_offloading: bool | None = None
     offload_in_flight: int = 0
     optimizer_in_bwd: bool | None = None
+    methods: frozenset[Method] = frozenset(Method)
+    zero: Framework = Framework.FSDP
 
 
 _LIGER = ((Loss.FUSED, "use_liger_kernel=True"),)
@@ -153,7 +189,10 @@ copies each layer's input to host (``hidden_states.to("cpu", non_blocking=True)`
 brings back the one layer's input it recomputes."""
 
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
-            "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER}
+            "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER,
+            "zero": Framework.DEEPSPEED}
+_NO_4BIT = frozenset({Method.FULL, Method.LORA})
+"""torchtitan and NeMo 2: LoRA in-tree, no 4-bit base (module docstring)."""
 
 STACKS: dict[Stack, StackDefaults] = {
     Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
@@ -174,16 +213,16 @@ STACKS: dict[Stack, StackDefaults] = {
                                                                       "fp32 reduce",
                                     optimizer=Optimizer.ADAMW_FUSED, optimizer_name="AdamW fused",
                                     one=Framework.FSDP, many=(Framework.FSDP, 3), recompute=Recompute.SELECTIVE_OP,
-                                    kbit=KbitPrep.NONE, model_parallel=True),
+                                    kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT),
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
-                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT,
+                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT, zero=Framework.DEEPSPEED,
                                  losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
                                                        "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
                                       recipe="fp32 trained params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                       optimizer_name="adamw_torch_fused", recompute=Recompute.FULL,
-                                      kbit=KbitPrep.NONE, lora_targets="all-linear",
+                                      kbit=KbitPrep.NONE, lora_targets="all-linear", zero=Framework.DEEPSPEED,
                                       losses=((Loss.FUSED, "enable_liger_kernel: true"),)),
     Stack.UNSLOTH: StackDefaults(label="unsloth", bf16="bf16=True", precision=Precision.AMP,
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
@@ -191,7 +230,7 @@ STACKS: dict[Stack, StackDefaults] = {
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
                                  losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
                                  activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT,
-                                 lora_library=LoraLibrary.UNSLOTH),
+                                 lora_library=LoraLibrary.UNSLOTH, zero=Framework.DEEPSPEED),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
@@ -200,15 +239,16 @@ STACKS: dict[Stack, StackDefaults] = {
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
-                                   optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0)),
+                                   optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0),
+                                   zero=Framework.DEEPSPEED),
     Stack.MEGATRON: StackDefaults(label="Megatron-LM", bf16="--bf16", precision=Precision.MIXED,
                                   recipe="bf16 params, fp32 main_grad and master", optimizer=Optimizer.ADAMW,
                                   optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 0),
-                                  model_parallel=True),
+                                  model_parallel=True, methods=frozenset({Method.FULL})),
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
                               optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
-                              model_parallel=True),
+                              model_parallel=True, methods=_NO_4BIT),
     Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
                               precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
                               optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,
@@ -245,6 +285,37 @@ def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
     return Stack.HF_TRAINER, "no stack named"
 
 
+FILLED = ("precision", "optimizer", "recompute", "loss", "attn_implementation", "lora_targets",
+          "prepare_kbit_training", "lora_library", "activation_offloading", "optimizer_in_bwd")
+"""The settings a stack's defaults fill when not given (:func:`apply`): a job records which it filled
+(:attr:`~memest.workload.config.TrainingConfig.stack_filled`), so that a setup on another stack or layout
+takes that stack's defaults for them (:func:`restack`)."""
+
+
+def supports(stack: Stack, method: Method) -> bool:
+    """Whether ``stack`` runs ``method`` (:attr:`StackDefaults.methods`, sources in the module docstring)."""
+    return method in STACKS[stack].methods
+
+
+def stacks_supporting(method: Method) -> tuple[Stack, ...]:
+    """The stacks that run ``method``, in table order."""
+    return tuple(k for k in STACKS if supports(k, method))
+
+
+def runs_deepspeed(stack: Stack, framework: Framework, zero_stage: int, fsdp: bool, model_parallel: bool,
+                   precision: Precision | None = None) -> bool:
+    """Whether a job of ``stack`` runs under DeepSpeed: the framework named, else a ZeRO stage without FSDP's
+    own setting (``fsdp``) under a stack that shards ZeRO with DeepSpeed (:attr:`StackDefaults.zero`), with
+    no tensor / pipeline parallelism and not FSDP's own precision recipe."""
+    d = STACKS[stack]
+    if framework is not Framework.AUTO:
+        return framework is Framework.DEEPSPEED
+    if d.one is Framework.DEEPSPEED:
+        return True
+    return (d.zero is Framework.DEEPSPEED and zero_stage >= 1 and not fsdp and not model_parallel
+            and precision is not Precision.FSDP2)
+
+
 def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
@@ -252,14 +323,30 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     bitsandbytes PagedAdamW in ``litgpt/utils.py`` at commit 00af8b0) gets them under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
-    them too (its FSDP over the data-parallel ranks beside TP / PP). axolotl prepares no QLoRA model under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
+    them too (its FSDP over the data-parallel ranks beside TP / PP). A Trainer-based stack under DeepSpeed
+    (:func:`runs_deepspeed`) runs DeepSpeed's bf16 recipe (module docstring). axolotl prepares no QLoRA model
+    under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
+    model_parallel = (v["tp"] or 1) > 1 or v["pp"] > 1
+    # torchtitan shards over the data-parallel ranks with TP / PP too (models/llama3/parallelize_llama.py:
+    # apply_fsdp when dp_shard is enabled; data_parallel_shard_degree = -1 takes every rank tp x pp x cp leave)
+    fsdp_beside_model_parallel = d.model_parallel and d.many[0] is Framework.FSDP
+    if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
+            and dp * v["cp"] > 1 and (not model_parallel or fsdp_beside_model_parallel)):
+        out["zero_stage"] = d.many[1]
     if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
         out["precision"] = d.qlora_precision
     if out["optimizer"] is None and d.qlora_optimizer is not None and v["finetune"] == Method.QLORA.value:
         out["optimizer"] = d.qlora_optimizer
+    fsdp = v["fsdp"] is not None or Framework(v["framework"]) is Framework.FSDP  # FSDP, however it was asked
+    if out["precision"] is None and runs_deepspeed(stack, Framework(v["framework"]), out["zero_stage"] or 0,
+                                                   v["fsdp"] is not None, model_parallel):
+        out["precision"] = STACKS[Stack.DEEPSPEED].precision
+    if (out["precision"] is None and d.zero is Framework.DEEPSPEED and d.one is not Framework.DEEPSPEED and fsdp
+            and not model_parallel and v["finetune"] != Method.QLORA.value):
+        out["precision"] = STACKS[Stack.ACCELERATE].precision  # the Trainer's fsdp= is accelerate FSDP (docstring)
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
@@ -268,29 +355,56 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["activation_offloading"] = bool(d.activation_offloading) and Recompute(out["recompute"]) is Recompute.FULL
     if out["optimizer_in_bwd"] is None:
         out["optimizer_in_bwd"] = bool(d.optimizer_in_bwd)
-    model_parallel = (v["tp"] or 1) > 1 or v["pp"] > 1
-    # torchtitan shards over the data-parallel ranks with TP / PP too (models/llama3/parallelize_llama.py:
-    # apply_fsdp when dp_shard is enabled; data_parallel_shard_degree = -1 takes every rank tp x pp x cp leave)
-    fsdp_beside_model_parallel = d.model_parallel and d.many[0] is Framework.FSDP
-    if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
-            and dp * v["cp"] > 1 and (not model_parallel or fsdp_beside_model_parallel)):
-        out["zero_stage"] = d.many[1]
     if (v["prepare_kbit_training"] is None and d.kbit is KbitPrep.TRL
-            and (v["fsdp"] is not None or (out["zero_stage"] or 0) >= 3)):
+            and (fsdp or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
         # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
         out["prepare_kbit_training"] = KbitPrep.NONE
-    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and v["fsdp"] is not None:
+    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and fsdp:
         # axolotl src/axolotl/utils/models.py (commit 15f7910, 2024-04): qlora_fsdp = cfg.fsdp and adapter qlora
         # sets skip_prepare_model_for_kbit_training
         out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 
 
+def restack(t: TrainingConfig, stack: Stack | None = None, refill: frozenset[str] | None = None) -> TrainingConfig:
+    """``t`` with the settings its stack filled (:attr:`~memest.workload.config.TrainingConfig.stack_filled`)
+    taken again from ``stack``'s defaults (None: its own) at ``t``'s method and layout: what a ``memest hf``
+    command naming that stack and layout resolves to (:func:`apply`). Settings the user gave stay.
+
+    Args:
+        refill: The filled settings to take again (None: all of them); the others keep ``t``'s value
+            (a planner's change of one).
+    """
+    stack = stack if stack is not None else t.stack
+    if stack is None:
+        return t
+    names = [n for n in t.stack_filled if refill is None or n in refill]
+    if not names and stack is t.stack:
+        return t
+    par = t.parallelism
+    current = {"precision": t.precision, "optimizer": t.optimizer, "recompute": t.recompute, "loss": t.loss,
+               "attn_implementation": t.attn_implementation, "lora_targets": t.lora.targets,
+               "prepare_kbit_training": t.prepare_kbit_training, "lora_library": t.lora_library,
+               "activation_offloading": t.activation_offloading, "optimizer_in_bwd": t.optimizer_in_bwd}
+    fsdp = t.framework is Framework.FSDP
+    v = {n: None if n in names else value for n, value in current.items()} | {
+        "finetune": None if t.method is Method.FULL else t.method.value, "tp": par.tp, "pp": par.pp, "cp": par.cp,
+        "framework": Framework.AUTO.value if fsdp else t.framework.value, "fsdp": "sharded" if fsdp else None,
+        "zero_stage": par.zero_stage}
+    out = apply(v, stack, par.dp)
+    changes = {n: out[n] for n in current if n != "lora_targets" and out[n] != current[n]}
+    if out["lora_targets"] != t.lora.targets:
+        changes["lora"] = dataclasses.replace(t.lora, targets=out["lora_targets"])
+    if stack is not t.stack:
+        changes["stack"] = stack
+    return t.replace(**changes) if changes else t
+
+
 def resolve_framework(t: TrainingConfig) -> Framework:
     """Who runs a job's step: the framework it names, else its stack's (a ZeRO stage under a stack that
-    is not DeepSpeed or Megatron-LM: FSDP, as the Trainer's ``fsdp`` argument runs it through accelerate;
-    any stack with tp / pp: what
+    is not DeepSpeed or Megatron-LM: the backend that stack shards ZeRO with, :attr:`StackDefaults.zero`:
+    DeepSpeed for the Trainer-based stacks, FSDP for the FSDP ones; any stack with tp / pp: what
     :func:`memest.workload.config.resolve_framework` picks, Megatron-LM or FSDP + TP), else the
     choice from precision and parallelism (a workload built with no stack)."""
     if t.framework is not Framework.AUTO or t.stack is None:
@@ -301,19 +415,64 @@ def resolve_framework(t: TrainingConfig) -> Framework:
     if par.tp > 1 or par.pp > 1:
         return config.resolve_framework(t)
     if par.zero_stage >= 1:
+        if runs_deepspeed(t.stack, t.framework, par.zero_stage, False, False, t.precision):
+            return Framework.DEEPSPEED
         return Framework.FSDP
     return d.many[0] if par.dp * par.cp > 1 else d.one
 
 
-def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> str:
-    """The job line's sentence for a stack: its name, how its users ask for bf16 and what that runs,
-    and its optimizer (the stack's own words where the user kept its defaults)."""
+_FSDP_STRATEGY = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+_BACKEND_WORDS = {Framework.DEEPSPEED: ("DeepSpeed ZeRO-{z}", " (deepspeed=ds.json)"),
+                  Framework.FSDP: ("FSDP {s}", " (fsdp={a})")}
+"""How a job line names the backend that shards a stack's job, and (for the Trainer-based stacks, whose
+:attr:`StackDefaults.zero` is DeepSpeed) the argument that asks for it."""
+
+
+def sharding_words(t: TrainingConfig) -> str:
+    """How the job's stack asks for its ZeRO stage, in the stack's words ("" without one): the Trainer-based
+    stacks' ``deepspeed=ds.json`` with ``zero_optimization.stage N``, DeepSpeed's own config key, FSDP's
+    sharding strategy, Megatron-LM's distributed optimizer."""
+    z = t.parallelism.zero_stage
+    if t.stack is None or z < 1:
+        return ""
+    d, fw = STACKS[t.stack], resolve_framework(t)
+    if fw is Framework.DEEPSPEED:
+        return ("deepspeed=ds.json with " if d.one is not Framework.DEEPSPEED else "") + f"zero_optimization.stage {z}"
+    if fw is Framework.FSDP:
+        return f"FSDP {_FSDP_STRATEGY.get(z, str(z))}"
+    if fw is Framework.MEGATRON:
+        return "--use-distributed-optimizer"
+    return ""
+
+
+def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, framework: Framework | None = None,
+                 zero_stage: int = 0) -> str:
+    """The job line's sentence for a stack: its name (and the backend that shards it, when the stack runs
+    under another: ``HF Trainer 4.57 + DeepSpeed ZeRO-3 (deepspeed=ds.json)``), how its users ask for bf16 and
+    what that runs, and its optimizer (the stack's own words where the user kept its defaults).
+
+    Args:
+        framework: Who runs the step (:func:`resolve_framework`); None: the stack's own.
+        zero_stage: The job's ZeRO stage, named with DeepSpeed.
+    """
     d = STACKS[stack]
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
+    label = d.label
+    backend = (framework is not None and framework in _BACKEND_WORDS and framework not in (d.one, d.many[0])
+               and zero_stage >= 1)
+    if backend:
+        words, argument = _BACKEND_WORDS[framework]  # type: ignore[index]
+        strategy = _FSDP_STRATEGY.get(zero_stage, str(zero_stage))
+        label += " + " + words.format(z=zero_stage, s=strategy)
+        if d.zero is Framework.DEEPSPEED:
+            label += argument.format(a=strategy.lower())
     if precision is d.qlora_precision and precision is not d.precision:
-        return f"{d.label}, {d.qlora_recipe}, {opt}"
+        return f"{label}, {d.qlora_recipe}, {opt}"
+    for fw, other in ((Framework.DEEPSPEED, STACKS[Stack.DEEPSPEED]), (Framework.FSDP, STACKS[Stack.ACCELERATE])):
+        if backend and framework is fw and precision is other.precision and precision is not d.precision:
+            return f"{label}, {d.bf16} sets {other.bf16}: {other.recipe}, {opt}"
     recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
-    return f"{d.label}, {d.bf16}: {recipe}, {opt}"
+    return f"{label}, {d.bf16}: {recipe}, {opt}"
 
 
 def offloaded_checkpoints_on_device(t: TrainingConfig) -> int:

@@ -28,7 +28,7 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
 )
-from memest.workload.stacks import STACKS, resolve_framework
+from memest.workload.stacks import STACKS, resolve_framework, stacks_supporting, supports
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
@@ -203,7 +203,35 @@ def _validate_training(t: TrainingConfig) -> None:
     if t.method is Method.QLORA and t.precision is Precision.FP32:
         raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32",
                          field="finetune")
+    _validate_stack(t)
     _validate_framework(t, resolve_framework(t))
+
+
+def _validate_stack(t: TrainingConfig) -> None:
+    """A method the job's stack does not run (:attr:`memest.workload.stacks.StackDefaults.methods`), and a
+    sharding setting the stack would not read: DeepSpeed and Megatron-LM / NeMo run their own engine, so an
+    FSDP strategy or another framework named with them is refused, not dropped.
+
+    Raises:
+        InputError: naming the pair and the stacks that do run the method (or the stack's own framework).
+    """
+    if t.stack is None:
+        return
+    d = STACKS[t.stack]
+    if not supports(t.stack, t.method):
+        others = ", ".join(k.value for k in stacks_supporting(t.method))
+        words = {Method.LORA: "LoRA", Method.QLORA: "QLoRA (4-bit base)"}.get(t.method, t.method.value)
+        assumed = f" (assumed: {t.stack_assumed})" if t.stack_assumed else ""
+        raise InputError(f"{{finetune}} {t.method.value} does not run under {{stack}} {t.stack.value}{assumed}: "
+                         f"{d.label} has no {words} in-tree; stacks that run it: {others}", field="finetune")
+    # a stack named with another framework (an assumed one is the framework's own, unless a caller set it)
+    if (not t.stack_assumed and d.one in (Framework.DEEPSPEED, Framework.MEGATRON)
+            and t.framework not in (Framework.AUTO, d.one)):
+        named = "{fsdp} / {framework} fsdp" if t.framework is Framework.FSDP else f"{{framework}} {t.framework.value}"
+        own = "its ZeRO is {zero_stage}" if d.one is Framework.DEEPSPEED else "its distributed optimizer is {zero_stage} 1"
+        raise InputError(f"{{stack}} {t.stack.value} runs {d.label}'s own engine, which would not read {named}: drop "
+                         f"it ({own}), or name a stack that runs it (FSDP: {{stack}} accelerate, fsdp, torchtune or "
+                         "hf-trainer)", field="stack")
 
 
 def _validate_in_backward(t: TrainingConfig) -> None:
