@@ -95,3 +95,28 @@ def test_axolotl_lora_base_is_bf16(tmp_path, mistral):
             "micro_batch_size: 1\nbf16: true\n")
     t = resolve({"config": [_write(tmp_path, "axolotl_lora.yml", text)]}, mistral, A100)
     assert (t.method, t.precision) == (Method.LORA, Precision.BF16)
+
+
+# --- 3. every bad input from the public API is an InputError with a field -----------------------------------
+
+def test_unknown_device_is_an_input_error_naming_gpu():
+    import memest
+
+    with pytest.raises(memest.InputError) as info:
+        memest.estimate_memory("meta-llama/Llama-3.1-8B", gpu="nosuch")
+    assert info.value.field == "gpu" and isinstance(info.value, LookupError)
+    assert "'nosuch'" in str(info.value)
+
+
+def test_unknown_model_is_an_input_error_naming_model(monkeypatch):
+    import memest
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(memest.InputError) as info:
+        memest.estimate_memory("./no/such/folder", gpu="A100-80GB")
+    assert info.value.field == "model" and isinstance(info.value, LookupError)
+
+
+def test_the_cli_still_exits_2_on_an_unknown_device():
+    out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--gpu", "nosuch")
+    assert out.returncode == 2 and out.stderr.startswith("Error: unknown device 'nosuch'"), out.stderr
