@@ -120,3 +120,62 @@ def test_unknown_model_is_an_input_error_naming_model(monkeypatch):
 def test_the_cli_still_exits_2_on_an_unknown_device():
     out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--gpu", "nosuch")
     assert out.returncode == 2 and out.stderr.startswith("Error: unknown device 'nosuch'"), out.stderr
+
+
+# --- 4. a config file's bad value is named by the file and key ---------------------------------------------
+
+def _refused(*argv: str, cwd: Path | None = None) -> str:
+    import os
+
+    if cwd is not None:
+        old = Path.cwd()
+        os.chdir(cwd)
+    try:
+        out = run_memest(*argv)
+    finally:
+        if cwd is not None:
+            os.chdir(old)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    return out.stderr.strip().splitlines()[-1]
+
+
+def test_a_deepspeed_stage_out_of_range_names_the_file_and_key(tmp_path):
+    # no --zero-stage was given: the 5 is ds5.json's zero_optimization.stage, on its line 1
+    ds = _write(tmp_path, "ds5.json", '{"zero_optimization": {"stage": 5}}')
+    line = _refused("hf", MISTRAL, "--config", ds)
+    assert line == "Error: ds5.json:1: zero_optimization.stage is 5; it must be 0, 1, 2 or 3", line
+
+
+def test_a_recipe_value_out_of_range_names_its_key(tmp_path):
+    recipe = _write(tmp_path, "mb0.yaml", f"model_name_or_path: {MISTRAL}\nper_device_train_batch_size: 0\n")
+    line = _refused("hf", "--config", recipe)
+    assert line.startswith("Error: mb0.yaml:2: per_device_train_batch_size is 0;") and "--micro-batch-size" not in line
+
+
+def test_a_flag_given_is_still_named_as_the_flag(tmp_path):
+    ds = _write(tmp_path, "ds.json", '{"zero_optimization": {"stage": 2}}')
+    line = _refused("hf", MISTRAL, "--config", ds, "--zero-stage", "5")
+    assert "--zero-stage" in line and "ds.json" not in line, line
+
+
+@pytest.mark.parametrize(("text", "words"), [("", "is empty"), ("# only a comment\n\n", "is empty (comments only)")])
+def test_an_empty_config_says_it_is_empty(tmp_path, text, words):
+    line = _refused("hf", MISTRAL, "--config", _write(tmp_path, "empty.yaml", text))
+    assert f"empty.yaml: {words};" in line and "not a format" not in line, line
+
+
+def test_a_binary_config_says_it_is_not_text(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")  # byte 0 (0x89) is no UTF-8 start byte
+    line = _refused("hf", MISTRAL, "--config", str(path))
+    assert "model.bin: not a text file" in line and "UnicodeDecodeError" not in line, line
+
+
+def test_a_bad_config_json_is_named_by_its_file(tmp_path):
+    folder = tmp_path / "fresh"
+    folder.mkdir()
+    (folder / "badheads.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 0,
+        "intermediate_size": 11008, "vocab_size": 32000}))
+    line = _refused("hf", "badheads.json", cwd=folder)
+    assert "badheads.json" in line and "'num_attention_heads' is 0" in line and "'fresh'" not in line, line

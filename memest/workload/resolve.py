@@ -37,7 +37,7 @@ from memest.workload.config import (
     runs_on,
 )
 from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
-from memest.workload.validate import divisors, tp_head_problem
+from memest.workload.validate import divisors, named_by_file, tp_head_problem
 
 MAX_INT = 2**31 - 1
 """The largest value an integer setting takes (sequences, tokens, devices, ranks): larger ones
@@ -403,6 +403,17 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device | Fleet, 
             of bounds, or a device count the parallel degrees do not divide.
     """
     v = complete(values)
+    try:
+        return _resolve(v, spec, device, scope, checkpoint_params, gguf_tensors, model)
+    except InputError as exc:
+        if not v["config"] or exc.field in values:
+            raise
+        raise named_by_file(exc, dict(files.read(v["config"]).origins)) from None
+
+
+def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: bool,
+             checkpoint_params: tuple[tuple[str, int], ...], gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...],
+             model: str | None) -> Workload:
     mode = mode_of(v)
     if scope:
         check_scope(v, mode)

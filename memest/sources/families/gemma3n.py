@@ -156,7 +156,7 @@ def _widths(text: HFConfig, num_layers: int) -> list[int]:
     given = text.get("intermediate_size")
     if isinstance(given, list):
         if len(given) != num_layers:
-            raise ConfigError(f"config of {text.name!r}: intermediate_size lists {len(given)} widths for "
+            raise ConfigError(f"{text.what}: intermediate_size lists {len(given)} widths for "
                               f"{num_layers} layers; give one per layer or a single number")
         return [_positive(text, f"intermediate_size[{n}]", w) for n, w in enumerate(given)]
     return [text.int("intermediate_size")] * num_layers
@@ -164,7 +164,7 @@ def _widths(text: HFConfig, num_layers: int) -> list[int]:
 
 def _positive(cfg: HFConfig, what: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"config of {cfg.name!r}: {what} = {value!r}; it must be a positive integer")
+        raise ConfigError(f"{cfg.what}: {what} = {value!r}; it must be a positive integer")
     return value
 
 

@@ -213,9 +213,18 @@ def read_one(path: Path) -> Found:
 def _parse(path: Path) -> tuple[ModuleType, Any, str]:
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{{config}} {path}: not a text file (byte {exc.start} is not UTF-8); pass {formats()}",
+                         field="config") from None
+    except OSError as exc:
         raise InputError(f"{{config}} {path}: cannot be read ({exc.__class__.__name__}); pass {formats()}",
                          field="config") from None
+    if "\0" in text:
+        raise InputError(f"{{config}} {path}: not a text file (it holds NUL bytes); pass {formats()}",
+                         field="config")
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        raise InputError(f"{{config}} {path}: is empty{' (comments only)' if text.strip() else ''}; pass "
+                         f"{formats()}", field="config")
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)
