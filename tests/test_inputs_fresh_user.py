@@ -179,3 +179,38 @@ def test_a_bad_config_json_is_named_by_its_file(tmp_path):
         "intermediate_size": 11008, "vocab_size": 32000}))
     line = _refused("hf", "badheads.json", cwd=folder)
     assert "badheads.json" in line and "'num_attention_heads' is 0" in line and "'fresh'" not in line, line
+
+
+# --- 5. suggestions: a quantized checkpoint's base model, a bare number's size ---------------------------------
+
+@pytest.mark.parametrize(("ref", "base", "quantization"), [
+    ("Qwen/Qwen2.5-7B-Instruct-AWQ", "Qwen/Qwen2.5-7B-Instruct", "awq"),
+    ("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4", "Qwen/Qwen2.5-7B-Instruct", "gptq"),
+    ("Qwen/Qwen2.5-7B-FP8", "Qwen/Qwen2.5-7B", "fp8"),
+    ("unsloth/Llama-3.1-8B-Instruct-bnb-4bit", "meta-llama/Llama-3.1-8B-Instruct", "nf4"),
+])
+def test_a_quantized_checkpoint_suggests_its_base_and_the_quantization(monkeypatch, ref, base, quantization):
+    # the name less its quantized ending is a catalog model: suggest it with the quantization the ending names
+    import memest
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(memest.InputError) as info:
+        memest.estimate_memory(ref, mode="serve", gpu="A100-80GB")
+    assert f"pass {base!r} with quantization {quantization}" in str(info.value), str(info.value)
+    assert "VL" not in str(info.value)
+
+
+def test_the_cli_names_the_quantization_flag(monkeypatch):
+    import os
+
+    out = run_memest("hf", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--serve", env=dict(os.environ) | {"HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 2 and "'Qwen/Qwen2.5-7B-Instruct' with --quantization awq" in out.stderr, out.stderr
+
+
+def test_a_bare_number_suggests_sizes():
+    from memest.devices import get_device
+    from memest.errors import UnknownDeviceError
+
+    with pytest.raises(UnknownDeviceError) as info:
+        get_device("48")
+    assert "did you mean '48GB' or '48GiB'?" in str(info.value) and "T4" not in str(info.value)
