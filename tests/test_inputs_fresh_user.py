@@ -214,3 +214,45 @@ def test_a_bare_number_suggests_sizes():
     with pytest.raises(UnknownDeviceError) as info:
         get_device("48")
     assert "did you mean '48GB' or '48GiB'?" in str(info.value) and "T4" not in str(info.value)
+
+
+# --- 6. an engine that does not run on the device names the engines that do ---------------------------------
+
+def test_apple_suggests_the_engines_that_run_there():
+    # ENGINE_VENDORS: apple is listed by llama.cpp and ollama; hf (not listed) runs on every device; vLLM,
+    # SGLang and TensorRT-LLM list no apple
+    line = _refused("hf", "meta-llama/Llama-3.1-8B", "--serve", "--gpu", "M4-Max-128GB")
+    assert "use --engine llama.cpp, --engine ollama or --engine hf" in line, line
+
+
+def test_a_tpu_with_llamacpp_suggests_vllm_and_hf():
+    # google is listed by vllm only among the serving engines; hf runs anywhere
+    line = _refused("hf", "meta-llama/Llama-3.1-8B", "--serve", "--gpu", "TPU-v5e", "--engine", "llama.cpp")
+    assert "use --engine vllm or --engine hf," in line and "ollama" not in line, line
+
+
+# --- 7. -ngl -1 and -ngl 999 mean every layer ----------------------------------------------------------------
+
+def _gguf_estimate(n_gpu_layers, engine="llama.cpp"):
+    import memest
+
+    return memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="serve", engine=engine, gpu="RTX-4090",
+                                  n_gpu_layers=n_gpu_layers).to_dict()
+
+
+@pytest.mark.parametrize("ngl", [-1, 999])
+def test_all_layers_idioms_offload_every_layer(ngl):
+    # Llama-3.1-8B: 32 layers + the output layer = 33; llama.cpp common/arg.cpp (145b6280) keeps -ngl -1 as
+    # "use the default" (every layer), and a count above 33 offloads all 33: the same estimate as -ngl 33
+    every = _gguf_estimate(33)
+    out = _gguf_estimate(ngl)
+    assert out["per_device"] == every["per_device"]
+    assert any("-ngl 33 (33/33 layers on the GPU)" in a for a in out["assumptions"])
+    assert any(f"n_gpu_layers {ngl}" in n for n in out["workload"]["config_notes"])
+
+
+def test_other_negative_layer_counts_are_still_refused():
+    import memest
+
+    with pytest.raises(memest.InputError, match="n_gpu_layers -2 is outside 0..33"):
+        _gguf_estimate(-2)

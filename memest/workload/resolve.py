@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -22,6 +22,7 @@ from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import files, stacks
 from memest.workload.config import (
+    ENGINE_VENDORS,
     Engine,
     Framework,
     FsdpStrategy,
@@ -427,10 +428,13 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
     if mode != "serve":
         return _training(v, spec, device).replace(config_notes=notes, config_read=read)
     engine = Engine(v["engine"])
-    for each in fleet.devices if fleet is not None else (device,):
+    devices = fleet.devices if fleet is not None else (device,)
+    for each in devices:
         if not runs_on(engine.value, each.vendor):
-            raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use {{engine}} "
-                             "hf (transformers generate) or another {gpu}", field="engine")
+            others = engines_on(d.vendor for d in devices)
+            use = " or ".join(", ".join(f"{{engine}} {e.value}" for e in others).rsplit(", ", 1))
+            raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use "
+                             f"{use or 'another engine'}, or another {{gpu}}", field="engine")
     max_len = v["max_model_len"]
     if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
         max_len = v["prompt_len"] + v["max_new_tokens"]
@@ -443,9 +447,38 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
         "gguf_tensors": gguf_tensors,
         "checkpoint_params": checkpoint_params,
         "parallelism": serving_parallelism(v, spec),
-        "config_notes": notes,
+        **dict(zip(("n_gpu_layers", "config_notes"), gpu_layers(v["n_gpu_layers"], spec, engine, notes))),
         "config_read": read,
     })
+
+
+def gpu_layers(n_gpu_layers: int | None, spec: ModelSpec, engine: Engine,
+               notes: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
+    """llama.cpp / Ollama's layers on the GPU (``-ngl`` / ``num_gpu``) as memest models them, and the notes with
+    what was read into them: -1 is each engine's default (llama.cpp ``common/arg.cpp`` at 145b6280 stores ``-ngl``
+    as given, default -1, and ``common.cpp`` passes it on only when it is not -1, leaving llama.cpp's own default,
+    every layer; Ollama ``api/types.go`` ``NumGPU: -1``: set from the memory free), memest's None; a count above the
+    num_layers + 1 layers there are (``-ngl 999``, the idiom for "all") offloads every layer, num_layers + 1. Any
+    other value is kept (a negative one is refused by the engine's estimate)."""
+    if n_gpu_layers is None:
+        return None, notes
+    every = spec.num_layers + 1
+    if n_gpu_layers == -1:
+        default = "as many layers as fit" if engine is Engine.OLLAMA else "every layer"
+        return None, notes + (f"n_gpu_layers -1 is {engine.value}'s default: {default} on the GPU",)
+    if n_gpu_layers > every:
+        return every, notes + (f"n_gpu_layers {n_gpu_layers} is more than the {every} layers of {spec.name} "
+                               f"({spec.num_layers} + the output layer): all {every} offloaded",)
+    return n_gpu_layers, notes
+
+
+def engines_on(vendors: Iterable[str]) -> tuple[Engine, ...]:
+    """The serving engines that run on devices of every one of ``vendors`` (:func:`runs_on`): those that
+    list the vendor first (built for it: llama.cpp and Ollama on Apple), then those that run on any device
+    (hf), each group in :class:`Engine`'s order."""
+    wanted = set(vendors)
+    fits = [e for e in Engine if all(runs_on(e.value, vendor) for vendor in wanted)]
+    return tuple(sorted(fits, key=lambda e: e.value not in ENGINE_VENDORS))
 
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:
