@@ -256,3 +256,41 @@ def test_other_negative_layer_counts_are_still_refused():
 
     with pytest.raises(memest.InputError, match="n_gpu_layers -2 is outside 0..33"):
         _gguf_estimate(-2)
+
+
+# --- 8. a sweep range ends at its end ------------------------------------------------------------------------
+
+def test_a_sweep_range_includes_its_end():
+    # 1k..1000k doubles from 1,024 (k = 1024): 1k, 2k, ... 512k = 524,288, then the end 1000k = 1,024,000
+    from memest.planning.sweep import parse_values
+
+    values = parse_values("1k..1000k", "seq_len")
+    assert values[-2:] == (524_288, 1_024_000) and len(values) == 11
+
+
+# --- 9. wording: "1 request", "give only one of" -------------------------------------------------------------
+
+def test_one_request_is_singular():
+    # Llama-3.1-8B at max_model_len 131,072 on an L40S: the pool holds one sequence (the estimate says so)
+    import os
+
+    out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--serve", "--max-model-len", "131072", "--gpu", "L40S",
+                     env=dict(os.environ) | {"COLUMNS": "400"})  # one line per sentence
+    assert out.returncode == 0, out.stderr
+    assert "KV pool holds 1 request of" in out.stdout and "1 requests" not in out.stdout, out.stdout
+    assert "Capacity: 1 request of 131,072 tokens" in out.stdout
+
+
+def test_a_term_formula_with_one_request_is_singular():
+    import memest
+
+    est = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="serve", gpu="A100-80GB", batch_size=1)
+    kv = next(t for t in est.to_dict()["terms"] if t["name"] == "kv_cache")
+    assert kv["formula"].startswith("1 request x "), kv["formula"]
+
+
+def test_the_service_says_give_only_one_of_model_or_config():
+    from memest.web.schema import SchemaError, parse
+
+    with pytest.raises(SchemaError, match="give only one of model .* or config .*, not both"):
+        parse({"model": "meta-llama/Llama-3.1-8B", "config": {}}, "estimate")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from memest import lora_targets
 from memest.errors import InputError
+from memest.result import plural
 from memest.spec import ModelSpec, Split
 from memest.workload.config import (
     BLOCK_SIZES,
@@ -430,7 +431,7 @@ def _validate_sglang_trtllm(s: ServingConfig) -> None:
         cap = getattr(s, name)
         if cap is not None and s.batch_size > cap:
             raise InputError(f"{{batch_size}} {s.batch_size} is more than {{{name}}} {cap}: the engine runs at most "
-                             f"{cap} requests at once (the rest queue); raise {{{name}}} or lower {{batch_size}}",
+                             f"{plural(cap, 'request')} at once (the rest queue); raise {{{name}}} or lower {{batch_size}}",
                              field="batch_size")
 
 
