@@ -294,3 +294,47 @@ def test_the_service_says_give_only_one_of_model_or_config():
 
     with pytest.raises(SchemaError, match="give only one of model .* or config .*, not both"):
         parse({"model": "meta-llama/Llama-3.1-8B", "config": {}}, "estimate")
+
+
+# --- 2. DeepSpeed "auto" bucket sizes, filled as the HF integration fills them -------------------------------
+
+DS_AUTO = """{
+  "zero_optimization": {"stage": %d, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                        "stage3_param_persistence_threshold": "auto"},
+  "bf16": {"enabled": true}
+}"""
+
+
+def _ds_job(tmp_path, stage, *flags):
+    ds = _write(tmp_path, "ds_auto.json", DS_AUTO % stage)
+    out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--config", ds, "--gpus", "8", *flags, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_auto_reduce_bucket_is_hidden_size_squared_under_the_hf_integration(tmp_path):
+    # transformers integrations/deepspeed.py trainer_config_finalize (5.24.0): reduce_bucket_size = hidden_size^2;
+    # Llama-3.1-8B hidden_size 4,096: 4,096^2 = 16,777,216 elements; ZeRO-2 with bf16 gradients (2 B):
+    # ipg_buffer 16,777,216 x 2 = 33,554,432 B (a multiple of 2 MiB: no rounding), not 5e8 x 2 = 1e9 B
+    doc = _ds_job(tmp_path, 2, "--stack", "trl")
+    assert doc["workload"]["deepspeed_buckets"]["reduce_bucket_size"] == 16_777_216
+    bucket = next(t for t in doc["terms"] if t["name"] == "workspace.reduce_bucket")
+    assert bucket["bytes"] == 33_554_432 and "16,777,216" in bucket["formula"]
+    assert any("hidden_size² = 4,096² = 16,777,216 elements" in n for n in doc["workload"]["config_notes"])
+
+
+def test_auto_zero3_buckets_under_the_hf_integration(tmp_path):
+    # under ZeRO-3 also stage3_prefetch_bucket_size = int(0.9 x 4,096^2) = int(15,099,494.4) = 15,099,494 and
+    # stage3_param_persistence_threshold = 10 x 4,096 = 40,960
+    doc = _ds_job(tmp_path, 3, "--stack", "hf-trainer")
+    assert doc["workload"]["deepspeed_buckets"] == {"reduce_bucket_size": 16_777_216,
+                                                     "prefetch_bucket_size": 15_099_494,
+                                                     "param_persistence_threshold": 40_960}
+
+
+def test_auto_outside_the_hf_integration_is_deepspeeds_default(tmp_path):
+    # the deepspeed stack (the file alone): nobody fills "auto"; DeepSpeed's default reduce_bucket_size 5e8
+    doc = _ds_job(tmp_path, 2)
+    assert doc["workload"]["stack"] == "deepspeed"
+    assert doc["workload"]["deepspeed_buckets"]["reduce_bucket_size"] == 500_000_000
+    assert any("DeepSpeed's default, 500,000,000 elements" in n for n in doc["workload"]["config_notes"])

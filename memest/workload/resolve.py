@@ -22,7 +22,9 @@ from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import files, stacks
 from memest.workload.config import (
+    DEEPSPEED_BUCKET_KEYS,
     ENGINE_VENDORS,
+    DeepSpeedBuckets,
     Engine,
     Framework,
     FsdpStrategy,
@@ -32,6 +34,7 @@ from memest.workload.config import (
     Method,
     Parallelism,
     ServingConfig,
+    Stack,
     TrainingConfig,
     Workload,
     resolve_framework,
@@ -426,7 +429,10 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
     check_sizes(v)
     notes, read = config_report(v, model)
     if mode != "serve":
-        return _training(v, spec, device).replace(config_notes=notes, config_read=read)
+        t = _training(v, spec, device)
+        found = files.read(v["config"]).buckets if v["config"] else {}
+        buckets, filled, more = deepspeed_buckets(found, t.stack, t.parallelism.zero_stage, spec)
+        return t.replace(config_notes=notes + more, config_read=read + filled, deepspeed_buckets=buckets)
     engine = Engine(v["engine"])
     devices = fleet.devices if fleet is not None else (device,)
     for each in devices:
@@ -450,6 +456,56 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
         **dict(zip(("n_gpu_layers", "config_notes"), gpu_layers(v["n_gpu_layers"], spec, engine, notes))),
         "config_read": read,
     })
+
+
+HF_INTEGRATION = frozenset({Stack.HF_TRAINER, Stack.TRL, Stack.ACCELERATE, Stack.AXOLOTL, Stack.LLAMAFACTORY,
+                            Stack.UNSLOTH})
+"""Stacks that hand the model to DeepSpeed through the HF integration, which fills the DeepSpeed JSON's ``"auto"``:
+the HF Trainer and the trainers built on it (trl, axolotl, LLaMA-Factory, unsloth), and accelerate's
+``Accelerator.prepare`` (``accelerate/accelerator.py`` ``_prepare_deepspeed``, the same keys and values)."""
+
+
+def deepspeed_buckets(found: Mapping[str, tuple[int | str, str]], stack: Stack | None, zero_stage: int,
+                      spec: ModelSpec) -> tuple[DeepSpeedBuckets, tuple[str, ...], tuple[str, ...]]:
+    """DeepSpeed's bucket sizes from what the files set (:attr:`memest.workload.files.Read.buckets`), what was read
+    (for ``config_read``) and the notes on ``"auto"``.
+
+    ``"auto"`` under the HF integration (:data:`HF_INTEGRATION`) is filled as transformers fills it
+    (``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.trainer_config_finalize``, transformers 5.24.0, the
+    same since 4.x): ``reduce_bucket_size`` = hidden_size², and under ZeRO-3 ``stage3_prefetch_bucket_size`` =
+    int(0.9 x hidden_size²) and ``stage3_param_persistence_threshold`` = 10 x hidden_size (below ZeRO-3 they stay
+    ``"auto"``, unread by DeepSpeed). Elsewhere ``"auto"`` is DeepSpeed's default, said in a note.
+    """
+    defaults = DeepSpeedBuckets()
+    if not found:
+        return defaults, (), ()
+    h = spec.hidden_size
+    hf = stack in HF_INTEGRATION
+    filled_by = {"reduce_bucket_size": h * h}
+    if zero_stage >= 3:
+        filled_by |= {"prefetch_bucket_size": int(0.9 * h * h), "param_persistence_threshold": 10 * h}
+    words = {"reduce_bucket_size": f"hidden_size² = {h:,}²", "prefetch_bucket_size": f"int(0.9 x hidden_size²) = "
+             f"int(0.9 x {h:,}²)", "param_persistence_threshold": f"10 x hidden_size = 10 x {h:,}"}
+    values: dict[str, int] = {}
+    read: list[str] = []
+    notes: list[str] = []
+    for name, (value, where) in found.items():
+        key = DEEPSPEED_BUCKET_KEYS[name].split(".", 1)[1]
+        if value != "auto":
+            values[name] = int(value)
+            read.append(f"{key} {int(value):,} from {where}")
+        elif hf and name in filled_by:
+            values[name] = filled_by[name]
+            notes.append(f"{where} is \"auto\": the HF integration fills it as {words[name]} = "
+                         f"{filled_by[name]:,} elements ({stack.value if stack else 'hf-trainer'} under DeepSpeed)")
+        elif hf:
+            notes.append(f"{where} is \"auto\": the HF integration fills it only under ZeRO-3; DeepSpeed does not "
+                         "read it below")
+        else:
+            default = getattr(defaults, name)
+            notes.append(f"{where} is \"auto\", which only the HF integration (HF Trainer, accelerate) fills; memest "
+                         f"uses DeepSpeed's default, {default:,} elements")
+    return dataclasses.replace(defaults, **values), tuple(read), tuple(notes)
 
 
 def gpu_layers(n_gpu_layers: int | None, spec: ModelSpec, engine: Engine,
