@@ -423,6 +423,11 @@ def get_device(name: str, among: Iterable[Device] = ()) -> Device:
     custom = custom_device(name)
     if custom is not None:
         return custom
+    bare = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*", name)
+    if bare is not None:  # a number without its unit: the size it most likely means
+        number = bare.group(1)
+        raise UnknownDeviceError(f"device {name!r} is a number without a unit; did you mean {number + 'GB'!r} or "
+                                 f"{number + 'GiB'!r}? ({_FORMS})")
     import difflib
 
     close = difflib.get_close_matches(_key(name), list(_INDEX), n=3, cutoff=0.5)

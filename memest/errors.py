@@ -57,8 +57,13 @@ def keyword(setting: str) -> str:
     return {"train": "mode='train'", "serve": "mode='serve'", "finetune": "mode"}.get(setting, setting)
 
 
-class UnknownModelError(MemestError, LookupError):
-    """A model reference matches no catalog entry, local file or reachable Hub repository."""
+class UnknownModelError(InputError, LookupError):
+    """A model reference matches no catalog entry, local file or reachable Hub repository: bad input, so an
+    :class:`InputError` (``field`` ``"model"`` unless the message names another setting), and a
+    ``LookupError``."""
+
+    def __init__(self, message: str = "", *, field: str | None = "model") -> None:
+        super().__init__(message, field=field)
 
 
 class ConfigError(MemestError, ValueError):
@@ -69,8 +74,12 @@ class UnsupportedArchitectureError(MemestError):
     """A config's ``model_type`` has no analytic adapter and cannot be instantiated either."""
 
 
-class UnknownDeviceError(MemestError, LookupError):
-    """An accelerator name is not in the device catalog."""
+class UnknownDeviceError(InputError, LookupError):
+    """An accelerator name is not in the device catalog (nor a size): bad input, so an :class:`InputError`
+    (``field`` ``"gpu"``, the keyword that names the device), and a ``LookupError``."""
+
+    def __init__(self, message: str = "", *, field: str | None = "gpu") -> None:
+        super().__init__(message, field=field)
 
 
 class MissingDependencyError(MemestError, ImportError):

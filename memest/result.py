@@ -64,6 +64,11 @@ padding); activations depend on kernels and framework versions; allocator slack 
 memory vary with the driver, library versions and the allocation pattern."""
 
 
+
+def plural(n: int, word: str) -> str:
+    """``n`` (with thousands separators) and ``word``, plural unless ``n`` is 1: ``1 request``, ``2 requests``."""
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
 @dataclass(frozen=True, slots=True)
 class Term:
     """One named amount of memory.

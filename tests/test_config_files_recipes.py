@@ -64,7 +64,7 @@ def test_handbook_qlora_recipe(mistral):
     # (use_peft, max_seq_length, dataset_num_proc) -> stack trl; lora_r 16, lora_dropout 0.05, lora_target_modules
     # the seven projections; per_device_train_batch_size 4, gradient_accumulation_steps 2, max_seq_length 2048;
     # gradient_checkpointing true -> full recompute; attn_implementation flash_attention_2; bf16 true over LoRA
-    # (torch_dtype only decides a full fine-tune's parameters) -> autocast over fp32 adapters (amp)
+    # (a QLoRA base is NF4 whatever torch_dtype loads) -> autocast over fp32 adapters (amp)
     t = resolve({"config": [QLORA]}, mistral, A100)
     assert (t.method, t.stack, t.stack_assumed) == (Method.QLORA, Stack.TRL, "")
     assert (t.lora.rank, t.lora.dropout) == (16, 0.05)

@@ -163,7 +163,8 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(("args", "words"), [
     (("--quantization", "q4_k_x"), ("q4_k_x", "q4_k_m", "q8_0", "iq4_xs")),
     (("--kv-cache-dtype", "fp8"), ("fp8", "f16", "q8_0", "q4_0")),
-    (("--n-gpu-layers", "14"), ("14", "0..13", "12 layers")),
+    # 14 > the 13 layers offloads them all (-ngl 999 is llama.cpp's "all"), and -1 is its default: -2 is refused
+    (("--n-gpu-layers", "-2"), ("-2", "0..13", "12 layers")),
     (("--tensor-split", "3,1"), ("3,1", "2 shares for 1 device")),
     (("--tensor-split", "a,b"), ("a,b", "numbers")),
 ])

@@ -53,6 +53,7 @@ from memest.integrations._job import (
     pure_half,
     read_keys,
 )
+from memest.result import plural
 
 TRAINING_ARGUMENT_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
                           "gradient_checkpointing", "optim", "use_liger_kernel", "fsdp", "fsdp_config",
@@ -123,7 +124,7 @@ class MemestCallback(TrainerCallback):
                 batch, tokens = shape
                 values["seq_len"] = tokens
                 if values.get("micro_batch_size") not in (None, batch):
-                    notes = [*notes, f"the first forward holds {batch} sequences, not per_device_train_batch_size "
+                    notes = [*notes, f"the first forward holds {plural(batch, 'sequence')}, not per_device_train_batch_size "
                                      f"{values['micro_batch_size']}: estimated with {batch}"]
                 values["micro_batch_size"] = batch
             w.estimate_job(config, values, notes, device)

@@ -11,7 +11,7 @@ from memest import __version__
 from memest.devices import GiB
 from memest.planning.recommend import Assessment, Candidate
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
-from memest.report.units import CONFIRM, count, gib, percent, size
+from memest.report.units import CONFIRM, count, gib, percent, plural, size
 from memest.result import RankEstimate, plain, rank_dict
 from memest.spec import ModelSpec
 from memest.workload import Method, ServingConfig, TrainingConfig, Workload
@@ -333,8 +333,8 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     fewest = ((layout or f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else ""))
               + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
-    out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
-                f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,}"
+    out.append((f"Capacity: {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens at once · longest "
+                f"max_model_len for {plural(w.batch_size, 'request')}: {s.largest_max_model_len:,}"
                 + ("" if a.fleet is not None else  # the fewest-devices search is over alike devices
                    f" · fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}"), ""))
     return out
@@ -396,7 +396,7 @@ def _engine_verdict_line(a: Assessment) -> str:
     name, share = _engine_name(s.engine), _share_name(a)
     held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
     note = f"--headroom {percent(v.headroom)} not applied: {share} sets {name}'s share"
-    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    pool = f"KV pool holds {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens"
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
     if v.blocker == "no_memory":
@@ -416,10 +416,10 @@ def _vllm_verdict_line(a: Assessment) -> str:
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
     note = f"--headroom {percent(v.headroom)} not applied: gpu_memory_utilization sets vLLM's share"
-    pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    pool = (f"KV pool holds {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens"
             if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
-            else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
-            f"requests of {s.max_model_len:,} tokens")
+            else f"no KV cache needed; max_num_seqs allows {plural(s.largest_concurrency, 'request')} "
+            f"of {s.max_model_len:,} tokens")
     if v.fits:
         return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
     if v.blocker in ("no_memory", "max_model_len"):

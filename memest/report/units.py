@@ -4,6 +4,7 @@ counts with decimal suffixes (B = 10^9)."""
 from __future__ import annotations
 
 from memest.devices import GiB, MiB
+from memest.result import plural as plural  # the one rule, re-exported for the reports
 
 CONFIRM = (
     "Confirm on the device: `memest calibrate MODEL <same flags>` runs a few real steps and prints predicted "
@@ -51,5 +52,3 @@ def size_label(n: int) -> str:
     return f"{n:,}"
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"

@@ -79,8 +79,14 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
                 return HFConfig(fetch_config(ref, revision=revision), name=ref, source="hub", code_from=ref)
             except HubUnreachableError as exc:
                 why = f"not in the offline catalog and the Hub is unreachable: {exc}"
+    base = catalog.unquantized(ref)
     matches = catalog.close_matches(ref)
-    hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+    if base is not None:  # a quantized checkpoint of a catalog model: the model, quantized as its name says
+        engine = " {engine} llama.cpp" if base[1] == "q4_k_m" else ""
+        hint = (f"; it looks like a quantized {base[0]}: pass {base[0]!r} with {{quantization}} {base[1]}{engine} "
+                "(memest quantizes the unquantized model)")
+    else:
+        hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
     raise UnknownModelError(f"unknown model {ref!r}: {why}{hint} (list the catalog with 'memest models')")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,36 @@ def _variant_index() -> dict[str, dict[str, Any]]:
         for spelling in _spellings(variant_id):
             out.setdefault(spelling, {**entry, "id": variant_id})
     return out
+
+
+QUANTIZED_SUFFIXES: tuple[tuple[str, str], ...] = (
+    (r"-AWQ", "awq"),
+    (r"-GPTQ(?:-Int[48])?", "gptq"),
+    (r"-FP8(?:-Dynamic)?", "fp8"),
+    (r"-(?:unsloth-)?bnb-4bit", "nf4"),
+    (r"-GGUF", "q4_k_m"),
+    (r"-MXFP4", "mxfp4"),
+)
+"""The name endings of a quantized checkpoint's Hub repository (``Qwen/Qwen2.5-7B-Instruct-AWQ``,
+``...-GPTQ-Int4``, ``...-FP8``, unsloth's ``...-bnb-4bit``, ``...-GGUF``), each with the ``quantization``
+value memest applies to the unquantized model for it (a GGUF repository: llama.cpp's Q4_K_M, Ollama's
+default file type)."""
+
+
+def unquantized(reference: str) -> tuple[str, str] | None:
+    """The catalog model a quantized checkpoint's name was made from, and the ``quantization`` value that stands
+    for its quantization: ``Qwen/Qwen2.5-7B-Instruct-AWQ`` -> (``Qwen/Qwen2.5-7B-Instruct``, ``awq``); None when
+    the name has no :data:`QUANTIZED_SUFFIXES` ending or what is left is not in the catalog."""
+    for suffix, quantization in QUANTIZED_SUFFIXES:
+        m = re.match(rf"^(.+?){suffix}$", reference.strip(), flags=re.IGNORECASE)
+        if m is None:
+            continue
+        stem = m.group(1)
+        # a re-uploader's organisation (unsloth/, TheBloke/) is not the model's: the name alone is tried too
+        hit = resolve(stem) or (resolve(stem.rsplit("/", 1)[1]) if "/" in stem else None)
+        if hit is not None:
+            return hit.model_id, quantization
+    return None
 
 
 def close_matches(reference: str, n: int = 3) -> list[str]:

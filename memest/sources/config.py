@@ -34,6 +34,10 @@ MAX_PARAMETERS = 10**14
 config's sizes are mistyped and every estimate would be nonsense (1e37 B)."""
 
 
+NAMED_SOURCES = frozenset({"catalog", "hub", "given data"})
+"""The sources that are no file: their configs are named by the model reference in messages."""
+
+
 class HFConfig:
     """A config dict plus the name and source it was loaded from.
 
@@ -49,13 +53,21 @@ class HFConfig:
 
     def __init__(self, raw: Mapping[str, Any], *, name: str, source: str, note: str = "",
                  code_from: str | None = None) -> None:
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"config of {name!r} is a {type(raw).__name__}, not a JSON object; pass a config.json")
-        self.raw: dict[str, Any] = dict(raw)
         self.name = name
         self.source = source
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{self.what} is a {type(raw).__name__}, not a JSON object; pass a config.json")
+        self.raw: dict[str, Any] = dict(raw)
         self.note = note
         self.code_from = code_from
+
+    @property
+    def what(self) -> str:
+        """The config as messages name it: the file a local config was read from (the model's name is its
+        folder's, which the user may not have written), else ``config of 'NAME'``."""
+        if self.source in NAMED_SOURCES or self.source == self.name and not self.source.endswith(".json"):
+            return f"config of {self.name!r}"
+        return f"config file {self.source!r}"
 
     # ---- identity ----
 
@@ -65,7 +77,7 @@ class HFConfig:
         value = self.raw.get("model_type")
         if not isinstance(value, str) or not value:
             raise ConfigError(
-                f"config of {self.name!r} has no 'model_type'; add it (e.g. \"llama\") or pass a complete config.json"
+                f"{self.what} has no 'model_type'; add it (e.g. \"llama\") or pass a complete config.json"
             )
         return value
 
@@ -87,7 +99,7 @@ class HFConfig:
         """A nested config (``vision_config``, ...), which must exist."""
         value = self.raw.get(key)
         if not isinstance(value, Mapping):
-            raise ConfigError(f"config of {self.name!r} has no {key!r} section; pass the complete config.json")
+            raise ConfigError(f"{self.what} has no {key!r} section; pass the complete config.json")
         return HFConfig(value, name=self.name, source=self.source, code_from=self.code_from)
 
     def with_defaults(self, defaults: Mapping[str, Any], *, aliases: Mapping[str, str] | None = None) -> HFConfig:
@@ -131,7 +143,7 @@ class HFConfig:
         if default is _MISSING:
             names = " / ".join(repr(k) for k in keys)
             raise ConfigError(
-                f"config of {self.name!r} (model_type {self.raw.get('model_type')!r}) lacks {names}; "
+                f"{self.what} (model_type {self.raw.get('model_type')!r}) lacks {names}; "
                 "add it to the config.json"
             )
         return default
@@ -149,7 +161,7 @@ class HFConfig:
         if value is default and default is not _MISSING:
             return value  # type: ignore[no-any-return]
         key = next((k for k in keys if self.raw.get(k) is not None), keys[0])
-        return checked_int(value, f"config of {self.name!r}: {key!r}", minimum=minimum,
+        return checked_int(value, f"{self.what}: {key!r}", minimum=minimum,
                            maximum=maximum if maximum is not None else size_bound(key))
 
     def bool(self, *keys: str, default: Any = _MISSING) -> bool:
@@ -160,7 +172,7 @@ class HFConfig:
         """
         value = self.get(*keys, default=default)
         if not isinstance(value, bool):
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be true or false")
+            raise ConfigError(f"{self.what}: {keys[0]!r} is {value!r}; it must be true or false")
         return value
 
     def float(self, *keys: str, default: Any = _MISSING) -> float:
@@ -171,7 +183,7 @@ class HFConfig:
         """
         value = self.get(*keys, default=default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be a finite number")
+            raise ConfigError(f"{self.what}: {keys[0]!r} is {value!r}; it must be a finite number")
         return float(value)
 
     def str(self, *keys: str, default: Any = _MISSING) -> str:
@@ -182,7 +194,7 @@ class HFConfig:
         """
         value = self.get(*keys, default=default)
         if not isinstance(value, str):
-            raise ConfigError(f"config of {self.name!r}: {keys[0]!r} is {value!r}; it must be a string")
+            raise ConfigError(f"{self.what}: {keys[0]!r} is {value!r}; it must be a string")
         return value
 
     def divide(self, numerator_key: str, numerator: int, denominator_key: str, denominator: int) -> int:
@@ -193,7 +205,7 @@ class HFConfig:
         """
         if numerator % denominator:
             raise ConfigError(
-                f"config of {self.name!r}: {numerator_key} ({numerator}) is not divisible by "
+                f"{self.what}: {numerator_key} ({numerator}) is not divisible by "
                 f"{denominator_key} ({denominator}); set 'head_dim' explicitly or fix the config"
             )
         return numerator // denominator
@@ -251,35 +263,35 @@ def validate_fields(cfg: HFConfig) -> None:
             values = raw[key] if key == "intermediate_size" and isinstance(raw[key], list) and raw[key] else [raw[key]]
             for n, value in enumerate(values):
                 what = f"{key!r}" if len(values) == 1 and values[0] is raw[key] else f"'{key}[{n}]'"
-                checked_int(value, f"config of {cfg.name!r}: {what}", minimum=1 if key in _POSITIVE_KEYS else 0,
+                checked_int(value, f"{cfg.what}: {what}", minimum=1 if key in _POSITIVE_KEYS else 0,
                             maximum=size_bound(key))
         if raw.get("rope_theta") is not None:
-            _positive_number(raw["rope_theta"], f"config of {cfg.name!r}: 'rope_theta'")
+            _positive_number(raw["rope_theta"], f"{cfg.what}: 'rope_theta'")
         for key in ("rope_scaling", "rope_parameters"):
             value = raw.get(key)
             if value is None:
                 continue
             if not isinstance(value, Mapping):
-                raise ConfigError(f"config of {cfg.name!r}: {key!r} is {_shown(value)}; it must be an object "
+                raise ConfigError(f"{cfg.what}: {key!r} is {_shown(value)}; it must be an object "
                                   "(e.g. {\"rope_type\": \"linear\", \"factor\": 2.0}) or null")
             entries = value.values() if value and all(isinstance(v, Mapping) for v in value.values()) else (value,)
             for entry in entries:  # transformers 5 keys rope_parameters by layer type
                 for sub in ("factor", "rope_theta"):
                     if isinstance(entry, Mapping) and entry.get(sub) is not None:
-                        _positive_number(entry[sub], f"config of {cfg.name!r}: '{key}.{sub}'")
+                        _positive_number(entry[sub], f"{cfg.what}: '{key}.{sub}'")
         types = raw.get("layer_types")
         if types is not None:
             layers = raw.get("num_hidden_layers")
             if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-                raise ConfigError(f"config of {cfg.name!r}: 'layer_types' is {_shown(types)}; it must be a list of "
+                raise ConfigError(f"{cfg.what}: 'layer_types' is {_shown(types)}; it must be a list of "
                                   "strings, one per layer (e.g. \"full_attention\", \"sliding_attention\")")
             if isinstance(layers, int) and not isinstance(layers, bool) and len(types) != layers:
-                raise ConfigError(f"config of {cfg.name!r}: 'layer_types' must list {layers} entries (one per "
+                raise ConfigError(f"{cfg.what}: 'layer_types' must list {layers} entries (one per "
                                   f"layer), got {len(types)}")
         dense = raw.get("mlp_only_layers")
         if dense is not None and (not isinstance(dense, list) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_LAYERS for n in dense)):
-            raise ConfigError(f"config of {cfg.name!r}: 'mlp_only_layers' is {_shown(dense)}; it must be a list of "
+            raise ConfigError(f"{cfg.what}: 'mlp_only_layers' is {_shown(dense)}; it must be a list of "
                               "layer indices (e.g. [0, 1]) or []")
 
 

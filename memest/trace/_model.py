@@ -113,7 +113,7 @@ def build(cfg: HFConfig, dtype: torch.dtype, attn_implementation: str, *, task: 
         config = AutoConfig.for_model(model_type, **raw)
     except Exception as exc:
         raise UnsupportedArchitectureError(
-            f"transformers cannot read the config of {cfg.name!r} ({model_type}) for the trace: {_one_line(exc)}"
+            f"transformers cannot read the {cfg.what} ({model_type}) for the trace: {_one_line(exc)}"
         ) from exc
     cls = model_class(cfg, config, task)
     try:

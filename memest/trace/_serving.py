@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from memest.errors import InputError
-from memest.result import Kind
+from memest.result import Kind, plural
 from memest.trace._tracker import StorageTracker
 from memest.workload import ServingConfig
 
@@ -106,6 +106,6 @@ def run_generate(model: Any, s: ServingConfig, max_model_len: int, tracker: Stor
             del out
             ids = torch.argmax(next_logits, dim=-1)[:, None]
             del next_logits
-    note = (f"transformers generate: DynamicCache, prompt {prompt} tokens x {s.batch_size} sequences, "
+    note = (f"transformers generate: DynamicCache, prompt {prompt} tokens x {plural(s.batch_size, 'sequence')}, "
             f"{decode_steps} decode steps to {max_model_len} tokens")
     return [note]

@@ -147,7 +147,10 @@ def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
                                                          else "")
             raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {words}"
                               + (" or null" if known[name].get("nullable") and known[name]["type"] else ""))
-    if ("model" in body) == ("config" in body):
+    if "model" in body and "config" in body:
+        raise SchemaError("give only one of model (a catalog name or Hub id) or config (a config.json's contents), "
+                          "not both")
+    if "model" not in body and "config" not in body:
         raise SchemaError("give one of model (a catalog name or Hub id) or config (a config.json's contents)")
     rest = {k: v for k, v in body.items() if k not in ("model", "config", "mode")}
     mode = body.get("mode", known["mode"]["default"])

@@ -411,6 +411,30 @@ class LoraConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedBuckets:
+    """DeepSpeed's bucket sizes, in elements, as a DeepSpeed JSON sets them (no flag: they come from the file),
+    at DeepSpeed's defaults when it does not (``deepspeed/runtime/zero/config.py`` v0.19.5).
+
+    Attributes:
+        reduce_bucket_size: ``zero_optimization.reduce_bucket_size`` (default 5e8): the gradient reduce bucket.
+        prefetch_bucket_size: ``zero_optimization.stage3_prefetch_bucket_size`` (default 5e7): what ZeRO-3
+            gathers ahead.
+        param_persistence_threshold: ``zero_optimization.stage3_param_persistence_threshold`` (default 1e5):
+            ZeRO-3 keeps parameters of at most this many elements whole on every rank.
+    """
+
+    reduce_bucket_size: int = 500_000_000
+    prefetch_bucket_size: int = 50_000_000
+    param_persistence_threshold: int = 100_000
+
+
+DEEPSPEED_BUCKET_KEYS = {"reduce_bucket_size": "zero_optimization.reduce_bucket_size",
+                         "prefetch_bucket_size": "zero_optimization.stage3_prefetch_bucket_size",
+                         "param_persistence_threshold": "zero_optimization.stage3_param_persistence_threshold"}
+""":class:`DeepSpeedBuckets` field -> the DeepSpeed JSON key that sets it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
     """A training (or fine-tuning) job, per device.
 
@@ -440,6 +464,8 @@ class TrainingConfig:
         config_notes: What the config files left open (DeepSpeed ``"auto"``), for the assumptions.
         config_read: What was read from which config file, line and key (``zero_stage 3 from ds.json:12
             zero_optimization.stage``), for ``explain``.
+        deepspeed_buckets: DeepSpeed's bucket sizes as the job's DeepSpeed JSON sets them (``"auto"`` filled as
+            the HF integration fills it: :func:`memest.workload.resolve.deepspeed_buckets`).
         framework: Who runs the step (gradient buffers, reduce buckets); ``auto`` picks one.
         set_grads_to_none: ``optimizer.zero_grad(set_to_none=True)`` (the PyTorch >= 2.0 default):
             gradients are freed between steps. False keeps them allocated (PyTorch 1.x default,
@@ -513,6 +539,7 @@ class TrainingConfig:
     stack_filled: tuple[str, ...] = ()
     config_notes: tuple[str, ...] = ()
     config_read: tuple[str, ...] = ()
+    deepspeed_buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)
     framework: Framework = setting(Framework.AUTO, group="training", scope="training",
                                    what="who runs the training step",
                                    help="Who runs the step: pytorch (one process: HF Trainer, torchtune, litgpt), ddp, "

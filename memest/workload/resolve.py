@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -22,6 +22,9 @@ from memest.errors import InputError
 from memest.spec import ModelSpec
 from memest.workload import files, stacks
 from memest.workload.config import (
+    DEEPSPEED_BUCKET_KEYS,
+    ENGINE_VENDORS,
+    DeepSpeedBuckets,
     Engine,
     Framework,
     FsdpStrategy,
@@ -31,13 +34,14 @@ from memest.workload.config import (
     Method,
     Parallelism,
     ServingConfig,
+    Stack,
     TrainingConfig,
     Workload,
     resolve_framework,
     runs_on,
 )
 from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
-from memest.workload.validate import divisors, tp_head_problem
+from memest.workload.validate import divisors, named_by_file, tp_head_problem
 
 MAX_INT = 2**31 - 1
 """The largest value an integer setting takes (sequences, tokens, devices, ranks): larger ones
@@ -403,6 +407,17 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device | Fleet, 
             of bounds, or a device count the parallel degrees do not divide.
     """
     v = complete(values)
+    try:
+        return _resolve(v, spec, device, scope, checkpoint_params, gguf_tensors, model)
+    except InputError as exc:
+        if not v["config"] or exc.field in values:
+            raise
+        raise named_by_file(exc, dict(files.read(v["config"]).origins)) from None
+
+
+def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: bool,
+             checkpoint_params: tuple[tuple[str, int], ...], gguf_tensors: tuple[tuple[str, str, tuple[int, ...]], ...],
+             model: str | None) -> Workload:
     mode = mode_of(v)
     if scope:
         check_scope(v, mode)
@@ -414,12 +429,18 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device | Fleet, 
     check_sizes(v)
     notes, read = config_report(v, model)
     if mode != "serve":
-        return _training(v, spec, device).replace(config_notes=notes, config_read=read)
+        t = _training(v, spec, device)
+        found = files.read(v["config"]).buckets if v["config"] else {}
+        buckets, filled, more = deepspeed_buckets(found, t.stack, t.parallelism.zero_stage, spec)
+        return t.replace(config_notes=notes + more, config_read=read + filled, deepspeed_buckets=buckets)
     engine = Engine(v["engine"])
-    for each in fleet.devices if fleet is not None else (device,):
+    devices = fleet.devices if fleet is not None else (device,)
+    for each in devices:
         if not runs_on(engine.value, each.vendor):
-            raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use {{engine}} "
-                             "hf (transformers generate) or another {gpu}", field="engine")
+            others = engines_on(d.vendor for d in devices)
+            use = " or ".join(", ".join(f"{{engine}} {e.value}" for e in others).rsplit(", ", 1))
+            raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use "
+                             f"{use or 'another engine'}, or another {{gpu}}", field="engine")
     max_len = v["max_model_len"]
     if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
         max_len = v["prompt_len"] + v["max_new_tokens"]
@@ -432,9 +453,88 @@ def resolve(values: Mapping[str, Any], spec: ModelSpec, device: Device | Fleet, 
         "gguf_tensors": gguf_tensors,
         "checkpoint_params": checkpoint_params,
         "parallelism": serving_parallelism(v, spec),
-        "config_notes": notes,
+        **dict(zip(("n_gpu_layers", "config_notes"), gpu_layers(v["n_gpu_layers"], spec, engine, notes))),
         "config_read": read,
     })
+
+
+HF_INTEGRATION = frozenset({Stack.HF_TRAINER, Stack.TRL, Stack.ACCELERATE, Stack.AXOLOTL, Stack.LLAMAFACTORY,
+                            Stack.UNSLOTH})
+"""Stacks that hand the model to DeepSpeed through the HF integration, which fills the DeepSpeed JSON's ``"auto"``:
+the HF Trainer and the trainers built on it (trl, axolotl, LLaMA-Factory, unsloth), and accelerate's
+``Accelerator.prepare`` (``accelerate/accelerator.py`` ``_prepare_deepspeed``, the same keys and values)."""
+
+
+def deepspeed_buckets(found: Mapping[str, tuple[int | str, str]], stack: Stack | None, zero_stage: int,
+                      spec: ModelSpec) -> tuple[DeepSpeedBuckets, tuple[str, ...], tuple[str, ...]]:
+    """DeepSpeed's bucket sizes from what the files set (:attr:`memest.workload.files.Read.buckets`), what was read
+    (for ``config_read``) and the notes on ``"auto"``.
+
+    ``"auto"`` under the HF integration (:data:`HF_INTEGRATION`) is filled as transformers fills it
+    (``integrations/deepspeed.py`` ``HfTrainerDeepSpeedConfig.trainer_config_finalize``, transformers 5.24.0, the
+    same since 4.x): ``reduce_bucket_size`` = hidden_size², and under ZeRO-3 ``stage3_prefetch_bucket_size`` =
+    int(0.9 x hidden_size²) and ``stage3_param_persistence_threshold`` = 10 x hidden_size (below ZeRO-3 they stay
+    ``"auto"``, unread by DeepSpeed). Elsewhere ``"auto"`` is DeepSpeed's default, said in a note.
+    """
+    defaults = DeepSpeedBuckets()
+    if not found:
+        return defaults, (), ()
+    h = spec.hidden_size
+    hf = stack in HF_INTEGRATION
+    filled_by = {"reduce_bucket_size": h * h}
+    if zero_stage >= 3:
+        filled_by |= {"prefetch_bucket_size": int(0.9 * h * h), "param_persistence_threshold": 10 * h}
+    words = {"reduce_bucket_size": f"hidden_size² = {h:,}²", "prefetch_bucket_size": f"int(0.9 x hidden_size²) = "
+             f"int(0.9 x {h:,}²)", "param_persistence_threshold": f"10 x hidden_size = 10 x {h:,}"}
+    values: dict[str, int] = {}
+    read: list[str] = []
+    notes: list[str] = []
+    for name, (value, where) in found.items():
+        key = DEEPSPEED_BUCKET_KEYS[name].split(".", 1)[1]
+        if value != "auto":
+            values[name] = int(value)
+            read.append(f"{key} {int(value):,} from {where}")
+        elif hf and name in filled_by:
+            values[name] = filled_by[name]
+            notes.append(f"{where} is \"auto\": the HF integration fills it as {words[name]} = "
+                         f"{filled_by[name]:,} elements ({stack.value if stack else 'hf-trainer'} under DeepSpeed)")
+        elif hf:
+            notes.append(f"{where} is \"auto\": the HF integration fills it only under ZeRO-3; DeepSpeed does not "
+                         "read it below")
+        else:
+            default = getattr(defaults, name)
+            notes.append(f"{where} is \"auto\", which only the HF integration (HF Trainer, accelerate) fills; memest "
+                         f"uses DeepSpeed's default, {default:,} elements")
+    return dataclasses.replace(defaults, **values), tuple(read), tuple(notes)
+
+
+def gpu_layers(n_gpu_layers: int | None, spec: ModelSpec, engine: Engine,
+               notes: tuple[str, ...]) -> tuple[int | None, tuple[str, ...]]:
+    """llama.cpp / Ollama's layers on the GPU (``-ngl`` / ``num_gpu``) as memest models them, and the notes with
+    what was read into them: -1 is each engine's default (llama.cpp ``common/arg.cpp`` at 145b6280 stores ``-ngl``
+    as given, default -1, and ``common.cpp`` passes it on only when it is not -1, leaving llama.cpp's own default,
+    every layer; Ollama ``api/types.go`` ``NumGPU: -1``: set from the memory free), memest's None; a count above the
+    num_layers + 1 layers there are (``-ngl 999``, the idiom for "all") offloads every layer, num_layers + 1. Any
+    other value is kept (a negative one is refused by the engine's estimate)."""
+    if n_gpu_layers is None:
+        return None, notes
+    every = spec.num_layers + 1
+    if n_gpu_layers == -1:
+        default = "as many layers as fit" if engine is Engine.OLLAMA else "every layer"
+        return None, notes + (f"n_gpu_layers -1 is {engine.value}'s default: {default} on the GPU",)
+    if n_gpu_layers > every:
+        return every, notes + (f"n_gpu_layers {n_gpu_layers} is more than the {every} layers of {spec.name} "
+                               f"({spec.num_layers} + the output layer): all {every} offloaded",)
+    return n_gpu_layers, notes
+
+
+def engines_on(vendors: Iterable[str]) -> tuple[Engine, ...]:
+    """The serving engines that run on devices of every one of ``vendors`` (:func:`runs_on`): those that
+    list the vendor first (built for it: llama.cpp and Ollama on Apple), then those that run on any device
+    (hf), each group in :class:`Engine`'s order."""
+    wanted = set(vendors)
+    fits = [e for e in Engine if all(runs_on(e.value, vendor) for vendor in wanted)]
+    return tuple(sorted(fits, key=lambda e: e.value not in ENGINE_VENDORS))
 
 
 def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingConfig:

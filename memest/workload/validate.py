@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from memest import lora_targets
 from memest.errors import InputError
+from memest.result import plural
 from memest.spec import ModelSpec, Split
 from memest.workload.config import (
     BLOCK_SIZES,
@@ -36,8 +37,41 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
 
     Raises:
         InputError: a size is not positive, a parallel degree does not divide what it splits,
-            a setting does not apply to the model or the method.
+            a setting does not apply to the model or the method. A setting a config file gave is named by
+            the file, line and key (:func:`named_by_file`).
     """
+    try:
+        _validate(spec, workload)
+    except InputError as exc:
+        raise named_by_file(exc, read_origins(workload.config_read)) from None
+
+
+def read_origins(config_read: tuple[str, ...]) -> dict[str, str]:
+    """Setting -> where a config file gave it, from a workload's ``config_read`` (``zero_stage 3 from
+    ds.json:12 zero_optimization.stage`` -> ``zero_stage``: ``ds.json:12 zero_optimization.stage``)."""
+    out: dict[str, str] = {}
+    for entry in config_read:
+        name, _, rest = entry.partition(" ")
+        if " from " in rest:
+            out.setdefault(name, rest.rsplit(" from ", 1)[1])
+    return out
+
+
+def named_by_file(exc: InputError, origins: dict[str, str]) -> InputError:
+    """``exc`` with the setting at fault named where a config file gave it (``origins``: setting -> ``file:line
+    key``): ``ds.json:3: zero_optimization.stage is 5; it must be 0, 1, 2 or 3``, not the setting's own name,
+    which the user never wrote. ``exc`` itself when its setting was not read from a file."""
+    where = origins.get(exc.field) if exc.field is not None else None
+    placeholder = f"{{{exc.field}}}"
+    if where is None or " " not in where or placeholder not in exc.template:
+        return exc
+    file, key = where.split(" ", 1)
+    out = InputError(f"{file}: {exc.template.replace(placeholder, key, 1)}", field=exc.field)
+    out.__cause__ = exc
+    return out
+
+
+def _validate(spec: ModelSpec, workload: Workload) -> None:
     par = workload.parallelism
     for name in ("tp", "pp", "dp", "cp", "ep"):
         value = getattr(par, name)
@@ -425,7 +459,7 @@ def _validate_sglang_trtllm(s: ServingConfig) -> None:
         cap = getattr(s, name)
         if cap is not None and s.batch_size > cap:
             raise InputError(f"{{batch_size}} {s.batch_size} is more than {{{name}}} {cap}: the engine runs at most "
-                             f"{cap} requests at once (the rest queue); raise {{{name}}} or lower {{batch_size}}",
+                             f"{plural(cap, 'request')} at once (the rest queue); raise {{{name}}} or lower {{batch_size}}",
                              field="batch_size")
 
 

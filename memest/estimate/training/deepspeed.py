@@ -98,8 +98,10 @@ def states(ctx: StateContext) -> FrameworkStates:
     sharded_numel = ctx.sharded_numel
     numel = sum(local * c for _, local, c in ctx.trainable)
     offloaded = t.offload is not Offload.NONE
-    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(DEEPSPEED_REDUCE_BUCKET * gb),
-                  f"reduce_bucket_size 5e8 x {gb} B (ipg_buffer)")
+    buckets = t.deepspeed_buckets
+    reduce_bucket = buckets.reduce_bucket_size
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(reduce_bucket * gb),
+                  f"reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)} x {gb} B (ipg_buffer)")
     if z == 0:
         # FP16_Optimizer (bf16 too, DeepSpeed >= 0.17.6): param.grad until its step, which copies each to
         # fp32 (``p.grad.to(fp32)``: the same tensor when already fp32) and flattens the copies
@@ -147,8 +149,9 @@ def states(ctx: StateContext) -> FrameworkStates:
         # reduce_scatter_coalesced's torch.cat copy of a bucket (at most the bucket, at most what trains),
         # made when a bucket fills during the layers' backward: counted at the first layer's
         reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE,
-                         cuda_block_bytes(min(DEEPSPEED_REDUCE_BUCKET, numel) * gb),
-                         f"min(reduce_bucket_size 5e8, P_trainable) x {gb} B (reduce_scatter_coalesced's "
+                         cuda_block_bytes(min(reduce_bucket, numel) * gb),
+                         f"min(reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)}, P_trainable) "
+                         f"x {gb} B (reduce_scatter_coalesced's "
                          "interleaved copy of a bucket)"),)
         if not offloaded:
             persistent += (Term("gradients.partition", Kind.GRADIENTS, cuda_block_bytes(math.ceil(sharded_numel * gb / n)),
@@ -173,12 +176,19 @@ def states(ctx: StateContext) -> FrameworkStates:
             gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, 2 * unit,
                              "2 x largest layer unsharded in NF4 (current + prefetched)"),)
         else:
-            live = gathered_peak_numel(*_module_trace(ctx))
+            prefetch = buckets.prefetch_bucket_size
+            live = gathered_peak_numel(*_module_trace(ctx), prefetch=prefetch)
             gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, live * weight,
                              f"peak gathered parameters x {weight} B (ZeRO-3 coordinator: kept while re-used within "
-                             "stage3_max_reuse_distance 1e9 elements, stage3_prefetch_bucket_size 5e7 prefetched)"),)
+                             f"stage3_max_reuse_distance 1e9 elements, stage3_prefetch_bucket_size "
+                             f"{_elements(prefetch, PREFETCH_BUCKET)} prefetched)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
                            reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
+
+
+def _elements(n: int, default: int) -> str:
+    """A bucket size in a formula: DeepSpeed's own spelling of its default (``5e8``), else the elements."""
+    return f"{default:.0e}".replace("e+0", "e") if n == default else f"{n:,}"
 
 
 def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
@@ -189,7 +199,7 @@ def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
     if t.method is Method.QLORA:
         return ()
     weight = RECIPES[t.precision].weight
-    small = PARAM_PERSISTENCE_THRESHOLD
+    small = t.deepspeed_buckets.param_persistence_threshold
     total = 0
     if t.method is Method.FULL:
         total = sum(cuda_block_bytes(local * weight) * c for _, local, c in ctx.trainable if local <= small)
@@ -201,7 +211,7 @@ def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:
     if not total:
         return ()
     return (Term("weights.persistent", Kind.WEIGHTS, total,
-                 f"parameters of <= 1e5 elements whole x {weight} B" + ("" if t.method is Method.FULL else
+                 f"parameters of <= {_elements(small, PARAM_PERSISTENCE_THRESHOLD)} elements whole x {weight} B" + ("" if t.method is Method.FULL else
                                                                        " (LoRA's: x 4 B)")
                  + " (stage3_param_persistence_threshold: never partitioned)"),)
 
@@ -256,9 +266,10 @@ def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
     k = spec.num_kv_heads
     numel: list[int] = []
     forward: list[int] = []
+    small = ctx.t.deepspeed_buckets.param_persistence_threshold
 
     def use(n: int) -> None:
-        if n > PARAM_PERSISTENCE_THRESHOLD:
+        if n > small:
             forward.append(len(numel))
             numel.append(n)
 

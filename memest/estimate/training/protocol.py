@@ -16,6 +16,7 @@ from memest.estimate.training.trained import GradGroups, Gradients, Item
 from memest.result import Term
 from memest.spec import ModelSpec
 from memest.workload import (
+    DeepSpeedBuckets,
     KbitPrep,
     LoraConfig,
     LoraLibrary,
@@ -43,13 +44,14 @@ class StatesInput(NamedTuple):
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
     float8_all_gather: bool = False  # FSDP2 gathers the float8 linears' weights in float8 (fsdp.states)
+    deepspeed_buckets: DeepSpeedBuckets = DeepSpeedBuckets()  # the DeepSpeed JSON's bucket sizes
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
-                       t.lora_library, t.float8_all_gather and t.method is Method.FULL)
+                       t.lora_library, t.float8_all_gather and t.method is Method.FULL, t.deepspeed_buckets)
 
 
 class StateContext(NamedTuple):

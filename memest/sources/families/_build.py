@@ -247,8 +247,8 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
     if q is None:
         return None
     if not isinstance(q, dict):
-        raise ConfigError(f"config of {cfg.name!r}: 'quantization_config' is {q!r}; it must be an object or absent")
-    what = f"config of {cfg.name!r}: quantization_config"
+        raise ConfigError(f"{cfg.what}: 'quantization_config' is {q!r}; it must be an object or absent")
+    what = f"{cfg.what}: quantization_config"
     method = str(q.get("quant_method", "")).lower()
     skip = module_list(q.get("modules_to_not_convert", q.get("llm_int8_skip_modules")),
                        f"{what}.modules_to_not_convert")

@@ -37,12 +37,12 @@ def listed_kinds(cfg: HFConfig, key: str, num_layers: int | None, known: Mapping
     types = cfg.get(key, default=None)
     if not isinstance(types, list) or (num_layers is not None and len(types) != num_layers):
         want = f"list {num_layers} entries (one per layer)" if num_layers is not None else "be a list of layer types"
-        raise ConfigError(f"config of {cfg.name!r}: {key!r} must {want}, got {types!r}")
+        raise ConfigError(f"{cfg.what}: {key!r} must {want}, got {types!r}")
     out = []
     for i, value in enumerate(types):
         kind = known.get(value) if isinstance(value, str) else None
         if kind is None:
-            raise ConfigError(f"config of {cfg.name!r}: {key}[{i}] = {value!r} is not a layer type of "
+            raise ConfigError(f"{cfg.what}: {key}[{i}] = {value!r} is not a layer type of "
                               f"model_type {cfg.model_type!r}; use one of {', '.join(map(repr, known))}")
         out.append(kind)
     return out
@@ -56,12 +56,12 @@ def pattern_kinds(cfg: HFConfig, key: str, symbols: Mapping[str, str]) -> list[s
     """
     pattern = cfg.get(key, default=None)
     if not isinstance(pattern, str) or not pattern:
-        raise ConfigError(f"config of {cfg.name!r}: {key!r} must be a string of one symbol per layer, got {pattern!r}")
+        raise ConfigError(f"{cfg.what}: {key!r} must be a string of one symbol per layer, got {pattern!r}")
     out = []
     for i, symbol in enumerate(pattern):
         kind = symbols.get(symbol)
         if kind is None:
-            raise ConfigError(f"config of {cfg.name!r}: {key}[{i}] = {symbol!r} is not a layer symbol of "
+            raise ConfigError(f"{cfg.what}: {key}[{i}] = {symbol!r} is not a layer symbol of "
                               f"model_type {cfg.model_type!r}; use one of {', '.join(map(repr, symbols))}")
         out.append(kind)
     return out

@@ -82,7 +82,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     arch = cfg.architecture or "BertModel"
     if arch not in _CLASSES:
         raise ConfigError(
-            f"config of {cfg.name!r}: architecture {arch!r} is not a BERT class memest models; "
+            f"{cfg.what}: architecture {arch!r} is not a BERT class memest models; "
             f"use one of {', '.join(sorted(_CLASSES))}"
         )
     prefix, pooler, head_kind = _CLASSES[arch]
@@ -95,7 +95,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     decoder = cfg.bool("is_decoder")
     cross = cfg.bool("add_cross_attention")
     if cross and not decoder:
-        raise ConfigError(f"config of {cfg.name!r}: 'add_cross_attention' needs 'is_decoder' true (BertLayer)")
+        raise ConfigError(f"{cfg.what}: 'add_cross_attention' needs 'is_decoder' true (BertLayer)")
 
     tensors = (
         *_attention_block("attention", h, a, d),

@@ -50,10 +50,10 @@ _ALIASES = {"num_hidden_layers": "num_layers"}  # ChatGLMConfig.attribute_map (G
 def build(cfg: HFConfig) -> ModelSpec:
     """ModelSpec of a chatglm config."""
     if not cfg.has("padded_vocab_size") and cfg.has("position_encoding_2d"):
-        raise ConfigError(f"config of {cfg.name!r} is the first ChatGLM-6B (2-D positions, vocab_size); memest "
+        raise ConfigError(f"{cfg.what} is the first ChatGLM-6B (2-D positions, vocab_size); memest "
                           "counts ChatGLM2 / ChatGLM3 / GLM-4 configs (padded_vocab_size)")
     if cfg.has("pre_seq_len"):
-        raise ConfigError(f"config of {cfg.name!r} sets 'pre_seq_len' (a P-tuning prefix encoder), which memest "
+        raise ConfigError(f"{cfg.what} sets 'pre_seq_len' (a P-tuning prefix encoder), which memest "
                           "does not count; drop it to size the base model")
     cfg = cfg.with_defaults(_DEFAULTS, aliases=_ALIASES)
     h = cfg.int("hidden_size")

@@ -178,7 +178,7 @@ def _indexed_layers(cfg: HFConfig, num_layers: int) -> list[bool]:
         offset = cfg.int("index_skip_topk_offset", default=2, minimum=0)
         kinds = ["full" if max(n - offset + 1, 0) % freq == 0 else "shared" for n in range(num_layers)]
     if len(kinds) != num_layers:
-        raise ConfigError(f"config of {cfg.name!r}: index_topk_pattern has {len(kinds)} symbols for "
+        raise ConfigError(f"{cfg.what}: index_topk_pattern has {len(kinds)} symbols for "
                           f"{num_layers} layers; give one per layer")
     return [kind == "full" for kind in kinds]
 
@@ -217,7 +217,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     index_dim = cfg.int("index_head_dim") if dsa else 0
     indexed = _indexed_layers(cfg, num_layers)
     if dsa and q_lora_rank is None:
-        raise ConfigError(f"config of {cfg.name!r}: q_lora_rank is null; model_type {model_type!r} always "
+        raise ConfigError(f"{cfg.what}: q_lora_rank is null; model_type {model_type!r} always "
                           "compresses its queries (the indexer reads them); set q_lora_rank")
 
     def attention_of(with_indexer: bool) -> AttentionSpec:

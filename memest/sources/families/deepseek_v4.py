@@ -114,13 +114,13 @@ def _layer_types(cfg: HFConfig, num_layers: int) -> list[str]:
     elif cfg.has("compress_ratios"):
         ratios = cfg.get("compress_ratios")
         if not isinstance(ratios, list):
-            raise ConfigError(f"config of {cfg.name!r}: 'compress_ratios' must be a list of 0 / 4 / 128 per layer, "
+            raise ConfigError(f"{cfg.what}: 'compress_ratios' must be a list of 0 / 4 / 128 per layer, "
                               f"got {ratios!r}")
         types = []
         for n, ratio in enumerate(ratios):
             kind = _RATIO_TO_TYPE.get(ratio) if isinstance(ratio, int) and not isinstance(ratio, bool) else None
             if kind is None:
-                raise ConfigError(f"config of {cfg.name!r}: compress_ratios[{n}] = {ratio!r} is not a compress ratio "
+                raise ConfigError(f"{cfg.what}: compress_ratios[{n}] = {ratio!r} is not a compress ratio "
                                   "of model_type 'deepseek_v4'; use 0 (sliding), 4 (CSA) or 128 (HCA), or give "
                                   "layer_types")
             types.append(kind)
@@ -128,7 +128,7 @@ def _layer_types(cfg: HFConfig, num_layers: int) -> list[str]:
     else:
         return [HCA] * min(num_layers, 2) + [CSA if n % 2 else HCA for n in range(max(num_layers - 2, 0))]
     if len(types) < num_layers:
-        raise ConfigError(f"config of {cfg.name!r}: {key} has {len(types)} entries for {num_layers} layers; "
+        raise ConfigError(f"{cfg.what}: {key} has {len(types)} entries for {num_layers} layers; "
                           "give one per layer")
     return types[:num_layers]
 
@@ -138,7 +138,7 @@ def _mlp_layer_types(cfg: HFConfig, num_layers: int) -> list[str]:
     if cfg.has("mlp_layer_types"):
         types = listed_kinds(cfg, "mlp_layer_types", None, {t: t for t in MLP_LAYER_TYPES})
         if len(types) < num_layers:
-            raise ConfigError(f"config of {cfg.name!r}: mlp_layer_types has {len(types)} entries for {num_layers} "
+            raise ConfigError(f"{cfg.what}: mlp_layer_types has {len(types)} entries for {num_layers} "
                               "layers; give one per layer")
         return types[:num_layers]
     n_hash = cfg.int("num_hash_layers", default=_DEFAULT_NUM_HASH_LAYERS, minimum=0)
@@ -154,17 +154,17 @@ def compress_rates(cfg: HFConfig) -> dict[str, int]:
     """
     given = cfg.get("compress_rates", default=None)
     if given is not None and not isinstance(given, dict):
-        raise ConfigError(f"config of {cfg.name!r}: 'compress_rates' must map layer types to rates, got {given!r}")
+        raise ConfigError(f"{cfg.what}: 'compress_rates' must map layer types to rates, got {given!r}")
     rates = dict(_DEFAULT_COMPRESS_RATES if given is None else given)
     for key, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
         if cfg.has(legacy):
             rates[key] = cfg.int(legacy)
     for key, rate in rates.items():
         if key not in (CSA, HCA):
-            raise ConfigError(f"config of {cfg.name!r}: compress_rates[{key!r}] names no compressed layer type of "
+            raise ConfigError(f"{cfg.what}: compress_rates[{key!r}] names no compressed layer type of "
                               f"model_type 'deepseek_v4'; use {CSA!r} or {HCA!r}")
         if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
-            raise ConfigError(f"config of {cfg.name!r}: compress_rates[{key!r}] = {rate!r} must be a positive integer")
+            raise ConfigError(f"{cfg.what}: compress_rates[{key!r}] = {rate!r} must be a positive integer")
     return rates
 
 
@@ -211,7 +211,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     d_i = cfg.int("index_head_dim")
     activation = cfg.str("hidden_act")
     if (a * d) % groups:
-        raise ConfigError(f"config of {cfg.name!r}: num_attention_heads x head_dim = {a * d} is not divisible by "
+        raise ConfigError(f"{cfg.what}: num_attention_heads x head_dim = {a * d} is not divisible by "
                           f"o_groups = {groups}; the grouped output projection needs equal groups")
     rates = compress_rates(cfg)
     attn_types = _layer_types(cfg, num_layers)

@@ -156,7 +156,7 @@ def _widths(text: HFConfig, num_layers: int) -> list[int]:
     given = text.get("intermediate_size")
     if isinstance(given, list):
         if len(given) != num_layers:
-            raise ConfigError(f"config of {text.name!r}: intermediate_size lists {len(given)} widths for "
+            raise ConfigError(f"{text.what}: intermediate_size lists {len(given)} widths for "
                               f"{num_layers} layers; give one per layer or a single number")
         return [_positive(text, f"intermediate_size[{n}]", w) for n, w in enumerate(given)]
     return [text.int("intermediate_size")] * num_layers
@@ -164,7 +164,7 @@ def _widths(text: HFConfig, num_layers: int) -> list[int]:
 
 def _positive(cfg: HFConfig, what: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"config of {cfg.name!r}: {what} = {value!r}; it must be a positive integer")
+        raise ConfigError(f"{cfg.what}: {what} = {value!r}; it must be a positive integer")
     return value
 
 
@@ -250,7 +250,7 @@ def _timm_tower(vision: HFConfig) -> TensorSpec:
     """
     arch = vision.get("architecture")
     if arch not in TIMM_TOWERS:
-        raise ConfigError(f"config of {vision.name!r}: vision_config.architecture = {arch!r} is a timm model memest "
+        raise ConfigError(f"{vision.what}: vision_config.architecture = {arch!r} is a timm model memest "
                           f"has not counted; known: {', '.join(map(repr, TIMM_TOWERS))}")
     return TensorSpec("model.vision_tower.timm_model", (TIMM_TOWERS[str(arch)],), OTHER)
 
@@ -260,7 +260,7 @@ def _pairs(audio: HFConfig, key: str) -> list[tuple[int, int]]:
     if not (isinstance(value, list | tuple) and len(value) == 2
             and all(isinstance(v, list | tuple) and len(v) == 2
                     and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v) for v in value)):
-        raise ConfigError(f"config of {audio.name!r}: audio_config.{key} = {value!r}; it must be two pairs of positive "
+        raise ConfigError(f"{audio.what}: audio_config.{key} = {value!r}; it must be two pairs of positive "
                           "integers")
     return [(int(v[0]), int(v[1])) for v in value]
 
@@ -277,11 +277,11 @@ def audio_tensors(audio: HFConfig, *, prefix: str) -> list[TensorSpec]:
     channels = audio.get("sscp_conv_channel_size")
     if not (isinstance(channels, list | tuple) and len(channels) == 2
             and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels)):
-        raise ConfigError(f"config of {audio.name!r}: audio_config.sscp_conv_channel_size = {channels!r}; it must be "
+        raise ConfigError(f"{audio.what}: audio_config.sscp_conv_channel_size = {channels!r}; it must be "
                           "two positive channel counts")
     kernels, strides = _pairs(audio, "sscp_conv_kernel_size"), _pairs(audio, "sscp_conv_stride_size")
     if dim % heads:
-        raise ConfigError(f"config of {audio.name!r}: audio_config.hidden_size ({dim}) is not a multiple of "
+        raise ConfigError(f"{audio.what}: audio_config.hidden_size ({dim}) is not a multiple of "
                           f"conf_num_attention_heads ({heads})")
     freq = audio.int("input_feat_size")
     for (_, kw), (_, sw) in zip(kernels, strides, strict=True):

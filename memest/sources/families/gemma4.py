@@ -186,13 +186,13 @@ def _per_layer_overrides(text: HFConfig, kinds: list[str]) -> dict[int, dict[str
     given = text.get("per_layer_config", default=None)
     if given is not None:
         if not isinstance(given, dict):
-            raise ConfigError(f"config of {text.name!r}: 'per_layer_config' must map layer indices to overrides, "
+            raise ConfigError(f"{text.what}: 'per_layer_config' must map layer indices to overrides, "
                               f"got {given!r}")
         out: dict[int, dict[str, int]] = {}
         for key, value in given.items():
             unknown = set(value) - {"head_dim", "num_key_value_heads"} if isinstance(value, dict) else {"?"}
             if unknown or not str(key).isdigit():
-                raise ConfigError(f"config of {text.name!r}: per_layer_config[{key!r}] = {value!r}: memest reads "
+                raise ConfigError(f"{text.what}: per_layer_config[{key!r}] = {value!r}: memest reads "
                                   "only head_dim and num_key_value_heads per layer index")
             out[int(key)] = {k: int(v) for k, v in value.items()}
         return out
@@ -235,7 +235,7 @@ def _text_model(text: HFConfig, *, prefix: str) -> tuple[list[LayerSpec], list[T
         dn = overrides.get(n, {}).get("head_dim", d)
         kn = overrides.get(n, {}).get("num_key_value_heads", k)
         if kn <= 0 or a % kn:
-            raise ConfigError(f"config of {text.name!r}: layer {n} has {kn} KV heads, which do not divide "
+            raise ConfigError(f"{text.what}: layer {n} has {kn} KV heads, which do not divide "
                               f"num_attention_heads ({a}); fix num_global_key_value_heads / per_layer_config")
         shared_v = k_eq_v and not sliding
         width = i * (2 if double_wide and reuse[n] else 1)
@@ -328,7 +328,7 @@ def audio_tensors(audio: HFConfig, *, prefix: str) -> list[TensorSpec]:
     channels = audio.get("subsampling_conv_channels")
     if not (isinstance(channels, list | tuple) and len(channels) == 2
             and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in channels)):
-        raise ConfigError(f"config of {audio.name!r}: audio_config.subsampling_conv_channels = {channels!r}; "
+        raise ConfigError(f"{audio.what}: audio_config.subsampling_conv_channels = {channels!r}; "
                           "it must be two positive channel counts")
     c0, c1 = channels
     kernel = audio.int("conv_kernel_size")

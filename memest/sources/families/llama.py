@@ -173,11 +173,11 @@ def build(cfg: HFConfig) -> ModelSpec:
     """ModelSpec of a llama-style config (see the module docstring for the families)."""
     model_type = cfg.model_type
     if model_type == "minicpm" and cfg.int("num_experts", default=0, minimum=0):
-        raise ConfigError(f"config of {cfg.name!r}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
+        raise ConfigError(f"{cfg.what}: a MiniCPM-MoE config (num_experts {cfg.get('num_experts')}) is "
                           "not counted by memest; pass a dense MiniCPM config")
     cfg = cfg.with_defaults(_DEFAULTS[model_type], aliases=_ALIASES.get(model_type))
     if model_type == "internlm3" and cfg.bool("attention_bias") != cfg.bool("mlp_bias"):
-        raise ConfigError(f"config of {cfg.name!r}: InternLM3 with qkv_bias different from bias is not supported "
+        raise ConfigError(f"{cfg.what}: InternLM3 with qkv_bias different from bias is not supported "
                           "(transformers builds it as Llama, one bias setting for all projections); make them equal")
     h = cfg.int("hidden_size")
     a = cfg.int("num_attention_heads")

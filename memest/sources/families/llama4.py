@@ -104,7 +104,7 @@ def _text(cfg: HFConfig, prefix: str) -> tuple[list[LayerSpec], list[TensorSpec]
     rope = cfg.get("no_rope_layers", default=None) or [
         int((n + 1) % cfg.int("no_rope_layer_interval") != 0) for n in range(num_layers)]
     if not isinstance(rope, list) or len(rope) != num_layers:
-        raise ConfigError(f"config of {cfg.name!r}: 'no_rope_layers' must list {num_layers} entries (1: rotary, "
+        raise ConfigError(f"{cfg.what}: 'no_rope_layers' must list {num_layers} entries (1: rotary, "
                           f"0: NoPE), got {rope!r}")
     chunked_at = [bool(r) and chunk is not None for r in rope]
     attentions = {chunked: AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d, chunk_size=chunk if chunked else None)

@@ -75,7 +75,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     text_cfg = cfg.sub("text_config")
     text_type = text_cfg.raw.get("model_type", "mistral")
     if text_type not in _TEXT_TYPES:
-        raise ConfigError(f"config of {cfg.name!r}: text_config.model_type is {text_type!r}; "
+        raise ConfigError(f"{cfg.what}: text_config.model_type is {text_type!r}; "
                           f"a mistral3 checkpoint's language model is one of {sorted(_TEXT_TYPES)}")
     text = llama.build(HFConfig({**text_cfg.raw, "model_type": text_type}, name=cfg.name, source=cfg.source))
     raw_vision = cfg.raw.get("vision_config")

@@ -90,7 +90,7 @@ def block_kinds(cfg: HFConfig) -> list[str]:
         if cfg.get(key, default=None) is not None:
             return listed_kinds(cfg, key, None, BLOCK_TYPES)
     if cfg.get("hybrid_override_pattern", default=None) is None:
-        raise ConfigError(f"config of {cfg.name!r}: a nemotron_h config needs 'hybrid_override_pattern' (or "
+        raise ConfigError(f"{cfg.what}: a nemotron_h config needs 'hybrid_override_pattern' (or "
                           "'layers_block_type'): one entry per block, M = Mamba-2, * = attention, - = MLP, E = MoE")
     return pattern_kinds(cfg, "hybrid_override_pattern", PATTERN_SYMBOLS)
 

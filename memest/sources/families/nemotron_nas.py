@@ -62,14 +62,14 @@ def ffn_intermediate_size(ffn_mult: float, hidden_size: int) -> int:
 def _block(cfg: HFConfig, n: int, part: str) -> dict[str, Any]:
     blocks = cfg.get("block_configs")
     if not isinstance(blocks, list):
-        raise ConfigError(f"config of {cfg.name!r}: 'block_configs' must be a list of per-layer blocks, got {blocks!r}")
+        raise ConfigError(f"{cfg.what}: 'block_configs' must be a list of per-layer blocks, got {blocks!r}")
     value = blocks[n].get(part) if isinstance(blocks[n], dict) else None
     if not isinstance(value, dict):
-        raise ConfigError(f"config of {cfg.name!r}: block_configs[{n}] has no {part!r} section; pass the complete "
+        raise ConfigError(f"{cfg.what}: block_configs[{n}] has no {part!r} section; pass the complete "
                           "config.json")
     for key in _UNSUPPORTED:
         if value.get(key):
-            raise ConfigError(f"config of {cfg.name!r}: block_configs[{n}].{part}.{key} = {value[key]!r} is not "
+            raise ConfigError(f"{cfg.what}: block_configs[{n}].{part}.{key} = {value[key]!r} is not "
                               "modelled by memest; only full, linear and no-op blocks are")
     return value
 
@@ -84,7 +84,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     num_layers = cfg.int("num_hidden_layers")
     blocks = cfg.get("block_configs")
     if not isinstance(blocks, list) or len(blocks) != num_layers:
-        raise ConfigError(f"config of {cfg.name!r}: 'block_configs' must list {num_layers} blocks (one per layer), "
+        raise ConfigError(f"{cfg.what}: 'block_configs' must list {num_layers} blocks (one per layer), "
                           f"got {len(blocks) if isinstance(blocks, list) else blocks!r}")
     activation = cfg.str("hidden_act")
     attention_bias, mlp_bias = cfg.bool("attention_bias"), cfg.bool("mlp_bias")
@@ -100,7 +100,7 @@ def build(cfg: HFConfig) -> ModelSpec:
                                         *linear("self_attn.linear_attn", h, h, ATTN, Split.NONE)]
         group = block.get("n_heads_in_group")
         if not isinstance(group, int) or isinstance(group, bool) or group < 1 or a % group:
-            raise ConfigError(f"config of {cfg.name!r}: block_configs[{n}].attention.n_heads_in_group = {group!r}; "
+            raise ConfigError(f"{cfg.what}: block_configs[{n}].attention.n_heads_in_group = {group!r}; "
                               f"it must be a divisor of num_attention_heads ({a})")
         k = a // group
         return ("gqa", k), AttentionSpec(num_heads=a, num_kv_heads=k, head_dim=d), [
@@ -115,7 +115,7 @@ def build(cfg: HFConfig) -> ModelSpec:
                 *norm("post_attention_layernorm", h), *linear("mlp.linear_mlp", h, h, MLP, Split.NONE)]
         mult = block.get("ffn_mult")
         if isinstance(mult, bool) or not isinstance(mult, int | float) or mult <= 0:
-            raise ConfigError(f"config of {cfg.name!r}: block_configs[{n}].ffn.ffn_mult = {mult!r}; it must be a "
+            raise ConfigError(f"{cfg.what}: block_configs[{n}].ffn.ffn_mult = {mult!r}; it must be a "
                               "positive number")
         i = ffn_intermediate_size(mult, h)
         return i, MLPSpec(gated=True, intermediate_size=i, activation=activation), [

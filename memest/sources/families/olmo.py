@@ -79,10 +79,10 @@ def _pattern_windows(cfg: HFConfig, pattern: str, window: int, num_layers: int) 
     """
     for n, symbol in enumerate(pattern):
         if symbol not in "LG":
-            raise ConfigError(f"config of {cfg.name!r}: sliding_window_pattern[{n}] = {symbol!r} in {pattern!r}; "
+            raise ConfigError(f"{cfg.what}: sliding_window_pattern[{n}] = {symbol!r} in {pattern!r}; "
                               "each symbol is L (sliding window) or G (full attention)")
     if not pattern:
-        raise ConfigError(f"config of {cfg.name!r}: sliding_window_pattern is empty; write e.g. \"LLLG\"")
+        raise ConfigError(f"{cfg.what}: sliding_window_pattern is empty; write e.g. \"LLLG\"")
     return [window if pattern[n % len(pattern)] == "L" else None for n in range(num_layers)]
 
 

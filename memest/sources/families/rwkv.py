@@ -120,7 +120,7 @@ def _heads(cfg: HFConfig, version: str, h: int, a: int) -> tuple[int, int]:
                         else ("head_size", a, "attention_hidden_size"))
     size = cfg.int(key)
     if width % size:
-        raise ConfigError(f"config of {cfg.name!r}: {key} ({size}) is the head size of model_type {version!r} and must "
+        raise ConfigError(f"{cfg.what}: {key} ({size}) is the head size of model_type {version!r} and must "
                           f"divide {what} ({width}); fix one of them")
     return width // size, size
 
@@ -142,7 +142,7 @@ def _build_rwkv7(cfg: HFConfig) -> ModelSpec:
     vocab = cfg.int("vocab_size")
     num_layers = cfg.int("num_hidden_layers")
     if cfg.get("attn", default=None) is not None:
-        raise ConfigError(f"config of {cfg.name!r}: 'attn' = {cfg.get('attn', default=None)!r} makes some rwkv7 layers softmax "
+        raise ConfigError(f"{cfg.what}: 'attn' = {cfg.get('attn', default=None)!r} makes some rwkv7 layers softmax "
                           "attention, which memest does not count; use a config without 'attn'")
     if cfg.get("head_dim", default=None) is not None:
         size = cfg.int("head_dim")
@@ -155,7 +155,7 @@ def _build_rwkv7(cfg: HFConfig) -> ModelSpec:
         values = [h] * num_layers
     elif isinstance(given, list):
         if len(given) != num_layers:
-            raise ConfigError(f"config of {cfg.name!r}: value_dim lists {len(given)} widths for {num_layers} layers")
+            raise ConfigError(f"{cfg.what}: value_dim lists {len(given)} widths for {num_layers} layers")
         values = [int(v) for v in given]
     else:
         values = [cfg.int("value_dim")] * num_layers

@@ -61,7 +61,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     arch = cfg.architecture or "T5ForConditionalGeneration"
     if arch not in _CLASSES:
         raise ConfigError(
-            f"config of {cfg.name!r}: architecture {arch!r} is not modelled; use one of {', '.join(_CLASSES)}"
+            f"{cfg.what}: architecture {arch!r} is not modelled; use one of {', '.join(_CLASSES)}"
         )
     dm = cfg.int("d_model")
     dkv = cfg.int("d_kv")
@@ -72,7 +72,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     proj = cfg.str("feed_forward_proj")
     parts = proj.split("-")
     if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
-        raise ConfigError(f"config of {cfg.name!r}: 'feed_forward_proj' is {proj!r}; expected 'ACT' or 'gated-ACT'")
+        raise ConfigError(f"{cfg.what}: 'feed_forward_proj' is {proj!r}; expected 'ACT' or 'gated-ACT'")
     gated = parts[0] == "gated"
     activation = "gelu_new" if proj == "gated-gelu" else parts[-1]
     num_encoder = cfg.int("num_layers")

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 from memest.errors import InputError
-from memest.workload.config import Framework, Precision
+from memest.workload.config import DEEPSPEED_BUCKET_KEYS, Framework, Precision
 from memest.workload.files import (
     accelerate,
     axolotl,
@@ -80,12 +80,14 @@ class Read(NamedTuple):
         notes: What the files left open or memest does not model, in words.
         model: The model the files name, or None.
         origins: Setting keyword (and ``"model"``) -> where it was read (``ds.json:5 zero_optimization.stage``).
+        buckets: DeepSpeed's bucket sizes the files set (:attr:`Found.buckets`) -> (elements or ``"auto"``, where).
     """
 
     values: dict[str, Any]
     notes: tuple[str, ...]
     model: str | None
     origins: dict[str, str]
+    buckets: dict[str, tuple[int | str, str]] = {}
 
 
 class _Reading(NamedTuple):
@@ -170,7 +172,11 @@ def _together(readings: list[_Reading], missing: list[str], model: str | None) -
         origins["model"] = _where(named[0], named[0].found.origins.get("model", ""))
         if model is not None and model != found_model:
             notes.append(f"the model given ({model}) is used, not {found_model} named at {origins['model']}")
-    return Read(values, tuple(dict.fromkeys(notes)), found_model, origins)
+    buckets: dict[str, tuple[int | str, str]] = {}
+    for r in readings:
+        for name, value in r.found.buckets.items():
+            buckets.setdefault(name, (value, _where(r, DEEPSPEED_BUCKET_KEYS[name])))
+    return Read(values, tuple(dict.fromkeys(notes)), found_model, origins, buckets)
 
 
 def _merge(readings: list[_Reading]) -> tuple[dict[str, Any], dict[str, _Reading]]:
@@ -213,9 +219,18 @@ def read_one(path: Path) -> Found:
 def _parse(path: Path) -> tuple[ModuleType, Any, str]:
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{{config}} {path}: not a text file (byte {exc.start} is not UTF-8); pass {formats()}",
+                         field="config") from None
+    except OSError as exc:
         raise InputError(f"{{config}} {path}: cannot be read ({exc.__class__.__name__}); pass {formats()}",
                          field="config") from None
+    if "\0" in text:
+        raise InputError(f"{{config}} {path}: not a text file (it holds NUL bytes); pass {formats()}",
+                         field="config")
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        raise InputError(f"{{config}} {path}: is empty{' (comments only)' if text.strip() else ''}; pass "
+                         f"{formats()}", field="config")
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)

@@ -40,6 +40,8 @@ class Found(NamedTuple):
         origins: Where each of ``values`` (and ``model``, under ``"model"``) was read: setting keyword ->
             the file's key, dotted (``zero_optimization.stage``); the reader finds its line.
         includes: Other configs the file points to, read with it (:class:`Include`).
+        buckets: DeepSpeed's bucket sizes the file sets: :class:`memest.workload.config.DeepSpeedBuckets` field ->
+            elements, or ``"auto"`` (left to the HF integration), by its dotted key (no setting: no flag sets them).
     """
 
     values: dict[str, Any]
@@ -47,6 +49,7 @@ class Found(NamedTuple):
     model: str | None = None
     origins: Mapping[str, str] = MappingProxyType({})
     includes: tuple[Include, ...] = ()
+    buckets: Mapping[str, int | str] = MappingProxyType({})
 
 
 FALSY = (None, False, 0, "", "no", "none", "false", [], {})

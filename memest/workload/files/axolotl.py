@@ -7,9 +7,13 @@ the device has it) / ``fp16``; ``optimizer`` (transformers' names); ``attn_imple
 ``attention``; ``deepspeed``; ``fsdp`` / ``fsdp_config`` (``fsdp_offload_params``); the Liger plugin's
 ``liger_fused_linear_cross_entropy`` and ``cut_cross_entropy`` (a fused loss).
 
-Precision: a full fine-tune under ``bf16`` loads the weights in bf16 and trains them in place (the axolotl
-stack's recipe: pure bf16 states, sharded so under FSDP); under DeepSpeed, DeepSpeed's bf16; adapters train
-in fp32 under autocast (``amp``).
+Precision: ``bf16`` (``fp16``) loads the weights 16-bit (``utils/config/__init__.py`` ``normalize_config``:
+``cfg.torch_dtype = torch.bfloat16`` under ``bf16``; ``loaders/model.py`` at 002a637c8:
+``self.model_kwargs["torch_dtype"] = self.cfg.torch_dtype`` into ``from_pretrained``): a full fine-tune trains
+them in place (the axolotl stack's recipe: pure bf16 states, sharded so under FSDP), a LoRA keeps its frozen base
+16-bit with PEFT's fp32 adapters (memest's ``bf16`` recipe; autocast's casts of the adapters' inputs counted as
+fp32 copies, an upper bound); under DeepSpeed, DeepSpeed's bf16. A QLoRA base is NF4 (``amp``: autocast over
+fp32 adapters).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     if fsdp and isinstance(fsdp_config, dict) and fsdp_config.get("fsdp_offload_params") is True:
         r.put("offload", Offload.PARAMS, "fsdp_config.fsdp_offload_params")
     r.precision(method, default_bf16=False, sharded=fsdp)
-    if method is Method.FULL and r.values.get("precision") in (Precision.AMP, Precision.FSDP2):
-        r.values["precision"] = Precision.BF16  # bf16 weights trained in place (the stack's recipe)
+    if method is not Method.QLORA and r.values.get("precision") in (Precision.AMP, Precision.FSDP2):
+        r.values["precision"] = Precision.BF16  # 16-bit weights: trained in place, or a LoRA's frozen base
     r.deepspeed("deepspeed")
     return r.found()

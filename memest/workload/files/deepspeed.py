@@ -3,7 +3,10 @@
 Keys read: ``zero_optimization.stage``, ``zero_optimization.offload_optimizer.device`` /
 ``offload_param.device`` (``cpu`` / ``nvme`` = host), ``bf16.enabled`` / ``fp16.enabled``,
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``. ``"auto"`` (filled by the HF Trainer from
-its TrainingArguments) keeps memest's setting as given, else its default, and says so.
+its TrainingArguments) keeps memest's setting as given, else its default, and says so. The bucket sizes
+(:data:`~memest.workload.config.DEEPSPEED_BUCKET_KEYS`: ``reduce_bucket_size``, ``stage3_prefetch_bucket_size``,
+``stage3_param_persistence_threshold``) are read as numbers or ``"auto"``, which the HF integration fills from the
+model's hidden size (:func:`memest.workload.resolve.deepspeed_buckets`).
 """
 
 from __future__ import annotations
@@ -11,19 +14,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memest.workload.config import Framework, Offload, Precision, Stack
+from memest.errors import InputError
+from memest.workload.config import DEEPSPEED_BUCKET_KEYS, Framework, Offload, Precision, Stack
 from memest.workload.files._common import Found, auto, typed
 
 NAME = "a DeepSpeed JSON (zero_optimization, bf16, fp16, train_micro_batch_size_per_gpu)"
 LAUNCHER = True
 """DeepSpeed runs the step: its precision, stage and offload win over a recipe's switches."""
 READS = ("zero_optimization.stage", "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
-         "bf16.enabled", "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+         "bf16.enabled", "fp16.enabled", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+         *DEEPSPEED_BUCKET_KEYS.values())
 IGNORED = {
     "zero_optimization.stage3_max_live_parameters": ("parameters ZeRO-3 keeps gathered", 1e9),
-    "zero_optimization.stage3_prefetch_bucket_size": ("ZeRO-3 prefetch buffer", 5e7),
-    "zero_optimization.stage3_param_persistence_threshold": ("small parameters ZeRO-3 keeps whole", 1e5),
-    "zero_optimization.reduce_bucket_size": ("gradient reduce buffer", 5e8),
     "zero_optimization.allgather_bucket_size": ("ZeRO-1/2 all-gather buffer", 5e8),
     "zero_optimization.sub_group_size": ("optimizer step group size", 1e9),
     "data_types.grad_accum_dtype": ("gradient accumulation dtype", None),
@@ -53,7 +55,27 @@ def detect(doc: Any, text: str) -> bool:
 def read(path: Path, doc: dict[str, Any]) -> Found:
     """The settings a DeepSpeed config implies, and the notes on what it left open."""
     values, notes, origins = _deepspeed(path, doc)
-    return Found(values, notes, origins=origins)
+    return Found(values, notes, origins=origins, buckets=_buckets(path, doc))
+
+
+def _buckets(path: Path, doc: dict[str, Any]) -> dict[str, int | str]:
+    """The bucket sizes the file sets (:data:`DEEPSPEED_BUCKET_KEYS`): elements (DeepSpeed takes ``5e8`` as a
+    float, ``pp_int``), or ``"auto"``."""
+    out: dict[str, int | str] = {}
+    zero = doc.get("zero_optimization") or {}
+    for name, key in DEEPSPEED_BUCKET_KEYS.items():
+        value = zero.get(key.split(".", 1)[1]) if isinstance(zero, dict) else None
+        if value is None:
+            continue
+        if value == "auto":
+            out[name] = "auto"
+            continue
+        number = typed(path, key, value, (int, float), 'a number of elements or "auto"')
+        if number < 0 or number != number or number == float("inf"):
+            raise InputError(f"{{config}} {path}: {key} is {value!r}; expected a number of elements >= 0 or "
+                             '"auto"', field="config")
+        out[name] = int(number)
+    return out
 
 
 def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:

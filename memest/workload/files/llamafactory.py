@@ -8,8 +8,15 @@ every linear); ``cutoff_len``, ``per_device_train_batch_size``, ``gradient_accum
 in the examples relative to the repository root: looked for above the recipe too);
 ``disable_gradient_checkpointing``.
 
-Precision: LLaMA-Factory loads the model in bf16 and upcasts the trained parameters to fp32
-(``model/adapter.py``, unless ``pure_bf16``) and the Trainer autocasts: the stack's ``amp`` recipe.
+Precision: LLaMA-Factory loads the model 16-bit: at its compute dtype up to v0.9.3 (``hparams/parser.py``: bf16
+under ``bf16`` / ``pure_bf16``, fp16 under ``fp16``, else ``extras/misc.py`` ``infer_optim_dtype``: bf16 where the
+device has it, else fp16; ``model/patcher.py`` ``patch_config``: ``init_kwargs["torch_dtype"] =
+model_args.compute_dtype``), at the checkpoint's stored dtype from v0.9.4 (``model/loader.py`` ``load_model``:
+``init_kwargs["torch_dtype"] = "auto"``, bf16 for the checkpoints it trains). ``model/adapter.py`` ``init_adapter``
+then upcasts the trained parameters to fp32 (``cast_trainable_params_to_fp32``, unless ``pure_bf16``) and the
+Trainer autocasts: a full fine-tune is the stack's ``amp`` recipe (every parameter trains, so fp32), a LoRA keeps
+its frozen base 16-bit with fp32 adapters: memest's ``bf16`` recipe. Read at LLaMA-Factory v0.9.3 and
+ff6d4d12e (v0.9.6.dev0).
 """
 
 from __future__ import annotations
@@ -91,5 +98,11 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     r.precision(method, default_bf16=False, sharded=False)
     if r.flag("pure_bf16"):
         r.put("precision", Precision.BF16, "pure_bf16")
+    elif method is Method.LORA:  # the frozen base stays at the 16-bit load dtype (module docstring)
+        r.put("precision", Precision.BF16, r.origins.get("precision", "finetuning_type"))
+        if r.flag("bf16") or r.flag("fp16"):
+            r.notes.append(f"{path.name}: {'fp16' if r.flag('fp16') else 'bf16'} autocasts over the 16-bit frozen "
+                           "base; memest counts its casts of the fp32 adapters' inputs as PEFT's fp32 copies "
+                           "(an upper bound)")
     r.deepspeed("deepspeed")
     return r.found()

@@ -7,12 +7,16 @@ and ``torch_dtype``; ``gradient_checkpointing``; ``optim``; ``max_length`` / ``m
 ``use_liger_kernel``; ``attn_implementation``; ``deepspeed`` (a JSON path, read relative to the recipe's
 folder, or an inline mapping); ``fsdp`` / ``fsdp_config``.
 
-Precision: ``bf16`` / ``fp16`` run ``torch.autocast`` over the parameters as loaded: fp32 (``amp``), or pure
-16-bit when ``torch_dtype`` loads them in bfloat16 / float16 for a full fine-tune (``bf16``); under FSDP
-(``fsdp``) accelerate's ``MixedPrecision(param_dtype=bf16)`` over fp32 shards (``fsdp2``); under DeepSpeed
-DeepSpeed's (:mod:`memest.workload.files`). Neither switch: fp32, except that trl's configs turn ``bf16`` on
-when neither is given (``__post_init__``: ``self.bf16 = not (self.fp16) if self.bf16 is None``). The stack is
-``trl`` when the recipe has keys of trl's configs (:data:`TRL_KEYS`), else ``hf-trainer``.
+Precision: the parameters are loaded at the dtype the recipe names (:data:`LOAD_DTYPE_KEYS`: the
+alignment-handbook's and trl's ``ModelArguments.torch_dtype``, trl's ``ModelConfig.dtype`` since v0.25,
+``SFTConfig.model_init_kwargs``), else at ``from_pretrained``'s default, fp32 (transformers 4.57). A 16-bit
+load makes every parameter, a LoRA's frozen base included, 16-bit: memest's ``bf16`` recipe (pure 16-bit; PEFT's
+adapters stay fp32, :mod:`memest.estimate.training.lora`). Otherwise ``bf16`` / ``fp16`` run ``torch.autocast``
+over the fp32 parameters (``amp``); under FSDP (``fsdp``) accelerate's ``MixedPrecision(param_dtype=bf16)`` over
+fp32 shards (``fsdp2``); under DeepSpeed DeepSpeed's (:mod:`memest.workload.files`). Neither switch: fp32, except
+that trl's configs turn ``bf16`` on when neither is given (``__post_init__``: ``self.bf16 = not (self.fp16) if
+self.bf16 is None``). A QLoRA base is NF4 whatever the load dtype. The stack is ``trl`` when the recipe has keys
+of trl's configs (:data:`TRL_KEYS`), else ``hf-trainer``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ TRL_KEYS = frozenset({"max_length", "max_seq_length", "packing", "dataset_text_f
                       "assistant_only_loss", "beta", "max_prompt_length", "activation_offloading"})
 """Keys of trl's ``SFTConfig`` / ``DPOConfig``, ``ModelConfig`` and ``ScriptArguments`` that TrainingArguments lacks."""
 READS = ("model_name_or_path", "use_peft", "load_in_4bit", "lora_r", "lora_dropout", "lora_target_modules",
-         "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "torch_dtype",
+         "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "torch_dtype", "dtype",
+         "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype",
          "gradient_checkpointing", "gradient_checkpointing_kwargs.use_reentrant", "optim", "max_length",
          "max_seq_length", "packing", "use_liger_kernel", "attn_implementation", "deepspeed", "fsdp",
          "fsdp_config.activation_checkpointing")
@@ -64,6 +69,12 @@ ATTN = {"sdpa": AttnImplementation.SDPA, "flash_attention_2": AttnImplementation
 _FSDP = {"full_shard": FsdpStrategy.FULL_SHARD, "shard_grad_op": FsdpStrategy.SHARD_GRAD_OP,
          "hybrid_shard": FsdpStrategy.HYBRID_SHARD, "no_shard": FsdpStrategy.NO_SHARD}
 _HALF = ("bfloat16", "float16", "bf16", "fp16")
+LOAD_DTYPE_KEYS = ("torch_dtype", "dtype", "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype")
+"""Where a recipe names the dtype ``from_pretrained`` loads the model at, the first found: alignment-handbook
+``ModelArguments.torch_dtype`` (trl before v0.25 ``ModelConfig.torch_dtype``), trl ``ModelConfig.dtype``
+(``trl/trainer/model_config.py`` at f2cd57710, passed as ``dtype=model_args.dtype`` by ``trl/scripts/sft.py``),
+``SFTConfig.model_init_kwargs`` (``torch_dtype``, or ``dtype`` in newer trl). ``auto`` loads the checkpoint's
+stored dtype."""
 
 
 def detect(doc: Any, text: str) -> bool:
@@ -218,11 +229,21 @@ class Recipe:
             typed(self.path, "fp16", fp16, bool, "true or false")
         half = bool(bf16) or bool(fp16) or (bf16 is None and fp16 is None and default_bf16)
         key = "fp16" if fp16 else "bf16" if bf16 is not None else "bf16 (not given: trl turns it on)"
-        dtype = self.get("torch_dtype")
-        if dtype is not None:
-            typed(self.path, "torch_dtype", dtype, str, "bfloat16, float16, float32 or auto")
-        if half and method is Method.FULL and dtype in _HALF:
-            self.put("precision", Precision.BF16, "torch_dtype")
+        dtype_key = next((k for k in LOAD_DTYPE_KEYS if self.get(k) is not None), None)
+        dtype = None
+        if dtype_key is not None:
+            dtype = str(typed(self.path, dtype_key, self.get(dtype_key), str,
+                              "bfloat16, float16, float32 or auto")).lower()
+            if dtype == "auto":
+                self.notes.append(f"{self.path.name}: {dtype_key} auto loads the checkpoint's stored dtype; memest "
+                                  "takes it as 16-bit (most Hub checkpoints are bf16): for an fp32 checkpoint pass "
+                                  "the precision recipe")
+        if method is not Method.QLORA and (dtype in _HALF or dtype == "auto"):
+            self.put("precision", Precision.BF16, dtype_key)  # every parameter loaded 16-bit: pure 16-bit
+            if half and method is Method.LORA:
+                self.notes.append(f"{self.path.name}: {key} autocasts over the 16-bit frozen base ({dtype_key} "
+                                  f"{dtype}); memest counts its casts of the fp32 adapters' inputs as PEFT's fp32 "
+                                  "copies (an upper bound)")
         elif half:
             self.put("precision", Precision.FSDP2 if sharded else Precision.AMP, key)
         elif bf16 is not None or fp16 is not None:

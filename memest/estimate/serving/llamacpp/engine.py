@@ -186,7 +186,7 @@ def settings(spec: ModelSpec, s: ServingConfig, devices: int | tuple[Device, ...
     ngl = layers + 1 if s.n_gpu_layers is None else s.n_gpu_layers
     if ngl < 0 or ngl > layers + 1:
         raise InputError(f"{{n_gpu_layers}} {ngl} is outside 0..{layers + 1} ({spec.name} has {layers} layers plus the "
-                         f"output layer); use {{n_gpu_layers}} {layers + 1} to offload them all", field="n_gpu_layers")
+                         f"output layer); use {{n_gpu_layers}} {layers + 1} (or -1) to offload them all", field="n_gpu_layers")
     listed = devices if isinstance(devices, tuple) else ()
     n_dev = len(listed) if listed else int(devices)
     split = s.tensor_split or (tuple(float(free_bytes(d)) for d in listed) if listed else (1.0,) * n_dev)

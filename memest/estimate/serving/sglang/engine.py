@@ -21,7 +21,7 @@ from memest.estimate.serving.kv import kv_bytes_per_token
 from memest.estimate.serving.sglang import budget as sg
 from memest.estimate.serving.vllm.weights import loaded_bytes, rope_cache_block
 from memest.estimate.sharding import Stage, vllm_stages
-from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
+from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term, plural
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
 
@@ -121,7 +121,7 @@ def _terms(spec: ModelSpec, s: ServingConfig, device: Device, r: SglangRank, tok
         Term("weights", Kind.WEIGHTS, r.pool.weights,
              f"stage parameters / tp at {weight_dtype(spec, s)}, merged as loaded, rotary cache"),
         Term("kv_cache", Kind.KV_CACHE, need,
-             f"{s.batch_size} requests x {max_len} tokens in {s.page_size}-token pages ({r.pool.cell_size:,} B/token)"),
+             f"{plural(s.batch_size, 'request')} x {max_len} tokens in {s.page_size}-token pages ({r.pool.cell_size:,} B/token)"),
         Term("runtime.req_to_token", Kind.RUNTIME, sg.req_to_token_bytes(tokens, max_len, s.max_running_requests),
              "request table: (max_num_reqs + 1) x (context_len + 4) x int32"),
         Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"),

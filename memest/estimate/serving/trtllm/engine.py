@@ -24,7 +24,7 @@ from memest.estimate.serving.common import (
 from memest.estimate.serving.kv import kv_bytes_per_token
 from memest.estimate.serving.trtllm import budget as tb
 from memest.estimate.sharding import Stage, vllm_stages
-from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
+from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term, plural
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
 
@@ -103,7 +103,7 @@ def _terms(spec: ModelSpec, s: ServingConfig, device: Device, r: TrtllmRank) -> 
     terms = [
         Term("weights", Kind.WEIGHTS, r.weights, f"stage parameters / tp at {weight_dtype(spec, s)}"),
         Term("kv_cache", Kind.KV_CACHE, need,
-             f"{s.batch_size} sequences x {max_len} tokens in {s.tokens_per_block}-token blocks "
+             f"{plural(s.batch_size, 'sequence')} x {max_len} tokens in {s.tokens_per_block}-token blocks "
              f"({r.pool.bytes_per_token:,} B/token)"),
         Term("activations", Kind.ACTIVATIONS, r.runtime,
              f"activations of max_num_tokens {max_num_tokens_of(s)} and buffers of max_batch_size "

@@ -37,7 +37,7 @@ from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.weights import loaded_bytes, mla_dequantized, rope_cache_block
 from memest.estimate.sharding import Stage, vllm_stages
 from memest.estimate.weights import serving_weight_layout
-from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term
+from memest.result import Estimate, Kind, RankEstimate, ServingSummary, Term, plural
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig
 
@@ -117,11 +117,11 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
                           "caching-allocator rounding of vLLM's merged weight tensors (2 MiB segments)"))
     state = s.batch_size * r.layout.request_state_bytes(max_len, mnbt)
     terms.append(Term("kv_cache", Kind.KV_CACHE, need - state,
-                      f"{s.batch_size} requests x {max_len} tokens in {r.layout.min_block_size}-token pages "
+                      f"{plural(s.batch_size, 'request')} x {max_len} tokens in {r.layout.min_block_size}-token pages "
                       f"({r.layout.page_bytes:,} B/page, windows capped)"))
     if state:
         terms.append(Term("kv_cache.state", Kind.KV_CACHE, state,
-                          f"{s.batch_size} requests x one page per state / cross-attention layer: recurrent and conv "
+                          f"{plural(s.batch_size, 'request')} x one page per state / cross-attention layer: recurrent and conv "
                           "states, encoder K/V (fixed per request)"))
     p = r.peak
     if p.persistent:
