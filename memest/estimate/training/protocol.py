@@ -31,7 +31,8 @@ from memest.workload import (
 class StatesInput(NamedTuple):
     """The fields of a TrainingConfig the model states read, named as there (the whole key of the
     remembered :func:`memest.estimate.training.states.model_states`): the batch, the sequence and
-    recompute are not among them."""
+    recompute are not among them; ``grad_accum_steps`` is (DeepSpeed ZeRO-2 keeps a second gradient partition
+    under accumulation, :mod:`.deepspeed`)."""
 
     method: Method
     precision: Precision
@@ -42,13 +43,14 @@ class StatesInput(NamedTuple):
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
+    grad_accum_steps: int
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
-                       t.lora_library)
+                       t.lora_library, t.grad_accum_steps)
 
 
 class StateContext(NamedTuple):
