@@ -110,10 +110,11 @@ for them. Hand-mapped, their median
   from inside the first accumulation window (grad_accum 8), before DeepSpeed creates the Adam states at the
   first step: the checkpointed row's max_memory_allocated, 23.5 GB, is below 2P + 12P/N = 23.58 GB, what every
   ZeRO-2 Adam rank holds from its first step on (``tests/test_deepspeed_mechanisms.py``), and both rows'
-  memory_allocated, 19.4 GB = 2P + 4P/N (fp32 master) + 2P/N (gradient partition) + the 1 GB reduce bucket, has
-  no 8P/N of Adam. memest estimates the steady state: without the states it is +2.0% (no checkpointing) and -5%
-  (checkpointed). The ZeRO-2 bs4 row (grad_accum 2, steady 27.2 GB, states present) agrees (-3%). Modelled
-  now (DeepSpeed 0.14.2 and 0.19.5, measured on the CPU: ``benchmarks/deepspeed_cpu.md``): under gradient
+  memory_allocated, 19.4 GB, is no Adam run's either: between micro-batches DeepSpeed 0.14.2 keeps 2P + 4P/N
+  (fp32 master) + 2P/N (the accumulated gradient partition) = 18.53 GB, the reduce bucket freed at each
+  epilogue, and no 8P/N of Adam. memest estimates the steady state: without the states it is +2.0% (no
+  checkpointing) and -5% (checkpointed). The ZeRO-2 bs4 row (grad_accum 2, steady 27.2 GB, states present)
+  agrees (-3%). Modelled now (DeepSpeed 0.14.2 and 0.19.5, measured on the CPU: ``benchmarks/deepspeed_cpu.md``): under gradient
   accumulation ZeRO-2 keeps the window's accumulated partition beside each later micro-batch's own
   ``grads_in_partition`` from its first reduction on (``gradients.micro_batch`` at the first layer's
   backward); these rows' peaks are at the loss, so none moved.

@@ -71,7 +71,7 @@ def test_the_gists_zero2_peak_is_below_the_states_of_any_step_after_the_first():
     # master 4P/N and Adam's two states 8P/N (FusedAdam makes them at its first step):
     # P = 6,738,415,616: 2P = 13,476,831,232 B; 12P/N = 12 x 6,738,415,616 / 8 = 10,107,623,424 B; sum
     # 23,584,454,656 B = 23.58 GB (+ block rounding), above the checkpointed row's max_memory_allocated 23.5 GB:
-    # the reading precedes the first step (memory_allocated 19.4 GB = 2P + 4P/N + 2P/N + the bucket)
+    # the reading precedes the first step (its memory_allocated, 19.4 GB, is below that too)
     from memest.result import Kind
     from memest.sources import load_model
 

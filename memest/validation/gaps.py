@@ -25,8 +25,10 @@ KNOWN_GAPS: dict[str, str] = {
     "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: a reading before the first optimizer step: the row's "
     "max_memory_allocated 23.5 GB is below 2P + 12P/N = 23.58 GB, what a ZeRO-2 Adam rank holds from its first step "
     "on (bf16 weights, fp32 master, the two states FusedAdam makes at that step; tests/test_deepspeed_mechanisms.py), "
-    "and its memory_allocated 19.4 GB = 2P + 4P/N + 2P/N + the bucket (19.53 GB) holds no Adam states: with "
-    "grad_accum 8 the gist read both inside the first window; memest is steady state (-5% before any step: no states, no step transients)",
+    "and its memory_allocated 19.4 GB, below 23.58 too, holds no Adam states (between micro-batches DeepSpeed 0.14.2 "
+    "keeps 2P + 4P/N + the accumulated partition 2P/N = 18.53 GB; the bucket is freed at each epilogue): with "
+    "grad_accum 8 the gist read both inside the first window; memest is steady state (-5% before any step: no "
+    "states, no step transients)",
     "ds_gist_llama7b_zero2_bs1_nockpt": "over-prediction: as the checkpointed ZeRO-2 row (same memory_allocated "
     "19.4 GB), a reading inside the first accumulation window, before DeepSpeed's Adam states (8P/N = 6.7 GB) exist; "
     "memest is steady state (+2.0% without them)",

@@ -19,7 +19,8 @@ gradients already moved into it, at most 1 GB, and leaves out ``allreduce_bucket
 bucket spanning several partitions, at most the bucket); the epilogue then drops every param.grad (``_clear_param_grad_only``, v0.18.5 on;
 before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during backward into the bucket and
 ``grads_in_partition``, and under gradient accumulation keeps the partition of the window's micro-batches so
-far beside each later micro-batch's own, from its first reduction on (:func:`_micro_batch_partition`); stage 3 holds the bucket permanently, a bf16 gradient partition
+far beside each later micro-batch's own, from its first reduction on (:func:`_micro_batch_partition`);
+stage 3 holds the bucket permanently, a bf16 gradient partition
 (``grad_partitions_flat_buffer``) and sharded bf16 weights. At the step stages 1-3 hold the gradient
 partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
 needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
