@@ -114,23 +114,32 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   torch.compile's buffers, float8 training (scales, fp8 copies, amax history), DTensor sequence
   parallelism saving all-gathered (full-sequence) linear inputs in the rebuilt layer, and the
   allocator's slack under compile. Expected failure.
-- **ds_gist_llama7b_zero2_* (medium, +17% and +29%, over-predictions).** The gist's ZeRO-2 readings are
-  consistent with a first iteration, before DeepSpeed creates the Adam states lazily at the first
-  step: its steady 19.4 GB = 2P + 4P/N (fp32 master) + 2P/N (gradient partition) + the 1 GB reduce
-  bucket, without the 8P/N of Adam; its ZeRO-2 + offload row (13.4 GB = 2P) agrees. memest estimates
-  the steady state (states allocated), 6.7 GB more. DeepSpeed 0.19.5's ``stage_1_and_2.py`` holds, at
-  the step, the partition, its flattened copy and the fp32 cast that memest counts; no buffer is
-  over-counted there. The ZeRO-2 bs4 row (steady 27.2 GB, Adam states present) agrees (-3%).
-- **ds_gist_llama7b_zero3_* (medium).** ZeRO-3's gathered parameters now follow the coordinator
+- **ds_gist_llama7b_zero2_* (medium, +17% and +29%, over-predictions).** The gist's ZeRO-2 bs1 readings come
+  from inside the first accumulation window (grad_accum 8), before DeepSpeed creates the Adam states at the
+  first step: the checkpointed row's max_memory_allocated, 23.5 GB, is below 2P + 12P/N = 23.58 GB, what every
+  ZeRO-2 Adam rank holds from its first step on (``tests/test_deepspeed_mechanisms.py``), and both rows'
+  memory_allocated, 19.4 GB, is no Adam run's either: between micro-batches DeepSpeed 0.14.2 keeps 2P + 4P/N
+  (fp32 master) + 2P/N (the accumulated gradient partition) = 18.53 GB, the reduce bucket freed at each
+  epilogue, and no 8P/N of Adam. memest estimates the steady state: without the states it is +2.0% (no
+  checkpointing) and -5% (checkpointed). The ZeRO-2 bs4 row (grad_accum 2, steady 27.2 GB, states present)
+  agrees (-3%). Modelled now (DeepSpeed 0.14.2 and 0.19.5, measured on the CPU: ``benchmarks/deepspeed_cpu.md``): under gradient
+  accumulation ZeRO-2 keeps the window's accumulated partition beside each later micro-batch's own
+  ``grads_in_partition`` from its first reduction on (``gradients.micro_batch`` at the first layer's
+  backward); these rows' peaks are at the loss, so none moved.
+- **ds_gist_llama7b_zero3_* (medium).** ZeRO-3's gathered parameters follow the coordinator
   (``partitioned_param_coordinator.py``): each fetch prefetches 5e7 more elements, so they run up to
   ``stage3_max_live_parameters`` (1e9, 2.1 GiB in bf16 with the lm_head fetched beyond it), not two
-  layers (0.75 GiB): the no-checkpointing row moved from -10.7% to -8.8%, the bs2 checkpointed row from
-  +2.3% to +9.3%; bs8 agrees (-0.3%), the optimizer-offload row is +12%. Two rows stay unexplained:
-  bs8 with grad_accum 2 (-39%: 24.8 GB above the same run without accumulation, which DeepSpeed
-  0.19.5 does not allocate: micro-batches accumulate into the existing gradient partition), and
-  optimizer + parameter offload at bs4 (+82%: 5.7 GB above its steady memory, less than the layer
-  checkpoints and fp32 loss path of 4 x 4096 tokens that the bs8 row shows in full). The source does
-  not state dtype, optimizer or attention; neither row changed a formula.
+  layers (0.75 GiB). Checked on the CPU (``benchmarks/deepspeed_cpu.md``): a 32-layer Llama under DeepSpeed
+  0.19.5 with the coordinator settings scaled to a layer as Llama-2-7B's gathers at most 4,411,392 elements,
+  memest's rule to the element (0.14.2: 4,915,200, its ``__n_available_params`` lowered at every step by the
+  persistent and left-over parameters ``release_and_reset_all`` releases). bs8 agrees (-0.3%), the bs2 rows are
+  -8.8% (no checkpointing), +9.3% and +12% (optimizer offload). Two rows stay unexplained: bs8 with
+  grad_accum 2 (-39%: 24.8 GB above the same run without accumulation; DeepSpeed 0.14.2 and 0.19.5 on the CPU
+  peak at grad_accum 2 as at 1, the partition accumulating in place, so the growth, close to a second
+  micro-batch's checkpoints and loss path, is not DeepSpeed's), and optimizer + parameter offload at bs4 (+82%:
+  5.7 GB above its steady memory, less than the layer checkpoints and fp32 loss path of 4 x 4096 tokens that
+  the bs8 row shows in full). The source does not state dtype, optimizer, attention or its loop; neither row
+  changed a formula.
 - **unsloth_llama31_8b_qlora_max_context (medium, -13.5%).** Compared through its HF + FA2 column,
   assumed to be trl's SFTTrainer (fp32 checkpoints, ``--prepare-kbit-training trl``): at 28,454
   tokens memest predicts 68.5 GiB of the 80 GB card. The slope of that column (2.47 MB per token

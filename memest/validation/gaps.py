@@ -28,22 +28,34 @@ _LITGPT_QLORA = ("under-prediction (-10% .. -11%): memest runs litgpt 0.4's own 
                  "x b s V where memest counts 12), which hides the same shortfall in the 256k-vocabulary gemma rows")
 
 KNOWN_GAPS: dict[str, str] = {
-    "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: the gist's ZeRO-2 figures fit a first-iteration reading "
-    "(steady 19.4 GB = 2P + 4P/N + 2P/N + bucket, before the lazily created Adam states); memest is steady state",
-    "ds_gist_llama7b_zero2_bs1_nockpt": "over-prediction: as the checkpointed ZeRO-2 row, a first-iteration reading "
-    "before DeepSpeed creates the Adam states (8P/N = 6.7 GB) at the first step; memest is steady state",
+    "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: a reading before the first optimizer step: the row's "
+    "max_memory_allocated 23.5 GB is below 2P + 12P/N = 23.58 GB, what a ZeRO-2 Adam rank holds from its first step "
+    "on (bf16 weights, fp32 master, the two states FusedAdam makes at that step; tests/test_deepspeed_mechanisms.py), "
+    "and its memory_allocated 19.4 GB, below 23.58 too, holds no Adam states (between micro-batches DeepSpeed 0.14.2 "
+    "keeps 2P + 4P/N + the accumulated partition 2P/N = 18.53 GB; the bucket is freed at each epilogue): with "
+    "grad_accum 8 the gist read both inside the first window; memest is steady state (-5% before any step: no "
+    "states, no step transients)",
+    "ds_gist_llama7b_zero2_bs1_nockpt": "over-prediction: as the checkpointed ZeRO-2 row (same memory_allocated "
+    "19.4 GB), a reading inside the first accumulation window, before DeepSpeed's Adam states (8P/N = 6.7 GB) exist; "
+    "memest is steady state (+2.0% without them)",
     "ds_gist_llama7b_zero3_bs2_ckpt_offload_optimizer": "over-prediction (+12%): ZeRO-3 optimizer offload; the "
-    "gathered "
-    "parameters follow the coordinator up to stage3_max_live_parameters (2.1 GiB) and the fp32 loss path is counted; "
-    "the settings the gist leaves open (dtype, attention) may hold less: not identified",
+    "gathered parameters follow the coordinator up to stage3_max_live_parameters (2.1 GiB; the coordinator's rule "
+    "matches DeepSpeed 0.19.5 on the CPU to the element, benchmarks/deepspeed_cpu.md); memest's activations and "
+    "gathered parameters at bs 2 are 7.8 GB above the steady states where the gist's bs-2 rows show 5.6 GB, while "
+    "at bs 8 they agree within 1%; the settings the gist leaves open (dtype, attention, its loop) may hold less: "
+    "not identified",
     "ds_gist_llama7b_zero3_bs4_ckpt_offload_optimizer_param": "over-prediction: the row's peak above its steady "
     "memory (7.9 - 2.2 = 5.7 GB at 4 x 4096 tokens) is below the layer checkpoints and fp32 loss path of 4 x 4096 "
     "tokens that the bs8 row of the same code shows (21.4 GB above steady, memest within 1%); DeepSpeed's "
     "offload_param keeps only the gathered working set and the IPG bucket on the GPU (already counted) and "
     "nothing that shrinks activations: the row reads as bs 2 (memest +11.7% there; benchmarks/offload_findings.md)",
-    "ds_gist_llama7b_zero3_bs8_ga2_ckpt": "under-prediction: 24.8 GB above the same run at grad_accum 1 (bs8/64); "
-    "DeepSpeed 0.19.5 stage3.py partition_grads accumulates micro-batches into the existing gradient partition, "
-    "so memest's figure does not move; the mechanism of the gist's (0.14.2) growth is not identified",
+    "ds_gist_llama7b_zero3_bs8_ga2_ckpt": "under-prediction: 24.8 GB above the same run at grad_accum 1 (bs8/64). "
+    "Measured on the CPU (benchmarks/deepspeed_cpu.md), DeepSpeed 0.14.2 (the gist's) and 0.19.5 ZeRO-3 peak at "
+    "grad_accum 2 as at 1: the gradient partition accumulates in place (stage3.py partition_grads, "
+    "grad_buffer.add_) and nothing is allocated per window; 0.14.2 leaves only the embedding gathered between "
+    "micro-batches (131M x 2 B = 0.26 GB for LLaMA-7B). The growth is close to a second micro-batch's checkpoints "
+    "and loss path (22.2 GB in memest's terms), which DeepSpeed does not keep: the gist's loop (not published) is "
+    "the candidate; not identified",
     "torchtitan_llama31_70b_fsdp32_tp8": "under-prediction (-24%): torch.compile and float8 tensorwise are modelled "
     "(under full AC they change only the rebuilt layer, not the peak); TP with DTensor sequence parallel and "
     "float8's TP casts (Float8ColwiseParallel all-gathers fp8 inputs) leave 17 GiB of the reserved peak "

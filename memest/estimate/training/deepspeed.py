@@ -18,7 +18,9 @@ on rank 0, whose partition the first bucket fills, while nearly all gradients st
 gradients already moved into it, at most 1 GB, and leaves out ``allreduce_bucket``'s flattened copy of a
 bucket spanning several partitions, at most the bucket); the epilogue then drops every param.grad (``_clear_param_grad_only``, v0.18.5 on;
 before it ``step`` did, ``free_grad_in_param_list``). Stage 2 reduces during backward into the bucket and
-``grads_in_partition``; stage 3 holds the bucket permanently, a bf16 gradient partition
+``grads_in_partition``, and under gradient accumulation keeps the partition of the window's micro-batches so
+far beside each later micro-batch's own, from its first reduction on (:func:`_micro_batch_partition`);
+stage 3 holds the bucket permanently, a bf16 gradient partition
 (``grad_partitions_flat_buffer``) and sharded bf16 weights. At the step stages 1-3 hold the gradient
 partition, flatten it (P/N x 2 B) and cast that to fp32 (P/N x 4 B, ``single_grad_partition``); FusedAdam
 needs no temporary. DeepSpeed's optimizers keep an fp32 master of whatever trains, LoRA's fp32 adapters
@@ -144,6 +146,8 @@ def states(ctx: StateContext) -> FrameworkStates:
             partition_bytes = cuda_block_bytes(math.ceil(sharded_numel * gb / n))
             gradients = Gradients(all=partition_bytes, before_first_layer=partition_bytes,
                                   formula=f"P_trainable x {gb} B / {n} (grads_in_partition)")
+            if t.grad_accum_steps > 1:
+                reduce_input = (_micro_batch_partition(partition_bytes, gb, n),)
     else:
         persistent = (bucket, *_persistent_params(ctx))
         # reduce_scatter_coalesced's torch.cat copy of a bucket (at most the bucket, at most what trains),
@@ -189,6 +193,21 @@ def states(ctx: StateContext) -> FrameworkStates:
 def _elements(n: int, default: int) -> str:
     """A bucket size in a formula: DeepSpeed's own spelling of its default (``5e8``), else the elements."""
     return f"{default:.0e}".replace("e+0", "e") if n == default else f"{n:,}"
+
+
+def _micro_batch_partition(partition_bytes: int, gb: int, n: int) -> Term:
+    """ZeRO-2 under gradient accumulation: the micro-batch's own ``grads_in_partition`` beside the accumulated
+    one, from the backward's first reduction to its epilogue (``stage_1_and_2.py`` v0.19.5
+    ``independent_gradient_partition_epilogue``: ``all_grad_tensors[i]``, the partition's gradients, is kept
+    until the accumulation boundary and later micro-batches ``add_`` into it; ``_release_ipg_buffers`` drops
+    ``grads_in_partition``, so ``copy_grads_in_partition`` makes a new one, ``torch.empty(total_size)``, at the
+    next backward's first reduction; v0.14.2 the same through ``averaged_gradients``, views of the partition
+    from ``get_flat_partition(..., return_tensor_list=True)``). The accumulated partition itself is the
+    gradients term, alive through the forward (``grad_accum_steps > 1``). Measured on the CPU, DeepSpeed 0.14.2
+    and 0.19.5: ``benchmarks/deepspeed_cpu.md``."""
+    return Term("gradients.micro_batch", Kind.GRADIENTS, partition_bytes,
+                f"P_trainable x {gb} B / {n} (this micro-batch's grads_in_partition beside the accumulated "
+                "partition, grad_accum_steps > 1)")
 
 
 def _persistent_params(ctx: StateContext) -> tuple[Term, ...]:

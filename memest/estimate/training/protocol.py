@@ -32,7 +32,8 @@ from memest.workload import (
 class StatesInput(NamedTuple):
     """The fields of a TrainingConfig the model states read, named as there (the whole key of the
     remembered :func:`memest.estimate.training.states.model_states`): the batch, the sequence and
-    recompute are not among them."""
+    recompute are not among them; ``grad_accum_steps`` is (DeepSpeed ZeRO-2 keeps a second gradient partition
+    under accumulation, :mod:`.deepspeed`)."""
 
     method: Method
     precision: Precision
@@ -43,6 +44,7 @@ class StatesInput(NamedTuple):
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
+    grad_accum_steps: int
     float8_all_gather: bool = False  # FSDP2 gathers the float8 linears' weights in float8 (fsdp.states)
     deepspeed_buckets: DeepSpeedBuckets = DeepSpeedBuckets()  # the DeepSpeed JSON's bucket sizes
 
@@ -51,7 +53,8 @@ def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
-                       t.lora_library, t.float8_all_gather and t.method is Method.FULL, t.deepspeed_buckets)
+                       t.lora_library, t.grad_accum_steps, t.float8_all_gather and t.method is Method.FULL,
+                       t.deepspeed_buckets)
 
 
 class StateContext(NamedTuple):
