@@ -206,7 +206,7 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
 
     found_lossless = candidate(lossless)
     found_cheapest = candidate(any_change)
-    lower = _lower_utilization(spec, workload, device, headroom, price)
+    lower = _lower_utilization(spec, workload, device, headroom, count * price)
     if lower is not None:  # lossless, so a candidate for both answers; a planner setup wins a tie
         if found_lossless is None or lower[0] < found_lossless[0]:
             found_lossless = lower
@@ -231,10 +231,12 @@ def _utilization_cost(workload: ServingConfig, usd_per_hour: float) -> Cost:
     return Cost(usd_per_hour, comm, sum(p.disruption for p in parts), changes + 1)
 
 
-def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, headroom: float,
-                       price: float) -> tuple[Cost, Candidate] | None:
+def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device | Fleet, headroom: float,
+                       usd_per_hour: float) -> tuple[Cost, Candidate] | None:
     """The user's vLLM setup with the largest lower gpu_memory_utilization that fits, when the only
-    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None."""
+    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None.
+    ``usd_per_hour`` is the price of all the job's devices; on a :class:`~memest.devices.Fleet` every card
+    must fit (the verdict of the least margin)."""
     if not isinstance(workload, ServingConfig):
         return None
     count = workload.parallelism.world_size
@@ -248,7 +250,7 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, head
     w = workload.replace(gpu_memory_utilization=util)
     est = estimate(spec, w, device)
     change = Change(f"--gpu-memory-utilization {util:.2f}", 0.0, True)
-    return _utilization_cost(w, count * price), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
+    return _utilization_cost(w, usd_per_hour), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
@@ -370,7 +372,7 @@ def assess(spec: ModelSpec, workload: Workload, device: Device | Fleet, *, headr
     if isinstance(device, Fleet) and not device.mixed:
         device = device.devices[0]
     if isinstance(device, Fleet):
-        return _assess_fleet(spec, workload, device, headroom=headroom, search=search)
+        return _assess_fleet(spec, workload, device, headroom=headroom, search=search, hold_batch=hold_batch)
     est = estimate(spec, workload, device)
     count = workload.parallelism.world_size
     v = verdict(est, device, count, headroom)
@@ -388,17 +390,37 @@ def assess(spec: ModelSpec, workload: Workload, device: Device | Fleet, *, headr
                       gguf)
 
 
-def _assess_fleet(spec: ModelSpec, workload: Workload, fleet: Fleet, *, headroom: float, search: bool) -> Assessment:
-    """:func:`assess` on unlike devices: the estimate and the verdict of each device (the worst decides);
-    the searches over alike devices (fewest devices, recommendation, other catalog devices) are not
-    run; llama.cpp / Ollama's GGUF search is, each device within its own memory."""
+def _assess_fleet(spec: ModelSpec, workload: Workload, fleet: Fleet, *, headroom: float, search: bool,
+                  hold_batch: bool) -> Assessment:
+    """:func:`assess` on unlike devices: the estimate and the verdict of each device (the worst decides).
+    The searches that change the devices (fewest devices, other catalog devices, the planner's layouts)
+    are over alike devices and are not run; the ones that keep the user's cards are: vLLM's largest
+    ``--gpu-memory-utilization`` at which every card fits (:func:`largest_utilization`, also the
+    recommendation when it is lower than the one asked: :func:`fleet_recommendation`) and llama.cpp /
+    Ollama's GGUF search, each device within its own memory."""
     est = estimate(spec, workload, fleet)
     each = device_verdicts(est, fleet, headroom)
     v = min(each, key=lambda x: x.margin_bytes)
-    gguf = (tuple(llamacpp_fit.search(spec, workload, fleet, headroom)) if search and isinstance(workload, ServingConfig)
+    serving = isinstance(workload, ServingConfig)
+    utilization = largest_utilization(spec, workload, fleet, headroom=headroom) if serving and not v.fits else None
+    wanted = not v.fits and (v.kind == "does_not_fit" or hold_batch)
+    rec = fleet_recommendation(spec, workload, fleet, headroom) if search and wanted else None
+    gguf = (tuple(llamacpp_fit.search(spec, workload, fleet, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
-    return Assessment(spec, workload, est, v, True, None, (), tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), gguf_options=gguf, fleet=fleet, device_verdicts=each)
+    return Assessment(spec, workload, est, v, True, rec, (), tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload), utilization=utilization, gguf_options=gguf, fleet=fleet,
+                      device_verdicts=each)
+
+
+def fleet_recommendation(spec: ModelSpec, workload: Workload, fleet: Fleet, headroom: float) -> Recommendation | None:
+    """The fix on the user's own unlike cards: vLLM's largest lower ``--gpu-memory-utilization`` at which
+    every card fits (:func:`_lower_utilization`, lossless, so both the cheapest and the lossless fit);
+    None when there is none (the planner's other changes search alike devices only)."""
+    prices = PriceTable.catalog()
+    lower = _lower_utilization(spec, workload, fleet, headroom, sum(prices.price(d) for d in fleet.devices))
+    if lower is None:
+        return None
+    return Recommendation(lower[1], lower[1], 1)
 
 
 def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:

@@ -546,7 +546,9 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
     for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless)):
         if cand is None or (label.startswith("Lossless") and cand is rec.cheapest):
             continue
-        tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
+        tail = (f" → {gib(cand.verdict.needed_bytes)} on {cand.verdict.device.name}, the card that binds, of {a.fleet.name}"
+                if a.fleet is not None else
+                f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}")
         flags = cand.flags or "(no change)"
         if "--finetune" in flags.split():
             flags += " (in place of --train)"
