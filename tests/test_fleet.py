@@ -251,8 +251,8 @@ def test_vllm_on_unlike_cards_recommends_a_lower_utilization():
     """Llama-3.1-8B under vLLM at tp 2 on RTX-4090 + RTX-3090 binds at the 4090 (23.68 GiB against 23.69 GiB,
     ``memest.devices``). At gpu_memory_utilization 0.90 the process is over the card by under 60 MiB, and one
     step of 0.01 lowers vLLM's share by 0.01 x 23.68 GiB = 242.5 MiB, while the KV pool it leaves still holds
-    the one request of 131,072 tokens (131,072 x 32 layers x 2 (K, V) x 8 heads / tp 2 x 128 x 2 B = 4 GiB per
-    rank, of a pool of about 11 GiB less 0.24 GiB): 0.89 is the largest value that fits, on the fleet as on
+    the one request of 131,072 tokens (131,072 x [32 layers x 2 (K, V) x 8 heads / tp 2 x 128 x 2 B = 65,536 B]
+    = 8 GiB per rank, of a pool of about 11.2 GiB less 0.24 GiB): 0.89 is the largest value that fits, on the fleet as on
     2 x RTX-4090 (the same binding card)."""
     from memest.planning.recommend import assess
 
