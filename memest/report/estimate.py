@@ -12,7 +12,7 @@ from memest.devices import GiB
 from memest.planning.recommend import Assessment, Candidate
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, count, gib, percent, size
-from memest.result import RankEstimate, plain, rank_dict
+from memest.result import RankEstimate, ServingSummary, plain, rank_dict
 from memest.spec import ModelSpec
 from memest.workload import ServingConfig, Workload
 from memest.workload.settings import describe
@@ -333,7 +333,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     fewest = ((layout or f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else ""))
               + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
-    out.append((f"Capacity: {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens at once · longest "
+    held = (f"{s.held_sequences:,} requests ({s.replicas} replicas x {s.largest_concurrency:,})" if s.replicas > 1
+            else f"{s.largest_concurrency:,} requests")
+    out.append((f"Capacity: {held} of {s.max_model_len:,} tokens at once · longest "
                 f"max_model_len for {w.batch_size} request{'s' if w.batch_size > 1 else ''}: {s.largest_max_model_len:,}"
                 + ("" if a.fleet is not None else  # the fewest-devices search is over alike devices
                    f" · fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}"), ""))
@@ -396,9 +398,9 @@ def _engine_verdict_line(a: Assessment) -> str:
     name, share = _engine_name(s.engine), _share_name(a)
     held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
     note = f"--headroom {percent(v.headroom)} not applied: {share} sets {name}'s share"
-    pool = f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    pool = _pool_words(s)
     if v.fits:
-        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+        return f"FITS: {held}; {pool} ({_batch_words(s)}); {note}"
     if v.blocker == "no_memory":
         return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
     if v.blocker == "max_model_len":
@@ -416,12 +418,11 @@ def _vllm_verdict_line(a: Assessment) -> str:
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
     note = f"--headroom {percent(v.headroom)} not applied: gpu_memory_utilization sets vLLM's share"
-    pool = (f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
-            if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
+    pool = (_pool_words(s) if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
             else f"no KV cache needed; max_num_seqs allows {s.largest_concurrency:,} "
-            f"requests of {s.max_model_len:,} tokens")
+            f"requests of {s.max_model_len:,} tokens" + (" per replica" if s.replicas > 1 else ""))
     if v.fits:
-        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+        return f"FITS: {held}; {pool} ({_batch_words(s)}); {note}"
     if v.blocker in ("no_memory", "max_model_len"):
         return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
     if v.kind == "queues":
@@ -432,12 +433,30 @@ def _vllm_verdict_line(a: Assessment) -> str:
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: {fix}; {note}"
 
 
+def _pool_words(s: ServingSummary) -> str:
+    """What the KV pool holds, each replica's pool when there are several data-parallel replicas."""
+    if s.replicas == 1:
+        return f"KV pool holds {s.largest_concurrency:,} requests of {s.max_model_len:,} tokens"
+    return (f"each of {s.replicas} replicas' KV pools holds {s.largest_concurrency:,} requests of "
+            f"{s.max_model_len:,} tokens ({s.held_sequences:,} at once)")
+
+
+def _batch_words(s: ServingSummary) -> str:
+    """``batch_size N``, and each replica's share of it when there are several replicas."""
+    if s.replicas == 1:
+        return f"batch_size {s.batch_size:,}"
+    return f"batch_size {s.batch_size:,} over {s.replicas} replicas: up to {s.replica_batch_size:,} each"
+
+
 def queued_words(a: Assessment) -> str:
-    """The verdict of a job that starts and queues (:attr:`memest.planning.fit.Verdict.kind`), in words."""
-    v = a.verdict
-    name = _engine_name(a.estimate.serving.engine if a.estimate.serving else "vllm")
+    """The verdict of a job that starts and queues (:attr:`memest.planning.fit.Verdict.kind`), in words;
+    with data-parallel replicas, the held sequences are every replica's pool's together."""
+    v, s = a.verdict, a.estimate.serving
+    name = _engine_name(s.engine if s else "vllm")
+    each = (f"{s.replicas} replicas x {s.largest_concurrency:,} each, {s.replica_batch_size:,} asked of each; "
+            if s is not None and s.replicas > 1 else "")
     return (f"STARTS: {name} holds {v.held_sequences:,} of {v.asked_sequences:,} concurrent sequences at "
-            f"{v.sequence_tokens:,} tokens (the rest wait)")
+            f"{v.sequence_tokens:,} tokens ({each}the rest wait)")
 
 
 def _verdict_line(a: Assessment) -> str:
