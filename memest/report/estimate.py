@@ -132,6 +132,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         out["recommendation"] = {
             "cheapest": _candidate_dict(a.recommendation.cheapest),
             "lossless": _candidate_dict(a.recommendation.lossless),
+            "on_device": _candidate_dict(a.recommendation.on_device),
             "evaluated": a.recommendation.evaluated,
         }
     if est.serving is not None:
@@ -562,8 +563,9 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
     out = []
     # a job that starts and queues was searched for because all its sequences were asked for at once
     held = f" holding all {a.verdict.asked_sequences:,} at once" if a.verdict.kind == "queues" else ""
-    for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless)):
-        if cand is None or (label.startswith("Lossless") and cand is rec.cheapest):
+    for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless),
+                        ("Every layer on the GPUs", rec.on_device)):
+        if cand is None or (not label.startswith("Cheapest") and cand is rec.cheapest):
             continue
         tail = (f" → {gib(cand.verdict.needed_bytes)} on {cand.verdict.device.name}, the card that binds, of {a.fleet.name}"
                 if a.fleet is not None else
