@@ -303,8 +303,9 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer) -> st
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
     if precision is d.qlora_precision and precision is not d.precision:
         return f"{d.label}, {d.qlora_recipe}, {opt}"
-    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
-    return f"{d.label}, {d.bf16}: {recipe}, {opt}"
+    if precision is not d.precision:  # not what the stack's bf16 switch runs: that switch is not named
+        return f"{d.label}: precision {precision.value}, {opt}"
+    return f"{d.label}, {d.bf16}: {d.recipe}, {opt}"
 
 
 def offloaded_checkpoints_on_device(t: TrainingConfig) -> int:
