@@ -42,6 +42,11 @@ class Kind(str, Enum):
 
 ALLOCATED_KINDS = frozenset(Kind) - {Kind.ALLOCATOR, Kind.RUNTIME}
 
+NEGLIGIBLE_SHARE = 0.01
+"""A compared part (one kind, one term) whose reference figure is under this share of the peak it belongs to gets
+no relative error: a percentage of next to nothing says nothing of the estimate, its difference does (``memest
+calibrate`` / ``memest.track`` rows, :mod:`memest.calibration.compare`; the ``--trace`` table)."""
+
 UNCERTAINTY: dict[Kind, float] = {
     Kind.WEIGHTS: 0.01,
     Kind.GRADIENTS: 0.02,

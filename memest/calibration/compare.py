@@ -25,7 +25,7 @@ the estimate's terms are those of its own peak moment (``Estimate.extra["peak_mo
 peaks at the optimizer step, the run in its forward, say), the rows take the estimate's terms at the moment whose
 breakdown is nearest the measured one (the least sum of the rows' differences: :func:`matched_moment`), and say
 which (:attr:`Row.moment`); the totals compare the two peaks. A row whose measured figure is under
-:data:`NEGLIGIBLE_SHARE` of the measured peak gets no relative error (a percentage of nothing says nothing of the
+:data:`~memest.result.NEGLIGIBLE_SHARE` of the measured peak gets no relative error (a percentage of nothing says nothing of the
 estimate): its difference is shown.
 
 On CPU the terms that exist only on CUDA (cuBLAS workspace, allocator slack, context) are zero
@@ -48,7 +48,7 @@ from typing import Any
 from memest.calibration.measure import Measurement
 from memest.devices import DEVICES, Device, GiB, get_device
 from memest.errors import UnknownDeviceError
-from memest.result import Estimate, Kind, RankEstimate, Term
+from memest.result import NEGLIGIBLE_SHARE, Estimate, Kind, RankEstimate, Term
 
 ARCH_BY_CAPABILITY = {"7.0": "volta", "7.2": "volta", "7.5": "turing", "8.0": "ampere", "8.6": "ampere",
                       "8.7": "ampere", "8.9": "ada", "9.0": "hopper", "10.0": "blackwell", "10.3": "blackwell",
@@ -122,7 +122,8 @@ class Row:
     moment: str | None = None
     """The estimate's moment ``predicted`` is taken at when it is not the estimate's peak (:func:`matched_moment`)."""
     floor: int = 0
-    """Measured figures under this many bytes get no relative error (:data:`NEGLIGIBLE_SHARE` of the peak)."""
+    """Measured figures under this many bytes get no relative error (:data:`memest.result.NEGLIGIBLE_SHARE` of the
+    peak)."""
 
     @property
     def delta(self) -> int | None:
@@ -138,11 +139,6 @@ class Row:
         if self.delta is None or not self.measured or self.measured < self.floor:
             return None
         return self.delta / self.measured
-
-
-NEGLIGIBLE_SHARE = 0.01
-"""A per-term row whose measured bytes are under this share of the measured peak has no relative error (its
-difference is what it says); the totals always have one."""
 
 
 def _kind_sum(rank: RankEstimate | Sequence[Term], kinds: tuple[Kind, ...]) -> tuple[int, tuple[str, ...]]:
