@@ -158,3 +158,17 @@ def test_cli_replicas_raise_the_sequences_held(dp: int) -> None:
     out = " ".join(run_memest(*args, env=WIDE).stdout.split())
     each = f"{dp} replicas x 1 each, {8 // dp} asked of each; " if dp > 1 else ""
     assert f"STARTS: vLLM holds {dp} of 8 concurrent sequences at 32,768 tokens ({each}the rest wait)" in out
+
+
+def test_the_fix_of_a_replicated_job_keeps_its_replicas() -> None:
+    """Llama-3.1-8B, 2 replicas on L4s, 8 sequences of 32,768 tokens asked at once: each replica must hold 4, whose
+    KV is 4 x 4 GiB = 16 GiB, and with 14.96 GiB of weights that is more than one L4's 20.24 GiB, so each replica
+    needs 2 L4s (7.48 GiB of weights and 8 GiB of KV per device): the lossless fit is 4 L4s as 2 replicas of 2,
+    never one replica of 4 (the printed fix names no --dp, so the user's --dp 2 stays)."""
+    from memest.workload import Parallelism
+
+    s = ServingConfig(max_model_len=LEN, batch_size=8, parallelism=Parallelism(dp=2))
+    rec = assess(load_model("meta-llama/Llama-3.1-8B"), s, L4, hold_batch=True).recommendation
+    fit = rec.lossless
+    assert fit.devices == 4 and fit.workload.parallelism.dp == 2 and fit.verdict.fits
+    assert fit.workload.parallelism.tp * fit.workload.parallelism.pp == 2 and "--dp" not in fit.flags
