@@ -429,8 +429,13 @@ def _vllm_verdict_line(a: Assessment) -> str:
     if v.kind == "queues":
         return f"{queued_words(a)}; {held}; {note}"
     util = a.utilization
-    fix = (f"lower --gpu-memory-utilization ({util:.2f} fits)" if util is not None and util < a.workload.gpu_memory_utilization
-           else "a lower --gpu-memory-utilization would leave the KV pool too small for the job")
+    outside = v.needed_bytes - s.requested_bytes
+    if util is not None and util < a.workload.gpu_memory_utilization:
+        fix = f"lower --gpu-memory-utilization ({util:.2f} fits)"
+    elif outside + v.device.memory_bytes // 100 > v.usable_bytes:  # even 0.01 of the card is over it
+        fix = f"what vLLM holds outside gpu_memory_utilization ({gib(outside)}) alone fills the device"
+    else:  # the search found the largest value within the card: its pool is too small
+        fix = "a lower --gpu-memory-utilization would leave the KV pool too small for the job"
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: {fix}; {note}"
 
 
