@@ -1,5 +1,5 @@
-"""A bounded load test of ``memest serve``: CLIENTS concurrent clients each send REQUESTS estimate requests
-to 127.0.0.1, then it stops. Prints the errors (must be zero: an error is any answer but HTTP 200, or one
+"""A bounded load test of ``memest serve``: CLIENTS concurrent clients each send REQUESTS requests (four
+estimates and a log check, in turn: :data:`REQUESTS`) to 127.0.0.1, then it stops. Prints the errors (must be zero: an error is any answer but HTTP 200, or one
 that differs from the same request's answer before the load), p50 / p99 latency, throughput, and the
 server's resident memory (VmRSS) before, during and after the run.
 
@@ -23,13 +23,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BODIES = [json.dumps(b).encode() for b in (
-    {"model": "meta-llama/Llama-3.1-8B", "mode": "serve", "gpu": "L4", "max_model_len": 8192, "batch_size": 4},
-    {"model": "meta-llama/Llama-3.1-8B", "mode": "serve", "gpu": "H100", "max_model_len": 32768, "batch_size": 16},
-    {"model": "Qwen/Qwen2.5-7B", "mode": "lora", "gpu": "A100-80GB", "seq_len": 4096, "micro_batch_size": 2},
-    {"model": "meta-llama/Llama-3.1-70B", "mode": "train", "gpu": "H100", "gpus": 64, "zero_stage": 3,
-     "seq_len": 8192},
+V1_LOG = ROOT / "tests" / "data" / "logs" / "vllm019_llama31_8b_h100_16384.log"
+"""A real vLLM 0.19 start-up log (llm-d-planner's accuracy results; tests/data/logs/README.md), checked by /v1/check."""
+
+REQUESTS = [(path, json.dumps(b).encode(), marker) for path, b, marker in (
+    ("/v1/estimate", {"model": "meta-llama/Llama-3.1-8B", "mode": "serve", "gpu": "L4", "max_model_len": 8192,
+                      "batch_size": 4}, b'"per_device"'),
+    ("/v1/estimate", {"model": "meta-llama/Llama-3.1-8B", "mode": "serve", "gpu": "H100", "max_model_len": 32768,
+                      "batch_size": 16}, b'"per_device"'),
+    ("/v1/estimate", {"model": "Qwen/Qwen2.5-7B", "mode": "lora", "gpu": "A100-80GB", "seq_len": 4096,
+                      "micro_batch_size": 2}, b'"per_device"'),
+    ("/v1/estimate", {"model": "meta-llama/Llama-3.1-70B", "mode": "train", "gpu": "H100", "gpus": 64,
+                      "zero_stage": 3, "seq_len": 8192}, b'"per_device"'),
+    ("/v1/check", {"log": V1_LOG.read_text()}, b'"figures"'),
 )]
+"""The request mix, in turn: (path, body, text every good answer holds)."""
 
 
 def rss_kib(pid: int) -> int:
@@ -45,14 +53,14 @@ def client(port: int, n: int, offset: int, latencies: list[float], errors: list[
     bytes as the warm-up's answer to the same body (concurrency changes no figure), else it records them."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for i in range(n):
-        which = (offset + i) % len(BODIES)
-        body = BODIES[which]
+        which = (offset + i) % len(REQUESTS)
+        path, body, marker = REQUESTS[which]
         start = time.perf_counter()
         try:
-            conn.request("POST", "/v1/estimate", body=body, headers={"content-type": "application/json"})
+            conn.request("POST", path, body=body, headers={"content-type": "application/json"})
             r = conn.getresponse()
             data = r.read()
-            if r.status != 200 or b'"per_device"' not in data:
+            if r.status != 200 or marker not in data:
                 errors.append(f"HTTP {r.status}: {data[:200]!r}")
             elif expected is not None and which in expected and data != expected[which]:
                 errors.append(f"body {which}: an answer differs from the warm-up's")
@@ -86,7 +94,7 @@ def main() -> None:
                 time.sleep(0.1)
         warm: list[float] = []
         answers: dict[int, bytes] = {}
-        client(port, 2 * len(BODIES), 0, warm, [], answers)  # first requests load the models: not measured
+        client(port, 2 * len(REQUESTS), 0, warm, [], answers)  # first requests load the models: not measured
         rss_start = rss_kib(server.pid)
         samples = [rss_start]
         latencies: list[float] = []

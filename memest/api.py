@@ -1,4 +1,4 @@
-"""memest's Python API: the estimate, the plan and the sweep of the CLI, as functions.
+"""memest's Python API: the estimate, the plan, the sweep and the log check of the CLI, as functions.
 
 >>> import memest
 >>> r = memest.estimate_memory("meta-llama/Llama-3.1-8B", mode="train", gpu="H100-80GB", gpus=8, zero_stage=3)
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.devices import Fleet, GiB
-from memest.errors import InputError
+from memest.errors import InputError, MemestError
 from memest.spec import ModelSpec
 
 MODES = ("train", "lora", "qlora", "serve")
@@ -567,6 +567,149 @@ def sweep_values(model: Model | None, values: Mapping[str, Any], ranged: Mapping
                                gguf_tensors=gguf_tensors(job), model=_given(model))
     result = sweep(spec, workload, device, setting, points, headroom=resolve.headroom(job))
     return MemorySweep(sweep_to_dict(result), result)
+
+
+class LogCheck(Report):
+    """One log of :func:`check_logs` (an item of ``memest check --json``); ``result`` is the
+    :class:`memest.check.Check`."""
+
+    __slots__ = ()
+
+
+class LogsFailed(InputError):
+    """Some of the logs :func:`check_logs` was given could not be checked; raised once every log was tried.
+
+    Its message is the first failure's (one line; with ``and N more logs failed`` when several did).
+
+    Attributes:
+        checks: The :class:`LogCheck` of each log that could be checked, in the order given.
+        errors: ``(name, error)`` of each log that could not, in the order given; each message starts
+            with the log's name.
+    """
+
+    def __init__(self, errors: list[tuple[str, MemestError]], checks: list[LogCheck] | None = None) -> None:
+        self.errors = list(errors)
+        self.checks = list(checks or ())
+        first = self.errors[0][1]
+        more = len(self.errors) - 1
+        suffix = f" (and {more} more log{'s' if more > 1 else ''} failed)" if more else ""
+        super().__init__(first.template + suffix, field=first.field)
+
+    def named(self, name: Any) -> LogsFailed:
+        """The same failure with every log's message rendered by ``name`` (the CLI's flags)."""
+        return LogsFailed([(n, e.named(name)) for n, e in self.errors], self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checked logs' items and each failed log's message: ``memest check --json`` when some
+        logs were checked and some not."""
+        return {"checks": [c.to_dict() for c in self.checks],
+                "errors": [{"log": n, "error": str(e)} for n, e in self.errors]}
+
+
+def check_logs(logs: str | Any | Mapping[str, Any] | Iterable[Any], *, model: str | None = None,
+               gpu: str | None = None, engine_version: str | None = None,
+               settings: Mapping[str, Any] | None = None, local_files: bool = True) -> list[LogCheck]:
+    """Engine start-up logs or training logs against memest's estimate of the jobs they ran:
+    ``memest check LOG ... --json`` as a list of :class:`LogCheck` (``[c.to_dict() for c in ...]`` is
+    that JSON). Every log is tried: one that cannot be checked does not hide the others.
+
+    ``model`` and ``gpu`` are for the logs that do not name their own (a model memest resolves
+    offline, an accelerator it knows: :func:`memest.check.own_model`, :func:`memest.check.own_device`).
+    A log naming its own is estimated with it; when it differs from the one given, that log is refused
+    naming both, unless the one given is taken by another log of the call (it was meant for that one),
+    in which case the log keeps its own and its notes say so.
+
+    Args:
+        logs: One log's text; an iterable of texts (named ``<log 1>``, ``<log 2>``, ... in messages)
+            or of ``(name, text)`` pairs; or a mapping of names (a path, ``-``) to texts. A :class:`memest.logs.EngineLog` already
+            read may stand for a text. Texts, never paths: nothing is read from disk here.
+        model: The model to estimate for the logs naming none memest resolves offline (a catalog
+            name, a Hub id, or, with ``local_files``, a folder).
+        gpu: The accelerator, for the logs naming none memest knows.
+        engine_version: The engine arithmetic to apply instead of the log's version's (``"0.19"``).
+        settings: Settings the log does not print, by their keywords (``{"seq_len": 4096, "gpus": 8}``);
+            ``config``: config files to read them from.
+        local_files: False: the model a log names resolves from memest's catalog only, never a path on
+            this machine (what ``memest serve`` does with logs it is sent).
+
+    Raises:
+        InputError: no log given.
+        LogsFailed: (an InputError) once every log was tried, when any could not be checked: an empty
+            or binary text, a log in no format memest reads (the message lists the formats), one
+            without its figures, a number too large to be a figure; as
+            :func:`memest.check.check_log` (the model not named, a different model or accelerator
+            given than the log's own, no accelerator, a training setting the log lacks, a job memest
+            does not estimate); each message starts with the log's name. Its ``checks`` hold the
+            logs that could be checked.
+    """
+    from memest.check import check_log, own_device, own_model
+    from memest.logs import EngineLog, check_text, read_log
+    from memest.report.check import check_to_dict
+
+    if isinstance(logs, str | EngineLog):
+        named: list[tuple[str, Any]] = [("<log>", logs)]
+    elif isinstance(logs, Mapping):
+        named = list(logs.items())
+    else:
+        named = [item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                 else (f"<log {i}>", item) for i, item in enumerate(logs, 1)]
+    if not named:
+        raise InputError("no log given; pass an engine's start-up log or a training log as text")
+    given = dict(settings or {})
+    read: dict[int, EngineLog] = {}
+    failed: dict[int, MemestError] = {}
+    for i, (name, item) in enumerate(named):
+        try:
+            if isinstance(item, EngineLog):
+                read[i] = item
+            elif isinstance(item, str):
+                read[i] = read_log(check_text(item, name), name)
+            else:
+                raise InputError(f"{name}: {type(item).__name__} is not a log's text; pass the log itself as a "
+                                 "string (read the file yourself: this function reads none)")
+        except MemestError as exc:
+            failed[i] = exc
+    # the model / accelerator given is for the logs naming none; when some log takes it, a log naming a
+    # different one of its own keeps its own (noted) rather than being refused
+    model_taken = model is not None and any(own_model(log, local_files) is None for log in read.values())
+    gpu_taken = gpu is not None and any(own_device(log) is None for log in read.values())
+    checks: dict[int, LogCheck] = {}
+    for i, log in read.items():
+        name = named[i][0]
+        notes = []
+        log_model, log_gpu = model, gpu
+        own = own_model(log, local_files)
+        if model_taken and own is not None and model not in (log.model, own):
+            log_model = None
+            notes.append(f"model: the log's own ({log.model}); the model given ({model}) is for the logs "
+                         "naming none memest resolves")
+        device = own_device(log)
+        if gpu_taken and device is not None and not _same_device(gpu, device):
+            log_gpu = None
+            notes.append(f"device: the log's own ({log.gpu}); the accelerator given ({gpu}) is for the logs "
+                         "naming none memest knows")
+        try:
+            c = check_log(log, name=name, model=log_model, gpu=log_gpu, engine_version=engine_version,
+                          settings=given, local_files=local_files)
+        except MemestError as exc:
+            failed[i] = exc
+            continue
+        if notes:
+            c = dataclasses.replace(c, notes=(*notes, *c.notes))
+        checks[i] = LogCheck(check_to_dict(c), c)
+    if failed:
+        raise LogsFailed([(named[i][0], failed[i]) for i in sorted(failed)], [checks[i] for i in sorted(checks)])
+    return [checks[i] for i in sorted(checks)]
+
+
+def _same_device(name: str, device: Any) -> bool:
+    """True when the accelerator ``name`` is ``device`` (False when memest does not know it)."""
+    from memest.devices import get_device
+
+    try:
+        return get_device(name).name == device.name
+    except MemestError:
+        return False
 
 
 def _advertise_settings(func: Any) -> None:

@@ -47,6 +47,11 @@ NEGLIGIBLE_SHARE = 0.01
 no relative error: a percentage of next to nothing says nothing of the estimate, its difference does (``memest
 calibrate`` / ``memest.track`` rows, :mod:`memest.calibration.compare`; the ``--trace`` table)."""
 
+PAGED_STATES = "runtime.paged_optimizer_states"
+"""The term of bitsandbytes' paged optimizer states resident on the device (CUDA managed memory, outside the
+allocator: :mod:`memest.estimate.training.optimizers`). The driver evicts such pages to host RAM when the
+device fills, so they are in device used but never the reason for an out-of-memory (:attr:`RankEstimate.required_bytes`)."""
+
 UNCERTAINTY: dict[Kind, float] = {
     Kind.WEIGHTS: 0.01,
     Kind.GRADIENTS: 0.02,
@@ -109,6 +114,18 @@ class RankEstimate:
     def device_used_bytes(self) -> int:
         """Device used (nvidia-smi): reserved plus runtime memory."""
         return self.reserved_bytes + sum(t.bytes for t in self.terms if t.kind is Kind.RUNTIME)
+
+    @property
+    def required_bytes(self) -> int:
+        """What must fit the device: device used less the paged states the driver would evict
+        (:data:`PAGED_STATES`)."""
+        return self.device_used_bytes - sum(t.bytes for t in self.terms if t.name == PAGED_STATES)
+
+    @property
+    def required_high_bytes(self) -> int:
+        """The band's upper edge less the evictable paged states' share of it."""
+        return self.high_bytes - sum(round(t.bytes * (1 + UNCERTAINTY[t.kind])) for t in self.terms
+                                     if t.name == PAGED_STATES)
 
     @property
     def low_bytes(self) -> int:
@@ -220,7 +237,8 @@ class Estimate:
         ranks: One entry per distinct kind of rank (pipeline stages differ).
         assumptions: What the estimate took for granted, in words.
         serving: The KV-cache summary of a serving estimate.
-        host_bytes: Host RAM per node the job needs for offloaded states (0 without offload).
+        host_bytes: Host RAM per node the job needs for offloaded states and activations, and for the paged
+            optimizer states the driver evicts from a full device (0 without either).
         extra: Numbers specific to one estimator, for JSON (ints and strings only).
     """
 

@@ -155,6 +155,10 @@ class StateSpec:
     - the SSM / recurrent state: ``ssm_elements`` (Mamba d_in x N, Mamba-2 heads x head_dim x N,
       Gated DeltaNet v_heads x v_dim x k_dim, lightning attention heads x d x d).
 
+    - RWKV's token-shift states (``shift_channels``): the previous token's input of the time mix and of
+      the channel mix, one column each whatever the engine (transformers ``RwkvSelfAttention`` /
+      ``RwkvFeedForward`` ``state[0]`` / ``state[1]``), at the model's dtype like the conv state.
+
     Tensor parallelism divides both by tp (vLLM ``divide(conv_dim, tp)``, ``divide(num_heads, tp)``);
     Mamba-2 first grows ``groups`` to tp when tp does not divide it (``extra_groups_for_head_shards``).
 
@@ -166,6 +170,7 @@ class StateSpec:
         ssm_elements: Elements of the recurrent state (0: none, LFM2's short convolution).
         ssm_dtype: The recurrent state's dtype when the config fixes it (``mamba_ssm_cache_dtype``:
             ``float32``); None = the model's dtype.
+        shift_channels: Elements of the token-shift states (RWKV: 2 x hidden_size), one column.
     """
 
     conv_channels: int = 0
@@ -174,17 +179,19 @@ class StateSpec:
     group_channels: int = 0
     ssm_elements: int = 0
     ssm_dtype: str | None = None
+    shift_channels: int = 0
 
     def conv_elements(self, tp: int, *, transformers: bool = False) -> int:
         """Conv-state elements per sequence on one of ``tp`` ranks (vLLM: K - 1 columns;
-        ``transformers``: its cache's K columns, on one rank)."""
+        ``transformers``: its cache's K columns, on one rank), token-shift states included."""
+        shift = self.shift_channels // tp
         if not self.conv_channels and not self.groups:
-            return 0
+            return shift
         groups = self.groups
         if groups and groups % tp:
             groups = tp  # vLLM extra_groups_for_head_shards: n_groups + (tp - n_groups)
         width = self.conv_kernel if transformers else self.conv_kernel - 1
-        return (self.conv_channels + groups * self.group_channels) // tp * width
+        return (self.conv_channels + groups * self.group_channels) // tp * width + shift
 
     def ssm_elements_on(self, tp: int) -> int:
         """Recurrent-state elements per sequence on one of ``tp`` ranks."""
@@ -213,7 +220,19 @@ class AttentionSpec:
         kv_shared: One tensor serves as both K and V (Gemma 4 global layers
             ``attention_k_eq_v``): the cache holds it once.
         index_head_dim: The key width a sparse-attention indexer caches per token beside an MLA
-            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``); 0 without an indexer.
+            latent (DeepSeek-V3.2 / GLM-5 DSA ``index_head_dim``), or per compressed entry beside a
+            compressed layer's entries (DeepSeek-V4 CSA ``index_head_dim``); 0 without an indexer.
+        compress_rate: Compressed attention (DeepSeek-V4 ``compress_rates``): besides its sliding
+            window of K = V, the layer caches one compressed entry of ``head_dim`` per
+            ``compress_rate`` tokens (CSA 4, HCA 128), and its indexer (``index_head_dim``) one key
+            per entry likewise; 0 for a layer without a compressor.
+        compress_overlap: The compressor pools overlapping windows (DeepSeek-V4 CSA: two series of
+            ``head_dim``, entry w mixes window w - 1 and w), so it projects ``2 x head_dim`` per token
+            and transformers keeps the last window's first series as state; False for HCA.
+        kv_copied_by_transformers: ``kv_shared`` holds in the model, but transformers' cache layer
+            stores the one tensor as both its K and its V (DeepSeek-V4 ``sliding_attention`` layers:
+            ``DynamicSlidingWindowLayer.update(kv, kv)`` concatenates each), so its cache holds two
+            copies where engines hold one.
         kv_reused: The layer attends over another layer's cached K and V and caches nothing itself
             (Gemma 4 ``num_kv_shared_layers``; vLLM ``kv_sharing_target_layer_name``).
         encoder_tokens: A ``cross`` layer's K/V positions per request (mllama: the image tokens
@@ -247,6 +266,9 @@ class AttentionSpec:
     kv_shared: bool = False
     kv_reused: bool = False
     index_head_dim: int = 0
+    compress_rate: int = 0
+    compress_overlap: bool = False
+    kv_copied_by_transformers: bool = False
     encoder_tokens: int = 0
     cross_attention: bool = False
     causal: bool = True

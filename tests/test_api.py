@@ -213,3 +213,22 @@ def test_a_config_given_as_data_is_the_model_it_describes():
     assert memest.plan_memory(cfg, gpus_available="2xL4").fits[0].command.startswith("memest hf config.json ")
     with pytest.raises(memest.InputError, match="revision"):
         memest.estimate_memory(cfg, revision="main")
+
+
+def test_check_logs_takes_texts_never_paths():
+    """memest.check_logs reads the texts it is given (one, a list named <log N>, or a name -> text mapping) and no
+    file: a path given in place of a text is read as text (no format) and refused; the figures are the log's own
+    ('GPU KV cache size: 476,016 tokens' in the vLLM 0.19 fixture of tests/test_check.py)."""
+    log = Path(__file__).resolve().parent / "data" / "logs" / "vllm019_llama31_8b_h100_16384.log"
+    one = memest.check_logs(log.read_text())
+    assert [c.log for c in one] == ["<log>"] and isinstance(one[0], memest.LogCheck)
+    tokens = next(f for f in one[0].to_dict()["figures"] if f["figure"] == "kv_cache_tokens")
+    assert tokens["logged"] == 476_016
+    assert [c.log for c in memest.check_logs([log.read_text(), log.read_text()])] == ["<log 1>", "<log 2>"]
+    assert [c.log for c in memest.check_logs({"a.log": log.read_text()})] == ["a.log"]
+    with pytest.raises(memest.InputError, match="is not a start-up or training log memest reads"):
+        memest.check_logs(str(log))
+    with pytest.raises(memest.InputError, match="not a log's text"):
+        memest.check_logs([log])
+    with pytest.raises(memest.InputError, match="no log given"):
+        memest.check_logs([])

@@ -120,9 +120,24 @@ def test_vllm_064_profile_line() -> None:
     log = read_log(V064_LOG.read_text())
     assert log.model is None and log.device_total_bytes == gib(23.58)
     assert log.settings == {"gpu_memory_utilization": 0.90, "max_model_len": 20000}
-    # 'Loading model weights took 14.9888 GB' (vLLM's GB is bytes / 2^30), non_torch_memory=0.35GiB, kv_cache_size=3.81GiB
+    # 'Loading model weights took 14.9888 GB' (vLLM's GB is bytes / 2^30), non_torch_memory=0.35GiB, kv_cache_size=3.81GiB;
+    # 0.6.4's peak_torch_memory=17.06GiB is torch's allocated peak with the weights loaded (vllm/worker/worker.py
+    # determine_num_available_blocks), so the activation peak is 17.06 - 14.9888 = 2.0712 GiB
     assert _values(log) == {"weights": gib(14.9888), "non_torch": gib(0.35), "kv_cache_memory": gib(3.81),
-                            "kv_cache_blocks": 1952, "max_concurrency": 1.56}
+                            "kv_cache_blocks": 1952, "max_concurrency": 1.56,
+                            "activation_peak": gib(17.06) - gib(14.9888)}
+    assert log.figures["activation_peak"].line.startswith("Memory profiling results: total_gpu_memory=23.58GiB")
+
+
+def test_vllm_064_peak_needs_the_weights_line() -> None:
+    """Without the weights line the torch peak cannot be split: no activation peak is made up."""
+    text = "\n".join(line for line in V064_LOG.read_text().splitlines() if "Loading model weights" not in line)
+    assert "activation_peak" not in read_log(text).figures
+
+
+def test_vllm_064_activation_peak_is_compared() -> None:
+    c = check_log(read_log(V064_LOG.read_text()), model="meta-llama/Llama-3.1-8B-Instruct", gpu="RTX-3090")
+    assert "activation_peak" in {r.figure for r in c.rows} and "activation_peak" not in c.not_logged
 
 
 def test_vllm_07_profile_line() -> None:
@@ -302,9 +317,9 @@ def test_unknown_format_names_the_formats() -> None:
 
 
 def test_empty_and_binary_files() -> None:
-    with pytest.raises(InputError, match="'x.log' is empty"):
+    with pytest.raises(InputError, match="^x.log: the log is empty"):
         read_bytes(b"  \n", "x.log")
-    with pytest.raises(InputError, match="'x.bin' is a binary file"):
+    with pytest.raises(InputError, match="^x.bin: the log is a binary file"):
         read_bytes(b"\x7fELF\x00\x00\x01", "x.bin")
 
 
@@ -372,21 +387,107 @@ def test_cli_bad_logs(tmp_path: Path, content: bytes, fragment: str) -> None:
     assert len(lines) == 1 and fragment in lines[0], out.stderr
 
 
-def test_cli_missing_file(tmp_path: Path) -> None:
+def test_cli_missing_file_and_a_folder(tmp_path: Path) -> None:
     out = _cli(str(tmp_path / "nope.log"))
-    assert out.returncode == 2 and "is not a file" in out.stderr
+    assert out.returncode == 2 and out.stderr.strip() == (f"Error: {tmp_path / 'nope.log'}: does not exist; pass the "
+                                                          "path of an engine's start-up log, or '-' for stdin")
+    out = _cli(str(tmp_path))
+    assert out.returncode == 2 and out.stderr.startswith(f"Error: {tmp_path}: is a directory;"), out.stderr
 
 
 def test_cli_model_given_for_a_log_without_one() -> None:
     out = _cli(str(V064_LOG), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "RTX-3090", "--json")
     assert out.returncode == 0, out.stderr
     assert {f["figure"] for f in json.loads(out.stdout)[0]["figures"]} == {
-        "weights", "non_torch", "kv_cache_memory", "kv_cache_blocks", "max_concurrency"}
+        "weights", "activation_peak", "non_torch", "kv_cache_memory", "kv_cache_blocks", "max_concurrency"}
 
 
-def test_cli_names_the_log_at_fault(tmp_path: Path) -> None:
-    out = _cli(str(V1_LOG), str(V064_LOG))
-    assert out.returncode == 2 and out.stderr.strip().startswith(f"Error: {V064_LOG}: the vLLM V0 log does not name")
+def test_cli_one_bad_log_hides_no_other(tmp_path: Path) -> None:
+    """Each good log is compared, each bad one named in one line on stderr (in the order given), exit 2."""
+    missing = tmp_path / "nope.log"
+    out = _cli(str(V064_LOG), str(V1_LOG), str(missing), "--gpu", "H100")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    words = " ".join(out.stdout.split())  # the title wraps where the log's path length puts it
+    assert "vLLM V1 0.19.0 log" in words and "58.11 GiB" in words  # the good log's table
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 2, out.stderr
+    assert lines[0].startswith(f"Error: {V064_LOG}: the vLLM V0 log does not name its model; pass it with --model")
+    assert lines[1].startswith(f"Error: {missing}: does not exist")
+    out = _cli(str(V1_LOG), str(V064_LOG), "--json")
+    assert out.returncode == 2
+    data = json.loads(out.stdout)  # the good ones' items and an errors list
+    assert list(data) == ["checks", "errors"] and [c["log"] for c in data["checks"]] == [str(V1_LOG)]
+    assert data["checks"][0] == json.loads(_cli(str(V1_LOG), "--json").stdout)[0]
+    assert [e["log"] for e in data["errors"]] == [str(V064_LOG)] and "pass it with --model" in data["errors"][0]["error"]
+
+
+def test_check_logs_tries_every_log() -> None:
+    """The library raises once every log was tried, keeping the ones it could check."""
+    from memest import LogsFailed, check_logs
+
+    with pytest.raises(LogsFailed) as info:
+        check_logs({"a.log": V064_LOG.read_text(), "b.log": V1_LOG.read_text(), "c.log": ""})
+    assert str(info.value).startswith("a.log: the vLLM V0 log does not name its model") and \
+        str(info.value).endswith("(and 1 more log failed)")
+    assert [c.log for c in info.value.checks] == ["b.log"]
+    assert [(n, str(e)) for n, e in info.value.errors][1][1].startswith("c.log: the log is empty")
+
+
+# ---- a model or device given, and the log's own ----
+
+
+def test_a_different_model_given_is_refused_naming_both() -> None:
+    """The log names Llama-3.1-8B-Instruct, which memest resolves: a 70B given for it is an error, not a
+    +777% weights row."""
+    with pytest.raises(InputError, match=r"^vllm.log: the log names the model 'meta-llama/Llama-3.1-8B-Instruct' but "
+                                         r"model names 'meta-llama/Llama-3.1-70B'; model is for a log naming no model"):
+        check_log(read_log(V1_LOG.read_text()), name="vllm.log", model="meta-llama/Llama-3.1-70B", gpu="H100")
+    out = _cli(str(V1_LOG), "--gpu", "H100", "--model", "meta-llama/Llama-3.1-70B")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "but --model names 'meta-llama/Llama-3.1-70B'; --model is for a log" in lines[0]
+
+
+def test_the_same_model_given_is_accepted() -> None:
+    """The base model has the instruct fine-tune's shapes: given for the log, it is the log's model."""
+    c = check_log(read_log(V1_LOG.read_text()), model="meta-llama/Llama-3.1-8B")
+    assert c.model == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_a_different_gpu_given_is_refused_naming_both() -> None:
+    """The llama.cpp log names 'Tesla V100-PCIE-16GB': an H100 given for it alone is an error."""
+    log = read_log(_excerpt("llamacpp_b4715_pythia28b_q4_k_v100"))
+    with pytest.raises(InputError, match=r"^s.log: the log names its accelerator 'Tesla V100-PCIE-16GB' "
+                                         r"\(memest's V100-16GB\) but gpu names 'H100'"):
+        check_log(log, name="s.log", model="EleutherAI/pythia-2.8b", gpu="H100")
+    assert check_log(log, model="EleutherAI/pythia-2.8b", gpu="V100-16GB").device.name == "V100-16GB"
+
+
+def test_model_and_gpu_apply_to_the_logs_naming_none(tmp_path: Path) -> None:
+    """vLLM 0.19 names its model but no device; llama.cpp a GGUF file and its device: --model goes to the
+    llama.cpp log, --gpu to the vLLM one, and each log keeps what it names (said in its notes)."""
+    server = tmp_path / "server.log"
+    server.write_text(_excerpt("llamacpp_b4715_pythia28b_q4_k_v100"))
+    out = _cli(str(V1_LOG), str(server), "--model", "EleutherAI/pythia-2.8b", "--gpu", "H100", "--json")
+    assert out.returncode == 0, out.stderr
+    vllm, llama = json.loads(out.stdout)
+    assert (vllm["model"], vllm["device"]) == ("meta-llama/Llama-3.1-8B-Instruct", "H100-80GB")
+    assert (llama["model"], llama["device"]) == ("EleutherAI/pythia-2.8b", "V100-16GB")
+    assert vllm["notes"][0].startswith("model: the log's own (meta-llama/Llama-3.1-8B-Instruct); the model given "
+                                       "(EleutherAI/pythia-2.8b) is for the logs naming none")
+    assert llama["notes"][0].startswith("device: the log's own (Tesla V100-PCIE-16GB); the accelerator given (H100)")
+
+
+def test_title_of_a_log_naming_no_device() -> None:
+    from rich.console import Console
+
+    from memest.report.check import render_check
+
+    console = Console(width=200, record=True)
+    console.print(render_check(check_log(read_log(V1_LOG.read_text()))))
+    # 'total_memory=79.19GiB' and no device name: a custom device of that memory
+    text = " ".join(console.export_text().split())  # the title wraps at the table's width
+    assert "meta-llama/Llama-3.1-8B-Instruct on the logged device (79.19 GiB), memest's" in text
 
 
 def test_cli_a_job_memest_refuses(tmp_path: Path) -> None:

@@ -166,7 +166,7 @@ def test_torchtitan_explicit_degrees_and_switches(tmp_path):
     # replicate 2 x shard 4 (HSDP) x tp 2 = 16 devices, FSDP over the 4 shard ranks (dp_shard 4); global_batch_size
     # 64 / (local 2 x dp 8) = 4 micro-batches; dtype bfloat16 -> pure bf16; enable_cpu_offload -> parameters in
     # host memory; early_step_in_backward -> the optimizer in backward; implementation foreach -> adamw;
-    # selective_ac_option "1" -> every layer checkpointed (full); compile enable true (line 22) -> a note
+    # selective_ac_option "1" -> every layer checkpointed (full); compile enable true -> torch_compile
     path = tmp_path / "job.toml"
     path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n'
                     'global_batch_size = 64\nseq_len = 4096\ndtype = "bfloat16"\nenable_cpu_offload = true\n'
@@ -179,7 +179,7 @@ def test_torchtitan_explicit_degrees_and_switches(tmp_path):
     assert (v["gpus"], v["dp_shard"], v["tp"], v["zero_stage"], v["grad_accum_steps"]) == (16, 4, 2, 3, 4)
     assert (v["precision"], v["offload"], v["optimizer_in_bwd"], v["optimizer"], v["recompute"]) == (
         Precision.BF16, Offload.PARAMS, True, Optimizer.ADAMW, Recompute.FULL)
-    assert any(n.startswith("job.toml:22 compile.enable is True") for n in r.notes), r.notes
+    assert v["torch_compile"] is True and not any("compile.enable" in n for n in r.notes), r.notes
 
 
 # vLLM
@@ -344,9 +344,8 @@ def test_a_serving_file_and_a_training_recipe_are_one_error_naming_both():
     assert "disagree on the mode" in lines[0], lines
 
 
-def test_torchtune_compile_with_the_chunked_loss(tmp_path):
-    # compile: True under CEWithChunkedOutputLoss -> the compiled chunked loss (torch_compile); under
-    # torch.nn.CrossEntropyLoss memest models no compilation: a note, torch_compile not set
+def test_torchtune_compile_with_either_loss(tmp_path):
+    # compile: True compiles each layer (training.compile_model) and the loss, under either loss: torch_compile
     base = "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\ncompile: True\nloss:\n  _component_: "
     chunked, plain = tmp_path / "chunked.yaml", tmp_path / "plain.yaml"
     chunked.write_text(base + "torchtune.modules.loss.CEWithChunkedOutputLoss\n")
@@ -354,8 +353,7 @@ def test_torchtune_compile_with_the_chunked_loss(tmp_path):
     c, p = files.read([chunked]), files.read([plain])
     assert c.model == "meta-llama/Llama-3.2-1B" and (c.values["torch_compile"], c.values["loss"]) == (True,
                                                                                                      Loss.CHUNKED)
-    assert "torch_compile" not in p.values and p.values["loss"] is Loss.DEFAULT
-    assert any("compile is True; memest models torch.compile only for the chunked loss" in n for n in p.notes)
+    assert p.values["torch_compile"] is True and p.values["loss"] is Loss.DEFAULT
 
 
 def test_a_vllm_command_reads_its_config_file_and_wins_over_it(tmp_path):

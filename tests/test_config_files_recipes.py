@@ -102,7 +102,7 @@ def test_trl_example_names_its_model_and_turns_bf16_on():
 def test_axolotl_qlora(llama3):
     # adapter qlora (load_in_4bit true); lora_r 32, lora_dropout 0.05, lora_target_linear true -> all-linear;
     # sequence_len 4096, micro_batch_size 2, gradient_accumulation_steps 4; gradient_checkpointing true;
-    # optimizer paged_adamw_32bit -> AdamW's two fp32 states (paged: counted on the device);
+    # optimizer paged_adamw_32bit -> bitsandbytes' paged AdamW (two fp32 states, the large ones in managed memory);
     # attn_implementation flash_attention_2; bf16 auto over adapters -> amp. The file names
     # NousResearch/Meta-Llama-3-8B (not in the offline catalog): the same architecture is passed
     t = resolve({"config": [AXOLOTL_QLORA]}, llama3, A100)
@@ -110,7 +110,7 @@ def test_axolotl_qlora(llama3):
     assert (t.lora.rank, t.lora.dropout, t.lora.targets) == (32, 0.05, "all-linear")
     assert (t.seq_len, t.micro_batch_size, t.grad_accum_steps) == (4096, 2, 4)
     assert (t.recompute, t.optimizer, t.attn_implementation, t.precision) == (
-        Recompute.FULL, Optimizer.ADAMW, AttnImplementation.FLASH_ATTENTION_2, Precision.AMP)
+        Recompute.FULL, Optimizer.PAGED_ADAMW32BIT, AttnImplementation.FLASH_ATTENTION_2, Precision.AMP)
     assert files.read([AXOLOTL_QLORA]).model == "NousResearch/Meta-Llama-3-8B"
 
 

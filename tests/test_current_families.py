@@ -387,3 +387,405 @@ def test_gemma4_kv_sharing_and_per_layer_embeddings() -> None:
                                       "full_attention"]})
     with pytest.raises(ConfigError, match="num_kv_shared_layers 3"):  # layers 1-3 reuse; layer 0 caches no full layer
         _spec({**raw, "num_kv_shared_layers": 3})
+
+
+# ---- RWKV: a recurrent state per sequence, no KV cache ---------------------------------------------
+
+
+def test_rwkv4_169m_state_and_count() -> None:
+    """RWKV/rwkv-4-169m-pile: h 768, 12 blocks, vocab 50277, untied, i = 4 h = 3072 (RwkvFeedForward).
+    A block: ln1, ln2 4 x 768; time mix key/value/receptance/output 4 x 768^2 = 2,359,296, time_decay /
+    time_first 2 x 768, three time_mix 3 x 768; channel mix key 768 x 3072 + value 3072 x 768 + receptance 768^2 =
+    5,308,416, two time_mix 2 x 768. Per block 3,072 + 2,359,296 + 1,536 + 2,304 + 5,308,416 + 1,536 = 7,676,160. Model: 12 x 7,676,160 + pre_ln 1,536 +
+    embeddings and head 2 x 50277 x 768 = 77,225,472 + ln_out 1,536 = 169,342,464 (the "169m").
+
+    State per sequence (transformers RwkvModel.forward: five (b, h, L) tensors, the two token shifts at the
+    model dtype, numerator / denominator / max float32): per block 2 x 768 x 2 B + 3 x 768 x 4 B = 3,072 + 9,216
+    = 12,288 B; 12 blocks 147,456 B; nothing per token."""
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+           "vocab_size": 50277, "context_length": 1024}
+    spec = _spec(raw)
+    block = 3_072 + 4 * 768**2 + 1_536 + 2_304 + (2 * 768 * 3072 + 768**2) + 1_536
+    assert block == 7_676_160
+    assert spec.num_params == 12 * block + 1_536 + 2 * 50_277 * 768 + 1_536 == 169_342_464
+    assert [layer.attention.kind for layer in spec.layers] == ["linear"] * 12
+    for transformers in (False, True):  # token shifts: one column in either engine
+        layers = kv_layers(spec.layer_kinds(), 1, 2, transformers=transformers)
+        assert bytes_per_token(layers) == 0
+        assert state_bytes_per_sequence(layers) == 12 * (2 * 768 * 2 + 3 * 768 * 4) == 147_456
+
+
+def test_rwkv6_finch_1b6_count_and_state() -> None:
+    """RWKV/v6-Finch-1B6-HF (model_type rwkv6, remote code): h 2048, 24 blocks, head_size 64 -> 32 heads,
+    vocab 65536, untied; Rwkv6Config sets intermediate_size None, so i = int(3.5 x 2048) // 32 x 32 = 7168.
+    Time mix (TIME_MIX_EXTRA_DIM 32, TIME_DECAY_EXTRA_DIM 64 below h 4096): receptance / key / value / gate /
+    output 5 x 2048^2 = 20,971,520; ln_x 2 x 2048; time_maa_x/w/k/v/r/g 6 x 2048; time_maa_w1 2048 x 160 and
+    time_maa_w2 5 x 32 x 2048 (327,680 each); time_decay 2048; time_decay_w1 2048 x 64 and _w2 64 x 2048
+    (131,072 each); time_faaaa 32 x 64: 21,909,504. Channel mix: time_maa_k/r 2 x 2048, key and value
+    2 x 2048 x 7168 = 29,360,128, receptance 2048^2: 33,558,528. ln1 + ln2 4 x 2048.
+    Block 55,476,224; 24 blocks 1,331,429,376 + pre_ln 4,096 + embeddings and head 2 x 65536 x 2048 +
+    ln_out 4,096 = 1,599,873,024 ("1B6").
+
+    State per sequence (state_attn_x / state_ffn_x (b, h, L) at the model dtype, state_attn_kv (b, H, S, S, L)
+    float32): per block 2 x 2048 x 2 B + 32 x 64 x 64 x 4 B = 8,192 + 524,288 = 532,480 B; 24 blocks
+    12,779,520 B."""
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "hidden_size": 2048,
+           "num_hidden_layers": 24, "head_size": 64, "vocab_size": 65536, "intermediate_size": None,
+           "auto_map": {"AutoModelForCausalLM": "modeling_rwkv6.Rwkv6ForCausalLM"}}
+    time_mix = (5 * 2048**2 + 2 * 2048 + 6 * 2048 + 2 * 2048 * 160 + 2048 + 2 * 2048 * 64 + 32 * 64)
+    assert time_mix == 21_909_504
+    channel_mix = 2 * 2048 + 2 * 2048 * 7168 + 2048**2
+    assert channel_mix == 33_558_528
+    block = time_mix + channel_mix + 4 * 2048
+    spec = _spec(raw)
+    assert spec.num_params == 24 * block + 4_096 + 2 * 65_536 * 2_048 + 4_096 == 1_599_873_024
+    assert abs(spec.num_params - 1.6e9) / 1.6e9 < 0.001
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 0
+    assert state_bytes_per_sequence(layers) == 24 * (2 * 2048 * 2 + 32 * 64 * 64 * 4) == 12_779_520
+    # fp8 KV-cache setting or not, the time-mix state stays float32; the token shifts follow the state dtype
+    assert state_bytes_per_sequence(kv_layers(spec.layer_kinds(), 1, 1, state_e=1)) == 24 * (2 * 2048 + 524_288)
+    # the 7B (h 4096) takes the wider LoRA dims 64 / 128: time_maa_w1 4096 x 320 + w2 5 x 64 x 4096
+    wide = _spec({**raw, "hidden_size": 4096, "num_hidden_layers": 1})
+    names = {t.name: t.shape for t in wide.layers[0].tensors}
+    assert names["attention.time_maa_w1"] == (4096, 320) and names["attention.time_decay_w2"] == (128, 4096)
+
+
+def test_rwkv5_world_heads_from_num_attention_heads() -> None:
+    """rwkv5 (RWKV/rwkv-5-world-*): the config's num_attention_heads is the head *size* (RwkvSelfAttention:
+    H = h // num_attention_heads). A shrunk one: h 64, head size 16 -> 4 heads, 2 blocks, vocab 97, i given 96.
+    Time mix: receptance / key / value / gate / output 5 x 64^2 = 20,480, ln_x 128, time_decay and time_faaaa
+    2 x 4 x 16 = 128, four time_mix 4 x 64 = 256: 20,992. Channel mix: 2 x 64 + 2 x 64 x 96 + 64^2 = 16,512.
+    Norms 256 per block, pre_ln 128. Model: 2 x (20,992 + 16,512 + 256) + 128 + 2 x 97 x 64 + 128 = 88,192.
+    State (bf16): per block 2 x 64 x 2 B + 4 x 16 x 16 x 4 B = 256 + 4,096; 2 blocks 8,704 B."""
+    from memest.errors import ConfigError
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    raw = {"model_type": "rwkv5", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 16,
+           "vocab_size": 97, "intermediate_size": 96}
+    spec = _spec(raw)
+    assert spec.num_params == 2 * (20_992 + 16_512 + 256) + 128 + 2 * 97 * 64 + 128 == 88_192
+    assert state_bytes_per_sequence(kv_layers(spec.layer_kinds(), 1, 2)) == 2 * (256 + 4_096) == 8_704
+    with pytest.raises(ConfigError, match=r"num_attention_heads \(24\) is the head size of model_type 'rwkv5'"):
+        _spec({**raw, "num_attention_heads": 24})
+
+
+# ---- Gemma 3n: PLE, AltUp, LAuReL, KV sharing, USM audio and MobileNet-v5 vision towers ------------
+
+GEMMA3N_E4B = {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
+               "text_config": {"model_type": "gemma3n_text", "hidden_size": 2048, "num_hidden_layers": 35,
+                               "num_attention_heads": 8, "intermediate_size": [16384] * 35}}
+"""The E4B geometry: Gemma3nTextConfig's defaults (documented as google/gemma-3n-E4B), towers at their defaults."""
+
+
+def test_gemma3n_e4b_count_by_hand() -> None:
+    """E4B text: h 2048, 35 layers (every 5th full), 8 heads / 2 KV heads of 256, i 16384, V 262400, PLE 262144 x
+    (35 x 256), AltUp 4, LAuReL 64; the last 15 layers reuse the KV of layers 18 (sliding) and 19 (full) and have
+    no k_proj / v_proj / k_norm.
+    Per layer: four norms 8,192; AltUp correct_output_scale 2,048 + correction 4 x 4 + prediction 16 x 4 + router
+    4 x 2048 + router_norm 2,048 = 12,368; LAuReL 2 x 2048 x 64 + 2,048 = 264,192; per-layer gate / projection
+    2 x 2048 x 256 + norm 2,048 = 1,050,624: 1,335,376. Attention Q, O 2 x 2048^2 + q_norm 256 = 8,388,864, plus
+    K, V 2 x 2048 x 512 + k_norm 256 = 2,097,408 where the layer caches. MLP 3 x 2048 x 16384 = 100,663,296.
+    Layers: 20 x 112,484,944 + 15 x 110,387,536. Model: embed 262400 x 2048 = 537,395,200, PLE table
+    262144 x 8960 = 2,348,810,240, per_layer_model_projection 2048 x 8960 = 18,350,080, its norm 256, AltUp
+    (un)embedding projections 6 x 2048^2 = 25,165,824, final norm 2,048: text 6,835,235,568.
+    Ollama lists gemma3n:e4b at 6.87B (ollama/ollama PR #11286, comment of 2025-07-12): its GGUF keeps the 15
+    shared layers' unused K/V (15 x 2,097,408 = 31,461,120): 6,866,696,688.
+
+    Audio (USM conformer, D 1536, 12 blocks, 8 heads, kernel 5): subsampling convs 128 x 9 + 128 + 32 x 128 x 9 + 32
+    and input_proj 1536 x (32 x 32) (128 mel bins -> 64 -> 32) = 1,611,040; a block: two feed-forwards
+    2 x (2 x 1536 + 8 x 1536^2) = 37,754,880, attention 5 x 1536^2 + 2 x 1536 + 192 = 11,799,744, light conv
+    3 x 1536^2 + 2 x 1536 + 1536 x 5 = 7,088,640, norm 1,536: 56,644,800; total 681,348,640.
+    Embedders: vision 128 x 2048 + 2 x 2048 + 2048^2 = 4,460,544; audio 128 x 1536 + 2 x 1536 + 1536 x 2048 =
+    3,345,408. MobileNet-v5-300M (timm): 294,126,912. Total 7,818,517,072 = transformers 5.24's
+    Gemma3nForConditionalGeneration on the meta device (with timm 1.0.31 for the vision tower)."""
+    common = 8_192 + 12_368 + 264_192 + 1_050_624
+    assert common == 1_335_376
+    cached = 8_388_864 + 2_097_408 + 100_663_296 + common
+    shared = 8_388_864 + 100_663_296 + common
+    text = (20 * cached + 15 * shared + 262_400 * 2_048 + 262_144 * 8_960 + 2_048 * 8_960 + 256 + 6 * 2_048**2
+            + 2_048)
+    assert text == 6_835_235_568
+    assert round((text + 15 * 2_097_408) / 1e9, 2) == 6.87
+    block = 2 * (2 * 1536 + 8 * 1536**2) + (5 * 1536**2 + 2 * 1536 + 192) + (3 * 1536**2 + 2 * 1536 + 1536 * 5) + 1536
+    audio = 128 * 9 + 128 + 32 * 128 * 9 + 32 + 1536 * 1024 + 12 * block
+    assert (block, audio) == (56_644_800, 681_348_640)
+    embedders = (128 * 2048 + 2 * 2048 + 2048**2) + (128 * 1536 + 2 * 1536 + 1536 * 2048)
+    spec = _spec(GEMMA3N_E4B)
+    assert spec.num_params == text + audio + embedders + 294_126_912 == 7_818_517_072
+    # the catalog's E4B (-it and its base alias) is this geometry
+    assert load_model("google/gemma-3n-E4B-it").num_params == load_model("google/gemma-3n-E4B").num_params \
+        == 7_818_517_072
+    from memest.spec import Component
+    assert spec.params_by_component()[Component.OTHER] >= audio + embedders + 294_126_912
+    assert [layer.attention.kv_reused for layer in spec.layers] == [False] * 20 + [True] * 15
+    assert any("AltUp" in note for note in spec.notes)
+
+
+def test_gemma3n_e4b_kv_cache_skips_the_shared_layers() -> None:
+    """Only the 20 layers before the KV-shared tail cache (transformers kv_sharing_modes "reuse"; vLLM
+    vllm/model_executor/models/gemma3n.py @ 034f08e65e596139d8da7fe53c8a892209b64ba3 passes the shared layers a
+    kv_sharing_target_layer_name, so they get no KV-cache spec). Of layers 0-19, 4, 9, 14 and 19 are full, 16 sliding
+    (window 512). Per layer and token: 2 KV heads x (256 + 256) x 2 B = 2,048 B.
+    Per token before windows: 20 x 2,048 = 40,960 B (35 x 2,048 = 71,680 if the shared layers cached);
+    transformers, one sequence of 4,096 tokens: (4 x 4,096 + 16 x 512) x 2,048 = 50,331,648 B."""
+    spec = _spec(GEMMA3N_E4B)
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert sorted(layers, key=lambda item: item[0].kind) == [(KVLayer("full", 2_048), 4),
+                                                            (KVLayer("sliding", 2_048, window=512), 16)]
+    assert bytes_per_token(layers) == 20 * 2_048 == 40_960
+    assert contiguous_cache_bytes(layers, 1, 4_096) == (4 * 4_096 + 16 * 512) * 2_048 == 50_331_648
+
+
+def test_gemma3n_e2b_geometry() -> None:
+    """E2B (google/gemma-3n-E2B-it: 30 layers, i 8192, 10 KV-shared layers, the rest as E4B). Text per layer:
+    common 1,335,376 + attention 8,388,864 (+ 2,097,408 with K/V) + MLP 3 x 2048 x 8192 = 50,331,648;
+    20 x 62,153,296 + 10 x 60,055,888 + 537,395,200 + 262144 x 7680 + 2048 x 7680 + 256 + 25,165,824 + 2,048 =
+    4,435,182,688. With the 10 shared layers' K/V that a GGUF keeps (20,974,080): 4.46B, the
+    count Ollama lists for gemma3n:e2b (ollama/ollama PR #11286). KV: 20 layers x 2,048 B = 40,960 B/token."""
+    raw = {**GEMMA3N_E4B, "text_config": {**GEMMA3N_E4B["text_config"], "num_hidden_layers": 30,
+                                          "intermediate_size": [8192] * 30, "num_kv_shared_layers": 10}}
+    spec = _spec(raw)
+    text = spec.num_params - 681_348_640 - 4_460_544 - 3_345_408 - 294_126_912
+    expected = (20 * (1_335_376 + 8_388_864 + 2_097_408 + 50_331_648) + 10 * (1_335_376 + 8_388_864 + 50_331_648)
+                + 537_395_200 + 262_144 * 7_680 + 2_048 * 7_680 + 256 + 25_165_824 + 2_048)
+    assert text == expected == 4_435_182_688
+    assert round((text + 10 * 2_097_408) / 1e9, 2) == 4.46
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 40_960
+    # the catalog's E2B: the same text model and towers
+    assert load_model("google/gemma-3n-E2B-it").num_params == spec.num_params == text + 983_281_504
+
+
+@pytest.mark.slow
+def test_gemma3n_audio_tower_matches_transformers_on_meta() -> None:
+    """The audio tower tensor by tensor against transformers' Gemma3nAudioEncoder (it needs no timm), at the default
+    config and at a shrunk one with other kernels and strides (input_proj's width follows the convolutions)."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import Gemma3nAudioConfig
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nAudioEncoder
+
+    from memest.sources.families.gemma3n import _AUDIO_DEFAULTS, audio_tensors
+
+    for raw in ({}, {"hidden_size": 64, "conf_num_attention_heads": 4, "conf_num_hidden_layers": 2,
+                     "input_feat_size": 40, "sscp_conv_channel_size": [8, 4],
+                     "sscp_conv_kernel_size": [[3, 5], [3, 3]], "sscp_conv_stride_size": [[2, 3], [2, 2]]}):
+        with torch.device("meta"):
+            model = Gemma3nAudioEncoder(Gemma3nAudioConfig(**raw))
+        theirs = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        audio = HFConfig(raw, name="t", source="t").with_defaults(_AUDIO_DEFAULTS)
+        ours = {t.name: t.shape for t in audio_tensors(audio, prefix="")}
+        assert ours == theirs
+
+
+def test_gemma3n_bad_configs_name_the_key() -> None:
+    from memest.errors import ConfigError
+
+    text = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "intermediate_size": 96,
+            "num_kv_shared_layers": 2}
+    with pytest.raises(ConfigError, match=r"layer_types\[2\] = 'chunked_attention' is not a layer type"):
+        _spec({**text, "layer_types": ["sliding_attention", "full_attention", "chunked_attention", "full_attention"]})
+    with pytest.raises(ConfigError, match=r"intermediate_size lists 3 widths for 4 layers"):
+        _spec({**text, "intermediate_size": [96, 96, 96]})
+    with pytest.raises(ConfigError, match=r"'intermediate_size\[1\]'"):
+        _spec({**text, "intermediate_size": [96, "x", 96, 96]})
+    with pytest.raises(ConfigError, match=r"vision_config.architecture = 'mobilenetv9' is a timm model"):
+        _spec({**GEMMA3N_E4B, "vision_config": {"architecture": "mobilenetv9"}})
+
+
+def test_rwkv7_count_and_state() -> None:
+    """rwkv7 (flash-linear-attention RWKV7Config defaults for the low-rank widths: decay 64, gate 128, a 64, v 16;
+    head_dim 64) at h 2048, 24 blocks, V 65536, untied; i = 4 x 2048 = 8192.
+    Time mix of block n > 0: x_r/w/k/v/a/g 6 x 2048, k_k / k_a 2 x 2048, r_k 32 x 64, r/k/v/o 4 x 2048^2 =
+    16,777,216, w_lora and a_lora 2 x (2048 x 64 x 2 + 2048) = 528,384, v_lora 2048 x 16 x 2 + 2048 = 67,584,
+    g_lora 2048 x 128 x 2 = 524,288 (no bias), g_norm 2 x 2048: 17,920,000. Channel mix: x_k 2048 + key and value
+    2 x 2048 x 8192 = 33,556,480. attn_norm + ffn_norm 4 x 2048. Block 51,484,672; block 0 has no v_lora and a
+    pre_norm: 51,421,184. Total 23 x 51,484,672 + 51,421,184 + 2 x 65536 x 2048 + 4,096 = 1,504,008,192.
+    State per sequence (bf16): token shifts 2 x 2048 x 2 B + recurrent 32 x 64 x 64 x 4 B (float32) = 532,480 B per
+    block; 24 blocks 12,779,520 B."""
+    from memest.errors import ConfigError
+    from memest.estimate.serving.kv import state_bytes_per_sequence
+
+    block = (6 * 2048 + 2 * 2048 + 32 * 64 + 4 * 2048**2 + 2 * (2048 * 64 * 2 + 2048) + (2048 * 16 * 2 + 2048)
+             + 2048 * 128 * 2 + 2 * 2048) + (2048 + 2 * 2048 * 8192) + 4 * 2048
+    assert block == 51_484_672
+    first = block - (2048 * 16 * 2 + 2048) + 2 * 2048
+    raw = {"model_type": "rwkv7", "architectures": ["RWKV7ForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 24,
+           "vocab_size": 65536}
+    spec = _spec(raw)
+    assert spec.num_params == 23 * block + first + 2 * 65_536 * 2_048 + 4_096 == 1_504_008_192
+    layers = kv_layers(spec.layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 0
+    assert state_bytes_per_sequence(layers) == 24 * (2 * 2048 * 2 + 32 * 64 * 64 * 4) == 12_779_520
+    with pytest.raises(ConfigError, match=r"'attn' = .* makes some rwkv7 layers softmax attention"):
+        _spec({**raw, "attn": {"layers": [1], "num_heads": 32}})
+
+
+# ---- DeepSeek-V4: compressed attention ----------------------------------------------------------------
+
+# DeepSeek-V4-Flash's geometry: DeepseekV4Config's defaults (transformers 5.24 configuration_deepseek_v4.py, whose
+# docstring names deepseek-ai/DeepSeek-V4-Flash-Base) with Flash's layer schedule as its config.json ships it: the
+# legacy per-layer compress_ratios, two sliding layers, then CSA (4) and HCA (128) alternating, plus an MTP entry.
+V4_FLASH = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "hidden_size": 4096,
+            "num_hidden_layers": 43, "num_attention_heads": 64,
+            "compress_ratios": [0, 0] + [4 if n % 2 == 0 else 128 for n in range(41)] + [0]}
+
+
+def test_deepseek_v4_flash_count_by_hand() -> None:
+    """h 4096, a 64, d 512, q_lora_rank 1024, o_groups 8 x o_lora_rank 1024, hc_mult 4, 256 experts of 2048,
+    index 64 heads x 128, vocab 129,280. Per layer:
+    attention  q_a 4096x1024 + q_a_norm 1024 + q_b 1024x(64x512) + kv_proj 4096x512 + kv_norm 512
+               + o_a (8x1024)x(32768/8) + o_b 8192x4096 + sinks 64                              = 106,956,352
+    MoE        gate 256x4096 + gate_up 256x4096x4096 + down 256x4096x2048 + shared 3x4096x2048 = 6,468,665,344
+    block      2 norms 2x4096 + 2 mHC x (fn 24x16384 + base 24 + scale 3)                       =     794,678
+    HCA        kv_proj + gate_proj 2x4096x512 + position_bias 128x512 + kv_norm 512              =   4,260,352
+    CSA        compressor 2x4096x1024 + 4x1024 + 512, indexer compressor 2x4096x256 + 4x256 + 128,
+               indexer q_b 1024x(64x128) + weights_proj 4096x64                                 =  19,142,272
+    head       hc_head 4x16384 + 4 + 1, norm 4096, lm_head 129280x4096                          = 529,600,517
+    embedding  129280x4096                                                                      = 529,530,880
+    Total 43 x (106,956,352 + 6,468,665,344 + 794,678) + 21 x 19,142,272 + 20 x 4,260,352 + 529,600,517
+    + 529,530,880 = 284,332,230,231: the model card's "284B total parameters" (deepseek-ai/DeepSeek-V4-Flash,
+    as https://featherless.ai/models/deepseek-ai/DeepSeek-V4-Flash quotes it: "284 billion total parameter (13
+    billion activated)"); the MTP layer is not instantiated by transformers and not counted."""
+    attn = 4096 * 1024 + 1024 + 1024 * 64 * 512 + 4096 * 512 + 512 + 8192 * 4096 + 8192 * 4096 + 64
+    moe = 256 * 4096 + 256 * 4096 * 4096 + 256 * 4096 * 2048 + 3 * 4096 * 2048
+    block = 2 * 4096 + 2 * (24 * 16384 + 24 + 3)
+    hca = 2 * 4096 * 512 + 128 * 512 + 512
+    csa = 2 * 4096 * 1024 + 4 * 1024 + 512 + 2 * 4096 * 256 + 4 * 256 + 128 + 1024 * 64 * 128 + 4096 * 64
+    head = 4 * 16384 + 4 + 1 + 4096 + 129280 * 4096
+    assert (attn, moe, block, hca, csa, head) == (106_956_352, 6_468_665_344, 794_678, 4_260_352, 19_142_272,
+                                                  529_600_517)
+    spec = _spec(V4_FLASH)
+    assert spec.num_params == 43 * (attn + moe + block) + 21 * csa + 20 * hca + head + 129280 * 4096 \
+        == 284_332_230_231
+    assert round(spec.num_params / 1e9) == 284
+    kinds = [(layer.attention.compress_rate, layer.attention.index_head_dim) for layer in spec.layers]
+    assert kinds[:4] == [(0, 0), (0, 0), (4, 128), (128, 0)] and kinds.count((4, 128)) == 21
+    assert all(layer.attention.num_kv_heads == 1 and layer.attention.kv_shared for layer in spec.layers)
+    # the three hash-routed layers' tid2eid tables: 129280 x 6 int64
+    assert [b.nbytes for b in spec.buffers] == [129280 * 6 * 8] * 3
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    # L = 1: every window is open. sliding_attention layers (DynamicSlidingWindowLayer: K and V stored apart)
+    # 2 x 1 x (512 + 512) x 2 B = 4,096; the CSA/HCA caches' K = V 41 x 1 x 512 x 2 = 41,984; the buffered kv +
+    # gate of (1 - 1) mod m + 1 = 1 token: CSA compressor 21 x (2x512 + 2x512) x 2 = 86,016, its indexer
+    # 21 x (2x128 + 2x128) x 2 = 21,504, HCA 20 x (512 + 512) x 2 = 40,960.
+    (1, 4_096 + 41_984 + 86_016 + 21_504 + 40_960),
+    # L = 128 (the window; 32 CSA windows, 1 HCA window closed): windows full, 2 x 128 x 2,048 + 41 x 128 x 1,024
+    # = 5,898,240. The buffer keeps the last step's window: 127 mod 4 + 1 = 4 tokens (CSA), 127 mod 128 + 1 = 128
+    # (HCA). CSA 21 x (32 entries x 1,024 + 4 x 4,096 + overlap 4 x 512 x (2 + 4 fp32 gate)) = 21 x 61,440
+    # = 1,290,240; indexer 21 x (32 x 256 + 4 x 1,024 + 4 x 128 x 6) = 21 x 15,360 = 322,560;
+    # HCA 20 x (1 x 1,024 + 128 x 2,048) = 20 x 263,168 = 5,263,360.
+    (128, 5_898_240 + 1_290_240 + 322_560 + 5_263_360),
+    # L = 4096: CSA 21 x (1,024 x 1,024 + 16,384 + 12,288) = 22,622,208; indexer 21 x (1,024 x 256 + 4,096
+    # + 3,072) = 5,655,552; HCA 20 x (32 x 1,024 + 262,144) = 5,898,240.
+    (4096, 5_898_240 + 22_622_208 + 5_655_552 + 5_898_240),
+    # L = 131072: CSA 21 x (32,768 x 1,024 + 28,672) = 705,245,184; indexer 21 x (32,768 x 256 + 7,168)
+    # = 176,311,296; HCA 20 x (1,024 x 1,024 + 262,144) = 26,214,400.
+    (131072, 5_898_240 + 705_245_184 + 176_311_296 + 26_214_400),
+])
+def test_deepseek_v4_transformers_cache_by_hand(tokens: int, expected: int) -> None:
+    """DeepSeek-V4-Flash in bf16, one sequence, as transformers 5.24's DeepseekV4HCACache / DeepseekV4CSACache hold
+    it after a decode step to L tokens: the sliding window of K = V (min(L, 128) tokens x 512: the storage of the
+    step's concatenation, of which the cache keeps a view of the last 127), one compressed entry of 512 (CSA, HCA)
+    or 128 (the CSA indexer) per closed window of 4 / 128 tokens, the buffer (a view of the last step's
+    concatenation of the buffered tokens and the new one: kv and gate of (L - 1) mod m + 1 tokens), and a CSA
+    cache's overlap state (the last window's first series: kv at 2 B, gate at 4 B after the fp32 position_bias,
+    which from_pretrained keeps in fp32). The slow test below measures these storages on a shrunk model."""
+    layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2, transformers=True)
+    assert contiguous_cache_bytes(layers, 1, tokens) == expected
+    assert contiguous_cache_bytes(layers, 3, tokens) == 3 * expected
+
+
+def test_deepseek_v4_vllm_pool_by_hand() -> None:
+    """vLLM, bf16, --block-size 16, assumed to hold transformers' entries: one K = V of 512 x 2 = 1,024 B per
+    window token on all 43 layers (the sliding_attention layers too), 1,024 B per CSA / HCA entry, 256 B per
+    indexer key. Per token, windows ignored: 43 x 1,024 + 21 x 1,024 / 4 + 21 x 256 / 4 + 20 x 1,024 / 128
+    = 44,032 + 5,376 + 1,344 + 160 = 50,912. Pages of 16 x 1,024 = 16,384 B; a compressed page holds 16,384 /
+    1,024 = 16 entries (64 tokens of CSA, 2,048 of HCA) or 64 indexer keys (256 tokens). One request of 131,072
+    tokens with max_num_batched_tokens 8,192: sliding ceil(min(127 + 8,192, 131,072) / 16) + 1 = 521 pages x 43,
+    CSA 131,072 / 64 = 2,048 x 21, indexer 131,072 / 256 = 512 x 21, HCA 131,072 / 2,048 = 64 x 20:
+    22,403 + 43,008 + 10,752 + 1,280 = 77,443 pages x 16,384 = 1,268,826,112 B."""
+    layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2)
+    assert bytes_per_token(layers) == 43 * 1024 + 21 * 1024 // 4 + 21 * 256 // 4 + 20 * 1024 // 128 == 50_912
+    layout = paged_layout(layers, 16)
+    assert layout.page_bytes == 16 * 1024
+    assert sorted({(g.kind, g.block_size) for g in layout.groups}) == [
+        ("compressed", 64), ("compressed", 256), ("compressed", 2048), ("sliding", 16)]
+    assert layout.request_bytes(131072, 8192) == (521 * 43 + 2048 * 21 + 512 * 21 + 64 * 20) * 16384 \
+        == 1_268_826_112
+
+
+def test_deepseek_v4_bad_layer_types_name_the_key() -> None:
+    from memest.errors import ConfigError
+
+    tiny = {"model_type": "deepseek_v4", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "head_dim": 16, "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8, "vocab_size": 97}
+    with pytest.raises(ConfigError, match=r"layer_types\[1\] = 'foo' is not a layer type"):
+        _spec({**tiny, "layer_types": ["sliding_attention", "foo", "sliding_attention"]})
+    with pytest.raises(ConfigError, match=r"compress_ratios\[2\] = 8 is not a compress ratio"):
+        _spec({**tiny, "compress_ratios": [0, 4, 8]})
+    with pytest.raises(ConfigError, match=r"compress_rates\['windowed_attention'\] names no compressed layer type"):
+        _spec({**tiny, "compress_rates": {"windowed_attention": 4}})
+    with pytest.raises(ConfigError, match=r"mlp_layer_types\[0\] = 'dense' is not a layer type"):
+        _spec({**tiny, "mlp_layer_types": ["dense", "moe", "moe"]})
+    with pytest.raises(ConfigError, match=r"'layer_types' must list 3 entries"):
+        _spec({**tiny, "layer_types": ["sliding_attention", "sliding_attention"]})
+
+
+V4_SMALL = {"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 97,
+            "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 24,
+            "o_groups": 2, "o_lora_rank": 12, "hc_mult": 2, "sliding_window": 8, "index_n_heads": 2,
+            "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+            "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                            "compressed_sparse_attention"],
+            "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 8}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [1, 2, 5, 8, 9, 13, 16, 30])
+def test_deepseek_v4_cache_matches_transformers_storage(tokens: int) -> None:
+    """Run a shrunk DeepSeek-V4 (every layer type, compress rates 2 and 8, window 8) in bf16 on the CPU: a prefill of
+    tokens - 1 positions, then one decode step; sum the storage bytes every cache layer holds (keys, values,
+    compressed_kv, buffer_kv, buffer_gate, overlap_kv, overlap_gate; a storage shared by several views once).
+    Measured after the prefill, it must equal the prefill's cache (``layer_cache_bytes``: sliding layers hold a
+    view of the whole prompt's K/V, compressed caches :meth:`KVLayer.prefill_bytes`); after the decode step,
+    :func:`contiguous_cache_bytes`."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from memest.estimate.serving.hf.prefill import layer_cache_bytes
+
+    raw = {k: v for k, v in V4_SMALL.items() if k not in ("model_type", "architectures")}
+    config = DeepseekV4Config(**raw)
+    torch.manual_seed(0)
+    model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()  # keeps the fp32 modules
+
+    def held(cache) -> int:
+        storages = {}
+        for layer in cache.layers:
+            tensors = [layer.keys, layer.values]
+            for name in ("compressed_kv", "buffer_kv", "buffer_gate", "overlap_kv", "overlap_gate"):
+                tensors += list(getattr(layer, name, {}).values())
+            for t in tensors:
+                if t is not None:
+                    storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    spec = _spec(V4_SMALL)
+    layers = kv_layers(spec.layer_kinds(), 1, 2, transformers=True)
+    cache = DynamicCache(config=config)
+    with torch.no_grad():
+        if tokens > 1:
+            model(input_ids=torch.randint(0, 97, (1, tokens - 1)), cache=cache, use_cache=True)
+            assert held(cache) == sum(layer_cache_bytes(layer, 1, tokens - 1, 2) for layer in spec.layers)
+        model(input_ids=torch.randint(0, 97, (1, 1)), cache=cache, use_cache=True)
+    assert held(cache) == contiguous_cache_bytes(layers, 1, tokens)

@@ -1,5 +1,6 @@
 """The analytic path starts fast: importing the CLI loads no torch, transformers or huggingface_hub."""
 
+import json
 import subprocess
 import sys
 
@@ -66,7 +67,7 @@ _GEOMETRY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4
 CONFIG_FAMILIES = {
     model_type: {"model_type": model_type, **_GEOMETRY}
     for model_type in ("smollm3", "olmo3", "granite", "granitemoe", "cohere2", "glm4", "glm4_moe", "ministral3",
-                       "llama4_text")
+                       "llama4_text", "deepseek_v4")
 }
 
 
@@ -113,3 +114,26 @@ def test_integrations_package_and_memest_track_are_light():
             "print(' '.join(m for m in ('torch', 'transformers', 'accelerate', 'peft') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_deepseek_v4_config_folder_serve_estimate_loads_no_heavy_module(tmp_path):
+    """A DeepSeek-V4 config folder (no catalog entry) estimated for vLLM and transformers' generate: the analytic
+    adapter and the compressed-attention caches, no torch, no transformers."""
+    config = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 4096,
+              "num_hidden_layers": 43, "num_attention_heads": 64, "torch_dtype": "bfloat16",
+              "compress_ratios": [0, 0] + [4 if n % 2 == 0 else 128 for n in range(41)] + [0]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code = (
+        "import io, contextlib\n"
+        "from memest.cli import main\n"
+        "for engine in ('vllm', 'hf'):\n"
+        f"    sys.argv = ['memest', 'hf', {str(tmp_path)!r}, '--serve', '--engine', engine, '--json']\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            main()\n"
+        "        except SystemExit as e:\n"
+        "            assert e.code in (None, 0), e.code\n"
+        "    assert '\"model_type\": \"deepseek_v4\"' in out.getvalue()"
+    )
+    assert _imports_of(code) == ""

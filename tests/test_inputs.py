@@ -148,22 +148,20 @@ TINY_RWKV_CONFIG = {"model_type": "rwkv", "architectures": ["RwkvForCausalLM"], 
                     "vocab_size": 100, "attention_hidden_size": 64, "intermediate_size": 128, "context_length": 128}
 
 
-@pytest.mark.parametrize(("config", "args", "message"), [
-    (TINY_MAMBA_CONFIG, ("--serve", "--gpus", "2"), None),
-    (TINY_MAMBA_CONFIG, ("--train", "--gpus", "2", "--tp", "2"), None),
-    (TINY_RWKV_CONFIG, ("--train",), None),
-    (TINY_RWKV_CONFIG, ("--serve", "--gpus", "2"), "--gpus 2 serves with tensor parallelism 2 by default"),
+@pytest.mark.parametrize(("config", "args"), [
+    (TINY_MAMBA_CONFIG, ("--serve", "--gpus", "2")),
+    (TINY_MAMBA_CONFIG, ("--train", "--gpus", "2", "--tp", "2")),
+    (TINY_RWKV_CONFIG, ("--train",)),
+    # the rwkv adapter splits the time mix's key / value by channels (column-parallel, no KV heads to divide), so
+    # tp 2 serves; on the meta path they were guessed to be KV projections and tp 2 was refused
+    (TINY_RWKV_CONFIG, ("--serve", "--gpus", "2")),
 ], ids=["mamba-serve-tp2", "mamba-train-tp2", "rwkv-train", "rwkv-serve-tp2"])
-def test_attention_free_configs_on_the_cli(tmp_path, config, args, message):
-    pytest.importorskip("transformers")  # no adapter: built on the meta device
+def test_attention_free_configs_on_the_cli(tmp_path, config, args):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     out = run("hf", str(path), *args)
-    if message is None:
-        assert out.returncode == 0, out.stderr
-        assert "no attention heads" in out.stdout and "FITS" in out.stdout
-    else:
-        assert_one_line_error(out, message)
+    assert out.returncode == 0, out.stderr
+    assert "no attention heads" in out.stdout and "FITS" in out.stdout
 
 
 # ---- 2. num_heads must be a multiple of num_kv_heads ----
@@ -253,6 +251,7 @@ SAMPLES = {
     "chunked_prefill_size": 4096, "page_size": 16, "kv_cache_free_gpu_mem_fraction": 0.8, "max_batch_size": 8,
     "max_num_tokens": 4096, "tokens_per_block": 64, "n_gpu_layers": 3, "n_batch": 256, "n_ubatch": 128,
     "flash_attn": True, "tensor_split": "1,1", "optimizer_in_bwd": True, "activation_offloading": True,
+    "float8": "tensorwise", "float8_all_gather": True,
 }
 """--gguf is left out too: it reads a file (tests/test_llamacpp.py writes one); --torch-compile needs --loss chunked
 (tests/test_lora_library.py)."""

@@ -147,6 +147,18 @@ def test_short_conv_state_of_lfm2() -> None:
     assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 6_144
 
 
+def test_rwkv_token_shift_and_time_mix_state() -> None:
+    # RWKV-6 Finch-7B: h 4096, 64 heads x 64. Token shifts 2 x 4096, one column in vLLM and transformers alike:
+    # 8,192 x 2 B = 16,384 B; time-mix state 64 x 64 x 64 = 262,144 x 4 B (float32) = 1,048,576 B
+    layer = _state_layer("linear", StateSpec(shift_channels=2 * 4096, ssm_elements=64 * 64 * 64, ssm_dtype="float32"))
+    assert kv_layer(layer, 1, 2) == KVLayer("state", 0, state_bytes=16_384 + 1_048_576)
+    assert kv_layer(layer, 1, 2, transformers=True).state_bytes == 16_384 + 1_048_576
+    # tp 2 halves both: 4,096 x 2 B + 131,072 x 4 B
+    assert kv_layer(layer, 2, 2).state_bytes == 8_192 + 524_288
+    # the shifts follow the state dtype (fp8 KV cache: still the model's 2 B), the time-mix state stays float32
+    assert kv_layer(layer, 1, 1, state_e=2).state_bytes == 16_384 + 1_048_576
+
+
 def test_a_state_kind_needs_its_state() -> None:
     with pytest.raises(ValueError, match="state is required"):
         AttentionSpec(kind="mamba", num_heads=0, num_kv_heads=0, head_dim=0)
@@ -376,7 +388,10 @@ def test_unknown_layer_type_on_the_meta_path() -> None:
     ({**LFM2_350M, "num_hidden_layers": 4, "layer_types": ["conv", "conv", "full_attention", "foo"]},
      "layer_types[3] = 'foo'"),
     ({**NANO_9B_V2, "hybrid_override_pattern": "M-X*"}, "hybrid_override_pattern[2] = 'X'"),
-], ids=["layer_types", "pattern"])
+    ({"model_type": "deepseek_v4", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+      "head_dim": 16, "q_lora_rank": 16, "o_groups": 2, "o_lora_rank": 8, "compress_ratios": [0, 4, 64]},
+     "compress_ratios[2] = 64"),
+], ids=["layer_types", "pattern", "compress_ratios"])
 def test_bad_layer_kinds_exit_2_on_the_cli(tmp_path, raw: dict, message: str) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
@@ -462,3 +477,38 @@ def test_mla_with_a_sparse_attention_indexer() -> None:
     # vLLM: both specs are full attention of different widths: one group, a page of 61 x (1,152 + 132) x 16 B
     layout = paged_layout(kv_layers([(layer, 61)], 1, 2), 16)
     assert layout.page_bytes == 61 * (1_152 + 132) * 16 and len(layout.groups) == 1
+
+
+def test_compressed_attention_caches() -> None:
+    """DeepSeek-V4 CSA layer (head_dim 512, one KV head, window 128, compress rate 4, indexer keys of 128), bf16:
+    the window of K = V, 512 x 2 = 1,024 B/token; the compressor, one 1,024 B entry per 4 tokens; the indexer, one
+    128 x 2 = 256 B key per 4 tokens. transformers also holds the open window's kv + gate (2 x 512 wide each for the
+    overlapping CSA compressor: 4 x 512 x 2 = 4,096 B/token; indexer 4 x 128 x 2 = 1,024) and the overlap state
+    (4 slots x 512 x (2 B kv + 4 B fp32 gate) = 12,288; indexer 4 x 128 x 6 = 3,072). An HCA layer (rate 128) has
+    no overlap: its buffer is 2 x 512 x 2 = 2,048 B/token."""
+    from memest.estimate.serving.kv import kv_caches
+
+    csa = _layer(num_heads=64, num_kv_heads=1, head_dim=512, sliding_window=128, kv_shared=True, compress_rate=4,
+                 compress_overlap=True, index_head_dim=128)
+    assert kv_caches(csa, 1, 2) == (KVLayer("sliding", 1_024, window=128),
+                                    KVLayer("compressed", 1_024, compress_rate=4),
+                                    KVLayer("compressed", 256, compress_rate=4))
+    # one KV head: tensor parallelism replicates it
+    assert kv_caches(csa, 8, 2) == kv_caches(csa, 1, 2)
+    window, entries, keys = kv_caches(csa, 1, 2, transformers=True)
+    assert (entries.pending_bytes, entries.overlap_bytes, keys.pending_bytes, keys.overlap_bytes) == (
+        4 * 512 * 2, 4 * 512 * 6, 4 * 128 * 2, 4 * 128 * 6)
+    # 10 tokens after a decode step: 2 entries, (10 - 1) mod 4 + 1 = 2 buffered tokens, the overlap state
+    assert entries.sequence_bytes(10) == 2 * 1_024 + 2 * 4_096 + 12_288 == 22_528
+    # after a prefill of 10 tokens the buffer is a view of the whole prompt's projection: 10 tokens of it
+    assert entries.prefill_bytes(10) == 2 * 1_024 + 10 * 4_096 + 12_288 == 55_296
+    # per generated token (windows ignored): 1,024 + 1,024 / 4 + 256 / 4 = 1,344
+    assert bytes_per_token([(kv, 1) for kv in kv_caches(csa, 1, 2)]) == 1_344
+    hca = _layer(num_heads=64, num_kv_heads=1, head_dim=512, sliding_window=128, kv_shared=True, compress_rate=128)
+    assert kv_caches(hca, 1, 2, transformers=True)[1] == KVLayer("compressed", 1_024, compress_rate=128,
+                                                                pending_bytes=2_048)
+    # a plain sliding_attention layer of V4: transformers' DynamicSlidingWindowLayer keeps the tensor twice
+    swa = _layer(num_heads=64, num_kv_heads=1, head_dim=512, sliding_window=128, kv_shared=True,
+                 kv_copied_by_transformers=True)
+    assert kv_layer(swa, 1, 2).bytes_per_token == 1_024
+    assert kv_layer(swa, 1, 2, transformers=True).bytes_per_token == 2_048

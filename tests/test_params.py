@@ -44,7 +44,10 @@ NATIVE_TYPE = {"kimi_k2": "deepseek_v3"}
 CATALOG = sorted(catalog.entries())
 # model_types transformers does not ship and no native family builds: their adapters follow the
 # modeling code in the models' Hub repositories and are checked against published totals instead.
-CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas"}
+CONFIG_ONLY = {"internlm2", "chatglm", "minicpm", "baichuan", "mimo", "nemotron-nas", "rwkv5", "rwkv6", "rwkv7"}
+# transformers builds these only with timm installed (Gemma 3n's MobileNet-v5 vision tower, TimmWrapperModel); the
+# venv has no timm: their text models are checked on meta here, the whole in tests/test_current_families.py
+NEEDS_TIMM = {"gemma3n"}
 
 
 def _raw(model_id: str) -> dict:
@@ -122,7 +125,7 @@ def _check_against_meta(raw: dict) -> ModelSpec:
 # ---- every catalog config ------------------------------------------------------------------------
 
 
-ON_META = [m for m in CATALOG if _raw(m)["model_type"] not in CONFIG_ONLY]
+ON_META = [m for m in CATALOG if _raw(m)["model_type"] not in CONFIG_ONLY | NEEDS_TIMM]
 
 
 @pytest.mark.parametrize("model_id", ON_META, ids=ON_META)
@@ -193,6 +196,7 @@ DEFAULT_CLASSES = {
     "kimi_k2": "DeepseekV3ForCausalLM",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
     "deepseek_v32": "DeepseekV32ForCausalLM",
+    "deepseek_v4": "DeepseekV4ForCausalLM",
     "glm_moe_dsa": "GlmMoeDsaForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
@@ -215,6 +219,8 @@ DEFAULT_CLASSES = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "falcon_h1": "FalconH1ForCausalLM",
+    "rwkv": "RwkvForCausalLM",
+    "gemma3n_text": "Gemma3nForCausalLM",
 }
 # The geometry (width, depth, heads) is required by the adapters, so it is given here, at the values
 # of each config class's defaults; every other field is left to the class.
@@ -224,7 +230,7 @@ _GEOMETRY = {
     "gemma2": (2304, 26, 8), "gemma3_text": (2304, 26, 8), "phi": (2048, 24, 32), "phi3": (3072, 32, 32),
     "phimoe": (4096, 32, 32), "deepseek_v2": (4096, 32, 32), "deepseek_v3": (7168, 61, 128),
     "kimi_k2": (7168, 61, 128), "gpt_oss": (2880, 36, 64), "deepseek_v32": (7168, 61, 128),
-    "glm_moe_dsa": (6144, 78, 64),
+    "glm_moe_dsa": (6144, 78, 64), "deepseek_v4": (4096, 43, 64),
     "gpt_neox": (6144, 44, 64), "falcon": (4544, 32, 71), "olmo2": (4096, 32, 32), "bert": (768, 12, 12),
     "jamba": (4096, 32, 32), "opt": (768, 12, 12), "smollm3": (2048, 36, 16), "olmo3": (4096, 32, 32),
     "granite": (4096, 32, 32), "granitemoe": (4096, 32, 32), "exaone4": (4096, 32, 32), "internlm3": (4096, 48, 32),
@@ -266,6 +272,8 @@ DEFAULT_EXTRA["voxtral"] = {"text_config": {"num_attention_heads": 32}}
 DEFAULT_EXTRA["lfm2_vl"] = {"text_config": DEFAULT_EXTRA["lfm2"]}  # Lfm2VlConfig: text_config defaults to lfm2
 DEFAULT_EXTRA["mamba"] = {"hidden_size": 768, "num_hidden_layers": 32}  # state-space models: no attention heads
 DEFAULT_EXTRA["mamba2"] = {"hidden_size": 4096, "num_hidden_layers": 64}
+DEFAULT_EXTRA["gemma3n_text"] = {"hidden_size": 2048, "num_hidden_layers": 35, "num_attention_heads": 8}  # E4B
+DEFAULT_EXTRA["rwkv"] = {"hidden_size": 4096, "num_hidden_layers": 32}  # RwkvConfig: no heads
 DEFAULT_EXTRA["granitemoehybrid"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["falcon_h1"] = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32}
 DEFAULT_EXTRA["qwen3_next"] = {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 16}
@@ -274,7 +282,7 @@ DEFAULT_EXTRA["deepseek_v2"]["num_experts_per_tok"] = 6
 
 
 def test_every_adapter_has_a_defaults_case() -> None:
-    assert set(DEFAULT_CLASSES) == set(ADAPTERS) - CONFIG_ONLY
+    assert set(DEFAULT_CLASSES) == set(ADAPTERS) - CONFIG_ONLY - NEEDS_TIMM
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULT_CLASSES), ids=sorted(DEFAULT_CLASSES))
@@ -508,6 +516,31 @@ VARIANTS: dict[str, dict] = {
         "q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12,
         "index_n_heads": 2, "index_head_dim": 8, "mlp_layer_types": ["sparse", "dense", "sparse"],
         "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+    },
+    # DeepSeek-V4, shrunk: every attention type (sliding, CSA, HCA) at other compress rates, hash and
+    # top-k MoE layers, 2 residual streams, 2 output groups
+    "deepseek_v4-small-layer_types": {
+        **TINY,
+        "num_hidden_layers": 4,
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "head_dim": 32, "q_lora_rank": 24, "o_groups": 2, "o_lora_rank": 12, "hc_mult": 2, "sliding_window": 8,
+        "layer_types": ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                        "compressed_sparse_attention"],
+        "compress_rates": {"compressed_sparse_attention": 2, "heavily_compressed_attention": 8},
+        "mlp_layer_types": ["hash_moe", "moe", "moe", "hash_moe"],
+        "index_n_heads": 2, "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    },
+    # the per-layer compress_ratios (with a trailing MTP entry) and num_hash_layers of older V4 configs; tied head
+    "deepseek_v4-small-compress_ratios": {
+        **TINY,
+        "model_type": "deepseek_v4",
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "head_dim": 16, "q_lora_rank": 20, "o_groups": 4, "o_lora_rank": 8, "hc_mult": 3,
+        "compress_ratios": [0, 4, 128, 0], "num_hash_layers": 1, "tie_word_embeddings": True,
+        "index_n_heads": 4, "index_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 1,
+        "moe_intermediate_size": 24,
     },
     # GLM-5.2's shared indexers (index_topk_freq 4, index_skip_topk_offset 3: layers 0-2 full, then one in four)
     "glm_moe_dsa-shared-indexers": {
@@ -1188,6 +1221,22 @@ VARIANTS["falcon_h1-rmsnorm-biases-tied"] = {
     "mamba_rms_norm": True, "mamba_proj_bias": True, "projectors_bias": True, "mamba_conv_bias": False,
     "attention_bias": True, "mlp_bias": True, "tie_word_embeddings": True,
 }
+VARIANTS["gemma3n_text-widths-kv-sharing-bias-untied"] = {
+    "model_type": "gemma3n_text", "architectures": ["Gemma3nForCausalLM"], "hidden_size": 64, "num_hidden_layers": 6,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97,
+    "vocab_size_per_layer_input": 50, "hidden_size_per_layer_input": 8, "intermediate_size": [96, 96, 128, 128, 64, 64],
+    "num_kv_shared_layers": 2, "altup_num_inputs": 3, "laurel_rank": 4, "attention_bias": True,
+    "tie_word_embeddings": False, "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"] * 3,
+}
+VARIANTS["rwkv-4-169m-pile"] = {  # RWKV/rwkv-4-169m-pile's geometry
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+    "vocab_size": 50277, "context_length": 1024,
+}
+VARIANTS["rwkv-narrow-attention-tied"] = {
+    "model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 64, "attention_hidden_size": 32,
+    "intermediate_size": 80, "num_hidden_layers": 3, "vocab_size": 97, "tie_word_embeddings": True,
+}
 VARIANTS["bert-mlm-untied"] = {**_BERT, "architectures": ["BertForMaskedLM"], "tie_word_embeddings": False}
 VARIANTS["bert-lm-head-decoder-cross"] = {
     **_BERT,
@@ -1240,7 +1289,7 @@ def test_exaone4_pattern_string() -> None:
 
 
 def test_variants_cover_every_adapter() -> None:
-    assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS) - CONFIG_ONLY
+    assert {v["model_type"] for v in VARIANTS.values()} >= set(ADAPTERS) - CONFIG_ONLY - NEEDS_TIMM
 
 
 # ---- config-only families: the Hub repos' own modeling code, checked against published totals -------

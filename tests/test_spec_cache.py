@@ -228,3 +228,56 @@ def test_cli_says_on_stderr_once(tmp_path) -> None:
     assert "on the meta device" in first.stderr and "once" in first.stderr
     assert "on the meta device" not in second.stderr
     assert json.loads(first.stdout) == json.loads(second.stdout)
+
+
+@pytest.mark.parametrize("cache_on", [True, False], ids=["cache", "no-cache"])
+def test_a_refused_build_says_nothing_of_building(cache, monkeypatch, tiny, cache_on) -> None:
+    # the check runs before the notice: a config the build would refuse (remote code without
+    # trust_remote_code) gets its error and no "building ... on the meta device" line; a stored spec
+    # needs no check at all
+    if not cache_on:
+        monkeypatch.setenv("MEMEST_NO_CACHE", "1")
+    cfg = HFConfig({"model_type": "llama", "hidden_size": 64}, name="t", source="test")
+    heard: list[str] = []
+    calls: list[int] = []
+
+    class Refused(Exception):
+        pass
+
+    def refuse() -> None:
+        raise Refused
+
+    with pytest.raises(Refused):
+        spec_cache.cached_spec(cfg, lambda: calls.append(1) or tiny, trust_remote_code=False, notice=heard.append,
+                               check=refuse)
+    assert heard == [] and calls == []
+    spec_cache.cached_spec(cfg, lambda: calls.append(1) or tiny, trust_remote_code=False, notice=heard.append,
+                           check=lambda: None)
+    assert calls == [1] and len(heard) == 1
+    if cache_on:  # read back: neither check nor notice
+        spec_cache.cached_spec(cfg, lambda: calls.append(1) or tiny, trust_remote_code=False, notice=heard.append,
+                               check=refuse)
+        assert calls == [1] and len(heard) == 1
+
+
+def test_remote_code_refusal_comes_before_the_notice(cache) -> None:
+    # end to end through spec_from_config: a model_type transformers lacks, with auto_map, no trust_remote_code
+    from memest.errors import UnsupportedArchitectureError
+
+    pytest.importorskip("transformers")
+    cfg = HFConfig({"model_type": "memest_remote_test", "auto_map": {"AutoModelForCausalLM": "m.X"}, "hidden_size": 64,
+                    "num_attention_heads": 4, "num_hidden_layers": 2}, name="r", source="test")
+    heard: list[str] = []
+    with pytest.raises(UnsupportedArchitectureError, match="trust_remote_code"):
+        spec_from_config(cfg, notice=heard.append)
+    assert heard == []
+
+
+def test_rwkv_state_round_trips() -> None:
+    # StateSpec.shift_channels (RWKV's token shifts) survives the stored format
+    cfg = HFConfig({"model_type": "rwkv6", "hidden_size": 64, "num_hidden_layers": 2, "head_size": 16,
+                    "vocab_size": 97}, name="t", source="test")
+    spec = spec_from_config(cfg)
+    back = spec_cache.decode(json.loads(json.dumps(spec_cache.encode(spec)))).replace(name=spec.name,
+                                                                                      source=spec.source)
+    assert back == spec and back.layers[0].attention.state.shift_channels == 2 * 64

@@ -238,3 +238,227 @@ def test_sweep_as_the_page_asks_it(client):
                 "micro_batch_size": "1..256"}
     t = client.post("/v1/sweep", json=training).json()
     assert [p["value"] for p in t["points"]] == [2**k for k in range(9)] and t["setting"] == "micro_batch_size"
+
+
+# ---- POST /v1/check: a pasted log against memest's estimate (memest check --json) ----
+
+LOGS = Path(__file__).resolve().parent / "data" / "logs"
+V1_LOG = LOGS / "vllm019_llama31_8b_h100_16384.log"
+"""llm-d-incubation/llm-d-planner accuracy/results/v0.19.0/logs/...--16384.log (vLLM 0.19.0, H100 80GB): the
+fixture of tests/test_check.py."""
+V064_LOG = LOGS / "vllm064_llama31_8b_rtx3090_20k.log"
+"""vllm-project/vllm issue #10517 (RTX 3090): names no model."""
+
+
+def _check_cli(*args):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
+    return run_memest("check", *args, env=env)
+
+
+def test_check_equals_memest_check_json(client):
+    cli = _check_cli(str(V1_LOG), "--json")
+    assert cli.returncode == 0, cli.stderr
+    want = json.loads(cli.stdout)
+    r = client.post("/v1/check", json={"log": V1_LOG.read_text()})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [g.pop("log") for g in got] == ["log"] and [w.pop("log") for w in want] == [str(V1_LOG)]  # its name
+    assert got == want
+    # the log's own numbers: 'GPU KV cache size: 476,016 tokens', 'Available KV cache memory: 58.11 GiB'
+    figures = {f["figure"]: f for f in got[0]["figures"]}
+    assert figures["kv_cache_tokens"]["logged"] == 476_016 and figures["kv_cache_memory"]["logged"] == round(58.11 * 2**30)
+
+
+def test_check_several_logs_and_settings_as_the_cli(client):
+    """Two logs, the second naming no model: given as model and gpu, as --model and --gpu do."""
+    cli = _check_cli(str(V064_LOG), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "RTX-3090",
+                     "--setting", "max-num-seqs=64", "--json")
+    assert cli.returncode == 0, cli.stderr
+    r = client.post("/v1/check", json={"logs": [V064_LOG.read_text()], "model": "meta-llama/Llama-3.1-8B-Instruct",
+                                       "gpu": "RTX-3090", "settings": {"max_num_seqs": 64}})
+    assert r.status_code == 200, r.text
+    got, want = r.json(), json.loads(cli.stdout)
+    assert [g.pop("log") for g in got] == ["logs[0]"] and [w.pop("log") for w in want] == [str(V064_LOG)]
+    assert got == want
+
+
+def test_check_bad_input_is_one_line(client):
+    unknown = _one_line_error(client.post("/v1/check", json={"log": "hello\nworld\n"}), 400)
+    assert "is not a start-up or training log memest reads (formats read: TensorRT-LLM, SGLang, " in unknown
+    assert "vLLM (0.6, V1)" in unknown
+    assert "pass it with model" in _one_line_error(client.post("/v1/check", json={"log": V064_LOG.read_text()}), 400)
+    assert "is empty" in _one_line_error(client.post("/v1/check", json={"log": "  \n"}), 400)
+    assert "unknown setting 'no_such'" in _one_line_error(
+        client.post("/v1/check", json={"log": V1_LOG.read_text(), "settings": {"no_such": 1}}), 400)
+
+
+def test_check_a_log_with_a_lone_surrogate(client):
+    """JSON may carry "\\ud800", which is no character: read as '?', so the
+    answer, which quotes the line, can be sent."""
+    body = (b'{"log": "vLLM\\nGPU KV cache size: 10 tokens \\ud800", "model": "meta-llama/Llama-3.1-8B", '
+            b'"gpu": "H100"}')
+    r = client.post("/v1/check", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert r.json()[0]["figures"][0]["line"] == "GPU KV cache size: 10 tokens ?"
+
+
+@pytest.mark.parametrize("settings", [{"config": ["/etc/passwd"]}, {"config": "train.yaml"}, {"gguf": "/tmp/x.gguf"},
+                                      {"trust_remote_code": True}])
+def test_check_refuses_settings_that_name_files_or_run_code(client, settings):
+    message = _one_line_error(client.post("/v1/check", json={"log": V1_LOG.read_text(), "settings": settings}), 400)
+    assert message.startswith(f"settings {next(iter(settings))!r} is not taken here")
+
+
+@pytest.mark.parametrize("body", [
+    {"log": 7}, {"log": ["a"]}, {"logs": "text"}, {"logs": [1]},  # not text
+    {}, {"log": "x", "logs": ["x"]},                              # neither, both
+    {"log": "x", "settings": [1]}, {"log": "x", "settings": {"seq_len": "4096"}},  # a setting of the wrong type
+    {"log": "x", "path": "/etc/passwd"}, [1],
+])
+def test_check_wrong_json_types_are_422(client, body):
+    _one_line_error(client.post("/v1/check", json=body), 422)
+
+
+def test_check_reads_no_file_a_log_or_request_names(client, tmp_path, monkeypatch):
+    """A model folder on the server's disk, named by the log (vLLM's model=) or by the request: never opened.
+    The same log through the CLI reads the folder (its config.json, a model no catalog holds)."""
+    folder = tmp_path / "acme" / "secret-7b"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(CATALOG_CONFIG.read_text())
+    text = V1_LOG.read_text().replace("'meta-llama/Llama-3.1-8B-Instruct'", f"'{folder}'")
+    message = _one_line_error(client.post("/v1/check", json={"log": text}), 400)
+    assert "is not in memest's offline catalog" in message
+    assert "file-system path" in _one_line_error(client.post("/v1/check", json={"log": text, "model": str(folder)}),
+                                                 400)
+    log = tmp_path / "engine.log"
+    log.write_text(text)
+    cli = _check_cli(str(log), "--json")
+    assert cli.returncode == 0 and json.loads(cli.stdout)[0]["model"] == "secret-7b"  # the CLI reads the folder
+
+
+def test_check_body_over_one_megabyte_is_413(client):
+    body = json.dumps({"log": "vLLM " + "x" * MAX_BODY_BYTES}).encode()
+    _one_line_error(client.post("/v1/check", content=body), 413)
+
+
+def test_check_is_in_the_openapi_document(client):
+    doc = client.get("/openapi.json").json()
+    props = doc["paths"]["/v1/check"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert set(props) == {"log", "logs", "model", "gpu", "engine_version", "settings"}
+
+
+MARKERS = {"TensorRT-LLM": "[TensorRT-LLM] ", "SGLang": "server_args=ServerArgs(", "llama.cpp": "llama_model_loader ",
+           "torchtitan": "[titan] ", "torchtune": "torchtune ", "HF Trainer": "before_init_mem_gpu ", "vLLM": "vLLM "}
+"""Text each reader detects its format by (memest.logs.<reader>.MARKERS)."""
+
+LEADS = ("total_gpu_memory", "gpu_memory_utilization", "KV Cache is allocated.", "Load weight end.",
+         "Memory profiling results:", "Device 0: ", "using device CUDA0 (", "step: 1  loss: 2", "CUDA capacity: ",
+         "Building llama3 8B with ModelArgs(", "non-default args: {", "server_args=ServerArgs(", "init_mem_gpu_alloc_delta",
+         "Dtype:", "Allocated ", "max_total_num_tokens=")
+"""Literals the readers' patterns start from: each repeated, or followed by a long run, is the text a
+pattern with a scan repeated from each lead, or with adjacent quantifiers, would take quadratic time on."""
+
+
+def _hostile(marker: str) -> list[str]:
+    n = 200_000
+    runs = [marker + filler * (n // len(filler)) for filler in (" ", "(", "0", "\n", "a", "=", " \n", "9,", "{")]
+    runs += [marker + (lead + filler) * (n // (len(lead) + 1)) for lead in LEADS for filler in (" ", "0", "\n")]
+    runs += [marker + lead + filler * n for lead in LEADS for filler in (" ", "1")]
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", list(MARKERS))
+def test_check_answers_hostile_text_in_linear_time(client, reader):
+    """200 kB of pathological text per request: each answered, 200 or 400 (never 500), within 2 s."""
+    import time
+
+    for text in _hostile(MARKERS[reader]):
+        start = time.perf_counter()
+        r = client.post("/v1/check", json={"log": text})
+        took = time.perf_counter() - start
+        assert r.status_code in (200, 400), (text[:60], r.text)
+        assert took < 2.0, (reader, text[:60], took)
+
+
+@pytest.mark.parametrize("line", [
+    "GPU KV cache size: 1" + "0" * 400 + " tokens",              # 10**400 tokens
+    "GPU KV cache size: " + "9" * 5000 + " tokens",              # past Python's int-from-text limit
+    "Available KV cache memory: 1" + "0" * 400 + " GiB",
+    "Maximum concurrency for 1" + "0" * 400 + " tokens per request: 2.5x",
+    "# GPU blocks: 1" + "0" * 30,                                # 10**30 blocks: beyond any pool (2**62)
+])
+def test_check_huge_numbers_are_400(client, line):
+    message = _one_line_error(client.post("/v1/check", json={"log": f"vLLM\n{line}\n"}), 400)
+    assert "too large" in message or "beyond any device" in message
+
+
+def _leads(module) -> list[str]:
+    """The literal text each of a reader's patterns starts with (every string in its source, cut at its first
+    regex metacharacter): what a hostile log repeats to make a pattern rescan a line from each copy."""
+    import ast
+
+    leads = set()
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if isinstance(node, ast.JoinedStr):
+            node = node.values[0] if node.values else None
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        text, out = node.value, ""
+        for i, ch in enumerate(text):
+            if ch in ".^$*+?{}[]|()\\":
+                if ch == "\\" and i + 1 < len(text) and not text[i + 1].isalnum():
+                    continue  # an escaped literal: the next character is kept
+                if i and text[i - 1] == "\\":
+                    out += ch
+                    continue
+                break
+            out += ch
+        if 3 <= len(out) <= 80:
+            leads.add(out)
+    return sorted(leads)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reader", list(MARKERS))
+def test_every_pattern_of_a_reader_is_linear(reader):
+    """Each lead of each of the reader's patterns repeated along one 100 kB line, or followed by 20 kB of spaces,
+    digits or newlines. A pattern that rescans the rest of the line from each copy of its lead takes k x L steps (2,800
+    copies of a 35-character lead x 50 kB on average: 1.4e8, seconds); one that splits a run between two
+    quantifiers over the same characters takes n^2 per start (4e8 at 20 kB), as a multi-line ``^\\s*`` does from
+each of 20,000 empty lines; a linear one takes milliseconds
+    (some 40 patterns x 100 kB). The bounds, 1 s and 0.25 s, are some 20x the linear time."""
+    import time
+
+    from memest.errors import MemestError
+    from memest.logs import FORMATS, read_log
+
+    module = next(m for label, m in FORMATS.items() if label.startswith(reader))
+    marker = MARKERS[reader]
+    for lead in _leads(module):
+        texts = [(marker + (lead + " ") * (100_000 // (len(lead) + 1)), 1.0),
+                 *[(marker + lead + filler * 20_000, 0.25) for filler in (" ", "1", "\n")]]
+        for text, bound in texts:
+            start = time.perf_counter()
+            try:
+                read_log(text)
+            except MemestError:
+                pass
+            assert time.perf_counter() - start < bound, (reader, lead, text[len(marker):][:40])
+
+
+def test_check_one_bad_log_hides_no_other(client):
+    """As memest check --json: the logs checked and each failed log's error, status 400 (the CLI exits 2);
+    a request whose every log fails keeps the one-line error."""
+    r = client.post("/v1/check", json={"logs": [V064_LOG.read_text(), V1_LOG.read_text()]})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert list(body) == ["error", "checks", "errors"] and "\n" not in body["error"]
+    assert body["error"].startswith("logs[0]: the vLLM V0 log does not name its model; pass it with model")
+    assert [c["log"] for c in body["checks"]] == ["logs[1]"]
+    assert body["checks"][0] == client.post("/v1/check", json={"logs": ["", V1_LOG.read_text()]}).json()["checks"][0]
+    assert [e["log"] for e in body["errors"]] == ["logs[0]"] and body["errors"][0]["error"] == body["error"]
+    both = _one_line_error(client.post("/v1/check", json={"logs": [V064_LOG.read_text(), "  \n"]}), 400)
+    assert both.endswith("(and 1 more log failed)")

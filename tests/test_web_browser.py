@@ -286,3 +286,48 @@ def test_stack_picker(server, browser):
     assert "stack=" not in browser.current_url
     assert browser.find_element(By.ID, "job-line").text == ""
     assert _console_errors(browser) == []
+
+
+def test_check_a_pasted_log(server, browser, tmp_path):
+    """A real vLLM 0.19 start-up log pasted into the check panel (tests/data/logs/vllm019_llama31_8b_h100_16384.log,
+    from llm-d-planner's accuracy results: the fixture of tests/test_check.py), checked with the keyboard: the
+    table shows the log's figures beside memest's, a row for the KV pool ('Available KV cache memory: 58.11 GiB',
+    'GPU KV cache size: 476,016 tokens'), and the gap line; a text that is no log shows the one-line error."""
+    wait = WebDriverWait(browser, 20)
+    browser.get(server + "/")
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#check-gpu option")) > 10)
+    log = (ROOT / "tests" / "data" / "logs" / "vllm019_llama31_8b_h100_16384.log").read_text()
+    area = browser.find_element(By.ID, "check-log")
+    browser.execute_script("arguments[0].value = arguments[1]", area, log)  # a paste, not 5 kB of key presses
+    area.send_keys(Keys.TAB)  # to the model field, the device picker, then the button
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    browser.switch_to.active_element.send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.get_attribute("id") == "check-run"
+    browser.switch_to.active_element.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#check-result tr[data-figure=kv_cache_memory]"))
+    cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#check-result tr[data-figure=kv_cache_memory] th, "
+                                                                     "#check-result tr[data-figure=kv_cache_memory] td")]
+    assert cells[:3] == ["kv_cache_memory", "kv_cache", "58.11 GiB"], cells
+    assert cells[4].endswith("%"), cells
+    tokens = browser.find_element(By.CSS_SELECTOR, "#check-result tr[data-figure=kv_cache_tokens] td:nth-of-type(2)")
+    assert tokens.text == "476,016 tokens"
+    caption = browser.find_element(By.CSS_SELECTOR, "#check-result caption").text
+    assert caption.startswith("vLLM V1 0.19.0 log · meta-llama/Llama-3.1-8B-Instruct"), caption
+    assert browser.find_element(By.CSS_SELECTOR, "#check-result .check-gap").text.startswith("Largest gap: ")
+    browser.execute_script("document.getElementById('check-run').scrollIntoView()")
+    browser.save_screenshot(str(tmp_path / "check.png"))
+    browser.set_window_size(390, 844)  # readable on a phone: nothing wider than the window
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    # and the table itself fits: its figure, logged, memest and error columns (the term column hides, as the CLI's
+    # narrow table drops it)
+    assert browser.execute_script("const w = document.querySelector('#check-result .table-wrap');"
+                                  "return w.scrollWidth <= w.clientWidth")
+    browser.execute_script("document.querySelector('#check-result caption').scrollIntoView()")
+    browser.save_screenshot(str(tmp_path / "check-phone.png"))
+    browser.set_window_size(1280, 900)
+    browser.execute_script("arguments[0].value = 'hello\\nworld'", area)
+    browser.find_element(By.ID, "check-run").click()
+    wait.until(lambda d: d.find_element(By.ID, "check-error").is_displayed())
+    assert "is not a start-up or training log memest reads" in browser.find_element(By.ID, "check-error").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "#check-result tr")
+    assert _console_errors(browser, allowed=("status of 400",)) == []

@@ -278,7 +278,8 @@ def _check_training(t: TrainingConfig, *, backend: str, nproc: int) -> None:
         if _value(t.attn_implementation) == "flash_attention_2":
             raise InputError("{attn_implementation} flash_attention_2 needs CUDA; use sdpa with {device} cpu",
                              field="attn_implementation")
-        if t.method is Method.QLORA or t.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        if t.method is Method.QLORA or t.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT,
+                                                   Optimizer.PAGED_ADAMW32BIT):
             raise InputError("bitsandbytes (QLoRA, 8-bit optimizers) needs CUDA; drop it or use {device} cuda",
                              field="device")
     if nproc > 1 and z >= 2 and t.precision in (Precision.MIXED, Precision.FP16):

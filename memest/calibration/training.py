@@ -127,6 +127,8 @@ def make_optimizer(params: list[Any], optimizer: Optimizer, *, device_type: str)
     bnb = _bitsandbytes()
     if optimizer is Optimizer.ADAMW8BIT:
         return bnb.optim.AdamW8bit(params, lr=LEARNING_RATE)
+    if optimizer is Optimizer.PAGED_ADAMW32BIT:
+        return bnb.optim.PagedAdamW32bit(params, lr=LEARNING_RATE)
     return bnb.optim.PagedAdamW8bit(params, lr=LEARNING_RATE)
 
 

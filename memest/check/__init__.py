@@ -22,7 +22,7 @@ from memest.errors import InputError, MemestError
 from memest.estimate import estimate
 from memest.logs import EngineLog
 from memest.result import Estimate, Kind
-from memest.sources import catalog, config_from_data, load_config, spec_from_config
+from memest.sources import catalog, catalog_config, config_from_data, load_config, spec_from_config
 from memest.spec import ModelSpec
 from memest.workload import ENGINE_VERSIONS, ServingConfig, TrainingConfig, Workload, resolve, validate
 
@@ -108,12 +108,13 @@ class Check:
 # ---- the job the log describes ----
 
 
-def offline_model(reference: str) -> str | None:
-    """The model a log names as memest resolves it without the Hub: an existing path, or a catalog
-    entry under the full reference, its last two path components (``org/name``) or its last one."""
+def offline_model(reference: str, *, local_files: bool = True) -> str | None:
+    """The model a log names as memest resolves it without the Hub: an existing path (unless
+    ``local_files`` is False), or a catalog entry under the full reference, its last two path components
+    (``org/name``) or its last one."""
     from pathlib import Path
 
-    if Path(reference).expanduser().exists():
+    if local_files and Path(reference).expanduser().exists():
         return reference
     parts = [p for p in re.split(r"[/\\]", reference.strip()) if p]
     for candidate in (reference.strip(), "/".join(parts[-2:]), parts[-1] if parts else ""):
@@ -122,24 +123,60 @@ def offline_model(reference: str) -> str | None:
     return None
 
 
-def _model(log: EngineLog, given: str | None) -> tuple[str, ModelSpec]:
-    if given is None and log.model_config is not None and (log.model is None or offline_model(log.model) is None):
+def own_model(log: EngineLog, local_files: bool = True) -> str | None:
+    """The model the log names, as memest resolves it offline (:func:`offline_model`), or None: the log
+    names none, or one memest cannot resolve (a GGUF file, a private checkpoint). A log naming its own
+    is estimated with it; a model the caller gives is for the logs this returns None for."""
+    return None if log.model is None else offline_model(log.model, local_files=local_files)
+
+
+def _logged_config(found: str, local_files: bool) -> Any:
+    """The config of a model the log names (``found`` by :func:`own_model`): the catalog's own copy when
+    ``local_files`` is False (a name that is also a folder here is not read)."""
+    if not local_files:
+        cfg = catalog_config(found)
+        assert cfg is not None
+        return cfg
+    return load_config(found)
+
+
+def _shapes(spec: ModelSpec) -> ModelSpec:
+    """``spec`` without what names it (its name, source, notes): two references to the same architecture
+    (a base model and its instruct fine-tune) compare equal."""
+    return dataclasses.replace(spec, name="", source="", notes=())
+
+
+def _model(log: EngineLog, given: str | None, local_files: bool = True) -> tuple[str, ModelSpec]:
+    found = own_model(log, local_files)
+    if found is not None:  # the log's own model wins; a different one given is refused, naming both
+        cfg = _logged_config(found, local_files)
+        spec = spec_from_config(cfg)
+        if given is not None and given != found and not _same_model(given, spec):
+            resolved = "" if cfg.name == log.model else f" (memest's {cfg.name})"
+            raise InputError(f"the log names the model {log.model!r}{resolved} but "
+                             f"{{model}} names {given!r}; {{model}} is for a log naming no model memest resolves "
+                             "offline: leave it out to check the log's model", field="model")
+        return cfg.name, spec
+    if given is None and log.model_config is not None:
         cfg = config_from_data(log.model_config, name=log.model or "the log's model")
         return f"{cfg.name} (shapes from the log)", spec_from_config(cfg)
-    if given is not None:
-        reference = given
-    elif log.model is None:
+    if given is None and log.model is None:
         raise InputError(f"the {log.format} log does not name its model; pass it with {{model}} (a catalog name, see "
                          "'memest models', a Hub id or a config.json folder)", field="model")
-    else:
-        found = offline_model(log.model)
-        if found is None:
-            raise InputError(f"the log's model {log.model!r} is not in memest's offline catalog; pass it with "
-                             "{model} (a catalog name, see 'memest models', a Hub id or a config.json folder)",
-                             field="model")
-        reference = found
-    cfg = load_config(reference)
+    if given is None:
+        raise InputError(f"the log's model {log.model!r} is not in memest's offline catalog; pass it with "
+                         "{model} (a catalog name, see 'memest models', a Hub id or a config.json folder)",
+                         field="model")
+    cfg = load_config(given)
     return cfg.name, spec_from_config(cfg)
+
+
+def _same_model(given: str, spec: ModelSpec) -> bool:
+    """True when the model ``given`` has the shapes of ``spec`` (False when it does not resolve)."""
+    try:
+        return _shapes(spec_from_config(load_config(given))) == _shapes(spec)
+    except MemestError:
+        return False
 
 
 def _named_device(name: str) -> Device | None:
@@ -154,22 +191,44 @@ def _named_device(name: str) -> Device | None:
     return None
 
 
+def own_device(log: EngineLog) -> Device | None:
+    """The accelerator the log names, when memest knows it (``NVIDIA H100 80GB HBM3`` -> H100-80GB), else
+    None. A log naming its own is estimated on it; a device the caller gives is for the logs this returns
+    None for."""
+    return _named_device(log.gpu) if log.gpu else None
+
+
+LOGGED_DEVICE = "logged:1GiB"
+"""The device of a log that names none memest knows but prints its total memory: a custom device
+(generic runtime constants) whose memory is replaced by the log's."""
+
+
 def _device(log: EngineLog, gpu: str | None, notes: list[str]) -> Device:
-    device = get_device(gpu) if gpu else _named_device(log.gpu) if log.gpu else None
+    own = own_device(log)
+    if own is not None and gpu is not None and get_device(gpu).name != own.name:
+        raise InputError(f"the log names its accelerator {log.gpu!r} (memest's {own.name}) but {{gpu}} names "
+                         f"{gpu!r}; {{gpu}} is for a log naming no accelerator memest knows: leave it out to check "
+                         "the log's", field="gpu")
+    device = own or (get_device(gpu) if gpu else None)
     if device is None and log.device_total_bytes is None:
         raise InputError(f"the {log.format} log names no accelerator memest knows"
                          + (f" ({log.gpu!r})" if log.gpu else "") + "; pass it with {gpu} (see 'memest gpus')",
                          field="gpu")
     if device is None:
         assert log.device_total_bytes is not None
-        device = dataclasses.replace(get_device("logged:1GiB"), memory_bytes=log.device_total_bytes)
+        device = dataclasses.replace(get_device(LOGGED_DEVICE), memory_bytes=log.device_total_bytes)
         notes.append("device: the log's total memory (no accelerator named; runtime constants are the generic ones)")
     elif log.device_total_bytes is not None and log.device_total_bytes != device.memory_bytes:
         device = dataclasses.replace(device, memory_bytes=log.device_total_bytes)
         notes.append(f"device: {device.name} with the log's total memory")
     else:
-        notes.append(f"device: {device.name}" + (" (from the log)" if not gpu else ""))
+        notes.append(f"device: {device.name}" + (" (from the log)" if own is not None else ""))
     return device
+
+
+def logged_device(device: Device) -> bool:
+    """True for the device of a log naming none (:data:`LOGGED_DEVICE`): only its memory is known."""
+    return device.aliases == get_device(LOGGED_DEVICE).aliases
 
 
 def modelled_version(log: EngineLog, given: str | None) -> str | None:
@@ -325,21 +384,27 @@ def missing_settings(log: EngineLog, values: dict[str, Any], given: dict[str, An
 
 
 def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, gpu: str | None = None,
-              engine_version: str | None = None, settings: dict[str, Any] | None = None) -> Check:
+              engine_version: str | None = None, settings: dict[str, Any] | None = None,
+              local_files: bool = True) -> Check:
     """The log's figures beside memest's estimate of the job the log describes.
 
     Args:
-        model: The model to estimate instead of the one the log names (which must resolve offline).
-        gpu: The accelerator, when the log names none memest knows (its total memory, when printed,
-            replaces the catalog's).
+        model: The model to estimate when the log names none memest resolves offline (:func:`own_model`);
+            a log naming its own is estimated with that, and a different model given for it is refused.
+        gpu: The accelerator, when the log names none memest knows (:func:`own_device`; its total
+            memory, when printed, replaces the catalog's); a different one given for a log naming its
+            own is refused.
         engine_version: The engine arithmetic to apply instead of the one the log's version implies.
         settings: Settings of the job the log does not print (or prints wrong), by memest's setting
             names (:func:`memest.workload.settings.settings`; ``config``: config files to read them
             from, whose model is estimated when neither ``model`` nor the log names one); they win
             over the log's.
+        local_files: False: the model the log names resolves from memest's catalog only, never a path
+            on this machine (a service checking logs it was sent).
 
     Raises:
-        InputError: the model is not named or not resolvable offline; no accelerator is known; a
+        InputError: the model is not named or not resolvable offline; ``model`` or ``gpu`` names another
+            than the log's own (the message names both); no accelerator is known; a
             training log lacks a setting the estimate needs (named); the log's settings are invalid
             for memest.
     """
@@ -350,7 +415,7 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
 
         model = files.read(tuple(given["config"])).model
     try:
-        model_name, spec = _model(log, model)
+        model_name, spec = _model(log, model, local_files)
         device = _device(log, gpu, notes)
     except InputError as exc:
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from memest.cli.app import JsonOpt, _console, app
-from memest.errors import InputError
+from memest.errors import InputError, MemestError
 
 LogsArg = Annotated[list[str], typer.Argument(
     help="Start-up logs of vLLM (0.6, V1), SGLang, TensorRT-LLM or llama.cpp / Ollama, or training logs of "
@@ -20,9 +20,13 @@ LogsArg = Annotated[list[str], typer.Argument(
          "'-' reads stdin.", show_default=False)]
 ModelOpt = Annotated[str | None, typer.Option(
     "--model", show_default=False,
-    help="The model to estimate (catalog name, Hub id or config folder) when the log names none memest resolves offline.")]
+    help="The model to estimate (catalog name, Hub id or config folder) for the logs that name none memest "
+         "resolves offline (a GGUF file, a private checkpoint). A log naming its own is checked with that; a "
+         "different --model for it is an error, unless another log given takes --model.")]
 GpuOpt = Annotated[str | None, typer.Option(
-    "--gpu", show_default=False, help="The accelerator (see 'memest gpus') when the log names none memest knows.")]
+    "--gpu", show_default=False,
+    help="The accelerator (see 'memest gpus') for the logs that name none memest knows. A log naming its own "
+         "is checked on that; a different --gpu for it is an error, unless another log given takes --gpu.")]
 SettingOpt = Annotated[list[str] | None, typer.Option(
     "--setting", show_default=False, metavar="NAME=VALUE",
     help="A setting of the job the log does not print, as memest names it without the dashes "
@@ -42,9 +46,16 @@ def _read(name: str) -> str:
     if name == "-":
         return read_bytes(sys.stdin.buffer.read(), "-")
     path = Path(name)
-    if not path.exists() or path.is_dir():
-        raise InputError(f"log {name!r} is not a file; pass the path of an engine's start-up log, or '-' for stdin")
-    return read_bytes(path.read_bytes(), name)
+    if path.is_dir():
+        raise InputError(f"{name}: is a directory; pass the path of a log file in it, or '-' for stdin")
+    if not path.exists():
+        raise InputError(f"{name}: does not exist; pass the path of an engine's start-up log, or '-' for stdin")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{name}: cannot be read ({exc.strerror or type(exc).__name__}); pass a log file "
+                         "you can read, or '-' for stdin") from None
+    return read_bytes(data, name)
 
 
 def _value(text: str) -> object:
@@ -105,25 +116,73 @@ def check_command(
     activation peak, KV cache memory, tokens and blocks, concurrency, buffers; a training step's peak
     allocated / reserved / active), re-estimates the same job and prints logged vs memest per figure
     with the error and the term of the largest gap. A setting the log does not print is named: give it
-    with --setting (or --config).
+    with --setting (or --config). --model and --gpu are for the logs that do not name their own. Each
+    log is checked apart: one that cannot be is named on stderr, the others are still compared, and the
+    exit code is 2.
     """
-    from memest.check import check_log
+    from memest.api import LogsFailed, check_logs
     from memest.errors import MemestError
-    from memest.logs import read_log
 
     if logs.count("-") > 1:
         raise InputError("'-' (stdin) is given more than once; stdin can be read once")
     given = parse_settings(setting, config)
-    try:
-        checks = [check_log(read_log(_read(name), name), name=name, model=model, gpu=gpu,
-                            engine_version=engine_version, settings=given) for name in logs]
-    except MemestError as exc:
-        raise exc.named(check_flag) from exc
-    from memest.report.check import check_to_dict, render_check
+    texts: list[tuple[str, str]] = []
+    unread: dict[int, MemestError] = {}
+    for i, name in enumerate(logs):
+        try:
+            texts.append((name, _read(name)))
+        except MemestError as exc:
+            unread[i] = exc
+    checks: list = []
+    failed: list[tuple[str, MemestError]] = []
+    if texts:
+        try:
+            checks = check_logs(texts, model=model, gpu=gpu, engine_version=engine_version, settings=given)
+        except LogsFailed as exc:
+            checks, failed = exc.checks, exc.errors
+    # the failures in the order the logs were given: the unread ones, then those check_logs refused
+    errors = _in_order(logs, unread, failed)
+    if errors and not checks:
+        if len(errors) == 1:
+            raise errors[0][1].named(check_flag)
+        _print_errors(errors)
+        raise typer.Exit(2)
+    from memest.report.check import render_check
 
     if json_:
-        typer.echo(json.dumps([check_to_dict(c) for c in checks], indent=2))
-        return
-    console = _console()
-    for c in checks:
-        console.print(render_check(c))
+        items = [c.to_dict() for c in checks]
+        if errors:
+            typer.echo(json.dumps({"checks": items, "errors": [{"log": n, "error": cli_message(e)}
+                                                                 for n, e in errors]}, indent=2))
+        else:
+            typer.echo(json.dumps(items, indent=2))
+    else:
+        console = _console()
+        for c in checks:
+            console.print(render_check(c.result))
+    if errors:
+        _print_errors(errors)
+        raise typer.Exit(2)
+
+
+def cli_message(exc: MemestError) -> str:
+    """An error's message as ``memest check`` names settings (``--model``, ``--setting seq-len=...``)."""
+    return exc.render(check_flag)
+
+
+def _in_order(logs: list[str], unread: dict[int, MemestError],
+              failed: list[tuple[str, MemestError]]) -> list[tuple[str, MemestError]]:
+    """Each failed log's ``(name, error)`` in the order the logs were given (``failed``: those read, in order)."""
+    slots = dict(unread)
+    free = [i for i in range(len(logs)) if i not in unread]
+    for name, exc in failed:
+        i = next(i for i in free if logs[i] == name)
+        free.remove(i)
+        slots[i] = exc
+    return [(logs[i], slots[i]) for i in sorted(slots)]
+
+
+def _print_errors(errors: list[tuple[str, MemestError]]) -> None:
+    """Each log's error, one line on stderr (its message starts with the log's name)."""
+    for _, exc in errors:
+        typer.echo(f"Error: {cli_message(exc)}", err=True)

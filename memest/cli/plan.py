@@ -12,8 +12,8 @@ from typing import Annotated, Any, get_args
 
 import typer
 
-from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format, need_model
 from memest.api import ANY_ENGINE
+from memest.cli.app import JsonOpt, MarkdownOpt, ModelArg, _console, app, check_output_format, need_model
 from memest.cli.options import WORKLOAD_OPTIONS, JobOptions, flag_name, workload_options
 from memest.devices import GiB
 from memest.errors import InputError

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 
 from memest.devices import Device, Fleet
+from memest.errors import InputError
 from memest.estimate import runtime
 from memest.estimate.serving import estimate_serving
-from memest.errors import InputError
 from memest.estimate.training import estimate_training
 from memest.result import Estimate
 from memest.spec import ModelSpec

@@ -32,6 +32,50 @@ indices, sort permutation, ``perm // topk`` and inverse permutation; fp32 routin
 gathered copy."""
 
 
+COMPILED_RULES = """What inductor's partitioner saves between a compiled layer's forward and backward.
+
+torch 2.13.0 ``torch/_functorch/partitioners.py`` ``min_cut_rematerialization_partition`` saves a minimum cut of
+the joint graph, by bytes, under ``should_ban_recomputation``: a matmul or attention kernel is never recomputed
+(not in the recomputable allowlist), nor is a value a non-fusible op of the backward reads
+(``is_materialized_backwards``: the inputs of the weight-gradient matmuls), nor a reduction 4x smaller than
+its input (``ban_recompute_reductions``: a norm's rstd). Pointwise chains are recomputed from the cheapest
+saved values. For a pre-norm Llama layer (RMSNorm with its fp32 upcast, rotary, SDPA / flash attention,
+SwiGLU) that is, per token:
+
+- each RMSNorm: its input in the residual stream's dtype (r·h: the layer's input; for the second norm the
+  output projection's output, from which the residual is re-added) and its fp32 rstd (4 B), instead of
+  eager's fp32 upcast (4·h) and normalized input (r·h); its output (c·h) only when a matmul reads it in
+  backward (a trained linear or an adapter);
+- the attention block as eager's flash path: q and k after rotary, v, the kernel's output and logsumexp;
+- a gated MLP: the gate and up projections' outputs (c·i each) and, when the down projection trains or
+  carries an adapter, its input (c·i): the activation's output (SiLU(gate)) is recomputed;
+  a composite GELU keeps only its input.
+
+Measured on the CPU (``benchmarks/compile_measure.py``, ``benchmarks/compile_findings.md``): a
+bf16 layer with h 256, i 640, 8 heads, 2 KV heads keeps 10,536 B per token eager and 7,208 B compiled in
+full training, 7,752 and 5,448 B under LoRA (q, v adapters), as this rule gives. Under activation
+checkpointing each layer keeps its input and its rebuild in backward is the compiled layer's saved set.
+Eager attention's s x s tensors and the backward's gradients are taken as eager's."""
+
+
+FLOAT8_RULES = """What torchao float8 training saves (torchao 0.18.0 ``torchao/float8/float8_linear.py``).
+
+``matmul_with_hp_or_float8_args.forward`` saves the high-precision input and weight
+(``ctx.save_for_backward(input_hp, weight_hp_t)``) and its backward casts them to float8 again (for the
+grad-weight matmul, along the other axis under rowwise): eager float8 saves what a bf16 linear saves. Under
+torch.compile the backward's casts are graph ops reading the high-precision input through fusible ops (abs,
+amax, scale, clamp, convert), so that input is no longer materialized in backward
+(:data:`COMPILED_RULES`) and is recomputed where it is a pointwise function of saved tensors: the norms'
+outputs (from the saved residual and rstd) and the down projection's input (from the gate and up outputs)
+are not saved at all. The attention output, an attention kernel's output, is saved for that kernel's
+backward and its float8 cast for the output projection's grad-weight matmul (1 B per element) beside it.
+The partition of a bf16 Llama layer (h 256, i 640, 8 heads, 2 KV heads) listed by
+``benchmarks/compile_measure.py --list-partition`` keeps exactly that under both recipes, plus per-tensor
+(tensorwise) or per-column (rowwise) amax scalars, no per-token bytes; eager, the layer measured 10,536 B
+per token under both, as bf16 (``benchmarks/compile_findings.md``). Dynamic scaling keeps no amax
+history (torchao removed delayed scaling)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoraActivations:
     """What LoRA adapters add to a layer's saved tensors.
@@ -92,6 +136,21 @@ class Execution:
             ``torch.nn.functional.gelu(x, approximate=config.gelu_approximate)`` (``litgpt/model.py``,
             commit 00af8b0; phi-2's config sets ``gelu_approximate="tanh"``), one op where transformers'
             ``NewGELUActivation`` composes five.
+        litgpt_attention: litgpt's ``CausalSelfAttention`` and ``LoRAQKVLinear`` (``litgpt/model.py``,
+            ``litgpt/lora.py`` at commit 00af8b0), whatever the checkpoint's layout: one fused ``attn``
+            linear; under MHA Q, K, V are views of its output (``qkv.view(...).permute(...).split``, a
+            ``reshape`` that merges a size-1 dim) and the V view kept by the attention keeps the whole
+            output; under GQA / MQA K and V are ``expand``-ed to n_head and copied by ``reshape``; one LoRA
+            dropout for the fused linear (``F.linear(self.lora_dropout(x), self.lora_A)``); with some of
+            q, k, v adapted, ``zero_pad``'s ``index_copy_`` keeps its source (the adapted outputs); a gated
+            MLP is two linears (``LLaMAMLP`` ``fc_1``, ``fc_2``), each adapter with its own dropout, where the
+            checkpoint fuses ``gate_up_proj``; no residual or attention dropout.
+        unsloth_kernels: unsloth patched the decoder layers with its own autograd functions (its
+            ``get_peft_model`` with ``lora_dropout=0``): a layer every linear of which carries an adapter
+            keeps only what they save (:func:`_unsloth_layer`).
+        compiled: The layers run under torch.compile (inductor; :data:`COMPILED_RULES`).
+        float8: torchao float8 training of the trained linears: ``none``, ``tensorwise`` or ``rowwise``
+            (:data:`FLOAT8_RULES`).
     """
 
     compute_bytes: int
@@ -108,6 +167,16 @@ class Execution:
     quantized_outputs: bool = False
     saves_4bit_inputs: bool = False
     fused_gelu: bool = False
+    litgpt_attention: bool = False
+    unsloth_kernels: bool = False
+    compiled: bool = False
+    float8: str = "none"
+
+    @property
+    def float8_compiled(self) -> bool:
+        """The trained linears are torchao float8 linears under torch.compile: their backward recasts its
+        inputs from the recomputed high-precision input (:data:`FLOAT8_RULES`)."""
+        return self.compiled and self.float8 != "none" and self.lora is None
 
     def activation(self, name: str) -> str:
         """The MLP activation as the model code runs it: a composite GELU (``gelu_new`` ...) is one
@@ -222,6 +291,9 @@ def _norm(kind: str, width: int, x: Execution, *, weight_trains: bool, rows: int
         keep_input: False for a LayerNorm whose input another norm already keeps.
     """
     r = x.stream_bytes
+    if x.compiled and not x.fused_norms and kind != "layer":  # COMPILED_RULES: the fp32 copies are recomputed
+        return [*([Saved(f"{what} input", r * width, inside)] if keep_input else []),
+                Saved(f"{what} rstd", 4 * rows, inside)]
     if x.fused_norms or kind == "layer":
         stats = 8 if kind == "layer" else 4
         return [*([Saved(f"{what} input", r * width, inside)] if keep_input else []),
@@ -254,10 +326,21 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     if lora is None:
         if not trains:
             return []
+        if x.float8_compiled and itemsize is None:  # FLOAT8_RULES: a norm's output, recomputed and recast
+            return []
+        if cast and x.compiled:  # inductor makes the autocast copy once for all its readers
+            return [Saved(f"{what} (autocast copy)", x.compute_bytes * width, inside)]
         if cast:
             return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
         return [Saved(what, size * width, inside)]
     out: list[Saved] = []
+    joined: list[TensorSpec] = []  # adapted readers whose input copy another reader's adapter already made
+    if x.litgpt_attention:  # one LoRAQKVLinear for q, k, v: one dropout, one copy of its input
+        joined = [t for t in readers if t.component is Component.ATTENTION and t.split in (Split.COL, Split.KV)
+                  and lora.adapts(t)][1:]
+        # its gated MLP is two LoRALinears (LLaMAMLP fc_1, fc_2) where the checkpoint fuses gate_up (Phi-3)
+        readers += [t for t in readers if t.component is Component.MLP and t.module.endswith("gate_up_proj")
+                    and lora.adapts(t)]
     if x.saves_4bit_inputs and needs_grad:
         # bitsandbytes 0.42 MatMul4Bit keeps its (compute-dtype) input: one tensor for all readers
         c = x.compute_bytes
@@ -267,14 +350,16 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     for t in readers:
         if not lora.adapts(t):
             continue
-        if shared:
+        if t in joined:  # its lora_A rows are the joined adapter's: only their output (r per projection)
+            pass
+        elif shared:
             if not any(s.what == what for s in out):
                 out.append(Saved(what, size * width, inside))
         elif x.autocast:  # lora_A(dropout(x)): autocast's copy of (dropout's output of) the input
             out.append(Saved(f"{what} ({t.module} lora_A autocast copy)", x.compute_bytes * width, inside))
         else:
             out.append(Saved(f"{what} ({t.module} adapter-dtype copy)", lora.adapter_bytes * width, inside))
-        if lora.dropout > 0 and not shared:
+        if lora.dropout > 0 and not shared and t not in joined:
             out.append(Saved(f"{what} ({t.module} lora dropout mask)", x.mask_bytes * width, inside))
         # lora_B keeps A's output: at the compute dtype under autocast, else the adapters'
         out.append(Saved(f"{t.module} lora_A output", (x.compute_bytes if x.autocast else lora.adapter_bytes) * lora.rank,
@@ -323,7 +408,11 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
     if attn.kind != "gqa":
         return _read(input_what, input_width, input_readers, x)
     a, k, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
+    adapted = [t for t in attn_in if x.lora is not None and x.lora.adapts(t)]
     out = _read(input_what, input_width, input_readers, x)
+    if x.litgpt_attention and adapted and len(adapted) < len(attn_in):
+        out.append(Saved("zero_pad's index_copy_ source (the adapted q / k / v LoRA outputs)",
+                         sum(t.shape[0] for t in adapted) * c))
     blocks = 2 if attn.cross_attention else 1
     for norm_name, heads in (("q_norm", a), ("k_norm", k)):
         if attn.qk_norm != "none":
@@ -338,8 +427,9 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
                 out += _eager_scores(attn, seq_len, x)
             out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
         return out
-    kv = a if x.repeat_kv else k
-    fused = len(attn_in) == 1
+    kv = a if x.repeat_kv or (x.litgpt_attention and k != a) else k
+    # litgpt: the V view keeps the fused output under MHA; expanded K, V are copies under GQA / MQA
+    fused = k == a if x.litgpt_attention else len(attn_in) == 1
     for _ in range(blocks):
         if fused and attn.rope == "none" and attn.qk_norm == "none":
             out.append(Saved("fused QKV output (Q, K, V are views)", (a * d + kv * d + kv * dv) * c))
@@ -355,6 +445,8 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
             out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
         else:  # the output projection reads the kernel's output as a view (kept above) or adapts it
             out += _read("attention output", a * dv, out_readers, x, trains=False, inside=True, itemsize=c)
+            if x.float8_compiled and out_readers:  # beside the kernel's output its backward reads
+                out.append(Saved("attention output (float8 cast)", a * dv, True))
     return out
 
 
@@ -415,9 +507,12 @@ def _mla(layer: LayerSpec, x: Execution, by_name: dict[str, TensorSpec], attn_ou
 # ---- MLP ----
 
 
-def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product: bool) -> list[Saved]:
-    """Bytes per token of one MLP's intermediates (see the module docstring)."""
+def _intermediates(activation: str, gated: bool, i: int, c: int, *, keep_product: bool,
+                   compiled: bool = False) -> list[Saved]:
+    """Bytes per token of one MLP's intermediates (see the module docstring; ``compiled``: :data:`COMPILED_RULES`)."""
     product = [Saved("MLP product (down input)", i * c)] if keep_product else []
+    if compiled and activation not in ("swiglu_limit", "relu"):  # the activation's output is recomputed
+        return [Saved("activation input", i * c), *([Saved("up output", i * c)] if gated else []), *product]
     if activation == "swiglu_limit":
         # GptOssExperts._apply_gate holds the clamped up and the gated output in locals until it returns:
         # forward temporaries when autograd does not keep them
@@ -453,7 +548,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     if not mlp.is_moe:
         out += _read(input_what, input_width, input_readers, x)
         out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, m,
-                              keep_product=trains)
+                              keep_product=trains and not x.float8_compiled, compiled=x.compiled)
         out += _read("MLP product", mlp.intermediate_size, dense_out, x, trains=False, inside=True, itemsize=m)
         return out
     routers = _routers(layer)
@@ -466,7 +561,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     if trains:
         out.append(Saved("tokens gathered for their experts", topk * input_width * c))
     for s in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.intermediate_size, c,
-                            keep_product=trains):
+                            keep_product=trains, compiled=x.compiled):
         out.append(Saved(f"{s.what} x topk", topk * s.width, kept=s.kept))
     if any(t.name.endswith("gate_up_proj_bias") for t in layer.tensors):
         # grouped_mm_experts_forward's selected_biases = bias[expert_ids]: a local until the down projection
@@ -474,7 +569,7 @@ def _mlp(layer: LayerSpec, x: Execution, input_readers: list[TensorSpec], input_
     out.append(Saved("expert outputs (weighted by the routing weights)", topk * input_width * c))
     if mlp.num_shared_experts and mlp.shared_intermediate_size:
         out += _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, m,
-                              keep_product=trains)
+                              keep_product=trains, compiled=x.compiled)
         out += _read("shared experts' product", mlp.shared_intermediate_size, dense_out, x, trains=False,
                      inside=True, itemsize=m)
     return out
@@ -523,6 +618,8 @@ def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool
     """
     trains = x.lora is None
     lora = x.lora
+    if _unsloth_patched(layer, x):
+        return _unsloth_layer(layer, h, x)
     out: list[Saved] = []
     if x.hidden_dropout > 0:
         out += [Saved("attention dropout mask", x.mask_bytes * h, False), Saved("MLP dropout mask", x.mask_bytes * h, False)]
@@ -574,6 +671,55 @@ def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool
     out += norm("post-attention norm", after_attn)
     out += _tag("mlp", _mlp(layer, x, mlp_in, "post-attention norm output", h, mlp_active))
     return out
+
+
+def _unsloth_patched(layer: LayerSpec, x: Execution) -> bool:
+    """True when unsloth runs this layer with its own autograd functions: unsloth's ``patch_peft_model``
+    (``unsloth/models/llama.py``, commit c67183f, 2024-11-20) patches a layer's MLP with ``LoRA_MLP`` and its
+    attention with ``LoRA_QKV`` / ``LoRA_W`` only where ``lora_dropout == 0``, no base linear has a bias and
+    every projection of the block carries an adapter; memest takes the fast path for a pre-norm RMSNorm layer
+    with a dense gated MLP and plain GQA attention all of whose linears are adapted, and the module graph
+    otherwise (an upper bound for a partly patched layer)."""
+    lora = x.lora
+    if not x.unsloth_kernels or lora is None or lora.dropout > 0:
+        return False
+    attn, mlp = layer.attention, layer.mlp
+    if (layer.norm_position != "pre" or layer.parallel_residual or layer.norm == "layer" or attn.kind != "gqa"
+            or attn.qk_norm != "none" or attn.cross_attention or mlp.is_moe or not mlp.gated):
+        return False
+    linears = [t for t in layer.tensors if t.component in (Component.ATTENTION, Component.MLP) and t.is_linear_weight]
+    biased = any(t.name.endswith("bias") for t in layer.tensors if t.component in (Component.ATTENTION, Component.MLP))
+    return bool(linears) and not biased and all(lora.adapts(t) for t in linears)
+
+
+def _unsloth_layer(layer: LayerSpec, h: int, x: Execution) -> list[Saved]:
+    """What a layer run by unsloth's kernels keeps for backward, per token (``unsloth/kernels`` at commit
+    c67183f, 2024-11-20):
+
+    - ``Fast_RMS_Layernorm`` (``rms_layernorm.py``) ``ctx.save_for_backward(X, W, r)``: its input itself (the
+      layer input, the checkpoint brought back, and the residual after attention) and an fp32 rstd per row;
+    - ``LoRA_QKV`` (``fast_lora.py``) ``save_for_backward(X, QA, QB, KA, KB, VA, VB)``: the input norm's output
+      once, the adapters' casts made inside the function; its Q, K, V outputs, which ``fast_rope_embedding``
+      rotates in place and ``flash_attn_func`` keeps with its output and logsumexp (grouped K, V unrepeated);
+    - ``LoRA_W`` (the o_proj) ``save_for_backward(A, B, X)``: X is ``A.reshape(bsz, q_len, n_heads*head_dim)``
+      of the kernel's output, a view (``models/llama.py`` ``LlamaAttention_fast_forward``);
+    - ``LoRA_MLP`` ``save_for_backward(..., X, e, g)``: the post-attention norm's output, the gate and up
+      outputs; the activation's output ``h`` is a temporary until the down projection.
+    """
+    attn, mlp = layer.attention, layer.mlp
+    c = x.compute_bytes
+    a, k, d, dv, i = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim, mlp.intermediate_size
+    r = x.stream_bytes
+    attention = [Saved("input norm rstd (fp32)", 4, False), Saved("input norm output (LoRA_QKV's X)", r * h, False),
+                 Saved("q after in-place rotary", a * d * c), Saved("k after in-place rotary", k * d * c),
+                 Saved("v", k * dv * c), Saved("attention output (LoRA_W's X is a view)", a * dv * c),
+                 Saved("logsumexp (fp32)", LSE_BYTES * a)]
+    mlp_saved = [Saved("residual after attention (the post-attention norm's X)", r * h, False),
+                 Saved("post-attention norm rstd (fp32)", 4, False),
+                 Saved("post-attention norm output (LoRA_MLP's X)", r * h, False),
+                 Saved("gate output e", i * c), Saved("up output g", i * c),
+                 Saved("activation output h (until the down projection)", i * c, kept=False)]
+    return _tag("attention", attention) + _tag("mlp", mlp_saved)
 
 
 def _tag(block: str, tensors: list[Saved]) -> list[Saved]:
@@ -646,6 +792,16 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
     """
     c = x.compute_bytes
     mlp = layer.mlp
+    if _unsloth_patched(layer, x):
+        # LoRA_MLP.backward: DW = matmul_lora(dY, downW.t(), ...) is the one new i-wide tensor; the SwiGLU /
+        # GEGLU backward writes h, df, de into DW, e, g in place and dX goes into X (``out = X``, inplace=True).
+        # unsloth's checkpointer (unsloth_zoo ``gradient_checkpointing.py``, commit 44a919cd,
+        # ``Unsloth_Offloaded_Gradient_Checkpointer.backward``) holds the rebuilt layer's ``output`` through
+        # ``torch.autograd.backward(output, dY)``: r·h more (its only path: unsloth's stack always checkpoints)
+        return _total((Saved("output gradient", x.stream_bytes * hidden, False),
+                       Saved("the rebuilt layer's output (held by unsloth's checkpointer)", x.stream_bytes * hidden,
+                             False),
+                       Saved("backward gradients (LoRA_MLP's DW)", mlp.intermediate_size * c)))
     width = mlp.intermediate_size * (mlp.num_experts_per_tok or 1)
     product_kept = x.lora is None
     if mlp.gated:
@@ -661,7 +817,7 @@ def backward_transient(layer: LayerSpec, *, seq_len: int, x: Execution, hidden: 
         mlp_part = max(mlp_part - routed * c, routed * (3 * x.routing_bytes + c))
         if mlp.num_shared_experts:  # the shared experts run after the routed ones: their backward is done
             mlp_part -= sum(t.width for t in _intermediates(x.activation(mlp.activation), mlp.gated, mlp.shared_intermediate_size, x.mlp_bytes,
-                                                            keep_product=product_kept) if t.kept)
+                                                            keep_product=product_kept, compiled=x.compiled) if t.kept)
     norm_part = 0.0
     if layer.norm_position in ("post", "sandwich") and layer.norm != "layer":
         normalized = (4 if layer.norm == "rms_fp32" else x.stream_bytes) * hidden if x.lora is None else 0

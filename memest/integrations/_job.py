@@ -190,6 +190,7 @@ def optimizer_value(optimizer: Any) -> tuple[str | None, list[str]]:
             return None, [f"SGD with momentum {defaults['momentum']} is not modelled (memest's sgd keeps no state)"]
         return "sgd", []
     by_name = {"Adafactor": "adafactor", "AdamW8bit": "adamw8bit", "PagedAdamW8bit": "paged_adamw8bit",
+               "PagedAdamW": "paged_adamw32bit", "PagedAdamW32bit": "paged_adamw32bit",
                "Lion": "lion", "Lion32bit": "lion"}
     if kind in by_name:
         return by_name[kind], []

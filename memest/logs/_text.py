@@ -10,6 +10,13 @@ from memest.logs.record import Logged
 NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 """A printed number, thousands separators allowed (``476,016``, ``14.99``)."""
 
+GAP = r".{0,500}?"
+r"""The words between a line's lead and the figure it reads (``Load weight end. ... mem usage=``): at most
+500 characters of the same line. Every pattern here runs in time linear in the log: a gap, a name or a
+value between a literal and what follows it is bounded or of a class its neighbours exclude, never two
+unbounded quantifiers over the same characters (``\s*[(=]?\s*``), never a line's scan repeated from each
+of many leads on it (a pasted log is untrusted text: ``memest serve`` reads it)."""
+
 UNITS = {"gib": GiB, "gb": GiB, "mib": MiB, "mb": MiB}
 """Units as the engines print them. vLLM's and SGLang's 'GB' and llama.cpp's 2023 'MB' are binary
 (bytes / 2^30, / 2^20: the engines divide by powers of two), so every unit here is."""

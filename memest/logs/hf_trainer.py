@@ -63,7 +63,7 @@ def _metrics(text: str) -> tuple[dict[str, int], dict[str, str], dict[str, Any]]
     out: dict[str, int] = {}
     lines: dict[str, str] = {}
     for key in KEYS:
-        m = first(rf"^\s*{key}\s*=\s*(-?\d+)\s*MB\s*$", text, re.MULTILINE)
+        m = first(rf"^[ \t]*{key}\s*=\s*(-?\d+)\s*MB\s*$", text, re.MULTILINE)
         if m is not None:
             out[key] = int(m.group(1)) * MiB
             lines[key] = m.group(0).strip()

@@ -68,7 +68,7 @@ def _settings(text: str) -> tuple[dict[str, Any], str | None, str | None]:
         int(n) for n in re.findall(r"CUDA(\d+) model buffer size", text)}
     if len(gpus) > 1:
         out["gpus"] = len(gpus)
-    gpu = first(r"using device CUDA0 \(([^)]+)\)", text) or first(r"Device 0: ([^,\n]+),", text)
+    gpu = first(r"using device CUDA0 \(([^)\n]{1,200})\)", text) or first(r"Device 0: ([^,\n]{1,200}),", text)
     model = first(r"(?:--model|\s-m)\s+(\S+)", text)
     return out, gpu.group(1).strip() if gpu else None, model.group(1) if model else None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memest.logs._text import NUMBER, count_figure, first, keep, line_of, nbytes, size_figure
+from memest.logs._text import GAP, NUMBER, count_figure, first, keep, line_of, nbytes, size_figure
 from memest.logs.record import EngineLog, Logged
 
 FIGURE_LINES = ("Load weight end", "KV Cache is allocated", "max_total_num_tokens=")
@@ -54,7 +54,7 @@ def _server_args(text: str) -> tuple[dict[str, Any], str | None]:
     m = first(r"server_args=ServerArgs\((.*)", text)  # to the end of the line: excerpts cut it short
     if m is None:
         return {}, None
-    args = {k: _value(v.rstrip(")")) for k, v in re.findall(r"(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", m.group(1))}
+    args = {k: _value(v.rstrip(")")) for k, v in re.findall(r"\b(\w+)=('[^']*'|\"[^\"]*\"|[^,]+)", m.group(1))}
     settings = {name: args[key] for key, name in SERVER_ARGS.items() if args.get(key) is not None}
     if args.get("dtype") not in (None, "auto"):
         settings["dtype"] = args["dtype"]
@@ -65,15 +65,15 @@ def parse(text: str) -> EngineLog:
     """The job and the figures of an SGLang start-up log."""
     settings, model = _server_args(text)
     figures: dict[str, Logged | None] = {}
-    usage = size_figure(rf"Load weight end\..*?mem usage={SIZE}", text)
-    begin, end = first(rf"Load weight begin\..*?avail mem={SIZE}", text), first(rf"Load weight end\..*?avail mem={SIZE}", text)
+    usage = size_figure(rf"Load weight end\.{GAP}mem usage={SIZE}", text)
+    begin, end = first(rf"Load weight begin\.{GAP}avail mem={SIZE}", text), first(rf"Load weight end\.{GAP}avail mem={SIZE}", text)
     if usage is None and begin is not None and end is not None:
         usage = Logged(nbytes(begin.group(1), begin.group(2)) - nbytes(end.group(1), end.group(2)), "bytes",
                        f"{line_of(text, begin)} / {line_of(text, end)}")
     figures["weights"] = usage
-    figures["k_size"] = size_figure(rf"KV Cache is allocated\..*?K size: {SIZE}", text)
-    figures["v_size"] = size_figure(rf"KV Cache is allocated\..*?V size: {SIZE}", text)
+    figures["k_size"] = size_figure(rf"KV Cache is allocated\.{GAP}K size: {SIZE}", text)
+    figures["v_size"] = size_figure(rf"KV Cache is allocated\.{GAP}V size: {SIZE}", text)
     figures["kv_cache_tokens"] = (count_figure(rf"max_total_num_tokens={NUMBER}", text, "tokens")
-                                  or count_figure(rf"KV Cache is allocated\..*?#tokens: {NUMBER}", text, "tokens"))
-    figures["context_len"] = count_figure(rf"max_total_num_tokens=.*?context_len={NUMBER}", text, "tokens")
+                                  or count_figure(rf"KV Cache is allocated\.{GAP}#tokens: {NUMBER}", text, "tokens"))
+    figures["context_len"] = count_figure(rf"max_total_num_tokens={GAP}context_len={NUMBER}", text, "tokens")
     return EngineLog(engine="sglang", format="SGLang", model=model, settings=settings, figures=keep(figures))

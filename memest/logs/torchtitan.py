@@ -31,14 +31,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memest.logs._text import NUMBER, first, keep, last, line_of, nbytes, number, size_figure
+from memest.logs._text import GAP, NUMBER, first, keep, last, line_of, nbytes, number, size_figure
 from memest.logs.record import EngineLog, Logged
 
 FIGURE_LINES = ("step: N  loss: ...  memory: X GiB(Y%)", "memory usage for model")
 """The lines of figures named when a log has none of them."""
 
-MARKERS = (r"\[titan\]", r"torchtitan", r"\bstep:\s*\d+\s+loss:.*memory:\s*[0-9.]+GiB\(",
-           r"(?:CUDA|XPU|ROCM) capacity: .* with [0-9.]+GiB memory")
+MARKERS = (r"\[titan\]", r"torchtitan", rf"\bstep:\s*\d+\s+loss:{GAP}memory:\s*[0-9.]+GiB\(",
+           rf"(?:CUDA|XPU|ROCM) capacity: {GAP} with [0-9.]+GiB memory")
 
 FLAVORS: dict[str, str] = {"llama3 8B": "meta-llama/Llama-3.1-8B", "llama3 70B": "meta-llama/Llama-3.1-70B",
                            "llama3 405B": "meta-llama/Llama-3.1-405B", "llama2 7B": "meta-llama/Llama-2-7b-hf",
@@ -148,10 +148,10 @@ def parse(text: str) -> EngineLog:
     if first(r"Applied DDP to the model", text) and settings.get("gpus", 1) > 1:
         notes.append("torchtitan applied DDP: memest estimates its stack's FSDP2 recipe over the same devices")
     model = first(r"Model (\S+ \S+?) size: [0-9,]+ total parameters", text)
-    built = first(r"Building (\w+) (\S+) with (?:Transformer)?ModelArgs\((.*)\)", text)
+    built = first(r"Building (\w+) (\S+) with (?:Transformer)?ModelArgs\((.{0,4000})\)", text)
     config = llama_config(_args(built.group(3))) if built is not None and built.group(1) in ("llama2", "llama3") else None
     name = model.group(1) if model else (f"{built.group(1)} {built.group(2)}" if built else None)
-    capacity = first(rf"(?:CUDA|XPU|ROCM) capacity: (.+?) with {NUMBER}(GiB) memory", text)
+    capacity = first(rf"(?:CUDA|XPU|ROCM) capacity: (.{{1,200}}?) with {NUMBER}(GiB) memory", text)
     figures: dict[str, Logged | None] = {
         "init_reserved": size_figure(rf"memory usage for model: {NUMBER}(GiB)", text),
         "peak_reserved": _peak(text),
@@ -166,7 +166,7 @@ def parse(text: str) -> EngineLog:
 def _peak(text: str) -> Logged | None:
     """The largest ``memory: X GiB(Y%)`` of the training steps' lines (not the validation steps')."""
     best: tuple[float, re.Match[str]] | None = None
-    for m in re.finditer(rf"(?<!validate )step:\s*\d+\s+loss:[^\n]*?memory:\s*{NUMBER}GiB\(", text):
+    for m in re.finditer(rf"(?<!validate )step:\s*\d+\s+loss:{GAP}memory:\s*{NUMBER}GiB\(", text):
         value = number(m.group(1))
         if best is None or value > best[0]:
             best = (value, m)

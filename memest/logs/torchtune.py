@@ -45,7 +45,7 @@ BUILDERS: dict[str, str] = {
 """torchtune model builders (``torchtune/models/<family>/_model_builders.py``; ``lora_`` / ``qlora_``
 prefixes stripped) -> the Hub model whose checkpoint their configs load."""
 
-OPTIMIZERS = {"PagedAdamW8bit": "paged_adamw8bit", "AdamW8bit": "adamw8bit", "PagedAdamW": "adamw", "SGD": "sgd"}
+OPTIMIZERS = {"PagedAdamW8bit": "paged_adamw8bit", "AdamW8bit": "adamw8bit", "PagedAdamW": "paged_adamw32bit", "SGD": "sgd"}
 """torchtune configs' ``optimizer._component_`` classes (``torch.optim``, ``bitsandbytes.optim``, ``torchao.optim``)
 -> memest's optimizer (torch AdamW: ``adamw``, with ``fused: True`` ``adamw_fused``)."""
 

@@ -96,7 +96,7 @@ def _settings(text: str) -> dict[str, Any]:
     quant = first(r"\bQuantization:\s+(\w+)", text)
     if quant is not None and quant.group(1).lower() not in ("none", "null"):
         out["quantization"] = quant.group(1).lower()
-    dtype = first(r"^\s*Dtype:\s+(\w+)", text, re.MULTILINE)
+    dtype = first(r"^[ \t]*Dtype:\s+(\w+)", text, re.MULTILINE)
     if dtype is not None and dtype.group(1).lower() in DTYPES:
         out["dtype"] = DTYPES[dtype.group(1).lower()]
     return out
@@ -144,7 +144,7 @@ def parse(text: str) -> EngineLog:
     total = (last(rf"device total memory {SIZE}", text)
              or last(rf"Memory usage when calculating max tokens in paged kv cache: total: {SIZE}", text))
     version = last(r"TensorRT-LLM [Vv]ersion:?\s+(\d[\w.+-]*)", text)
-    model = first(r"^\s*Model:\s+(\S+)", text, re.MULTILINE)
+    model = first(r"^[ \t]*Model:\s+(\S+)", text, re.MULTILINE)
     return EngineLog(
         engine="trtllm", format="TensorRT-LLM PyTorch backend" if torch_backend else "TensorRT-LLM C++ runtime",
         version=version.group(1) if version else None, model=model.group(1) if model else None,

@@ -7,6 +7,8 @@ Lines read (the worker's memory profile, the KV-cache manager, the engine's conf
 - ``Memory profiling takes ... Total non KV cache memory: X; torch peak memory increase: X;
   non-torch forward increase memory: X`` (V1), or the V0 profile (``non_torch_memory``, ``PyTorch
   activation peak memory``, ``the rest of the memory reserved for KV Cache is X``, ``kv_cache_size=X``);
+- the activation peak of 0.6.4's ``Memory profiling results: ... peak_torch_memory=X`` (weights included:
+  :data:`PEAK_TORCH`) less the weights line;
 - ``Available KV cache memory: X GiB``, ``GPU KV cache size: N tokens``, ``# GPU blocks: N``,
   ``Maximum concurrency for L tokens per request: Nx``;
 - the engine line ``Initializing a V1 LLM engine (v0.19.0) with config: model=..., dtype=...,
@@ -22,7 +24,7 @@ import ast
 import re
 from typing import Any
 
-from memest.logs._text import NUMBER, count_figure, first, keep, line_of, nbytes, number, size_figure
+from memest.logs._text import GAP, NUMBER, count_figure, first, keep, line_of, nbytes, number, size_figure
 from memest.logs.record import EngineLog, Logged
 
 FIGURE_LINES = ("Model loading took", "Available KV cache memory", "GPU KV cache size")
@@ -39,8 +41,8 @@ PATTERNS: dict[str, tuple[str, ...]] = {
                 rf"weights memory: {SIZE}"),
     "activation_peak": (rf"torch peak memory increase: {SIZE}", rf"PyTorch activation peak memory(?: takes)?\s+{SIZE}"),
     "non_torch": (rf"non-torch forward increase memory: {SIZE}", rf"non_torch_memory takes {SIZE}",
-                  rf"non_torch_memory\s+{SIZE}", rf"Memory profiling results:.*?non_torch_memory={SIZE}"),
-    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]*=\s*{SIZE}",
+                  rf"non_torch_memory\s+{SIZE}", rf"Memory profiling results:{GAP}non_torch_memory={SIZE}"),
+    "requested": (rf"Requested memory: [0-9.]+ \(util\), {SIZE}", rf"the current vLLM instance can use [^=\n]{{0,500}}=\s*{SIZE}",
                   rf"the current vLLM instance can use\s+{SIZE}"),
     "non_kv": (rf"Total non KV cache memory: {SIZE}",),
     "kv_cache_memory": (rf"Available KV cache memory: {SIZE}", rf"available_kv_cache_memory\s+{SIZE}",
@@ -53,10 +55,18 @@ COUNTS: dict[str, tuple[str, str]] = {
     "kv_cache_blocks": (rf"(?:(?:#\s*)?(?:GPU|CUDA) blocks: |num_gpu_blocks is: ){NUMBER}", "blocks"),
 }
 
+PEAK_TORCH = rf"Memory profiling results:{GAP}peak_torch_memory={SIZE}"
+"""vLLM 0.6.4's profile line (``Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB
+peak_torch_memory=17.06GiB ...``). Its ``peak_torch_memory`` is torch's ``allocated_bytes.all.peak`` over the
+profile run, counted from ``reset_peak_memory_stats()`` with the weights already loaded, so weights plus the
+activation peak (vllm/worker/worker.py ``determine_num_available_blocks`` of the 0.6.4 line, which logs it as
+``(peak_memory - non_torch_allocations)``, ``peak_memory`` being that allocator peak plus the non-torch bytes);
+0.6.5 prints the activation peak itself (``PyTorch activation peak memory``)."""
+
 CONCURRENCY = rf"Maximum concurrency for {NUMBER} tokens per request: {NUMBER}x"
 ENGINE_LINE = r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\) with config: (.*)"
-TOTAL = (rf"total_memory={SIZE}", rf"total_gpu_memory\s*[(=]?\s*{SIZE}")
-UTILIZATION = (r"Requested memory: ([0-9.]+) \(util\)", r"gpu_memory_utilization\s*[(=]?\s*([0-9.]+)")
+TOTAL = (rf"total_memory={SIZE}", rf"total_gpu_memory\s*(?:[(=]\s*)?{SIZE}")
+UTILIZATION = (r"Requested memory: ([0-9.]+) \(util\)", r"gpu_memory_utilization\s*(?:[(=]\s*)?([0-9.]+)")
 
 SERVE_FLAGS: dict[str, str] = {
     "tensor-parallel-size": "tp", "tp": "tp", "pipeline-parallel-size": "pp", "pp": "pp",
@@ -103,12 +113,19 @@ def _config_value(config: str, key: str) -> str | None:
 
 def _non_default_args(text: str) -> dict[str, Any]:
     """The ``non-default args: {...}`` dict (empty when absent or not a plain literal)."""
-    m = first(r"non-default args: (\{.*\})", text)
-    if m is None:
+    lead = "non-default args: {"
+    at = text.find(lead)
+    while at >= 0:  # the first such line holding its closing brace (found by str methods: linear on any text)
+        end = text.find("\n", at)
+        line = text[at + len(lead) - 1:end if end >= 0 else len(text)]
+        if "}" in line:
+            break
+        at = text.find(lead, end) if end >= 0 else -1
+    if at < 0:
         return {}
     try:
-        value = ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
+        value = ast.literal_eval(line[:line.rindex("}") + 1])
+    except (ValueError, SyntaxError, RecursionError, MemoryError):
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -177,6 +194,10 @@ def parse(text: str) -> EngineLog:
         figures[key] = next((f for f in (size_figure(p, text) for p in patterns) if f is not None), None)
     for key, (pattern, unit) in COUNTS.items():
         figures[key] = count_figure(pattern, text, unit)
+    peak = size_figure(PEAK_TORCH, text)
+    if figures["activation_peak"] is None and peak is not None and figures["weights"] is not None:
+        # 0.6.4: the activation peak is the torch peak less the weights (PEAK_TORCH), both as the log prints them
+        figures["activation_peak"] = Logged(peak.value - figures["weights"].value, "bytes", peak.line)
     c = first(CONCURRENCY, text)
     if c is not None:
         figures["max_concurrency"] = Logged(number(c.group(2)), "x", line_of(text, c))

@@ -50,8 +50,9 @@ class Verdict:
         device: The accelerator.
         count: Devices in the job.
         headroom: Share of memory kept free (``--headroom``).
-        needed_bytes: Per-device device-used estimate (the rank that needs the most); for the
-            engines of :data:`UPFRONT_ENGINES`, what the started engine holds.
+        needed_bytes: Per-device device-used estimate (the rank that needs the most), less the paged
+            optimizer states the driver evicts when the device fills (:attr:`RankEstimate.required_bytes`);
+            for the engines of :data:`UPFRONT_ENGINES`, what the started engine holds.
         high_bytes: Upper edge of its band.
         headroom_applied: False for :data:`UPFRONT_ENGINES`, whose fraction sets their share instead.
         blocker: For those engines, why it would not serve the job although its memory fits; None otherwise.
@@ -131,7 +132,8 @@ def device_verdicts(est: Estimate, fleet: Fleet, headroom: float) -> tuple[Verdi
     if not fleet.mixed or (s is not None and s.engine in UPFRONT_ENGINES) or len(est.ranks) != count:
         binding = next((d for d in fleet.devices if d.name == est.extra.get("fleet_binding")), fleet.smallest)
         return (verdict(est, binding, count, headroom),)
-    return tuple(Verdict(d, count, headroom, r.device_used_bytes, r.high_bytes) for d, r in zip(fleet.devices, est.ranks))
+    return tuple(Verdict(d, count, headroom, r.required_bytes, r.required_high_bytes)
+                 for d, r in zip(fleet.devices, est.ranks))
 
 
 def verdict(est: Estimate, device: Device | Fleet, count: int, headroom: float) -> Verdict:
@@ -155,4 +157,4 @@ def verdict(est: Estimate, device: Device | Fleet, count: int, headroom: float) 
                        held_sequences=s.held_sequences, asked_sequences=s.batch_size,
                        sequence_tokens=s.max_model_len)
     rank = est.per_device
-    return Verdict(device, count, headroom, rank.device_used_bytes, rank.high_bytes)
+    return Verdict(device, count, headroom, rank.required_bytes, rank.required_high_bytes)

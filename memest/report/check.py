@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from memest.check import Check, Row
+from memest.check import Check, Row, logged_device
 from memest.report import size
-from memest.result import Kind
 from memest.report.tables import Narrowest, name_col, new_table, number_col
+from memest.result import Kind
 
 
 def value(n: float, unit: str) -> str:
@@ -60,7 +60,8 @@ def gap_line(c: Check) -> str:
 def _header(c: Check) -> str:
     version = f" {c.log.version}" if c.log.version else ""
     arithmetic = f", memest's {c.log.engine} {c.engine_version} arithmetic" if c.engine_version else ""
-    return f"{c.name}: {c.log.format}{version} log · {c.model} on {c.device.name}{arithmetic}"
+    device = f"the logged device ({size(c.device.memory_bytes)})" if logged_device(c.device) else c.device.name
+    return f"{c.name}: {c.log.format}{version} log · {c.model} on {device}{arithmetic}"
 
 
 def render_check(c: Check) -> Any:

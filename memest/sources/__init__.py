@@ -12,7 +12,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memest.errors import InputError, UnknownModelError, UnsupportedArchitectureError
+from memest.errors import (
+    ConfigError,
+    InputError,
+    MissingDependencyError,
+    UnknownModelError,
+    UnsupportedArchitectureError,
+)
 from memest.sources import catalog
 from memest.sources.config import HFConfig, check_parameter_count, validate_fields
 from memest.sources.families import ADAPTERS, supported_model_types
@@ -53,8 +59,7 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     hit = catalog.resolve(ref)
     if hit is not None:
         if revision is None:
-            return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note,
-                            code_from=hit.model_id)
+            return _from_catalog(hit)
         why = "the Hub is offline (HF_HUB_OFFLINE)"
         if not hub_offline():
             try:
@@ -77,6 +82,17 @@ def load_config(reference: str, *, revision: str | None = None) -> HFConfig:
     matches = catalog.close_matches(ref)
     hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
     raise UnknownModelError(f"unknown model {ref!r}: {why}{hint} (list the catalog with 'memest models')")
+
+
+def catalog_config(reference: str) -> HFConfig | None:
+    """The config of the catalog entry ``reference`` names, read from the package's catalog only (never a
+    path on this machine, never the Hub), or None when no entry matches."""
+    hit = catalog.resolve(reference)
+    return None if hit is None else _from_catalog(hit)
+
+
+def _from_catalog(hit: catalog.CatalogHit) -> HFConfig:
+    return HFConfig(catalog.load(hit), name=hit.model_id, source="catalog", note=hit.note, code_from=hit.model_id)
 
 
 def config_from_data(raw: Any, *, name: str = "config.json") -> HFConfig:
@@ -141,9 +157,10 @@ def _spec_on_meta(cfg: HFConfig, *, trust_remote_code: bool, notice: Notice | No
         raise UnsupportedArchitectureError(str(exc)) from exc
     try:
         return cached_spec(cfg, lambda: meta.spec_from_meta(cfg, trust_remote_code=trust_remote_code),
-                           trust_remote_code=trust_remote_code, notice=notice)
-    except UnsupportedArchitectureError:
-        raise
+                           trust_remote_code=trust_remote_code, notice=notice,
+                           check=lambda: meta.check_buildable(cfg, trust_remote_code=trust_remote_code))
+    except (UnsupportedArchitectureError, ConfigError, MissingDependencyError):
+        raise  # memest's own refusals (check_buildable's among them) say what to fix as they are
     except Exception as exc:
         raise UnsupportedArchitectureError(
             f"model_type {cfg.model_type!r} of {cfg.name!r} has no analytic adapter "

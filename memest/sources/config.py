@@ -245,8 +245,13 @@ def validate_fields(cfg: HFConfig) -> None:
     for part in _parts(cfg):
         raw = part.raw
         for key in (*LAYER_COUNT_KEYS, *_SIZE_KEYS):
-            if raw.get(key) is not None:
-                checked_int(raw[key], f"config of {cfg.name!r}: {key!r}", minimum=1 if key in _POSITIVE_KEYS else 0,
+            if raw.get(key) is None:
+                continue
+            # Gemma 3n writes intermediate_size as one width per layer (Gemma3nTextConfig)
+            values = raw[key] if key == "intermediate_size" and isinstance(raw[key], list) and raw[key] else [raw[key]]
+            for n, value in enumerate(values):
+                what = f"{key!r}" if len(values) == 1 and values[0] is raw[key] else f"'{key}[{n}]'"
+                checked_int(value, f"config of {cfg.name!r}: {what}", minimum=1 if key in _POSITIVE_KEYS else 0,
                             maximum=size_bound(key))
         if raw.get("rope_theta") is not None:
             _positive_number(raw["rope_theta"], f"config of {cfg.name!r}: 'rope_theta'")

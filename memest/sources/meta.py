@@ -94,23 +94,11 @@ def build_on_meta(
     """
     torch, transformers = _import_torch_transformers()
     from transformers import AutoConfig
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = cfg.model_type
     arch = architecture or cfg.architecture
     dtype = _dtype(cfg, torch)
-    if model_type not in CONFIG_MAPPING:
-        if not cfg.has("auto_map"):
-            raise UnsupportedArchitectureError(
-                f"model_type {model_type!r} of {cfg.name!r} is unknown to transformers {transformers.__version__} "
-                "and the config names no remote code (auto_map); upgrade transformers or pass a supported model"
-            )
-        if not trust_remote_code:
-            raise UnsupportedArchitectureError(
-                f"model_type {model_type!r} of {cfg.name!r} is not in transformers {transformers.__version__}; "
-                "its config points to code in the model repository (auto_map): pass {trust_remote_code} to run it",
-                field="trust_remote_code"
-            )
+    if not _check_buildable(cfg, transformers, trust_remote_code=trust_remote_code):
         return _build_remote(cfg, torch, transformers, arch, dtype)
 
     raw = {k: v for k, v in cfg.raw.items() if k not in ("model_type", "auto_map")}
@@ -122,6 +110,46 @@ def build_on_meta(
             return getattr(transformers, auto_name).from_config(config, dtype=dtype)
     with torch.device("meta"):
         return cls._from_config(config, dtype=dtype)
+
+
+def check_buildable(cfg: HFConfig, *, trust_remote_code: bool) -> None:
+    """Refuse, before anything is built, a config :func:`spec_from_meta` would refuse: a ``layer_types``
+    entry memest does not know, a model_type transformers lacks without remote code (``auto_map``), or
+    remote code without ``trust_remote_code``. Callers run it before saying that a build starts, so a
+    refused model gets its one-line error and nothing else.
+
+    Raises:
+        ConfigError, UnsupportedArchitectureError, MissingDependencyError: as :func:`spec_from_meta`.
+    """
+    _check_layer_types(cfg.text)
+    _, transformers = _import_torch_transformers()
+    _check_buildable(cfg, transformers, trust_remote_code=trust_remote_code)
+
+
+def _check_buildable(cfg: HFConfig, transformers: Any, *, trust_remote_code: bool) -> bool:
+    """True when transformers ships the model_type; False when it runs remote code the user allowed.
+
+    Raises:
+        UnsupportedArchitectureError: transformers lacks the model_type and the config names no remote
+            code, or names it without ``trust_remote_code``.
+    """
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = cfg.model_type
+    if model_type in CONFIG_MAPPING:
+        return True
+    if not cfg.has("auto_map"):
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} of {cfg.name!r} is unknown to transformers {transformers.__version__} "
+            "and the config names no remote code (auto_map); upgrade transformers or pass a supported model"
+        )
+    if not trust_remote_code:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} of {cfg.name!r} is not in transformers {transformers.__version__}; "
+            "its config points to code in the model repository (auto_map): pass {trust_remote_code} to run it",
+            field="trust_remote_code"
+        )
+    return False
 
 
 def _auto_class_name(arch: str, config: Any) -> str:
@@ -681,20 +709,23 @@ def _ssm_dtype(value: Any) -> str | None:
 
 _COMPONENT_RULES: tuple[tuple[re.Pattern[str], Component], ...] = (
     (
-        re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"),
+        re.compile(r"vision|visual|image|patch|multi_modal|mm_|audio|pooler|classifier|score\.|qa_outputs"
+                   r"|altup|laurel"),  # Gemma 3n's AltUp and LAuReL blocks
         Component.OTHER,
     ),
     (re.compile(r"experts?\.\d+\.|(^|\.)experts\.|routed"), Component.EXPERTS),  # Gemma 4: a layer's own experts
     (re.compile(r"router|\.gate\.(weight|bias)|e_score_correction|shared_expert_gate"), Component.ROUTER),
-    (re.compile(r"norm|\bln_|\.ln\d|layernorm|LayerNorm"), Component.NORM),
+    (re.compile(r"norm|\bln_|(^|\.)ln\d|(^|\.)pre_ln\.|layernorm|LayerNorm"), Component.NORM),  # RWKV: ln1, pre_ln
     # state-space mixers; Nemotron-H names every block's module "mixer", its attention and MLPs too
     (re.compile(r"mamba|ssm|A_log|(^|\.)D$|mixer\.(?!(q_proj|k_proj|v_proj|o_proj|up_proj|down_proj|shared_experts"
                 r"|fc\d_latent_proj)\b)"), Component.OTHER),
-    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out"), Component.LM_HEAD),
+    (re.compile(r"lm_head|\.decoder\.weight$|output_projection|embed_out|predictions|project_out|^head\.weight$"),
+     Component.LM_HEAD),  # RWKV: head
     (
         re.compile(r"embed|wte|wpe|word_embeddings|position_embeddings|token_type|shared\.weight|project_in"),
         Component.EMBEDDING,
     ),
+    (re.compile(r"(^|\.)feed_forward\."), Component.MLP),  # RWKV's channel mix has a key and a value
     (
         re.compile(r"attn|attention|q_proj|k_proj|v_proj|o_proj|query|key|value|qkv|sinks", re.IGNORECASE),
         Component.ATTENTION,

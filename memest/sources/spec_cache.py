@@ -104,12 +104,14 @@ def cache_key(raw: dict[str, Any], *, trust_remote_code: bool, transformers: str
 
 
 def cached_spec(cfg: Any, build: Callable[[], ModelSpec], *, trust_remote_code: bool,
-                notice: Notice | None = None) -> ModelSpec:
+                notice: Notice | None = None, check: Callable[[], None] | None = None) -> ModelSpec:
     """The spec of ``cfg`` (an :class:`~memest.sources.config.HFConfig`) from the cache, else ``build()``'s,
     stored for the next call.
 
     ``build`` runs (and the notice says so) when the cache is off, the file is missing or unreadable,
-    or the config runs remote code (never cached). Its errors propagate; nothing is stored then.
+    or the config runs remote code (never cached). ``check`` runs first and raises for a config ``build``
+    would refuse (:func:`memest.sources.meta.check_buildable`), so a refused config gets no notice of a
+    build that never happens. Errors of both propagate; nothing is stored then.
     """
     version = transformers_version()
     folder = cache_dir()
@@ -117,12 +119,16 @@ def cached_spec(cfg: Any, build: Callable[[], ModelSpec], *, trust_remote_code: 
     what = (f"no analytic adapter for model_type {cfg.model_type!r}: building {cfg.name} on the meta device with "
             f"transformers {version or '(not installed)'}")
     if folder is None or version is None or remote:
+        if check is not None:
+            check()
         notify(f"{what} (takes seconds)", notice)
         return build()
     path = folder / f"{cache_key(cfg.raw, trust_remote_code=trust_remote_code, transformers=version)}.json"
     stored = _read(path)
     if stored is not None:
         return dataclasses.replace(stored, name=cfg.name, source=cfg.source)
+    if check is not None:
+        check()
     notify(f"{what} (takes seconds, once: the spec is kept in {folder})", notice)
     spec = build()
     try:

@@ -33,6 +33,7 @@ from memest.validation.cases import cases_by_id
 from memest.validation.gaps import GOAL, KNOWN_GAPS, STACK_GAPS
 from memest.workload import (
     AttnImplementation,
+    Float8,
     Framework,
     KbitPrep,
     LoraConfig,
@@ -44,6 +45,7 @@ from memest.workload import (
     Parallelism,
     Precision,
     Recompute,
+    Stack,
     TrainingConfig,
 )
 
@@ -182,7 +184,7 @@ def build_cases() -> list[Case]:
         get_device("RTX-4090"), "allocated",
         round(pub["torchtune_llama31_8b_lora_4090"]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
         "torchtune lora_finetune_single_device: activation checkpointing, CEWithChunkedOutputLoss (assumed from the "
-        "config), torch.compile (modelled for the loss only: the compiled chunked cross-entropy keeps bf16 logits)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+        "config), torch.compile of the layers and the chunked cross-entropy (bf16 logits kept)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     out.append(Case(
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
@@ -204,7 +206,7 @@ def build_cases() -> list[Case]:
         h100, "device_used", h100.memory_bytes,
         "the HF + FA2 column: the longest context that fits 80 GB (28,454 tokens) should need the whole device; "
         "its script is not published: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl); "
-        "unsloth's own column (offloaded checkpoints, fused CE) is not modelled", MEDIUM_TOLERANCE,
+        "unsloth's own column is its own row (..._unsloth)", MEDIUM_TOLERANCE,
         "capacity at HF+FA2's max context"))
 
     titan = TrainingConfig(micro_batch_size=2, seq_len=8192, precision=Precision.FSDP2, optimizer=Optimizer.ADAMW,
@@ -222,10 +224,11 @@ def build_cases() -> list[Case]:
         "as the 8-GPU row, FSDP2 over 128 GPUs on 16 hosts", DEVICE_TOLERANCE, "peak reserved (GiB)"))
     out.append(Case(
         "torchtitan_llama31_70b_fsdp32_tp8", load_model("meta-llama/Llama-3.1-70B"),
-        titan.replace(micro_batch_size=16, recompute=Recompute.FULL,
+        titan.replace(micro_batch_size=16, recompute=Recompute.FULL, torch_compile=True, float8=Float8.TENSORWISE,
                       parallelism=Parallelism(dp=32, tp=8, zero_stage=3, sequence_parallel=True)),
         h100_96, "reserved", round(pub["torchtitan_llama31_70b_fsdp32_tp8"]["measured"]["peak_reserved_GiB"] * GiB),
-        "FSDP 32 x TP 8 with sequence parallel and loss parallel; full AC; torch.compile and float8 not modelled",
+        "FSDP 32 x TP 8 with sequence parallel and loss parallel; full AC; torch.compile, float8 tensorwise (its "
+        "FSDP float8 all-gather not stated: off)",
         DEVICE_TOLERANCE, "peak reserved (GiB)"))
 
     llama7b = load_model("meta-llama/Llama-2-7b-hf")
@@ -261,7 +264,7 @@ def build_cases() -> list[Case]:
                           recompute=Recompute.FULL, loss=Loss.CHUNKED, lora_library=LoraLibrary.TORCHTUNE,
                           prepare_kbit_training=KbitPrep.NONE, framework=Framework.PYTORCH, torch_compile=True)
     tune_note = ("torchtune 0.3 recipe config; bf16 adapters; CEWithChunkedOutputLoss under torch.compile (the "
-                 "compiled loss keeps the chunks' bf16 logits; the compiled layers' own changes are not modelled)")
+                 "compiled loss keeps the chunks' bf16 logits; the compiled layers save inductor's partition)")
     cid = "torchtune_llama31_8b_qlora_4090"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-8B-Instruct"),
                     tune.replace(method=Method.QLORA, lora=LoraConfig(rank=8, targets="q_proj,k_proj,v_proj,o_proj,"
@@ -314,7 +317,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
     cid = "torchtune_llama31_8b_full_4090"
     out.append(Case(cid, llama8, tune.replace(optimizer=Optimizer.PAGED_ADAMW8BIT, optimizer_in_bwd=True),
                     get_device("RTX-4090"), "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GiB"] * GiB),
-                    tune_note + "; PagedAdamW8bit (its states counted on the device), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
+                    tune_note + "; PagedAdamW8bit (its states of tensors >= 1e5 elements in managed memory, in no "
+                    "torch.cuda figure), optimizer in backward", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     cid = "torchtune_llama31_70b_full_8xa100_cpu_offload"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-70B"),
                     tune.replace(framework=Framework.FSDP, offload=Offload.PARAMS,
@@ -324,13 +328,13 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                     "Llama-3.1-70B-Instruct as Llama-3.1-70B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GiB)"))
     cid = "torchtune_llama31_405b_qlora_8xa100"
     out.append(Case(cid, load_model("meta-llama/Llama-3.1-405B"),
-                    tune.replace(method=Method.QLORA, loss=Loss.DEFAULT, torch_compile=False, framework=Framework.FSDP,
+                    tune.replace(method=Method.QLORA, loss=Loss.DEFAULT, framework=Framework.FSDP,
                                  parallelism=Parallelism(dp=8, zero_stage=3),
                                  lora=LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
                                                                   "down_proj")),
                     a100, "allocated", round(pub[cid]["measured"]["peak_memory_per_gpu_GB"] * GB),
                     "torchtune 0.3 405B_qlora recipe: torchao NF4 base under FSDP2 over 8, plain CrossEntropyLoss "
-                    "(compile not modelled without the chunked loss); the README's 'GB' read as 1e9; "
+                    "under compile (the layers compiled; the plain loss modelled eager); the README's 'GB' read as 1e9; "
                     "Llama-3.1-405B-Instruct as Llama-3.1-405B (same shapes)", MEDIUM_TOLERANCE, "peak memory (GB)"))
 
     llama3b = load_model("meta-llama/Llama-3.2-3B-Instruct")
@@ -352,25 +356,28 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                    ("torchtune_llama32_3b_lora_a100", offloaded.replace(method=Method.LORA, lora=lora64)),
                    ("torchtune_llama32_3b_qlora_a100", offloaded.replace(method=Method.QLORA, lora=lora64))):
         out.append(Case(cid, llama3b, w, a100, "allocated", round(pub[cid]["measured"]["peak_memory_active_GiB"] * GiB),
-                        flags_note + "; the compiled chunked cross-entropy keeps bf16 logits (the compiled layers' own "
-                        "changes are not modelled)", HIGH_TOLERANCE, "peak active (GiB)"))
+                        flags_note + "; the compiled chunked cross-entropy keeps bf16 logits, the compiled layers "
+                        "inductor's partition", HIGH_TOLERANCE, "peak active (GiB)"))
 
     unsloth_own = TrainingConfig(method=Method.QLORA, micro_batch_size=1, precision=Precision.BF16,
                                  optimizer=Optimizer.ADAMW8BIT, recompute=Recompute.FULL, activation_offloading=True,
                                  loss=Loss.FUSED, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
                                  framework=Framework.PYTORCH, lora=LoraConfig(rank=32, targets="all-linear"),
-                                 prepare_kbit_training=KbitPrep.NONE)
-    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL)
+                                 prepare_kbit_training=KbitPrep.NONE, lora_library=LoraLibrary.UNSLOTH,
+                                 stack=Stack.UNSLOTH)
+    hf_fa2 = unsloth_own.replace(activation_offloading=False, loss=Loss.DEFAULT, prepare_kbit_training=KbitPrep.TRL,
+                                 lora_library=LoraLibrary.PEFT, stack=None)
     llama70 = load_model("meta-llama/Llama-3.3-70B-Instruct")
     for cid, spec, device, w, note in (
             ("unsloth_llama31_8b_qlora_max_context_unsloth", llama8, h100, unsloth_own,
-             "unsloth's column: offloaded checkpoints (one layer's input back on the device), fused cross-entropy, "
-             "adamw_8bit (its examples)"),
+             "unsloth's column: offloaded checkpoints (one layer's input back on the device: the unsloth stack's), "
+             "fused cross-entropy, adamw_8bit (its examples), its LoRA kernels (lora_dropout 0)"),
             ("unsloth_llama33_70b_qlora_max_context", llama70, a100, hf_fa2,
              "the HF + FA2 column: trl's SFTTrainer with bf16 assumed (--prepare-kbit-training trl), checkpointing on, "
              "adamw_8bit"),
             ("unsloth_llama33_70b_qlora_max_context_unsloth", llama70, a100, unsloth_own,
-             "unsloth's column: offloaded checkpoints, fused cross-entropy, adamw_8bit (its examples)")):
+             "unsloth's column: offloaded checkpoints (one back on the device), fused cross-entropy, adamw_8bit (its "
+             "examples), its LoRA kernels (lora_dropout 0)")):
         tokens = pub[cid]["measured"]["max_context_tokens"]
         out.append(Case(cid, spec, w.replace(seq_len=tokens), device, "device_used", device.memory_bytes,
                         f"the longest context that fits 80 GB ({tokens:,} tokens) should need the whole device; "
@@ -378,18 +385,20 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                         MEDIUM_TOLERANCE, "capacity at the max context"))
 
     titan = TrainingConfig(micro_batch_size=1, seq_len=32768, precision=Precision.FSDP2, optimizer=Optimizer.ADAMW,
-                           recompute=Recompute.FULL, parallelism=Parallelism(dp=8, zero_stage=3))
-    titan_note = ("torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 not "
-                  "modelled")
+                           recompute=Recompute.FULL, parallelism=Parallelism(dp=8, zero_stage=3), torch_compile=True,
+                           float8=Float8.TENSORWISE)
+    titan_note = ("torchtitan FSDP2 (bf16 params, fp32 reduce), full AC, foreach AdamW; torch.compile and float8 "
+                  "tensorwise (the table's)")
     for cid, spec, w, note in (
             ("torchtitan_llama31_8b_fsdp8_cp1_32k", load_model("meta-llama/Llama-3.1-8B"), titan, ""),
             ("torchtitan_llama31_8b_fsdp1_cp8_256k", load_model("meta-llama/Llama-3.1-8B"),
              titan.replace(seq_len=262144, parallelism=Parallelism(dp=1, cp=8, zero_stage=3)),
              "; context parallel 8 (each rank a 32,768-token shard)"),
             ("torchtitan_llama31_405b_fsdp8_tp8_pp8_1f1b", load_model("meta-llama/Llama-3.1-405B"),
-             titan.replace(micro_batch_size=4, seq_len=8192, grad_accum_steps=8,
+             titan.replace(micro_batch_size=4, seq_len=8192, grad_accum_steps=8, float8_all_gather=True,
                            parallelism=Parallelism(dp=8, tp=8, pp=8, zero_stage=3, sequence_parallel=True)),
-             "; FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, the local batch 32 as 8 micro-batches "
+             "; float8 all-gather (llama3_405b.toml); FSDP 8 x TP 8 (sequence parallel) x PP 8 on 64 hosts, 1F1B, "
+             "the local batch 32 as 8 micro-batches "
              "of 4")):
         conf = MEDIUM_TOLERANCE if pub[cid]["confidence"] == "medium" else DEVICE_TOLERANCE
         out.append(Case(cid, spec, w, h100_96, "reserved", round(pub[cid]["measured"]["peak_reserved_GiB"] * GiB),
@@ -402,8 +411,8 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                                    optimizer=Optimizer.PAGED_ADAMW8BIT, recompute=Recompute.FULL,
                                    attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH),
                     a6000, "device_used", a6000.memory_bytes,
-                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states counted on the "
-                    "device), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
+                    "axolotl's fft-8b.yaml: bf16 params trained in place, paged 8-bit AdamW (its states in managed "
+                    "memory: resident while the card has room, the rest evicted to host RAM), 8192 packed tokens; 'Single GPU @ 48GB VRAM' as a 48 GB card's capacity (RTX A6000)",
                     MEDIUM_TOLERANCE, "capacity of the named 48 GB card"))
     cid = "axolotl_llama3_70b_qlora_fsdp_offload_2gpu"
     out.append(Case(cid, load_model("meta-llama/Meta-Llama-3-70B"),
@@ -439,14 +448,15 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
         method = Method(case["kind"])
         w = TrainingConfig(method=method, micro_batch_size=case["batch_size"], seq_len=512,
                            grad_accum_steps=case["grad_accum"], precision=Precision.BF16,
-                           optimizer=Optimizer.ADAMW_FUSED, framework=Framework.PYTORCH,
+                           optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW_FUSED,
+                           framework=Framework.PYTORCH,
                            lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
                            lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
         note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
                 "assumed (max_seq_length)")
         if method is Method.QLORA:
             note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
-                     "keeps its input); PagedAdamW modelled as AdamW (its states of tensors >= 1e5 elements live in "
+                     "keeps its input); bitsandbytes PagedAdamW (fp32 states, those of tensors >= 1e5 elements in "
                      "managed memory, outside the allocator's count)")
         if lora["head"]:
             note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"

@@ -79,6 +79,13 @@ def _sweep(model: Any, mode: str | None, rest: dict[str, Any]) -> Any:
     return sweep_memory(model, mode=mode, **rest).to_dict()
 
 
+def _check(logs: list[tuple[str, str]], keywords: dict[str, Any]) -> Any:
+    """``memest check --json`` of pasted logs; the model a log names resolves from the catalog only."""
+    from memest.api import check_logs
+
+    return [c.to_dict() for c in check_logs(logs, **keywords, local_files=False)]
+
+
 def _command(model: Any, mode: str | None, rest: dict[str, Any]) -> Any:
     """The ``memest hf`` command line of an estimate request (a pasted config is named ``config.json``)."""
     import shlex
@@ -92,20 +99,23 @@ def _command(model: Any, mode: str | None, rest: dict[str, Any]) -> Any:
     return {"command": " ".join(parts)}
 
 
-def _endpoint(kind: str, compute: Callable[[Any, str | None, dict[str, Any]], Any],
-              timeout_s: float) -> Callable[[Request], Any]:
+def _endpoint(kind: str, compute: Callable[..., Any], timeout_s: float,
+              parse: Callable[[Any, str], tuple[Any, ...]] = schema.parse) -> Callable[[Request], Any]:
+    """A POST endpoint: the body read (:func:`_body`) and checked by ``parse``, then ``compute(*parsed)`` in a
+    worker thread under the time limit; every failure answered as one line (the module's docstring)."""
     async def endpoint(request: Request) -> Response:
         try:
             body = await _body(request)
-            model, mode, rest = schema.parse(body, kind)
+            parsed = parse(body, kind)
             with anyio.fail_after(timeout_s):
-                data = await anyio.to_thread.run_sync(compute, model, mode, rest, abandon_on_cancel=True)
+                data = await anyio.to_thread.run_sync(compute, *parsed, abandon_on_cancel=True)
         except _TooLarge:
-            return _error(413, f"the body is over {MAX_BODY_BYTES // 2**20} MB; a config.json is a few KB")
+            return _error(413, f"the body is over {MAX_BODY_BYTES // 2**20} MB; a config.json is a few KB, a start-up "
+                               "log a few hundred: send the log from its start to ready")
         except schema.SchemaError as exc:
             return _error(422, str(exc))
         except MemestError as exc:
-            return _error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return _refused(exc)
         except TimeoutError:
             return _error(504, f"the request took longer than {timeout_s:g} s and was abandoned; try a smaller "
                                "search (plan: gpus_available, max_gpus) or fewer sweep points")
@@ -115,6 +125,17 @@ def _endpoint(kind: str, compute: Callable[[Any, str | None, dict[str, Any]], An
         return JSONResponse(data)
 
     return endpoint
+
+
+def _refused(exc: MemestError) -> JSONResponse:
+    """A 400 of bad input: its one-line message; for ``/v1/check`` logs of which some were checked, also
+    ``checks`` (theirs) and ``errors`` (each failed log's), as ``memest check --json`` prints them."""
+    from memest.api import LogsFailed
+
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, LogsFailed) and exc.checks:
+        return JSONResponse({"error": message, **exc.to_dict()}, status_code=400)
+    return _error(400, message)
 
 
 def _cached(build: Callable[[], Any]) -> Callable[[Request], Any]:
@@ -179,13 +200,15 @@ async def _failed(request: Request, exc: Exception) -> Response:
 
 
 def create_app(*, timeout_s: float = TIMEOUT_S) -> Starlette:
-    """The application: ``POST /v1/estimate``, ``/v1/plan``, ``/v1/sweep``, ``/v1/command``; ``GET /v1/models``,
+    """The application: ``POST /v1/estimate``, ``/v1/plan``, ``/v1/sweep``, ``/v1/check``, ``/v1/command``;
+    ``GET /v1/models``,
     ``/v1/gpus``, ``/v1/stacks``, ``/v1/health``, ``/openapi.json``, ``/docs`` and the page at ``/``."""
     from starlette.exceptions import HTTPException
 
     posts = {"estimate": _estimate, "plan": _plan, "sweep": _sweep, "command": _command}
     routes = [Route(f"/v1/{kind}", _endpoint("estimate" if kind == "command" else kind, fn, timeout_s),
                     methods=["POST"]) for kind, fn in posts.items()]
+    routes.append(Route("/v1/check", _endpoint("check", _check, timeout_s, schema.parse_check), methods=["POST"]))
     routes += [Route("/v1/models", _cached(_catalog_models), methods=["GET"]),
                Route("/v1/gpus", _cached(_catalog_gpus), methods=["GET"]),
                Route("/v1/stacks", _cached(_catalog_stacks), methods=["GET"]),

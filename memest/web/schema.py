@@ -156,6 +156,61 @@ def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
     return check_reference(body["model"]), mode, rest
 
 
+CHECK_FIELDS: dict[str, dict[str, Any]] = {
+    "log": {"type": "string", "description": "One engine start-up log or training log, pasted (its text, not a path)."},
+    "logs": {"type": "array", "items": {"type": "string"}, "description": "Several logs, in place of log."},
+    "model": {"type": "string", "nullable": True,
+              "description": "The model, when the log names none memest resolves offline: a catalog name or a Hub "
+                             "id; not a path."},
+    "gpu": {"type": "string", "nullable": True, "description": "The accelerator, when the log names none memest "
+                                                               "knows (GET /v1/gpus)."},
+    "engine_version": {"type": "string", "nullable": True,
+                       "description": "The engine arithmetic to apply (default: the one of the log's version)."},
+    "settings": {"type": "object", "description": "Settings of the job the log does not print, by the Python API's "
+                                                  "keywords ({\"seq_len\": 4096, \"gpus\": 8}); not config."},
+}
+"""The fields of a ``/v1/check`` body: ``memest check``'s arguments by :func:`memest.api.check_logs`'s keywords."""
+
+REFUSED_SETTINGS: dict[str, str] = {
+    **REFUSED, "config": "it names files, and the service reads no files; give the settings the log does not print "
+                         "by name in settings ({\"seq_len\": 4096})"}
+"""Settings a ``/v1/check`` request may not give, and why: :data:`REFUSED`, and ``config`` (files)."""
+
+
+def parse_check(body: Any, kind: str = "check") -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """The logs (named ``log``, or ``logs[0]``, ``logs[1]``, ...) and the keywords of a ``/v1/check`` body.
+
+    Raises:
+        SchemaError: not an object, an unknown field, a field or a setting of the wrong JSON type, neither
+            or both of ``log`` and ``logs``.
+        InputError: a refused setting (:data:`REFUSED_SETTINGS`), a model that is a file-system path.
+    """
+    if not isinstance(body, dict):
+        raise SchemaError(f"the body is a JSON {type(body).__name__}; send a JSON object such as "
+                          '{"log": "<the engine\'s start-up log>", "gpu": "H100"}')
+    unknown = [n for n in body if n not in CHECK_FIELDS]
+    if unknown:
+        raise SchemaError(f"unknown field {unknown[0]!r}; the fields are: {', '.join(CHECK_FIELDS)}")
+    for name, value in body.items():
+        if not _json_type_ok(value, CHECK_FIELDS[name]):
+            words = {"log": "a string (the log's text)", "logs": "a list of strings (the logs' texts)",
+                     "settings": "a JSON object of settings"}.get(name, "a string or null")
+            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {words}")
+    if ("log" in body) == ("logs" in body):
+        raise SchemaError("give one of log (a log's text) or logs (a list of them)")
+    logs = [("log", body["log"])] if "log" in body else [(f"logs[{i}]", t) for i, t in enumerate(body["logs"])]
+    settings = dict(body.get("settings") or {})
+    types = setting_types()
+    for name, value in settings.items():
+        if name in REFUSED_SETTINGS:
+            raise InputError(f"settings {name!r} is not taken here: {REFUSED_SETTINGS[name]}", field=name)
+        if name in types and not _json_type_ok(value, types[name]):
+            raise SchemaError(f"setting {name!r} is {value!r:.80}; it must be {_TYPE_WORDS[types[name]['type']]}")
+    model = body.get("model")
+    return logs, {"model": None if model is None else check_reference(model), "gpu": body.get("gpu"),
+                  "engine_version": body.get("engine_version"), "settings": settings}
+
+
 def check_reference(model: str) -> str:
     """``model`` when it names a catalog model or a Hub repository, never a file.
 
@@ -198,6 +253,18 @@ def openapi() -> dict[str, Any]:
                        ("sweep", "The estimate across a range of one setting: memest sweep --json")):
         paths[f"/v1/{kind}"] = {"post": {"summary": what, "requestBody": body(kind),
                                          "responses": {"200": {"description": "the CLI's --json"}, **errors}}}
+    check_body = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False,
+        "properties": {k: {n: v for n, v in f.items()} for k, f in CHECK_FIELDS.items()}}}}}
+    paths["/v1/check"] = {"post": {"summary": "A pasted engine start-up log or training log against memest's estimate "
+                                              "of its job: memest check --json",
+                                   "requestBody": check_body,
+                                   "responses": {"200": {"description": "the CLI's --json: a list, one item per log"},
+                                                 **errors, "400": {"description": (
+                                                     "bad input: {\"error\": one line naming the value and the "
+                                                     "fix}; when some logs were checked and some not, also "
+                                                     "\"checks\" (their items) and \"errors\" ([{\"log\", "
+                                                     "\"error\"}]), as memest check --json")}}}}
     paths["/v1/command"] = {"post": {"summary": "The memest hf command line of an estimate request",
                                      "requestBody": body("estimate"),
                                      "responses": {"200": {"description": "{\"command\": \"memest hf ...\"}"},

@@ -24,6 +24,7 @@ from memest.workload.config import (
     WEIGHT_DTYPES,
     AttnImplementation,
     Engine,
+    Float8,
     Framework,
     FsdpStrategy,
     JobSettings,
@@ -49,7 +50,7 @@ from memest.workload.validate import divisors, lora_module_names, tp_head_proble
 
 __all__ = [
     "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
-    "AttnImplementation", "Engine", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "LoraLibrary", "Loss",
+    "AttnImplementation", "Engine", "Float8", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "LoraLibrary", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
     "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
     "resolve_framework", "runs_on",

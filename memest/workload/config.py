@@ -63,7 +63,13 @@ class Optimizer(str, Enum):
     """bitsandbytes AdamW8bit: two uint8 states plus an fp32 absmax per 256-value block
     (tensors under 4096 elements keep fp32 states)."""
     PAGED_ADAMW8BIT = "paged_adamw8bit"
-    """As adamw8bit, states in CUDA unified memory that pages to host under pressure."""
+    """As adamw8bit, the states of tensors of >= 1e5 elements in CUDA managed memory, outside PyTorch's allocator:
+    on the device while it has room, evicted to host RAM when it fills (HF ``paged_adamw_8bit``, torchtune and
+    axolotl ``PagedAdamW8bit``)."""
+    PAGED_ADAMW32BIT = "paged_adamw32bit"
+    """bitsandbytes ``PagedAdamW`` / ``PagedAdamW32bit`` (HF ``paged_adamw_32bit``; litgpt's optimizer under
+    ``--quantize``): two fp32 states whatever the parameters' dtype (``optim_bits=32``), those of tensors of
+    >= 1e5 elements in CUDA managed memory as paged_adamw8bit's."""
     ADAFACTOR = "adafactor"
     """Adafactor: factored second moment (one row and one column vector per matrix), no momentum."""
     LION = "lion"
@@ -237,6 +243,25 @@ class LoraLibrary(str, Enum):
     """litgpt: adapters at the run's dtype; ``bnb.nf4`` on every linear, lm_head included, no double quant."""
     TORCHTUNE = "torchtune"
     """torchtune: adapters at the run's dtype; torchao ``NF4Tensor`` on every decoder linear."""
+    UNSLOTH = "unsloth"
+    """unsloth ``FastLanguageModel.get_peft_model``: PEFT's fp32 adapters over the transformers NF4 base (double
+    quant, ``unsloth/models/llama.py`` ``bnb_4bit_use_double_quant=True``), each decoder layer run by unsloth's
+    own autograd functions when ``lora_dropout`` is 0 (``patch_peft_model``: ``LoRA_QKV``, ``LoRA_W``,
+    ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
+
+
+class Float8(str, Enum):
+    """torchao float8 training (``torchao.float8.convert_to_float8_training``, torchtitan's ``float8`` converter):
+    each decoder linear becomes a ``Float8Linear`` whose matmuls cast their inputs to float8 with dynamic scales
+    (torchao 0.18.0 ``float8/config.py`` ``Float8LinearRecipeName``). What it saves for backward:
+    :mod:`memest.estimate.activations`."""
+
+    NONE = "none"
+    """bf16 linears."""
+    TENSORWISE = "tensorwise"
+    """One fp32 scale per tensor (torchao's default recipe; the one FSDP2's float8 all-gather supports)."""
+    ROWWISE = "rowwise"
+    """One fp32 scale per row (axiswise; the backward recasts the high-precision input along the other axis)."""
 
 
 class Engine(str, Enum):
@@ -421,8 +446,13 @@ class TrainingConfig:
             ``trl`` (SFTTrainer, the default), ``peft`` (``prepare_model_for_kbit_training`` alone) or
             ``none``.
         lora_library: LoRA and QLoRA: who builds the adapters and the 4-bit base (:class:`LoraLibrary`).
-        torch_compile: The loss runs under torch.compile (torchtune ``compile: True`` compiles it with
-            ``training.compile_loss``); modelled for the chunked loss only.
+        torch_compile: The layers (and the loss) run under torch.compile (torchtune ``compile: True``:
+            ``training.compile_model`` and ``compile_loss``; torchtitan ``[compile] enable`` / ``training.compile``):
+            inductor's partitioner decides what the layers save (:mod:`memest.estimate.activations`), and the
+            compiled chunked cross-entropy keeps each chunk's 16-bit logits.
+        float8: torchao float8 training of the decoder's linears (:class:`Float8`).
+        float8_all_gather: FSDP2 all-gathers the float8 linears' weights in float8
+            (torchao ``Float8LinearConfig.enable_fsdp_float8_all_gather``; tensorwise only).
     """
 
     method: Method = Method.FULL
@@ -501,16 +531,28 @@ class TrainingConfig:
              "preparation: 16-bit non-quantized weights and residual stream).")
 
     torch_compile: bool = setting(
-        False, group="training", scope="training", describe="changed", what="torch.compile's compiled loss",
-        help="torch.compile the loss (torchtune compile=True): the compiled chunked cross-entropy keeps each "
-             "chunk's 16-bit logits, not their fp32 log-probabilities (only {loss} chunked is modelled; the "
-             "compiled layers' own changes are not).")
+        False, group="training", scope="training", describe="changed", what="torch.compile's saved tensors",
+        help="torch.compile the layers and the loss (torchtune compile=True, torchtitan compile.enable): "
+             "inductor recomputes the norms' fp32 copies and the activation's output in backward, and the compiled "
+             "chunked cross-entropy keeps 16-bit logits.")
+    float8: Float8 = setting(
+        Float8.NONE, group="training", scope="training", methods=("full",), describe="changed",
+        what="float8 linears' saved tensors",
+        help="torchao float8 training of the linears (torchtitan model.converters float8): none, tensorwise or "
+             "rowwise; with {torch_compile} the norms' outputs and the down projection's input are recomputed "
+             "for the backward's float8 casts.")
+    float8_all_gather: bool = setting(
+        False, group="training", scope="training", methods=("full",), describe="changed",
+        what="float8 FSDP all-gathers",
+        help="FSDP2 all-gathers the float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather; "
+             "needs {float8} tensorwise and {zero_stage} 3).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",
         help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
              "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
-             "linear, lm_head too, no double quant) or torchtune (adapters at the run's dtype; torchao NF4).")
+             "linear, lm_head too, no double quant), torchtune (adapters at the run's dtype; torchao NF4) or unsloth "
+             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0).")
 
     @property
     def mode(self) -> str:

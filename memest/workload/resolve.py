@@ -28,7 +28,6 @@ from memest.workload.config import (
     KbitPrep,
     LoraConfig,
     LoraLibrary,
-    Loss,
     Method,
     Parallelism,
     ServingConfig,
@@ -443,9 +442,6 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     replicas = v["dp"] or max(1, v["gpus"] // group)
     stack, assumed = stacks.stack_of(v, replicas)
     v = stacks.apply(v, stack, replicas)
-    if v["torch_compile"] and Loss(v["loss"]) is not Loss.CHUNKED:
-        raise InputError("{torch_compile} is modelled only for the compiled chunked cross-entropy (torchtune): add "
-                         "{loss} chunked or drop it", field="torch_compile")
     par, framework = training_parallelism(v, device)
     t = TrainingConfig(
         method=Method(v["finetune"]) if v["finetune"] else Method.FULL,
@@ -468,6 +464,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         prepare_kbit_training=v["prepare_kbit_training"] or KbitPrep.TRL,
         lora_library=v["lora_library"] or LoraLibrary.PEFT,
         torch_compile=v["torch_compile"],
+        float8=v["float8"],
+        float8_all_gather=bool(v["float8_all_gather"]),
         stack=stack,
         stack_assumed=assumed,
     )

@@ -36,12 +36,14 @@ Sources (each row cites the file that sets its defaults):
   ``model_args.py`` ``disable_gradient_checkpointing`` False (checkpointing on).
 - unsloth ``unsloth/models/llama.py``: ``use_gradient_checkpointing="unsloth"`` (full checkpointing with the
   checkpoints in host RAM: ``unsloth_zoo/gradient_checkpointing.py``, activation offloading), its fused
-  cross-entropy, LoRA on every linear in its examples.
+  cross-entropy, LoRA on every linear in its examples, PEFT adapters whose layers its own LoRA kernels run
+  (:attr:`LoraLibrary.UNSLOTH`).
 - litgpt ``litgpt/finetune/full.py``: ``precision`` from ``get_default_supported_precision(training=True)``
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
   and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
-  (:attr:`LoraLibrary.TORCHTUNE`); every other stack runs PEFT. ``--quantize bnb.*`` refuses a
+  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); every
+  other stack runs PEFT. ``--quantize bnb.*`` refuses a
   mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
   ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
 - DeepSpeed ``bf16: {enabled: true}``: bf16 parameters and gradients, fp32 master and Adam states in its
@@ -104,6 +106,7 @@ class StackDefaults:
         lora_library: Who builds its adapters and QLoRA base (:class:`~memest.workload.config.LoraLibrary`).
         qlora_precision: The recipe its QLoRA runs when it differs from ``precision`` (None: the same).
         qlora_recipe: How its users ask for that recipe, and what it runs, in words.
+        qlora_optimizer: The optimizer its QLoRA swaps in (None: ``optimizer``).
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
         losses: The losses it switches on by a setting of its own, each with that setting in the
             stack's words (module docstring).
@@ -128,6 +131,7 @@ class StackDefaults:
     lora_library: LoraLibrary = LoraLibrary.PEFT
     qlora_precision: Precision | None = None
     qlora_recipe: str = ""
+    qlora_optimizer: Optimizer | None = None
     model_parallel: bool = False
     losses: tuple[tuple[Loss, str], ...] = ()
     activation_offloading: bool | None = None
@@ -186,11 +190,13 @@ STACKS: dict[Stack, StackDefaults] = {
                                  optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
                                  losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
-                                 activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT),
+                                 activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT,
+                                 lora_library=LoraLibrary.UNSLOTH),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
+                                qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
@@ -242,7 +248,8 @@ def stack_of(v: Mapping[str, Any], dp: int) -> tuple[Stack, str]:
 def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
-    A stack whose QLoRA runs another recipe (litgpt: bf16-true) gets it under QLoRA. A stack that shards
+    A stack whose QLoRA runs another recipe or optimizer (litgpt: bf16-true, ``instantiate_bnb_optimizer``'s
+    bitsandbytes PagedAdamW in ``litgpt/utils.py`` at commit 00af8b0) gets them under QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
     them too (its FSDP over the data-parallel ranks beside TP / PP). axolotl prepares no QLoRA model under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
@@ -251,6 +258,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     out = dict(v)
     if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
         out["precision"] = d.qlora_precision
+    if out["optimizer"] is None and d.qlora_optimizer is not None and v["finetune"] == Method.QLORA.value:
+        out["optimizer"] = d.qlora_optimizer
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}

@@ -17,6 +17,7 @@ from memest.workload.config import (
     WEIGHT_DTYPES,
     AttnImplementation,
     Engine,
+    Float8,
     Framework,
     Loss,
     Method,
@@ -150,6 +151,21 @@ def _positive(flag: str, value: int) -> None:
 
 _ATTN_VALUES = frozenset(e.value for e in AttnImplementation)
 _LOSS_VALUES = frozenset(e.value for e in Loss)
+_FLOAT8_VALUES = frozenset(e.value for e in Float8)
+
+
+def _validate_float8(t: TrainingConfig) -> None:
+    """torchao float8 training converts trained linears (full training); its FSDP2 float8 all-gather
+    (``Float8LinearConfig.enable_fsdp_float8_all_gather``) supports tensorwise scaling only (torchao 0.18.0
+    ``float8/config.py`` ``__post_init__``) and needs weights sharded by FSDP."""
+    if t.method is not Method.FULL or not t.float8_all_gather:  # LoRA / QLoRA never read them (declared: methods)
+        return
+    if t.float8 != Float8.TENSORWISE:
+        raise InputError("{float8_all_gather} needs {float8} tensorwise (torchao's float8 all-gather has no "
+                         f"rowwise path); {{float8}} is {Float8(t.float8).value}", field="float8_all_gather")
+    if t.parallelism.zero_stage < 3:
+        raise InputError("{float8_all_gather} all-gathers FSDP2's sharded weights: add {zero_stage} 3 (FSDP) "
+                         "or drop it", field="float8_all_gather")
 
 
 def _validate_training(t: TrainingConfig) -> None:
@@ -159,9 +175,11 @@ def _validate_training(t: TrainingConfig) -> None:
     if t.target_len is not None:
         _positive("target_len", t.target_len)
     for flag, value, enum, values in (("attn_implementation", t.attn_implementation, AttnImplementation, _ATTN_VALUES),
-                                      ("loss", t.loss, Loss, _LOSS_VALUES)):
+                                      ("loss", t.loss, Loss, _LOSS_VALUES),
+                                      ("float8", t.float8, Float8, _FLOAT8_VALUES)):
         if value not in values:
             raise InputError(f"{{{flag}}} {value!r} is not one of {', '.join(e.value for e in enum)}", field=flag)
+    _validate_float8(t)
     if t.method is not Method.FULL:
         _positive("lora_rank", t.lora.rank)
         if not 0 <= t.lora.dropout < 1:

@@ -37,11 +37,13 @@ def kv_dtype_bytes(spec: ModelSpec, s: ServingConfig) -> float:
     return kv_element_bytes(s.kv_cache_dtype, weight_dtype(spec, s))
 
 
-KVKind = Literal["full", "sliding", "chunked", "mla", "cross", "state"]
+KVKind = Literal["full", "sliding", "chunked", "mla", "cross", "state", "compressed"]
 """What one layer caches, as vLLM's ``get_kv_cache_spec`` names it (``vllm/v1/kv_cache_interface.py``):
 ``full`` (``FullAttentionSpec``), ``sliding`` (``SlidingWindowSpec``), ``chunked``
 (``ChunkedLocalAttentionSpec``), ``mla`` (``MLAAttentionSpec``), ``cross`` (``CrossAttentionSpec``:
-the encoder's tokens of a request), ``state`` (``MambaSpec``: mamba, linear attention, short conv)."""
+the encoder's tokens of a request), ``state`` (``MambaSpec``: mamba, linear attention, short conv),
+``compressed`` (one entry per ``compress_rate`` tokens: DeepSeek-V4's compressor and indexer caches,
+vLLM ``MLAAttentionSpec(compress_ratio=...)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,12 @@ class KVLayer:
         window: Tokens a sliding layer attends to, or a chunked layer's chunk (None otherwise).
         state_bytes: Bytes of recurrent state per sequence (``state`` only).
         encoder_tokens: Positions a ``cross`` layer caches per request.
+        compress_rate: Tokens per entry of a ``compressed`` cache (``bytes_per_token`` is then the
+            bytes of one entry); 0 otherwise.
+        pending_bytes: Bytes per token a ``compressed`` cache holds for the tokens of a window not
+            yet closed (transformers ``buffer_kv`` + ``buffer_gate``: at most compress_rate - 1).
+        overlap_bytes: Bytes a ``compressed`` cache keeps once a window has closed (transformers
+            ``DeepseekV4CSACache.overlap_kv`` + ``overlap_gate``: the last window's first series).
     """
 
     kind: KVKind
@@ -62,6 +70,9 @@ class KVLayer:
     window: int | None = None
     state_bytes: int = 0
     encoder_tokens: int = 0
+    compress_rate: int = 0
+    pending_bytes: int = 0
+    overlap_bytes: int = 0
 
     @property
     def is_attention(self) -> bool:
@@ -71,15 +82,37 @@ class KVLayer:
     @property
     def per_generated_token(self) -> int:
         """Bytes one more token of a sequence adds here (windows ignored): 0 for ``cross`` and
-        ``state`` layers, whose cache does not grow with the sequence."""
+        ``state`` layers, whose cache does not grow with the sequence; a ``compressed`` cache one
+        entry per compress_rate tokens, rounded up to whole bytes."""
+        if self.kind == "compressed":
+            return -(-self.bytes_per_token // self.compress_rate)
         return 0 if self.kind in ("cross", "state") else self.bytes_per_token
+
+    def prefill_bytes(self, tokens: int) -> int:
+        """Bytes one sequence holds after a prefill of ``tokens`` positions in transformers: a
+        compressed cache's buffer is then a view of the whole prompt's projection (``tokens``
+        positions of it); other kinds as :meth:`sequence_bytes`."""
+        if self.kind != "compressed":
+            return self.sequence_bytes(tokens)
+        entries = tokens // self.compress_rate
+        return self.bytes_per_token * entries + self.pending_bytes * tokens + (self.overlap_bytes if entries else 0)
 
     def sequence_bytes(self, tokens: int) -> int:
         """Bytes one sequence of ``tokens`` positions holds in a contiguous cache (transformers):
         a full layer every token, a sliding or chunked layer at most its window
         (``DynamicSlidingWindowLayer``, which transformers also uses for ``chunked_attention`` with
         ``sliding_window = attention_chunk_size``), a cross layer its encoder tokens, a state layer
-        its state."""
+        its state; a compressed cache one entry per closed window of compress_rate tokens
+        (``DeepseekV4HCACache.store_compression_weights`` emits only whole windows), the buffered
+        tokens and, once a window has closed, the overlap state. The buffer is a view
+        (``kv[:, usable:]``) of the last step's concatenation of the buffered tokens and the new one,
+        so after a decode step to ``tokens`` positions it holds the storage of
+        ``(tokens - 1) mod compress_rate + 1`` tokens, even when that step closed the window."""
+        if self.kind == "compressed":
+            entries = tokens // self.compress_rate
+            pending = (tokens - 1) % self.compress_rate + 1 if tokens else 0
+            return (self.bytes_per_token * entries + self.pending_bytes * pending
+                    + (self.overlap_bytes if entries else 0))
         if self.kind == "state":
             return self.state_bytes
         if self.kind == "cross":
@@ -117,7 +150,8 @@ def kv_layer(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False,
         raise ValueError(f"no cache rule for attention kind {a.kind!r}")
     heads = a.num_heads if transformers and a.kv_broadcast else a.num_kv_heads
     k_local = max(1, heads // tp)
-    per = k_local * (a.head_dim if a.kv_shared else a.head_dim + a.v_head_dim) * e
+    shared = a.kv_shared and not (transformers and a.kv_copied_by_transformers)
+    per = k_local * (a.head_dim if shared else a.head_dim + a.v_head_dim) * e
     if a.kind == "cross":
         return KVLayer("cross", math.ceil(per), encoder_tokens=a.encoder_tokens)
     if a.cross_attention:
@@ -152,7 +186,39 @@ def kv_caches(layer: LayerSpec, tp: int, e: float, *, transformers: bool = False
         return kv, _state_cache(a.state, tp, e if state_e is None else state_e, transformers=transformers)
     if a.kind == "mla" and a.index_head_dim:
         return kv, _indexer_cache(a.index_head_dim, e, transformers=transformers)
+    if a.compress_rate:
+        caches = [kv, _compressed_cache(a.head_dim, a.compress_rate, a.compress_overlap, e, transformers=transformers)]
+        if a.index_head_dim:
+            caches.append(_compressed_cache(a.index_head_dim, a.compress_rate, True, e, transformers=transformers))
+        return tuple(caches)
     return (kv,)
+
+
+FP32_BYTES = 4
+
+
+def _compressed_cache(width: int, rate: int, overlap: bool, e: float, *, transformers: bool) -> KVLayer:
+    """The compressed entries of a DeepSeek-V4 compressor (``width`` = head_dim) or of its CSA
+    indexer (``width`` = index_head_dim), one per ``rate`` tokens, at the cache dtype.
+
+    transformers 5.24 (``DeepseekV4HCACache`` / ``DeepseekV4CSACache`` in
+    ``models/deepseek_v4/modeling_deepseek_v4.py``) also holds, per token of the open window, the
+    projected ``kv`` and ``gate`` (``buffer_kv`` / ``buffer_gate``: width each, 2 x width for an
+    overlapping compressor) and, for an overlapping one, once a window has closed, the last window's
+    first series: ``overlap_kv`` (rate x width at the cache dtype) and ``overlap_gate`` (rate x width
+    in fp32: the gate has the fp32 ``position_bias`` added before it is saved).
+
+    vLLM (``vllm/model_executor/layers/deepseek_v4_attention.py``) is not modelled: it stores fp8
+    entries with scales (584 B per compressed entry, 132 B per indexer key) and a compressor state
+    cache of its own; memest assumes its pool holds transformers' entries at ``--kv-cache-dtype``
+    (the estimate's assumptions say so).
+    """
+    if not transformers:
+        return KVLayer("compressed", math.ceil(width * e), compress_rate=rate)
+    series = 2 if overlap else 1
+    return KVLayer("compressed", math.ceil(width * e), compress_rate=rate,
+                   pending_bytes=math.ceil(2 * series * width * e),
+                   overlap_bytes=math.ceil(rate * width * (e + FP32_BYTES)) if overlap else 0)
 
 
 INDEXER_QUANT_BLOCK = 128
@@ -327,6 +393,8 @@ def _group_pages(g: KVGroup, max_model_len: int, max_num_batched_tokens: int) ->
     if g.kind == "sliding" and g.window is not None:
         tokens = min(g.window - 1 + max_num_batched_tokens, max_model_len)
         return -(-tokens // g.block_size) + 1
+    if g.kind == "compressed":
+        return -(-max_model_len // g.block_size)  # g.block_size: the tokens whose entries fill a page
     if g.kind == "chunked" and g.window is not None:
         tokens = min(g.window + max_num_batched_tokens, max_model_len)  # ChunkedLocalAttentionSpec
         return -(-tokens // g.block_size)
@@ -350,7 +418,8 @@ def paged_layout(layers: list[tuple[KVLayer, int]], block_size: int) -> PagedLay
         kv, n = attention[0]
         group = KVGroup(kv.kind, block_size, kv.window, n, kv.encoder_tokens)
         return PagedLayout((group,), kv.bytes_per_token * block_size, n, block_size)
-    kinds = {(kv.kind, kv.window, kv.encoder_tokens) if kv.kind in ("sliding", "chunked", "cross") else ("full", None, 0)
+    kinds = {(kv.kind, kv.window, kv.encoder_tokens) if kv.kind in ("sliding", "chunked", "cross")
+             else (kv.kind, kv.compress_rate, 0) if kv.kind == "compressed" else ("full", None, 0)
              for kv, _ in attention}
     if len(kinds) == 1 and ("full", None, 0) in kinds:
         # UniformTypeKVCacheSpecs: one group, a page covers every layer
@@ -361,10 +430,16 @@ def paged_layout(layers: list[tuple[KVLayer, int]], block_size: int) -> PagedLay
 
 
 def _hybrid_layout(attention: list[tuple[KVLayer, int]], block_size: int) -> PagedLayout:
-    pages = {kv: kv.bytes_per_token * block_size for kv, _ in attention}
+    """Groups of different kinds on one page size. A ``compressed`` cache's page for ``block_size``
+    tokens holds their ceil(block_size / compress_rate) entries; on the common page it holds
+    page / entry entries, the entries of (page / entry) x compress_rate tokens."""
+    pages = {kv: (-(-block_size // kv.compress_rate) if kv.kind == "compressed" else block_size) * kv.bytes_per_token
+             for kv, _ in attention}
     page = max(pages.values())
     blocks = {}
     for kv, p in pages.items():
+        if kv.kind == "compressed":
+            p = kv.bytes_per_token
         if page % p:
             from memest.errors import InputError
 
@@ -372,7 +447,7 @@ def _hybrid_layout(attention: list[tuple[KVLayer, int]], block_size: int) -> Pag
                 f"KV pages of {p} and {page} bytes cannot be unified by vLLM (not a multiple); "
                 "this layer mix is not supported by vLLM's hybrid allocator"
             )
-        blocks[kv] = block_size * (page // p)
+        blocks[kv] = page // p * kv.compress_rate if kv.kind == "compressed" else block_size * (page // p)
     counts = [n for _, n in attention]
     group_size = min(counts)
     if max(counts) < group_size * 1.5:

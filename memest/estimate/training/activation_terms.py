@@ -18,6 +18,7 @@ per the workload fields they read (:class:`ActivationsInput`, :mod:`memest.memo`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from typing import NamedTuple
@@ -42,6 +43,7 @@ from memest.result import Kind, Term
 from memest.spec import Component, LayerSpec, ModelSpec, TensorSpec
 from memest.workload import (
     AttnImplementation,
+    Float8,
     Framework,
     KbitPrep,
     LoraConfig,
@@ -90,6 +92,7 @@ class ActivationsInput(NamedTuple):
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
     torch_compile: bool
+    float8: str  # Float8 value
     parallelism: ActivationParallelism
     checkpoints_on_device: int = 0  # activation offloading: the layers' checkpoints left on the device (0: off)
 
@@ -99,7 +102,7 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
     par = t.parallelism
     return ActivationsInput(t.method, t.precision, t.micro_batch_size, t.seq_len, t.target_len, t.grad_accum_steps,
                             t.recompute, t.attn_implementation, t.loss, t.lora if t.method is not Method.FULL else None,
-                            t.prepare_kbit_training, t.lora_library, t.torch_compile,
+                            t.prepare_kbit_training, t.lora_library, t.torch_compile, Float8(t.float8).value,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel),
                             offloaded_checkpoints_on_device(t) if t.recompute is Recompute.FULL else 0)
@@ -126,6 +129,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
                                all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
                                adapter_bytes=adapter_bytes(t.lora_library, t.precision),
                                dropout=t.lora.dropout)
+    litgpt = t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT  # litgpt's own model code
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported
     # the family's routing-weight dtype, as the serving prefill reads it (hf_prefill.FORWARD_CODE)
@@ -133,9 +137,14 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
     return Execution(compute_bytes=c, stream_bytes=r, autocast=autocast, eager=eager, repeat_kv=eager,
                      routing_bytes=routing, quantized_outputs=quantized,
                      saves_4bit_inputs=quantized and t.lora_library is LoraLibrary.LITGPT,
+                     litgpt_attention=litgpt,
                      fused_gelu=t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT,
-                     fused_norms=fw is Framework.MEGATRON, lora=lora, hidden_dropout=spec.hidden_dropout,
-                     attention_dropout=spec.attention_dropout)
+                     unsloth_kernels=t.method is not Method.FULL and t.lora_library is LoraLibrary.UNSLOTH,
+                     fused_norms=fw is Framework.MEGATRON, lora=lora,
+                     # litgpt's GPT has no residual or attention dropout (litgpt/config.py: no such field)
+                     hidden_dropout=0.0 if litgpt else spec.hidden_dropout,
+                     attention_dropout=0.0 if litgpt else spec.attention_dropout, compiled=t.torch_compile,
+                     float8=Float8(t.float8).value if t.method is Method.FULL else Float8.NONE.value)
 
 
 class ActivationTerms(NamedTuple):
@@ -348,7 +357,8 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
         tokens_out = b * out_len // par.cp
         if any(tn.component is Component.NORM for tn in spec.head):
             head_trains = x.lora is None and lm
-            head_bytes += norm_bytes(spec.reference_layer.norm, h, x, readers=1 if head_trains else 0,
+            # torchtune and torchtitan compile the layers one by one: the final norm runs eager
+            head_bytes += norm_bytes(spec.reference_layer.norm, h, dataclasses.replace(x, compiled=False), readers=1 if head_trains else 0,
                                      weight_trains=x.lora is None) / (tp if sp else 1) * tokens_out
             head_parts.append("final norm and lm_head input")
         if lm:

@@ -11,6 +11,7 @@ from memest.memo import remembered
 from memest.spec import ModelSpec
 from memest.workload import (
     AttnImplementation,
+    Float8,
     Framework,
     KbitPrep,
     LoraLibrary,
@@ -53,6 +54,9 @@ class AssumptionsInput(NamedTuple):
     fsdp_offload: bool  # FSDP with CPUOffloadPolicy
     in_backward: bool  # torchtune's optimizer_in_bwd (full training)
     checkpoints_on_device: int  # activation offloading: checkpoints left on the device (0: off)
+    torch_compile: bool = False
+    float8: str = "none"  # Float8 value, "none" under LoRA / QLoRA
+    float8_all_gather: bool = False
 
 
 _QLORA_BASES = {
@@ -60,6 +64,7 @@ _QLORA_BASES = {
     LoraLibrary.LITGPT: ("litgpt bnb.nf4 on every linear and the lm_head (no double quantization); bitsandbytes 0.42 "
                          "keeps each 4-bit linear's input for backward"),
     LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (block 64, scaler block 256), output projection 16-bit",
+    LoraLibrary.UNSLOTH: "bitsandbytes NF4 linear weights (double quantization), lm_head 16-bit",
 }
 
 
@@ -72,7 +77,8 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
         t.framework is Framework.AUTO, t.precision, t.attn_implementation, t.method, t.prepare_kbit_training,
         t.lora_library, t.optimizer, par.ep > 1 and par.zero_stage > 0,
         fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
-        offloaded_checkpoints_on_device(t)))
+        offloaded_checkpoints_on_device(t), t.torch_compile,
+        Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather))
 
 
 @remembered(maxsize=4096)
@@ -94,8 +100,12 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.too_long:
         out.append(f"seq_len {a.too_long} exceeds max_position_embeddings {a.max_position_embeddings}")
     if a.method is not Method.FULL:
-        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library is LoraLibrary.PEFT
+        adapters = ("in fp32 (PEFT autocast_adapter_dtype)" if a.lora_library in (LoraLibrary.PEFT, LoraLibrary.UNSLOTH)
                     else f"at the run's parameter dtype ({a.lora_library.value})")
+        if a.lora_library is LoraLibrary.UNSLOTH:
+            out.append("unsloth's LoRA kernels (LoRA_QKV, LoRA_W, LoRA_MLP, Fast_RMS_Layernorm, in-place RoPE) in "
+                       "every layer whose linears all carry an adapter, with LoRA dropout 0: each keeps only its "
+                       "input, Q, K, V, the attention output and the gate and up outputs for backward")
         out.append(f"LoRA adapters {adapters}, trained with the optimizer's full states; "
                    "the first layer's input needs no gradient (PEFT enables input gradients only under "
                    "gradient checkpointing turned on before get_peft_model)")
@@ -109,8 +119,10 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8")
     if a.method is Method.QLORA:
         out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])
-    if a.optimizer is Optimizer.PAGED_ADAMW8BIT:
-        out.append("paged optimizer states counted on the device (they page to host only under memory pressure)")
+    if a.optimizer in (Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT):
+        out.append("bitsandbytes paged optimizer: the states of tensors >= 1e5 elements in CUDA managed memory, "
+                   "outside PyTorch's allocator (in no torch.cuda figure); on the device while it has room, the rest "
+                   "evicted to host RAM (a slower step, not an out-of-memory)")
     if a.expert_sharded:
         out.append("expert parallelism: routed experts' sharded states (ZeRO/FSDP) are split over their "
                    "expert-data-parallel group, the dp x cp / ep ranks holding the same experts (Megatron-LM, "
@@ -125,4 +137,14 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
     if a.checkpoints_on_device:
         out.append(f"activation offloading: layer checkpoints in host RAM, {a.checkpoints_on_device} kept on the "
                    "device (torchtune OffloadActivations' forward stash of 5; unsloth brings back 1)")
+    if a.torch_compile:
+        out.append("torch.compile (torch 2.13 inductor, default min-cut partitioner): each layer saves its norms' 16-bit "
+                   "inputs and rstd, not their fp32 copies, and the gated MLP's gate, up and down input, not the "
+                   "activation's output" + ("; with float8 the norms' outputs and the down input are recomputed too"
+                                            if a.float8 != "none" else "")
+                   + "; eager attention's scores, the backward's buffers and a plain loss as eager")
+    if a.float8 != "none":
+        out.append(f"torchao 0.18 float8 {a.float8} linears (dynamic scaling: no amax history)"
+                   + ("; FSDP2 all-gathers their weights in float8" if a.float8_all_gather else "")
+                   + ("" if a.torch_compile else "; eager Float8Linear saves its bf16 input, as a bf16 linear"))
     return tuple(out)

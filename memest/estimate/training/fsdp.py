@@ -9,6 +9,9 @@ from the second unit on, the previous unit's ``reduce_dtype`` reduce-scatter inp
 stream, whose cached blocks the compute stream cannot reuse: the root's and a layer's are reserved
 beside the peak allocated (term ``allocator.all_gather_stream``).
 
+Float8 all-gather (``float8_all_gather``): the float8 linears' weights travel and stay gathered in float8
+(:func:`float8_gathered_bytes`).
+
 CPU offload (``fully_shard(offload_policy=CPUOffloadPolicy())``, pin_memory True; torch 2.13
 ``_fsdp_param.py``, ``_fsdp_collectives.py``): the sharded parameters live in pinned host memory
 (``FSDPParam._init_sharded_param``: ``padded_sharded_param.cpu().pin_memory()``), so do the optimizer's states
@@ -39,10 +42,21 @@ from memest.estimate.training.protocol import FrameworkStates, StateContext
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
 from memest.result import Kind, Term
-from memest.workload import Method, Offload, Precision
+from memest.spec import LayerSpec
+from memest.workload import Method, Offload, Parallelism, Precision
 
 FLAT_STATES = False
 PER_PARAMETER_SHARDS = True
+
+
+def float8_gathered_bytes(layer: LayerSpec, par: Parallelism, gather_b: int) -> int:
+    """Bytes of one layer all-gathered under FSDP2's float8 all-gather: torchao 0.18.0
+    ``float8/fsdp_utils.py`` ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` casts each float8 linear's
+    weight shard to float8 (1 B) before the all-gather (with ``precompute_float8_dynamic_scale_for_fsdp`` one fp32
+    scale per weight, counted as nothing); the layer's other tensors (norms) gather at ``gather_b``."""
+    k = layer.attention.num_kv_heads
+    linear = sum(shard_numel(tn, par, k) for tn in layer.tensors if tn.is_linear_weight)
+    return linear + (layer_shard_numel(layer, par) - linear) * gather_b
 
 
 def weight_shards(zero_stage: int, n: int) -> int:
@@ -75,6 +89,9 @@ def states(ctx: StateContext) -> FrameworkStates:
     kinds = spec.layer_kinds(stage.start, stage.stop)
     largest = max(layer_shard_numel(layer, par) for layer, _ in kinds)
     unit_bytes, unit_what = largest * gather_b, f"largest layer unsharded x {gather_b} B"
+    if t.float8_all_gather:
+        unit_bytes = max(float8_gathered_bytes(layer, par, gather_b) for layer, _ in kinds)
+        unit_what = f"largest layer unsharded: its linears' weights in float8 (1 B), the rest x {gather_b} B"
     if t.method is Method.QLORA:
         # the 4-bit weights are all-gathered as stored: torchao NF4Tensor.fsdp_pre_all_gather sends its
         # quantized_scalers, quantization_factor and quantized_data (nf4_tensor.py, commit d1094d8)

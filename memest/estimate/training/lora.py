@@ -21,7 +21,7 @@ def adapter_bytes(library: LoraLibrary, precision: Precision) -> int:
     the run's parameter dtype (litgpt ``fabric.init_module`` under ``bf16-true``; torchtune
     ``training.set_default_dtype(self._dtype)`` in ``lora_finetune_*.py``, which checks it with
     ``validate_expected_param_dtype``), so bf16 under those recipes (:class:`LoraLibrary`)."""
-    if library is LoraLibrary.PEFT:
+    if library in (LoraLibrary.PEFT, LoraLibrary.UNSLOTH):  # unsloth builds them with PEFT's get_peft_model
         return ADAPTER_BYTES
     return RECIPES[precision].weight
 

@@ -6,6 +6,17 @@ AdamW 2 states; Lion, SGD-momentum 1; SGD 0; Adafactor a row and a column vector
 states). Step temporaries: torch ``foreach`` AdamW one state-sized tensor (``torch/optim/adamw.py``,
 ``_multi_tensor_adamw``: ``exp_avg_sq_sqrt = torch._foreach_sqrt``); Adafactor and Lion two resp.
 one copy of the largest tensor; fused kernels none.
+
+Paged optimizers (bitsandbytes ``is_paged``, 0.42-0.50 ``bitsandbytes/optim/optimizer.py``
+``Optimizer8bit.get_state_buffer``): the state of a tensor of at least 1e5 elements comes from
+``F.get_paged`` (``bitsandbytes/functional.py``), a ``torch.frombuffer`` view of memory from
+``cudaMallocManaged(&ptr, bytes, cudaMemAttachHost)`` (``csrc/pythonInterface.cpp`` ``cget_managed_ptr``);
+smaller tensors' states, and every ``absmax`` / ``qmap``, are ``torch.zeros`` on the device. Managed
+memory is outside PyTorch's caching allocator: ``torch.cuda.max_memory_allocated`` / ``_reserved`` never
+count it. ``step()`` prefetches each parameter's paged states to the device (``prefetch_state``:
+``cudaMemPrefetchAsync``) before its update, so they are resident, in nvidia-smi's figure, while the device
+has room; when it fills, the driver evicts managed pages to host RAM instead of failing
+(:func:`paged_bytes`, :mod:`.step`).
 """
 
 from __future__ import annotations
@@ -25,6 +36,12 @@ BNB_BLOCK = 256
 BNB_MIN_8BIT_SIZE = 4096
 """bitsandbytes keeps 32-bit states for tensors smaller than this (``min_8bit_size``)."""
 
+BNB_PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes paged optimizers page the states of tensors of at least this many elements
+(``get_state_buffer``: ``if not self.is_paged or p.numel() < 1e5: return torch.zeros_like(...)``)."""
+
+PAGED_OPTIMIZERS = frozenset({Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT})
+"""Optimizers whose large states live in CUDA managed memory (bitsandbytes ``is_paged=True``)."""
 
 
 def state_bytes_per_param(opt: Optimizer, state: int, numel: int = BNB_MIN_8BIT_SIZE) -> float:
@@ -33,6 +50,8 @@ def state_bytes_per_param(opt: Optimizer, state: int, numel: int = BNB_MIN_8BIT_
         return 2 * state
     if opt in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
         return 2 * (1 + 4 / BNB_BLOCK) if numel >= BNB_MIN_8BIT_SIZE else 2 * 4
+    if opt is Optimizer.PAGED_ADAMW32BIT:  # Optimizer2State with optim_bits=32: fp32 state1, state2
+        return 2 * 4
     if opt in (Optimizer.LION, Optimizer.SGD_MOMENTUM):
         return state
     if opt is Optimizer.SGD:
@@ -54,6 +73,18 @@ def optimizer_bytes(trainable: Sequence[tuple[TensorSpec, int, int]], opt: Optim
                 total += count * 4 * local
         return total
     return math.ceil(sum(local * count * state_bytes_per_param(opt, state, local) for _, local, count in trainable))
+
+
+def paged_bytes(trainable: Sequence[tuple[TensorSpec, int, int]], opt: Optimizer) -> int:
+    """Bytes of the optimizer states a paged optimizer keeps in CUDA managed memory, for (tensor, local
+    numel, count) triples: the states of tensors of at least :data:`BNB_PAGED_MIN_NUMEL` elements (always
+    8-bit for ``paged_adamw8bit``: 1e5 > ``min_8bit_size``; two uint8 states, 2 B per element, their fp32
+    ``absmax`` blocks staying in the allocator as ``torch.zeros``; ``paged_adamw32bit``: two fp32 states, 8 B);
+    0 for any other optimizer."""
+    if opt not in PAGED_OPTIMIZERS:
+        return 0
+    per = 2 if opt is Optimizer.PAGED_ADAMW8BIT else 8
+    return sum(local * count * per for _, local, count in trainable if local >= BNB_PAGED_MIN_NUMEL)
 
 
 def step_temporaries(spec: ModelSpec, t: TrainingConfig, trainable: Sequence[Item],

@@ -42,13 +42,14 @@ class StatesInput(NamedTuple):
     lora: LoraConfig | None  # None under full training (no adapters)
     prepare_kbit_training: KbitPrep
     lora_library: LoraLibrary
+    float8_all_gather: bool = False  # FSDP2 gathers the float8 linears' weights in float8 (fsdp.states)
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
     """The model states' view of ``t``."""
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
-                       t.lora_library)
+                       t.lora_library, t.float8_all_gather and t.method is Method.FULL)
 
 
 class StateContext(NamedTuple):

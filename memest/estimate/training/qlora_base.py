@@ -26,6 +26,7 @@ from memest.workload import LoraLibrary, Parallelism
 
 NF4: dict[LoraLibrary, QuantScheme] = {
     LoraLibrary.PEFT: SCHEMES["nf4"],
+    LoraLibrary.UNSLOTH: SCHEMES["nf4"],  # transformers' BitsAndBytesConfig, double quant
     LoraLibrary.LITGPT: QuantScheme("nf4", 4, group_size=64, granularity="flat", scale_bytes=4),
     LoraLibrary.TORCHTUNE: QuantScheme("nf4", 4, group_size=64, double_quant=True, granularity="flat",
                                        nested_scale_bytes=2),
@@ -33,6 +34,7 @@ NF4: dict[LoraLibrary, QuantScheme] = {
 """Each library's NF4 format (the module table)."""
 
 _WORDS = {LoraLibrary.PEFT: "NF4 linear weights (64-blocks, double quant)",
+          LoraLibrary.UNSLOTH: "NF4 linear weights (64-blocks, double quant)",
           LoraLibrary.LITGPT: "litgpt bnb.nf4 linear weights and lm_head (64-blocks, fp32 absmax)",
           LoraLibrary.TORCHTUNE: "torchao NF4Tensor linear weights (64-blocks, int8 scalers, bf16 factors)"}
 

@@ -16,7 +16,7 @@ from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.sharding import Stage, shard_numel, stage_tensors
 from memest.estimate.training import ddp, deepspeed, fsdp, megatron, pytorch, qlora_base
 from memest.estimate.training.lora import adapter_bytes, lora_adapters
-from memest.estimate.training.optimizers import optimizer_bytes
+from memest.estimate.training.optimizers import optimizer_bytes, paged_bytes
 from memest.estimate.training.protocol import FrameworkStates, StateContext, StatesInput
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import blocks, expert_data_ranks, expert_weighted, grad_groups, sharded_note
@@ -24,7 +24,7 @@ from memest.estimate.weights import tensor_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
 from memest.spec import Component, ModelSpec
-from memest.workload import Framework, Method, Offload, Optimizer
+from memest.workload import Framework, Method, Offload, Optimizer, Parallelism
 
 FRAMEWORKS: dict[Framework, ModuleType] = {
     Framework.PYTORCH: pytorch,
@@ -57,6 +57,8 @@ class ModelStates(NamedTuple):
             framework's buffers (:class:`.protocol.FrameworkStates`), QLoRA's dequantized weight, every
             gradient (``grads.all``) and those alive at the step (``grads.step``).
         sizes: Their bytes, lifetime by lifetime.
+        paged: Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers,
+            :func:`.optimizers.paged_bytes`): in no moment, outside the allocator's figures.
     """
 
     base: tuple[Term, ...]
@@ -69,6 +71,7 @@ class ModelStates(NamedTuple):
     stream_pool_formula: str
     lifetimes: tuple[tuple[Term, ...], ...]
     sizes: tuple[int, ...]
+    paged: int = 0
 
 
 @remembered(maxsize=1 << 14)
@@ -145,23 +148,28 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
         moments = 2 * blocks(o_items, state_b, shard_o)
     else:
         moments = math.ceil(optimizer_bytes(o_items, t.optimizer, state_b) / shard_o)
+    # bitsandbytes' paged states: in CUDA managed memory, outside the allocator (:mod:`.optimizers`)
+    paged = 0 if offloaded else math.ceil(paged_bytes(o_items, t.optimizer) / shard_o)
+    moments -= paged
 
     fs = model.states(StateContext(spec=spec, t=t, stage=stage, trainable=trainable, sharded_numel=sharded_numel,
                                    groups=groups, n=n, gb=gb, state_b=state_b, head_numel=head_numel))
     base_terms = (Term("weights", Kind.WEIGHTS, weights, weights_formula),
                   Term("optimizer_states.master", Kind.OPTIMIZER_STATES, master, "fp32 master weights" + sharded_note(shard_o)),
                   Term("optimizer_states.moments", Kind.OPTIMIZER_STATES, moments,
-                       f"{t.optimizer.value} states" + sharded_note(shard_o)),
+                       f"{t.optimizer.value} states" + sharded_note(shard_o)
+                       + (" (the paged ones outside the allocator: only absmax and tensors < 1e5 elements)"
+                          if paged else "")),
                   *fs.persistent)
     if spec.buffers:
         base_terms += (Term("weights.buffers", Kind.WEIGHTS, sum(cuda_block_bytes(b.nbytes) for b in spec.buffers),
                             " + ".join(f"{b.name} {'x'.join(map(str, b.shape))} x {b.itemsize} B" for b in spec.buffers)
                             + " (registered buffers)"),)
-    return _by_lifetime(spec, t, stage, base_terms, fs)
+    return _by_lifetime(spec, t, stage, base_terms, fs, paged)
 
 
 def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term, ...],
-                 fs: FrameworkStates) -> ModelStates:
+                 fs: FrameworkStates, paged: int) -> ModelStates:
     grads = fs.gradients
 
     def gathered(units: int, why: str) -> tuple[Term, ...]:
@@ -202,6 +210,7 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         stream_pool_formula=fs.stream_pool_formula,
         lifetimes=lifetimes,
         sizes=tuple(sum(map(_BYTES, terms)) for terms in lifetimes),
+        paged=paged,
     )
 
 

@@ -18,13 +18,13 @@ from memest.estimate.training import deepspeed
 from memest.estimate.training.activation_terms import ActivationTerms, activation_terms, activations_input
 from memest.estimate.training.assumptions import assumptions
 from memest.estimate.training.lora import ADAPTER_BYTES, lora_adapters
-from memest.estimate.training.optimizers import state_bytes_per_param
+from memest.estimate.training.optimizers import PAGED_OPTIMIZERS, state_bytes_per_param
 from memest.estimate.training.protocol import states_input
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.states import ModelStates, model_states
 from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE
 from memest.estimate.weights import SCHEMES, weight_bytes
-from memest.result import Estimate, Kind, RankEstimate, Term
+from memest.result import PAGED_STATES, Estimate, Kind, RankEstimate, Term
 from memest.spec import ModelSpec
 from memest.workload import Framework, Method, Offload, Optimizer, Parallelism, TrainingConfig, resolve_framework
 
@@ -51,7 +51,8 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     worst = 0 if len(ranks) == 1 else max(range(len(ranks)), key=lambda n: ranks[n].device_used_bytes)
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=assumptions(spec, t, fw, peaks[worst]),
-                    host_bytes=_host_bytes(spec, t, fw, device) + _offloaded_activation_bytes(spec, t, fw, device),
+                    host_bytes=(_host_bytes(spec, t, fw, device) + _offloaded_activation_bytes(spec, t, fw, device)
+                                + paged_on_host(spec, t, device) * min(device.per_node, par.world_size)),
                     extra=extra)
 
 
@@ -136,7 +137,35 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     chosen.append(Term("runtime.cuda_context", Kind.RUNTIME, runtime.cuda_context_bytes(device), f"{device.arch} context"))
     if nccl := runtime.nccl_bytes(t.parallelism.world_size, device):
         chosen.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators"))
+    if st.paged:
+        chosen.append(_paged_term(st.paged, sum(map(_BYTES, chosen)), device))
     return tuple(chosen), name
+
+
+def _paged_term(paged: int, rest: int, device: Device) -> Term:
+    """bitsandbytes' paged optimizer states (:mod:`.optimizers`): CUDA managed memory, in no torch.cuda
+    figure; on the device (nvidia-smi) as far as the device has room beside the ``rest`` of the rank's
+    memory, the remainder evicted to host RAM by the driver (:func:`paged_on_host`)."""
+    resident = min(paged, max(0, device.memory_bytes - rest))
+    evicted = paged - resident
+    return Term(PAGED_STATES, Kind.RUNTIME, resident,
+                "paged optimizer states (CUDA managed memory, outside the allocator)"
+                + (f", {evicted} B of them evicted to host RAM (the device is full)" if evicted else ""))
+
+
+def paged_on_host(spec: ModelSpec, t: TrainingConfig, device: Device) -> int:
+    """Bytes of one rank's paged optimizer states the driver keeps in host RAM because the device is full
+    (0 without a paged optimizer): the paged states less the resident ones of the rank holding the most."""
+    if t.optimizer not in PAGED_OPTIMIZERS:
+        return 0
+    fw = resolve_framework(t)
+    out = 0
+    for stage in stages(spec.num_layers, t.parallelism.pp):
+        st = model_states(spec, states_input(t), fw, stage)
+        terms, _ = _stage_terms(spec, t, fw, device, stage)
+        resident = sum(x.bytes for x in terms if x.name == PAGED_STATES)
+        out = max(out, st.paged - resident)
+    return out
 
 
 def _offloaded_activation_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:

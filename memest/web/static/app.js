@@ -1,6 +1,7 @@
 // memest's page: the job form, the estimate from POST /v1/estimate drawn as a stacked SVG bar against the
 // device's capacity and usable line, the sweep from POST /v1/sweep drawn as stacked areas across the range of
-// one slider, and the same settings in the address so a link reproduces the view. The catalogs, devices and
+// one slider, and the same settings in the address so a link reproduces the view; a pasted log checked by
+// POST /v1/check (memest check) drawn as a table of logged vs memest per figure. The catalogs, devices and
 // training stacks come from GET /v1/models, /v1/gpus and /v1/stacks. Request fields are the Python API's
 // keyword names; nothing here is loaded from the network.
 "use strict";
@@ -456,6 +457,101 @@ async function copyCommand() {
   setTimeout(() => { $("copy").textContent = "Copy"; }, 1500);
 }
 
+// ---- a pasted log: POST /v1/check, memest check --json, drawn as a table per log ----
+
+function figureValue(n, unit) {
+  if (unit === "bytes") return Math.abs(n) >= GiB ? gib(n) : (n / 2 ** 20).toLocaleString("en-US", { maximumFractionDigits: 1 }) + " MiB";
+  if (unit === "x") return n.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 }) + "x";
+  if (unit === "bytes/token") return n.toLocaleString("en-US") + " B/token";
+  return n.toLocaleString("en-US") + " " + unit;
+}
+
+function percentText(e) { return e === null ? "-" : (e >= 0 ? "+" : "") + (100 * e).toFixed(2) + "%"; }
+
+function gapText(c) {
+  const g = c.largest_gap;
+  if (!g) return "No size figure to compare.";
+  const row = c.figures.find((f) => f.figure === g.figure);
+  const sign = g.delta >= 0 ? "+" : "-";
+  const what = g.term ? `${g.term} (${g.figure})` : `the step's peak (${g.figure})`;
+  return `Largest gap: ${what}: memest ${sign}${figureValue(Math.abs(g.delta), g.unit)} against the log` +
+         (row ? ` (${percentText(row.error)}).` : ".");
+}
+
+function renderCheck(checks) {
+  const out = $("check-result");
+  out.replaceChildren();
+  for (const c of checks) {
+    const table = document.createElement("table");
+    table.className = "check-table";
+    const cap = document.createElement("caption");
+    cap.textContent = `${c.format}${c.engine_version_logged ? " " + c.engine_version_logged : ""} log · ${c.model} on ${c.device}` +
+                      (c.engine_version_modelled ? `, memest's ${c.engine} ${c.engine_version_modelled} arithmetic` : "");
+    table.appendChild(cap);
+    const head = document.createElement("tr");
+    for (const name of ["figure", "term", "logged", "memest", "error"]) {
+      const th = document.createElement("th");
+      th.scope = "col"; th.textContent = name;
+      if (name === "term") th.className = "term";
+      head.appendChild(th);
+    }
+    table.appendChild(head);
+    for (const f of c.figures) {
+      const tr = document.createElement("tr");
+      tr.dataset.figure = f.figure;
+      if (c.largest_gap && c.largest_gap.figure === f.figure) tr.className = "gap";
+      const cells = [f.figure, f.term || "-", figureValue(f.logged, f.unit), figureValue(f.memest, f.unit), percentText(f.error)];
+      cells.forEach((text, i) => {
+        const td = document.createElement(i === 0 ? "th" : "td");
+        if (i === 0) td.scope = "row";
+        if (i === 1) td.className = "term";
+        td.textContent = text;
+        if (i === 2) td.title = f.line;
+        tr.appendChild(td);
+      });
+      table.appendChild(tr);
+    }
+    const wrap = document.createElement("div");
+    wrap.className = "table-wrap";
+    wrap.appendChild(table);
+    const gap = document.createElement("p");
+    gap.className = "check-gap";
+    gap.textContent = gapText(c);
+    const notes = document.createElement("p");
+    notes.className = "check-notes";
+    const lines = [];
+    if (c.not_logged.length) lines.push(`Not in the log (not compared): ${c.not_logged.join(", ")}.`);
+    if (c.not_compared.length) lines.push(`Logged but not estimated by memest: ${c.not_compared.join(", ")}.`);
+    for (const n of c.notes) lines.push(`Note: ${n}.`);
+    notes.textContent = lines.join(" ");
+    out.append(wrap, gap, notes);
+  }
+}
+
+function showCheckError(message) {
+  $("check-error").hidden = !message;
+  $("check-error").textContent = message ? "Error: " + message : "";
+  if (message) $("check-result").replaceChildren();
+}
+
+async function checkLog() {
+  const body = { log: $("check-log").value };
+  if ($("check-model").value.trim()) body.model = $("check-model").value.trim();
+  if ($("check-gpu").value) body.gpu = $("check-gpu").value;
+  $("check-panel").setAttribute("aria-busy", "true");
+  $("check-run").disabled = true;
+  try {
+    const checks = await post("/v1/check", body);
+    showCheckError("");
+    renderCheck(checks);
+  } catch (e) {
+    showCheckError(e.message);
+  } finally {
+    $("check-panel").setAttribute("aria-busy", "false");
+    $("check-run").disabled = false;
+  }
+}
+
 async function start() {
   readAddress();
   const [modelList, gpuList, stackList] = await Promise.all(
@@ -476,6 +572,11 @@ async function start() {
     gpu.appendChild(o);
   }
   if (gpu.dataset.wanted) gpu.value = gpu.dataset.wanted;
+  for (const d of gpuList) {
+    const o = document.createElement("option");
+    o.value = d.name; o.textContent = `${d.name} (${gib(d.memory_bytes)})`;
+    $("check-gpu").appendChild(o);
+  }
   const stack = $("stack");
   for (const s of stackList) {
     stacks[s.name] = s;
@@ -492,6 +593,7 @@ async function start() {
   $("model").addEventListener("input", () => { if (models[$("model").value.trim()]) { fitContextSlider(); schedule(); } });
   $("config").addEventListener("input", schedule);
   $("copy").addEventListener("click", copyCommand);
+  $("check-form").addEventListener("submit", checkLog);
   showSliders();
   update();
 }

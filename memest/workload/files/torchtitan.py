@@ -13,7 +13,10 @@ the ranks left over), ``tensor_parallel_degree``, ``pipeline_parallel_degree``, 
 ``activation_checkpoint.mode`` (``none``, ``full``, ``selective``) with ``selective_ac_option`` (``op``:
 memest's ``selective_op``; an integer N: every N-th layer checkpointed whole); ``optimizer.name``,
 ``optimizer.implementation`` (``fused`` by default), ``optimizer.early_step_in_backward`` (the step inside
-backward).
+backward); ``compile.enable`` (``training.compile`` before 2025): torch.compile of each block; float8 training
+as ``float8.enable_float8_linear`` (9dec370, December 2024: tensorwise) or ``"float8"`` in ``model.converters``
+with ``float8.recipe_name`` / ``quantize.linear.float8.recipe_name`` (none: tensorwise; ``rowwise``,
+``rowwise_with_gw_hp``: rowwise) and ``enable_fsdp_float8_all_gather`` in the same table.
 
 FSDP2 shards the parameters (ZeRO-3) whenever the shard degree is not 1; ``fsdp_reshard_after_forward``
 ``never`` keeps them gathered from forward to backward (ZeRO-2), as ``default`` does under pipeline
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import InputError
-from memest.workload.config import Offload, Optimizer, Precision, Recompute, Stack
+from memest.workload.config import Float8, Offload, Optimizer, Precision, Recompute, Stack
 from memest.workload.files._common import Found, lookup, typed
 
 NAME = "a torchtitan job TOML ([model] name and flavor, [training])"
@@ -39,14 +42,10 @@ READS = ("model.name", "model.flavor", "training.local_batch_size", "training.ba
          "parallelism.expert_parallel_degree", "parallelism.pipeline_parallel_microbatch_size",
          "parallelism.fsdp_reshard_after_forward", "activation_checkpoint.mode",
          "activation_checkpoint.selective_ac_option", "optimizer.name", "optimizer.implementation",
-         "optimizer.early_step_in_backward")
+         "optimizer.early_step_in_backward", "compile.enable", "training.compile", "model.converters",
+         "float8.enable_float8_linear", "float8.recipe_name", "float8.enable_fsdp_float8_all_gather",
+         "quantize.linear.float8.recipe_name", "quantize.linear.float8.enable_fsdp_float8_all_gather")
 IGNORED = {
-    "compile.enable": ("torch.compile of the model and loss (fused activations)", False),
-    "training.compile": ("torch.compile of the model (fused activations)", False),
-    "model.converters": ("float8 / MX linears (low-precision activations and all-gathers)", None),
-    "float8.enable_float8_linear": ("float8 linears (low-precision activations)", False),
-    "quantize.linear.float8.enable_fsdp_float8_all_gather": ("float8 FSDP all-gathers", False),
-    "float8.enable_fsdp_float8_all_gather": ("float8 FSDP all-gathers", False),
     "activation_checkpoint.memory_budget": ("the compiler's activation memory budget (mode memory_budget)", 0.5),
 }
 """Memory-relevant keys memest does not model -> (what they size, torchtitan's default)."""
@@ -125,7 +124,39 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         put("offload", Offload.PARAMS, "training.enable_cpu_offload")
     _checkpointing(path, doc, put, notes)
     _optimizer(path, doc, put, notes)
+    _compile_and_float8(path, doc, put)
     return Found(values, notes, model, origins)
+
+
+def _compile_and_float8(path: Path, doc: dict[str, Any], put: Any) -> None:
+    for key in ("compile.enable", "training.compile"):
+        value = lookup(doc, key)
+        if value is not None:
+            put("torch_compile", bool(typed(path, key, value, bool, "true or false")), key)
+            break
+    converters = lookup(doc, "model.converters") or []
+    if isinstance(converters, str):
+        converters = [c.strip() for c in converters.split(",")]
+    on, key = "float8" in converters, "model.converters"
+    legacy = lookup(doc, "float8.enable_float8_linear")
+    if legacy is not None and not on:
+        on, key = bool(typed(path, "float8.enable_float8_linear", legacy, bool, "true or false")), \
+            "float8.enable_float8_linear"
+    if not on:
+        return
+    table = "quantize.linear.float8" if lookup(doc, "quantize.linear.float8") is not None else "float8"
+    recipe = lookup(doc, f"{table}.recipe_name")
+    if recipe is not None:
+        recipe = str(typed(path, f"{table}.recipe_name", recipe, str, "tensorwise, rowwise or rowwise_with_gw_hp"))
+        if recipe not in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
+            raise InputError(f"{{config}} {path}: {table}.recipe_name is {recipe!r}; expected tensorwise, rowwise "
+                             "or rowwise_with_gw_hp", field="config")
+        key = f"{table}.recipe_name"
+    put("float8", Float8.ROWWISE if recipe and recipe.startswith("rowwise") else Float8.TENSORWISE, key)
+    gather = lookup(doc, f"{table}.enable_fsdp_float8_all_gather")
+    if gather is not None:
+        put("float8_all_gather", bool(typed(path, f"{table}.enable_fsdp_float8_all_gather", gather, bool,
+                                            "true or false")), f"{table}.enable_fsdp_float8_all_gather")
 
 
 def _batch(path: Path, doc: dict[str, Any], values: dict[str, Any], origins: dict[str, str], notes: list[str],

@@ -74,12 +74,13 @@ OPTIMIZERS: dict[str, Optimizer] = {
     "torch.optim.AdamW": Optimizer.ADAMW, "torch.optim.Adam": Optimizer.ADAMW,
     "bitsandbytes.optim.PagedAdamW8bit": Optimizer.PAGED_ADAMW8BIT,
     "bitsandbytes.optim.AdamW8bit": Optimizer.ADAMW8BIT, "bitsandbytes.optim.Adam8bit": Optimizer.ADAMW8BIT,
-    "bitsandbytes.optim.PagedAdamW": Optimizer.ADAMW, "bitsandbytes.optim.PagedAdamW32bit": Optimizer.ADAMW,
+    "bitsandbytes.optim.PagedAdamW": Optimizer.PAGED_ADAMW32BIT,
+    "bitsandbytes.optim.PagedAdamW32bit": Optimizer.PAGED_ADAMW32BIT,
     "torchao.optim.AdamW8bit": Optimizer.ADAMW8BIT, "torch.optim.SGD": Optimizer.SGD,
 }
 """``optimizer._component_`` -> memest's optimizer: the same states per parameter (torch AdamW with
-``fused: True`` is ``adamw_fused``; SGD with ``momentum`` > 0 keeps one state; a paged 32-bit AdamW keeps
-fp32 states in unified memory, counted on the device; torchao ``AdamW8bit`` quantizes its states in blocks
+``fused: True`` is ``adamw_fused``; SGD with ``momentum`` > 0 keeps one state; ``PagedAdamW8bit`` and
+``PagedAdamW`` / ``PagedAdamW32bit`` keep their large states in CUDA managed memory, outside the allocator; torchao ``AdamW8bit`` quantizes its states in blocks
 of 256 as bitsandbytes does, ``torchao/optim/adam.py`` ``block_size=256``)."""
 
 LOSSES: dict[str, Loss] = {
@@ -139,12 +140,8 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
               "enable_activation_checkpointing")
     _dtype(r)
     _loss(r)
-    if r.flag("compile"):
-        if r.values.get("loss", Loss.CHUNKED) is Loss.CHUNKED:
-            r.put("torch_compile", True, "compile")
-        else:
-            r.notes.append(f"{path.name}: compile is True; memest models torch.compile only for the chunked loss: "
-                           "the compiled layers are estimated uncompiled")
+    if r.flag("compile"):  # training.compile_model (each layer) and compile_loss
+        r.put("torch_compile", True, "compile")
     if r.flag("fsdp_cpu_offload"):
         r.put("offload", Offload.PARAMS, "fsdp_cpu_offload")
     tp = r.get("tensor_parallel_dim")

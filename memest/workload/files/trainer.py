@@ -52,12 +52,13 @@ OPTIM: dict[str, Optimizer] = {
     "adamw_torch": Optimizer.ADAMW, "adamw_torch_fused": Optimizer.ADAMW_FUSED, "adamw_hf": Optimizer.ADAMW,
     "adamw_apex_fused": Optimizer.ADAMW_FUSED, "adamw_8bit": Optimizer.ADAMW8BIT,
     "adamw_bnb_8bit": Optimizer.ADAMW8BIT, "paged_adamw_8bit": Optimizer.PAGED_ADAMW8BIT,
-    "paged_adamw_32bit": Optimizer.ADAMW, "paged_adamw": Optimizer.ADAMW, "adafactor": Optimizer.ADAFACTOR,
+    "paged_adamw_32bit": Optimizer.PAGED_ADAMW32BIT, "paged_adamw": Optimizer.PAGED_ADAMW32BIT, "adafactor": Optimizer.ADAFACTOR,
     "lion_32bit": Optimizer.LION, "paged_lion_32bit": Optimizer.LION, "sgd": Optimizer.SGD,
 }
 """transformers ``OptimizerNames`` (``training_args.py``) -> memest's optimizer: the same states per parameter
-(paged 32-bit AdamW: fp32 states in unified memory, counted on the device; the Trainer's ``sgd`` is torch SGD
-without momentum)."""
+(``paged_adamw_8bit`` / ``paged_adamw_32bit``: bitsandbytes' states of tensors >= 1e5 elements in CUDA managed
+memory, outside the allocator; the Trainer's ``sgd`` is torch SGD without momentum; the paged Lion is read as
+``lion``, its states counted on the allocator)."""
 ATTN = {"sdpa": AttnImplementation.SDPA, "flash_attention_2": AttnImplementation.FLASH_ATTENTION_2,
         "eager": AttnImplementation.EAGER}
 _FSDP = {"full_shard": FsdpStrategy.FULL_SHARD, "shard_grad_op": FsdpStrategy.SHARD_GRAD_OP,

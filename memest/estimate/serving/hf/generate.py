@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 
 from memest.devices import Device
-from memest.estimate import runtime
 from memest.dtypes import nbytes
+from memest.estimate import runtime
 from memest.estimate.serving.common import (
     Allocation,
     compute_bytes,
@@ -179,7 +179,9 @@ def generate_peak(spec: ModelSpec, s: ServingConfig, device: Device, batch: int 
         cuda = device.vendor in ("nvidia", "amd")  # CPU SDPA has an fp32 grouped-query flash kernel
         prefill = max(hf_prefill.prefill_peak(spec, b, p, c, e, cuda=cuda), end, key=lambda m: m.total)
     kv_end = contiguous_cache_bytes(layers, b, lens.cached)
-    per_layer_growth = max((kv.bytes_per_token * b * (lens.cached if kv.window is None else min(lens.cached, kv.window))
+    per_layer_growth = max((kv.sequence_bytes(lens.cached) * b if kv.kind == "compressed"  # torch.cat of the entries
+                            else kv.bytes_per_token * b * (lens.cached if kv.window is None
+                                                           else min(lens.cached, kv.window))
                             for kv, _ in layers), default=0)
     decode_peak = kv_end + per_layer_growth
     dequant = _dequant_bytes(spec, scheme, skip, c, p, b)

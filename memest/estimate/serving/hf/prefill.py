@@ -155,8 +155,9 @@ def layer_cache_bytes(layer: LayerSpec, b: int, p: int, e: float) -> int:
     """Bytes of one layer's transformers cache after the prefill of b prompts of p tokens (0 for
     layers without a cache). Sliding-window layers count every token: the cache keeps a view of the
     prefill's full K/V (``DynamicSlidingWindowLayer.update``); a state layer its state, a
-    cross-attention layer its encoder tokens."""
-    return sum(kv.sequence_bytes(p) * b if kv.kind in ("state", "cross") else kv.bytes_per_token * b * p
+    cross-attention layer its encoder tokens, a compressed cache (DeepSeek-V4) its entries and its
+    buffer's view of the prompt (:meth:`KVLayer.prefill_bytes`)."""
+    return sum(kv.prefill_bytes(p) * b if kv.kind in ("state", "cross", "compressed") else kv.bytes_per_token * b * p
                for kv in kv_caches(layer, 1, e, transformers=True))
 
 

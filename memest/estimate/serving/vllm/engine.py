@@ -61,6 +61,13 @@ class VllmRank:
     num_blocks: int
 
 
+COMPRESSED_KV_ASSUMPTION = (
+    "compressed attention (DeepSeek-V4): vLLM's pool is assumed to hold what transformers' cache holds (the "
+    "sliding window of K = V, one entry per compress rate tokens, the CSA indexer keys) at the KV dtype; vLLM's fp8 "
+    "entry layout and compressor state cache are not modelled"
+)
+
+
 def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRank]:
     """Every pipeline stage's vLLM start-up arithmetic.
 
@@ -167,6 +174,7 @@ def estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate
         f"weights served in {weight_dtype(spec, s)}" + quantization_note(spec, s),
         f"KV cache in {s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else weight_dtype(spec, s)}",
         "KV pool = what is left of gpu_memory_utilization x capacity; the terms show what this job's requests need",
+        *((COMPRESSED_KV_ASSUMPTION,) if any(layer.attention.compress_rate for layer in spec.layers) else ()),
     )
     return Estimate(ranks=tuple(out), assumptions=assumptions, serving=summary)
 
