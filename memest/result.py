@@ -42,6 +42,11 @@ class Kind(str, Enum):
 
 ALLOCATED_KINDS = frozenset(Kind) - {Kind.ALLOCATOR, Kind.RUNTIME}
 
+NEGLIGIBLE_SHARE = 0.01
+"""A compared part (one kind, one term) whose reference figure is under this share of the peak it belongs to gets
+no relative error: a percentage of next to nothing says nothing of the estimate, its difference does (``memest
+calibrate`` / ``memest.track`` rows, :mod:`memest.calibration.compare`; the ``--trace`` table)."""
+
 PAGED_STATES = "runtime.paged_optimizer_states"
 """The term of bitsandbytes' paged optimizer states resident on the device (CUDA managed memory, outside the
 allocator: :mod:`memest.estimate.training.optimizers`). The driver evicts such pages to host RAM when the
@@ -186,9 +191,11 @@ class ServingSummary:
         largest_max_model_len: The longest max_model_len at which the job's batch_size requests fit
             at once (0: none).
         largest_max_model_len_one_request: vLLM's 'estimated maximum model length' for one request.
-        largest_concurrency: Requests of max_model_len tokens that fit at once (the floor of
-            max_concurrency for vLLM).
-        batch_size: Requests the job serves at once (``--batch-size``).
+        largest_concurrency: Requests of max_model_len tokens that fit at once in one replica's pool
+            (the floor of max_concurrency for vLLM).
+        batch_size: Requests the job serves at once, over all its replicas (``--batch-size``).
+        replicas: Data-parallel replicas, each an engine with its own pool (``parallelism.dp``); each
+            serves ``ceil(batch_size / replicas)`` of the requests (``ServingConfig.replica_batch_size``).
         device_bytes: vLLM: what the started engine holds on one device (nvidia-smi): the budget
             gpu_memory_utilization x capacity plus what sits outside it (CUDA graphs; for 0.19
             also the CUDA context and NCCL communicators). 0 for hf.
@@ -214,6 +221,17 @@ class ServingSummary:
     batch_size: int = 0
     device_bytes: int = 0
     state_bytes_per_sequence: int = 0
+    replicas: int = 1
+
+    @property
+    def held_sequences(self) -> int:
+        """Requests of max_model_len held at once over all replicas: replicas x largest_concurrency."""
+        return self.replicas * self.largest_concurrency
+
+    @property
+    def replica_batch_size(self) -> int:
+        """Requests the busiest replica serves at once: ``ceil(batch_size / replicas)``."""
+        return -(-self.batch_size // self.replicas)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -360,3 +360,43 @@ def test_cuda_meter_carries_peaks_across_steps_and_reads_the_context(monkeypatch
     # without NVML the context is what mem_get_info says the device uses: total 1000 - free 900
     assert (m.context_method, m.cuda_context_bytes) == ("mem_get_info", 100)
     assert m.non_torch_bytes is None and m.device_used_bytes is None
+
+
+def test_cpu_rows_compare_the_moment_the_measured_peak_matches():
+    """The estimate peaks at its optimizer step (weights 100 + gradients 100 + states 200 = 400 B) while the run
+    peaked in its loss forward (weights 100 + activations 48 = 148 B): the per-term rows take the estimate's
+    loss_forward terms (weights 100, activations 50), the moment nearest the measured breakdown (distance
+    |100 - 100| + |50 - 48| = 2, against |0 - 0| + |100 - 0| + |200 - 0| + |0 - 48| = 348 for the step), and the
+    totals compare the two peaks: 400 against 148."""
+    from memest.result import Kind, RankEstimate, Term
+
+    w, g, o, a = (Term("weights", Kind.WEIGHTS, 100), Term("gradients", Kind.GRADIENTS, 100),
+                  Term("optimizer_states", Kind.OPTIMIZER_STATES, 200), Term("activations", Kind.ACTIVATIONS, 50))
+    moments = {"loss_forward": [w, a], "optimizer_step": [w, g, o]}
+    rank = RankEstimate("all ranks", (w, g, o), 1)
+    m = Measurement(backend="cpu", device_name="cpu", steps=2, peak_allocated_bytes=148,
+                    by_category={"PARAMETER": 100, "ACTIVATION": 48})
+    got = {r.name: r for r in rows(rank, m, moments=moments, peak_moment="optimizer_step")}
+    assert set(got) == {"weights", "activations + logits", "peak allocated"}  # no gradients / states at this moment
+    assert (got["activations + logits"].predicted, got["activations + logits"].measured) == (50, 48)
+    assert got["activations + logits"].error == pytest.approx(2 / 48) and got["weights"].moment == "loss_forward"
+    assert (got["peak allocated"].predicted, got["peak allocated"].measured) == (400, 148)
+    # without the moments (no training estimate): the peak's own terms, as before
+    plain = {r.name: r for r in rows(rank, m)}
+    assert plain["gradients"].predicted == 100 and plain["gradients"].measured == 0
+
+
+def test_a_near_zero_measured_term_has_no_percentage():
+    """548 B of activations at a 80 MiB peak is under 1% of it (0.8 MiB): no relative error (-100% says nothing),
+    the difference is given; 2% of the peak keeps its error."""
+    from memest.result import Kind, RankEstimate, Term
+
+    peak = 80 * 2**20
+    rank = RankEstimate("all ranks", (Term("weights", Kind.WEIGHTS, peak),), 1)
+    m = Measurement(backend="cpu", device_name="cpu", steps=2, peak_allocated_bytes=peak,
+                    by_category={"PARAMETER": peak - 548, "ACTIVATION": 548})
+    act = next(r for r in rows(rank, m) if r.name == "activations + logits")
+    assert (act.predicted, act.measured, act.error, act.delta) == (0, 548, None, -548)
+    m2 = Measurement(backend="cpu", device_name="cpu", steps=2, peak_allocated_bytes=peak,
+                     by_category={"PARAMETER": peak - peak // 50, "ACTIVATION": peak // 50})
+    assert next(r for r in rows(rank, m2) if r.name == "activations + logits").error == -1.0

@@ -245,3 +245,33 @@ def test_sglang_sizes_its_default_fraction_by_the_smallest_card():
     assert est.serving.requested_bytes == 30_978_654_213
     assert est.serving.kv_cache_tokens == (30_978_654_213 - weights) // 262_144
     assert any("mem_fraction_static 0.888 " in a for a in est.assumptions), est.assumptions
+
+
+def test_vllm_on_unlike_cards_recommends_a_lower_utilization():
+    """Llama-3.1-8B under vLLM at tp 2 on RTX-4090 + RTX-3090 binds at the 4090 (23.68 GiB against 23.69 GiB,
+    ``memest.devices``). At gpu_memory_utilization 0.90 the process is over the card by under 60 MiB, and one
+    step of 0.01 lowers vLLM's share by 0.01 x 23.68 GiB = 242.5 MiB, while the KV pool it leaves still holds
+    the one request of 131,072 tokens (131,072 x [32 layers x 2 (K, V) x 8 heads / tp 2 x 128 x 2 B = 65,536 B]
+    = 8 GiB per rank, of a pool of about 11.2 GiB less 0.24 GiB): 0.89 is the largest value that fits, on the fleet as on
+    2 x RTX-4090 (the same binding card)."""
+    from memest.planning.recommend import assess
+
+    spec = load_model("meta-llama/Llama-3.1-8B")
+    s = ServingConfig(engine=Engine.VLLM, parallelism=Parallelism(tp=2))
+    fleet = get_devices("RTX-4090,RTX-3090")
+    a = assess(spec, s, fleet)
+    assert not a.verdict.fits and a.verdict.device.name == "RTX-4090"
+    assert -a.verdict.margin_bytes < 0.01 * get_device("RTX-4090").memory_bytes  # one step covers the shortfall
+    assert a.utilization == 0.89
+    assert a.recommendation is not None and a.recommendation.cheapest.flags == "--gpu-memory-utilization 0.89"
+    assert a.recommendation.cheapest.verdict.fits and a.recommendation.lossless is a.recommendation.cheapest
+    # the CLI: the verdict gives the value, --check exits 3 with the fix printed, the JSON holds it
+    run = CliRunner()
+    args = ["hf", "meta-llama/Llama-3.1-8B", "--serve", "--gpu", "RTX-4090,RTX-3090"]
+    out = run.invoke(app, [*args, "--check"])
+    assert out.exit_code == 3
+    text = " ".join(out.stdout.split())
+    assert "(0.89 fits)" in text and "too small" not in text
+    assert "Cheapest fit: --gpu-memory-utilization 0.89" in text and "of RTX-4090,RTX-3090" in text
+    doc = json.loads(run.invoke(app, [*args, "--json"]).stdout)
+    assert doc["recommendation"]["cheapest"]["workload"]["gpu_memory_utilization"] == 0.89

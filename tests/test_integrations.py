@@ -242,3 +242,72 @@ def test_lightning_callback_measured_against_the_estimate(tmp_path):
     assert rec["measured"][0]["static"]["weights"] == P * 4
     rows = {r["name"]: r for r in rec["comparison"]["ranks"][0]["rows"]}
     assert abs(rows["peak allocated"]["error"]) <= TOLERANCE
+
+
+def _tiny_llama_loop(batch: int, seq: int, autocast: bool):
+    """transformers' LlamaConfig with 2 layers of h 64 (i 128, 4 heads / 2 KV heads, V 32,000), torch AdamW, one
+    step run before the block; returns (model, optimizer, step)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    ids = torch.randint(0, 32_000, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return model, opt, step
+
+
+def test_track_reads_autocast_and_says_it_in_the_job_line(tmp_path):
+    """A loop whose forward runs under torch.autocast(bf16) over fp32 parameters is precision amp (fp32 params,
+    autocast bf16), read in the first forward; the job line says that recipe, never "autocast(bf16): precision
+    fp32". Without autocast the job line names no bf16 switch: "PyTorch: precision fp32"."""
+    import memest
+
+    lines: list[str] = []
+    model, opt, step = _tiny_llama_loop(1, 16, autocast=True)
+    with memest.track(model, opt, log=lines.append, results_path=tmp_path) as t:
+        step()
+    assert t.watch.values["precision"].value == "amp"
+    job = next(x for x in lines if x.startswith("memest: llama ("))
+    assert "PyTorch, torch.autocast(bf16): fp32 params, autocast bf16" in job and "precision fp32" not in job
+    lines.clear()
+    model, opt, step = _tiny_llama_loop(1, 16, autocast=False)
+    with memest.track(model, opt, log=lines.append, results_path=tmp_path) as t:
+        step()
+    job = next(x for x in lines if x.startswith("memest: llama ("))
+    assert t.watch.values["precision"].value == "fp32" and "PyTorch: precision fp32" in job and "autocast" not in job
+
+
+def test_track_compares_terms_of_the_same_moment(tmp_path):
+    """The same loop under autocast estimated as fp32 (precision given): the fp32 estimate peaks at its optimizer
+    step, weights W + gradients W + AdamW's 2 W + its foreach temporary W = 5 W (W = 4 B x 4.17 M params =
+    15.9 MiB: 2 x 32,000 x 64 embedding / lm_head + 2 layers), while the run's peak is in its loss (the autocast
+    copies the fp32 estimate leaves out lift the forward above 5 W at 80 tokens). The per-term rows then take
+    the estimate's moment nearest the measured breakdown: no row is a term the other side has none of (the
+    -100% / measured 0 rows of comparing an optimizer-step estimate with a forward measurement)."""
+    import memest
+
+    model, opt, step = _tiny_llama_loop(1, 80, autocast=True)
+    with memest.track(model, opt, log=lambda line: None, results_path=tmp_path, precision="fp32") as t:
+        step()
+        step()
+    assert t.estimate.extra["peak_moment"] == "optimizer_step"
+    rank = t.calibration.ranks[0]
+    per_term = [r for r in rank.rows if not r.total]
+    assert per_term and all(r.moment not in (None, "optimizer_step") for r in per_term)
+    for r in per_term:  # the same moment: both sides hold the term, or neither does
+        assert (r.predicted > 0) == (r.measured > 0), r
+    (rec,) = _records(tmp_path / "cpu.jsonl")
+    assert {row["moment"] for row in rec["comparison"]["ranks"][0]["rows"] if row["name"] == "weights"} == {
+        per_term[0].moment}

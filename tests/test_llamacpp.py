@@ -259,3 +259,44 @@ def test_one_gpu_and_other_engines_keep_their_words():
     assert ServingConfig(engine=Engine.VLLM, parallelism=Parallelism(tp=2)).layout_words() is None
     assert ServingConfig(engine=Engine.LLAMACPP).layout_words(Parallelism(tp=3)) == (
         "split-mode layer over 3 GPUs, tensor-split by free memory")
+
+
+def test_fix_offers_layers_in_ram_and_a_smaller_file_on_one_card():
+    """Llama-3.1-8B, F16 GGUF, n_ctx 4 x 8,192 = 32,768 cells on one L4 (usable 0.9 x 22.49 = 20.24 GiB):
+    it is over by less than 150 MiB (the verdict). Leaving the output layer in RAM (-ngl 32 of 33: 32 blocks +
+    output) frees its f16 weight, 128,256 x 4,096 x 2 B = 1,002 MiB, so 32 layers fit on the one card, lossless
+    and slower; every layer on the GPU fits as Q8_0 (34 B per 32 weights: 8.03 B x 34 / 32 = 7.95 GiB of
+    weights + 32,768 cells x 32 layers x 2 x 8 x 128 x 2 B = 4 GiB of KV, under 20.24 GiB less the buffers).
+    Both keep one L4, so a second card (the planner's --gpus 2) is never the cheapest fit."""
+    from memest.devices import get_device
+    from memest.planning.recommend import assess
+    from memest.sources import load_model
+
+    l4 = get_device("L4")
+    spec = load_model("meta-llama/Llama-3.1-8B")
+    s = ServingConfig(engine=Engine.LLAMACPP, max_model_len=8192, batch_size=4)
+    a = assess(spec, s, l4)
+    assert not a.verdict.fits and -a.verdict.margin_bytes < 150 * MiB
+    assert 128_256 * 4_096 * 2 > 1_000 * MiB > 150 * MiB
+    rec = a.recommendation
+    assert rec.cheapest.flags == "--n-gpu-layers 32" and rec.cheapest.devices == 1 and rec.cheapest.lossless
+    assert "1 of 33 layers in host RAM" in rec.cheapest.changes[0].how and "slower" in rec.cheapest.changes[0].how
+    assert rec.lossless is rec.cheapest  # lossless at the same price: the cheapest fit
+    assert rec.on_device.flags == "--quantization q8_0" and rec.on_device.devices == 1 and not rec.on_device.lossless
+    assert rec.on_device.verdict.fits and rec.on_device.workload.n_gpu_layers is None
+
+
+def test_fix_on_more_cards_names_the_layer_split_not_tp():
+    """Llama-3.1-70B, F16 GGUF: 70.6 B x 2 B = 131.5 GiB of weights. On L4s (20.24 GiB usable each) every layer
+    on the GPUs takes more than 131.5 / 20.24 = 6.5 cards, so 8 (the planner's powers of two); no file type of the
+    ladder fits one card (Q2_K is 2.96 GB per 8.03 B params at Llama-3-8B, llama-quantize: 26 GB at 70.6 B). The
+    fix with every layer on the GPUs is --gpus 8, said as llama.cpp splits it (--split-mode layer), never --tp."""
+    out = subprocess.run([sys.executable, "-m", "memest", "hf", "meta-llama/Llama-3.1-70B", "--serve", "--engine",
+                          "llama.cpp", "--gpu", "L4", "--max-model-len", "8192"], capture_output=True, text=True,
+                         env={**ENV, "COLUMNS": "400"}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("Every layer on the GPUs:"))
+    assert line.startswith("Every layer on the GPUs: --gpus 8 → ") and "--tp" not in line
+    assert "split-mode layer over 8 GPUs" in line
+    cheapest = next(x for x in out.stdout.splitlines() if x.startswith("Cheapest fit:"))
+    assert "--n-gpu-layers" in cheapest and "layers in host RAM" in cheapest and "on 1 × L4" in cheapest

@@ -27,7 +27,7 @@ from memest.estimate.serving.vllm.engine import vllm_ranks
 from memest.planning.costs import Cost, PriceTable
 from memest.planning.fit import verdict
 from memest.planning.maxfit import largest_utilization
-from memest.planning.recommend import _utilization_cost, assess, recommend
+from memest.planning.recommend import _own_setup_cost, assess, recommend
 from memest.planning.search import MAX_PP_QUERY, DeviceChoice, Space, plan, smallest_parallelism
 from memest.report import serving_lines
 from memest.sources import load_model
@@ -192,9 +192,9 @@ def test_the_utilization_candidate_is_costed_like_a_planner_setup():
     # tp 8 x pp 4 on 32 T4s at $0.40: money 32 x 0.40 = 12.80; communication log2(8) x 1 + log2(4) x 2 = 7;
     # no disruption; changes: tp, pp and the utilization = 3
     w = ServingConfig(parallelism=Parallelism(tp=8, pp=4))
-    assert _utilization_cost(w, 32 * 0.40) == Cost(12.80, 7.0, 0.0, 3)
+    assert _own_setup_cost(w, 32 * 0.40) == Cost(12.80, 7.0, 0.0, 3)
     # with an fp8 KV cache asked: + 2 disruption (costs table) and one more change
-    assert _utilization_cost(w.replace(kv_cache_dtype="fp8"), 12.80) == Cost(12.80, 7.0, 2.0, 4)
+    assert _own_setup_cost(w.replace(kv_cache_dtype="fp8"), 12.80) == Cost(12.80, 7.0, 2.0, 4)
 
 
 def test_the_utilization_candidate_ranks_with_the_planners_setups():
@@ -206,7 +206,7 @@ def test_the_utilization_candidate_ranks_with_the_planners_setups():
     price = PriceTable.catalog().price(T4)
     found = plan(spec, asked, Space(devices=(DeviceChoice(T4, 32 << 6, 32),), lossless_only=True), headroom=HEADROOM,
                  max_queries=False)
-    own = _utilization_cost(rec.lossless.workload, 32 * price)
+    own = _own_setup_cost(rec.lossless.workload, 32 * price)
     assert found.best is None or own < found.best.setup.cost
 
 

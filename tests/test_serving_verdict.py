@@ -124,3 +124,51 @@ def test_sweep_says_which_batches_queue() -> None:
     fits_row = next(line for line in out.stdout.splitlines() if line.strip("│ ").startswith("fits"))
     assert "yes" in fits_row and "queues" in fits_row and "NO" not in fits_row
     assert f"Largest --batch-size held at once: {k}; with {k + 1} the engine starts" in out.stdout
+
+
+def test_data_parallel_replicas_each_hold_their_share() -> None:
+    """``--batch-size`` counts the job's sequences; each of the dp replicas is its own engine with its own
+    pool of K = 49 sequences (``_held_by_hand``: the replica's pool is the one-replica pool, the device and
+    the per-device weights being the same) and serves ceil(N / dp) of them. At N = 100: dp 1 holds 49,
+    dp 2 holds 2 x 49 = 98 of 100 (each asked ceil(100 / 2) = 50 > 49: queues), dp 3 holds 3 x 49 = 147
+    (each asked ceil(100 / 3) = 34 <= 49: fits)."""
+    from memest.workload import Parallelism
+
+    spec = load_model(MODEL)
+    k = _held_by_hand(estimate(spec, _job(1), L4).serving.kv_budget_bytes)
+    assert k == 49  # the case below rests on it: 2 x 49 < 100 <= 3 x 49
+    for dp, held, kind in ((1, 49, "queues"), (2, 98, "queues"), (3, 147, "fits")):
+        est = estimate(spec, _job(100).replace(parallelism=Parallelism(dp=dp)), L4)
+        v = verdict(est, L4, dp, 0.10)
+        assert (v.held_sequences, v.asked_sequences, v.kind) == (held, 100, kind), dp
+    # the shortfall of dp 2 is one replica's: 50 requests x 32,768 x 12,288 B less its KV budget
+    est = estimate(spec, _job(100).replace(parallelism=Parallelism(dp=2)), L4)
+    assert verdict(est, L4, 2, 0.10).shortfall_bytes == 50 * LEN * 12_288 - est.serving.kv_budget_bytes
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_cli_replicas_raise_the_sequences_held(dp: int) -> None:
+    """Llama-3.1-8B on L4s at 32,768 tokens: one request's KV is 32,768 x (32 layers x 2 x 8 KV heads x 128 x 2 B =
+    131,072 B) = 4 GiB; vLLM's budget 0.90 x 22.49 GiB = 20.24 GiB less 14.96 GiB of weights leaves under 5.3 GiB,
+    so each replica holds 1 request and dp replicas hold dp of the 8 asked, 8 / dp asked of each."""
+    args = ["hf", "meta-llama/Llama-3.1-8B", "--serve", "--gpu", "L4", "--gpus", str(dp), "--dp", str(dp),
+            "--batch-size", "8", "--max-model-len", str(LEN)]
+    doc = json.loads(run_memest(*args, "--json").stdout)
+    assert doc["concurrency"] == {"held": dp, "asked": 8, "tokens": LEN} and doc["verdict"] == "queues"
+    out = " ".join(run_memest(*args, env=WIDE).stdout.split())
+    each = f"{dp} replicas x 1 each, {8 // dp} asked of each; " if dp > 1 else ""
+    assert f"STARTS: vLLM holds {dp} of 8 concurrent sequences at 32,768 tokens ({each}the rest wait)" in out
+
+
+def test_the_fix_of_a_replicated_job_keeps_its_replicas() -> None:
+    """Llama-3.1-8B, 2 replicas on L4s, 8 sequences of 32,768 tokens asked at once: each replica must hold 4, whose
+    KV is 4 x 4 GiB = 16 GiB, and with 14.96 GiB of weights that is more than one L4's 20.24 GiB, so each replica
+    needs 2 L4s (7.48 GiB of weights and 8 GiB of KV per device): the lossless fit is 4 L4s as 2 replicas of 2,
+    never one replica of 4 (the printed fix names no --dp, so the user's --dp 2 stays)."""
+    from memest.workload import Parallelism
+
+    s = ServingConfig(max_model_len=LEN, batch_size=8, parallelism=Parallelism(dp=2))
+    rec = assess(load_model("meta-llama/Llama-3.1-8B"), s, L4, hold_batch=True).recommendation
+    fit = rec.lossless
+    assert fit.devices == 4 and fit.workload.parallelism.dp == 2 and fit.verdict.fits
+    assert fit.workload.parallelism.tp * fit.workload.parallelism.pp == 2 and "--dp" not in fit.flags

@@ -106,3 +106,33 @@ def test_loss_keeps_three_fp32_vocab_tensors_at_the_start_of_backward() -> None:
 def test_settings_the_trace_cannot_simulate_are_refused(kw, match) -> None:
     with pytest.raises(InputError, match=match):
         _step(**kw)
+
+
+def test_autocast_weight_copies_are_workspace_as_the_estimate_files_them() -> None:
+    """precision amp: fp32 parameters, torch.autocast(bf16) casts each linear weight once per forward and the copy is
+    kept for backward; the estimate calls those copies workspace (workspace.autocast_weights), and so does the trace.
+    At the traced peak (the loss's backward, before any layer's backward) every copy is alive: per layer q, o
+    (h x a*d) + k, v (h x k*d) + gate, up, down (h x i), and the untied lm_head (V x h), 2 B each:
+    (2 x (2 x 256 x 256 + 2 x 256 x 64 + 3 x 256 x 704) + 1024 x 256) x 2 B = 3,342,336 B (multiples of 512 B)."""
+    rank = _step(precision=Precision.AMP).per_device
+    copies = [g for g in rank.groups if g.label == "autocast weight copy"]
+    assert rank.peak_phase == "backward"
+    assert [g.kind for g in copies] == [Kind.WORKSPACE]
+    assert copies[0].bytes == (L * (2 * H * A * D + 2 * H * K * D + 3 * H * I) + V * H) * 2 == 3_342_336
+    weight_shapes = {(A * D, H), (H, A * D), (K * D, H), (I, H), (H, I), (V, H)}
+    for g in rank.groups:  # no weight-shaped cast is left among the activations
+        if g.kind is Kind.ACTIVATIONS and g.label.startswith("aten._to_copy"):
+            assert not any(str(shape) in g.label for shape in weight_shapes), g.label
+
+
+def test_the_table_gives_no_share_of_a_near_zero_kind() -> None:
+    """A kind the trace holds 8 MiB of at a 23 GiB peak (under 1% of it, 235.9 MiB) shows its difference and "—" for
+    the share, not -22,843%; 2.31 GiB against 1.82 GiB is (2.31 - 1.82) / 2.31 = +21.2% of the trace."""
+    from memest.report.trace import _rel
+    from memest.trace.compare import ComparisonRow
+
+    MiB, GiB = 2**20, 2**30
+    peak = round(23.04 * GiB)
+    assert _rel(ComparisonRow("workspace", round(1.82 * GiB), round(8.12 * MiB)), peak) == "—"
+    assert _rel(ComparisonRow("workspace", round(1.82 * GiB), round(2.31 * GiB)), peak) == "+21.2%"
+    assert _rel(ComparisonRow("peak allocated", round(22.55 * GiB), peak)) == "+2.1%"

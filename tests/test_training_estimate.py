@@ -407,3 +407,24 @@ def test_lora_param_offload_keeps_the_frozen_base_in_host_ram():
                        parallelism=Parallelism(dp=2, zero_stage=3))
     est = estimate(load_model("meta-llama/Llama-2-7b-hf"), t, get_device("H100-80GB"))
     assert est.host_bytes == 13_476_831_232 + 369_098_752 == 13_845_929_984
+
+
+def test_autocast_copies_the_tied_lm_head_too():
+    """Llama-3.2-1B ties its lm_head to the embedding (tie_word_embeddings): under torch.autocast the head's linear
+    casts that fp32 matrix like any linear weight (a cached bf16 copy kept for backward), the embedding lookup casts
+    nothing. Copies, 2 B each: 16 layers x (q, o 2048 x 2048 + k, v 2048 x 512 + gate, up, down 2048 x 8192)
+    = 16 x 60,817,408 + the tied head 128,256 x 2048 = 262,668,288 -> 1,235,746,816 x 2 B = 2,471,493,632 B (the
+    meta-device trace of the step holds 113 copies, 2.30 GiB: memest hf meta-llama/Llama-3.2-1B --train --trace)."""
+    from memest.devices import get_device
+    from memest.estimate import estimate
+    from memest.sources import load_model
+    from memest.workload import Precision, TrainingConfig
+
+    spec = load_model("meta-llama/Llama-3.2-1B")
+    assert spec.tie_word_embeddings
+    est = estimate(spec, TrainingConfig(precision=Precision.AMP, micro_batch_size=1, seq_len=2048),
+                   get_device("A100-80GB"))
+    cast = next(t for t in est.per_device.terms if t.name == "workspace.autocast_weights")
+    layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    assert layer == 60_817_408
+    assert cast.bytes == (16 * layer + 128_256 * 2048) * 2 == 2_471_493_632

@@ -19,6 +19,15 @@ What is compared with what:
 | CUDA context | ``runtime.cuda_context`` | device memory before the first tensor | – |
 | **device used** | peak reserved + runtime | peak reserved + non-torch | – |
 
+On the CPU the per-term rows compare like moments: the profiler's breakdown is the one at the measured peak, and
+the estimate's terms are those of its own peak moment (``Estimate.extra["peak_moment"]``, the training moments of
+:func:`memest.estimate.training.moments`). When the two peaks fall at different moments of the step (the estimate
+peaks at the optimizer step, the run in its forward, say), the rows take the estimate's terms at the moment whose
+breakdown is nearest the measured one (the least sum of the rows' differences: :func:`matched_moment`), and say
+which (:attr:`Row.moment`); the totals compare the two peaks. A row whose measured figure is under
+:data:`~memest.result.NEGLIGIBLE_SHARE` of the measured peak gets no relative error (a percentage of nothing says nothing of the
+estimate): its difference is shown.
+
 On CPU the terms that exist only on CUDA (cuBLAS workspace, allocator slack, context) are zero
 because the estimate is made for a CPU device (``arch="cpu"``), so peak allocated compares the
 same tensors. Under FSDP2 (ZeRO 2/3) the profiler's categories miss the parameters (DTensors): CPU
@@ -32,13 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memest.calibration.measure import Measurement
 from memest.devices import DEVICES, Device, GiB, get_device
 from memest.errors import UnknownDeviceError
-from memest.result import Estimate, Kind, RankEstimate
+from memest.result import NEGLIGIBLE_SHARE, Estimate, Kind, RankEstimate, Term
 
 ARCH_BY_CAPABILITY = {"7.0": "volta", "7.2": "volta", "7.5": "turing", "8.0": "ampere", "8.6": "ampere",
                       "8.7": "ampere", "8.9": "ada", "9.0": "hopper", "10.0": "blackwell", "10.3": "blackwell",
@@ -109,6 +119,11 @@ class Row:
     measured: int | None
     terms: tuple[str, ...] = ()
     total: bool = False
+    moment: str | None = None
+    """The estimate's moment ``predicted`` is taken at when it is not the estimate's peak (:func:`matched_moment`)."""
+    floor: int = 0
+    """Measured figures under this many bytes get no relative error (:data:`memest.result.NEGLIGIBLE_SHARE` of the
+    peak)."""
 
     @property
     def delta(self) -> int | None:
@@ -119,15 +134,33 @@ class Row:
 
     @property
     def error(self) -> float | None:
-        """(predicted - measured) / measured; None when either is missing or measured is 0."""
-        if self.delta is None or not self.measured:
+        """(predicted - measured) / measured; None when either is missing, or measured is 0 or under
+        :attr:`floor`."""
+        if self.delta is None or not self.measured or self.measured < self.floor:
             return None
         return self.delta / self.measured
 
 
-def _kind_sum(rank: RankEstimate, kinds: tuple[Kind, ...]) -> tuple[int, tuple[str, ...]]:
-    terms = [t for t in rank.terms if t.kind in kinds]
+def _kind_sum(rank: RankEstimate | Sequence[Term], kinds: tuple[Kind, ...]) -> tuple[int, tuple[str, ...]]:
+    terms = [t for t in (rank.terms if isinstance(rank, RankEstimate) else rank) if t.kind in kinds]
     return sum(t.bytes for t in terms), tuple(t.name for t in terms)
+
+
+def _cpu_measured(m: Measurement, masters: int) -> dict[str, int]:
+    """The measured bytes of each CPU row at the measured peak (the fp32 masters moved to optimizer_states)."""
+    shift = {"weights": -masters, "optimizer_states": masters}
+    return {name: sum(m.by_category.get(c, 0) for c in categories) + shift.get(name, 0)
+            for name, _, categories in _CPU_GROUPS}
+
+
+def matched_moment(moments: Mapping[str, Sequence[Term]], measured: Mapping[str, int]) -> str:
+    """The moment of ``moments`` (name -> its allocated terms) whose per-row sums are nearest ``measured`` (row
+    name -> bytes at the measured peak): the least sum of absolute differences over the CPU rows (the first of
+    equals, in the moments' order)."""
+    def distance(name: str) -> int:
+        return sum(abs(_kind_sum(moments[name], kinds)[0] - measured[row]) for row, kinds, _ in _CPU_GROUPS)
+
+    return min(moments, key=distance)
 
 
 _CPU_GROUPS: tuple[tuple[str, tuple[Kind, ...], tuple[str, ...]], ...] = (
@@ -139,8 +172,14 @@ _CPU_GROUPS: tuple[tuple[str, tuple[Kind, ...], tuple[str, ...]], ...] = (
 )
 
 
-def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = None, *, serving: bool = False) -> list[Row]:
-    """The side-by-side rows of one rank (see the module table)."""
+def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = None, *, serving: bool = False,
+         moments: Mapping[str, Sequence[Term]] | None = None, peak_moment: str | None = None) -> list[Row]:
+    """The side-by-side rows of one rank (see the module table).
+
+    Args:
+        moments: Training: the estimate's moments (name -> allocated terms), for the CPU per-term rows when the
+            measured peak falls at another moment than ``peak_moment``, the estimate's (module docstring).
+    """
     static = static or {}
     out: list[Row] = []
     if m.backend == "cpu":
@@ -159,14 +198,19 @@ def rows(rank: RankEstimate, m: Measurement, static: dict[str, int] | None = Non
         else:
             # the profiler files fp32 master copies as PARAMETER (the optimizer's params); memest
             # counts them as optimizer states: move them across
-            masters = static.get("master_weights", 0)
-            shift = {"weights": -masters, "optimizer_states": masters}
-            for name, kinds, categories in _CPU_GROUPS:
-                pred, names = _kind_sum(rank, kinds)
-                measured = (sum(m.by_category.get(c, 0) for c in categories) + shift.get(name, 0)
-                            if m.by_category else None)
-                if pred or measured:
-                    out.append(Row(name, pred, measured, names))
+            measured = _cpu_measured(m, static.get("master_weights", 0)) if m.by_category else None
+            terms: RankEstimate | Sequence[Term] = rank
+            moment = None
+            if measured is not None and moments and peak_moment in moments:
+                near = matched_moment(moments, measured)
+                if near != peak_moment:
+                    terms, moment = moments[near], near
+            floor = round(NEGLIGIBLE_SHARE * (m.peak_allocated_bytes or 0))
+            for name, kinds, _ in _CPU_GROUPS:
+                pred, names = _kind_sum(terms, kinds)
+                got = measured[name] if measured is not None else None
+                if pred or got:
+                    out.append(Row(name, pred, got, names, moment=moment, floor=floor))
         out.append(Row("peak allocated", rank.allocated_bytes, m.peak_allocated_bytes, total=True))
         return out
 
@@ -253,13 +297,16 @@ class RankComparison:
         raise KeyError(name)
 
 
-def compare(est: Estimate, payloads: list[dict[str, Any]], *, serving: bool) -> list[RankComparison]:
-    """Rows for every rank's payload (``{"measurement", "static"}`` as the workers send them)."""
+def compare(est: Estimate, payloads: list[dict[str, Any]], *, serving: bool,
+            moments: Mapping[str, Sequence[Term]] | None = None) -> list[RankComparison]:
+    """Rows for every rank's payload (``{"measurement", "static"}`` as the workers send them); ``moments``: the
+    training estimate's moments (:func:`rows`)."""
     out = []
+    peak = est.extra.get("peak_moment")
     for payload in payloads:
         m = Measurement.from_dict(payload["measurement"])
         out.append(RankComparison(m.rank, m, tuple(rows(rank_estimate(est, m.rank), m, payload.get("static"),
-                                                         serving=serving))))
+                                                         serving=serving, moments=moments, peak_moment=peak))))
     return sorted(out, key=lambda c: c.rank)
 
 
@@ -304,7 +351,13 @@ def evaluate(spec: Any, workload: Any, payloads: list[dict[str, Any]], *, headro
     device = local_device(first.backend, first.device_name, first.device_total_bytes,
                           payloads[0].get("environment", {}).get("device_capability"))
     est = estimate(spec, workload, device)
-    ranks = tuple(compare(est, payloads, serving=isinstance(workload, ServingConfig)))
+    serving = isinstance(workload, ServingConfig)
+    alive = None
+    if not serving and first.backend == "cpu" and len(est.ranks) == 1:
+        from memest.estimate.training import moments
+
+        alive = moments(spec, workload, device)
+    ranks = tuple(compare(est, payloads, serving=serving, moments=alive))
     predicted = verdict(est, device, workload.parallelism.world_size, headroom)
     check = VerdictCheck(predicted.fits, all(r.measurement.fits for r in ranks), headroom)
     return Calibration(device, est, ranks, check)

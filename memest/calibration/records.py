@@ -97,7 +97,8 @@ def build_record(
                         "headroom": verdict.headroom, "status": verdict.status},
             "ranks": [
                 {"rank": c.rank, "rows": [{"name": r.name, "predicted": r.predicted, "measured": r.measured,
-                                           "error": r.error, "terms": list(r.terms)} for r in c.rows]}
+                                           "error": r.error, "terms": list(r.terms), "moment": r.moment}
+                                          for r in c.rows]}
                 for c in comparisons
             ],
         },

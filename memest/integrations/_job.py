@@ -155,6 +155,27 @@ def pure_half(values: dict[str, Any], dtype: str | None) -> list[str]:
     return []
 
 
+def autocast_precision(values: dict[str, Any], device_type: str) -> list[str]:
+    """A loop that runs its forward under ``torch.autocast`` over fp32 parameters (read where it is called: the
+    first forward, or the block's entry) trains ``precision="amp"`` (fp32 weights, gradients and optimizer, the
+    matmuls in the autocast dtype: the weight copies autocast makes, ``memest.workload.config.Precision.AMP``).
+    Sets it in ``values`` when they say fp32 (the parameters' dtype); returns the note, if any. The autocast state
+    is ``torch.is_autocast_enabled(device_type)`` / ``torch.get_autocast_dtype(device_type)`` (torch >= 2.4)."""
+    import torch
+
+    from memest.workload import Precision
+
+    if values.get("precision") is not Precision.FP32 or not torch.is_autocast_enabled(device_type):
+        return []
+    dtype = torch.get_autocast_dtype(device_type)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return []
+    values["precision"] = Precision.AMP
+    name = str(dtype).removeprefix("torch.")
+    return [f"the forward runs under torch.autocast({name}) over fp32 parameters: precision amp (fp32 params, "
+            f"autocast {'bf16' if dtype is torch.bfloat16 else 'fp16'})"]
+
+
 def optimizer_value(optimizer: Any) -> tuple[str | None, list[str]]:
     """memest's ``optimizer`` value for a torch optimizer object (None and a note when it is not one memest
     models). torch AdamW / Adam: ``adamw_fused`` with ``fused=True``, else ``adamw``; SGD: ``sgd`` (no momentum:

@@ -9,8 +9,10 @@ The job is read from the objects (:func:`memest.integrations._job.model_keys`: t
 parameter dtype, PEFT LoRA adapter, 4-bit base, checkpointing, attention kernel; the optimizer's class,
 :func:`~memest.integrations._job.optimizer_value`) with the stack ``pytorch``; what the objects cannot say is
 given as memest settings: ``seq_len`` and ``micro_batch_size`` (else the first forward's ``input_ids`` shape,
-read by a forward pre-hook), ``precision`` (read from the parameters: ``fp32`` or ``bf16``; a loop under
-``torch.autocast(bf16)`` over fp32 parameters is ``precision="amp"``), ``grad_accum_steps``, ``gpu``.
+read by a forward pre-hook), ``precision`` (read from the parameters: ``fp32`` or ``bf16``; a loop whose forward
+runs under ``torch.autocast`` over fp32 parameters is ``precision="amp"``, read where the estimate is made: the first
+forward, or the block's entry when ``seq_len`` is given, :func:`~memest.integrations._job.autocast_precision`),
+``grad_accum_steps``, ``gpu``.
 
 The block is measured step by step (:mod:`memest.calibration.measure`: the CUDA allocator's peak statistics
 and NVML, or the CPU profiler's memory timeline: keep the block to a few steps on the CPU): the first forward of
@@ -38,6 +40,7 @@ from typing import Any
 from memest.integrations._job import (
     Log,
     Watch,
+    autocast_precision,
     batch_shape,
     local_device,
     model_keys,
@@ -146,6 +149,7 @@ def _estimate(watch: Watch, job: list[Any], shape: tuple[int, int] | None) -> No
         if not job or not watch.active:
             return
         config, values, notes, device = job.pop()
+        notes = notes + autocast_precision(values, "cpu" if device.kind == "cpu" else "cuda")
         if shape is not None:
             values.setdefault("micro_batch_size", shape[0])
             values["seq_len"] = shape[1]

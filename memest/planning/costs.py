@@ -91,9 +91,25 @@ PENALTIES: dict[str, dict[Any, Penalty]] = {
         "fp8": Penalty(disruption=3, lossless=False, why="fp8 weights"),
         "int8": Penalty(disruption=5, lossless=False, why="int8 weights"),
         "int4": Penalty(disruption=8, lossless=False, why="4-bit weights"),
+        # GGUF file types (llama.cpp / Ollama), in the order of the perplexity increase llama-quantize lists
+        # for them at Llama-3-8B (tools/quantize/quantize.cpp QUANT_OPTIONS: Q8_0 +0.0026, Q6_K +0.0217,
+        # Q5_K_M +0.0569, Q4_K_M +0.1754, IQ4_XS 4.25 bpw, Q3_K_M +0.6569, Q2_K +3.5199), the 8-bit and
+        # 4-bit types at int8's and int4's weights
+        "q8_0": Penalty(disruption=5, lossless=False, why="Q8_0 GGUF weights"),
+        "q6_k": Penalty(disruption=6, lossless=False, why="Q6_K GGUF weights"),
+        "q5_k_m": Penalty(disruption=7, lossless=False, why="Q5_K_M GGUF weights"),
+        "q4_k_m": Penalty(disruption=8, lossless=False, why="Q4_K_M GGUF weights"),
+        "iq4_xs": Penalty(disruption=9, lossless=False, why="IQ4_XS GGUF weights"),
+        "q3_k_m": Penalty(disruption=12, lossless=False, why="Q3_K_M GGUF weights"),
+        "q2_k": Penalty(disruption=16, lossless=False, why="Q2_K GGUF weights"),
     },
 }
 """Penalties of a setting's value, by setting name and value; values not listed cost nothing."""
+
+LAYERS_IN_HOST_RAM = Penalty(disruption=10, why="llama.cpp / Ollama layers left in host RAM run on the CPU: "
+                                                "lossless, slower")
+"""A llama.cpp / Ollama job with fewer layers on its GPUs than it has (``n_gpu_layers``): the weights that
+leave the device, as the training offload of the parameters (``PENALTIES["offload"]["params"]``)."""
 
 
 def penalty(setting: str, value: Any) -> Penalty:

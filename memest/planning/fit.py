@@ -58,10 +58,12 @@ class Verdict:
         blocker: For those engines, why it would not serve the job although its memory fits; None otherwise.
         shortfall_bytes: With a blocker, the KV memory per device the engine lacks to serve the job:
             ``no_memory`` non-KV + one request's KV - the budget; ``max_model_len`` one request's KV
-            - the KV budget; ``concurrency`` batch_size requests' KV - the KV budget.
-        held_sequences: Up-front engines: sequences of max_model_len the pool holds at once, K
-            (``ServingSummary.largest_concurrency``); 0 otherwise.
-        asked_sequences: Up-front engines: the sequences the job sends at once, N (``batch_size``); 0 otherwise.
+            - the KV budget; ``concurrency`` one replica's share of the requests' KV - the KV budget.
+        held_sequences: Up-front engines: sequences of max_model_len the pools of all the job's
+            data-parallel replicas hold at once, K (``ServingSummary.held_sequences``: replicas x each
+            pool's); 0 otherwise.
+        asked_sequences: Up-front engines: the sequences the job sends at once over all its replicas, N
+            (``batch_size``); 0 otherwise.
         sequence_tokens: Up-front engines: tokens per sequence, L (max_model_len); 0 otherwise.
     """
 
@@ -148,11 +150,11 @@ def verdict(est: Estimate, device: Device | Fleet, count: int, headroom: float) 
             blocker, shortfall = "no_memory", s.non_kv_bytes + s.request_kv_bytes - s.requested_bytes
         elif s.engine_error == "max_model_len":
             blocker, shortfall = "max_model_len", s.request_kv_bytes - s.kv_budget_bytes
-        elif s.largest_concurrency < s.batch_size:
-            blocker, shortfall = "concurrency", s.batch_size * s.request_kv_bytes - s.kv_budget_bytes
+        elif s.held_sequences < s.batch_size:  # each replica's pool short of its share
+            blocker, shortfall = "concurrency", s.replica_batch_size * s.request_kv_bytes - s.kv_budget_bytes
         return Verdict(device, count, headroom, s.device_bytes, s.device_bytes, headroom_applied=False,
                        blocker=blocker, shortfall_bytes=max(1, shortfall) if blocker else 0,
-                       held_sequences=s.largest_concurrency, asked_sequences=s.batch_size,
+                       held_sequences=s.held_sequences, asked_sequences=s.batch_size,
                        sequence_tokens=s.max_model_len)
     rank = est.per_device
     return Verdict(device, count, headroom, rank.required_bytes, rank.required_high_bytes)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memest.devices import Device
+from memest.devices import Device, Fleet
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.planning.fit import Verdict, verdict
@@ -160,11 +160,12 @@ UTILIZATION_STEP = 100
 """``largest_utilization`` searches gpu_memory_utilization in steps of 1 / 100."""
 
 
-def largest_utilization(spec: ModelSpec, workload: ServingConfig, device: Device, *, headroom: float,
+def largest_utilization(spec: ModelSpec, workload: ServingConfig, device: Device | Fleet, *, headroom: float,
                         below: float | None = None) -> float | None:
     """The largest ``--gpu-memory-utilization`` (a multiple of 0.01, at most 1.0 and, with ``below``,
     under it) at which the vLLM ``workload`` fits ``device`` (:func:`memest.planning.fit.verdict`); None when
-    none does, or the engine is not vLLM.
+    none does, or the engine is not vLLM. On unlike devices (a :class:`~memest.devices.Fleet`) the verdict is
+    the least margin over the cards, so the value is the largest at which every card fits.
 
     Utilization pulls the fit rule two ways: vLLM's share grows with it, so what the process holds
     on the device (rule 3 of :mod:`memest.planning.fit`) grows with it, while the KV pool left after the

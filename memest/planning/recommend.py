@@ -10,7 +10,7 @@ from memest.devices import DEVICES, Device, Fleet
 from memest.errors import InputError
 from memest.estimate import estimate
 from memest.estimate.serving.llamacpp import fit as llamacpp_fit
-from memest.planning.costs import NO_PENALTY, Cost, PriceTable, doubling_penalty, penalty
+from memest.planning.costs import LAYERS_IN_HOST_RAM, NO_PENALTY, Cost, Penalty, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import Verdict, device_verdicts, verdict
 from memest.planning.maxfit import largest_utilization
 from memest.planning.search import (
@@ -106,6 +106,14 @@ class Recommendation:
     cheapest: Candidate | None
     lossless: Candidate | None
     evaluated: int
+    on_device: Candidate | None = None
+    """llama.cpp / Ollama, when the cheapest fit leaves layers in host RAM (``n_gpu_layers``): the cheapest
+    fit found with every layer on the devices (a file of fewer bits, more devices), else None."""
+
+
+def _leaves_layers(c: Candidate) -> bool:
+    """True when a candidate fit keeps fewer layers on the devices than the job asked (``n_gpu_layers``)."""
+    return any(ch.flags.startswith(cli_flag("n_gpu_layers") + " ") for ch in c.changes)
 
 
 _FLAG_SETTING = {"--zero-stage": "zero_stage", "--sequence-parallel": "sequence_parallel", "--recompute": "recompute",
@@ -125,8 +133,13 @@ def _changes(asked: Workload, fit: Fit, price: float) -> tuple[Change, ...]:
         more = fit.setup.count - asked.parallelism.world_size
         added = more * price if more else 0.0  # 0 x an unpriced device's inf would be nan
         comm = sum(doubling_penalty(n, getattr(fit.setup.workload.parallelism, n))[0] for n in ("tp", "pp", "ep"))
-        out.append(Change(" ".join(_render({f: new[f] for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")})),
-                          round(added + comm, 6), True))
+        w = fit.setup.workload
+        layout = w.layout_words() if isinstance(w, ServingConfig) else None
+        # llama.cpp / Ollama split layers, not heads: the count says it (tp defaults to the GPUs), the
+        # engine's words say how, and no --tp is printed
+        shown = [f for f in _PARALLEL_FLAGS if f in new and (f in par_diff or f == "--gpus")
+                 and not (layout and f == cli_flag("tp"))]
+        out.append(Change(" ".join(_render({f: new[f] for f in shown})), round(added + comm, 6), True, layout or ""))
     if new.get("--micro-batch-size") != old.get("--micro-batch-size") or new.get("--grad-accum-steps") != old.get("--grad-accum-steps"):
         ratio = asked.micro_batch_size // fit.setup.workload.micro_batch_size  # type: ignore[union-attr]
         out.append(Change(f"--micro-batch-size {new['--micro-batch-size']} --grad-accum-steps {new['--grad-accum-steps']}",
@@ -170,9 +183,13 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
     For a vLLM job that fails only because the process would hold more than the device has (rule 3
     of :mod:`memest.planning.fit`), the user's own setup with the largest lower ``--gpu-memory-utilization``
     that fits (:func:`memest.planning.maxfit.largest_utilization`) is a candidate too, costed like the
-    planner's setups (:func:`_utilization_cost`; the setting itself is free, one change) and ranked
+    planner's setups (:func:`_own_setup_cost`; the setting itself is free, one change) and ranked
     with them by :class:`memest.planning.costs.Cost`; it is lossless (the weights and numerics are the same;
-    only the KV pool shrinks, and the job still fits).
+    only the KV pool shrinks, and the job still fits). For llama.cpp / Ollama the fixes on the user's own
+    devices are fewer layers on the GPUs (the rest in host RAM: lossless, slower) and a GGUF file of fewer bits
+    (lossy) (:func:`own_device_fixes`); when the cheapest fit leaves layers in host RAM, the cheapest fit with
+    every layer on the devices is given too (:attr:`Recommendation.on_device`). A planned setup on more GPUs
+    says how llama.cpp splits them (:meth:`memest.workload.ServingConfig.layout_words`), not a tp degree.
 
     Every fix stays in the job's stack (a fix names it) unless ``allow_stack_change``; micro-batch
     reshaping and the 8-bit optimizer are candidates (the cheapest fit may change numerics). When the
@@ -208,37 +225,97 @@ def recommend(spec: ModelSpec, workload: Workload, device: Device, headroom: flo
         return fit.setup.cost, Candidate(_changes(workload, fit, price), fit.setup.workload, fit.setup.count,
                                          fit.estimate, fit.verdict)
 
-    found_lossless = candidate(lossless)
-    found_cheapest = candidate(any_change)
-    lower = _lower_utilization(spec, workload, device, headroom, price)
-    if lower is not None:  # lossless, so a candidate for both answers; a planner setup wins a tie
-        if found_lossless is None or lower[0] < found_lossless[0]:
-            found_lossless = lower
-        if found_cheapest is None or lower[0] < found_cheapest[0]:
-            found_cheapest = lower
+    extra = own_device_fixes(spec, workload, device, headroom, count * price)
+    return _ranked(candidate(any_change), candidate(lossless), extra, any_change.evaluated + lossless.evaluated)
+
+
+def _ranked(found_cheapest: tuple[Cost, Candidate] | None, found_lossless: tuple[Cost, Candidate] | None,
+            extra: list[tuple[Cost, Candidate]], evaluated: int) -> Recommendation:
+    """The recommendation from the planner's cheapest and lossless fits and the fixes on the user's own
+    devices (:func:`own_device_fixes`), each ranked by its :class:`~memest.planning.costs.Cost` (a planner
+    setup wins a tie); a lossless fit that costs no more per hour than the cheapest fit is the cheapest."""
+    planned = [f for f in (found_cheapest, found_lossless) if f is not None]
+    for found in extra:
+        if found[1].lossless and (found_lossless is None or found[0] < found_lossless[0]):
+            found_lossless = found
+        if found_cheapest is None or found[0] < found_cheapest[0]:
+            found_cheapest = found
+    on_device = min((f for f in (*planned, *extra) if not _leaves_layers(f[1])),
+                    key=lambda f: f[0], default=None)
     cheapest = found_cheapest[1] if found_cheapest else None
     lossless_fit = found_lossless[1] if found_lossless else None
     if found_lossless is not None and (found_cheapest is None or
                                        found_lossless[0].usd_per_hour <= found_cheapest[0].usd_per_hour):
         cheapest = lossless_fit
-    return Recommendation(cheapest, lossless_fit, any_change.evaluated + lossless.evaluated)
+    slower = cheapest is not None and _leaves_layers(cheapest)
+    return Recommendation(cheapest, lossless_fit, evaluated + len(extra),
+                          on_device[1] if slower and on_device is not None else None)
 
 
-def _utilization_cost(workload: ServingConfig, usd_per_hour: float) -> Cost:
+def own_device_fixes(spec: ModelSpec, workload: Workload, device: Device | Fleet, headroom: float,
+                     usd_per_hour: float) -> list[tuple[Cost, Candidate]]:
+    """The fixes that keep the user's devices (``usd_per_hour``: all of them), each with its cost
+    (:func:`_own_setup_cost`): vLLM's largest lower ``--gpu-memory-utilization`` that fits
+    (:func:`_lower_utilization`); for llama.cpp / Ollama the most layers that fit on the GPUs with the rest
+    in host RAM (``n_gpu_layers``: lossless, slower, :data:`~memest.planning.costs.LAYERS_IN_HOST_RAM`) and the
+    best GGUF file type of fewer bits that fits with the job's layers (lossy;
+    :func:`memest.estimate.serving.llamacpp.fit.lower_quants`)."""
+    lower = _lower_utilization(spec, workload, device, headroom, usd_per_hour)
+    out = [lower] if lower is not None else []
+    if isinstance(workload, ServingConfig) and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA):
+        out += _gguf_fixes(spec, workload, device, headroom, usd_per_hour)
+    return out
+
+
+def _gguf_fixes(spec: ModelSpec, workload: ServingConfig, device: Device | Fleet, headroom: float,
+                usd_per_hour: float) -> list[tuple[Cost, Candidate]]:
+    """:func:`own_device_fixes` for llama.cpp / Ollama: fewer layers on the GPUs, a file of fewer bits."""
+    count = workload.parallelism.world_size
+    layers = spec.num_layers + 1
+    on_gpu = layers if workload.n_gpu_layers is None else min(workload.n_gpu_layers, layers)
+    out = []
+
+    def fix(w: ServingConfig, change: Change, extra: Penalty = NO_PENALTY) -> tuple[Cost, Candidate]:
+        est = estimate(spec, w, device)
+        return _own_setup_cost(w, usd_per_hour, extra), Candidate((change,), w, count, est,
+                                                                   verdict(est, device, count, headroom))
+
+    most = llamacpp_fit.most_gpu_layers(spec, workload, device, headroom)
+    if 0 <= most < on_gpu:
+        ram = layers - most
+        out.append(fix(workload.replace(n_gpu_layers=most),
+                       Change(f"{cli_flag('n_gpu_layers')} {most}", LAYERS_IN_HOST_RAM.disruption, True,
+                              f"{ram} of {layers} layers in host RAM: lossless, but llama.cpp runs them on the CPU, "
+                              "slower"), LAYERS_IN_HOST_RAM))
+    for q in llamacpp_fit.lower_quants(workload):
+        trial = workload.replace(quantization=q, gguf_tensors=())
+        if llamacpp_fit.fits(spec, trial, device, headroom):
+            p = penalty("quantization", q)
+            out.append(fix(trial, Change(f"{cli_flag('quantization')} {q}", p.disruption, p.lossless,
+                                         f"a {q.upper()} GGUF file: lossy")))
+            break
+    return out
+
+
+def _own_setup_cost(workload: ServingConfig, usd_per_hour: float, extra: Penalty = NO_PENALTY) -> Cost:
     """The planner's cost of the user's own serving setup with one more change (a lower
-    ``--gpu-memory-utilization``, which costs nothing else): the layout's communication, the
-    disruption of the quantization and KV-cache dtype asked, and the changes each of them counts."""
+    ``--gpu-memory-utilization``, which costs nothing else; another file type, whose penalty is its
+    quantization's; fewer GPU layers, ``extra``): the layout's communication, the disruption of the
+    quantization and KV-cache dtype, ``extra``'s, and the changes each of them counts."""
     par = workload.parallelism
     comm = sum(doubling_penalty(name, getattr(par, name))[0] for name in ("tp", "pp", "ep"))
     parts = [penalty("quantization", workload.quantization), penalty("kv_cache_dtype", workload.kv_cache_dtype)]
     changes = sum(getattr(par, name) > 1 for name in ("tp", "pp", "ep")) + sum(p is not NO_PENALTY for p in parts)
-    return Cost(usd_per_hour, comm, sum(p.disruption for p in parts), changes + 1)
+    return Cost(usd_per_hour, comm + extra.communication, sum(p.disruption for p in parts) + extra.disruption,
+                changes + 1)
 
 
-def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, headroom: float,
-                       price: float) -> tuple[Cost, Candidate] | None:
+def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device | Fleet, headroom: float,
+                       usd_per_hour: float) -> tuple[Cost, Candidate] | None:
     """The user's vLLM setup with the largest lower gpu_memory_utilization that fits, when the only
-    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None."""
+    rule it breaks is the device's capacity (rule 3 of :mod:`memest.planning.fit`); else None.
+    ``usd_per_hour`` is the price of all the job's devices; on a :class:`~memest.devices.Fleet` every card
+    must fit (the verdict of the least margin)."""
     if not isinstance(workload, ServingConfig):
         return None
     count = workload.parallelism.world_size
@@ -252,7 +329,7 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device, head
     w = workload.replace(gpu_memory_utilization=util)
     est = estimate(spec, w, device)
     change = Change(f"--gpu-memory-utilization {util:.2f}", 0.0, True)
-    return _utilization_cost(w, count * price), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
+    return _own_setup_cost(w, usd_per_hour), Candidate((change,), w, count, est, verdict(est, device, count, headroom))
 
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
@@ -374,7 +451,7 @@ def assess(spec: ModelSpec, workload: Workload, device: Device | Fleet, *, headr
     if isinstance(device, Fleet) and not device.mixed:
         device = device.devices[0]
     if isinstance(device, Fleet):
-        return _assess_fleet(spec, workload, device, headroom=headroom, search=search)
+        return _assess_fleet(spec, workload, device, headroom=headroom, search=search, hold_batch=hold_batch)
     est = estimate(spec, workload, device)
     count = workload.parallelism.world_size
     v = verdict(est, device, count, headroom)
@@ -392,17 +469,36 @@ def assess(spec: ModelSpec, workload: Workload, device: Device | Fleet, *, headr
                       gguf)
 
 
-def _assess_fleet(spec: ModelSpec, workload: Workload, fleet: Fleet, *, headroom: float, search: bool) -> Assessment:
-    """:func:`assess` on unlike devices: the estimate and the verdict of each device (the worst decides);
-    the searches over alike devices (fewest devices, recommendation, other catalog devices) are not
-    run; llama.cpp / Ollama's GGUF search is, each device within its own memory."""
+def _assess_fleet(spec: ModelSpec, workload: Workload, fleet: Fleet, *, headroom: float, search: bool,
+                  hold_batch: bool) -> Assessment:
+    """:func:`assess` on unlike devices: the estimate and the verdict of each device (the worst decides).
+    The searches that change the devices (fewest devices, other catalog devices, the planner's layouts)
+    are over alike devices and are not run; the ones that keep the user's cards are: vLLM's largest
+    ``--gpu-memory-utilization`` at which every card fits (:func:`largest_utilization`, also the
+    recommendation when it is lower than the one asked: :func:`fleet_recommendation`) and llama.cpp /
+    Ollama's GGUF search, each device within its own memory."""
     est = estimate(spec, workload, fleet)
     each = device_verdicts(est, fleet, headroom)
     v = min(each, key=lambda x: x.margin_bytes)
-    gguf = (tuple(llamacpp_fit.search(spec, workload, fleet, headroom)) if search and isinstance(workload, ServingConfig)
+    serving = isinstance(workload, ServingConfig)
+    utilization = largest_utilization(spec, workload, fleet, headroom=headroom) if serving and not v.fits else None
+    wanted = not v.fits and (v.kind == "does_not_fit" or hold_batch)
+    rec = fleet_recommendation(spec, workload, fleet, headroom) if search and wanted else None
+    gguf = (tuple(llamacpp_fit.search(spec, workload, fleet, headroom)) if search and serving
             and workload.engine in (Engine.LLAMACPP, Engine.OLLAMA) else ())
-    return Assessment(spec, workload, est, v, True, None, (), tuple(rules_of_thumb(spec, workload)),
-                      workload_notes(spec, workload), gguf_options=gguf, fleet=fleet, device_verdicts=each)
+    return Assessment(spec, workload, est, v, True, rec, (), tuple(rules_of_thumb(spec, workload)),
+                      workload_notes(spec, workload), utilization=utilization, gguf_options=gguf, fleet=fleet,
+                      device_verdicts=each)
+
+
+def fleet_recommendation(spec: ModelSpec, workload: Workload, fleet: Fleet, headroom: float) -> Recommendation | None:
+    """The fixes on the user's own unlike cards (:func:`own_device_fixes`: vLLM's largest lower
+    ``--gpu-memory-utilization`` at which every card fits; llama.cpp / Ollama's fewer GPU layers or a file of
+    fewer bits, each card within its own memory), ranked as :func:`recommend` ranks them; None when there is
+    none (the planner's other changes search alike devices only)."""
+    prices = PriceTable.catalog()
+    extra = own_device_fixes(spec, workload, fleet, headroom, sum(prices.price(d) for d in fleet.devices))
+    return _ranked(None, None, extra, 0) if extra else None
 
 
 def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:

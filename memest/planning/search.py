@@ -20,7 +20,8 @@ Search space
 
 - **device type**: the ones the user lists (``--gpu``, ``--gpus-available``), else the catalog;
 - **device count** N: powers of two and whole nodes (multiples of ``per_node``), up to a maximum;
-- **layout** N = tp x pp x cp x dp (serving: N = tp x pp, one replica); a training job stays in its
+- **layout** N = tp x pp x cp x dp (serving: N = tp x pp x the user's dp replicas, each an engine holding
+  ``ceil(batch_size / dp)`` of the sequences: ``ServingConfig.replica_batch_size``); a training job stays in its
   stack (:mod:`memest.workload.stacks`): tp and pp are searched only where the stack runs them
   (Megatron-LM, NeMo, torchtitan) or with ``allow_stack_change`` (such a setup runs under
   Megatron-LM, and its printed command says ``--stack megatron``; the settings the job's stack filled
@@ -436,7 +437,7 @@ class _Search:
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
-        cp = user.cp if self.training else 1  # serving: one replica of tp x pp
+        cp = user.cp if self.training else 1  # serving: the user's dp replicas of tp x pp
         model_parallel = not self.training or self.space.allow_stack_change or _runs_model_parallel(self.base)
         for tp in divisors(device.per_node) if model_parallel else [user.tp]:
             if n % (tp * cp):
@@ -447,8 +448,8 @@ class _Search:
                     continue
                 if self.training and self.spec.num_layers % pp:
                     continue  # training: even stages; serving: vLLM splits any pp <= num_layers
-                dp = rest // pp if self.training else 1
-                if not self.training and pp * tp != n:
+                dp = rest // pp if self.training else user.dp  # serving: the user's replicas, each tp x pp
+                if not self.training and pp * tp * dp != n:
                     continue
                 yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp,
                                           zero_stage=user.zero_stage if dp * cp > 1 else 0)

@@ -12,7 +12,7 @@ from memest.devices import GiB
 from memest.planning.recommend import Assessment, Candidate
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, count, gib, percent, plural, size
-from memest.result import RankEstimate, plain, rank_dict
+from memest.result import RankEstimate, ServingSummary, plain, rank_dict
 from memest.spec import ModelSpec
 from memest.workload import Method, ServingConfig, TrainingConfig, Workload
 from memest.workload.settings import describe
@@ -132,6 +132,7 @@ def to_dict(a: Assessment) -> dict[str, Any]:
         out["recommendation"] = {
             "cheapest": _candidate_dict(a.recommendation.cheapest),
             "lossless": _candidate_dict(a.recommendation.lossless),
+            "on_device": _candidate_dict(a.recommendation.on_device),
             "evaluated": a.recommendation.evaluated,
         }
     if est.serving is not None:
@@ -333,7 +334,9 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
     fewest = ((layout or f"tp {par.tp}" + (f" x pp {par.pp}" if par.pp > 1 else ""))
               + f" ({par.tp * par.pp} x {a.verdict.device.name})"
               if par else f"none with tp within a node and pp up to {MAX_PP_QUERY}")
-    out.append((f"Capacity: {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens at once · longest "
+    held = (f"{plural(s.held_sequences, 'request')} ({s.replicas} replicas x {s.largest_concurrency:,})"
+            if s.replicas > 1 else plural(s.largest_concurrency, 'request'))
+    out.append((f"Capacity: {held} of {s.max_model_len:,} tokens at once · longest "
                 f"max_model_len for {plural(w.batch_size, 'request')}: {s.largest_max_model_len:,}"
                 + ("" if a.fleet is not None else  # the fewest-devices search is over alike devices
                    f" · fewest devices for {w.batch_size} x {s.max_model_len:,} tokens: {fewest}"), ""))
@@ -396,9 +399,9 @@ def _engine_verdict_line(a: Assessment) -> str:
     name, share = _engine_name(s.engine), _share_name(a)
     held = f"{name} holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device"
     note = f"--headroom {percent(v.headroom)} not applied: {share} sets {name}'s share"
-    pool = f"KV pool holds {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens"
+    pool = _pool_words(s)
     if v.fits:
-        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+        return f"FITS: {held}; {pool} ({_batch_words(s)}); {note}"
     if v.blocker == "no_memory":
         return f"DOES NOT FIT: {name} would refuse to start (below); {note}"
     if v.blocker == "max_model_len":
@@ -416,28 +419,50 @@ def _vllm_verdict_line(a: Assessment) -> str:
     held = (f"vLLM holds {gib(v.needed_bytes)} of {gib(v.usable_bytes)} per device (gpu_memory_utilization {util:.2f}: "
             f"{gib(s.requested_bytes)} + {gib(v.needed_bytes - s.requested_bytes)} outside it)")
     note = f"--headroom {percent(v.headroom)} not applied: gpu_memory_utilization sets vLLM's share"
-    pool = (f"KV pool holds {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens"
-            if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
+    pool = (_pool_words(s) if s.kv_cache_bytes_per_token or s.state_bytes_per_sequence
             else f"no KV cache needed; max_num_seqs allows {plural(s.largest_concurrency, 'request')} "
-            f"of {s.max_model_len:,} tokens")
+            f"of {s.max_model_len:,} tokens" + (" per replica" if s.replicas > 1 else ""))
     if v.fits:
-        return f"FITS: {held}; {pool} (batch_size {s.batch_size:,}); {note}"
+        return f"FITS: {held}; {pool} ({_batch_words(s)}); {note}"
     if v.blocker in ("no_memory", "max_model_len"):
         return f"DOES NOT FIT: vLLM would refuse to start (below); {note}"
     if v.kind == "queues":
         return f"{queued_words(a)}; {held}; {note}"
     util = a.utilization
-    fix = (f"lower --gpu-memory-utilization ({util:.2f} fits)" if util is not None and util < a.workload.gpu_memory_utilization
-           else "a lower --gpu-memory-utilization would leave the KV pool too small for the job")
+    outside = v.needed_bytes - s.requested_bytes
+    if util is not None and util < a.workload.gpu_memory_utilization:
+        fix = f"lower --gpu-memory-utilization ({util:.2f} fits)"
+    elif outside + v.device.memory_bytes // 100 > v.usable_bytes:  # even 0.01 of the card is over it
+        fix = f"what vLLM holds outside gpu_memory_utilization ({gib(outside)}) alone fills the device"
+    else:  # the search found the largest value within the card: its pool is too small
+        fix = "a lower --gpu-memory-utilization would leave the KV pool too small for the job"
     return f"DOES NOT FIT: {held}, over by {size(-v.margin_bytes)}: {fix}; {note}"
 
 
+def _pool_words(s: ServingSummary) -> str:
+    """What the KV pool holds, each replica's pool when there are several data-parallel replicas."""
+    if s.replicas == 1:
+        return f"KV pool holds {plural(s.largest_concurrency, 'request')} of {s.max_model_len:,} tokens"
+    return (f"each of {s.replicas} replicas' KV pools holds {plural(s.largest_concurrency, 'request')} of "
+            f"{s.max_model_len:,} tokens ({s.held_sequences:,} at once)")
+
+
+def _batch_words(s: ServingSummary) -> str:
+    """``batch_size N``, and each replica's share of it when there are several replicas."""
+    if s.replicas == 1:
+        return f"batch_size {s.batch_size:,}"
+    return f"batch_size {s.batch_size:,} over {s.replicas} replicas: up to {s.replica_batch_size:,} each"
+
+
 def queued_words(a: Assessment) -> str:
-    """The verdict of a job that starts and queues (:attr:`memest.planning.fit.Verdict.kind`), in words."""
-    v = a.verdict
-    name = _engine_name(a.estimate.serving.engine if a.estimate.serving else "vllm")
+    """The verdict of a job that starts and queues (:attr:`memest.planning.fit.Verdict.kind`), in words;
+    with data-parallel replicas, the held sequences are every replica's pool's together."""
+    v, s = a.verdict, a.estimate.serving
+    name = _engine_name(s.engine if s else "vllm")
+    each = (f"{s.replicas} replicas x {s.largest_concurrency:,} each, {s.replica_batch_size:,} asked of each; "
+            if s is not None and s.replicas > 1 else "")
     return (f"STARTS: {name} holds {v.held_sequences:,} of {v.asked_sequences:,} concurrent sequences at "
-            f"{v.sequence_tokens:,} tokens (the rest wait)")
+            f"{v.sequence_tokens:,} tokens ({each}the rest wait)")
 
 
 def _verdict_line(a: Assessment) -> str:
@@ -543,10 +568,13 @@ def _recommendation_parts(a: Assessment) -> list[tuple[str, str, str, str]]:
     out = []
     # a job that starts and queues was searched for because all its sequences were asked for at once
     held = f" holding all {a.verdict.asked_sequences:,} at once" if a.verdict.kind == "queues" else ""
-    for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless)):
-        if cand is None or (label.startswith("Lossless") and cand is rec.cheapest):
+    for label, cand in ((f"Cheapest fit{held}", rec.cheapest), (f"Lossless fit{held}", rec.lossless),
+                        ("Every layer on the GPUs", rec.on_device)):
+        if cand is None or (not label.startswith("Cheapest") and cand is rec.cheapest):
             continue
-        tail = f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}"
+        tail = (f" → {gib(cand.verdict.needed_bytes)} on {cand.verdict.device.name}, the card that binds, of {a.fleet.name}"
+                if a.fleet is not None else
+                f" → {gib(cand.verdict.needed_bytes)} per device on {cand.devices} × {cand.verdict.device.name}")
         flags = cand.flags or "(no change)"
         if "--finetune" in flags.split():
             asked = a.workload.method if isinstance(a.workload, TrainingConfig) else Method.FULL

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memest.devices import MiB
 from memest.report.estimate import describe_workload
 from memest.report.units import percent, size
 
@@ -34,10 +35,21 @@ def comparison_lines(calibration: Any) -> list[str]:
         m = rank.measurement
         where = f"{m.device_name}, {m.steps} measured step{'s' if m.steps != 1 else ''}"
         out.append(f"memest: rank {rank.rank} on {where}: predicted vs measured")
+        moment = next((row.moment for row in rank.rows if row.moment), None)
+        if moment is not None:
+            peak = calibration.estimate.extra.get("peak_moment", "another moment")
+            out.append(f"memest:   (per term at the estimate's {moment} moment, the one whose breakdown the measured "
+                       f"peak's matches; the estimate peaks at {peak}, so the totals compare the two peaks)")
         for row in rank.rows:
             predicted = size(row.predicted) if row.predicted is not None else "-"
             measured = size(row.measured) if row.measured is not None else "-"
-            error = f" ({row.error:+.1%})" if row.error is not None else ""
+            if row.error is not None:
+                error = f" ({row.error:+.1%})"
+            elif row.delta is not None and row.measured:  # a near-zero base: the difference says it
+                shown = size(abs(row.delta)) if abs(row.delta) >= MiB else f"{abs(row.delta):,} B"
+                error = f" (difference {'+' if row.delta >= 0 else '-'}{shown})"
+            else:
+                error = ""
             out.append(f"memest:   {row.name}: predicted {predicted}, measured {measured}{error}")
     v = calibration.verdict
     out.append(f"memest: verdict: predicted {'fits' if v.predicted_fits else 'does not fit'}, ran "

@@ -21,7 +21,7 @@ from typing import Any
 
 from memest.devices import Device
 from memest.report import size
-from memest.result import Estimate
+from memest.result import NEGLIGIBLE_SHARE, Estimate
 from memest.sources.config import HFConfig
 from memest.spec import ModelSpec
 from memest.trace.compare import Comparison, ComparisonRow, compare
@@ -71,10 +71,11 @@ def slow_trace_warning(spec: ModelSpec, workload: Workload) -> str | None:
             "for a trace of about a minute")
 
 
-def _rel(row: ComparisonRow) -> str:
-    """The difference as a share of the traced figure: ``—`` when that is under :data:`RELATIVE_FLOOR`,
-    ``±0`` when the difference is."""
-    if row.relative is None or abs(row.traced_bytes) < RELATIVE_FLOOR:
+def _rel(row: ComparisonRow, peak: int = 0) -> str:
+    """The difference as a share of the traced figure: ``—`` when that is under :data:`RELATIVE_FLOOR` or,
+    for a kind, under :data:`memest.result.NEGLIGIBLE_SHARE` of the traced ``peak`` (the difference column says
+    it), ``±0`` when the difference is."""
+    if row.relative is None or abs(row.traced_bytes) < max(RELATIVE_FLOOR, NEGLIGIBLE_SHARE * peak):
         return "—"
     if abs(row.diff_bytes) < RELATIVE_FLOOR:
         return "±0"
@@ -92,8 +93,9 @@ def render(result: TraceResult, comparison: Comparison) -> Any:
     table = new_table(name_col("kind"), number_col("estimate"), number_col("trace"), number_col("trace − estimate"),
                       number_col("of trace"), title=f"trace vs estimate (peak in {comparison.peak_phase}; "
                       f"{result.world_size} device{'s' if result.world_size > 1 else ''}, rank {per.rank})")
+    peak = comparison.allocated.traced_bytes
     for row in comparison.kinds:
-        table.add_row(row.name, size(row.analytic_bytes), size(row.traced_bytes), size(row.diff_bytes), _rel(row))
+        table.add_row(row.name, size(row.analytic_bytes), size(row.traced_bytes), size(row.diff_bytes), _rel(row, peak))
     table.add_section()
     for row in (comparison.allocated, comparison.reserved):
         table.add_row(f"[bold]{row.name}[/bold]", size(row.analytic_bytes), size(row.traced_bytes),
@@ -121,8 +123,9 @@ def to_markdown(result: TraceResult, comparison: Comparison) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for row in (*comparison.kinds, comparison.allocated, comparison.reserved):
+        peak = comparison.allocated.traced_bytes if any(row is k for k in comparison.kinds) else 0
         lines.append(f"| {row.name} | {size(row.analytic_bytes)} | {size(row.traced_bytes)} | "
-                     f"{size(row.diff_bytes)} | {_rel(row)} |")
+                     f"{size(row.diff_bytes)} | {_rel(row, peak)} |")
     lines += ["", "trace settings: " + "; ".join(result.settings)]
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,8 @@ enumerates them for CUDA:
 
 Like ``cached_cast``, the cast of a leaf fp32 tensor that requires grad (a parameter) is cached
 until the autocast region ends: each weight's bf16 copy is made once per forward and lives as
-long as the region or autograd keeps it.
+long as the region or autograd keeps it. Each such copy is handed to ``on_weight_cast`` (the trace
+files it as workspace, the kind of the estimate's ``workspace.autocast_weights``).
 
 Limitation: regions that disable autocast (``torch.autocast(..., enabled=False)``, as rotary
 embeddings do) are not honoured; what they compute is small (b x s x head_dim).
@@ -23,6 +24,7 @@ embeddings do) are not honoured; what they compute is small (b x s x head_dim).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,11 +63,13 @@ class AutocastEmulation(TorchFunctionMode):
 
     Args:
         dtype: The lower-precision dtype.
+        on_weight_cast: Called with each cached cast of a parameter as it is made.
     """
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, on_weight_cast: Callable[[torch.Tensor], None] | None = None) -> None:
         super().__init__()
         self.dtype = dtype
+        self.on_weight_cast = on_weight_cast
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __enter__(self) -> AutocastEmulation:  # noqa: PYI034 - the mode object itself is what callers use
@@ -90,6 +94,8 @@ class AutocastEmulation(TorchFunctionMode):
         out = t.to(self.dtype)
         if cacheable:
             self._cache[id(t)] = (t, out)
+            if self.on_weight_cast is not None:
+                self.on_weight_cast(out)
         return out
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:

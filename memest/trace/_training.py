@@ -333,7 +333,10 @@ def run_step(model: Any, t: TrainingConfig, tracker: StorageTracker, recipe: Tra
     b, s = t.micro_batch_size, t.seq_len
     micro_batches = min(t.grad_accum_steps, 2)
     hooks = StepHooks(tracker, layers, head, tick)
-    autocast = (lambda: AutocastEmulation(recipe.autocast)) if recipe.autocast else contextlib.nullcontext
+    def weight_cast(copy: torch.Tensor) -> None:  # the estimate's workspace.autocast_weights
+        tracker.retag([copy], Kind.WORKSPACE, "autocast weight copy")
+
+    autocast = (lambda: AutocastEmulation(recipe.autocast, weight_cast)) if recipe.autocast else contextlib.nullcontext
     framework = resolve_framework(t)
     with tracker, hooks.installed(), fused_kernels_on_meta():
         tracker.enter_phase("setup", Kind.OPTIMIZER_STATES)

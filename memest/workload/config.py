@@ -607,7 +607,8 @@ class ServingConfig:
         kv_cache_dtype: KV-cache element type (``auto`` = the weight dtype).
         max_model_len: Longest sequence (prompt + output) in tokens; None = the model's
             max_position_embeddings.
-        batch_size: Concurrent sequences that must each reach max_model_len.
+        batch_size: Concurrent sequences that must each reach max_model_len, over all the job's
+            data-parallel replicas (:attr:`replica_batch_size` each).
         engine: Whose memory behaviour to model.
         gpu_memory_utilization: The share of device memory vLLM may use.
         max_num_batched_tokens: Tokens per forward (vLLM's profiling run); None = vLLM's default.
@@ -758,6 +759,18 @@ class ServingConfig:
     def mode(self) -> str:
         """Always ``serve``."""
         return "serve"
+
+    @property
+    def replica_batch_size(self) -> int:
+        """The sequences one data-parallel replica serves at once: ``ceil(batch_size / dp)``.
+
+        ``batch_size`` counts the job's concurrent sequences; ``parallelism.dp`` replicas each run their
+        own engine with its own KV pool (vLLM ``--data-parallel-size``: "each DP rank is deployed as a
+        separate 'core engine' process", ``docs/serving/data_parallel_deployment.md``; its scheduler
+        settings, ``--max-num-seqs`` among them, are each engine's), and the front end spreads the requests
+        over them, so the busiest replica holds the ceiling of the share.
+        """
+        return -(-self.batch_size // self.parallelism.dp)
 
     def layout_words(self, parallelism: Parallelism | None = None) -> str | None:
         """How the engine spreads the job over its devices, in its own words, where that is not tensor /

@@ -471,8 +471,9 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
     for fw, other in ((Framework.DEEPSPEED, STACKS[Stack.DEEPSPEED]), (Framework.FSDP, STACKS[Stack.ACCELERATE])):
         if backend and framework is fw and precision is other.precision and precision is not d.precision:
             return f"{label}, {d.bf16} sets {other.bf16}: {other.recipe}, {opt}"
-    recipe = d.recipe if precision is d.precision else f"precision {precision.value}"
-    return f"{label}, {d.bf16}: {recipe}, {opt}"
+    if precision is not d.precision:  # not what the stack's bf16 switch runs: that switch is not named
+        return f"{label}: precision {precision.value}, {opt}"
+    return f"{label}, {d.bf16}: {d.recipe}, {opt}"
 
 
 def offloaded_checkpoints_on_device(t: TrainingConfig) -> int:

@@ -56,9 +56,25 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
     ``memory.total``; :func:`memest.estimate.serving.sglang.engine.sglang_ranks`), so each card is estimated
     at that fraction and the one with the least free memory binds, as its all-reduce MIN makes it.
 
+    With ``parallelism.dp`` replicas (each an engine with its own pool) the estimate is one replica's,
+    serving ``ServingConfig.replica_batch_size`` of the ``batch_size`` requests; the summary keeps the
+    job's ``batch_size`` and counts the replicas (``ServingSummary.replicas``).
+
     Raises:
         InputError: an ``--engine-version`` the engine does not have.
     """
+    replicas = s.parallelism.dp
+    if replicas == 1:
+        return _estimate_replica(spec, s, device)
+    est = _estimate_replica(spec, s.replace(batch_size=s.replica_batch_size), device)
+    if est.serving is None:
+        return est
+    return dataclasses.replace(est, serving=dataclasses.replace(est.serving, batch_size=s.batch_size,
+                                                                replicas=replicas))
+
+
+def _estimate_replica(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) -> Estimate:
+    """One engine's estimate (:func:`estimate_serving`), its ``batch_size`` the replica's own."""
     if isinstance(device, Fleet):
         if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
             return (ollama.estimate_ollama if s.engine is Engine.OLLAMA else llamacpp_engine.estimate_llamacpp)(
@@ -66,7 +82,7 @@ def estimate_serving(spec: ModelSpec, s: ServingConfig, device: Device | Fleet) 
         if s.engine is Engine.SGLANG:  # one mem_fraction_static for all ranks, from the smallest card
             each = {d: sglang_engine.estimate_sglang(spec, s, d, device.smallest) for d in dict.fromkeys(device.devices)}
         else:
-            each = {d: estimate_serving(spec, s, d) for d in dict.fromkeys(device.devices)}
+            each = {d: _estimate_replica(spec, s, d) for d in dict.fromkeys(device.devices)}
         small, est = min(each.items(), key=lambda item: (_pool_tokens(item[1]), item[0].memory_bytes))
         note = (f"unlike devices {device.name}: {s.engine.value} shards tensors equally over them and takes the smallest "
                 f"KV pool of its ranks, so every rank runs at the card with the least room ({small.name}); the others "
@@ -114,8 +130,14 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
 
 
 def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_model_len: int) -> int:
-    """How many requests of ``max_model_len`` tokens fit at once (the floor of vLLM's logged
-    maximum concurrency; for hf, the largest batch)."""
+    """How many requests of ``max_model_len`` tokens fit at once over the job's ``parallelism.dp``
+    replicas: each replica's (the floor of vLLM's logged maximum concurrency; for hf, the largest
+    batch) times the replicas."""
+    return s.parallelism.dp * _replica_concurrency(spec, s, device, max_model_len)
+
+
+def _replica_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_model_len: int) -> int:
+    """One replica's :func:`largest_concurrency`."""
     if s.engine is Engine.HF:
         return hf_generate.largest_batch(spec, s, device, max_model_len)
     if s.engine is Engine.SGLANG:

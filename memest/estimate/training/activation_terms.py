@@ -380,6 +380,12 @@ def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: S
         return sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in items) * x.compute_bytes
 
     head = [(tn, 1) for tn in spec.head if tn.component is Component.LM_HEAD and len(tn.shape) == 2] if stage.last else []
+    if stage.last and not head and spec.tie_word_embeddings and spec.task in ("causal_lm", "seq2seq", "masked_lm"):
+        # a tied lm_head is the embedding matrix: the head's linear casts that fp32 parameter (its own copy, kept
+        # for backward), where the embedding lookup casts nothing (aten/src/ATen/autocast_mode.cpp lists no
+        # embedding); the traced Llama-3.2-1B step holds 16 x 7 layer copies + this one (memest hf --trace)
+        head = [(tn, 1) for tn in spec.embedding if tn.component is Component.EMBEDDING and len(tn.shape) == 2
+                and tn.shape[0] >= spec.vocab_size][:1]
     if t.method is Method.QLORA:
         # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
         # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)

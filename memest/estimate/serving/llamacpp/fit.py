@@ -20,8 +20,21 @@ from memest.workload import ServingConfig
 LADDER = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "iq4_xs", "q3_k_m", "q2_k")
 """File types tried, best quality first (the common llama.cpp / Hub GGUF choices)."""
 
+UNQUANTIZED = ("f32", "f16", "bf16")
+"""GGUF file types of 16- or 32-bit weights."""
 
-def _fits(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float) -> bool:
+
+def lower_quants(s: ServingConfig) -> tuple[str, ...]:
+    """The :data:`LADDER` types of fewer bits than the job's file type
+    (:func:`memest.estimate.serving.llamacpp.engine.default_file_type`): all of them from an unquantized
+    file, the ones after it from a ladder type, none from another type (q4_0, q5_1, ...: not ranked here)."""
+    ftype = engine.default_file_type(s)
+    if ftype in UNQUANTIZED:
+        return LADDER
+    return LADDER[LADDER.index(ftype) + 1:] if ftype in LADDER else ()
+
+
+def fits(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float) -> bool:
     """Every GPU's figure within its own usable memory (a fleet's devices each their own)."""
     try:
         est = engine.estimate_llamacpp(spec, s, device)
@@ -35,12 +48,12 @@ def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, h
     """The most layers (of num_layers + 1) llama.cpp can offload with the job's other settings; -1
     when even 0 (everything in RAM: the GPU keeps only its compute buffer) does not fit."""
     top = spec.num_layers + 1
-    if not _fits(spec, s.replace(n_gpu_layers=0), device, headroom):
+    if not fits(spec, s.replace(n_gpu_layers=0), device, headroom):
         return -1
     lo, hi = 0, top
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _fits(spec, s.replace(n_gpu_layers=mid), device, headroom):
+        if fits(spec, s.replace(n_gpu_layers=mid), device, headroom):
             lo = mid
         else:
             hi = mid - 1
@@ -50,12 +63,12 @@ def most_gpu_layers(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, h
 def largest_n_ctx(spec: ModelSpec, s: ServingConfig, device: Device | Fleet, headroom: float, limit: int) -> int:
     """The largest max_model_len (at most ``limit``; n_ctx is it x batch_size) at which the job's
     layers fit; 0 when none does."""
-    if not _fits(spec, s.replace(max_model_len=1), device, headroom):
+    if not fits(spec, s.replace(max_model_len=1), device, headroom):
         return 0
     lo, hi = 1, max(1, limit)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _fits(spec, s.replace(max_model_len=mid), device, headroom):
+        if fits(spec, s.replace(max_model_len=mid), device, headroom):
             lo = mid
         else:
             hi = mid - 1
