@@ -145,6 +145,14 @@ def test_vllm_064_log_gets_064_arithmetic() -> None:
     c = check_log(read_log(V064_LOG.read_text()), model="meta-llama/Llama-3.1-8B-Instruct", gpu="RTX-3090")
     assert c.engine_version == "0.6.4"
     assert check_log(read_log(V065_LOG.read_text()), gpu="H100").engine_version == "0.6"
+    # a banner naming 0.6.4 (or a 0.6.4 post release) keeps it; the one-line profile sets it under a 0.6 banner
+    for banner in ("0.6.4", "0.6.4.post1"):
+        text = f"INFO 12-02 10:00:00 api_server.py:585] vLLM API server version {banner}\n" + V064_LOG.read_text()
+        log = read_log(text)
+        assert log.version == banner
+        assert check_log(log, model="meta-llama/Llama-3.1-8B-Instruct", gpu="RTX-3090").engine_version == "0.6.4"
+    text = "INFO 12-13 19:54:00 api_server.py:585] vLLM API server version 0.6.5\n" + V065_LOG.read_text()
+    assert check_log(read_log(text), gpu="H100").engine_version == "0.6"
 
 
 def test_vllm_064_figures_by_hand() -> None:

@@ -212,5 +212,5 @@ def parse(text: str) -> EngineLog:
 
 def is_064_profile(log: EngineLog) -> bool:
     """True when a figure of ``log`` comes from 0.6.4's one-line profile (:data:`PEAK_TORCH`): that
-    version's non-torch memory is measured device-wide (``memest.estimate.serving.vllm.budget.V064_NON_TORCH``)."""
+    version's non-torch memory is measured device-wide (``memest.estimate.serving.vllm.budget.V064``)."""
     return any(re.search(PEAK_TORCH, f.line) for f in log.figures.values() if f.line)

@@ -142,7 +142,7 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
         nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
         if nccl:
             terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators (outside vLLM's budget)"))
-    elif version == vllm_budget.V064_NON_TORCH:
+    elif version == vllm_budget.V064:
         terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
                           f"non-torch memory after the profile run: {device.arch} CUDA context, NCCL "
                           "(other processes' memory on the device not counted)"))
