@@ -20,7 +20,9 @@ from typing import Any
 from memest.devices import Device, get_device
 from memest.errors import InputError, MemestError
 from memest.estimate import estimate
+from memest.estimate.serving.vllm.budget import V064
 from memest.logs import EngineLog
+from memest.logs import vllm as vllm_log
 from memest.result import Estimate, Kind
 from memest.sources import catalog, catalog_config, config_from_data, load_config, spec_from_config
 from memest.spec import ModelSpec
@@ -231,10 +233,18 @@ def logged_device(device: Device) -> bool:
     return device.aliases == get_device(LOGGED_DEVICE).aliases
 
 
+V064_NOTE = ("vLLM 0.6.4 measures non_torch_memory device-wide after the profile run ((total - free) - torch's "
+             "allocated bytes): the process's CUDA context, NCCL, and any other process's memory on the device; "
+             "memest counts the context (its value for the device's family, measured on one GPU of it: an H100 for "
+             "Turing and newer, so a GPU with fewer SMs holds less) and NCCL, and takes the device as otherwise empty")
+"""A 0.6.4 log's known gap: the non-torch figure, and the KV pool with it."""
+
+
 def modelled_version(log: EngineLog, given: str | None) -> str | None:
     """The engine arithmetic to apply: the one given, else the log's version where memest models it
-    (``0.19.0`` -> ``0.19``), else for vLLM the one of the log's format (V1 -> the newest, the V0 worker
-    -> ``0.6``), else None (memest's default)."""
+    (``0.19.0`` -> ``0.19``), else for vLLM the one of the log's format (V1 -> the newest, 0.6.4's
+    one-line profile -> ``0.6.4``, the V0 worker's profile table -> ``0.6``), else None (memest's default).
+    A vLLM 0.6.x banner over 0.6.4's one-line profile is 0.6.4 (the profile line is what sets the arithmetic)."""
     if given is not None:
         return given
     known = ENGINE_VERSIONS.get(log.engine, ())
@@ -242,9 +252,13 @@ def modelled_version(log: EngineLog, given: str | None) -> str | None:
         short = ".".join(log.version.lstrip("v").split(".")[:2])
         for candidate in (short, log.version, f"b{log.version}"):
             if candidate in known:
+                if log.engine == "vllm" and candidate == "0.6" and vllm_log.is_064_profile(log):
+                    return V064  # a 0.6.x banner over 0.6.4's one-line profile: 0.6.4's non-torch measure
                 return candidate
     if log.engine == "vllm":
-        return known[0] if log.format == "vLLM V1" else "0.6"
+        if log.format == "vLLM V1":
+            return known[0]
+        return V064 if vllm_log.is_064_profile(log) else "0.6"
     if log.engine == "trtllm":  # memest models the PyTorch backend as 1.1 and a TensorRT engine as 0.19
         return "1.1" if log.format == "TensorRT-LLM PyTorch backend" else "0.19"
     return None
@@ -451,6 +465,8 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
                      f"{ENGINE_VERSIONS[log.engine][0]} arithmetic applies")
     elif log.engine == "trtllm":
         notes.append(f"the log prints no TensorRT-LLM version: memest's {version} arithmetic of the {log.format}")
+    if log.engine == "vllm" and version == V064:
+        notes.append(V064_NOTE)
     notes += log.notes
     if given:
         notes.append("given: " + ", ".join(f"{k}={v}" for k, v in given.items()))

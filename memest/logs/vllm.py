@@ -208,3 +208,9 @@ def parse(text: str) -> EngineLog:
         engine="vllm", format="vLLM V1" if v1 else "vLLM V0", version=version, model=model,
         device_total_bytes=nbytes(total.group(1), total.group(2)) if total else None,
         settings=settings, figures=keep(figures))
+
+
+def is_064_profile(log: EngineLog) -> bool:
+    """True when a figure of ``log`` comes from 0.6.4's one-line profile (:data:`PEAK_TORCH`): that
+    version's non-torch memory is measured device-wide (``memest.estimate.serving.vllm.budget.V064``)."""
+    return any(re.search(PEAK_TORCH, f.line) for f in log.figures.values() if f.line)

@@ -295,11 +295,12 @@ BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
-ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
+ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.6.4", "0.2"), "hf": ("5", "4.34"),
                                                "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19"),
                                                "llama.cpp": ("b4715",), "ollama": ("0.11",)}
 """Engine versions whose memory arithmetic memest models, newest (the default) first.
-vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.2 the V0 engine of
+vLLM 0.19 is the V1 engine; 0.6 the V0 engine after PR #10511 (Dec 2024); 0.6.4 the V0 engine before
+it (non-torch memory measured device-wide after the profile run); 0.2 the V0 engine of
 Dec 2023. transformers 5 computes logits for the last prompt token only; 4.34 for every prompt
 token (and runs eager attention by default). SGLang 0.5 picks mem_fraction_static from the GPU's
 memory; 0.4 (0.4.0-0.4.8) from tp alone (:mod:`memest.estimate.serving.sglang.budget`). TensorRT-LLM

@@ -3,8 +3,9 @@
 :func:`engine_settings` gives a version's defaults, :func:`profile_peak` the profiling forward's
 peak, :func:`non_torch_bytes` the measured non-torch memory, :func:`budget` what the KV cache gets
 of the engine's share and :func:`outside_budget_bytes` what sits outside it (CUDA graphs, and for
-0.19 the context and NCCL). The arithmetic of each version (0.19, 0.6, 0.2) and the cases its
-constants are fitted to: DESIGN.md, "vLLM's start-up budget".
+0.19 the context and NCCL). The arithmetic of each version (0.19, 0.6, 0.6.4, 0.2) and the cases its
+constants are fitted to: DESIGN.md, "vLLM's start-up budget". 0.6.4 is 0.6's V0 worker with the
+non-torch memory of 0.6.4's ``determine_num_available_blocks`` (:data:`V064`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ GiB at tp=2 (vllm065dev_llama3_8b_h100_tp1_tp2); larger tp uses the tp=2 value.
 0.2: (total - free) after profiling minus the torch peak: 0.77 GiB for Llama-2-7B at tp=1, 13.12
 GiB at tp=4 (NCCL + cupy buffers of that era), from the block counts before and after PR #2031
 (vllm_pr2031_llama2_a100_blocks)."""
+
+V064 = "0.6.4"
+"""The V0 version whose non-torch memory is measured device-wide after the profile run (vllm/worker/worker.py
+``determine_num_available_blocks`` at v0.6.4: ``non_torch_allocations = (total - free) -
+allocated_bytes.all.current``, after ``torch.cuda.empty_cache()``): the process's CUDA context, the NCCL
+communicators at tp > 1, and whatever other processes hold on the device. memest has no setting for memory
+other processes hold, so it takes the device as otherwise empty."""
+
+V0_HIDDEN_BUFFERS = 3
+"""h-sized tensors alive at the MLP of a V0 (0.6, 0.6.4) eager decoder layer, per token: the previous layer's
+output (held by ``LlamaModel.forward``'s loop variable while ``layer(...)`` runs), the attention output
+(normed in place by ``fused_add_rms_norm``) and the residual (updated in place). vllm/model_executor/models/
+llama.py at v0.6.4, ``LlamaModel.forward`` / ``LlamaDecoderLayer.forward``; the Llama-style model files
+(Qwen2, Mistral) have the same structure, others may keep one more (GPT-2's block holds ``attn_output``)."""
 
 NON_TORCH_PP_FIRST = round(0.07 * GiB)
 """0.19, a pipeline stage that is not the last (no sampler, p2p instead of all-reduce)."""
@@ -118,7 +133,7 @@ def engine_settings(version: str, device: Device, max_model_len: int, max_num_ba
 
     0.19 (``EngineArgs.get_batch_defaults``, chunked prefill on): 8192 tokens / 1024 sequences on
     devices of 70 GiB or more except A100s, else 2048 / 256; T is capped at
-    max_num_seqs x max_model_len and N at T. V0 (0.6, 0.2; chunked prefill off):
+    max_num_seqs x max_model_len and N at T. V0 (0.6, 0.6.4, 0.2; chunked prefill off):
     T = max(max_model_len, 2048), N = 256.
     """
     if version == "0.19":
@@ -162,6 +177,13 @@ def _mlp_width(layer: LayerSpec, tp: int) -> float:
     return factor * mlp.intermediate_size / tp
 
 
+def _v0_mlp_width(layer: LayerSpec, tp: int) -> float:
+    """Elements per token alive in a V0 eager MLP (vllm/model_executor/models/llama.py ``LlamaMLP`` at v0.6.4):
+    gated, ``gate_up_proj``'s 2 I / tp output and ``SiluAndMul``'s I / tp output (``torch.empty`` then
+    ``ops.silu_and_mul``) live together; ungated, ``fc1``'s I / tp output and the activation's."""
+    return (3 if layer.mlp.gated else 2) * layer.mlp.intermediate_size / tp
+
+
 def profile_peak(spec: ModelSpec, layers: tuple[tuple[LayerSpec, int], ...], *, last: bool, tp: int, c: float,
                  settings: EngineSettings, max_model_len: int, block_size: int, version: str,
                  device: Device) -> ProfilePeak:
@@ -194,6 +216,8 @@ def profile_peak(spec: ModelSpec, layers: tuple[tuple[LayerSpec, int], ...], *, 
                 per_token += ws
             if mlp.num_shared_experts:
                 per_token += (4 if mlp.gated else 3) * mlp.shared_intermediate_size / tp
+        elif version in ("0.6", V064):
+            per_token = V0_HIDDEN_BUFFERS * h + _v0_mlp_width(layer, tp)
         else:
             per_token += _mlp_width(layer, tp)
         transient = per_token * T * c
@@ -223,8 +247,11 @@ def profile_peak(spec: ModelSpec, layers: tuple[tuple[LayerSpec, int], ...], *, 
     )
 
 
-def non_torch_bytes(version: str, tp: int, *, last: bool, pp: int) -> int:
-    """Non-torch memory the budget subtracts on one rank (:data:`NON_TORCH_INCREASE`)."""
+def non_torch_bytes(version: str, tp: int, *, last: bool, pp: int, device: Device) -> int:
+    """Non-torch memory the budget subtracts on one rank: :data:`NON_TORCH_INCREASE`, or for 0.6.4
+    (:data:`V064`) the CUDA context of ``device`` plus NCCL's buffers for a job of tp x pp devices."""
+    if version == V064:
+        return runtime.cuda_context_bytes(device) + runtime.nccl_bytes(tp * pp, device)
     table = NON_TORCH_INCREASE[version]
     if version == "0.19" and pp > 1 and not last and tp == 1:
         return NON_TORCH_PP_FIRST

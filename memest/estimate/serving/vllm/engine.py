@@ -88,7 +88,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
         peak = vllm_budget.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
                                         device=device)
-        non_torch = vllm_budget.non_torch_bytes(version, par.tp, last=stage.last, pp=par.pp)
+        non_torch = vllm_budget.non_torch_bytes(version, par.tp, last=stage.last, pp=par.pp, device=device)
         b = vllm_budget.budget(version, device, s.gpu_memory_utilization, weights, peak.total, non_torch)
         out.append(VllmRank(stage, layout, b, peak, layout.num_blocks(b.available)))
     return out
@@ -142,6 +142,10 @@ def _vllm_terms(spec: ModelSpec, s: ServingConfig, device: Device, r: VllmRank, 
         nccl = runtime.nccl_bytes(s.parallelism.tp * s.parallelism.pp, device)
         if nccl:
             terms.append(Term("runtime.nccl", Kind.RUNTIME, nccl, "NCCL communicators (outside vLLM's budget)"))
+    elif version == vllm_budget.V064:
+        terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
+                          f"non-torch memory after the profile run: {device.arch} CUDA context, NCCL "
+                          "(other processes' memory on the device not counted)"))
     else:
         terms.append(Term("runtime.non_torch", Kind.RUNTIME, r.budget.non_torch,
                           "non-torch memory since start-up: CUDA context, NCCL, allocator cache"))
