@@ -294,6 +294,27 @@ KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
+_RWKV_GGUF = frozenset({Engine.HF, Engine.LLAMACPP, Engine.OLLAMA})
+ENGINES_SERVING: dict[str, frozenset[Engine]] = {
+    "rwkv": frozenset({Engine.HF}),
+    "rwkv5": frozenset({Engine.HF}),
+    "rwkv6": _RWKV_GGUF,
+    "rwkv7": _RWKV_GGUF,
+}
+"""The engines that serve a model_type, for the model_types some engine does not (any other model_type: every
+engine). Sources, at the versions memest models:
+
+- vLLM: ``vllm/model_executor/models/registry.py`` (vllm-project/vllm commit 0002bff0, the 0.19 line):
+  ``_TEXT_GENERATION_MODELS`` names no ``Rwkv*`` architecture (RWKV-4 ``RwkvForCausalLM``, ``Rwkv5/6/7ForCausalLM``).
+- SGLang: ``python/sglang/srt/models/`` (sgl-project/sglang, 0.5 line) has no RWKV model file.
+- TensorRT-LLM: its supported-models list (``docs/source/models/supported-models.md``, 1.x) names no RWKV.
+- llama.cpp: ``convert_hf_to_gguf.py`` (ggml-org/llama.cpp, after b4715) registers ``Rwkv6ForCausalLM``,
+  ``RWKV6Qwen2ForCausalLM``, ``Rwkv7ForCausalLM`` / ``RWKV7ForCausalLM`` and ``RwkvHybridForCausalLM``
+  (``MODEL_ARCH.RWKV6`` / ``RWKV7`` / ``ARWKV7``), not RWKV-4 (``RwkvForCausalLM``) nor RWKV-5; Ollama runs
+  llama.cpp's loader for them.
+- transformers (``--engine hf``): ``RwkvForCausalLM`` in the library, rwkv5 / rwkv6 / rwkv7 by their checkpoints'
+  remote code (``auto_map``).
+"""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
 ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.2"), "hf": ("5", "4.34"),
                                                "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19"),
