@@ -748,6 +748,10 @@ def test_deepseek_v4_vllm_pool_by_hand(tokens: int, blocks: int) -> None:
     assert layout.request_bytes(tokens, 8192) == blocks * 1_051_776
     assert layout.num_blocks(10 * 1_051_776 + 5) == 10
     assert {1684: 1_771_190_784, 3866: 4_066_166_016}[blocks] == blocks * 1_051_776
+    # one more block of the full group per 256 tokens: ceil(1,051,776 / 256) = ceil(4,108.5) = 4,109 B/token; a pool
+    # of 2 requests' blocks holds concurrency 2.0, logged as 2 x L tokens
+    assert layout.bytes_per_token() == 4_109
+    assert layout.pool_tokens(2 * blocks, tokens, 8192) == 2 * tokens
 
 
 def test_vllm_approximate_gcd() -> None:

@@ -306,6 +306,8 @@ class PagedLayout:
         block_size: ``--block-size`` (the attention groups' tokens per page before mamba growth).
         page_covers_layers: True when ``page_bytes`` is the page of all the group's layers together
             (``UniformTypeKVCacheSpecs``), False when it is one layer's.
+        deepseek_v4: vLLM's DeepSeek-V4 layout (:func:`deepseek_v4_layout`): every group's block is
+            ``page_bytes``, and the pool's tokens are reported as concurrency x max_model_len.
     """
 
     groups: tuple[KVGroup, ...]
@@ -313,6 +315,20 @@ class PagedLayout:
     layers_per_page: int
     block_size: int
     page_covers_layers: bool = False
+    deepseek_v4: bool = False
+
+    def bytes_per_token(self) -> int | None:
+        """DeepSeek-V4: bytes the pool grows by per token of a request, one block of the full group per
+        256 tokens (the sliding and state groups do not grow); None for other layouts (their
+        :func:`bytes_per_token` of the layers)."""
+        return -(-self.page_bytes // self.groups[0].block_size) if self.deepseek_v4 and self.groups else None
+
+    def pool_tokens(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The 'GPU KV cache size' vLLM logs: :meth:`tokens`, or for DeepSeek-V4 (whose V4 release
+        logs ``max_concurrency x max_model_len``, ``_report_kv_cache_config``) that product."""
+        if self.deepseek_v4:
+            return int(self.max_concurrency(num_blocks, max_model_len, max_num_batched_tokens) * max_model_len)
+        return self.tokens(num_blocks)
 
     @property
     def block_bytes(self) -> int:
@@ -645,7 +661,8 @@ def deepseek_v4_layout(kinds: Iterable[tuple[LayerSpec, int]]) -> PagedLayout:
             real = len(range(i, per_size, num_groups))
             most = max(most, real)
             groups.append(KVGroup("sliding", block, window, real * len(padded)))
-    return PagedLayout(tuple(groups), tuple_bytes * most, 1, V4_BLOCK_SIZE, page_covers_layers=True)
+    return PagedLayout(tuple(groups), tuple_bytes * most, 1, V4_BLOCK_SIZE, page_covers_layers=True,
+                       deepseek_v4=True)
 
 
 def vllm_layout(spec: ModelSpec, kinds: list[tuple[LayerSpec, int]], tp: int, e: float, state_e: float,

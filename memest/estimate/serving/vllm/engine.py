@@ -188,8 +188,8 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
     limiting = _engine_blocks(ranks)
     blocks = limiting.num_blocks
     layout = limiting.layout
-    tokens = layout.tokens(blocks)
-    per_token = max(kv_bytes_per_token(spec, s, r.stage) for r in ranks)
+    tokens = layout.pool_tokens(blocks, max_len, mnbt)
+    per_token = max(r.layout.bytes_per_token() or kv_bytes_per_token(spec, s, r.stage) for r in ranks)
     state = max(kv_state_bytes(spec, s, r.stage) for r in ranks)
     worst = min(ranks, key=lambda r: r.budget.available - r.layout.request_bytes(max_len, mnbt))
     needed = worst.layout.request_bytes(max_len, mnbt)
