@@ -180,6 +180,11 @@ RWKV6 = {"model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "hidden_s
          "auto_map": {"AutoModelForCausalLM": "modeling_rwkv6.Rwkv6ForCausalLM"}}
 
 
+# a hand-made T5 (t5-small's shape): vLLM serves no encoder-decoder but Whisper, SGLang has no T5
+T5_TINY = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 512, "d_kv": 64,
+           "d_ff": 2048, "num_layers": 6, "num_heads": 8, "vocab_size": 32128, "feed_forward_proj": "relu"}
+
+
 def _rwkv_spec(raw: dict):
     from memest.sources import spec_from_config
     from memest.sources.config import HFConfig
@@ -193,6 +198,8 @@ def _rwkv_spec(raw: dict):
     (RWKV6, "trtllm", "hf, llama.cpp, ollama; use --engine llama.cpp"),
     (RWKV4, "vllm", "hf; use --engine hf"),
     (RWKV4, "llama.cpp", "hf; use --engine hf"),
+    (T5_TINY, "vllm", "hf, trtllm, llama.cpp, ollama; use --engine trtllm"),
+    (T5_TINY, "sglang", "hf, trtllm, llama.cpp, ollama; use --engine trtllm"),
 ])
 def test_an_engine_that_does_not_serve_the_family_is_one_line_exit_2(raw, engine, serving, tmp_path, monkeypatch,
                                                                      capsys):

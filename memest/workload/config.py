@@ -300,9 +300,11 @@ ENGINES_SERVING: dict[str, frozenset[Engine]] = {
     "rwkv5": frozenset({Engine.HF}),
     "rwkv6": _RWKV_GGUF,
     "rwkv7": _RWKV_GGUF,
+    "t5": frozenset({Engine.HF, Engine.TRTLLM, Engine.LLAMACPP, Engine.OLLAMA}),
 }
-"""The engines that serve a model_type, for the model_types some engine does not (any other model_type: every
-engine). Sources, at the versions memest models:
+"""The engines memest lets serve a model_type, for the model_types some engine's source lacks (any other
+model_type: every engine); an engine is left out only where its source shows it lacks the architecture. Sources,
+at the versions memest models:
 
 - vLLM: ``vllm/model_executor/models/registry.py`` (vllm-project/vllm commit 0002bff0, the 0.19 line):
   ``_TEXT_GENERATION_MODELS`` names no ``Rwkv*`` architecture (RWKV-4 ``RwkvForCausalLM``, ``Rwkv5/6/7ForCausalLM``).
@@ -312,6 +314,11 @@ engine). Sources, at the versions memest models:
   ``RWKV6Qwen2ForCausalLM``, ``Rwkv7ForCausalLM`` / ``RWKV7ForCausalLM`` and ``RwkvHybridForCausalLM``
   (``MODEL_ARCH.RWKV6`` / ``RWKV7`` / ``ARWKV7``), not RWKV-4 (``RwkvForCausalLM``) nor RWKV-5; Ollama runs
   llama.cpp's loader for them.
+- T5 (``t5``): vLLM's registry names one encoder-decoder model, ``WhisperForConditionalGeneration``, and lists
+  the others under ``_PREVIOUSLY_SUPPORTED_MODELS`` ("encoder-decoder models except whisper have been removed
+  for V0 deprecation"; T5 was never among them); SGLang has no T5 model file; llama.cpp's ``convert_hf_to_gguf.py``
+  registers ``T5ForConditionalGeneration`` / ``MT5ForConditionalGeneration`` / ``UMT5ForConditionalGeneration`` /
+  ``T5WithLMHeadModel``; TensorRT-LLM builds T5 with its encoder-decoder path (``examples/models/core/enc_dec``).
 - transformers (``--engine hf``): ``RwkvForCausalLM`` in the library, rwkv5 / rwkv6 / rwkv7 by their checkpoints'
   remote code (``auto_map``).
 """
