@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from memest.errors import InputError
+from memest.errors import ConfigError, InputError
 from memest.estimate.serving.kv import (
     KVLayer,
     approximate_gcd,
@@ -759,6 +759,11 @@ def test_vllm_approximate_gcd() -> None:
     _get_kv_cache_groups_uniform_groups); [2, 3] from 2 -> pad(2) = 1 = pad(3), the larger wins."""
     assert approximate_gcd([11, 21, 11, 10], 11) == 11
     assert approximate_gcd([2, 3], 2) == 3
+
+
+def test_deepseek_v4_compress_rates_missing_a_used_type_names_it() -> None:
+    with pytest.raises(ConfigError, match=r"compress_rates has no rate for 'heavily_compressed_attention'"):
+        _spec({**V4_FLASH, "compress_rates": {"compressed_sparse_attention": 8}})
 
 
 def test_deepseek_v4_bad_layer_types_name_the_key() -> None:
