@@ -19,12 +19,16 @@ import json
 
 import pytest
 
+from memest.errors import ConfigError, InputError
 from memest.estimate.serving.kv import (
     KVLayer,
+    approximate_gcd,
     bytes_per_token,
     contiguous_cache_bytes,
+    deepseek_v4_pages,
     kv_layers,
     paged_layout,
+    vllm_layout,
 )
 from memest.sources import load_model, spec_from_config
 from memest.sources.config import HFConfig
@@ -703,23 +707,63 @@ def test_deepseek_v4_transformers_cache_by_hand(tokens: int, expected: int) -> N
     assert contiguous_cache_bytes(layers, 3, tokens) == 3 * expected
 
 
-def test_deepseek_v4_vllm_pool_by_hand() -> None:
-    """vLLM, bf16, --block-size 16, assumed to hold transformers' entries: one K = V of 512 x 2 = 1,024 B per
-    window token on all 43 layers (the sliding_attention layers too), 1,024 B per CSA / HCA entry, 256 B per
-    indexer key. Per token, windows ignored: 43 x 1,024 + 21 x 1,024 / 4 + 21 x 256 / 4 + 20 x 1,024 / 128
-    = 44,032 + 5,376 + 1,344 + 160 = 50,912. Pages of 16 x 1,024 = 16,384 B; a compressed page holds 16,384 /
-    1,024 = 16 entries (64 tokens of CSA, 2,048 of HCA) or 64 indexer keys (256 tokens). One request of 131,072
-    tokens with max_num_batched_tokens 8,192: sliding ceil(min(127 + 8,192, 131,072) / 16) + 1 = 521 pages x 43,
-    CSA 131,072 / 64 = 2,048 x 21, indexer 131,072 / 256 = 512 x 21, HCA 131,072 / 2,048 = 64 x 20:
-    22,403 + 43,008 + 10,752 + 1,280 = 77,443 pages x 16,384 = 1,268,826,112 B."""
-    layers = kv_layers(_spec(V4_FLASH).layer_kinds(), 1, 2)
-    assert bytes_per_token(layers) == 43 * 1024 + 21 * 1024 // 4 + 21 * 256 // 4 + 20 * 1024 // 128 == 50_912
-    layout = paged_layout(layers, 16)
-    assert layout.page_bytes == 16 * 1024
-    assert sorted({(g.kind, g.block_size) for g in layout.groups}) == [
-        ("compressed", 64), ("compressed", 256), ("compressed", 2048), ("sliding", 16)]
-    assert layout.request_bytes(131072, 8192) == (521 * 43 + 2048 * 21 + 512 * 21 + 64 * 20) * 16384 \
-        == 1_268_826_112
+def test_deepseek_v4_vllm_pages_by_hand() -> None:
+    """vLLM's DeepSeek-V4 caches (fp8_ds_mla; vllm deepseek_v4_attention.py, sparse_swa.py, deepseek_compressor.py),
+    every page rounded up to 576 B: SWA 64 tokens x 584 = 37,376 -> 65 x 576 = 37,440; C4 entries 256 // 4 = 64 x 584
+    -> 37,440; C128 entries 256 // 128 = 2 x 584 = 1,168 -> 3 x 576 = 1,728; CSA indexer 64 x (128 + 128 / 128 x 4)
+    = 8,448 -> 15 x 576 = 8,640; C4 compressor state 4 slots x 2 x 2 x 512 x 4 B = 32,768 -> 57 x 576 = 32,832,
+    C128 state 8 x 2 x 1 x 512 x 4 = 32,768 -> 32,832, the CSA indexer's state 4 x 2 x 2 x 128 x 4 = 8,192 -> 8,640."""
+    spec = _spec(V4_FLASH)
+    by_rate = {layer.attention.compress_rate: deepseek_v4_pages(layer) for layer in spec.layers}
+    assert by_rate[0] == {"swa": ((64, 128), 65 * 576)}
+    assert by_rate[4] == {"swa": ((64, 128), 65 * 576), "kv": (None, 65 * 576), "indexer": (None, 15 * 576),
+                          "state": ((4, 8), 57 * 576), "indexer_state": ((4, 8), 15 * 576)}
+    assert by_rate[128] == {"swa": ((64, 128), 65 * 576), "kv": (None, 3 * 576), "state": ((8, 128), 57 * 576)}
+    with pytest.raises(InputError, match="rates 4 and 128"):
+        deepseek_v4_pages(_spec({**V4_FLASH, "compress_rates": {"compressed_sparse_attention": 8,
+                                                    "heavily_compressed_attention": 128}}).layers[2])
+
+
+# V4-Flash (2 sliding, 21 CSA, 20 HCA layers) under vLLM's grouping (kv_cache_utils get_kv_cache_groups, the V4
+# case). Full group: 21 C4 kv (37,440) + 21 indexer (8,640) + 20 C128 kv (1,728), tuples = most layers sharing a
+# page = 21, tuple bytes 37,440 + 8,640 + 1,728 = 47,808. Sliding buckets by (block, window): SWA (64, 128) 43
+# layers, C4 states (4, 8) 21 x 32,832 + 21 x 8,640 -> 21 tuples, C128 states (8, 128) 20. _approximate_gcd over
+# [21, 43, 21, 20] from 21: pad(21) = 0 + 20 + 0 + 1 = 21, pad(22) = 1 + 1 + 1 + 2 = 5, pad(23) = 2 + 3 + 2 + 3 = 10,
+# pad(24) = 3 + 5 + 3 + 4 = 15, larger d pad more -> d = 22. SWA splits into ceil(43 / 22) = 2 groups (22, 21
+# tuples), the others stay one; states padded to the next full page (32,832 -> 37,440). Block = 47,808 x 22
+# (the most tuples of a group) = 1,051,776 B. max_num_batched_tokens 8,192:
+#   L 4,096:   full ceil(4,096 / 256) = 16; SWA 2 x (ceil(min(127 + 8,192, 4,096) / 64) + 1) = 2 x 65 = 130;
+#              C4 states ceil(4,096 / 4) + 1 = 1,025; C128 states ceil(4,096 / 8) + 1 = 513 -> 1,684 blocks
+#   L 131,072: full 512; SWA 2 x (ceil(8,319 / 64) + 1) = 2 x 131 = 262; C4 states ceil(8,199 / 4) + 1 = 2,051;
+#              C128 states ceil(8,319 / 8) + 1 = 1,041 -> 3,866 blocks
+@pytest.mark.parametrize(("tokens", "blocks"), [(4096, 16 + 130 + 1025 + 513), (131072, 512 + 262 + 2051 + 1041)])
+def test_deepseek_v4_vllm_pool_by_hand(tokens: int, blocks: int) -> None:
+    """One request of L tokens in vLLM's DeepSeek-V4 pool (V4-Flash geometry; arithmetic above)."""
+    layout = vllm_layout(_spec(V4_FLASH), _spec(V4_FLASH).layer_kinds(), 1, 2, 2, 16)
+    assert layout.page_bytes == 22 * (37_440 + 8_640 + 1_728) == 1_051_776
+    assert [(g.kind, g.block_size, g.window, g.num_layers) for g in layout.groups] == [
+        ("mla", 256, None, 62), ("sliding", 64, 128, 22), ("sliding", 64, 128, 21), ("sliding", 4, 8, 42),
+        ("sliding", 8, 128, 20)]
+    assert layout.blocks_per_request(tokens, 8192) == blocks
+    assert layout.request_bytes(tokens, 8192) == blocks * 1_051_776
+    assert layout.num_blocks(10 * 1_051_776 + 5) == 10
+    assert {1684: 1_771_190_784, 3866: 4_066_166_016}[blocks] == blocks * 1_051_776
+    # one more block of the full group per 256 tokens: ceil(1,051,776 / 256) = ceil(4,108.5) = 4,109 B/token; a pool
+    # of 2 requests' blocks holds concurrency 2.0, logged as 2 x L tokens
+    assert layout.bytes_per_token() == 4_109
+    assert layout.pool_tokens(2 * blocks, tokens, 8192) == 2 * tokens
+
+
+def test_vllm_approximate_gcd() -> None:
+    """vLLM _approximate_gcd: [11, 21, 11, 10] from 11 -> pad(11) = 0 + 1 + 0 + 1 = 2 (the docstring example of
+    _get_kv_cache_groups_uniform_groups); [2, 3] from 2 -> pad(2) = 1 = pad(3), the larger wins."""
+    assert approximate_gcd([11, 21, 11, 10], 11) == 11
+    assert approximate_gcd([2, 3], 2) == 3
+
+
+def test_deepseek_v4_compress_rates_missing_a_used_type_names_it() -> None:
+    with pytest.raises(ConfigError, match=r"compress_rates has no rate for 'heavily_compressed_attention'"):
+        _spec({**V4_FLASH, "compress_rates": {"compressed_sparse_attention": 8}})
 
 
 def test_deepseek_v4_bad_layer_types_name_the_key() -> None:

@@ -168,3 +168,73 @@ def test_cli_top_and_cost():
     assert out.exit_code == 0, out.output
     assert "Best 2 setups over every engine" in out.output and "1. 1 x H100-80GB" in out.output
     assert "2. 1 x H100-80GB" in out.output and "3. " not in out.output
+
+
+# Hand-made RWKV configs (the shapes of RWKV/rwkv-4-169m-pile and RWKV/v6-Finch-1B6-HF, as tests/test_current_families.py
+# builds them): vLLM, SGLang and TensorRT-LLM serve no RWKV; llama.cpp converts RWKV-6 / RWKV-7, not RWKV-4
+# (memest.workload.config.ENGINES_SERVING, with its sources).
+RWKV4 = {"model_type": "rwkv", "architectures": ["RwkvForCausalLM"], "hidden_size": 768, "num_hidden_layers": 12,
+         "vocab_size": 50277, "context_length": 1024}
+RWKV6 = {"model_type": "rwkv6", "architectures": ["Rwkv6ForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 24,
+         "head_size": 64, "vocab_size": 65536, "intermediate_size": None,
+         "auto_map": {"AutoModelForCausalLM": "modeling_rwkv6.Rwkv6ForCausalLM"}}
+
+
+# a hand-made T5 (t5-small's shape): vLLM serves no encoder-decoder but Whisper, SGLang has no T5
+T5_TINY = {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 512, "d_kv": 64,
+           "d_ff": 2048, "num_layers": 6, "num_heads": 8, "vocab_size": 32128, "feed_forward_proj": "relu"}
+
+
+def _rwkv_spec(raw: dict):
+    from memest.sources import spec_from_config
+    from memest.sources.config import HFConfig
+
+    return spec_from_config(HFConfig(json.loads(json.dumps(raw)), name="rwkv-test", source="test"))
+
+
+@pytest.mark.parametrize(("raw", "engine", "serving"), [
+    (RWKV6, "vllm", "hf, llama.cpp, ollama; use --engine llama.cpp"),
+    (RWKV6, "sglang", "hf, llama.cpp, ollama; use --engine llama.cpp"),
+    (RWKV6, "trtllm", "hf, llama.cpp, ollama; use --engine llama.cpp"),
+    (RWKV4, "vllm", "hf; use --engine hf"),
+    (RWKV4, "llama.cpp", "hf; use --engine hf"),
+    (T5_TINY, "vllm", "hf, trtllm, llama.cpp, ollama; use --engine trtllm"),
+    (T5_TINY, "sglang", "hf, trtllm, llama.cpp, ollama; use --engine trtllm"),
+])
+def test_an_engine_that_does_not_serve_the_family_is_one_line_exit_2(raw, engine, serving, tmp_path, monkeypatch,
+                                                                     capsys):
+    from memest.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    monkeypatch.setattr("sys.argv", ["memest", "hf", str(path), "--serve", "--engine", engine])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{engine} does not serve model_type {raw['model_type']!r}" in err and err.endswith(serving), err
+
+
+def test_rwkv6_serves_under_llamacpp_and_hf():
+    from memest.estimate import estimate
+    from memest.workload import validate
+
+    spec = _rwkv_spec(RWKV6)
+    for engine in (Engine.LLAMACPP, Engine.HF):
+        s = ServingConfig(engine=engine, max_model_len=2048)
+        validate(spec, s)
+        assert estimate(spec, s, get_device("H100")).ranks
+
+
+def test_the_comparison_skips_engines_that_do_not_serve_the_family():
+    """RWKV-6 on an H100: vLLM, SGLang, TensorRT-LLM skipped with the reason, llama.cpp estimated and named."""
+    c = compare_engines(_rwkv_spec(RWKV6), ServingConfig(max_model_len=2048), (DeviceChoice(get_device("H100"), 8),))
+    rows = {r.engine: r for r in c.devices[0].rows}
+    for e in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM):
+        assert rows[e].skipped is not None and rows[e].skipped.startswith(f"{e.value} does not serve model_type 'rwkv6'")
+    assert rows[Engine.LLAMACPP].skipped is None and rows[Engine.LLAMACPP].verdict == "fits"
+    assert c.devices[0].best is Engine.LLAMACPP
+    # RWKV-4: no compared engine serves it; every row is skipped, none errors
+    c4 = compare_engines(_rwkv_spec(RWKV4), ServingConfig(max_model_len=1024), (DeviceChoice(get_device("H100"), 8),))
+    assert all(r.skipped and "does not serve model_type 'rwkv'" in r.skipped for r in c4.devices[0].rows)
+    assert c4.devices[0].best is None

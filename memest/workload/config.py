@@ -294,6 +294,34 @@ KV_CACHE_DTYPES = ("auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 VLLM_NO_FLOAT16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 """model_types vLLM will not serve in float16 (``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``)."""
+_RWKV_GGUF = frozenset({Engine.HF, Engine.LLAMACPP, Engine.OLLAMA})
+ENGINES_SERVING: dict[str, frozenset[Engine]] = {
+    "rwkv": frozenset({Engine.HF}),
+    "rwkv5": frozenset({Engine.HF}),
+    "rwkv6": _RWKV_GGUF,
+    "rwkv7": _RWKV_GGUF,
+    "t5": frozenset({Engine.HF, Engine.TRTLLM, Engine.LLAMACPP, Engine.OLLAMA}),
+}
+"""The engines memest lets serve a model_type, for the model_types some engine's source lacks (any other
+model_type: every engine); an engine is left out only where its source shows it lacks the architecture. Sources,
+at the versions memest models:
+
+- vLLM: ``vllm/model_executor/models/registry.py`` (vllm-project/vllm commit 0002bff0, the 0.19 line):
+  ``_TEXT_GENERATION_MODELS`` names no ``Rwkv*`` architecture (RWKV-4 ``RwkvForCausalLM``, ``Rwkv5/6/7ForCausalLM``).
+- SGLang: ``python/sglang/srt/models/`` (sgl-project/sglang, 0.5 line) has no RWKV model file.
+- TensorRT-LLM: its supported-models list (``docs/source/models/supported-models.md``, 1.x) names no RWKV.
+- llama.cpp: ``convert_hf_to_gguf.py`` (ggml-org/llama.cpp, after b4715) registers ``Rwkv6ForCausalLM``,
+  ``RWKV6Qwen2ForCausalLM``, ``Rwkv7ForCausalLM`` / ``RWKV7ForCausalLM`` and ``RwkvHybridForCausalLM``
+  (``MODEL_ARCH.RWKV6`` / ``RWKV7`` / ``ARWKV7``), not RWKV-4 (``RwkvForCausalLM``) nor RWKV-5; Ollama runs
+  llama.cpp's loader for them.
+- T5 (``t5``): vLLM's registry names one encoder-decoder model, ``WhisperForConditionalGeneration``, and lists
+  the others under ``_PREVIOUSLY_SUPPORTED_MODELS`` ("encoder-decoder models except whisper have been removed
+  for V0 deprecation"; T5 was never among them); SGLang has no T5 model file; llama.cpp's ``convert_hf_to_gguf.py``
+  registers ``T5ForConditionalGeneration`` / ``MT5ForConditionalGeneration`` / ``UMT5ForConditionalGeneration`` /
+  ``T5WithLMHeadModel``; TensorRT-LLM builds T5 with its encoder-decoder path (``examples/models/core/enc_dec``).
+- transformers (``--engine hf``): ``RwkvForCausalLM`` in the library, rwkv5 / rwkv6 / rwkv7 by their checkpoints'
+  remote code (``auto_map``).
+"""
 """vLLM's ``--block-size`` choices (``CacheConfig.block_size``)."""
 ENGINE_VERSIONS: dict[str, tuple[str, ...]] = {"vllm": ("0.19", "0.6", "0.6.4", "0.2"), "hf": ("5", "4.34"),
                                                "sglang": ("0.5", "0.4"), "trtllm": ("1.1", "0.19"),

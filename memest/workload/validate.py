@@ -11,6 +11,7 @@ from memest.spec import ModelSpec, Split
 from memest.workload.config import (
     BLOCK_SIZES,
     ENGINE_VERSIONS,
+    ENGINES_SERVING,
     GGUF_ENGINES,
     KV_CACHE_DTYPES,
     QUANTIZATIONS,
@@ -464,14 +465,22 @@ def _validate_sglang_trtllm(s: ServingConfig) -> None:
 
 
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
-    """Checks that need the model: the length, and for vLLM the dtype.
+    """Checks that need the model: the engine serves it, the length, and for vLLM the dtype.
 
     Raises:
+        InputError: an engine that does not serve the model_type (:data:`ENGINES_SERVING`);
         InputError: for vLLM, ``--dtype fp16`` for a model type vLLM refuses it for (:data:`VLLM_NO_FLOAT16`);
         InputError: for vLLM, max_model_len beyond the model's max_position_embeddings (vLLM
             refuses it too, without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``); for any engine, a length
             beyond a learned absolute position table (:attr:`ModelSpec.learned_positions`).
     """
+    serving = ENGINES_SERVING.get(spec.model_type)
+    if serving is not None and s.engine not in serving:
+        names = ", ".join(e.value for e in Engine if e in serving)
+        raise InputError(f"{s.engine.value} does not serve model_type {spec.model_type!r} ({spec.name}); engines "
+                         f"that do: {names}; use {{engine}} "
+                         f"{next((e for e in Engine if e in serving and e is not Engine.HF), Engine.HF).value}",
+                         field="engine")
     if s.engine is Engine.VLLM and s.dtype in ("fp16", "float16") and spec.model_type in VLLM_NO_FLOAT16:
         raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} "
                          "(numerical instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use "

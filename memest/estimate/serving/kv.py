@@ -306,6 +306,8 @@ class PagedLayout:
         block_size: ``--block-size`` (the attention groups' tokens per page before mamba growth).
         page_covers_layers: True when ``page_bytes`` is the page of all the group's layers together
             (``UniformTypeKVCacheSpecs``), False when it is one layer's.
+        deepseek_v4: vLLM's DeepSeek-V4 layout (:func:`deepseek_v4_layout`): every group's block is
+            ``page_bytes``, and the pool's tokens are reported as concurrency x max_model_len.
     """
 
     groups: tuple[KVGroup, ...]
@@ -313,6 +315,20 @@ class PagedLayout:
     layers_per_page: int
     block_size: int
     page_covers_layers: bool = False
+    deepseek_v4: bool = False
+
+    def bytes_per_token(self) -> int | None:
+        """DeepSeek-V4: bytes the pool grows by per token of a request, one block of the full group per
+        256 tokens (the sliding and state groups do not grow); None for other layouts (their
+        :func:`bytes_per_token` of the layers)."""
+        return -(-self.page_bytes // self.groups[0].block_size) if self.deepseek_v4 and self.groups else None
+
+    def pool_tokens(self, num_blocks: int, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The 'GPU KV cache size' vLLM logs: :meth:`tokens`, or for DeepSeek-V4 (whose V4 release
+        logs ``max_concurrency x max_model_len``, ``_report_kv_cache_config``) that product."""
+        if self.deepseek_v4:
+            return int(self.max_concurrency(num_blocks, max_model_len, max_num_batched_tokens) * max_model_len)
+        return self.tokens(num_blocks)
 
     @property
     def block_bytes(self) -> int:
@@ -497,3 +513,163 @@ def kv_state_bytes(spec: ModelSpec, s: ServingConfig, stage: Stage | None = None
     layers = kv_layers(spec.layer_kinds(start, stop), s.parallelism.tp, kv_dtype_bytes(spec, s),
                        transformers=transformers, state_e=nbytes(weight_dtype(spec, s)))
     return state_bytes_per_sequence(layers)
+
+
+# ---- vLLM's DeepSeek-V4 layout ----
+
+V4_ENTRY_BYTES = 584
+"""Bytes of one DeepSeek-V4 K = V entry in vLLM's ``fp8_ds_mla`` cache: 448 fp8 NoPE + 64 bf16 RoPE (128 B) + 7
+UE8M0 scales + 1 pad (``MLAAttentionSpec.real_page_size_bytes`` / ``SlidingWindowMLASpec``: ``storage_block_size *
+584``, hard-coded whatever the head geometry)."""
+V4_PAGE_ALIGNMENT = 576
+"""FlashMLA's page alignment: every V4 page is rounded up to a multiple of 576 B (``alignment=576``,
+``_apply_alignment_padding``)."""
+V4_BLOCK_SIZE = 256
+"""Tokens per block of V4's full groups: ``DeepseekSparseSWABackend.get_preferred_block_size`` (256); the fixed
+SWA and compressor-state blocks below are sized against it ("The KV block shape [256//4, head_dim] = [64, 584]")."""
+V4_SWA_BLOCK = 64
+"""Tokens per page of the sliding-window cache (``DeepseekV4SWACache.block_size = 64``)."""
+V4_STATE_BLOCK = {4: 4, 128: 8}
+"""Tokens per page of a compressor's state cache by compress rate (``CompressorStateCache``: 4 for C4, 8 for
+C128; other rates are refused)."""
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def approximate_gcd(values: list[int], lower_bound: int) -> int:
+    """vLLM ``_approximate_gcd``: the d in [lower_bound, max(values)] that minimises sum(round_up(x, d) - x),
+    the larger d on a tie."""
+    best_d, best_pad = max(1, lower_bound), None
+    for d in range(max(1, lower_bound), max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad < best_pad or (pad == best_pad and d > best_d):
+            best_d, best_pad = d, pad
+    return best_d
+
+
+def deepseek_v4_pages(layer: LayerSpec) -> dict[str, tuple[tuple[int, int] | None, int]]:
+    """The vLLM caches of one DeepSeek-V4 layer: name -> (bucket key, page bytes). The bucket key is
+    ``(block_size, sliding_window)`` for the ``SlidingWindowMLASpec`` caches, None for the full
+    ``MLAAttentionSpec`` ones (``group_and_unify_kv_cache_specs`` buckets them so).
+
+    - ``swa`` (every layer, ``DeepseekV4SWACache``): 64 tokens x 584 B, aligned: 37,376 -> 37,440.
+    - ``kv`` (compress rate m > 1, ``DeepseekV4MLAAttention.get_kv_cache_spec``): 256 // m entries x 584 B, aligned
+      (m 4: 37,440; m 128: 1,728).
+    - ``indexer`` (CSA, ``DeepseekV4IndexerCache``): 256 // m keys x (d_i + d_i / 128 x 4) B (fp8 keys and one fp32
+      scale per 128), aligned (d_i 128, m 4: 64 x 132 = 8,448 -> 8,640).
+    - ``state`` / ``indexer_state`` (``CompressorStateCache``): fp32 kv_state + score_state of 2 x coff x width per
+      slot (coff 2 for the overlapping m = 4, else 1), window coff x m, 4 (m 4) or 8 (m 128) slots a page, aligned
+      (head_dim 512: 4 x 8,192 = 8 x 4,096 = 32,768 -> 32,832; d_i 128: 4 x 2,048 = 8,192 -> 8,640).
+
+    Raises:
+        InputError: a compress rate other than 4 or 128 (``CompressorStateCache`` asserts it).
+    """
+    a = layer.attention
+    out: dict[str, tuple[tuple[int, int] | None, int]] = {
+        "swa": ((V4_SWA_BLOCK, a.sliding_window or 0), _round_up(V4_SWA_BLOCK * V4_ENTRY_BYTES, V4_PAGE_ALIGNMENT)),
+    }
+    m = a.compress_rate
+    if m <= 1:
+        return out
+    if m not in V4_STATE_BLOCK:
+        from memest.errors import InputError
+
+        raise InputError(f"compress rate {m}: vLLM's DeepSeek-V4 compressor takes rates 4 and 128 only "
+                         "(CompressorStateCache); serve this config with --engine hf")
+    entries = V4_BLOCK_SIZE // m
+    out["kv"] = (None, _round_up(entries * V4_ENTRY_BYTES, V4_PAGE_ALIGNMENT))
+    coff = 2 if m == 4 else 1
+    key = (V4_STATE_BLOCK[m], coff * m)
+    out["state"] = (key, _round_up(V4_STATE_BLOCK[m] * 2 * coff * a.head_dim * FP32_BYTES, V4_PAGE_ALIGNMENT))
+    if a.index_head_dim:
+        d_i = a.index_head_dim
+        out["indexer"] = (None, _round_up(entries * (d_i + d_i // INDEXER_QUANT_BLOCK * 4), V4_PAGE_ALIGNMENT))
+        out["indexer_state"] = (key, _round_up(V4_STATE_BLOCK[m] * 2 * coff * d_i * FP32_BYTES, V4_PAGE_ALIGNMENT))
+    return out
+
+
+def deepseek_v4_layout(kinds: Iterable[tuple[LayerSpec, int]]) -> PagedLayout:
+    """vLLM's KV-cache groups and block for DeepSeek-V4 layers (``get_kv_cache_groups``, the "DeepseekV4 case").
+
+    Sources (vllm-project/vllm as the search index stores it): ``vllm/model_executor/layers/deepseek_v4_attention.py``
+    (commit 0a291a2e; ``get_kv_cache_spec`` of the attention, ``DeepseekV4IndexerCache``),
+    ``vllm/v1/attention/backends/mla/sparse_swa.py`` (03dc5649; ``DeepseekV4SWACache``, ``get_kv_cache_shape`` 584),
+    ``vllm/model_executor/layers/deepseek_compressor.py`` (0de10a27; ``CompressorStateCache``),
+    ``vllm/v1/kv_cache_interface.py`` (``real_page_size_bytes``, ``_apply_alignment_padding``,
+    ``UniformTypeKVCacheSpecs.get_page_sizes`` / ``get_num_layer_tuples`` / ``max_memory_usage_pages``) and
+    ``vllm/v1/core/kv_cache_utils.py`` of the first V4 release (``group_and_unify_kv_cache_specs``,
+    ``_approximate_gcd``, ``_get_kv_cache_groups_uniform_groups``, ``_max_memory_usage_bytes_from_groups``; later
+    versions pack the groups, ``_get_packed_kv_cache_layout``, which this does not follow).
+
+    1. Each layer's caches: :func:`deepseek_v4_pages`.
+    2. One full group of every ``kv`` / ``indexer`` page (block 256 tokens); its layer tuples T0 = the most layers
+       sharing one page size, tuple bytes = the sum of its distinct page sizes.
+    3. The sliding caches bucketed by (block, window): the SWA caches (64, window), C4 states (4, 8), C128 states
+       (8, 128). Each bucket's tuple count is the most layers sharing a page size; d = approximate GCD of all counts
+       (at least T0); each page is padded to the nearest full-group page size at least as large, and a bucket is
+       split into ceil(layers per size / d) groups, tuples dealt round-robin.
+    4. One block = tuple bytes x (the most tuples in any group), whichever group holds it; a request takes
+       ceil(L / 256) full blocks and, per sliding group, ceil(min(window - 1 + max_num_batched_tokens, L) / block) + 1.
+
+    The pages are vLLM's ``fp8_ds_mla`` layout, the only one that release runs ("DeepseekV4 only supports fp8
+    kv-cache format"): ``--kv-cache-dtype`` and ``--block-size`` are not read. TP does not divide them (one KV
+    head, replicated). Under pipeline parallelism each stage is grouped on its own layers (vLLM groups the whole
+    model, then projects the groups on each stage: the tuple counts can differ).
+
+    Raises:
+        InputError: a compress rate vLLM's V4 does not take, or a layer mix vLLM's grouping asserts against
+            (no compressed layer, a sliding page above every full page, unequal layer counts per page size).
+    """
+    from memest.errors import InputError
+
+    full: list[int] = []
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for layer, n in kinds:
+        if layer.stack == "encoder" or layer.attention.kind == "none":
+            continue
+        for key, page in deepseek_v4_pages(layer).values():
+            (full if key is None else buckets.setdefault(key, [])).extend([page] * n)
+    if not full:
+        raise InputError("DeepSeek-V4 under vLLM needs a compressed (CSA / HCA) layer on every pipeline stage: "
+                         "vLLM's V4 grouping asserts one; use fewer --pipeline-parallel-size stages")
+    sizes = sorted(set(full))
+    tuple_bytes = sum(sizes)
+
+    def tuples(pages: list[int]) -> int:
+        return max(pages.count(p) for p in set(pages))
+
+    counts = [tuples(full)] + [tuples(pages) for pages in buckets.values()]
+    d = approximate_gcd(counts, lower_bound=counts[0])
+    groups = [KVGroup("mla", V4_BLOCK_SIZE, None, len(full))]
+    most = counts[0]
+    for (block, window), pages in buckets.items():
+        padded: dict[int, int] = {}
+        for p in pages:
+            bigger = [s for s in sizes if s >= p]
+            if not bigger:
+                raise InputError(f"a DeepSeek-V4 sliding page of {p} B exceeds every full page ({sizes[-1]} B); "
+                                 "vLLM's V4 grouping asserts against it")
+            padded[bigger[0]] = padded.get(bigger[0], 0) + 1
+        if len(set(padded.values())) != 1:
+            raise InputError(f"DeepSeek-V4 pages {sorted(padded)} of unequal layer counts {sorted(padded.values())} "
+                             "in one vLLM group; vLLM's V4 grouping asserts equal counts")
+        per_size = next(iter(padded.values()))
+        num_groups = -(-per_size // d)
+        for i in range(num_groups):
+            real = len(range(i, per_size, num_groups))
+            most = max(most, real)
+            groups.append(KVGroup("sliding", block, window, real * len(padded)))
+    return PagedLayout(tuple(groups), tuple_bytes * most, 1, V4_BLOCK_SIZE, page_covers_layers=True,
+                       deepseek_v4=True)
+
+
+def vllm_layout(spec: ModelSpec, kinds: list[tuple[LayerSpec, int]], tp: int, e: float, state_e: float,
+                block_size: int) -> PagedLayout:
+    """vLLM's pool of one rank holding ``kinds`` (a stage's layers of ``spec``): :func:`deepseek_v4_layout` for a
+    model with compressed attention (DeepSeek-V4, every layer of which vLLM caches its own way), else
+    :func:`paged_layout` of :func:`kv_layers` (``state_e``: their conv-state bytes)."""
+    if any(layer.attention.compress_rate for layer in spec.layers):
+        return deepseek_v4_layout(kinds)
+    return paged_layout(kv_layers(kinds, tp, e, state_e=state_e), block_size)

@@ -215,6 +215,10 @@ def build(cfg: HFConfig) -> ModelSpec:
                           f"o_groups = {groups}; the grouped output projection needs equal groups")
     rates = compress_rates(cfg)
     attn_types = _layer_types(cfg, num_layers)
+    for kind in (CSA, HCA):
+        if kind in attn_types and kind not in rates:
+            raise ConfigError(f"{cfg.what}: compress_rates has no rate for {kind!r}, which layers use; give "
+                              f"compress_rates[{kind!r}] (default {_DEFAULT_COMPRESS_RATES[kind]})")
     mlp_types = _mlp_layer_types(cfg, num_layers)
 
     attention_tensors = [

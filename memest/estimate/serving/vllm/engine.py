@@ -29,9 +29,8 @@ from memest.estimate.serving.kv import (
     PagedLayout,
     kv_bytes_per_token,
     kv_dtype_bytes,
-    kv_layers,
     kv_state_bytes,
-    paged_layout,
+    vllm_layout,
 )
 from memest.estimate.serving.vllm import budget as vllm_budget
 from memest.estimate.serving.vllm.weights import loaded_bytes, mla_dequantized, rope_cache_block
@@ -61,10 +60,10 @@ class VllmRank:
     num_blocks: int
 
 
-COMPRESSED_KV_ASSUMPTION = (
-    "compressed attention (DeepSeek-V4): vLLM's pool is assumed to hold what transformers' cache holds (the "
-    "sliding window of K = V, one entry per compress rate tokens, the CSA indexer keys) at the KV dtype; vLLM's fp8 "
-    "entry layout and compressor state cache are not modelled"
+DEEPSEEK_V4_POOL_NOTE = (
+    "DeepSeek-V4: vLLM's own cache layout (fp8_ds_mla entries of 584 B, 132 B indexer keys, fp32 compressor "
+    "states, pages aligned to 576 B, blocks of 256 / 64 / 4 / 8 tokens); --kv-cache-dtype and --block-size are "
+    "not read"
 )
 
 
@@ -83,7 +82,7 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     out = []
     for stage in vllm_stages(spec.num_layers, par.pp):
         kinds = spec.layer_kinds(stage.start, stage.stop)
-        layout = paged_layout(kv_layers(kinds, par.tp, e, state_e=c), s.block_size)  # mamba_cache_dtype auto
+        layout = vllm_layout(spec, kinds, par.tp, e, c, s.block_size)  # mamba_cache_dtype auto
         weights = loaded_bytes(spec, s, stage) + rope_cache_block(spec, c)
         peak = vllm_budget.profile_peak(spec, kinds, last=stage.last, tp=par.tp, c=c, settings=settings,
                                         max_model_len=max_len, block_size=s.block_size, version=version,
@@ -178,7 +177,7 @@ def estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate
         f"weights served in {weight_dtype(spec, s)}" + quantization_note(spec, s),
         f"KV cache in {s.kv_cache_dtype if s.kv_cache_dtype != 'auto' else weight_dtype(spec, s)}",
         "KV pool = what is left of gpu_memory_utilization x capacity; the terms show what this job's requests need",
-        *((COMPRESSED_KV_ASSUMPTION,) if any(layer.attention.compress_rate for layer in spec.layers) else ()),
+        *((DEEPSEEK_V4_POOL_NOTE,) if any(layer.attention.compress_rate for layer in spec.layers) else ()),
     )
     return Estimate(ranks=tuple(out), assumptions=assumptions, serving=summary)
 
@@ -193,8 +192,8 @@ def _vllm_summary(spec: ModelSpec, s: ServingConfig, device: Device, ranks: list
     limiting = _engine_blocks(ranks)
     blocks = limiting.num_blocks
     layout = limiting.layout
-    tokens = layout.tokens(blocks)
-    per_token = max(kv_bytes_per_token(spec, s, r.stage) for r in ranks)
+    tokens = layout.pool_tokens(blocks, max_len, mnbt)
+    per_token = max(r.layout.bytes_per_token() or kv_bytes_per_token(spec, s, r.stage) for r in ranks)
     state = max(kv_state_bytes(spec, s, r.stage) for r in ranks)
     worst = min(ranks, key=lambda r: r.budget.available - r.layout.request_bytes(max_len, mnbt))
     needed = worst.layout.request_bytes(max_len, mnbt)
