@@ -309,7 +309,9 @@ at the versions memest models:
 - vLLM: ``vllm/model_executor/models/registry.py`` (vllm-project/vllm commit 0002bff0, the 0.19 line):
   ``_TEXT_GENERATION_MODELS`` names no ``Rwkv*`` architecture (RWKV-4 ``RwkvForCausalLM``, ``Rwkv5/6/7ForCausalLM``).
 - SGLang: ``python/sglang/srt/models/`` (sgl-project/sglang, 0.5 line) has no RWKV model file.
-- TensorRT-LLM: its supported-models list (``docs/source/models/supported-models.md``, 1.x) names no RWKV.
+- TensorRT-LLM: its support matrix (``docs/source/reference/support-matrix.md``, NVIDIA/TensorRT-LLM commit
+  03dad628) lists Mamba and RecurrentGemma among its recurrent models and no RWKV; it lists T5 / Flan-T5 / mT5 /
+  ByT5 under ``examples/models/core/enc_dec``.
 - llama.cpp: ``convert_hf_to_gguf.py`` (ggml-org/llama.cpp, after b4715) registers ``Rwkv6ForCausalLM``,
   ``RWKV6Qwen2ForCausalLM``, ``Rwkv7ForCausalLM`` / ``RWKV7ForCausalLM`` and ``RwkvHybridForCausalLM``
   (``MODEL_ARCH.RWKV6`` / ``RWKV7`` / ``ARWKV7``), not RWKV-4 (``RwkvForCausalLM``) nor RWKV-5; Ollama runs
@@ -318,7 +320,7 @@ at the versions memest models:
   the others under ``_PREVIOUSLY_SUPPORTED_MODELS`` ("encoder-decoder models except whisper have been removed
   for V0 deprecation"; T5 was never among them); SGLang has no T5 model file; llama.cpp's ``convert_hf_to_gguf.py``
   registers ``T5ForConditionalGeneration`` / ``MT5ForConditionalGeneration`` / ``UMT5ForConditionalGeneration`` /
-  ``T5WithLMHeadModel``; TensorRT-LLM builds T5 with its encoder-decoder path (``examples/models/core/enc_dec``).
+  ``T5WithLMHeadModel``; TensorRT-LLM builds T5 with its encoder-decoder path (its support matrix, above).
 - transformers (``--engine hf``): ``RwkvForCausalLM`` in the library, rwkv5 / rwkv6 / rwkv7 by their checkpoints'
   remote code (``auto_map``).
 """
