@@ -86,3 +86,15 @@ def test_readme_section_is_between_markers():
     section = accuracy.readme_section([accuracy.AccuracyRow("calibrate/cpu", "cpu/x", "peak allocated", 110, 100)])
     assert section.startswith(accuracy.START) and section.endswith(accuracy.END)
     assert "| calibrate/cpu | cpu/x | peak allocated | 0.00 MiB | 0.00 MiB | +10.0% |" in section
+
+
+def test_readme_accuracy_section_is_current():
+    """The README's accuracy tables are what ``python benchmarks/accuracy.py --readme`` writes from today's
+    estimates: a change that moves a published case's error must regenerate them (they went stale once, showing
+    an unsloth case at +103.7% that the estimate had moved to -20.6%)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    current = text[text.index(accuracy.START):text.index(accuracy.END) + len(accuracy.END)]
+    rows, _ = accuracy.collect()
+    assert current == accuracy.readme_section(rows), "README's accuracy section is stale: run python benchmarks/accuracy.py --readme"
