@@ -39,8 +39,68 @@ def test_budget_v019_is_ceil_of_utilization_minus_non_kv() -> None:
 )
 def test_engine_defaults(device: str, version: str, expected: tuple[int, int]) -> None:
     # vLLM 0.19 EngineArgs.get_batch_defaults for `vllm serve`; V0: max(max_model_len, 2048) / 256
-    s = vllm_budget.engine_settings(version, get_device(device), 8192, None, None)
+    s = vllm_budget.engine_settings(version, get_device(device), 8192, None, None,
+                                    spec=load_model("meta-llama/Llama-3.1-8B-Instruct"))
     assert (s.max_num_batched_tokens, s.max_num_seqs) == expected
+
+
+@pytest.mark.parametrize(
+    ("version", "max_model_len", "given", "expected"),
+    [("0.6", 65536, None, 512), ("0.6.4", 65536, None, 512), ("0.6", 32768, None, 32768),
+     ("0.6", 32769, None, 512), ("0.6", 65536, 4096, 4096), ("0.2", 65536, None, 65536),
+     ("0.6", 8192, None, 8192)],
+    ids=["v06-64k", "v064-64k", "v06-32k-boundary", "v06-32k-plus-one", "v06-user-wins", "v02-no-chunking",
+         "v06-8k"],
+)
+def test_v0_chunked_prefill_batch(version: str, max_model_len: int, given: int | None, expected: int) -> None:
+    # vllm/engine/arg_utils.py create_engine_config at v0.6.4-v0.6.6: chunked prefill on by default when
+    # max_model_len > 32768 (a text-only model, CUDA, no sliding window); vllm/config.py SchedulerConfig: then
+    # max_num_batched_tokens = 512, else max(max_model_len, 2048); a --max-num-batched-tokens given is kept
+    spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    s = vllm_budget.engine_settings(version, H100, max_model_len, given, None, spec=spec)
+    assert (s.max_num_batched_tokens, s.max_num_seqs) == (expected, 256)
+
+
+def test_v0_chunked_prefill_exceptions() -> None:
+    # create_engine_config leaves chunked prefill off (so T = max(max_model_len, 2048)) for a multimodal model,
+    # a model with a sliding window, a device that is not CUDA-like, and (0.6.5+, memest's 0.6) embedding models
+    llama = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    vl = load_model("Qwen/Qwen2.5-VL-7B-Instruct")  # vision tower: multimodal
+    gemma2 = load_model("google/gemma-2-9b")  # sliding_window 4096 on alternate layers
+    assert vllm_budget.v0_chunked_prefill("0.6", llama, H100, 65536)
+    assert not vllm_budget.v0_chunked_prefill("0.6", vl, H100, 65536)
+    assert not vllm_budget.v0_chunked_prefill("0.6", gemma2, H100, 65536)
+    assert not vllm_budget.v0_chunked_prefill("0.6", llama, get_device("TPU-v5e"), 65536)
+    assert vllm_budget.v0_chunked_prefill("0.6.4", llama, get_device("MI300X"), 65536)  # ROCm is device_type cuda
+    assert not vllm_budget.v0_chunked_prefill("0.19", llama, H100, 65536)  # V1 is not asked
+    assert vllm_budget.engine_settings("0.6", H100, 65536, None, None, spec=vl).max_num_batched_tokens == 65536
+    # a multimodal model's batch is at least _MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS = 5120 (V0)
+    assert vllm_budget.engine_settings("0.6", H100, 4096, None, None, spec=vl).max_num_batched_tokens == 5120
+    assert vllm_budget.engine_settings("0.6", H100, 4096, None, None, spec=llama).max_num_batched_tokens == 4096
+    assert vllm_budget.engine_settings("0.6", H100, 4096, 3000, None, spec=vl).max_num_batched_tokens == 3000
+
+
+def test_v06_long_context_pool_by_hand() -> None:
+    """Llama-3.1-8B, max_model_len 65,536, one H100 80GB, vLLM 0.6 (V0, util 0.9): chunked prefill is on, so the
+    profile run holds 512 tokens in 256 sequences of 2 (model_runner.profile_run), not 65,536."""
+    spec = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    s = ServingConfig(engine_version="0.6", max_model_len=65536, gpu_memory_utilization=0.9)
+    (r,) = vllm_ranks(spec, s, H100)
+    h, I, V, T, N = 4096, 14336, 128256, 512, 256
+    # forward: V0 eager layer at SiluAndMul, 3 h + (2 I gate_up + I) per token, bf16
+    forward = (3 * h + 3 * I) * T * 2
+    assert forward == 56_623_104 == r.peak.forward  # 54 MiB (it was 7.25 GB with T = 65,536)
+    # sampler: final hidden T x h x 2 B + N rows x V x (2 B logits + 36 B of sampler buffers): now the larger
+    sampler = T * h * 2 + N * V * (2 + 36)
+    assert sampler == 1_251_868_672 == r.peak.sampler
+    activation = sampler + 32 * (1 << 20)  # + the 32 MiB Hopper cuBLAS workspace
+    assert r.peak.total == activation == 1_285_423_104  # 1.197 GiB
+    # KV pool = floor(79.19 GiB x 0.9) - weights - activation - 1.79 GiB non-torch (0.6, tp 1)
+    non_torch = round(1.79 * GiB)
+    available = math.floor(round(79.19 * GiB) * 0.9) - r.budget.weights - activation - non_torch
+    assert r.budget.available == available
+    # 2 MiB blocks of 16 tokens (32 layers x K + V x 8 heads x 128 x 2 B per token = 128 KiB)
+    assert r.num_blocks == available // (16 * 32 * 2 * 8 * 128 * 2)
 
 
 def test_sampler_peak_by_hand() -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from memest.devices import CUSTOM, Device, GiB
 from memest.errors import InputError
 from memest.estimate import runtime
-from memest.spec import LayerSpec, ModelSpec
+from memest.spec import Component, LayerSpec, ModelSpec
 from memest.workload import ENGINE_VERSIONS
 
 VLLM_VERSIONS = ENGINE_VERSIONS["vllm"]
@@ -86,10 +86,16 @@ Neuron chip (Trainium, Inferentia: neuronx compiles the model ahead of time), a 
 Apple's Metal: none of them has CUDA graphs."""
 
 
+def cuda_alike(device: Device) -> bool:
+    """vLLM runs ``device`` as a CUDA device (``DeviceConfig.device_type == "cuda"``, ROCm included):
+    a GPU of :data:`GRAPH_VENDORS`."""
+    return device.vendor in GRAPH_VENDORS and device.kind != "cpu"
+
+
 def cuda_graph_bytes(device: Device, num_layers: int, *, enforce_eager: bool) -> int:
     """CUDA-graph pool of a vLLM rank whose stage has ``num_layers`` layers (see the constants): none
     with ``--enforce-eager`` or on devices without CUDA / HIP graphs (:data:`GRAPH_VENDORS`)."""
-    if enforce_eager or device.vendor not in GRAPH_VENDORS or device.kind == "cpu":
+    if enforce_eager or not cuda_alike(device):
         return 0
     return CUDA_GRAPH_BASE_BYTES + CUDA_GRAPH_PER_LAYER_BYTES * num_layers
 
@@ -127,14 +133,57 @@ def check_version(version: str) -> str:
     return version
 
 
+V0_LONG_CONTEXT = 32768
+"""V0 (0.6, 0.6.4) turns chunked prefill on by itself when ``max_model_len`` exceeds this (vllm/engine/arg_utils.py
+``EngineArgs.create_engine_config`` at v0.6.4 - v0.6.6: ``use_long_context = max_model_len > 32768``)."""
+
+V0_CHUNKED_PREFILL_TOKENS = 512
+"""V0's ``max_num_batched_tokens`` when chunked prefill is on and the user gave none (vllm/config.py
+``SchedulerConfig.__init__`` at v0.6.x: "the values that have the best balance between ITL and TTFT on A100")."""
+
+V0_DEFAULT_TOKENS = 2048
+"""V0's floor without chunked prefill: ``max(max_model_len, 2048)`` (``SchedulerConfig.__init__`` at v0.6.x)."""
+
+V0_MULTIMODAL_TOKENS = 5120
+"""V0's floor for a multimodal model: ``max(max_num_batched_tokens, _MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS)``
+(vllm/config.py at v0.6.x: 5120), whether chunked prefill is on or not."""
+
+
+def is_multimodal(spec: ModelSpec) -> bool:
+    """The checkpoint carries a vision / audio tower (component ``other`` before the first layer): what vLLM's
+    ``ModelConfig.is_multimodal_model`` says of its architecture."""
+    return any(t.component is Component.OTHER for t in spec.embedding)
+
+
+def v0_chunked_prefill(version: str, spec: ModelSpec, device: Device, max_model_len: int) -> bool:
+    """Whether V0 (0.6, 0.6.4) enables chunked prefill by default for ``vllm serve`` (memest has no
+    ``--enable-chunked-prefill`` setting, so vLLM decides). vllm/engine/arg_utils.py
+    ``EngineArgs.create_engine_config`` at v0.6.4 - v0.6.6: on when ``max_model_len > 32768``, the model is not
+    multimodal, the device is CUDA-like (ROCm included), the config has no sliding window
+    (``model_config.get_sliding_window() is None``) and neither speculative decoding, LoRA nor prompt adapters are
+    on (memest models none of them); 0.6.5 - 0.6.6 (memest's ``0.6``) also leave it off for embedding models
+    (``model_config.task != "embedding"``), memest's ``masked_lm`` / ``classification`` heads. Off for 0.2 (its
+    default was off) and not asked for 0.19 (V1 always chunks)."""
+    if version not in ("0.6", V064) or max_model_len <= V0_LONG_CONTEXT:
+        return False
+    if is_multimodal(spec) or not cuda_alike(device):
+        return False
+    if any(layer.attention.sliding_window is not None for layer in spec.layers):
+        return False
+    return not (version == "0.6" and spec.task not in ("causal_lm", "seq2seq"))
+
+
 def engine_settings(version: str, device: Device, max_model_len: int, max_num_batched_tokens: int | None,
-                    max_num_seqs: int | None) -> EngineSettings:
-    """vLLM's defaults for ``vllm serve`` where the user gave none.
+                    max_num_seqs: int | None, *, spec: ModelSpec) -> EngineSettings:
+    """vLLM's defaults for ``vllm serve`` where the user gave none (a given ``max_num_batched_tokens`` or
+    ``max_num_seqs`` is kept as given).
 
     0.19 (``EngineArgs.get_batch_defaults``, chunked prefill on): 8192 tokens / 1024 sequences on
     devices of 70 GiB or more except A100s, else 2048 / 256; T is capped at
-    max_num_seqs x max_model_len and N at T. V0 (0.6, 0.6.4, 0.2; chunked prefill off):
-    T = max(max_model_len, 2048), N = 256.
+    max_num_seqs x max_model_len and N at T. 0.6 / 0.6.4 (``SchedulerConfig.__init__`` at v0.6.x): T = 512 when
+    chunked prefill is on (:func:`v0_chunked_prefill`: max_model_len > 32768), else max(max_model_len, 2048),
+    and at least 5120 for a multimodal model; N = 256. 0.2 (chunked prefill off): T = max(max_model_len, 2048),
+    N = 256.
     """
     if version == "0.19":
         big = device.memory_bytes >= 70 * GiB and not device.name.lower().startswith("a100")
@@ -145,7 +194,14 @@ def engine_settings(version: str, device: Device, max_model_len: int, max_num_ba
             tokens = max_num_batched_tokens
         return EngineSettings(tokens, min(seqs, tokens) if max_num_seqs is None else seqs)
     seqs = max_num_seqs if max_num_seqs is not None else 256
-    tokens = max_num_batched_tokens if max_num_batched_tokens is not None else max(max_model_len, 2048)
+    if max_num_batched_tokens is not None:
+        return EngineSettings(max_num_batched_tokens, seqs)
+    if v0_chunked_prefill(version, spec, device, max_model_len):
+        tokens = V0_CHUNKED_PREFILL_TOKENS
+    else:
+        tokens = max(max_model_len, V0_DEFAULT_TOKENS)
+    if version in ("0.6", V064) and is_multimodal(spec):
+        tokens = max(tokens, V0_MULTIMODAL_TOKENS)
     return EngineSettings(tokens, seqs)
 
 

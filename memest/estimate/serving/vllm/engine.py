@@ -76,7 +76,8 @@ def vllm_ranks(spec: ModelSpec, s: ServingConfig, device: Device) -> list[VllmRa
     version = vllm_budget.check_version(s.engine_version or vllm_budget.DEFAULT_VLLM_VERSION)
     par = s.parallelism
     max_len = max_model_len_of(spec, s)
-    settings = vllm_budget.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs)
+    settings = vllm_budget.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs,
+                                           spec=spec)
     c = compute_bytes(spec, s)
     e = kv_dtype_bytes(spec, s)
     out = []
@@ -164,7 +165,8 @@ def estimate_vllm(spec: ModelSpec, s: ServingConfig, device: Device) -> Estimate
     version = s.engine_version or vllm_budget.DEFAULT_VLLM_VERSION
     ranks = vllm_ranks(spec, s, device)
     max_len = max_model_len_of(spec, s)
-    settings = vllm_budget.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs)
+    settings = vllm_budget.engine_settings(version, device, max_len, s.max_num_batched_tokens, s.max_num_seqs,
+                                           spec=spec)
     mnbt = settings.max_num_batched_tokens
     out = []
     for r in ranks:
@@ -244,7 +246,7 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
     ranks = ranks or vllm_ranks(spec, s, device)
     version = s.engine_version or vllm_budget.DEFAULT_VLLM_VERSION
     mnbt = vllm_budget.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
-                                       s.max_num_seqs).max_num_batched_tokens
+                                       s.max_num_seqs, spec=spec).max_num_batched_tokens
     r = _engine_blocks(ranks)
     if concurrency * r.layout.blocks_per_request(1, mnbt) > r.num_blocks:
         return 0
@@ -265,10 +267,10 @@ def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_m
     ranks = ranks or vllm_ranks(spec, s, device)
     version = s.engine_version or vllm_budget.DEFAULT_VLLM_VERSION
     mnbt = vllm_budget.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
-                                       s.max_num_seqs).max_num_batched_tokens
+                                       s.max_num_seqs, spec=spec).max_num_batched_tokens
     r = _engine_blocks(ranks)
     per = r.layout.blocks_per_request(max_model_len, mnbt)
     if not per:  # no KV cache at all (encoder-only models): the scheduler's max_num_seqs is the limit
         return vllm_budget.engine_settings(version, device, max_model_len_of(spec, s), s.max_num_batched_tokens,
-                                           s.max_num_seqs).max_num_seqs if r.budget.available > 0 else 0
+                                           s.max_num_seqs, spec=spec).max_num_seqs if r.budget.available > 0 else 0
     return r.num_blocks // per
