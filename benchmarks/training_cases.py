@@ -115,11 +115,11 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   ``_nll_loss_and_log_softmax_backward``'s saved fp32 log-probs, ``zeros_like``, ``exp`` and their sum
   (16 B, where aten's fused loss holds 12): 31.3 GiB at b x s = 16 x 8192 (was 23.5). The lm_head's
   ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence-sharded final norm output and
-  ``F.linear`` keeps that b x s x h tensor (2 GiB, where the s/tp shard was counted). What remains, 6.4 GiB
-  of the reserved peak, is the rebuilt layers' forward working set (gathered inputs, the MLP's partial
-  b x s x h output before its reduce-scatter) cached in segments the loss's 7.8 GiB blocks cannot reuse: the
-  async-TP sweep point (67.6 GiB, 4.3 GiB lower, with only the compiled blocks changed) points there; not
-  modelled (``tests/test_dtensor_loss_parallel.py``).
+  ``F.linear`` keeps that b x s x h tensor (2 GiB, where the s/tp shard was counted)
+  (``tests/test_dtensor_loss_parallel.py``). What remains, 6.4 GiB of the reserved peak, is not identified.
+  A candidate, not checked: the layers' forward working set (gathered inputs, the MLP's partial b x s x h
+  output before its reduce-scatter), cached in segments too small for the loss's 7.8 GiB blocks. The async-TP
+  sweep point (67.6 GiB, 4.3 GiB lower, where only the compiled blocks change) fits it.
 - **ds_gist_llama7b_zero2_* (medium, +17% and +29%, over-predictions).** The gist's ZeRO-2 bs1 readings come
   from inside the first accumulation window (grad_accum 8), before DeepSpeed creates the Adam states at the
   first step: the checkpointed row's max_memory_allocated, 23.5 GB, is below 2P + 12P/N = 23.58 GB, what every
