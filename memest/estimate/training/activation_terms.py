@@ -461,7 +461,8 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
     elif _dtensor_loss_parallel(t, fw):
-        # torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward (eager: torchtitan
+        # torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward (read at a later main
+        # than the 2024-12-23 nightly torchtitan 9dec370 ran, assumed unchanged there; eager: torchtitan
         # compiles the blocks, not the loss): the saved fp32 log-probs x, grad_input = zeros_like(x),
         # torch.exp(x) and their sum alive at once, then (grad_input + exp(x)) * grad_output in exp's place
         per, formula = 16 * v, "b x s x V/t x 16 B (DTensor loss_parallel backward: fp32 log-probs, zeros, exp, their sum)"
