@@ -108,12 +108,18 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   backward (its rebuilt tensors 4.2 GiB, its gradients 2.9 GiB, beside 7.9 GiB of checkpoints).
   ``--prepare-kbit-training trl`` (the default) models it; ``none`` reproduces the old -27%. The
   nvidia-smi figure includes 30% allocator slack in this run (memest: 12%), hence -14%.
-- **torchtitan_llama31_70b_fsdp32_tp8 (high, -24% reserved).** memest's terms (full-AC checkpoints
-  split by TP with sequence parallelism 20 GiB, vocab-parallel logits 23.5 GiB, FSDP shards and
-  gathered units 4 GiB) leave ~17 GiB of the reported 71.9 GiB reserved unexplained. Not modelled:
-  torch.compile's buffers, float8 training (scales, fp8 copies, amax history), DTensor sequence
-  parallelism saving all-gathered (full-sequence) linear inputs in the rebuilt layer, and the
-  allocator's slack under compile. Expected failure.
+- **torchtitan_llama31_70b_fsdp32_tp8 (high, -8.9% reserved; was -24%).** Under TP the vocabulary-sharded
+  loss is DTensor's ``loss_parallel()`` (torchtitan 9dec370 ``ParallelDims.loss_parallel_enabled``), which runs
+  the decomposed cross-entropy eager (torchtitan compiles the blocks only): in the forward the bf16 logits, their
+  fp32 upcast, ``shifted`` and ``exp(shifted)`` (14 B per entry of the V/tp shard), in the backward
+  ``_nll_loss_and_log_softmax_backward``'s saved fp32 log-probs, ``zeros_like``, ``exp`` and their sum
+  (16 B, where aten's fused loss holds 12): 31.3 GiB at b x s = 16 x 8192 (was 23.5). The lm_head's
+  ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence-sharded final norm output and
+  ``F.linear`` keeps that b x s x h tensor (2 GiB, where the s/tp shard was counted)
+  (``tests/test_dtensor_loss_parallel.py``). What remains, 6.4 GiB of the reserved peak, is not identified.
+  A candidate, not checked: the layers' forward working set (gathered inputs, the MLP's partial b x s x h
+  output before its reduce-scatter), cached in segments too small for the loss's 7.8 GiB blocks. The async-TP
+  sweep point (67.6 GiB, 4.3 GiB lower, where only the compiled blocks change) fits it.
 - **ds_gist_llama7b_zero2_* (medium, +17% and +29%, over-predictions).** The gist's ZeRO-2 bs1 readings come
   from inside the first accumulation window (grad_accum 8), before DeepSpeed creates the Adam states at the
   first step: the checkpointed row's max_memory_allocated, 23.5 GB, is below 2P + 12P/N = 23.58 GB, what every

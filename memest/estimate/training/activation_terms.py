@@ -358,9 +358,17 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
         if any(tn.component is Component.NORM for tn in spec.head):
             head_trains = x.lora is None and lm
             # torchtune and torchtitan compile the layers one by one: the final norm runs eager
-            head_bytes += norm_bytes(spec.reference_layer.norm, h, dataclasses.replace(x, compiled=False), readers=1 if head_trains else 0,
-                                     weight_trains=x.lora is None) / (tp if sp else 1) * tokens_out
-            head_parts.append("final norm and lm_head input")
+            eager = dataclasses.replace(x, compiled=False)
+            readers = 1 if head_trains else 0
+            kept = norm_bytes(spec.reference_layer.norm, h, eager, readers=readers, weight_trains=x.lora is None)
+            if _dtensor_gathers_head_input(t, fw):
+                # the norm's own tensors on the s/tp shard, the lm_head's input all-gathered (b x s x h)
+                own = norm_bytes(spec.reference_layer.norm, h, eager, readers=0, weight_trains=x.lora is None)
+                head_bytes += own / tp * tokens_out + (kept - own) * tokens_out
+                head_parts.append("final norm (s/tp) and lm_head input all-gathered (s)")
+            else:
+                head_bytes += kept / (tp if sp else 1) * tokens_out
+                head_parts.append("final norm and lm_head input")
         if lm:
             logits_term = _logits(spec, t, fw, x, tokens_out)
             logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
@@ -452,11 +460,36 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
         formula = f"b x s x V/t x ({what} + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
+    elif _dtensor_loss_parallel(t, fw):
+        # torch/distributed/tensor/parallel/loss.py _nll_loss_and_log_softmax_backward (read at a later main
+        # than the 2024-12-23 nightly torchtitan 9dec370 ran, assumed unchanged there; eager: torchtitan
+        # compiles the blocks, not the loss): the saved fp32 log-probs x, grad_input = zeros_like(x),
+        # torch.exp(x) and their sum alive at once, then (grad_input + exp(x)) * grad_output in exp's place
+        per, formula = 16 * v, "b x s x V/t x 16 B (DTensor loss_parallel backward: fp32 log-probs, zeros, exp, their sum)"
     elif _loss_at_logits_dtype(spec, x):
         per, formula = 3 * c * v, f"b x s x V/t x 3 x {c} B (log-probs, nll grad, log-softmax grad at the logits dtype)"
     else:
         per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
     return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _dtensor_loss_parallel(t: ActivationsInput | TrainingConfig, fw: Framework) -> bool:
+    """True when the vocabulary-sharded cross-entropy is DTensor's ``loss_parallel()``: FSDP2 with tp > 1
+    (torchtitan 9dec370 ``ParallelDims.loss_parallel_enabled``: tp > 1 unless ``training.disable_loss_parallel``;
+    ``parallelize_llama.apply_tp`` gives the lm_head ``ColwiseParallel(output_layouts=Shard(-1),
+    use_local_output=False)`` and ``train.py`` runs ``cross_entropy(pred.flatten(0, 1).float(), labels)``
+    under the context). Megatron's vocab-parallel cross-entropy is its own (:func:`_logits`)."""
+    return fw is Framework.FSDP and t.parallelism.tp > 1
+
+
+def _dtensor_gathers_head_input(t: ActivationsInput | TrainingConfig, fw: Framework) -> bool:
+    """True when the lm_head keeps its all-gathered (b x s x h) input: DTensor's
+    ``ColwiseParallel(input_layouts=Shard(1))`` redistributes the sequence-sharded final norm output to
+    ``Replicate()`` in its input hook, and ``F.linear`` saves that full tensor for the weight's gradient
+    (torch/distributed/tensor/parallel/style.py ``ColwiseParallel._prepare_input_fn``; torchtitan 9dec370
+    ``apply_tp``'s ``"output"`` plan). Megatron's ``ColumnParallelLinear`` under sequence parallel keeps the
+    s/tp shard and gathers it again in backward."""
+    return fw is Framework.FSDP and t.parallelism.tp > 1 and t.parallelism.sequence_parallel
 
 
 def _loss_at_logits_dtype(spec: ModelSpec, x: Execution) -> bool:
@@ -480,6 +513,12 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
     c = _logits_bytes(t, x)
     if _loss_at_logits_dtype(spec, x):
         return Term("logits", Kind.LOGITS, tokens * 2 * c * v, f"b x s x V/t x 2 x {c} B (logits, log-softmax)")
+    if _dtensor_loss_parallel(t, fw):
+        # loss.py _log_softmax (the decomposition, all-reduces inserted): the logits, their fp32 upcast x,
+        # shifted = x - x_max and torch.exp(shifted) (then result = shifted - logsumexp in exp's place)
+        per = c + (4 if c < 4 else 0) + 8
+        return Term("logits", Kind.LOGITS, tokens * per * v,
+                    f"b x s x V/t x {per} B (logits, their fp32 upcast, DTensor loss_parallel's shifted and exp)")
     per = c + (4 if c < 4 else 0) + 4
     return Term("logits", Kind.LOGITS, tokens * per * v,
                 f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")
