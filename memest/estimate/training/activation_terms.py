@@ -450,14 +450,12 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     c = _logits_bytes(t, x)
     if t.loss == Loss.FUSED:
         per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
+    elif t.loss == Loss.CHUNKED and t.torch_compile:
+        return _compiled_chunked_logits(spec, x, tokens, v, c)
     elif t.loss == Loss.CHUNKED:
-        # torchtune CEWithChunkedOutputLoss: cross_entropy(chunk.float()) keeps each chunk's fp32 log-softmax;
-        # compiled (training.compile_loss), inductor's min-cut partitioner saves the graph's c-byte input
-        # and recomputes the upcast and the log-softmax in backward
-        # (torch/_functorch/partitioners.py min_cut_rematerialization_partition)
-        kept, what = (c, f"{c} B logits kept by the compiled loss") if t.torch_compile else (4, "4 B fp32 log-probs")
-        per = kept * v + (8 + c) * v / LOSS_CHUNKS
-        formula = f"b x s x V/t x ({what} + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
+        # torchtune CEWithChunkedOutputLoss, eager: cross_entropy(chunk.float()) keeps each chunk's fp32 log-softmax
+        per = 4 * v + (8 + c) * v / LOSS_CHUNKS
+        formula = f"b x s x V/t x (4 B fp32 log-probs + (8 + {c}) B / {LOSS_CHUNKS} for one chunk's gradients)"
     elif fw is Framework.MEGATRON:
         per, formula = (4 + 2 * c) * v, f"b x s x V/t x (4 B fp32 softmax + 2 x {c} B logits and gradient)"
     elif _dtensor_loss_parallel(t, fw):
@@ -492,6 +490,43 @@ def _dtensor_gathers_head_input(t: ActivationsInput | TrainingConfig, fw: Framew
     return fw is Framework.FSDP and t.parallelism.tp > 1 and t.parallelism.sequence_parallel
 
 
+def _compiled_chunked_logits(spec: ModelSpec, x: Execution, tokens: int, v: int, c: int) -> Term:
+    """torchtune ``CEWithChunkedOutputLoss`` with ``compute_cross_entropy`` compiled
+    (``training.compile_loss``), at the start of its backward, on one rank.
+
+    Source (torchtune commit 1814feb17, ``torchtune/modules/loss/ce_chunked_output_loss.py``,
+    ``torchtune/training/_compile.py`` ``compile_loss``, ``recipes/lora_finetune_single_device.py``
+    ``_loss_step``): the model returns ``num_output_chunks`` (K) chunks of c-byte logits, ``model.output``
+    applied to each chunk of the hidden state; the recipe drops its list (``del logits``) once the loss is
+    computed. Measured on CPU (tests/test_chunked_loss_measured.py, torch 2.13, inductor):
+
+    - each compiled chunk saves its c-byte input logits for backward (inductor's partition recomputes the
+      upcast and the softmax; the forward kernels keep one fp32 value per row, no fp32 chunk);
+    - each compiled backward writes one c-byte chunk gradient (one fused kernel, no fp32 buffer);
+    - the autograd engine runs every compiled chunk's backward before any output projection's backward
+      (its ready queue takes the highest sequence number first): at the k-th, the K - k + 1 chunks not yet
+      run keep their logits and the k run so far their gradients: K + 1 chunks, ``b x s x V/t x c x (1 + 1/K)``;
+    - where the output projection's V/t x h weight trains (a full fine-tune; tied or not), the projections'
+      backward then runs chunk by chunk, each freeing its chunk's gradient: at the second, K - 2 chunk
+      gradients, the first projection's weight gradient, the second's, and their sum (autograd's
+      ``InputBuffer::accumulate`` adds the two transposed gradients out of place; later ones in place):
+      ``b x s x V/t x c x (K - 2)/K + 3 x V/t x h x g`` (g: the parameters' bytes, ``Execution.stream_bytes``;
+      torch's ``matmul`` folds the chunk into one ``mm`` when the weight needs a gradient,
+      ``aten/src/ATen/native/LinearAlgebra.cpp`` ``should_fold``). The larger of the two.
+    """
+    k = LOSS_CHUNKS
+    ce = math.ceil(tokens * v * c * (k + 1) / k)
+    formula = f"b x s x V/t x {c} B x (1 + 1/{k}) ({k} chunks' logits kept by the compiled loss, one chunk's gradient)"
+    if x.lora is None:
+        g = x.stream_bytes
+        projection = math.ceil(tokens * v * c * (k - 2) / k) + 3 * v * spec.hidden_size * g
+        if projection > ce:
+            return Term("logits", Kind.LOGITS, projection,
+                        f"b x s x V/t x {c} B x {k - 2}/{k} + 3 x V/t x h x {g} B (the output projections' backward: "
+                        f"{k - 2} chunks' gradients, two of the trained weight's gradients and their sum)")
+    return Term("logits", Kind.LOGITS, ce, formula)
+
+
 def _loss_at_logits_dtype(spec: ModelSpec, x: Execution) -> bool:
     """True when the loss runs on the logits as they are, without ``ForCausalLMLoss``'s fp32 upcast:
     a masked LM's ``CrossEntropyLoss()(prediction_scores.view(-1, V), labels.view(-1))``
@@ -504,13 +539,24 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
     """The logits inside the forward's loss, on one rank, where they differ from the backward's.
 
     transformers ``ForCausalLMLoss`` (``loss/loss_utils.py``): the c-byte logits, ``logits.float()``
-    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. None for the other
-    losses (their backward term is used).
+    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. torchtune
+    ``CEWithChunkedOutputLoss`` (:func:`_compiled_chunked_logits`): every chunk's logits, with the eager loss
+    also every chunk's fp32 log-softmax and one chunk's upcast. None for the other losses (their backward
+    term is used).
     """
-    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
-        return None
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
     c = _logits_bytes(t, x)
+    if t.loss == Loss.CHUNKED and t.torch_compile:
+        return Term("logits", Kind.LOGITS, tokens * v * c,
+                    f"b x s x V/t x {c} B (every chunk's logits: the recipe's list, saved by the compiled loss)")
+    if t.loss == Loss.CHUNKED:
+        # eager CEWithChunkedOutputLoss at its last chunk: the recipe's list of every chunk's c-byte logits, every
+        # chunk's saved fp32 log-softmax and the last chunk's fp32 upcast (measured: _compiled_chunked_logits)
+        per = c + 4 + (4 / LOSS_CHUNKS if c < 4 else 0)
+        return Term("logits", Kind.LOGITS, math.ceil(tokens * per * v),
+                    f"b x s x V/t x ({c} B logits + 4 B fp32 log-probs + one chunk's fp32 upcast)")
+    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
+        return None
     if _loss_at_logits_dtype(spec, x):
         return Term("logits", Kind.LOGITS, tokens * 2 * c * v, f"b x s x V/t x 2 x {c} B (logits, log-softmax)")
     if _dtensor_loss_parallel(t, fw):
