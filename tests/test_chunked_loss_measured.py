@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from memest.estimate.training.activation_terms import LOSS_CHUNKS, activation_terms, activations_input
 from memest.estimate.sharding import stages
+from memest.estimate.training.activation_terms import LOSS_CHUNKS, activation_terms, activations_input
 from memest.estimate.training.table import ACTIVATION_LIFETIMES
 from memest.sources import load_model
 from memest.workload import Framework, LoraConfig, LoraLibrary, Loss, Method, Precision, Recompute, TrainingConfig
