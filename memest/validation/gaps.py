@@ -89,9 +89,12 @@ KNOWN_GAPS: dict[str, str] = {
     "projection backward now sets the peak (tests/test_chunked_loss_measured.py: with the weight trained, 6 of 8 "
     "chunks' gradients and three V x h bf16 gradients of the untied output weight, 5.9 GiB, as autograd's "
     "InputBuffer accumulates them); the row's 13.9 GiB leaves 3.4 GiB above memest's other terms (the root's "
-    "gathered embedding and output, one prefetched layer, the checkpoints), less than two V x h gradients: how "
-    "FSDP2 with CPUOffloadPolicy or the recipe at commit 30b8519e8 runs the root's output projection backward is "
-    "not identified (before this mechanism the row was +9.7%, its peak in the last layer's backward)",
+    "gathered embedding and output, one prefetched layer, the checkpoints), less than two V x h gradients. The "
+    "candidate: 70B_full.yaml's custom_sharded_layers ['tok_embeddings', 'output'] (memest/workload/files/"
+    "torchtune.py IGNORED) makes the embedding an FSDP unit of its own, resharded after its forward, so at the "
+    "output projection's backward only the output weight is gathered (memest's gathered root keeps both, 1.96 GiB "
+    "more: without it +10.9%); not modelled (before the loss mechanism the row was +9.7%, its peak in the last "
+    "layer's backward)",
     "axolotl_llama3_70b_qlora_fsdp_offload_2gpu": "under-prediction (-22%, low confidence: the README's rounded "
     "'21GB' per GPU, GB or GiB and GPU type not stated): accelerate's FSDP1 with fsdp_offload_params over a "
     "bitsandbytes NF4 base (its quant states and the cpu_ram_efficient_loading path) is modelled as FSDP2 "
