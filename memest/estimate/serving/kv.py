@@ -577,7 +577,7 @@ def deepseek_v4_pages(layer: LayerSpec) -> dict[str, tuple[tuple[int, int] | Non
         from memest.errors import InputError
 
         raise InputError(f"compress rate {m}: vLLM's DeepSeek-V4 compressor takes rates 4 and 128 only "
-                         "(CompressorStateCache); serve this config with --engine hf")
+                         "(CompressorStateCache); serve this config with {engine} hf", field="engine")
     entries = V4_BLOCK_SIZE // m
     out["kv"] = (None, _round_up(entries * V4_ENTRY_BYTES, V4_PAGE_ALIGNMENT))
     coff = 2 if m == 4 else 1
@@ -633,7 +633,7 @@ def deepseek_v4_layout(kinds: Iterable[tuple[LayerSpec, int]]) -> PagedLayout:
             (full if key is None else buckets.setdefault(key, [])).extend([page] * n)
     if not full:
         raise InputError("DeepSeek-V4 under vLLM needs a compressed (CSA / HCA) layer on every pipeline stage: "
-                         "vLLM's V4 grouping asserts one; use fewer --pipeline-parallel-size stages")
+                         "vLLM's V4 grouping asserts one; use fewer {pp} stages", field="pp")
     sizes = sorted(set(full))
     tuple_bytes = sum(sizes)
 
