@@ -462,3 +462,56 @@ def test_check_one_bad_log_hides_no_other(client):
     assert [e["log"] for e in body["errors"]] == ["logs[0]"] and body["errors"][0]["error"] == body["error"]
     both = _one_line_error(client.post("/v1/check", json={"logs": [V064_LOG.read_text(), "  \n"]}), 400)
     assert both.endswith("(and 1 more log failed)")
+
+
+def _keywords(func):
+    """Every keyword the Python API function takes (its advertised signature: its own and the settings')."""
+    import inspect
+
+    return [n for n, p in inspect.signature(func).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+@pytest.mark.parametrize("kind, func", [("estimate", memest.estimate_memory), ("plan", memest.plan_memory),
+                                        ("sweep", memest.sweep_memory)])
+def test_every_python_keyword_is_a_field_of_its_endpoint(kind, func):
+    """The body takes the Python API's keywords, no hand list: each one (but those naming files or running
+    code, and the mode settings, given as mode) is a field, and the error of an unknown field lists them all."""
+    from memest.web.schema import MODE_FIELDS, REFUSED, SchemaError, fields, parse
+    from memest.workload.settings import settings
+
+    taken = [n for n in _keywords(func) if n not in REFUSED and n not in MODE_FIELDS]
+    # the settings are advertised in the signature (so this loop reaches them all)
+    assert "mode" in taken and set(settings()) - set(MODE_FIELDS) - set(REFUSED) <= set(taken)
+    if kind == "plan":  # the planner's own keywords, the reported ones among them
+        assert {"top", "allow_optimizer_change", "allow_batch_reshape", "host_memory", "cost"} <= set(taken)
+    assert set(taken) <= set(fields(kind))
+    for name in taken:
+        if name == "config":
+            continue  # the web's config is a pasted config.json (the setting names files): its own test
+        default = inspect_default(func, name)
+        try:
+            parse({"model": LLAMA, name: default}, kind)
+        except SchemaError as exc:
+            pytest.fail(f"{kind}: {name}={default!r}: {exc}")
+    with pytest.raises(SchemaError) as exc:
+        parse({"model": LLAMA, "no_such_keyword": 1}, kind)
+    listed = str(exc.value).split("the fields are: ")[1].split(", ")
+    assert set(taken) <= set(listed)
+
+
+def inspect_default(func, name):
+    import inspect
+
+    value = inspect.signature(func).parameters[name].default
+    return getattr(value, "value", value)
+
+
+def test_plan_takes_top_and_the_search_switches(client):
+    """The reported body: top=3 with engine any; /v1/plan answers what plan_memory(..., top=3) does."""
+    body = {"mode": "serve", "engine": "any", "top": 3, "gpus_available": "4xL4", "max_model_len": 8192,
+            "allow_optimizer_change": False, "allow_batch_reshape": False}
+    r = client.post("/v1/plan", json={"model": LLAMA, **body})
+    assert r.status_code == 200, r.text
+    assert r.json() == memest.plan_memory(LLAMA, **body).to_dict()
+    r = client.post("/v1/plan", json={"model": LLAMA, "top": "3"})
+    assert r.status_code == 422 and "'top' is '3'; it must be an integer" in r.json()["error"]
