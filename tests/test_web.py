@@ -169,14 +169,75 @@ def test_command_is_the_hf_line(client):
     assert r.json() == {"command": f"memest hf {LLAMA} --serve --max-model-len 8192 --batch-size 4 --gpu L4"}
 
 
-def test_serve_binds_localhost_unless_told(monkeypatch):
+def _served(monkeypatch):
+    """``uvicorn.Server.run`` recording the address of each socket it is handed (and closing it)."""
     import uvicorn
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
-    assert run_memest("serve").returncode == 0
-    assert run_memest("serve", "--host", "0.0.0.0", "--port", "8123").returncode == 0
-    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", 8000), ("0.0.0.0", 8123)]
+
+    def run(self, sockets=None):
+        calls.append([s.getsockname()[:2] for s in sockets])
+        for s in sockets:
+            s.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    return calls
+
+
+def test_serve_binds_localhost_unless_told(monkeypatch):
+    import inspect
+
+    from memest.cli.serve import serve_command
+
+    calls = _served(monkeypatch)
+    assert inspect.signature(serve_command).parameters["port"].default == 8000
+    r = run_memest("serve", "--port", "0")
+    assert r.returncode == 0, r.stderr
+    assert run_memest("serve", "--host", "0.0.0.0", "--port", "0").returncode == 0
+    assert [c[0][0] for c in calls] == ["127.0.0.1", "0.0.0.0"]
+    # --port 0: the port the system picked, printed as the one to open
+    assert r.stderr.strip() == f"memest serving on http://127.0.0.1:{calls[0][0][1]}/ (Ctrl-C stops)"
+    assert calls[0][0][1] != 0
+
+
+def test_serve_on_a_port_in_use_is_one_line_exit_2(monkeypatch):
+    import socket
+
+    calls = _served(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_memest("serve", "--port", str(port))
+    assert r.returncode == 2 and r.stdout == "" and calls == []
+    assert r.stderr.strip() == f"Error: port {port} on 127.0.0.1 is in use; pick another with --port"
+
+
+def test_serve_answers_on_the_port_it_prints():
+    """A real ``memest serve --port 0``: the printed address answers /v1/health."""
+    import subprocess
+    import time
+    import urllib.request
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "memest", "serve", "--port", "0"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("memest serving on http://127.0.0.1:"), line
+        url = line.split()[3]
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(url + "v1/health", timeout=2) as answer:
+                    assert json.load(answer)["status"] == "ok"
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"{url} did not answer")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_serve_without_the_extra_refuses_in_one_line(monkeypatch):
