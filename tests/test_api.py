@@ -232,3 +232,14 @@ def test_check_logs_takes_texts_never_paths():
         memest.check_logs([log])
     with pytest.raises(memest.InputError, match="no log given"):
         memest.check_logs([])
+
+
+@pytest.mark.parametrize(("logs", "named"), [(None, "logs is NoneType"), (42, "logs is int"),
+                                              (b"INFO ...", "logs is bytes (decode it first")])
+def test_check_logs_of_no_text_names_the_argument(logs, named):
+    """None, a number, undecoded bytes: an InputError naming the argument and what it takes, not Python's
+    TypeError (None and 42 are not iterable) nor one refusal per byte."""
+    with pytest.raises(memest.InputError) as exc:
+        memest.check_logs(logs)
+    message = str(exc.value)
+    assert message.startswith(named) and "a log's text (a string)" in message and "\n" not in message
