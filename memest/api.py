@@ -652,7 +652,8 @@ def check_logs(logs: str | Any | Mapping[str, Any] | Iterable[Any], *, model: st
         named = list(logs.items())
     elif logs is None or isinstance(logs, bytes | bytearray) or not isinstance(logs, Iterable):
         hint = " (decode it first: log.decode())" if isinstance(logs, bytes | bytearray) else ""
-        raise InputError(f"logs is {type(logs).__name__}{hint}; pass a log's text (a string), a list of texts or of "
+        what = "None" if logs is None else f"of type {type(logs).__name__}"
+        raise InputError(f"logs is {what}{hint}; pass a log's text (a string), a list of texts or of "
                          "(name, text) pairs, or a mapping of names to texts")
     else:
         named = [item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)

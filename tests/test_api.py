@@ -234,8 +234,8 @@ def test_check_logs_takes_texts_never_paths():
         memest.check_logs([])
 
 
-@pytest.mark.parametrize(("logs", "named"), [(None, "logs is NoneType"), (42, "logs is int"),
-                                              (b"INFO ...", "logs is bytes (decode it first")])
+@pytest.mark.parametrize(("logs", "named"), [(None, "logs is None;"), (42, "logs is of type int"),
+                                              (b"INFO ...", "logs is of type bytes (decode it first")])
 def test_check_logs_of_no_text_names_the_argument(logs, named):
     """None, a number, undecoded bytes: an InputError naming the argument and what it takes, not Python's
     TypeError (None and 42 are not iterable) nor one refusal per byte."""
