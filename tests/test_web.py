@@ -353,6 +353,10 @@ def test_check_bad_input_is_one_line(client):
     assert "is empty" in _one_line_error(client.post("/v1/check", json={"log": "  \n"}), 400)
     assert "unknown setting 'no_such'" in _one_line_error(
         client.post("/v1/check", json={"log": V1_LOG.read_text(), "settings": {"no_such": 1}}), 400)
+    # the log states max_seq_len=16384: a max_model_len given against it is refused, named by its keyword
+    contradicted = _one_line_error(client.post("/v1/check", json={"log": V1_LOG.read_text(),
+                                                                  "settings": {"max_model_len": 8192}}), 400)
+    assert "the log states max_model_len=16384, and max_model_len gives 8192" in contradicted
 
 
 def test_check_a_log_with_a_lone_surrogate(client):
