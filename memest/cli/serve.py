@@ -13,7 +13,8 @@ from memest.errors import InputError, MissingDependencyError
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on; 127.0.0.1 (this machine only) unless "
                                       "you mean to serve others (then put it behind your own proxy).")]
-PortOpt = Annotated[int, typer.Option("--port", help="TCP port to listen on.")]
+PortOpt = Annotated[int, typer.Option("--port", help="TCP port to listen on; 0: any free one (the one bound is "
+                                      "printed).")]
 
 
 @app.command("serve")
