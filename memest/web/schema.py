@@ -5,7 +5,8 @@ A body is a JSON object: ``model`` (a catalog name or Hub id) or ``config`` (a c
 the JSON type its declaration names; ``/v1/plan`` also takes the planner's own keywords, read from
 :func:`memest.api.plan_memory`'s signature (:func:`own_keywords`), and ``/v1/sweep`` a range (a string
 such as ``"1k..128k"``, an integer or a list of integers) for the sweepable settings. A body of the wrong
-shape is a :class:`SchemaError` (HTTP 422); a value of the right type that breaks a rule is the library's InputError (HTTP 400).
+shape is a :class:`SchemaError` (HTTP 422); a value of the right type that breaks a rule is the library's
+InputError (HTTP 400).
 """
 
 from __future__ import annotations
