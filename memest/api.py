@@ -633,7 +633,7 @@ def check_logs(logs: str | Any | Mapping[str, Any] | Iterable[Any], *, model: st
             this machine (what ``memest serve`` does with logs it is sent).
 
     Raises:
-        InputError: no log given.
+        InputError: no log given, or ``logs`` of another type (None, bytes, a number).
         LogsFailed: (an InputError) once every log was tried, when any could not be checked: an empty
             or binary text, a log in no format memest reads (the message lists the formats), one
             without its figures, a number too large to be a figure; as
@@ -650,6 +650,11 @@ def check_logs(logs: str | Any | Mapping[str, Any] | Iterable[Any], *, model: st
         named: list[tuple[str, Any]] = [("<log>", logs)]
     elif isinstance(logs, Mapping):
         named = list(logs.items())
+    elif logs is None or isinstance(logs, bytes | bytearray) or not isinstance(logs, Iterable):
+        hint = " (decode it first: log.decode())" if isinstance(logs, bytes | bytearray) else ""
+        what = "None" if logs is None else f"of type {type(logs).__name__}"
+        raise InputError(f"logs is {what}{hint}; pass a log's text (a string), a list of texts or of "
+                         "(name, text) pairs, or a mapping of names to texts")
     else:
         named = [item if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                  else (f"<log {i}>", item) for i, item in enumerate(logs, 1)]

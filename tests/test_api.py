@@ -232,3 +232,28 @@ def test_check_logs_takes_texts_never_paths():
         memest.check_logs([log])
     with pytest.raises(memest.InputError, match="no log given"):
         memest.check_logs([])
+
+
+@pytest.mark.parametrize(("logs", "named"), [(None, "logs is None;"), (42, "logs is of type int"),
+                                              (b"INFO ...", "logs is of type bytes (decode it first")])
+def test_check_logs_of_no_text_names_the_argument(logs, named):
+    """None, a number, undecoded bytes: an InputError naming the argument and what it takes, not Python's
+    TypeError (None and 42 are not iterable) nor one refusal per byte."""
+    with pytest.raises(memest.InputError) as exc:
+        memest.check_logs(logs)
+    message = str(exc.value)
+    assert message.startswith(named) and "a log's text (a string)" in message and "\n" not in message
+
+
+def test_plan_defaults_are_plan_memorys_own_keywords():
+    """PLAN_DEFAULTS (what the CLI's plan path fills) and plan_memory's signature (what the web schema reads:
+    memest.web.schema.own_keywords) name the same planner keywords at the same defaults; compare_engines is
+    what engine='any' sets, no keyword."""
+    import inspect
+
+    from memest.api import PLAN_DEFAULTS
+    from memest.workload.settings import settings
+
+    own = {n: p.default for n, p in inspect.signature(memest.plan_memory).parameters.items()
+           if p.kind is inspect.Parameter.KEYWORD_ONLY and n != "mode" and n not in settings()}
+    assert own == {n: v for n, v in PLAN_DEFAULTS.items() if n != "compare_engines"}

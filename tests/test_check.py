@@ -576,3 +576,73 @@ def test_every_figure_has_a_term_entry() -> None:
     from memest.logs import FIGURES
 
     assert set(TERMS) == set(FIGURES)
+
+
+# ---- a setting given against the log's own value; the largest gap among derived figures ----
+
+
+def test_a_setting_contradicting_the_log_is_refused() -> None:
+    """The V1 log states max_seq_len=16384 (its 'Initializing a V1 LLM engine' line): max_model_len=8192 would
+    estimate another job against this one's figures, so it is refused naming both; the log's own value given
+    again is no contradiction."""
+    log = read_log(V1_LOG.read_text())
+    assert log.settings["max_model_len"] == 16384
+    with pytest.raises(InputError) as exc:
+        check_log(log, gpu="H100", settings={"max_model_len": 8192})
+    message = str(exc.value)
+    assert "max_model_len=16384" in message and "8192" in message and "\n" not in message
+    assert exc.value.field == "max_model_len"
+    assert check_log(log, gpu="H100", settings={"max_model_len": 16384}).model == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_llamacpp_layers_given_against_the_logged_offload() -> None:
+    """'offloaded 33/33 layers to GPU': pythia-2.8b's 32 blocks and its output layer, all on the GPU. -ngl 10
+    contradicts that; -ngl 99 is llama.cpp's 'every layer', the same 33 the log states."""
+    log = read_log(_excerpt(PYTHIA[0]))
+    assert log.settings["n_gpu_layers"] == 33
+    with pytest.raises(InputError, match=r"n_gpu_layers=33.* 10\b"):
+        check_log(log, model="EleutherAI/pythia-2.8b", settings={"n_gpu_layers": 10})
+    assert check_log(log, model="EleutherAI/pythia-2.8b", settings={"n_gpu_layers": 99}).rows
+
+
+def test_cli_refuses_a_contradicting_setting_in_one_line() -> None:
+    out = _cli(str(V1_LOG), "--gpu", "H100", "--setting", "max-model-len=8192")
+    assert out.returncode == 2 and out.stdout == "", out.stdout
+    line = out.stderr.strip()
+    assert "\n" not in line and "max_model_len=16384" in line and "--setting max-model-len" in line, line
+
+
+def test_largest_gap_counts_what_the_terms_cannot_explain() -> None:
+    # the reported table: weights 0.13 MiB under, the KV pool 617 MiB under, no other term printed: the
+    # weights explain 0.13 MiB of the pool's 617 MiB, so the remaining 616.87 MiB is the largest gap
+    rows = (_row("weights", Kind.WEIGHTS, 15 * GiB - 136_315, 15 * GiB),  # 0.13 MiB = 136,315 bytes
+            _row("kv_cache_memory", Kind.KV_CACHE, 55 * GiB - 617 * MiB, 55 * GiB))
+    assert largest_gap("vllm", rows).figure == "kv_cache_memory"
+    # weights 1 GiB over and activations 1 GiB over: the pool 2 GiB under is their sum (2 - 2 = 0 left)
+    rows = (_row("weights", Kind.WEIGHTS, 16 * GiB, 15 * GiB), _row("activation_peak", Kind.ACTIVATIONS, 2 * GiB, GiB),
+            _row("kv_cache_memory", Kind.KV_CACHE, 50 * GiB, 52 * GiB))
+    assert largest_gap("vllm", rows).figure == "weights"
+
+
+def test_info_level_v1_log_names_the_kv_pool() -> None:
+    """The V1 log's INFO lines only (a log at vLLM's default level prints no profile of activations or
+    non-torch memory): its weights are within 0.1% while the pool is off by more than that (its budget is the
+    device's total memory, which these lines do not print), so the KV cache is the term named."""
+    lines = [line for line in V1_LOG.read_text().splitlines() if " INFO " in line]
+    c = check_log(read_log("\n".join(lines)), gpu="H100")
+    rows = {r.figure: r for r in c.rows}
+    assert {"weights", "kv_cache_memory"} <= set(rows) and "activation_peak" not in rows
+    weights, pool = rows["weights"], rows["kv_cache_memory"]
+    assert abs(pool.predicted - pool.measured) > abs(weights.predicted - weights.measured)
+    assert c.largest_gap is pool
+
+
+def test_a_setting_the_log_leaves_open_takes_the_value_given() -> None:
+    """torchtitan prints 'Applied selective activation checkpointing' for 'op' and for every N-th layer: memest's
+    'op' is a pick (said in the notes), so a recompute given replaces it; the micro batch the log states
+    ('local batch size 1'... of the debug log) is not open."""
+    log = read_log((LOGS / "torchtitan_debugmodel_h200_fsdp8.log").read_text())
+    assert log.settings["recompute"] == "selective_op" and log.assumed == ("recompute",)
+    assert check_log(log, settings={"recompute": "full"}).rows
+    with pytest.raises(InputError, match=rf"micro_batch_size={log.settings['micro_batch_size']}"):
+        check_log(log, settings={"micro_batch_size": log.settings["micro_batch_size"] + 1})

@@ -65,10 +65,14 @@ def test_auto_is_said_in_the_assumptions(llama, tmp_path):
 
 @pytest.mark.parametrize(("text", "message"), [
     ('{\n  "zero_optimization": {\n    "stage": 3,\n  }\n}', "line 4: malformed JSON"),
-    ("distributed_type: FSDP\nfsdp_config: [unclosed\n", "line 3: malformed YAML"),
+    # two lines: PyYAML marks the stream's end on the line after the last newline (0-based 2); the file's
+    # last line is 2
+    ("distributed_type: FSDP\nfsdp_config: [unclosed\n", "line 2 (the end of the file): malformed YAML"),
+    ("distributed_type: FSDP\nfsdp_config: [a, b\nnum_processes: 2\n", "line 3: malformed YAML"),  # the ':'
+    ("[training]\nlr = \n", "line 2: malformed TOML"),
     ("model: llama\n", "not a format memest reads"),
     ('{"zero_optimization": {"stage": "three"}}', "zero_optimization.stage is 'three'; expected 0, 1, 2 or 3"),
-], ids=["json", "yaml", "unknown", "type"])
+], ids=["json", "yaml-at-end", "yaml", "toml", "unknown", "type"])
 def test_bad_files_are_one_line_naming_the_file(tmp_path, text, message):
     path = tmp_path / "bad.cfg"
     path.write_text(text)
@@ -76,6 +80,18 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path, text, message):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], lines
+
+
+@pytest.mark.parametrize(("name", "message"), [("nonexist.yaml", "does not exist"), ("", "is a directory")],
+                         ids=["missing", "directory"])
+def test_a_config_path_that_is_no_file_says_so(tmp_path, name, message):
+    """As memest check says of a log path: what is wrong with the path, not the list of formats."""
+    path = tmp_path / name
+    out = run_memest("hf", LLAMA, "--train", "--config", str(path))
+    assert out.returncode == 2 and out.stdout == ""
+    line = out.stderr.strip()
+    assert line.startswith(f"Error: --config {path}: {message}; ") and "\n" not in line, line
+    assert "torchtune" not in line and len(line) < 160, line  # no format list: the file is not there
 
 
 def test_the_library_names_no_flag():

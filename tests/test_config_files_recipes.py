@@ -251,7 +251,7 @@ def test_an_inline_deepspeed_mapping(mistral, tmp_path):
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("base_model: m\nmicro_batch_size: [2\n", "line 3: malformed YAML"),
+    ("base_model: m\nmicro_batch_size: [2\n", "line 2 (the end of the file): malformed YAML"),
     ("model_name_or_path: m\nper_device_train_batch_size: '4'\n",
      "per_device_train_batch_size is '4'; expected an integer"),
     ("base_model: m\nadapter: lora\nlora_r: 8.5\n", "lora_r is 8.5; expected an integer"),

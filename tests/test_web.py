@@ -169,14 +169,75 @@ def test_command_is_the_hf_line(client):
     assert r.json() == {"command": f"memest hf {LLAMA} --serve --max-model-len 8192 --batch-size 4 --gpu L4"}
 
 
-def test_serve_binds_localhost_unless_told(monkeypatch):
+def _served(monkeypatch):
+    """``uvicorn.Server.run`` recording the address of each socket it is handed (and closing it)."""
     import uvicorn
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append(kw))
-    assert run_memest("serve").returncode == 0
-    assert run_memest("serve", "--host", "0.0.0.0", "--port", "8123").returncode == 0
-    assert [(c["host"], c["port"]) for c in calls] == [("127.0.0.1", 8000), ("0.0.0.0", 8123)]
+
+    def run(self, sockets=None):
+        calls.append([s.getsockname()[:2] for s in sockets])
+        for s in sockets:
+            s.close()
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    return calls
+
+
+def test_serve_binds_localhost_unless_told(monkeypatch):
+    import inspect
+
+    from memest.cli.serve import serve_command
+
+    calls = _served(monkeypatch)
+    assert inspect.signature(serve_command).parameters["port"].default == 8000
+    r = run_memest("serve", "--port", "0")
+    assert r.returncode == 0, r.stderr
+    assert run_memest("serve", "--host", "0.0.0.0", "--port", "0").returncode == 0
+    assert [c[0][0] for c in calls] == ["127.0.0.1", "0.0.0.0"]
+    # --port 0: the port the system picked, printed as the one to open
+    assert r.stderr.strip() == f"memest serving on http://127.0.0.1:{calls[0][0][1]}/ (Ctrl-C stops)"
+    assert calls[0][0][1] != 0
+
+
+def test_serve_on_a_port_in_use_is_one_line_exit_2(monkeypatch):
+    import socket
+
+    calls = _served(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_memest("serve", "--port", str(port))
+    assert r.returncode == 2 and r.stdout == "" and calls == []
+    assert r.stderr.strip() == f"Error: port {port} on 127.0.0.1 is in use; pick another with --port"
+
+
+def test_serve_answers_on_the_port_it_prints():
+    """A real ``memest serve --port 0``: the printed address answers /v1/health."""
+    import subprocess
+    import time
+    import urllib.request
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "memest", "serve", "--port", "0"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("memest serving on http://127.0.0.1:"), line
+        url = line.split()[3]
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(url + "v1/health", timeout=2) as answer:
+                    assert json.load(answer)["status"] == "ok"
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"{url} did not answer")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_serve_without_the_extra_refuses_in_one_line(monkeypatch):
@@ -292,6 +353,10 @@ def test_check_bad_input_is_one_line(client):
     assert "is empty" in _one_line_error(client.post("/v1/check", json={"log": "  \n"}), 400)
     assert "unknown setting 'no_such'" in _one_line_error(
         client.post("/v1/check", json={"log": V1_LOG.read_text(), "settings": {"no_such": 1}}), 400)
+    # the log states max_seq_len=16384: a max_model_len given against it is refused, named by its keyword
+    contradicted = _one_line_error(client.post("/v1/check", json={"log": V1_LOG.read_text(),
+                                                                  "settings": {"max_model_len": 8192}}), 400)
+    assert "the log states max_model_len=16384, and max_model_len gives 8192" in contradicted
 
 
 def test_check_a_log_with_a_lone_surrogate(client):
@@ -462,3 +527,56 @@ def test_check_one_bad_log_hides_no_other(client):
     assert [e["log"] for e in body["errors"]] == ["logs[0]"] and body["errors"][0]["error"] == body["error"]
     both = _one_line_error(client.post("/v1/check", json={"logs": [V064_LOG.read_text(), "  \n"]}), 400)
     assert both.endswith("(and 1 more log failed)")
+
+
+def _keywords(func):
+    """Every keyword the Python API function takes (its advertised signature: its own and the settings')."""
+    import inspect
+
+    return [n for n, p in inspect.signature(func).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+@pytest.mark.parametrize("kind, func", [("estimate", memest.estimate_memory), ("plan", memest.plan_memory),
+                                        ("sweep", memest.sweep_memory)])
+def test_every_python_keyword_is_a_field_of_its_endpoint(kind, func):
+    """The body takes the Python API's keywords, no hand list: each one (but those naming files or running
+    code, and the mode settings, given as mode) is a field, and the error of an unknown field lists them all."""
+    from memest.web.schema import MODE_FIELDS, REFUSED, SchemaError, fields, parse
+    from memest.workload.settings import settings
+
+    taken = [n for n in _keywords(func) if n not in REFUSED and n not in MODE_FIELDS]
+    # the settings are advertised in the signature (so this loop reaches them all)
+    assert "mode" in taken and set(settings()) - set(MODE_FIELDS) - set(REFUSED) <= set(taken)
+    if kind == "plan":  # the planner's own keywords, the reported ones among them
+        assert {"top", "allow_optimizer_change", "allow_batch_reshape", "host_memory", "cost"} <= set(taken)
+    assert set(taken) <= set(fields(kind))
+    for name in taken:
+        if name == "config":
+            continue  # the web's config is a pasted config.json (the setting names files): its own test
+        default = inspect_default(func, name)
+        try:
+            parse({"model": LLAMA, name: default}, kind)
+        except SchemaError as exc:
+            pytest.fail(f"{kind}: {name}={default!r}: {exc}")
+    with pytest.raises(SchemaError) as exc:
+        parse({"model": LLAMA, "no_such_keyword": 1}, kind)
+    listed = str(exc.value).split("the fields are: ")[1].split(", ")
+    assert set(taken) <= set(listed)
+
+
+def inspect_default(func, name):
+    import inspect
+
+    value = inspect.signature(func).parameters[name].default
+    return getattr(value, "value", value)
+
+
+def test_plan_takes_top_and_the_search_switches(client):
+    """The reported body: top=3 with engine any; /v1/plan answers what plan_memory(..., top=3) does."""
+    body = {"mode": "serve", "engine": "any", "top": 3, "gpus_available": "4xL4", "max_model_len": 8192,
+            "allow_optimizer_change": False, "allow_batch_reshape": False}
+    r = client.post("/v1/plan", json={"model": LLAMA, **body})
+    assert r.status_code == 200, r.text
+    assert r.json() == memest.plan_memory(LLAMA, **body).to_dict()
+    r = client.post("/v1/plan", json={"model": LLAMA, "top": "3"})
+    assert r.status_code == 422 and "'top' is '3'; it must be an integer" in r.json()["error"]

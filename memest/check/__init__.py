@@ -42,8 +42,9 @@ TERMS: dict[str, Kind | None] = {
 DERIVED = {"vllm": ("kv_cache_memory", "non_kv", "requested"),
            "trtllm": ("kv_cache_memory", "kv_budget", "free_memory", "non_kv")}
 """Figures an engine derives from the others (vLLM's KV pool is the budget less the other terms;
-TensorRT-LLM's pool a fraction of what weights, activations and buffers leave free): left out when
-naming the term of the largest gap, which they inherit."""
+TensorRT-LLM's pool a fraction of what weights, activations and buffers leave free): they inherit the
+other terms' gaps, so only what those cannot account for counts when naming the term of the largest gap
+(:func:`largest_gap`)."""
 
 TRAINING_REQUIRED = ("micro_batch_size", "seq_len")
 """Settings a training estimate cannot do without: a training log that prints neither (nor gets them
@@ -267,7 +268,8 @@ def modelled_version(log: EngineLog, given: str | None) -> str | None:
 def job_values(log: EngineLog, spec: ModelSpec, version: str | None,
                given: dict[str, Any] | None = None) -> dict[str, Any]:
     """The settings of the log's job by memest's setting names (complete: :func:`resolve.complete`);
-    ``given`` (the caller's settings, and ``config`` files) win over the log's."""
+    ``given`` (the caller's settings, and ``config`` files) fill what the log does not print (a setting
+    given that the log states otherwise is refused first: :func:`refuse_contradictions`)."""
     given = dict(given or {})
     if log.training:
         values: dict[str, Any] = {"stack": log.engine, **log.settings, **given}
@@ -284,6 +286,32 @@ def job_values(log: EngineLog, spec: ModelSpec, version: str | None,
     if "n_gpu_layers" in values:  # llama.cpp's -ngl 99 means every layer; the log's count is the layers offloaded
         values["n_gpu_layers"] = min(values["n_gpu_layers"], spec.num_layers + 1)
     return resolve.complete(values)
+
+
+def refuse_contradictions(log: EngineLog, spec: ModelSpec, version: str | None, given: dict[str, Any]) -> None:
+    """Refuse a setting given that differs from the value the log states: the log is the job that ran, and a
+    setting given is for what it does not print (``max_model_len=8192`` against a log of
+    ``max_seq_len=32768`` would compare another job's estimate with the log's figures). Both values are
+    compared as the job reads them (:func:`job_values`: llama.cpp's ``-ngl 99`` is every layer). A setting
+    the log leaves open (``EngineLog.assumed``: torchtitan's 'selective' checkpointing) takes the value given.
+
+    Raises:
+        InputError: the first setting given that the log states otherwise, naming both values.
+    """
+    stated = [n for n in given if n in log.settings and n not in log.assumed and n != "config"]
+    if not stated:
+        return
+    logged = job_values(log, spec, version, {})
+    wanted = job_values(log, spec, version, {n: given[n] for n in stated})
+    for n in stated:
+        if wanted[n] != logged[n]:
+            raise InputError(f"the log states {n}={_shown(logged[n])}, and {{{n}}} gives {_shown(wanted[n])}: a "
+                             "setting given is for what the log does not print; leave it out to check the job "
+                             "the log ran", field=n)
+
+
+def _shown(value: Any) -> str:
+    return str(getattr(value, "value", value))
 
 
 def gguf_file_type(printed: str) -> str:
@@ -375,16 +403,28 @@ see it, then allocated)."""
 
 
 def largest_gap(engine: str, rows: tuple[Row, ...], training: bool = False) -> Row | None:
-    """The row of a term (not a figure derived from the others) with the largest gap in bytes; for a
-    training log its step peak (:data:`PEAKS`), which the estimate's terms add up to."""
+    """The row of the term with the largest gap in bytes; for a training log its step peak (:data:`PEAKS`),
+    which the estimate's terms add up to.
+
+    A figure the engine derives from the others (:data:`DERIVED`: vLLM's KV pool is the budget less the
+    other terms) inherits their gaps, so it counts only with the part of its gap that the compared terms'
+    gaps cannot account for (its gap less the sum of theirs): a pool 2 GiB off beside weights 1 GiB off
+    names the weights, a pool 617 MiB off beside weights 0.13 MiB off (the log prints no other term) names
+    the KV cache. A tie goes to the term the log measures directly."""
     if training:
         peak = next((r for name in PEAKS for r in rows if r.figure == name), None)
         if peak is not None:
             return peak
     derived = DERIVED.get(engine, ())
     sizes = [r for r in rows if r.unit == "bytes" and r.term is not None]
-    direct = [r for r in sizes if r.figure not in derived] or sizes
-    return max(direct, key=lambda r: abs(r.predicted - r.measured), default=None)
+    direct = [r for r in sizes if r.figure not in derived]
+    explained = sum(_gap(r) for r in direct)
+    scored = [(r, _gap(r)) for r in direct] + [(r, _gap(r) - explained) for r in sizes if r.figure in derived]
+    return max(scored, key=lambda item: item[1], default=(None, 0))[0]
+
+
+def _gap(r: Row) -> int | float:
+    return abs(r.predicted - r.measured)
 
 
 def missing_settings(log: EngineLog, values: dict[str, Any], given: dict[str, Any]) -> tuple[str, ...]:
@@ -409,18 +449,18 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
             memory, when printed, replaces the catalog's); a different one given for a log naming its
             own is refused.
         engine_version: The engine arithmetic to apply instead of the one the log's version implies.
-        settings: Settings of the job the log does not print (or prints wrong), by memest's setting
-            names (:func:`memest.workload.settings.settings`; ``config``: config files to read them
-            from, whose model is estimated when neither ``model`` nor the log names one); they win
-            over the log's.
+        settings: Settings of the job the log does not print, by memest's setting names
+            (:func:`memest.workload.settings.settings`; ``config``: config files to read them from,
+            whose model is estimated when neither ``model`` nor the log names one). One the log states
+            with another value is refused (:func:`refuse_contradictions`).
         local_files: False: the model the log names resolves from memest's catalog only, never a path
             on this machine (a service checking logs it was sent).
 
     Raises:
         InputError: the model is not named or not resolvable offline; ``model`` or ``gpu`` names another
             than the log's own (the message names both); no accelerator is known; a
-            training log lacks a setting the estimate needs (named); the log's settings are invalid
-            for memest.
+            training log lacks a setting the estimate needs (named); a setting given contradicts the
+            log's value of it (both named); the log's settings are invalid for memest.
     """
     notes: list[str] = []
     given = dict(settings or {})
@@ -435,6 +475,7 @@ def check_log(log: EngineLog, *, name: str = "<log>", model: str | None = None, 
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc
     version = None if log.training else modelled_version(log, engine_version)
     try:
+        refuse_contradictions(log, spec, version, given)
         values = job_values(log, spec, version, given)
     except InputError as exc:
         raise InputError(f"{name}: {exc.template}", field=exc.field) from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Annotated
 
 import typer
@@ -11,7 +13,8 @@ from memest.errors import InputError, MissingDependencyError
 
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on; 127.0.0.1 (this machine only) unless "
                                       "you mean to serve others (then put it behind your own proxy).")]
-PortOpt = Annotated[int, typer.Option("--port", help="TCP port to listen on.")]
+PortOpt = Annotated[int, typer.Option("--port", help="TCP port to listen on; 0: any free one (the one bound is "
+                                      "printed).")]
 
 
 @app.command("serve")
@@ -26,5 +29,40 @@ def serve_command(host: HostOpt = "127.0.0.1", port: PortOpt = 8000) -> None:
     except ImportError as exc:
         raise MissingDependencyError(f"memest serve needs the web extra ({exc.name} is not installed): "
                                      "pip install 'memest[web]'") from None
-    typer.echo(f"memest serving on http://{host}:{port}/ (Ctrl-C stops)", err=True)
-    uvicorn.run(create_app(), host=host, port=port, log_level="warning", server_header=False)
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"memest serving on http://{shown}:{bound}/ (Ctrl-C stops)", err=True)
+    config = uvicorn.Config(create_app(), log_level="warning", server_header=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (0: a free port), bound here so that a port in use is one
+    line before anything is printed (uvicorn would log it and exit 1).
+
+    Raises:
+        InputError: the host does not resolve, is no address of this machine, or the port is in use or
+            needs privileges.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InputError(f"--host {host!r} does not resolve ({exc}); give an address of this machine, "
+                         "e.g. 127.0.0.1") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InputError(f"port {port} on {host} is in use; pick another with --port") from None
+        if exc.errno == errno.EACCES:
+            raise InputError(f"port {port} on {host} needs privileges; pick one above 1023 with --port") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise InputError(f"--host {host} is no address of this machine; give one of its addresses, e.g. "
+                             "127.0.0.1") from None
+        raise InputError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pick another --host or "
+                         "--port") from None
+    return sock

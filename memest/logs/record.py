@@ -49,6 +49,10 @@ class EngineLog:
         missing: Settings the job needs that the log does not print, by memest's setting names (the
             check refuses, naming them, until they are given).
         notes: What the parser assumed where the log is silent, in words.
+        assumed: Settings in ``settings`` the log leaves open, whose value is memest's pick (said in
+            ``notes``): a value the caller gives for one replaces the pick; for every other setting of
+            ``settings`` the log states the value, and a different one given is refused
+            (:func:`memest.check.refuse_contradictions`).
     """
 
     engine: str
@@ -63,6 +67,7 @@ class EngineLog:
     model_config: dict[str, Any] | None = None
     missing: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    assumed: tuple[str, ...] = ()
 
 
 FIGURES: dict[str, str] = {

@@ -128,6 +128,7 @@ def parse(text: str) -> EngineLog:
     text = COLOR.sub("", text)
     settings: dict[str, Any] = _parallelism(text)
     notes: list[str] = []
+    assumed: list[str] = []
     init = first(r"(?:Trainer is initialized with|Training starts at step \d+, with) local batch size (\d+), "
                  r"global batch size (\d+)(?:, gradient[ _]accumulation[ _]steps:? (\d+))?, sequence length (\d+)", text)
     if init is not None:
@@ -143,6 +144,7 @@ def parse(text: str) -> EngineLog:
         if ac.group(1).lower() == "selective":
             notes.append("torchtitan's log does not say which selective checkpointing ran ('op', its 8B / 70B "
                          "configs, or every N-th layer, its debug config): memest estimates 'op'")
+            assumed.append("recompute")
     elif ac is None and init is not None:
         settings["recompute"] = "none"
     if first(r"Applied DDP to the model", text) and settings.get("gpus", 1) > 1:
@@ -160,7 +162,7 @@ def parse(text: str) -> EngineLog:
                      gpu=capacity.group(1).strip() if capacity else None,
                      device_total_bytes=nbytes(capacity.group(2), capacity.group(3)) if capacity else None,
                      settings=settings, figures=keep(figures), training=True, model_config=config,
-                     notes=tuple(notes))
+                     notes=tuple(notes), assumed=tuple(assumed))
 
 
 def _peak(text: str) -> Logged | None:

@@ -51,7 +51,7 @@ def gap_line(c: Check) -> str:
     line = (f"Largest gap: {_term(r)} ({r.figure}): memest {'+' if delta >= 0 else '-'}{size(abs(delta))} "
             f"against the log ({_error(r)}).")
     pool = next((x for x in c.rows if x.figure == "kv_cache_memory"), None)
-    if c.log.engine == "vllm" and pool is not None:
+    if c.log.engine == "vllm" and pool is not None and pool is not r:
         line += (f" vLLM's KV pool is the budget less the other terms: memest's is {_error(pool)} off, "
                  f"{size(abs(pool.predicted - pool.measured))}.")
     return line

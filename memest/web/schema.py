@@ -2,15 +2,18 @@
 
 A body is a JSON object: ``model`` (a catalog name or Hub id) or ``config`` (a config.json's contents),
 ``mode``, and any setting keyword of the Python API (:func:`memest.workload.settings.settings`), each of
-the JSON type its declaration names; ``/v1/plan`` also takes the planner's keywords
-(:data:`memest.api.PLAN_DEFAULTS`) and ``/v1/sweep`` a range (a string such as ``"1k..128k"``, an integer
-or a list of integers) for the sweepable settings. A body of the wrong shape is a :class:`SchemaError`
-(HTTP 422); a value of the right type that breaks a rule is the library's InputError (HTTP 400).
+the JSON type its declaration names; ``/v1/plan`` also takes the planner's own keywords, read from
+:func:`memest.api.plan_memory`'s signature (:func:`own_keywords`), and ``/v1/sweep`` a range (a string
+such as ``"1k..128k"``, an integer or a list of integers) for the sweepable settings. A body of the wrong
+shape is a :class:`SchemaError` (HTTP 422); a value of the right type that breaks a rule is the library's
+InputError (HTTP 400).
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,7 +80,8 @@ def fields(kind: str) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {
         "model": {"type": "string", "description": "A catalog name (GET /v1/models) or a Hub id; not a path."},
-        "mode": {"type": "string", "enum": list(MODES), "nullable": kind == "sweep",
+        # null as the Python API's mode=None: serve (a sweep: the swept setting's mode)
+        "mode": {"type": "string", "enum": list(MODES), "nullable": True,
                  "default": None if kind == "sweep" else "serve"},
         # the setting `config` names files (DeepSpeed / accelerate); the service reads none: here `config`
         # is a pasted config.json
@@ -86,16 +90,63 @@ def fields(kind: str) -> dict[str, dict[str, Any]]:
                                                     "in place of model."},
     }
     if kind == "plan":
-        out |= {"gpus_available": {"type": "string", "nullable": True, "description": "'8xH100,32xA100-80GB,L4'"},
-                "max_gpus": {"type": "integer", "nullable": True}, "global_batch_size": {"type": "integer",
-                                                                                       "nullable": True},
-                "allow_method_change": {"type": "boolean"}, "allow_quantization": {"type": "boolean"},
-                "allow_offload": {"type": "boolean"},
-                "cost": {"type": "object", "nullable": True, "additionalProperties": {"type": "number"},
-                         "description": "USD per device-hour, {\"H100\": 2.49}"},
-                "host_memory": {"type": "number", "nullable": True, "description": "CPU RAM per server, GiB"}}
+        from memest.api import plan_memory
+
+        out |= own_keywords(plan_memory)
     if kind == "sweep":
         out |= {name: _sweep_schema(out[name]) for name in SWEEPABLE}
+    return out
+
+
+def _json_schema(hint: Any) -> dict[str, Any]:
+    """The JSON schema of a Python type hint (``int | None``, ``Mapping[str, float] | Iterable[str]``)."""
+    from collections.abc import Iterable, Mapping
+
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if hint is not None and typing.get_origin(hint) in (typing.Union, types.UnionType):
+        nullable = len(args) < len(typing.get_args(hint))
+        inner = [_json_schema(a) for a in args]
+        schema = inner[0] if len(inner) == 1 else {"type": None, "oneOf": inner}
+        return schema | ({"nullable": True} if nullable else {})
+    origin = typing.get_origin(hint) or hint
+    if isinstance(origin, type) and issubclass(origin, Mapping):
+        return {"type": "object", "additionalProperties": _json_schema(args[-1]) if args else {"type": "string"}}
+    if origin is not str and isinstance(origin, type) and issubclass(origin, Iterable):
+        return {"type": "array", "items": _json_schema(args[0]) if args else {"type": "string"}}
+    return {"type": {bool: "boolean", int: "integer", float: "number"}.get(origin, "string")}
+
+
+def _arg_docs(func: Any) -> dict[str, str]:
+    """Each keyword's text in ``func``'s docstring ``Args:`` section (one entry may name several)."""
+    import inspect
+
+    doc = inspect.getdoc(func) or ""
+    section = re.search(r"^Args:\n((?:(?: {4}.*)?\n)+)", doc + "\n", re.M)
+    out: dict[str, str] = {}
+    for entry in re.finditer(r"^ {4}(\w+(?:, \w+)*):(.*(?:\n {8}.*)*)", section.group(1) if section else "", re.M):
+        text = " ".join(entry.group(2).split()).replace("``", "")
+        for name in entry.group(1).split(", "):
+            out[name] = text
+    return out
+
+
+def own_keywords(func: Any) -> dict[str, dict[str, Any]]:
+    """The JSON schema of each keyword of ``func`` (:func:`memest.api.plan_memory`) that is neither the
+    model, the mode, a setting (:func:`setting_types`) nor refused (:data:`REFUSED`): its type from the
+    signature's hints, its default from the signature, its description from the docstring."""
+    import inspect
+
+    from memest.workload.settings import settings
+
+    hints = typing.get_type_hints(func)
+    docs = _arg_docs(func)
+    out: dict[str, dict[str, Any]] = {}
+    for name, p in inspect.signature(func).parameters.items():
+        if (p.kind is not inspect.Parameter.KEYWORD_ONLY or name in ("model", "mode") or name in settings()
+                or name in REFUSED):
+            continue
+        out[name] = _json_schema(hints[name]) | {"default": p.default} | (
+            {"description": docs[name]} if name in docs else {})
     return out
 
 
@@ -103,7 +154,7 @@ def _json_type_ok(value: Any, schema: Mapping[str, Any]) -> bool:
     if value is None:
         return bool(schema.get("nullable"))
     if "oneOf" in schema:
-        return any(_json_type_ok(value, s) for s in schema["oneOf"])
+        return any(_json_type_ok(value, {**s, "nullable": False}) for s in schema["oneOf"])
     kind = schema["type"]
     if kind == "array":
         return isinstance(value, list) and all(_json_type_ok(v, schema["items"]) for v in value)
@@ -118,7 +169,21 @@ def _json_type_ok(value: Any, schema: Mapping[str, Any]) -> bool:
 
 
 _TYPE_WORDS = {"boolean": "true or false", "integer": "an integer", "number": "a number", "string": "a string",
-               "object": "a JSON object", "array": "a list", None: "an integer, a range string or a list of integers"}
+               "object": "a JSON object", "array": "a list"}
+_PLURALS = {"boolean": "booleans", "integer": "integers", "number": "numbers", "string": "strings",
+            "object": "JSON objects", "array": "lists"}
+
+
+def type_words(schema: Mapping[str, Any]) -> str:
+    """What a value of ``schema`` is, in words: ``an integer, a string or a list of integers``."""
+    if "oneOf" in schema:
+        alternatives = [type_words(s) for s in schema["oneOf"]]
+        return ", ".join(alternatives[:-1]) + " or " + alternatives[-1]
+    if schema["type"] == "array":
+        return f"a list of {_PLURALS[schema['items']['type']]}"
+    if schema["type"] == "object" and "additionalProperties" in schema:
+        return f"a JSON object of {_PLURALS[schema['additionalProperties']['type']]}"
+    return _TYPE_WORDS[schema["type"]]
 
 
 def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
@@ -143,10 +208,8 @@ def parse(body: Any, kind: str) -> tuple[Any, str | None, dict[str, Any]]:
         raise SchemaError(f"unknown field {unknown[0]!r}; the fields are: {', '.join(known)}")
     for name, value in body.items():
         if not _json_type_ok(value, known[name]):
-            words = _TYPE_WORDS[known[name]["type"]] + (" or a list" if known[name].get("oneOf") and known[name]["type"]
-                                                         else "")
-            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {words}"
-                              + (" or null" if known[name].get("nullable") and known[name]["type"] else ""))
+            raise SchemaError(f"field {name!r} is {value!r:.80}; it must be {type_words(known[name])}"
+                              + (" or null" if known[name].get("nullable") else ""))
     if "model" in body and "config" in body:
         raise SchemaError("give only one of model (a catalog name or Hub id) or config (a config.json's contents), "
                           "not both")
@@ -208,7 +271,7 @@ def parse_check(body: Any, kind: str = "check") -> tuple[list[tuple[str, str]], 
         if name in REFUSED_SETTINGS:
             raise InputError(f"settings {name!r} is not taken here: {REFUSED_SETTINGS[name]}", field=name)
         if name in types and not _json_type_ok(value, types[name]):
-            raise SchemaError(f"setting {name!r} is {value!r:.80}; it must be {_TYPE_WORDS[types[name]['type']]}")
+            raise SchemaError(f"setting {name!r} is {value!r:.80}; it must be {type_words(types[name])}")
     model = body.get("model")
     return logs, {"model": None if model is None else check_reference(model), "gpu": body.get("gpu"),
                   "engine_version": body.get("engine_version"), "settings": settings}

@@ -47,6 +47,7 @@ from memest.workload.files._common import (
     AutoNote,
     Found,
     Include,
+    error_line,
     key_lines,
     load_toml,
     load_yaml,
@@ -217,6 +218,12 @@ def read_one(path: Path) -> Found:
 
 
 def _parse(path: Path) -> tuple[ModuleType, Any, str]:
+    if path.is_dir():
+        raise InputError(f"{{config}} {path}: is a directory; pass the path of a config file in it",
+                         field="config")
+    if not path.exists():
+        raise InputError(f"{{config}} {path}: does not exist; pass the path of a config file the run used",
+                         field="config")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -235,7 +242,7 @@ def _parse(path: Path) -> tuple[ModuleType, Any, str]:
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{{config}} {path}: line {exc.lineno}: malformed JSON ({exc.msg})",
+            raise InputError(f"{{config}} {path}: {error_line(text, exc.lineno)}: malformed JSON ({exc.msg})",
                              field="config") from None
     elif looks_toml(path, text):
         doc = load_toml(path, text)

@@ -56,6 +56,14 @@ FALSY = (None, False, 0, "", "no", "none", "false", [], {})
 """Values that switch a key off: an ignored key set to one of them is not warned about."""
 
 
+def error_line(text: str, line: int) -> str:
+    """Where a parser's error is, for a message: ``line N`` (from 1). A parser that reached the end of the
+    text points past its last line (PyYAML's 0-based mark of the stream's end is the line after the last
+    newline): that is the last line, ``line N (the end of the file)``."""
+    last = max(len(text.splitlines()), 1)
+    return f"line {line}" if line <= last else f"line {last} (the end of the file)"
+
+
 def load_yaml(path: Path, text: str) -> Any:
     """``text`` parsed as YAML (safe loader).
 
@@ -68,7 +76,7 @@ def load_yaml(path: Path, text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
+        where = f"{error_line(text, mark.line + 1)}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or "cannot be parsed"
         raise InputError(f"{{config}} {path}: {where}malformed YAML ({problem})", field="config") from None
 
@@ -103,7 +111,7 @@ def load_toml(path: Path, text: str) -> Any:
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         at = re.search(r"\(at line (\d+), column \d+\)", message)
-        where = f"line {at.group(1)}: " if at else ""
+        where = f"{error_line(text, int(at.group(1)))}: " if at else ""
         problem = message[:at.start()].strip() if at else message
         raise InputError(f"{{config}} {path}: {where}malformed TOML ({problem})", field="config") from None
 
