@@ -27,6 +27,26 @@ the reduce-scatter) leaves the same on the device. Host RAM: :func:`memest.estim
 the parameters, gradients and optimizer states).
 
 torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
+
+Pipeline parallelism (pp > 1, ``SHARD_GRAD_OP`` or full shard): torchtitan 9dec370
+``torchtitan/parallelisms/parallelize_llama.py`` ``apply_fsdp`` passes ``reshard_after_forward=False`` to every
+layer and the root when ``pp_enabled`` ("do not reshard after forward to avoid per-microbatch all-gathers"), and
+torch's ``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync`` (pytorch 0138610) calls
+``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` before each micro-batch's backward;
+after the last, ``_post_backward`` turns both back on and runs every unit's ``post_backward`` (reshard, then
+reduce-scatter). So the stage's units are all gathered (at the gather
+dtype; float8 linears in float8) from the first forward to that reduce. With gradient sync off,
+``FSDPParamGroup.post_backward`` (``_fsdp_param_group.py``) adds each new unsharded gradient into the
+accumulated one (``accumulate_unsharded_grad_if_needed``) after upcasting the first
+(``_fsdp_param.py`` ``to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``): every trained
+parameter's unsharded gradient at the gradient dtype lives through forward and backward, one tensor per parameter,
+in place of the sharded gradients (``zero_grad`` set them to None; they appear at the reduce). After the last
+micro-batch each unit is resharded and its accumulated gradients reduce-scattered in turn (``post_backward``:
+``reshard()`` before ``foreach_reduce``): at the first, the others gathered, every accumulated gradient, its flat
+reduce_dtype input and sharded output (the ``gradient_reduction`` moment). As with gradient accumulation, the
+gradients are counted at every moment of the step's forward and backward (the steady state: on the first stage
+with as many micro-batches as stages no forward follows the first backward, an over-count of one micro-batch's
+stored activations there).
 """
 
 from __future__ import annotations
