@@ -13,7 +13,7 @@ import pytest
 
 from memest.devices import get_device
 from memest.estimate.sharding import stages
-from memest.estimate.training.step import moments
+from memest.estimate.training.step import estimate_training, moments
 from memest.sources import load_model
 from memest.workload import Float8, Optimizer, Parallelism, Precision, Recompute, TrainingConfig
 
@@ -101,3 +101,30 @@ def test_without_pipeline_parallelism_two_layer_units_and_sharded_grads():
     assert _bytes(out["layer_forward"], "workspace.gathered_layers") == [2 * LAYER_FP8]
     assert not _bytes(out["layer_forward"], "workspace.gathered_params")
     assert "gradient_reduction" not in out
+
+
+def test_the_estimate_says_so():
+    spec = load_model("meta-llama/Llama-3.1-405B")
+    said = [estimate_training(spec, _job(pp), get_device("H100-96GB")).assumptions for pp in (8, 1)]
+    assert [any("FSDP2 under pipeline parallelism" in line for line in lines) for lines in said] == [True, False]
+
+
+def test_shard_grad_op_gathers_each_layer_as_a_full_shard_unit_is_gathered():
+    # SHARD_GRAD_OP (and FSDP2 under PP) keeps every unit gathered, each as full shard gathers it: a QLoRA base
+    # layer in NF4 (torchao NF4Tensor.fsdp_pre_all_gather sends it as stored), not at the compute dtype. Llama-2-7B:
+    # 32 layers x the full-shard unit (half of the two units alive while layers run) + the root at bf16: embedding
+    # 32,000 x 4,096 x 2 = 262,144,000, final norm 4,096 x 2 = 8,192, lm_head 262,144,000: 524,296,192
+    from memest.estimate.training.protocol import states_input
+    from memest.estimate.training.states import model_states
+    from memest.workload import Framework, Method
+
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    stage = stages(spec.num_layers, 1)[0]
+
+    def gathered(zero_stage, name):
+        t = TrainingConfig(method=Method.QLORA, precision=Precision.FSDP2, framework=Framework.FSDP,
+                           parallelism=Parallelism(dp=2, zero_stage=zero_stage))
+        running = model_states(spec, states_input(t), Framework.FSDP, stage).lifetimes[1]  # gathered.running
+        return [x.bytes for x in running if x.name == name]
+    (two_units,) = gathered(3, "workspace.gathered_layers")
+    assert gathered(2, "workspace.gathered_params") == [32 * two_units // 2 + 524_296_192]
