@@ -56,17 +56,17 @@ KNOWN_GAPS: dict[str, str] = {
     "micro-batches (131M x 2 B = 0.26 GB for LLaMA-7B). The growth is close to a second micro-batch's checkpoints "
     "and loss path (22.2 GB in memest's terms), which DeepSpeed does not keep: the gist's loop (not published) is "
     "the candidate; not identified",
-    "torchtitan_llama31_405b_fsdp8_tp8_pp8_1f1b": "under-prediction (-55%): torch.compile, float8 tensorwise and its "
-    "FSDP float8 all-gather (llama3_405b.toml) are modelled and lower the estimate (the gathered layers in fp8; the "
-    "rebuilt layer's norm outputs and down input recomputed); AsyncTP's symmetric-memory buffers are not modelled, "
-    "and the pipeline's micro-batching is assumed (the local batch 32 as 8 micro-batches of 4, one per stage; the "
-    "source does not say), as is which PP rank the maximum comes from. The missing mechanism identified: FSDP2 "
-    "under PP keeps each stage unsharded through the step (torchtitan 9dec370 apply_fsdp: reshard_after_forward "
-    "False when pp_enabled; torch/distributed/pipelining/stage.py backward_maybe_with_nosync: "
-    "set_reshard_after_backward(False) and set_requires_gradient_sync(False) until the last micro-batch), and "
-    "its unsharded gradients accumulate in reduce_dtype fp32 (_fsdp_param.py to_accumulated_grad_if_needed): on a "
-    "16-layer stage 16 x 398,491,648 TP-local parameters = 5.9 GiB of float8-gathered weights and 23.8 GiB of fp32 "
-    "gradients, where memest counts one layer's (0.74 + 0.74 GiB); not modelled yet (fsdp.py)",
+    "torchtitan_llama31_405b_fsdp8_tp8_pp8_1f1b": "under-prediction (-18%): torch.compile, float8 tensorwise and its "
+    "FSDP float8 all-gather (llama3_405b.toml) are modelled (the gathered layers in fp8; the rebuilt layer's norm "
+    "outputs and down input recomputed), and so is FSDP2 under PP (fsdp.py): the stage kept unsharded through the "
+    "step (torchtitan 9dec370 apply_fsdp: reshard_after_forward False when pp_enabled; torch "
+    "pipelining/stage.py backward_maybe_with_nosync: no reshard after backward, no gradient sync until the last "
+    "micro-batch) and its unsharded gradients accumulated in reduce_dtype fp32 (_fsdp_param.py "
+    "to_accumulated_grad_if_needed): on the first stage, 16 layers and the embedding, 6.4 GiB gathered and 24.7 GiB "
+    "of fp32 gradients (the peak at the last layer's backward, 8 micro-batches' checkpoints, 16 GiB). AsyncTP's "
+    "symmetric-memory buffers are not modelled, and the pipeline's micro-batching is assumed (the local batch 32 as "
+    "8 micro-batches of 4, one per stage; the source does not say), as is which PP rank the maximum comes from: "
+    "the remaining 15 GiB not identified",
     "fms_mistral7b_qlora_bnb_1gpu_bs4@nvidia": "nvidia-smi: the run's allocator slack is 30% of its peak (reserved "
     "above allocated), memest's fixed share 12%; the allocated figure agrees (-1.0%)",
     "unsloth_llama31_8b_qlora_max_context": "under-prediction (-13.5%): the HF + FA2 baseline's setup is not "

@@ -57,6 +57,7 @@ class AssumptionsInput(NamedTuple):
     torch_compile: bool = False
     float8: str = "none"  # Float8 value, "none" under LoRA / QLoRA
     float8_all_gather: bool = False
+    fsdp_pipelined: bool = False  # FSDP (ZeRO 2 / 3) under pipeline parallelism
 
 
 _QLORA_BASES = {
@@ -78,7 +79,8 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
         t.lora_library, t.optimizer, par.ep > 1 and par.zero_stage > 0,
         fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
         offloaded_checkpoints_on_device(t), t.torch_compile,
-        Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather))
+        Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather,
+        fw is Framework.FSDP and par.pp > 1 and par.zero_stage >= 2))
 
 
 @remembered(maxsize=4096)
@@ -132,6 +134,11 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
         out.append("FSDP CPUOffloadPolicy (torch 2.13, pin_memory): parameter, gradient and optimizer-state shards in "
                    "pinned host RAM, the optimizer step on the host; each sharded gradient copied to host after its "
                    "reduce-scatter")
+    if a.fsdp_pipelined:
+        out.append("FSDP2 under pipeline parallelism (torchtitan: reshard_after_forward False; torch pipelining: no "
+                   "reshard after backward and no gradient sync until the last micro-batch): the stage's layers stay "
+                   "gathered and every parameter's unsharded gradient accumulates at the reduce dtype until the last "
+                   "micro-batch's reduce-scatter")
     if a.in_backward:
         out.append("optimizer_in_bwd (torchtune 0.6): one optimizer per parameter stepped in its post-accumulate-grad "
                    "hook; the largest in-flight gradient counted, none at the step")

@@ -27,6 +27,26 @@ the reduce-scatter) leaves the same on the device. Host RAM: :func:`memest.estim
 the parameters, gradients and optimizer states).
 
 torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
+
+Pipeline parallelism (pp > 1, ``SHARD_GRAD_OP`` or full shard): torchtitan 9dec370
+``torchtitan/parallelisms/parallelize_llama.py`` ``apply_fsdp`` passes ``reshard_after_forward=False`` to every
+layer and the root when ``pp_enabled`` ("do not reshard after forward to avoid per-microbatch all-gathers"), and
+torch's ``torch/distributed/pipelining/stage.py`` ``backward_maybe_with_nosync`` (pytorch 0138610) calls
+``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` before each micro-batch's backward;
+after the last, ``_post_backward`` turns both back on and runs every unit's ``post_backward`` (reshard, then
+reduce-scatter). So the stage's units are all gathered (at the gather
+dtype; float8 linears in float8) from the first forward to that reduce. With gradient sync off,
+``FSDPParamGroup.post_backward`` (``_fsdp_param_group.py``) adds each new unsharded gradient into the
+accumulated one (``accumulate_unsharded_grad_if_needed``) after upcasting the first
+(``_fsdp_param.py`` ``to_accumulated_grad_if_needed``: ``unsharded_grad.to(self.reduce_dtype)``): every trained
+parameter's unsharded gradient at the gradient dtype lives through forward and backward, one tensor per parameter,
+in place of the sharded gradients (``zero_grad`` set them to None; they appear at the reduce). After the last
+micro-batch each unit is resharded and its accumulated gradients reduce-scattered in turn (``post_backward``:
+``reshard()`` before ``foreach_reduce``): at the first, the others gathered, every accumulated gradient, its flat
+reduce_dtype input and sharded output (the ``gradient_reduction`` moment). As with gradient accumulation, the
+gradients are counted at every moment of the step's forward and backward (the steady state: on the first stage
+with as many micro-batches as stages no forward follows the first backward, an over-count of one micro-batch's
+stored activations there).
 """
 
 from __future__ import annotations
@@ -38,11 +58,11 @@ from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tenso
 from memest.estimate.training import qlora_base
 from memest.estimate.training.in_backward import stepped_in_backward
 from memest.estimate.training.optimizers import step_temporaries
-from memest.estimate.training.protocol import FrameworkStates, StateContext
+from memest.estimate.training.protocol import FrameworkStates, StateContext, StatesInput
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
 from memest.result import Kind, Term
-from memest.spec import LayerSpec
+from memest.spec import LayerSpec, ModelSpec
 from memest.workload import Method, Offload, Parallelism, Precision
 
 FLAT_STATES = False
@@ -57,6 +77,20 @@ def float8_gathered_bytes(layer: LayerSpec, par: Parallelism, gather_b: int) -> 
     k = layer.attention.num_kv_heads
     linear = sum(shard_numel(tn, par, k) for tn in layer.tensors if tn.is_linear_weight)
     return linear + (layer_shard_numel(layer, par) - linear) * gather_b
+
+
+def _gathered_layer_bytes(spec: ModelSpec, t: StatesInput, layer: LayerSpec, gather_b: int) -> int:
+    """Bytes of one layer all-gathered: at ``gather_b`` per element, its float8 linears' weights in float8
+    (:func:`float8_gathered_bytes`), or a QLoRA base as stored: torchao NF4Tensor.fsdp_pre_all_gather sends its
+    quantized_scalers, quantization_factor and quantized_data (nf4_tensor.py, commit d1094d8)."""
+    par = t.parallelism
+    if t.method is Method.QLORA:
+        emb, other = kbit_weight_bytes(t)
+        return qlora_base.base_bytes([(tn, 1) for tn in layer.tensors], par, spec.num_kv_heads, t.lora_library,
+                                     emb, other)[0]
+    if t.float8_all_gather:
+        return float8_gathered_bytes(layer, par, gather_b)
+    return layer_shard_numel(layer, par) * gather_b
 
 
 def weight_shards(zero_stage: int, n: int) -> int:
@@ -88,17 +122,13 @@ def states(ctx: StateContext) -> FrameworkStates:
     gather_b = c if t.precision is Precision.FSDP2 else RECIPES[t.precision].weight
     kinds = spec.layer_kinds(stage.start, stage.stop)
     largest = max(layer_shard_numel(layer, par) for layer, _ in kinds)
-    unit_bytes, unit_what = largest * gather_b, f"largest layer unsharded x {gather_b} B"
+    unit_what, stage_what = f"largest layer unsharded x {gather_b} B", f"P_stage unsharded x {gather_b} B"
     if t.float8_all_gather:
-        unit_bytes = max(float8_gathered_bytes(layer, par, gather_b) for layer, _ in kinds)
         unit_what = f"largest layer unsharded: its linears' weights in float8 (1 B), the rest x {gather_b} B"
+        stage_what = f"P_stage unsharded: the layers' linear weights in float8 (1 B), the rest x {gather_b} B"
     if t.method is Method.QLORA:
-        # the 4-bit weights are all-gathered as stored: torchao NF4Tensor.fsdp_pre_all_gather sends its
-        # quantized_scalers, quantization_factor and quantized_data (nf4_tensor.py, commit d1094d8)
-        emb, other = kbit_weight_bytes(t)
-        unit_bytes = max(qlora_base.base_bytes([(tn, 1) for tn in layer.tensors], par, spec.num_kv_heads,
-                                               t.lora_library, emb, other)[0] for layer, _ in kinds)
-        unit_what = "largest layer unsharded in NF4"
+        unit_what, stage_what = "largest layer unsharded in NF4", f"P_stage unsharded: the layers in NF4, the rest x {gather_b} B"
+    unit_bytes = max(_gathered_layer_bytes(spec, t, layer, gather_b) for layer, _ in kinds)
     root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
     root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
                if id(tn) in root_ids)
@@ -118,28 +148,54 @@ def states(ctx: StateContext) -> FrameworkStates:
             stream_pool_formula += f" + largest layer / {n} x ({weight_b} + {gather_b}) B (its host shards copied in)"
     gathered: tuple[Term, ...] = ()
     unit, unit_formula = 0, ""
-    if z >= 3:
+    pipelined = par.pp > 1 and z >= 2  # the stage kept unsharded through its micro-batches (module docstring)
+    stage_gathered = 0
+    if z == 2 or pipelined:
+        rest = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)) - sum(
+            layer_shard_numel(layer, par) * cnt for layer, cnt in kinds)  # embeddings, head
+        stage_gathered = rest * gather_b + sum(_gathered_layer_bytes(spec, t, layer, gather_b) * cnt
+                                               for layer, cnt in kinds)
+        why = ("pipeline parallel: reshard_after_forward False, no reshard after backward until the last micro-batch"
+               if pipelined else "SHARD_GRAD_OP keeps them from forward to backward")
+        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, stage_gathered, f"{stage_what} ({why})"),)
+    elif z >= 3:
         gathered = (Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
                          f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"),)
         unit, unit_formula = unit_bytes, unit_what
-    elif z == 2:
-        total = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage))
-        gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, total * gather_b,
-                         f"P_stage unsharded x {gather_b} B (SHARD_GRAD_OP keeps them from forward to backward)"),)
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
+    grads_unit = largest if t.method is Method.FULL else 0
     if z >= 2:
-        grads_unit = largest if t.method is Method.FULL else 0
         layer_buffers = (Term("workspace.unsharded_grads", Kind.WORKSPACE, grads_unit * gather_b,
                               f"largest layer x {gather_b} B (the unit's unsharded gradients)"),)
+    if z >= 2 and not pipelined:
         # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
         # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
         reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
                              f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
+    accumulated, reduction = None, ()
+    if pipelined and groups.used and not offloaded:
+        # every trained parameter's unsharded gradient, upcast to reduce_dtype after the first micro-batch's
+        # backward and accumulated into until the last one's reduce-scatter (module docstring); per parameter
+        unsharded = grad_groups(spec, stage, ctx.trainable).used
+        accumulated = Term("gradients", Kind.GRADIENTS, blocks(unsharded, gb),
+                           f"P_trainable unsharded x {gb} B (accumulated over the micro-batches, reduce-scattered "
+                           "after the last)")
+        # after the last micro-batch's backward each unit in turn is resharded and reduce-scattered: at the
+        # first (the largest layer) every other unit still gathered, every accumulated gradient, its flat
+        # reduce_dtype input and its sharded output
+        reduction = (
+            Term("workspace.gathered_params", Kind.WORKSPACE, stage_gathered - unit_bytes,
+                 "P_stage unsharded less the unit being reduced (resharded just before its reduce-scatter)"),
+            Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
+                 f"largest layer x {gb} B (its reduce-scatter input)"),
+            Term("workspace.reduce_scatter_output", Kind.WORKSPACE, cuda_block_bytes(math.ceil(grads_unit * gb / n)),
+                 f"largest layer / {n} x {gb} B (its sharded gradients)"))
     fs = FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
                          gathered=gathered, gathered_unit=unit, gathered_formula=unit_formula,
                          stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
-                         step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)))
+                         step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)),
+                         accumulated=accumulated, reduction=reduction, reduction_grads=accumulated)
     if not t.optimizer_in_bwd or not groups.used:
         return fs
     # each unit's sharded gradients are views of one reduce-scatter output, stepped in the reduce's loop

@@ -109,6 +109,10 @@ class FrameworkStates(NamedTuple):
         step: The optimizer step's temporaries.
         step_grads: The gradients alive at the step when not every gradient (DeepSpeed ZeRO 1).
         reduction: Beside every gradient after backward (DeepSpeed ZeRO 1: its own moment).
+        accumulated: The gradients alive through forward and backward in place of ``gradients`` (FSDP2 under
+            pipeline parallelism: each parameter's unsharded gradient accumulated over the micro-batches).
+        reduction_grads: The gradients alive beside ``reduction`` when not every gradient (FSDP2 under pipeline
+            parallelism: the accumulated unsharded ones, before the first reduce-scatter).
     """
 
     gradients: Gradients = Gradients()
@@ -124,6 +128,8 @@ class FrameworkStates(NamedTuple):
     step: tuple[Term, ...] = ()
     step_grads: Term | None = None
     reduction: tuple[Term, ...] = ()
+    accumulated: Term | None = None
+    reduction_grads: Term | None = None
 
 
 class FrameworkModel(Protocol):

@@ -59,6 +59,8 @@ class ModelStates(NamedTuple):
         sizes: Their bytes, lifetime by lifetime.
         paged: Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers,
             :func:`.optimizers.paged_bytes`): in no moment, outside the allocator's figures.
+        accumulated: The gradients alive through forward and backward instead of ``grads_all`` /
+            ``grads_head`` / ``grads_later`` (:attr:`.protocol.FrameworkStates.accumulated`), or None.
     """
 
     base: tuple[Term, ...]
@@ -72,6 +74,7 @@ class ModelStates(NamedTuple):
     lifetimes: tuple[tuple[Term, ...], ...]
     sizes: tuple[int, ...]
     paged: int = 0
+    accumulated: Term | None = None
 
 
 @remembered(maxsize=1 << 14)
@@ -195,7 +198,7 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         fs.step,                                                                     # step
         dequantized,                                                                 # dequantized
         head,                                                                        # dequantized.head
-        (grads_all,),                                                                # grads.all
+        (fs.reduction_grads or grads_all,),                                          # grads.all
         (grads_all if fs.step_grads is None else fs.step_grads,),                    # grads.step
     )
     return ModelStates(
@@ -211,6 +214,7 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
         lifetimes=lifetimes,
         sizes=tuple(sum(map(_BYTES, terms)) for terms in lifetimes),
         paged=paged,
+        accumulated=fs.accumulated,
     )
 
 

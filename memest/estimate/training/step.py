@@ -83,6 +83,8 @@ def lifetimes(st: ModelStates, acts: ActivationTerms, t: TrainingConfig, fw: Fra
     grads_in_forward = t.grad_accum_steps > 1 or (not t.set_grads_to_none and fw in (Framework.PYTORCH, Framework.DDP))
     cublas = Term("workspace.cublas", Kind.WORKSPACE, runtime.cublas_workspace_bytes(device), "cuBLAS workspace")
     forward, head, later = ((st.grads_all,) * 3 if grads_in_forward else (_NO_GRADS, st.grads_head, st.grads_later))
+    if st.accumulated is not None:  # FSDP2 under pipeline parallelism: unsharded, accumulated (fsdp.states)
+        forward = head = later = st.accumulated
     alive = (*st.lifetimes, *acts.lifetimes, (*st.base, cublas), (forward,), (head,), (later,))
     sizes = (*st.sizes, *acts.sizes, st.base_bytes + cublas.bytes, forward.bytes, head.bytes, later.bytes)
     return alive, sizes
