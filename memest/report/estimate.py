@@ -248,8 +248,8 @@ def _band_words(a: Assessment) -> str:
 def _host_line(a: Assessment) -> str:
     s = a.estimate.serving
     if s is not None and s.engine in ("llama.cpp", "ollama"):  # no training states: what stays on the CPU
-        return (f"host RAM for what {s.engine} keeps on the CPU (mmapped file pages of the layers left there, host KV, host "
-                f"buffers): {gib(a.estimate.host_bytes)} per node")
+        return (f"host RAM for what {s.engine} keeps on the CPU (mmapped file pages of the layers left there, "
+                f"host KV, host buffers): {gib(a.estimate.host_bytes)} per node")
     return f"host RAM for offloaded states: {gib(a.estimate.host_bytes)} per node"
 
 
