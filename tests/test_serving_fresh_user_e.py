@@ -12,7 +12,7 @@ from memest.devices import DEVICES, get_device
 from memest.planning.engines import compare_engines
 from memest.planning.search import DeviceChoice, device_counts
 from memest.sources import load_model
-from memest.workload import Engine, ServingConfig, refusal
+from memest.workload import Engine, ServingConfig
 from tests.inprocess import run_memest
 
 WIDE = {**os.environ, "COLUMNS": "400"}
@@ -53,6 +53,8 @@ def test_the_same_settings_on_a_capable_device_are_not_refused(flags) -> None:
 def test_the_planner_proposes_no_quantization_a_device_cannot_run() -> None:
     # a V100 can run gptq / bitsandbytes under vLLM, not awq (7.5) or fp8 (8.0); the planner skips those
     # candidates instead of raising
+    from memest.workload import refusal
+
     spec = load_model(LLAMA)
     v100 = get_device("V100-32GB")
     assert refusal(ServingConfig(quantization="awq"), v100) is not None
