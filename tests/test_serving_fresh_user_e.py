@@ -121,3 +121,55 @@ def test_llamacpp_report_words() -> None:
     assert "host RAM for what llama.cpp keeps on the CPU" in fits.stdout
     short = run_memest(*args, "--gpu", "A10G", env=WIDE)
     assert "GGUF quants" in short.stdout  # F16 does not fit on 24 GB: the quant search answers
+
+
+# -- ModelOpt checkpoints (quant_method modelopt) --------------------------------------------------------------
+# Layouts: vLLM vllm/model_executor/layers/quantization/modelopt.py ModelOptQuantConfigBase.from_config (commit
+# 00155cde): hf_quant_config.json {"quantization": {"quant_algo", "kv_cache_quant_algo", "exclude_modules"}}, or
+# config.json's flat quant_algo with "ignore".
+def test_modelopt_quantization_configs_are_read() -> None:
+    from memest.errors import ConfigError, InputError
+    from memest.estimate.weights import scheme_of
+    from memest.sources.quantization import modelopt_spec
+
+    fp8 = modelopt_spec({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8",
+                                                                      "exclude_modules": ["lm_head"]}})
+    assert (fp8.method, fp8.bits, fp8.strategy, fp8.skip_modules) == ("modelopt", 8, "tensor", ("lm_head",))
+    nvfp4 = modelopt_spec({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                           "ignore": ["lm_head", "model.layers.0.mlp.gate"]})
+    assert (nvfp4.bits, nvfp4.group_size, nvfp4.strategy) == (4, 16, "group")
+    assert nvfp4.skip_modules == ("lm_head", "model.layers.0.mlp.gate")
+    # NVFP4 bytes: a 4096 x 4096 matrix is 4096 x 4096 / 2 = 8,388,608 B of 4-bit values plus one 1-byte E4M3
+    # scale per 16 inputs: 4096 x 256 = 1,048,576 B; 9,437,184 B in all
+    assert scheme_of(nvfp4).tensor_bytes((4096, 4096)) == 9_437_184
+    # FP8 per tensor: 1 B a weight plus one fp32 scale
+    assert scheme_of(fp8).tensor_bytes((4096, 4096)) == 4096 * 4096 + 4
+    with pytest.raises(ConfigError, match="quant_algo"):
+        modelopt_spec({"quant_method": "modelopt", "quantization": {}})
+    with pytest.raises(InputError, match="MIXED_PRECISION"):
+        scheme_of(modelopt_spec({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}))
+
+
+def test_nemotron_super_fp8_is_served_in_fp8() -> None:
+    # the catalog keeps the release's hf_quant_config.json (quant_algo FP8) beside a config.json whose source left
+    # quantization_config out; before, the weights were sized in bfloat16 (112.77 GiB per device at tp 2)
+    import dataclasses
+
+    from memest.estimate import estimate
+    from memest.workload import Parallelism
+
+    spec = load_model("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8")
+    assert spec.quantization is not None and (spec.quantization.method, spec.quantization.bits) == ("modelopt", 8)
+    s = ServingConfig(max_model_len=4096, parallelism=Parallelism(tp=2))
+    h100 = get_device("H100")
+
+    def weights(model) -> int:
+        return next(t.bytes for t in estimate(model, s, h100).terms if t.name == "weights")
+
+    fp8, bf16 = weights(spec), weights(dataclasses.replace(spec, quantization=None))
+    # the routed experts alone: 40 MoE layers x 512 experts x (up + down, relu2) x 1024 (moe_latent_size) x 2688 =
+    # 112,742,891,520 weights, 2 B -> 1 B each, half of them on each of the 2 ranks
+    experts = 40 * 512 * 2 * 1024 * 2688
+    assert experts == 112_742_891_520
+    assert bf16 - fp8 >= experts // 2
+    assert fp8 < 60 * 2**30 < 112 * 2**30 < bf16
