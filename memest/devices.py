@@ -58,6 +58,8 @@ class Device:
         bf16: Whether the device computes in bfloat16 natively.
         fp8: Whether it has fp8 tensor cores (weights / KV cache in fp8 run natively).
         per_node: Devices in one server (NVLink / ICI domain) — tensor parallelism stays inside it.
+        max_devices: The most devices one job can use, or None for no limit: 1 for an Apple Mac (one GPU
+            per machine, its unified memory; llama.cpp's RPC backend across Macs is another program).
         hourly_usd: A typical on-demand cloud price per device-hour, for ranking setups; None when there
             is none (see the module docstring); override it in ``memest plan``.
         measured: True when memory_bytes is a published reading of the usable total.
@@ -75,6 +77,7 @@ class Device:
     bf16: bool = True
     fp8: bool = False
     per_node: int = 8
+    max_devices: int | None = None
     hourly_usd: float | None = None
     measured: bool = False
     source: str = "vendor datasheet (nominal)"
@@ -96,6 +99,14 @@ class Device:
         return "measured" if self.measured else "nominal"
 
     @property
+    def compute_capability(self) -> int | None:
+        """The CUDA compute capability of an NVIDIA device's architecture, as ``major * 10 + minor`` (the
+        lowest of the arch: ``ampere`` 80, although an A10G or RTX 3090 is 86), or None off NVIDIA.
+        Source: NVIDIA's CUDA GPUs table (developer.nvidia.com/cuda-gpus): Volta 7.0, Turing 7.5, Ampere
+        8.0 / 8.6, Ada 8.9, Hopper 9.0, Blackwell 10.0 / 12.0."""
+        return COMPUTE_CAPABILITY.get(self.arch) if self.vendor == "nvidia" else None
+
+    @property
     def ref(self) -> str:
         """A name :func:`get_device` resolves back to this device: the canonical name, or a custom
         device's size as the user wrote it (``my-card:48GB``)."""
@@ -103,6 +114,10 @@ class Device:
 
 
 CUSTOM = "custom"
+
+COMPUTE_CAPABILITY: dict[str, int] = {"volta": 70, "turing": 75, "ampere": 80, "ada": 89, "hopper": 90,
+                                      "blackwell": 100}
+"""The lowest CUDA compute capability of each NVIDIA arch (:attr:`Device.compute_capability`)."""
 """Vendor and arch of a device given by its size."""
 
 _LISTED: tuple[Device, ...] = (
@@ -320,7 +335,7 @@ def _apple_device(chip: str, ram_gb: int) -> Device:
     ram = ram_gb * GiB
     share = "2/3" if ram <= METAL_SHARE_ABOVE_BYTES else "3/4"
     return Device(name=f"{chip}-{ram_gb}GB", memory_bytes=metal_working_set_bytes(ram), vendor="apple",
-                  kind="unified", arch="apple", bf16=not chip.startswith("M1"), per_node=1,
+                  kind="unified", arch="apple", bf16=not chip.startswith("M1"), per_node=1, max_devices=1,
                   source=f"Metal working set: {share} of {ram_gb} GiB unified RAM (recommendedMaxWorkingSetSize "
                          "rule from llama.cpp / Ollama logs; see memest.devices.metal_working_set_bytes)",
                   aliases=(f"Apple-{chip}-{ram_gb}GB", f"{chip}-{ram_gb}"))

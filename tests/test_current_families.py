@@ -833,3 +833,31 @@ def test_deepseek_v4_cache_matches_transformers_storage(tokens: int) -> None:
             assert held(cache) == sum(layer_cache_bytes(layer, 1, tokens - 1, 2) for layer in spec.layers)
         model(input_ids=torch.randint(0, 97, (1, 1)), cache=cache, use_cache=True)
     assert held(cache) == contiguous_cache_bytes(layers, 1, tokens)
+
+
+def test_qwen3_next_80b_count_by_hand() -> None:
+    """Qwen3-Next-80B-A3B-Instruct (catalog config: alibaba/InferSim hf_configs/qwen3-next-80B-A3B_config.json):
+    h 2048, 48 layers, every 4th (3, 7, ..., 47) gated full attention, Gated DeltaNet elsewhere; V 151936 untied.
+    Full attention: q_proj doubled for the output gate 2048 x (2 x 16 x 256) = 16,777,216, k/v 2 x 2048 x 512 =
+    2,097,152, o_proj 4096 x 2048 = 8,388,608, q/k norms 2 x 256: 27,263,488. Gated DeltaNet (key dim 16 x 128 =
+    2048, value dim 32 x 128 = 4096): in_proj_qkvz 2048 x (2 x 2048 + 2 x 4096) = 25,165,824, in_proj_ba 2048 x 64
+    = 131,072, conv1d (2 x 2048 + 4096) x 4 = 32,768, dt_bias + A_log 2 x 32, gated norm 128, out_proj 4096 x 2048
+    = 8,388,608: 33,718,464. MoE every layer: router 2048 x 512 = 1,048,576, experts 512 x 3 x 2048 x 512 =
+    1,610,612,736, shared expert 3 x 2048 x 512 = 3,145,728, shared gate 2048: 1,614,809,088; two norms 4,096.
+    Total 48 x 1,614,813,184 + 12 x 27,263,488 + 36 x 33,718,464 + 2 x 151936 x 2048 + 2048 = 79,674,391,296.
+    Published (index id 71576727175): the release's shard index total_size / 2 = 81,324,862,720, which adds its mtp.*
+    module (transformers drops it on load): fc 2 x 2048 x 2048 = 8,388,608 + one full-attention layer 27,263,488 +
+    one MoE 1,614,809,088 + layer norms 4,096 + pre-fc norms and final norm 3 x 2048 = 1,650,471,424."""
+    full = 2048 * 2 * 16 * 256 + 2 * 2048 * 512 + 4096 * 2048 + 2 * 256
+    delta = 2048 * (2 * 2048 + 2 * 4096) + 2048 * 64 + (2 * 2048 + 4096) * 4 + 2 * 32 + 128 + 4096 * 2048
+    moe = 2048 * 512 + 512 * 3 * 2048 * 512 + 3 * 2048 * 512 + 2048
+    assert (full, delta, moe) == (27_263_488, 33_718_464, 1_614_809_088)
+    total = 48 * (moe + 2 * 2048) + 12 * full + 36 * delta + 2 * 151_936 * 2048 + 2048
+    mtp = 2 * 2048 * 2048 + full + moe + 2 * 2048 + 3 * 2048
+    assert total + mtp == 81_324_862_720  # the published shard-index count
+    for name in ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking"):
+        spec = load_model(name)
+        assert spec.num_params == total == 79_674_391_296
+        assert spec.model_type == "qwen3_next"
+    # 12 full-attention layers hold a KV cache (bf16): 2 KV heads x (256 + 256) x 2 B = 2,048 B per token each
+    assert bytes_per_token(kv_layers(spec.layer_kinds(), 1, 2)) == 12 * 2_048

@@ -15,6 +15,7 @@ quantized ``(out, in)`` weight stores ``ceil(out x in x bits / 8)`` bytes of dat
 | ``fp8`` | 8 | fp32 per tensor (vLLM online ``--quantization fp8``) or per 128x128 block (DeepSeek-V3 ``weight_block_size``) | | vLLM ``Fp8LinearMethod`` |
 | ``mxfp4`` | 4 | one 8-bit shared exponent (E8M0) per 32 inputs | | OCP MX spec; gpt-oss ``*_blocks`` / ``*_scales`` |
 | compressed-tensors | b | per ``strategy``: fp32 per tensor / channel / 128x128 block (W8A8), model-dtype per group (WNA16) | packed zero points when asymmetric | vLLM ``CompressedTensorsW8A8Fp8`` / ``W8A8Int8`` / ``WNA16`` |
+| modelopt (NVIDIA ModelOpt) | 8 / 4 | ``FP8``: fp32 per tensor (``FP8_PER_CHANNEL_PER_TOKEN``: per channel); ``NVFP4``: one fp8 (E4M3) per 16 inputs (its fp32 global scale per tensor left out) | | vLLM ``ModelOptFp8Config`` / ``ModelOptNvFp4Config`` (``modelopt.py``, commit 00155cde) |
 
 Mixed-precision checkpoints are counted exactly with ``--exact-weights``: the safetensors headers
 give the parameters per stored dtype (:func:`checkpoint_scale`).
@@ -143,6 +144,14 @@ def scheme_of(q: QuantizationSpec) -> QuantScheme:
                                granularity=strategy, scale_bytes=4)
         return QuantScheme("compressed-tensors", q.bits, group_size=q.group_size, block_shape=q.block_shape,
                            granularity=strategy, scale_bytes=2)
+    if q.method == "modelopt" and q.strategy in ("tensor", "channel"):  # FP8: fp32 scales per tensor / channel
+        return QuantScheme("modelopt", 8, granularity=q.strategy, scale_bytes=4)
+    if q.method == "modelopt" and q.strategy == "group":  # NVFP4: one fp8 (E4M3) scale per group of 16
+        return QuantScheme("modelopt", 4, group_size=q.group_size or 16, granularity="group", scale_bytes=1)
+    if q.method == "modelopt":
+        raise InputError(f"ModelOpt quant_algo {q.strategy.upper() if q.strategy else '?'} in the config is not "
+                         f"modelled; pass {{quantization}} to choose one ({', '.join(sorted(SCHEMES))})",
+                         field="quantization")
     raise InputError(
         f"quantization method {q.method!r} in the config is not modelled; pass {{quantization}} to choose one "
         f"({', '.join(sorted(SCHEMES))})", field="quantization"

@@ -43,7 +43,7 @@ from memest.planning.costs import PriceTable
 from memest.planning.fit import VerdictKind, verdict
 from memest.planning.search import DeviceChoice, smallest_parallelism
 from memest.spec import ModelSpec
-from memest.workload import Engine, Parallelism, ServingConfig, runs_on, validate
+from memest.workload import Engine, Parallelism, ServingConfig, refusal, validate
 
 COMPARED = (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM, Engine.LLAMACPP)
 """The engines compared, in the order ties are broken."""
@@ -160,8 +160,9 @@ def _trial(s: ServingConfig, engine: Engine) -> ServingConfig:
 
 def _skip_reason(spec: ModelSpec, s: ServingConfig, device: Device) -> str | None:
     """Why ``s`` (one engine) is not compared on ``device``, or None."""
-    if not runs_on(s.engine.value, device.vendor):
-        return f"{s.engine.value} does not run on {device.name} ({device.vendor})"
+    why = refusal(s, device)
+    if why is not None:
+        return why
     if s.engine is Engine.LLAMACPP and (spec.quantization is not None):
         return f"{spec.name} is stored quantized ({spec.quantization}), which no GGUF type reproduces"
     if s.gguf_tensors and s.engine is not Engine.LLAMACPP:

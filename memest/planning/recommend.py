@@ -38,8 +38,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
-    runs_on,
-    software,
+    refusal,
     workload_notes,
 )
 from memest.workload.settings import cli_flag
@@ -337,7 +336,7 @@ def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: f
     devices its engine or training framework runs on: :func:`memest.workload.runs_on`)."""
     out = []
     for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
-        if not runs_on(software(workload), device.vendor):
+        if refusal(workload, device) is not None:
             continue
         est = estimate(spec, workload, device)
         if verdict(est, device, count, headroom).fits:

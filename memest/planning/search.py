@@ -114,9 +114,9 @@ from memest.workload import (
     Stack,
     TrainingConfig,
     Workload,
+    capability_refusal,
     divisors,
-    runs_on,
-    software,
+    refusal,
     tp_head_problem,
     validate,
 )
@@ -383,9 +383,16 @@ def _runs_model_parallel(w: Workload) -> bool:
     return stack is None or STACKS[stack].model_parallel
 
 
+def most_devices(device: Device, max_count: int) -> int:
+    """``max_count``, or fewer where one job uses at most :attr:`~memest.devices.Device.max_devices`."""
+    return max_count if device.max_devices is None else min(max_count, device.max_devices)
+
+
 def device_counts(device: Device, max_count: int, min_count: int = 1) -> list[int]:
     """Counts the planner tries: powers of two and whole nodes (multiples of per_node) in
-    [min_count, max_count], plus min_count itself, ascending."""
+    [min_count, max_count], plus min_count itself, ascending; none above the device's
+    :attr:`~memest.devices.Device.max_devices` (one Apple Mac)."""
+    max_count = most_devices(device, max_count)
     counts = {min_count} if min_count <= max_count else set()
     n = 1
     while n <= max_count:
@@ -495,7 +502,8 @@ class _Search:
         allowed = self.space.allow_quantization and not self.space.lossless_only
         quant: list[str] = [w.quantization]
         if allowed and w.quantization == "none" and self.spec.quantization is None:
-            quant = [q for q in QUANTIZATION_ORDER if q != "fp8" or device.fp8]
+            quant = [q for q in QUANTIZATION_ORDER if (q != "fp8" or device.fp8)
+                     and capability_refusal(w.replace(quantization=q), device) is None]
         kv = [w.kv_cache_dtype] + (["fp8"] if allowed and w.kv_cache_dtype in ("auto", "fp16", "bf16") else [])
         return _knob("quantization", quant), _knob("kv_cache_dtype", kv)
 
@@ -698,7 +706,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     no_fit: list[DeviceChoice] = []
     not_run: list[DeviceChoice] = []
     for choice in space.devices:
-        if not runs_on(software(workload), choice.device.vendor):
+        if refusal(workload, choice.device) is not None:
             not_run.append(choice)
             continue
         fits = search.best_for(choice, top)
@@ -832,6 +840,8 @@ def smallest_parallelism(spec: ModelSpec, s: ServingConfig, device: Device, *, h
     """
     for candidate in _parallel_candidates(spec, device):
         if s.engine is Engine.HF and (candidate.pp > 1 or candidate.tp > 1):
+            continue
+        if candidate.world_size > most_devices(device, candidate.world_size):
             continue
         par = dataclasses.replace(s.parallelism, tp=candidate.tp, pp=candidate.pp, dp=1, cp=1, zero_stage=0)
         trial = s.replace(parallelism=par)

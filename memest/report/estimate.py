@@ -246,6 +246,10 @@ def _band_words(a: Assessment) -> str:
 
 
 def _host_line(a: Assessment) -> str:
+    s = a.estimate.serving
+    if s is not None and s.engine in ("llama.cpp", "ollama"):  # no training states: what stays on the CPU
+        return (f"host RAM for what {s.engine} keeps on the CPU (mmapped file pages of the layers left there, "
+                f"host KV, host buffers): {gib(a.estimate.host_bytes)} per node")
     return f"host RAM for offloaded states: {gib(a.estimate.host_bytes)} per node"
 
 
@@ -295,8 +299,8 @@ def serving_lines(a: Assessment) -> list[tuple[str, str]]:
                     f"{gib(e['llamacpp_file_bytes'])} · {e['llamacpp_offloaded_layers']}/{e['llamacpp_layers']} layers "
                     f"on the GPU · KV {s.kv_cache_bytes_per_token:,} B/cell x {s.kv_cache_tokens:,} cells · host RAM "
                     f"{gib(a.estimate.host_bytes)} (mmapped file pages, host KV, host buffers)", ""))
-        if a.gguf_options:
-            out.append((gguf_line(a), ""))
+        if a.gguf_options and not (a.verdict.fits and e["llamacpp_offloaded_layers"] == e["llamacpp_layers"]):
+            out.append((gguf_line(a), ""))  # a smaller type is the answer only when the asked one does not fit
         if s.engine_error == "no_memory":
             out.append((f"{s.engine} would fail to allocate its buffers on this device; lower --n-gpu-layers, "
                         "--max-model-len or the --quantization", "bold red"))

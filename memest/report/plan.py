@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memest import __version__
-from memest.devices import GiB
+from memest.devices import Device, GiB
 from memest.planning.maxfit import Largest
 from memest.planning.search import Fit, Plan, hf_command, setup_flags
 from memest.report.estimate import describe_model, describe_workload, finite, workload_share
@@ -21,6 +21,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
+    capability_refusal,
     resolve_framework,
     software,
 )
@@ -268,7 +269,8 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
     if p.not_run:
         parts.append(Text(f"{software(p.workload)} does not run on: "
-                          f"{', '.join(c.device.name for c in p.not_run)} (not searched)", style="dim"))
+                          f"{', '.join(_not_run_name(p.workload, c.device) for c in p.not_run)} (not searched)",
+                          style="dim"))
     parts.append(Text(CONFIRM, style="dim"))
     return Group(*parts)
 
@@ -286,3 +288,10 @@ def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
     else:
         lines += ["", f"Cheapest: `{_fit_command(p, p.fits[0], model, given or {})}`"]
     return "\n".join(lines) + "\n"
+
+
+def _not_run_name(w: Workload, device: Device) -> str:
+    """A device the job's engine does not start on, with the setting its compute capability is below
+    (``T4 (quantization fp8)``), if that is why."""
+    found = capability_refusal(w, device)
+    return f"{device.name} ({found[0]} {getattr(w, found[0])})" if found else device.name

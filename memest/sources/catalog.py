@@ -160,4 +160,14 @@ def load(hit: CatalogHit) -> dict[str, Any]:
     raw: dict[str, Any] = json.loads(hit.path.read_text())
     target = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     target.update(hit.overrides)
+    sidecar = hit.path.with_name(HF_QUANT_CONFIG)
+    if "quantization_config" not in raw and sidecar.is_file():
+        raw["quantization_config"] = {"quant_method": "modelopt", **json.loads(sidecar.read_text())}
     return raw
+
+
+HF_QUANT_CONFIG = "hf_quant_config.json"
+"""A ModelOpt checkpoint's quantization file next to config.json, packaged where the catalog's config.json source
+left quantization_config out: read as that checkpoint's ``quantization_config`` (``quant_method: modelopt``), as vLLM
+reads it (``ModelOptQuantConfigBase.get_config_filenames``, ``vllm/model_executor/layers/quantization/modelopt.py``
+at vllm-project/vllm commit 00155cde)."""

@@ -47,6 +47,42 @@ def compressed_tensors_spec(q: Mapping[str, Any], what: str = "quantization_conf
     )
 
 
+MODELOPT_ALGOS: dict[str, tuple[int, str, int | None]] = {
+    "FP8": (8, "tensor", None),
+    "FP8_PER_CHANNEL_PER_TOKEN": (8, "channel", None),
+    "NVFP4": (4, "group", 16),
+    "W4A16_NVFP4": (4, "group", 16),
+}
+"""NVIDIA ModelOpt ``quant_algo`` values memest sizes: (bits, scale granularity, group). Source: vLLM
+``vllm/model_executor/layers/quantization/modelopt.py`` (vllm-project/vllm commit 00155cde): ``QUANT_ALGOS``;
+``FP8`` is a per-tensor weight scale, ``FP8_PER_CHANNEL_PER_TOKEN`` per output channel, NVFP4 4-bit floats
+with one fp8 scale per 16 (``group_size``, default 16). Others (``FP8_PB_WO``, ``MXFP8``,
+``MIXED_PRECISION``: a per-module map) are kept as their name and not sized."""
+
+
+def modelopt_spec(q: Mapping[str, Any], what: str = "quantization_config") -> QuantizationSpec:
+    """A ``quant_method: modelopt`` config as a QuantizationSpec, in either of the two layouts vLLM's
+    ``ModelOptQuantConfigBase.from_config`` reads: ``hf_quant_config.json``'s ``{"quantization": {"quant_algo",
+    "kv_cache_quant_algo", "group_size", "exclude_modules"}}``, or config.json's flat ``quant_algo`` with the
+    unquantized modules under ``ignore``. The modules listed stay in the checkpoint dtype.
+
+    Raises:
+        ConfigError: no ``quant_algo``, or a malformed group size or module list.
+    """
+    nested = q.get("quantization")
+    body: Mapping[str, Any] = nested if isinstance(nested, Mapping) else q
+    where = f"{what}.quantization" if body is not q else what
+    algo = str(body.get("quant_algo") or "").upper()
+    if not algo:
+        raise ConfigError(f"{where} names no quant_algo; a ModelOpt checkpoint states one (FP8, NVFP4, ...)")
+    skip_key = "exclude_modules" if body is not q else "ignore"
+    skip = module_list(body.get(skip_key), f"{where}.{skip_key}")
+    bits, strategy, group = MODELOPT_ALGOS.get(algo, (8, algo.lower(), None))
+    given = group_size(body.get("group_size"), f"{where}.group_size")
+    return QuantizationSpec(method="modelopt", bits=bits, group_size=given if group and given else group,
+                            skip_modules=skip, strategy=strategy)
+
+
 def quant_bits(value: Any, what: str) -> int:
     """Bits per quantized weight: an integer in 1..16.
 

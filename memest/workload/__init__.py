@@ -43,6 +43,8 @@ from memest.workload.config import (
     Stack,
     TrainingConfig,
     Workload,
+    capability_refusal,
+    refusal,
     runs_on,
     software,
 )
@@ -54,7 +56,7 @@ __all__ = [
     "AttnImplementation", "DeepSpeedBuckets", "Engine", "Float8", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "LoraLibrary", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
     "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
-    "resolve_framework", "runs_on",
+    "capability_refusal", "refusal", "resolve_framework", "runs_on",
     "software", "tp_head_problem", "validate",
     "workload_notes",
 ]

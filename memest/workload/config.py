@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from memest.devices import DEFAULT_DEVICE
+from memest.devices import DEFAULT_DEVICE, Device
 from memest.workload.declare import nested, setting
 
 
@@ -929,3 +929,53 @@ def software(w: Workload) -> str:
     """What runs the job, as :data:`ENGINE_VENDORS` names it: the serving engine, or the training
     framework (``auto`` resolved: :func:`resolve_framework`)."""
     return w.engine.value if isinstance(w, ServingConfig) else resolve_framework(w).value
+
+
+CAPABILITY_NEEDS: dict[tuple[str, str, str], tuple[int, str, str]] = {
+    ("vllm", "dtype", "bfloat16"): (80, "Ampere (compute capability 8.0) or newer",
+                                    "vLLM vllm/platforms/cuda.py check_if_supports_dtype (0.19 line; earlier "
+                                    "vllm/worker/worker.py _check_if_gpu_supports_dtype): 'Bfloat16 is only supported "
+                                    "on GPUs with compute capability of at least 8.0'"),
+    ("vllm", "quantization", "fp8"): (80, "Ampere (compute capability 8.0, Marlin weight-only fp8) or newer",
+                                      "vllm/model_executor/layers/quantization/fp8.py Fp8Config.get_min_capability "
+                                      "returns 80 (vllm-project/vllm commit 0071b24b)"),
+    ("vllm", "quantization", "awq"): (75, "Turing (compute capability 7.5) or newer",
+                                      "vllm/model_executor/layers/quantization/awq.py AWQConfig.get_min_capability "
+                                      "returns 75, 'The AWQ kernel only supports Turing or newer GPUs' "
+                                      "(vllm-project/vllm commit 000796ac)"),
+    ("trtllm", "quantization", "fp8"): (89, "Ada (SM89), Hopper or Blackwell",
+                                        "TensorRT-LLM docs/source/reference/support-matrix.md (NVIDIA/TensorRT-LLM "
+                                        "commit 03dad628): Ampere SM80/86 runs FP32, FP16, BF16, INT8, INT4; FP8 from "
+                                        "Ada SM89"),
+}
+"""Serving settings an engine runs only from a CUDA compute capability on, by (engine value, ServingConfig
+field, value): (the least capability as :attr:`memest.devices.Device.compute_capability` writes it, the devices
+that run it, the engine source that refuses it)."""
+
+
+def refusal(w: Workload, device: Device) -> str | None:
+    """Why ``w``'s engine or training framework will not start on ``device``, or None when it does: the
+    vendor (:func:`runs_on`), then a setting the device's compute capability is below
+    (:func:`capability_refusal`). The one rule the CLI refuses with and the planner skips by. The text
+    names fields, not flags."""
+    engine = software(w)
+    if not runs_on(engine, device.vendor):
+        return f"{engine} does not run on {device.name} ({device.vendor})"
+    found = capability_refusal(w, device)
+    return found[1] if found else None
+
+
+def capability_refusal(w: Workload, device: Device) -> tuple[str, str] | None:
+    """``(field, why)`` for the first setting of :data:`CAPABILITY_NEEDS` that ``w`` asks and ``device``'s
+    compute capability is below, or None (a training job, a device off NVIDIA, or nothing below)."""
+    cc = device.compute_capability
+    if cc is None or not isinstance(w, ServingConfig):
+        return None
+    from memest.dtypes import canonical
+
+    asked = {"dtype": canonical(w.dtype) if w.dtype != "auto" else "auto", "quantization": w.quantization}
+    for (engine, name, value), (least, runs, source) in CAPABILITY_NEEDS.items():
+        if engine == w.engine.value and asked.get(name) == value and cc < least:
+            return name, (f"{engine} does not run {name} {value} on {device.name} ({device.arch}, compute "
+                          f"capability {cc / 10:.1f}): it needs {runs} ({source})")
+    return None

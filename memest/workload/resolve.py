@@ -37,6 +37,7 @@ from memest.workload.config import (
     Stack,
     TrainingConfig,
     Workload,
+    capability_refusal,
     resolve_framework,
     runs_on,
 )
@@ -258,6 +259,11 @@ def check_scope(values: Mapping[str, Any], mode: str, given_names: Collection[st
                 needs = " or ".join(f"{{finetune}} {m}" for m in s.methods)
                 asked = "{train}" if method is Method.FULL else f"{{finetune}} {Method(method).value}"
                 raise InputError(f"{{{name}}} applies to {needs}, not {asked}; drop it", field=name)
+        if not training and name in ("tp", "pp") and Engine(values["engine"]) in FLEET_ENGINES \
+                and values[name] not in (None, 1):
+            raise InputError(f"{{{name}}} {values[name]}: {{engine}} {Engine(values['engine']).value} splits the "
+                             "model by layers over the devices, never by tensor or pipeline parallelism; pass "
+                             f"{{gpus}} {values[name]} (and {{tensor_split}} for uneven shares) instead", field=name)
         if not training and s.engine is not None:
             engine = Engine(values["engine"])
             engines = s.engine if isinstance(s.engine, tuple) else (s.engine,)
@@ -441,12 +447,14 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
             use = " or ".join(", ".join(f"{{engine}} {e.value}" for e in others).rsplit(", ", 1))
             raise InputError(f"{{engine}} {engine.value} does not run on {each.name} ({each.vendor}); use "
                              f"{use or 'another engine'}, or another {{gpu}}", field="engine")
+    for each in devices:
+        limit_devices(each, v["gpus"] if fleet is None else len(fleet.devices))
     max_len = v["max_model_len"]
     if max_len is None and v["prompt_len"] is not None and v["max_new_tokens"] is not None:
         max_len = v["prompt_len"] + v["max_new_tokens"]
     fields = {f.name for f in dataclasses.fields(ServingConfig)}
     declared = {st.attr: v[name] for name, st in settings().items() if st.scope == "serving" and st.attr in fields}
-    return ServingConfig(**declared | {
+    served = ServingConfig(**declared | {
         "max_model_len": max_len,
         "engine": engine,
         "tensor_split": tensor_split(v["tensor_split"]),
@@ -456,6 +464,24 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
         **dict(zip(("n_gpu_layers", "config_notes"), gpu_layers(v["n_gpu_layers"], spec, engine, notes))),
         "config_read": read,
     })
+    for each in devices:
+        found = capability_refusal(served, each)
+        if found:
+            raise InputError(f"{found[1]}; use another {{gpu}} or another {{{found[0]}}}", field=found[0])
+    return served
+
+
+def limit_devices(device: Device, count: int) -> None:
+    """Refuse more devices of ``device``'s kind than one job can use (:attr:`Device.max_devices`: one Apple
+    Mac is one GPU).
+
+    Raises:
+        InputError: ``count`` above it.
+    """
+    if device.max_devices is not None and count > device.max_devices:
+        raise InputError(f"{{gpus}} {count}: {device.name} is one GPU per machine (unified memory), so a job "
+                         f"uses at most {device.max_devices}; pass {{gpus}} {device.max_devices} or a larger Mac",
+                         field="gpus")
 
 
 HF_INTEGRATION = frozenset({Stack.HF_TRAINER, Stack.TRL, Stack.ACCELERATE, Stack.AXOLOTL, Stack.LLAMAFACTORY,

@@ -132,7 +132,7 @@ def largest_max_model_len(spec: ModelSpec, s: ServingConfig, device: Device, con
 def largest_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_model_len: int) -> int:
     """How many requests of ``max_model_len`` tokens fit at once over the job's ``parallelism.dp``
     replicas: each replica's (the floor of vLLM's logged maximum concurrency; for hf, the largest
-    batch) times the replicas."""
+    batch; for llama.cpp / Ollama, whose n_ctx is fixed, the slots ``batch_size``) times the replicas."""
     return s.parallelism.dp * _replica_concurrency(spec, s, device, max_model_len)
 
 
@@ -145,7 +145,10 @@ def _replica_concurrency(spec: ModelSpec, s: ServingConfig, device: Device, max_
     if s.engine is Engine.TRTLLM:
         return trtllm_engine.largest_concurrency(spec, s, device, max_model_len)
     if s.engine in (Engine.LLAMACPP, Engine.OLLAMA):
-        return _largest_n_ctx(spec, s.replace(batch_size=1), device) // max(1, max_model_len)
+        # llama-server's n_ctx is fixed at start (-c, split over its -np slots, one sequence each):
+        # it holds its slots' sequences when a slot has max_model_len cells, whatever memory is left
+        st = llamacpp_engine.settings(spec, s)
+        return st.n_seq if st.n_ctx // st.n_seq >= max_model_len else 0
     return vllm_engine.largest_concurrency(spec, s, device, max_model_len)
 
 

@@ -11,7 +11,14 @@ from collections.abc import Callable, Hashable
 from memest.dtypes import KNOWN, canonical
 from memest.errors import ConfigError, InputError
 from memest.sources.config import HFConfig
-from memest.sources.quantization import block_shape, compressed_tensors_spec, group_size, module_list, quant_bits
+from memest.sources.quantization import (
+    block_shape,
+    compressed_tensors_spec,
+    group_size,
+    modelopt_spec,
+    module_list,
+    quant_bits,
+)
 from memest.spec import (
     AttentionSpec,
     BufferSpec,
@@ -264,6 +271,8 @@ def quantization_of(cfg: HFConfig) -> QuantizationSpec | None:
         )
     if method == "compressed-tensors":
         return compressed_tensors_spec(q, what)
+    if method.startswith("modelopt"):
+        return modelopt_spec(q, what)
     if method in ("gptq", "awq"):
         bits_key = "bits" if "bits" in q or "w_bit" not in q else "w_bit"
         group_key = "group_size" if "group_size" in q or "q_group_size" not in q else "q_group_size"
