@@ -4,7 +4,10 @@ checkpointing default, and NeMo's LoRA activations."""
 
 from __future__ import annotations
 
+import json
 import os
+
+import pytest
 
 from tests.inprocess import run_memest
 
@@ -41,3 +44,51 @@ def test_float8_all_gather_without_sharding_is_still_refused() -> None:
                      "--float8-all-gather", env=WIDE)
     assert out.returncode == 2
     assert "all-gathers FSDP2's sharded weights" in out.stderr
+
+
+# ---- 4. what a device cannot run is refused, with the source (memest/workload/config.py training_refusal) ----
+
+
+@pytest.mark.parametrize("gpu, arch", [("A100-80GB", "ampere"), ("V100-32GB", "volta")])
+def test_float8_training_needs_sm89(gpu: str, arch: str) -> None:
+    # torchtitan components/quantization/float8.py: "float8 is only supported on SM89 or later"; A100 is sm_80,
+    # V100 sm_70
+    out = run_memest("hf", LLAMA31, "--train", "--float8", "tensorwise", "--gpu", gpu, env=WIDE)
+    assert out.returncode == 2
+    line = out.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith(f"Error: --float8 tensorwise does not run on {gpu} (nvidia {arch})"), line
+    assert "8.9" in line and "hopper" in line
+
+
+def test_float8_training_runs_on_hopper_and_ada() -> None:
+    for gpu in ("H100", "L40S", "MI300X"):
+        out = run_memest("hf", LLAMA31, "--train", "--float8", "tensorwise", "--gpu", gpu, env=WIDE)
+        assert out.returncode == 0, (gpu, out.stderr)
+
+
+@pytest.mark.parametrize("args, field", [(("--stack", "unsloth", "--finetune", "qlora"), "--stack unsloth"),
+                                         (("--stack", "unsloth", "--finetune", "lora"), "--stack unsloth"),
+                                         (("--finetune", "qlora"), "--finetune qlora"),
+                                         (("--stack", "litgpt", "--finetune", "qlora"), "--finetune qlora")])
+def test_unsloth_and_bitsandbytes_refused_on_apple(args: tuple[str, ...], field: str) -> None:
+    # unsloth/device_type.py: cuda, hip or xpu, else NotImplementedError; bitsandbytes 0.42: CUDA only
+    out = run_memest("hf", LLAMA31, "--gpu", "M3-Max-64GB", *args, env=WIDE)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"Error: {field} does not run on M3-Max-64GB (apple)"), out.stderr
+
+
+def test_lora_and_torchao_nf4_still_run_on_apple() -> None:
+    # PEFT LoRA on MPS (a plain PyTorch process), torchtune's QLoRA base is torchao's NF4 (plain torch ops)
+    for args in (("--finetune", "lora"), ("--stack", "torchtune", "--finetune", "qlora")):
+        out = run_memest("hf", LLAMA31, "--gpu", "M3-Max-64GB", *args, env=WIDE)
+        assert out.returncode == 0, (args, out.stderr)
+
+
+def test_plan_skips_devices_that_cannot_run_float8() -> None:
+    out = run_memest("plan", LLAMA31, "--train", "--gpus-available", "8xA100-80GB,8xH100", "--float8", "tensorwise",
+                     "--json", env=WIDE)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["does_not_run_on"] == ["A100-80GB"]
+    assert [f["device"] for f in d["fits"]] == ["H100-80GB"]

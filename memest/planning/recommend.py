@@ -38,8 +38,7 @@ from memest.workload import (
     ServingConfig,
     TrainingConfig,
     Workload,
-    runs_on,
-    software,
+    runs_on_device,
     workload_notes,
 )
 from memest.workload.settings import cli_flag
@@ -334,10 +333,10 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device | Fle
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
     """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (only
-    devices its engine or training framework runs on: :func:`memest.workload.runs_on`)."""
+    devices its engine or training framework runs on: :func:`memest.workload.runs_on_device`)."""
     out = []
     for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
-        if not runs_on(software(workload), device.vendor):
+        if not runs_on_device(workload, device.arch, device.vendor):
             continue
         est = estimate(spec, workload, device)
         if verdict(est, device, count, headroom).fits:

@@ -115,8 +115,7 @@ from memest.workload import (
     TrainingConfig,
     Workload,
     divisors,
-    runs_on,
-    software,
+    runs_on_device,
     tp_head_problem,
     validate,
 )
@@ -280,7 +279,7 @@ class Plan:
         fits: The cheapest fitting setups of each device type (``top`` of each), cheapest first.
         no_fit: Device types on which nothing fits within their count limit.
         not_run: Device types the job's engine or training framework does not run on
-            (:func:`memest.workload.runs_on`); not searched.
+            (:func:`memest.workload.runs_on_device`); not searched.
         evaluated: Estimates computed.
         setups: Setups decided at the counts visited: estimated, skipped by pruning, or ruled out
             because a cheaper one fitted.
@@ -697,7 +696,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
     no_fit: list[DeviceChoice] = []
     not_run: list[DeviceChoice] = []
     for choice in space.devices:
-        if not runs_on(software(workload), choice.device.vendor):
+        if not runs_on_device(workload, choice.device.arch, choice.device.vendor):
             not_run.append(choice)
             continue
         fits = search.best_for(choice, top)

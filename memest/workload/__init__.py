@@ -44,7 +44,9 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
     runs_on,
+    runs_on_device,
     software,
+    training_refusal,
 )
 from memest.workload.stacks import STACKS, StackDefaults, offloaded_checkpoints_on_device, resolve_framework
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
@@ -54,7 +56,7 @@ __all__ = [
     "AttnImplementation", "DeepSpeedBuckets", "Engine", "Float8", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "LoraLibrary", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
     "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
-    "resolve_framework", "runs_on",
-    "software", "tp_head_problem", "validate",
+    "resolve_framework", "runs_on", "runs_on_device",
+    "software", "training_refusal", "tp_head_problem", "validate",
     "workload_notes",
 ]

@@ -366,6 +366,50 @@ def runs_on(engine: str, vendor: str) -> bool:
     return vendors is None or vendor in vendors or vendor == "custom"
 
 
+FLOAT8_TRAINING_ARCHS: frozenset[str] = frozenset({"ada", "hopper", "blackwell", "cdna3", "cdna4"})
+"""Device architectures (:attr:`memest.devices.Device.arch`) torchao float8 training runs on: CUDA compute
+capability 8.9 and later (Ada, Hopper, Blackwell) or AMD MI300 and later. torchao 0.18.0 runs the float8
+matmuls with ``torch._scaled_mm`` (``float8/float8_ops.py``), which needs sm_89+ or MI300+, and its checks read
+``is_sm_at_least_89() or is_MI300()`` (``torchao/utils.py``); torchtitan's ``Float8LinearConverter``
+(``components/quantization/float8.py``) raises "float8 is only supported on SM89 or later" without
+``has_cuda_capability(8, 9)`` (the emulated float8 it allows for tests is not modelled)."""
+
+UNSLOTH_VENDORS: frozenset[str] = frozenset({"nvidia", "amd", "intel"})
+UNSLOTH_NOT_ARCHS: frozenset[str] = frozenset({"gaudi"})
+"""unsloth's devices: ``unsloth/device_type.py`` ``get_device_type`` returns ``cuda`` (NVIDIA), ``hip`` (AMD ROCm)
+or ``xpu`` (Intel GPUs) and else raises ``NotImplementedError("Unsloth currently only works on NVIDIA, AMD and
+Intel GPUs.")``: no Apple MPS, TPU, Neuron, nor Intel Gaudi (HPU, not XPU)."""
+
+BITSANDBYTES_NOT_VENDORS: frozenset[str] = frozenset({"apple", "google", "aws"})
+"""Vendors bitsandbytes' NF4 (the 4-bit base of every QLoRA but torchtune's, which is torchao's NF4) does not run
+on: bitsandbytes 0.42 (the version memest models, :mod:`memest.estimate.training.qlora_base`) is CUDA only; its
+multi-backend docs (huggingface.co/docs/bitsandbytes ``non_cuda_backends``, stable v0.48.1) list ROCm, Intel
+CPU and XPU, and say "Apple Silicon support is planned"; no TPU or Neuron backend."""
+
+
+def training_refusal(t: TrainingConfig, arch: str, vendor: str) -> tuple[str, str] | None:
+    """Why a training job cannot run on a device of ``arch`` / ``vendor`` beyond its framework
+    (:func:`runs_on`): (the setting at fault, the reason in words), or None when it runs. A custom size runs
+    anywhere.
+
+    - float8 training (:attr:`TrainingConfig.float8`, full training) needs :data:`FLOAT8_TRAINING_ARCHS`;
+    - the unsloth stack needs :data:`UNSLOTH_VENDORS` (not :data:`UNSLOTH_NOT_ARCHS`);
+    - QLoRA with a bitsandbytes NF4 base (every :class:`LoraLibrary` but torchtune's) not on
+      :data:`BITSANDBYTES_NOT_VENDORS`.
+    """
+    if vendor == "custom":
+        return None
+    if t.method is Method.FULL and Float8(t.float8) is not Float8.NONE and arch not in FLOAT8_TRAINING_ARCHS:
+        return ("float8", "torchao float8 training needs CUDA compute capability 8.9+ (ada, hopper, blackwell) or "
+                          "AMD MI300+ (cdna3, cdna4): torch._scaled_mm")
+    if t.stack is Stack.UNSLOTH and (vendor not in UNSLOTH_VENDORS or arch in UNSLOTH_NOT_ARCHS):
+        return ("stack", "unsloth runs on NVIDIA (CUDA), AMD (ROCm) and Intel XPU GPUs only (unsloth/device_type.py)")
+    if t.method is Method.QLORA and t.lora_library is not LoraLibrary.TORCHTUNE and vendor in BITSANDBYTES_NOT_VENDORS:
+        return ("finetune", "QLoRA's bitsandbytes NF4 base has no backend there (bitsandbytes 0.42 is CUDA only; "
+                            "its multi-backend release runs ROCm and Intel, Apple Silicon is planned)")
+    return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Parallelism:
     """How the job is spread over devices. World size = tp x pp x cp x dp.
@@ -929,3 +973,11 @@ def software(w: Workload) -> str:
     """What runs the job, as :data:`ENGINE_VENDORS` names it: the serving engine, or the training
     framework (``auto`` resolved: :func:`resolve_framework`)."""
     return w.engine.value if isinstance(w, ServingConfig) else resolve_framework(w).value
+
+
+def runs_on_device(w: Workload, arch: str, vendor: str) -> bool:
+    """Whether ``w`` runs on a device of ``arch`` / ``vendor``: its engine or framework does (:func:`runs_on`)
+    and, for training, nothing else it asks for is refused there (:func:`training_refusal`)."""
+    if not runs_on(software(w), vendor):
+        return False
+    return isinstance(w, ServingConfig) or training_refusal(w, arch, vendor) is None
