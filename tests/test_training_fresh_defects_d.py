@@ -9,10 +9,46 @@ import os
 
 import pytest
 
+from memest.devices import get_device
+from memest.sources import load_model
+from memest.workload import Recompute, Stack
+from memest.workload.resolve import resolve
 from tests.inprocess import run_memest
 
 WIDE = {**os.environ, "COLUMNS": "400"}
 LLAMA31 = "meta-llama/Llama-3.1-8B"
+
+
+# ---- 1. trl checkpoints by default ----
+
+
+@pytest.fixture(scope="module")
+def llama2():
+    return load_model("meta-llama/Llama-2-7b-hf")
+
+
+def test_trl_stack_checkpoints_by_default(llama2) -> None:
+    # trl 0.22.0+ trl/trainer/sft_config.py: gradient_checkpointing: bool = field(default=True) (#3510, a222aeb4);
+    # transformers 4.57 TrainingArguments (the HF Trainer stack): False
+    a100 = get_device("A100-80GB")
+    for method in ({"train": True}, {"finetune": "lora"}, {"finetune": "qlora"}):
+        assert resolve({**method, "stack": "trl"}, llama2, a100).recompute is Recompute.FULL, method
+        assert resolve({**method, "stack": "hf-trainer"}, llama2, a100).recompute is Recompute.NONE, method
+    # what the user gives wins
+    assert resolve({"train": True, "stack": "trl", "recompute": "none"}, llama2, a100).recompute is Recompute.NONE
+
+
+@pytest.mark.parametrize("line, expected", [("gradient_checkpointing: false\n", Recompute.NONE),
+                                            ("gradient_checkpointing: true\n", Recompute.FULL),
+                                            ("", Recompute.FULL)])
+def test_trl_recipe_states_its_checkpointing(tmp_path, llama2, line: str, expected: Recompute) -> None:
+    # a trl recipe (TRL_KEYS: packing, max_length) that says gradient_checkpointing: false runs without it, against
+    # the trl stack's default; one that does not say gets the default (full)
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: meta-llama/Llama-2-7b-hf\npacking: true\nmax_length: 1024\n" + line)
+    t = resolve({"config": [str(recipe)]}, llama2, get_device("A100-80GB"))
+    assert t.stack is Stack.TRL
+    assert t.recompute is expected
 
 
 # ---- 2. a setting that needs sharding (FSDP2 float8 all-gather, offload) does not abort the estimate ----
