@@ -128,3 +128,42 @@ def test_plan_skips_devices_that_cannot_run_float8() -> None:
     d = json.loads(out.stdout)
     assert d["does_not_run_on"] == ["A100-80GB"]
     assert [f["device"] for f in d["fits"]] == ["H100-80GB"]
+
+
+# ---- 3. NeMo's LoRA keeps Megatron's activations plus its adapters' r-wide intermediates ----
+
+
+def _nemo_terms(tmp_path, name: str, factory: str, keys: str = "") -> tuple[dict, dict[str, int]]:
+    launch = tmp_path / f"{name}.sh"
+    launch.write_text(f"nemo llm finetune --factory \"{factory}\" {keys}\n")
+    out = run_memest("hf", "--config", str(launch), "--gpu", "H100", "--json", env=WIDE)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    return d["workload"], {t["name"]: t["bytes"] for t in d["terms"]}
+
+
+def test_nemo_lora_activations_are_megatrons_plus_the_adapters(tmp_path) -> None:
+    # llama3_70b finetune_recipe (NeMo 8cfedd72): lora -> peft.dim 16, tp 8; the full run pinned to the same layout
+    # (tp 8, pp 1, 2 nodes: dp 2); SquadDataModule seq_length 2048, micro_batch_size 1; no recompute, no SP
+    lora_w, lora = _nemo_terms(tmp_path, "lora", "llama3_70b(num_nodes=2, peft_scheme='lora')")
+    full_w, full = _nemo_terms(tmp_path, "full", "llama3_70b(num_nodes=2, peft_scheme='none')",
+                               "trainer.strategy.pipeline_model_parallel_size=1")
+    assert lora_w["lora_library"] == "megatron"
+    assert (lora_w["parallelism"]["tp"], full_w["parallelism"]["tp"]) == (8, 8)
+    # Llama-3-70B: 80 layers, hidden 8192, r 16, bf16, 2048 tokens a rank.
+    # Each layer adds 4 adapters (linear_qkv, linear_proj, linear_fc1, linear_fc2), each keeping linear_out's
+    # input, linear_in's r-wide output whole on every rank: 16 x 2 B x 2048 = 65,536 B (a multiple of 512: one
+    # CUDA block of that size). The linears' inputs are the tensors Megatron's full training keeps already.
+    adapters = 80 * 4 * 16 * 2 * 2048  # 20,971,520 B
+    # The first layer's input (the frozen embeddings' output) needs no gradient and its norm weight is frozen: its
+    # input norm keeps neither its input (2 B x 8192 x 2048 = 33,554,432 B) nor its rstd (4 B x 2048 = 8,192 B)
+    first_layer = 2 * 8192 * 2048 + 4 * 2048
+    assert lora["activations.layers"] == full["activations.layers"] + adapters - first_layer
+    # was PEFT's layer (fp32 copies of every adapted linear's input): 36.8 GiB against full training's 15.1 GiB
+
+
+def test_megatron_adapters_refused_where_they_do_not_run() -> None:
+    out = run_memest("hf", LLAMA31, "--gpu", "H100", "--finetune", "qlora", "--lora-library", "megatron", env=WIDE)
+    assert out.returncode == 2 and "has no 4-bit base" in out.stderr
+    out = run_memest("hf", LLAMA31, "--gpu", "H100", "--finetune", "lora", "--lora-library", "megatron", env=WIDE)
+    assert out.returncode == 2 and "inside Megatron-core layers" in out.stderr

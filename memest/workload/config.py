@@ -234,7 +234,8 @@ class LoraLibrary(str, Enum):
     ``lora_A`` / ``lora_B`` are bf16 under ``bf16-true``); torchtune 0.6 ``models/llama3_1/_component_builders.py``
     (``quantize_base=True``: every decoder linear a torchao ``NF4Tensor`` via ``FrozenNF4Linear`` /
     ``LoRALinear``, the output projection left 16-bit, "quantize_base is not applied to final
-    output_proj"; adapters at the recipe's ``dtype``).
+    output_proj"; adapters at the recipe's ``dtype``); NeMo 2 ``nemo/collections/llm/peft/lora.py`` (``LoRA``:
+    each Megatron-core linear wrapped in ``LoRALinear`` with a ``ParallelLinearAdapter``, no 4-bit base).
     """
 
     PEFT = "peft"
@@ -248,6 +249,12 @@ class LoraLibrary(str, Enum):
     quant, ``unsloth/models/llama.py`` ``bnb_4bit_use_double_quant=True``), each decoder layer run by unsloth's
     own autograd functions when ``lora_dropout`` is 0 (``patch_peft_model``: ``LoRA_QKV``, ``LoRA_W``,
     ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
+    MEGATRON = "megatron"
+    """NeMo 2 ``llm.peft.LoRA`` on Megatron-core layers (NeMo 8cfedd72, the commit
+    :mod:`memest.workload.files.nemo` reads): ``LoRALinear`` adds a ``ParallelLinearAdapter`` (``linear_in`` r-wide,
+    ``linear_out``; ``nemo/collections/llm/peft/utils.py``) beside each target linear, cast to the model's bf16
+    (``self.bfloat16()`` under a bf16 config); the layer keeps Megatron's tensors, the adapters add their r-wide
+    intermediates (:func:`memest.estimate.activations._megatron_adapters`). No 4-bit base."""
 
 
 class Float8(str, Enum):
@@ -658,7 +665,8 @@ class TrainingConfig:
         help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
              "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
              "linear, lm_head too, no double quant), torchtune (adapters at the run's dtype; torchao NF4) or unsloth "
-             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0).")
+             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0), megatron (NeMo's "
+             "adapters on Megatron-core layers, at the run's dtype; no 4-bit base).")
 
     @property
     def mode(self) -> str:

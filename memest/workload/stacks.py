@@ -51,7 +51,8 @@ Sources (each row cites the file that sets its defaults):
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
   and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
-  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); every
+  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); NeMo 2 its own
+  adapters on Megatron-core layers (``nemo/collections/llm/peft/lora.py``, :attr:`LoraLibrary.MEGATRON`); every
   other stack runs PEFT. ``--quantize bnb.*`` refuses a
   mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
   ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
@@ -255,7 +256,7 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
                               optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
-                              model_parallel=True, methods=_NO_4BIT),
+                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON),
     Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
                               precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
                               optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,
