@@ -207,8 +207,8 @@ def _validate_float8(t: TrainingConfig) -> None:
 def _validate_megatron_adapters(t: TrainingConfig) -> None:
     """NeMo's adapters (:attr:`LoraLibrary.MEGATRON`) wrap Megatron-core linears over a 16-bit base: no 4-bit
     base (NeMo 2 has no QLoRA, :mod:`memest.workload.stacks`) and no other framework's layers."""
-    if t.lora_library is not LoraLibrary.MEGATRON:
-        return
+    if t.lora_library is not LoraLibrary.MEGATRON or (t.stack is not None and not supports(t.stack, t.method)):
+        return  # a stack that does not run the method is refused naming the stacks that do
     if t.method is Method.QLORA:
         raise InputError("{lora_library} megatron (NeMo's adapters) has no 4-bit base; use {finetune} lora, or "
                          "another {lora_library} for QLoRA", field="lora_library")
