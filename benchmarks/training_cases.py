@@ -45,9 +45,11 @@ WORST_CASES = """
   (zero_stage 0: +123% on the 70B FSDP 32 x TP 8 row, +61% on the 405B 3D row), while torchtitan shards them
   (``data_parallel_shard_degree = -1``, ``parallelize_llama.apply_fsdp``). The torchtitan stack now shards
   beside TP / PP (``tests/test_stacks.py``); both rows map through the stack as by hand.
-- **Settings the source does not state.** unsloth's HF + FA2 baseline columns publish no script: through trl's
-  defaults (no gradient checkpointing) memest predicts 4-5x the card, so the hand mapping's assumption
-  (checkpointing, adamw_8bit) is what makes the row a check at all; it stays "settings unknown".
+- **Settings the source does not state.** unsloth's HF + FA2 baseline columns publish no script. The trl stack
+  checkpoints by default (``SFTConfig.gradient_checkpointing=True`` since trl 0.22, #3510; memest models trl
+  0.25): through it the rows are -12.8% and -2.6% (they were +332% and +414% when the stack was modelled with
+  the HF Trainer's ``gradient_checkpointing=False``, 4-5x the card). The hand mapping's adamw_8bit stays an
+  assumption (unsloth's examples); the rows stay "settings unknown".
 - **A case's settings against its recipe at the commit.** ``torchtune_llama31_8b_lora_4090``'s settings
   (LoRA on q, v, output_proj and the MLP) are the recipe of e137afeba (2024-11); at the README's commit
   (30b8519e8) ``8B_lora_single_device.yaml`` adapts q_proj and v_proj only. Through the recipe's targets the row

@@ -87,6 +87,8 @@ class LoraActivations:
         rank: r.
         adapter_bytes: Bytes per element of the adapters' inputs (PEFT casts to fp32: 4).
         dropout: ``lora_dropout`` (0 keeps no mask).
+        megatron: NeMo's ``ParallelLinearAdapter`` on Megatron-core linears (:func:`_megatron_adapters`), not
+            PEFT's ``lora_A`` / ``lora_B``.
     """
 
     targets: tuple[str, ...]
@@ -94,6 +96,7 @@ class LoraActivations:
     rank: int
     adapter_bytes: int = 4
     dropout: float = 0.0
+    megatron: bool = False
 
     def adapts(self, tensor: TensorSpec) -> bool:
         """True when this linear weight carries an adapter."""
@@ -305,7 +308,8 @@ def _norm(kind: str, width: int, x: Execution, *, weight_trains: bool, rows: int
 
 
 def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, trains: bool = True,
-          inside: bool = False, itemsize: int | None = None, needs_grad: bool = True) -> list[Saved]:
+          inside: bool = False, itemsize: int | None = None, needs_grad: bool = True,
+          held: bool = False) -> list[Saved]:
     """What the linears ``readers`` keep of a ``width``-wide input (the module docstring's rule).
 
     Args:
@@ -317,6 +321,7 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
         inside: The input is inside a tensor-parallel region.
         itemsize: Bytes of its elements; None = r (a norm's output, the residual stream).
         needs_grad: False when the input needs no gradient (a block before any adapter).
+        held: The input is kept already by the op that made it (the attention kernel's output).
     """
     if not readers:
         return []
@@ -333,6 +338,8 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
         if cast:
             return [Saved(f"{what} ({t.module} autocast copy)", x.compute_bytes * width, inside) for t in readers]
         return [Saved(what, size * width, inside)]
+    if lora.megatron:
+        return _megatron_adapters(what, width, readers, x, inside, size, held)
     out: list[Saved] = []
     joined: list[TensorSpec] = []  # adapted readers whose input copy another reader's adapter already made
     if x.litgpt_attention:  # one LoRAQKVLinear for q, k, v: one dropout, one copy of its input
@@ -367,6 +374,46 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     return out
 
 
+def _megatron_adapters(what: str, width: int, readers: list[TensorSpec], x: Execution, inside: bool,
+                       size: int, held: bool) -> list[Saved]:
+    """What NeMo's LoRA keeps of a ``width``-wide input read by ``readers`` (NeMo 8cfedd72
+    ``nemo/collections/llm/peft/lora.py`` ``LoRALinear.forward``: ``adapter(layernorm_output)`` beside the frozen
+    base linear; ``peft/utils.py`` ``ParallelLinearAdapter.forward``: ``dropout`` (position ``pre``), ``linear_in``,
+    identity activation, ``linear_out``, scale).
+
+    One adapter per Megatron linear: the readers of one input in one block are one fused linear (``linear_qkv``
+    for q, k, v; ``linear_fc1`` for gate and up), the others ``linear_proj`` and ``linear_fc2`` (``LoRA``'s
+    default ``target_modules``).
+
+    - The input, once: the tensor Megatron's linear reads (``layernorm_output`` of the fused
+      ``TELayerNormColumnParallelLinear``, or the row-parallel linear's split input), which the adapter's
+      ``linear_in`` keeps for its weight gradient, as a trained linear keeps it (the frozen base needs none);
+      nothing more when the op that made it keeps it already (``held``: the attention kernel's output).
+      With ``dropout`` > 0 each adapter keeps its dropout's output and mask.
+    - Per adapter, ``linear_out``'s input: ``linear_in``'s r-wide output, whole on every rank (a column-parallel
+      ``linear_in`` has ``gather_output=True``; a row-parallel one all-reduces), at the compute dtype (the adapters
+      are cast to the model's bf16).
+
+    Sequence parallelism (``gather_from_sequence_parallel_region`` before a column-parallel ``linear_in``) is not
+    modelled apart: the gathered input is counted split like the rest.
+    """
+    lora = x.lora
+    assert lora is not None
+    linears = sorted({t.component.value for t in readers if lora.adapts(t)})  # one Megatron linear per block
+    if not linears:
+        return []
+    c = x.compute_bytes
+    out: list[Saved] = []
+    if lora.dropout > 0:
+        for name in linears:
+            out += [Saved(f"{what} ({name} adapter dropout output)", c * width, inside),
+                    Saved(f"{what} ({name} adapter dropout mask)", x.mask_bytes * width, inside)]
+    elif not held:
+        out.append(Saved(what, size * width, inside))
+    out += [Saved(f"{what} ({name} adapter linear_in output)", c * lora.rank, False) for name in linears]
+    return out
+
+
 def _linears(layer: LayerSpec, component: Component, prefix: str = "") -> tuple[list[TensorSpec], list[TensorSpec]]:
     """(input projections, output projections) of one block: column/KV-split vs row-split linears
     (2-D weights and 3-D expert stacks)."""
@@ -395,6 +442,7 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
     if not active:
         return (_read(input_what, input_width, input_readers, x, needs_grad=False)
                 + _read("attention output", attn.num_heads * attn.v_head_dim, attn_out, x, trains=False, inside=True,
+                        held=True,
                         itemsize=c, needs_grad=False))
     if attn.kind == "mla":
         # the compressing projections read the block's input; q_b / kv_b read their latents' norms
@@ -444,7 +492,7 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
         if attn.rope == "concat" and flash:
             out += _read("attention output (contiguous copy)", a * dv, out_readers, x, inside=True, itemsize=c)
         else:  # the output projection reads the kernel's output as a view (kept above) or adapts it
-            out += _read("attention output", a * dv, out_readers, x, trains=False, inside=True, itemsize=c)
+            out += _read("attention output", a * dv, out_readers, x, trains=False, inside=True, itemsize=c, held=True)
             if x.float8_compiled and out_readers:  # beside the kernel's output its backward reads
                 out.append(Saved("attention output (float8 cast)", a * dv, True))
     return out
@@ -500,7 +548,7 @@ def _mla(layer: LayerSpec, x: Execution, by_name: dict[str, TensorSpec], attn_ou
     out += [Saved("kv_b output (alive through the V view)", a * (nope + dv) * c),
             Saved("q (cat of q_nope, q_pe)", a * d * c), Saved("k (k_nope, k_pe)", a * d * c),
             Saved("attention output", a * dv * c), Saved("logsumexp (fp32)", LSE_BYTES * a)]
-    out += _read("attention output", a * dv, attn_out, x, trains=False, inside=True, itemsize=c)
+    out += _read("attention output", a * dv, attn_out, x, trains=False, inside=True, itemsize=c, held=True)
     return out
 
 

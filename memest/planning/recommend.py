@@ -333,7 +333,7 @@ def _lower_utilization(spec: ModelSpec, workload: Workload, device: Device | Fle
 
 def fitting_devices(spec: ModelSpec, workload: Workload, count: int, headroom: float) -> list[Device]:
     """Catalog devices on which ``workload`` fits with ``count`` devices, smallest memory first (only
-    devices its engine or training framework runs on: :func:`memest.workload.runs_on`)."""
+    devices its engine or training framework runs on: :func:`memest.workload.refusal`)."""
     out = []
     for device in sorted(DEVICES, key=lambda d: d.memory_bytes):
         if refusal(workload, device) is not None:

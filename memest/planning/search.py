@@ -280,7 +280,7 @@ class Plan:
         fits: The cheapest fitting setups of each device type (``top`` of each), cheapest first.
         no_fit: Device types on which nothing fits within their count limit.
         not_run: Device types the job's engine or training framework does not run on
-            (:func:`memest.workload.runs_on`); not searched.
+            (:func:`memest.workload.refusal`); not searched.
         evaluated: Estimates computed.
         setups: Setups decided at the counts visited: estimated, skipped by pruning, or ruled out
             because a cheaper one fitted.
@@ -699,8 +699,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
                          field="global_batch_size")
     if space.host_memory_bytes is not None and space.host_memory_bytes < 0:
         raise InputError(f"host_memory_bytes is {space.host_memory_bytes}; it must not be negative")
-    plain = Parallelism(cp=workload.parallelism.cp) if isinstance(workload, TrainingConfig) else Parallelism()
-    validate(spec, workload.replace(parallelism=plain))
+    _valid_at_some_layout(spec, workload)
     search = _Search(spec, workload, space, headroom, prune)
     found: list[Fit] = []
     no_fit: list[DeviceChoice] = []
@@ -719,6 +718,31 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
                  for f in found]
     return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups,
                 tuple(not_run))
+
+
+def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
+    """Refuse a workload that no layout the search tries can make valid (a non-positive seq_len, ...); a setting
+    that needs a sharded layout (``offload``, ``float8_all_gather``: ZeRO / FSDP) is checked at one that shards.
+
+    The search's own layouts are each validated and skipped when invalid; this check runs once, on one device
+    with the job's ``cp``: at the job's ZeRO stage, else at stage 3 (FSDP FULL_SHARD, the stage every sharding
+    rule accepts; :func:`memest.workload.validate`).
+
+    Raises:
+        InputError: the workload is invalid at both (the error at the job's own stage).
+    """
+    if not isinstance(workload, TrainingConfig):
+        validate(spec, workload.replace(parallelism=Parallelism()))
+        return
+    first: InputError | None = None
+    for zero_stage in dict.fromkeys((workload.parallelism.zero_stage, 3)):
+        try:
+            validate(spec, workload.replace(parallelism=Parallelism(cp=workload.parallelism.cp, zero_stage=zero_stage)))
+            return
+        except InputError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
 
 def widenings(p: Plan) -> Plan:

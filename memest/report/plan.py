@@ -23,7 +23,9 @@ from memest.workload import (
     Workload,
     capability_refusal,
     resolve_framework,
+    runs_on,
     software,
+    training_refusal,
 )
 
 
@@ -236,6 +238,22 @@ def nothing_fits(p: Plan) -> str:
     return f"{head}; {rest}."
 
 
+def _framework_not_run(w: Workload) -> str:
+    return f"{software(w)} does not run on"
+
+
+def _not_run(p: Plan) -> dict[str, list[str]]:
+    """The device types not searched, grouped by why: the job's engine or framework does not run there, or
+    something else the training job asks for does not (:func:`memest.workload.training_refusal`)."""
+    out: dict[str, list[str]] = {}
+    w = p.workload
+    for c in p.not_run:
+        refused = (training_refusal(w, c.device.arch, c.device.vendor)
+                   if isinstance(w, TrainingConfig) and runs_on(software(w), c.device.vendor) else None)
+        out.setdefault(refused[1] if refused else _framework_not_run(w), []).append(_not_run_name(w, c.device))
+    return out
+
+
 def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapping[str, str] | None = None) -> Any:
     """A rich renderable of a plan: the fitting setups, cheapest first, and the ``memest hf``
     command of the cheapest (with the user's own flags ``given``, and ``model`` as they named it)."""
@@ -250,8 +268,10 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     ]
     if not p.fits and p.not_run and not p.no_fit:
         runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
-        parts.append(Text(f"Nothing to search: {software(p.workload)} runs on none of the devices given; pass "
-                          f"another --{runner} or other --gpus-available.", style="bold red"))
+        whys = list(_not_run(p))
+        what = (f"{software(p.workload)} runs on none of the devices given; pass another --{runner}"
+                if whys == [_framework_not_run(p.workload)] else "the job runs on none of the devices given; change it")
+        parts.append(Text(f"Nothing to search: {what} or other --gpus-available.", style="bold red"))
     elif not p.fits:
         parts.append(Text(nothing_fits(p), style="bold red"))
     else:
@@ -267,10 +287,8 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
     if p.no_fit:
         names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
-    if p.not_run:
-        parts.append(Text(f"{software(p.workload)} does not run on: "
-                          f"{', '.join(_not_run_name(p.workload, c.device) for c in p.not_run)} (not searched)",
-                          style="dim"))
+    for why, names in _not_run(p).items():
+        parts.append(Text(f"{why}: {', '.join(names)} (not searched)", style="dim"))
     parts.append(Text(CONFIRM, style="dim"))
     return Group(*parts)
 

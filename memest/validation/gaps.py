@@ -121,10 +121,5 @@ STACK_GAPS: dict[str, str] = {
     "(the bf16 states' size, 7.2e9 x 2 B = 13.5 GiB) sets the peak: the hand mapping's adamw",
     "fms_mistral7b_full_1gpu_bs4@nvidia": "as the allocated figure: the stack's fused AdamW has no step temporary; the "
     "run's transformers 4.48 ran foreach adamw_torch",
-    "unsloth_llama31_8b_qlora_max_context": "the HF + FA2 baseline's script is not published (settings unknown): trl's "
-    "defaults have no gradient checkpointing, which at 28,454 tokens needs 4x the card, so the run cannot have used "
-    "them; the hand mapping assumes checkpointing and adamw_8bit (unsloth's examples)",
-    "unsloth_llama33_70b_qlora_max_context": "as the 8B baseline: settings unknown; without the gradient checkpointing "
-    "the hand mapping assumes, trl's defaults need 5x the card at 6,916 tokens",
 }
 """Case id -> why its stack mapping's verdict differs from its hand mapping's."""

@@ -47,6 +47,7 @@ from memest.workload.config import (
     refusal,
     runs_on,
     software,
+    training_refusal,
 )
 from memest.workload.stacks import STACKS, StackDefaults, offloaded_checkpoints_on_device, resolve_framework
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
@@ -57,6 +58,6 @@ __all__ = [
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
     "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
     "capability_refusal", "refusal", "resolve_framework", "runs_on",
-    "software", "tp_head_problem", "validate",
+    "software", "training_refusal", "tp_head_problem", "validate",
     "workload_notes",
 ]

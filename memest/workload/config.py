@@ -234,7 +234,8 @@ class LoraLibrary(str, Enum):
     ``lora_A`` / ``lora_B`` are bf16 under ``bf16-true``); torchtune 0.6 ``models/llama3_1/_component_builders.py``
     (``quantize_base=True``: every decoder linear a torchao ``NF4Tensor`` via ``FrozenNF4Linear`` /
     ``LoRALinear``, the output projection left 16-bit, "quantize_base is not applied to final
-    output_proj"; adapters at the recipe's ``dtype``).
+    output_proj"; adapters at the recipe's ``dtype``); NeMo 2 ``nemo/collections/llm/peft/lora.py`` (``LoRA``:
+    each Megatron-core linear wrapped in ``LoRALinear`` with a ``ParallelLinearAdapter``, no 4-bit base).
     """
 
     PEFT = "peft"
@@ -248,6 +249,12 @@ class LoraLibrary(str, Enum):
     quant, ``unsloth/models/llama.py`` ``bnb_4bit_use_double_quant=True``), each decoder layer run by unsloth's
     own autograd functions when ``lora_dropout`` is 0 (``patch_peft_model``: ``LoRA_QKV``, ``LoRA_W``,
     ``LoRA_MLP``, ``Fast_RMS_Layernorm``; :func:`memest.estimate.activations._unsloth_layer`)."""
+    MEGATRON = "megatron"
+    """NeMo 2 ``llm.peft.LoRA`` on Megatron-core layers (NeMo 8cfedd72, the commit
+    :mod:`memest.workload.files.nemo` reads): ``LoRALinear`` adds a ``ParallelLinearAdapter`` (``linear_in`` r-wide,
+    ``linear_out``; ``nemo/collections/llm/peft/utils.py``) beside each target linear, cast to the model's bf16
+    (``self.bfloat16()`` under a bf16 config); the layer keeps Megatron's tensors, the adapters add their r-wide
+    intermediates (:func:`memest.estimate.activations._megatron_adapters`). No 4-bit base."""
 
 
 class Float8(str, Enum):
@@ -364,6 +371,50 @@ def runs_on(engine: str, vendor: str) -> bool:
     """Whether the serving engine or training framework ``engine`` (its value) runs on a device of ``vendor``."""
     vendors = ENGINE_VENDORS.get(engine)
     return vendors is None or vendor in vendors or vendor == "custom"
+
+
+FLOAT8_TRAINING_ARCHS: frozenset[str] = frozenset({"ada", "hopper", "blackwell", "cdna3", "cdna4"})
+"""Device architectures (:attr:`memest.devices.Device.arch`) torchao float8 training runs on: CUDA compute
+capability 8.9 and later (Ada, Hopper, Blackwell) or AMD MI300 and later. torchao 0.18.0 runs the float8
+matmuls with ``torch._scaled_mm`` (``float8/float8_ops.py``), which needs sm_89+ or MI300+, and its checks read
+``is_sm_at_least_89() or is_MI300()`` (``torchao/utils.py``); torchtitan's ``Float8LinearConverter``
+(``components/quantization/float8.py``) raises "float8 is only supported on SM89 or later" without
+``has_cuda_capability(8, 9)`` (the emulated float8 it allows for tests is not modelled)."""
+
+UNSLOTH_VENDORS: frozenset[str] = frozenset({"nvidia", "amd", "intel"})
+UNSLOTH_NOT_ARCHS: frozenset[str] = frozenset({"gaudi"})
+"""unsloth's devices: ``unsloth/device_type.py`` ``get_device_type`` returns ``cuda`` (NVIDIA), ``hip`` (AMD ROCm)
+or ``xpu`` (Intel GPUs) and else raises ``NotImplementedError("Unsloth currently only works on NVIDIA, AMD and
+Intel GPUs.")``: no Apple MPS, TPU, Neuron, nor Intel Gaudi (HPU, not XPU)."""
+
+BITSANDBYTES_NOT_VENDORS: frozenset[str] = frozenset({"apple", "google", "aws"})
+"""Vendors bitsandbytes' NF4 (the 4-bit base of every QLoRA but torchtune's, which is torchao's NF4) does not run
+on: bitsandbytes 0.42 (the version memest models, :mod:`memest.estimate.training.qlora_base`) is CUDA only; its
+multi-backend docs (huggingface.co/docs/bitsandbytes ``non_cuda_backends``, stable v0.48.1) list ROCm, Intel
+CPU and XPU, and say "Apple Silicon support is planned"; no TPU or Neuron backend."""
+
+
+def training_refusal(t: TrainingConfig, arch: str, vendor: str) -> tuple[str, str] | None:
+    """Why a training job cannot run on a device of ``arch`` / ``vendor`` beyond its framework
+    (:func:`runs_on`): (the setting at fault, the reason in words), or None when it runs. A custom size runs
+    anywhere.
+
+    - float8 training (:attr:`TrainingConfig.float8`, full training) needs :data:`FLOAT8_TRAINING_ARCHS`;
+    - the unsloth stack needs :data:`UNSLOTH_VENDORS` (not :data:`UNSLOTH_NOT_ARCHS`);
+    - QLoRA with a bitsandbytes NF4 base (every :class:`LoraLibrary` but torchtune's) not on
+      :data:`BITSANDBYTES_NOT_VENDORS`.
+    """
+    if vendor == "custom":
+        return None
+    if t.method is Method.FULL and Float8(t.float8) is not Float8.NONE and arch not in FLOAT8_TRAINING_ARCHS:
+        return ("float8", "torchao float8 training needs CUDA compute capability 8.9+ (ada, hopper, blackwell) or "
+                          "AMD MI300+ (cdna3, cdna4): torch._scaled_mm")
+    if t.stack is Stack.UNSLOTH and (vendor not in UNSLOTH_VENDORS or arch in UNSLOTH_NOT_ARCHS):
+        return ("stack", "unsloth runs on NVIDIA (CUDA), AMD (ROCm) and Intel XPU GPUs only (unsloth/device_type.py)")
+    if t.method is Method.QLORA and t.lora_library is not LoraLibrary.TORCHTUNE and vendor in BITSANDBYTES_NOT_VENDORS:
+        return ("finetune", "QLoRA's bitsandbytes NF4 base has no backend there (bitsandbytes 0.42 is CUDA only; "
+                            "its multi-backend release runs ROCm and Intel, Apple Silicon is planned)")
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -614,7 +665,8 @@ class TrainingConfig:
         help="Who builds the adapters and the QLoRA base (default: the {stack}'s): peft (fp32 adapters; NF4 with "
              "double quant, lm_head 16-bit), litgpt (adapters at the run's dtype; quantize bnb.nf4 on every "
              "linear, lm_head too, no double quant), torchtune (adapters at the run's dtype; torchao NF4) or unsloth "
-             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0).")
+             "(as peft, the layers run by unsloth's fused LoRA kernels when the LoRA dropout is 0), megatron (NeMo's "
+             "adapters on Megatron-core layers, at the run's dtype; no 4-bit base).")
 
     @property
     def mode(self) -> str:
@@ -955,12 +1007,16 @@ that run it, the engine source that refuses it)."""
 
 def refusal(w: Workload, device: Device) -> str | None:
     """Why ``w``'s engine or training framework will not start on ``device``, or None when it does: the
-    vendor (:func:`runs_on`), then a setting the device's compute capability is below
+    vendor (:func:`runs_on`), then for training what else it asks for that the device does not run
+    (:func:`training_refusal`), for serving a setting the device's compute capability is below
     (:func:`capability_refusal`). The one rule the CLI refuses with and the planner skips by. The text
     names fields, not flags."""
     engine = software(w)
     if not runs_on(engine, device.vendor):
         return f"{engine} does not run on {device.name} ({device.vendor})"
+    if isinstance(w, TrainingConfig):
+        refused = training_refusal(w, device.arch, device.vendor)
+        return refused[1] if refused else None
     found = capability_refusal(w, device)
     return found[1] if found else None
 

@@ -26,6 +26,7 @@ from memest.workload.config import (
     ENGINE_VENDORS,
     DeepSpeedBuckets,
     Engine,
+    Float8,
     Framework,
     FsdpStrategy,
     KbitPrep,
@@ -40,6 +41,7 @@ from memest.workload.config import (
     capability_refusal,
     resolve_framework,
     runs_on,
+    training_refusal,
 )
 from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
 from memest.workload.validate import divisors, named_by_file, tp_head_problem
@@ -601,15 +603,28 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
     return t
 
 
+def _value_words(t: TrainingConfig, field: str) -> str:
+    """The value of the setting ``field`` a refusal names (``tensorwise``, ``unsloth``, ``qlora``)."""
+    return {"float8": Float8(t.float8).value, "stack": t.stack.value if t.stack else "", "finetune": t.method.value}[field]
+
+
 def check_framework_runs(t: TrainingConfig, device: Device) -> None:
     """Refuse a training job whose framework (``auto`` resolved) does not run on ``device``'s vendor
-    (:func:`memest.workload.runs_on`).
+    (:func:`memest.workload.runs_on`), or that asks for what the device cannot run
+    (:func:`memest.workload.config.training_refusal`: float8 below sm_89, unsloth off CUDA / ROCm / XPU,
+    bitsandbytes NF4 on Apple).
 
     Raises:
         InputError: naming the framework, the device and the frameworks that do run there.
     """
     framework = resolve_framework(t)
     if runs_on(framework.value, device.vendor):
+        refused = training_refusal(t, device.arch, device.vendor)
+        if refused is not None:
+            field, why = refused
+            kind = device.vendor if device.arch == device.vendor else f"{device.vendor} {device.arch}"
+            raise InputError(f"{{{field}}} {_value_words(t, field)} does not run on {device.name} ({kind}): {why}; "
+                             "use another {gpu} or drop it", field=field)
         return
     chosen = (f"{{framework}} {framework.value}" if t.framework is not Framework.AUTO else
               f"{framework.value} ({{framework}} auto picks it for {{precision}} {t.precision.value} at this layout)")

@@ -15,10 +15,17 @@ Sources (each row cites the file that sets its defaults):
   ``"adamw_torch_fused"`` when ``is_torch_greater_or_equal_than_2_8``; ``gradient_checkpointing`` False;
   ``bf16=True`` runs ``accelerator.autocast()`` over fp32 parameters (the model is loaded in fp32 unless
   ``torch_dtype`` says otherwise). ``modeling_utils`` picks ``sdpa`` when torch has it.
-- trl 0.2x ``trl/trainer/sft_config.py`` (``SFTConfig`` subclasses ``TrainingArguments``: its ``optim``
+- trl 0.25 ``trl/trainer/sft_config.py`` (``SFTConfig`` subclasses ``TrainingArguments``: its ``optim``
   and bf16 path) and ``trl/trainer/sft_trainer.py`` (4-bit model: ``prepare_model_for_kbit_training``,
   ``peft_module_casting_to_bf16``, :attr:`KbitPrep.TRL`); ``SFTConfig.activation_offloading`` (False) runs
   ``trl/models/activation_offloading.py``, torchtune's ``OffloadActivations`` ported (``max_fwd_stash_size`` 5).
+  ``SFTConfig.gradient_checkpointing`` defaults to True (since trl 0.22.0, commit a222aeb4 "New defaults:
+  ``gradient_checkpointing=True``", #3510, 2025-08-08, in ``DPOConfig``, ``GRPOConfig`` and the other trainer
+  configs too): full recompute; trl 0.25 passes no ``gradient_checkpointing_kwargs``, so transformers 4.57's
+  ``gradient_checkpointing_enable`` runs ``use_reentrant=True`` (trl 0.27 sets ``use_reentrant=False`` under
+  transformers < 5), each layer rebuilt in its backward either way. ``loss_type`` defaults to ``"nll"``, the
+  model's own cross-entropy over the whole logits (``"chunked_nll"``, the lm_head a chunk at a time, is the
+  default only from trl 1.5).
 - accelerate ``accelerate config`` FSDP: ``fsdp_sharding_strategy`` FULL_SHARD, ``mixed_precision bf16``
   as FSDP ``MixedPrecision(param_dtype=bf16)`` over fp32 sharded parameters.
 - torchtune 0.6 ``recipes/configs/llama3_1/8B_full.yaml`` / ``8B_full_single_device.yaml``: ``dtype: bf16``
@@ -44,7 +51,8 @@ Sources (each row cites the file that sets its defaults):
   = ``"bf16-mixed"`` (fp32 parameters, autocast), ``torch.optim.AdamW``; several devices: Fabric
   ``FSDPStrategy`` (FULL_SHARD). Its LoRA / QLoRA (``litgpt/finetune/lora.py``) builds the adapters
   and quantizes the base its own way (:attr:`LoraLibrary.LITGPT`); torchtune likewise
-  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); every
+  (:attr:`LoraLibrary.TORCHTUNE`); unsloth runs PEFT with its own kernels (:attr:`LoraLibrary.UNSLOTH`); NeMo 2 its own
+  adapters on Megatron-core layers (``nemo/collections/llm/peft/lora.py``, :attr:`LoraLibrary.MEGATRON`); every
   other stack runs PEFT. ``--quantize bnb.*`` refuses a
   mixed precision ("Quantization and mixed precision is not supported"): its QLoRA runs
   ``bf16-true``, as every ``config_hub/finetune/*/qlora.yaml`` sets.
@@ -196,8 +204,8 @@ _NO_4BIT = frozenset({Method.FULL, Method.LORA})
 
 STACKS: dict[Stack, StackDefaults] = {
     Stack.HF_TRAINER: StackDefaults(label="HF Trainer 4.57", **_TRAINER),
-    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.2x", kbit=KbitPrep.TRL, activation_offloading=False,
-                             offload_in_flight=TORCHTUNE_FWD_STASH, **_TRAINER),
+    Stack.TRL: StackDefaults(label="trl SFTTrainer 0.25", kbit=KbitPrep.TRL, activation_offloading=False,
+                             offload_in_flight=TORCHTUNE_FWD_STASH, recompute=Recompute.FULL, **_TRAINER),
     Stack.ACCELERATE: StackDefaults(label="accelerate FSDP", bf16="mixed_precision: bf16", precision=Precision.FSDP2,
                                     recipe="fp32 sharded params, bf16 compute copies", optimizer=Optimizer.ADAMW,
                                     optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3)),
@@ -248,7 +256,7 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
                               optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
-                              model_parallel=True, methods=_NO_4BIT),
+                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON),
     Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
                               precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
                               optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,

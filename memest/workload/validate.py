@@ -21,6 +21,7 @@ from memest.workload.config import (
     Engine,
     Float8,
     Framework,
+    LoraLibrary,
     Loss,
     Method,
     Offload,
@@ -203,6 +204,20 @@ def _validate_float8(t: TrainingConfig) -> None:
                          "or drop it", field="float8_all_gather")
 
 
+def _validate_megatron_adapters(t: TrainingConfig) -> None:
+    """NeMo's adapters (:attr:`LoraLibrary.MEGATRON`) wrap Megatron-core linears over a 16-bit base: no 4-bit
+    base (NeMo 2 has no QLoRA, :mod:`memest.workload.stacks`) and no other framework's layers."""
+    if t.lora_library is not LoraLibrary.MEGATRON or (t.stack is not None and not supports(t.stack, t.method)):
+        return  # a stack that does not run the method is refused naming the stacks that do
+    if t.method is Method.QLORA:
+        raise InputError("{lora_library} megatron (NeMo's adapters) has no 4-bit base; use {finetune} lora, or "
+                         "another {lora_library} for QLoRA", field="lora_library")
+    fw = resolve_framework(t)
+    if fw is not Framework.MEGATRON:
+        raise InputError(f"{{lora_library}} megatron runs NeMo's adapters inside Megatron-core layers, but the job "
+                         f"runs {fw.value}; use {{stack}} nemo, or another {{lora_library}}", field="lora_library")
+
+
 def _validate_training(t: TrainingConfig) -> None:
     _positive("micro_batch_size", t.micro_batch_size)
     _positive("seq_len", t.seq_len)
@@ -219,6 +234,7 @@ def _validate_training(t: TrainingConfig) -> None:
         _positive("lora_rank", t.lora.rank)
         if not 0 <= t.lora.dropout < 1:
             raise InputError(f"{{lora_dropout}} {t.lora.dropout} must be in [0, 1)", field="lora_dropout")
+        _validate_megatron_adapters(t)
     par = t.parallelism
     if par.cp > 1 and t.seq_len % (2 * par.cp):
         raise InputError(f"{{seq_len}} {t.seq_len} must be divisible by 2 x cp ({2 * par.cp}) for context parallelism",

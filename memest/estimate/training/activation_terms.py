@@ -128,7 +128,7 @@ def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
         lora = LoraActivations(targets=tuple(lora_targets.peft_target_modules(spec, t.lora.targets)),
                                all_linear=t.lora.targets == lora_targets.ALL_LINEAR, rank=t.lora.rank,
                                adapter_bytes=adapter_bytes(t.lora_library, t.precision),
-                               dropout=t.lora.dropout)
+                               dropout=t.lora.dropout, megatron=t.lora_library is LoraLibrary.MEGATRON)
     litgpt = t.method is not Method.FULL and t.lora_library is LoraLibrary.LITGPT  # litgpt's own model code
     # a family without an SDPA path in transformers runs eager attention whatever is asked (ModelSpec.sdpa_supported)
     eager = t.attn_implementation == AttnImplementation.EAGER or not spec.sdpa_supported

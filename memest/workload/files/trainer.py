@@ -178,8 +178,10 @@ class Recipe:
         self.put("lora_targets", ",".join(items), key)
 
     def checkpointing(self, key: str) -> None:
-        if self.flag(key):
-            self.put("recompute", "full", key)
+        """``key`` given: full recompute when true, none when false (trl's configs default it to true, the
+        HF Trainer's to false: a recipe's false must win over the trl stack's default)."""
+        if self.get(key) is not None:
+            self.put("recompute", "full" if self.flag(key) else "none", key)
 
     def optimizer(self, key: str) -> None:
         value = self.get(key)
