@@ -109,5 +109,10 @@ def test_bad_values_are_refused(llama70):
     with pytest.raises(InputError, match="'lm_head'") as e:
         validate(llama70, OWN.replace(custom_sharded_layers="lm_head"))
     assert e.value.field == "custom_sharded_layers"
-    with pytest.raises(InputError, match="zero_stage"):
-        validate(llama70, OWN.replace(parallelism=Parallelism(dp=8, zero_stage=2)))
+
+
+def test_other_frameworks_do_not_read_it(llama70):
+    # DeepSpeed ZeRO-3 has no FSDP units: the same estimate with or without it
+    ds = TUNE.replace(framework=Framework.DEEPSPEED, precision=Precision.MIXED, offload=Offload.NONE)
+    assert estimate(llama70, ds, A100).ranks == estimate(llama70, ds.replace(custom_sharded_layers="output"),
+                                                         A100).ranks

@@ -619,7 +619,8 @@ class TrainingConfig:
     custom_sharded_layers: str = setting(
         "", group="training", scope="training", describe="changed", items=str, what="FSDP2 units",
         help="torchtune custom_sharded_layers: tok_embeddings, output (comma-separated) as FSDP2 units of their "
-             "own, each gathered only while it computes (default: both in the root unit, gathered all step).")
+             "own, each gathered only while it computes (FSDP only; default: both in the root unit, gathered all "
+             "step).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",

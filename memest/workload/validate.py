@@ -205,17 +205,14 @@ def _validate_float8(t: TrainingConfig) -> None:
 
 
 def _validate_custom_sharded(t: TrainingConfig) -> None:
-    """torchtune's ``custom_sharded_layers`` names modules of the decoder that ``fully_shard`` wraps, which
-    needs FSDP's sharded weights (torchtune ``training/_distributed.py`` ``shard_model``)."""
+    """torchtune's ``custom_sharded_layers`` names modules of the decoder that ``fully_shard`` wraps (torchtune
+    ``training/_distributed.py`` ``shard_model``); only FSDP reads it (the planner's other layouts leave it unread)."""
     if not t.custom_sharded_layers:
         return
     for name in t.custom_sharded_layers.split(","):
         if name not in CUSTOM_SHARDED_LAYERS:
             raise InputError(f"{{custom_sharded_layers}} has {name!r}; expected {' or '.join(CUSTOM_SHARDED_LAYERS)} "
                              "(the decoder layers are FSDP units already)", field="custom_sharded_layers")
-    if t.parallelism.zero_stage < 3:
-        raise InputError("{custom_sharded_layers} wraps modules as FSDP2 units: add {zero_stage} 3 (FSDP) or drop it",
-                         field="custom_sharded_layers")
 
 
 def _validate_training(t: TrainingConfig) -> None:
