@@ -81,8 +81,11 @@ def test_torchtune_full_distributed_recipe(llama31):
     assert (t.precision, t.loss, t.torch_compile) == (Precision.BF16, Loss.CHUNKED, False)
     assert (t.parallelism.zero_stage, t.parallelism.dp) == (3, 8)
     assert any("tokenizer.max_seq_len is null" in n for n in r.notes)
-    # custom_sharded_layers ['tok_embeddings', 'output'] (line 76) shards them as units of their own: not modelled
-    assert any(n.startswith("8B_full.yaml:76 custom_sharded_layers is ['tok_embeddings', 'output']") for n in r.notes)
+    # custom_sharded_layers ['tok_embeddings', 'output'] (line 76) shards them as FSDP2 units of their own: read,
+    # no longer noted as ignored
+    assert (t.custom_sharded_layers, r.origins["custom_sharded_layers"]) == (
+        "tok_embeddings,output", "8B_full.yaml:76 custom_sharded_layers")
+    assert not any("custom_sharded_layers" in n for n in r.notes)
 
 
 def test_torchtune_qlora_recipe(llama31):

@@ -253,7 +253,7 @@ SAMPLES = {
     "chunked_prefill_size": 4096, "page_size": 16, "kv_cache_free_gpu_mem_fraction": 0.8, "max_batch_size": 8,
     "max_num_tokens": 4096, "tokens_per_block": 64, "n_gpu_layers": 3, "n_batch": 256, "n_ubatch": 128,
     "flash_attn": True, "tensor_split": "1,1", "optimizer_in_bwd": True, "activation_offloading": True,
-    "float8": "tensorwise", "float8_all_gather": True,
+    "float8": "tensorwise", "float8_all_gather": True, "custom_sharded_layers": "tok_embeddings,output",
 }
 """--gguf is left out too: it reads a file (tests/test_llamacpp.py writes one); --torch-compile needs --loss chunked
 (tests/test_lora_library.py)."""

@@ -516,6 +516,11 @@ DEEPSPEED_BUCKET_KEYS = {"reduce_bucket_size": "zero_optimization.reduce_bucket_
 """:class:`DeepSpeedBuckets` field -> the DeepSpeed JSON key that sets it."""
 
 
+CUSTOM_SHARDED_LAYERS = ("tok_embeddings", "output")
+"""The torchtune module names ``custom_sharded_layers`` takes (``models/llama3/_component_builders.py``: the
+decoder's ``tok_embeddings`` and ``output``; its layers are FSDP units already)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
     """A training (or fine-tuning) job, per device.
@@ -564,6 +569,9 @@ class TrainingConfig:
         float8: torchao float8 training of the decoder's linears (:class:`Float8`).
         float8_all_gather: FSDP2 all-gathers the float8 linears' weights in float8
             (torchao ``Float8LinearConfig.enable_fsdp_float8_all_gather``; tensorwise only).
+        custom_sharded_layers: torchtune ``custom_sharded_layers``: the modules FSDP2 wraps as units of their own
+            besides each decoder layer, comma-separated torchtune module names: ``tok_embeddings`` (the token
+            embedding), ``output`` (the untied output projection); "" leaves both in the root unit.
     """
 
     method: Method = Method.FULL
@@ -659,6 +667,11 @@ class TrainingConfig:
         what="float8 FSDP all-gathers",
         help="FSDP2 all-gathers the float8 linears' weights in float8 (torchao enable_fsdp_float8_all_gather; "
              "needs {float8} tensorwise and {zero_stage} 3).")
+    custom_sharded_layers: str = setting(
+        "", group="training", scope="training", describe="changed", items=str, what="FSDP2 units",
+        help="torchtune custom_sharded_layers: tok_embeddings, output (comma-separated) as FSDP2 units of their "
+             "own, each gathered only while it computes (FSDP only; default: both in the root unit, gathered all "
+             "step).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",

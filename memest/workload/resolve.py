@@ -595,6 +595,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         torch_compile=v["torch_compile"],
         float8=v["float8"],
         float8_all_gather=bool(v["float8_all_gather"]),
+        custom_sharded_layers=",".join(name.strip() for name in (v["custom_sharded_layers"] or "").split(",")
+                                       if name.strip()),
         stack=stack,
         stack_assumed=assumed,
         stack_filled=filled,

@@ -10,6 +10,7 @@ from memest.result import plural
 from memest.spec import ModelSpec, Split
 from memest.workload.config import (
     BLOCK_SIZES,
+    CUSTOM_SHARDED_LAYERS,
     ENGINE_VERSIONS,
     ENGINES_SERVING,
     GGUF_ENGINES,
@@ -218,6 +219,17 @@ def _validate_megatron_adapters(t: TrainingConfig) -> None:
                          f"runs {fw.value}; use {{stack}} nemo, or another {{lora_library}}", field="lora_library")
 
 
+def _validate_custom_sharded(t: TrainingConfig) -> None:
+    """torchtune's ``custom_sharded_layers`` names modules of the decoder that ``fully_shard`` wraps (torchtune
+    ``training/_distributed.py`` ``shard_model``); only FSDP reads it (the planner's other layouts leave it unread)."""
+    if not t.custom_sharded_layers:
+        return
+    for name in t.custom_sharded_layers.split(","):
+        if name not in CUSTOM_SHARDED_LAYERS:
+            raise InputError(f"{{custom_sharded_layers}} has {name!r}; expected {' or '.join(CUSTOM_SHARDED_LAYERS)} "
+                             "(the decoder layers are FSDP units already)", field="custom_sharded_layers")
+
+
 def _validate_training(t: TrainingConfig) -> None:
     _positive("micro_batch_size", t.micro_batch_size)
     _positive("seq_len", t.seq_len)
@@ -230,6 +242,7 @@ def _validate_training(t: TrainingConfig) -> None:
         if value not in values:
             raise InputError(f"{{{flag}}} {value!r} is not one of {', '.join(e.value for e in enum)}", field=flag)
     _validate_float8(t)
+    _validate_custom_sharded(t)
     if t.method is not Method.FULL:
         _positive("lora_rank", t.lora.rank)
         if not 0 <= t.lora.dropout < 1:

@@ -26,6 +26,14 @@ pinned on the host, ``_cpu_grad`` a pinned host gradient shard; ``_runtime_utils
 the reduce-scatter) leaves the same on the device. Host RAM: :func:`memest.estimate.training.step` (shards of
 the parameters, gradients and optimizer states).
 
+torchtune's ``custom_sharded_layers`` (:func:`own_units`): the token embedding and the output projection as units
+of their own, resharded after forward, so each is gathered only while it computes: the output from its forward
+through the loss backward (``loss_forward``, ``loss_backward``), the embedding prefetched for its backward at the
+first layer's (``last_layer_backward``; its own forward, with no activations stored yet, is no candidate moment, nor
+is its backward, which holds one layer's reduce-scatter input and its own gradient beside it); the root keeps the
+final norm at every moment. The all-gather stream then caches the largest of the root, embedding and output units
+beside a layer.
+
 torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
 
 Pipeline parallelism (pp > 1, ``SHARD_GRAD_OP`` or full shard): torchtitan 9dec370
@@ -54,7 +62,7 @@ from __future__ import annotations
 import math
 
 from memest.estimate.runtime import cuda_block_bytes
-from memest.estimate.sharding import layer_shard_numel, shard_numel, stage_tensors
+from memest.estimate.sharding import Stage, layer_shard_numel, shard_numel, stage_tensors
 from memest.estimate.training import qlora_base
 from memest.estimate.training.in_backward import stepped_in_backward
 from memest.estimate.training.optimizers import step_temporaries
@@ -62,7 +70,7 @@ from memest.estimate.training.protocol import FrameworkStates, StateContext, Sta
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.estimate.training.trained import Gradients, blocks, expert_weighted, grad_groups
 from memest.result import Kind, Term
-from memest.spec import LayerSpec, ModelSpec
+from memest.spec import Component, LayerSpec, ModelSpec
 from memest.workload import Method, Offload, Parallelism, Precision
 
 FLAT_STATES = False
@@ -91,6 +99,27 @@ def _gathered_layer_bytes(spec: ModelSpec, t: StatesInput, layer: LayerSpec, gat
     if t.float8_all_gather:
         return float8_gathered_bytes(layer, par, gather_b)
     return layer_shard_numel(layer, par) * gather_b
+
+
+def own_units(spec: ModelSpec, t: StatesInput, stage: Stage) -> tuple[int, int, int]:
+    """Elements on this rank of the root unit, the token embedding's unit and the output projection's unit
+    (0 when not a unit of its own): torchtune ``custom_sharded_layers`` (commit 30b8519e86d2,
+    ``recipes/full_finetune_distributed.py`` ``_setup_model``: ``fsdp_shard_conditions += [lambda n, m: n in
+    custom_sharded_layers]``; ``torchtune/training/_distributed.py`` ``shard_model``: ``fully_shard`` on each
+    matching module bottom-up, then on the whole model) makes ``tok_embeddings`` and ``output`` units of their own
+    (``reshard_after_forward=True``), and the root keeps what remains (the final norm). A tied embedding stays in
+    the root: the output projection reads its weight outside its module."""
+    own = set(t.custom_sharded_layers.split(",")) if t.custom_sharded_layers else set()
+    emb_ids = {id(tn) for tn in spec.embedding if tn.component is Component.EMBEDDING} \
+        if "tok_embeddings" in own and not spec.tie_word_embeddings else set()
+    out_ids = {id(tn) for tn in spec.head if tn.component is Component.LM_HEAD} if "output" in own else set()
+    root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)} - emb_ids - out_ids
+    sums = [0, 0, 0]
+    for tn, cnt in stage_tensors(spec, stage):
+        for i, ids in enumerate((root_ids, emb_ids, out_ids)):
+            if id(tn) in ids:
+                sums[i] += shard_numel(tn, t.parallelism, spec.num_kv_heads) * cnt
+    return sums[0], sums[1], sums[2]
 
 
 def weight_shards(zero_stage: int, n: int) -> int:
@@ -129,17 +158,16 @@ def states(ctx: StateContext) -> FrameworkStates:
     if t.method is Method.QLORA:
         unit_what, stage_what = "largest layer unsharded in NF4", f"P_stage unsharded: the layers in NF4, the rest x {gather_b} B"
     unit_bytes = max(_gathered_layer_bytes(spec, t, layer, gather_b) for layer, _ in kinds)
-    root_ids = {id(tn) for tn in (*spec.embedding, *spec.head)}
-    root = sum(shard_numel(tn, par, spec.num_kv_heads) * cnt for tn, cnt in stage_tensors(spec, stage)
-               if id(tn) in root_ids)
+    root, embedding, output = own_units(spec, t, stage)
     stream_pool, stream_pool_formula = 0, ""
     if z >= 2:
         # FSDP2 allocates each unit's all-gather output on its all-gather copy-in stream (implicit prefetch,
         # _fsdp_collectives.py foreach_all_gather) and keeps it until the next unit's copy-out; the CUDA
         # caching allocator reuses a stream's cached blocks only for that stream, so that pool stays
         # reserved beside the compute stream's: the root's output and a layer's, at the gather dtype
-        stream_pool = cuda_block_bytes(root * gather_b) + cuda_block_bytes(unit_bytes)
-        stream_pool_formula = (f"(root unit + largest layer) unsharded x {gather_b} B: all-gather outputs cached "
+        stream_pool = cuda_block_bytes(max(root, embedding, output) * gather_b) + cuda_block_bytes(unit_bytes)
+        stream_pool_formula = (f"(largest of the root, embedding and output units + largest layer) unsharded x "
+                               f"{gather_b} B: all-gather outputs cached "
                                "in the all-gather stream's pool")
         if offloaded:  # the next layer's host shards copied in (param dtype) and cast to the gather dtype
             weight_b = RECIPES[t.precision].weight
@@ -147,6 +175,8 @@ def states(ctx: StateContext) -> FrameworkStates:
                 math.ceil(largest * gather_b / n))
             stream_pool_formula += f" + largest layer / {n} x ({weight_b} + {gather_b}) B (its host shards copied in)"
     gathered: tuple[Term, ...] = ()
+    gathered_head: tuple[Term, ...] = ()
+    gathered_embedding: tuple[Term, ...] = ()
     unit, unit_formula = 0, ""
     pipelined = par.pp > 1 and z >= 2  # the stage kept unsharded through its micro-batches (module docstring)
     stage_gathered = 0
@@ -159,8 +189,18 @@ def states(ctx: StateContext) -> FrameworkStates:
                if pipelined else "SHARD_GRAD_OP keeps them from forward to backward")
         gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, stage_gathered, f"{stage_what} ({why})"),)
     elif z >= 3:
+        own = embedding or output
         gathered = (Term("workspace.gathered_root", Kind.WORKSPACE, root * gather_b,
-                         f"embeddings + head unsharded x {gather_b} B (root unit, kept until backward)"),)
+                         f"{'what custom_sharded_layers leaves of ' if own else ''}embeddings + head unsharded "
+                         f"x {gather_b} B (root unit, kept until backward)"),)
+        if output:
+            gathered_head = (Term("workspace.gathered_output", Kind.WORKSPACE, output * gather_b,
+                                  f"output projection unsharded x {gather_b} B (its own unit: its forward through "
+                                  "the loss backward)"),)
+        if embedding:
+            gathered_embedding = (Term("workspace.gathered_embedding", Kind.WORKSPACE, embedding * gather_b,
+                                       f"token embedding unsharded x {gather_b} B (its own unit, prefetched for "
+                                       "its backward)"),)
         unit, unit_formula = unit_bytes, unit_what
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
@@ -192,14 +232,15 @@ def states(ctx: StateContext) -> FrameworkStates:
             Term("workspace.reduce_scatter_output", Kind.WORKSPACE, cuda_block_bytes(math.ceil(grads_unit * gb / n)),
                  f"largest layer / {n} x {gb} B (its sharded gradients)"))
     fs = FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
-                         gathered=gathered, gathered_unit=unit, gathered_formula=unit_formula,
+                         gathered=gathered, gathered_head=gathered_head, gathered_embedding=gathered_embedding,
+                         gathered_unit=unit, gathered_formula=unit_formula,
                          stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
                          step=tuple(step_temporaries(spec, t, trainable, state_b, shard_g, fused=False)),
                          accumulated=accumulated, reduction=reduction, reduction_grads=accumulated)
     if not t.optimizer_in_bwd or not groups.used:
         return fs
     # each unit's sharded gradients are views of one reduce-scatter output, stepped in the reduce's loop
-    unit_numel = max(largest, root) if shard_g > 1 else max(local for _, local, _ in groups.used)
+    unit_numel = max(largest, root, embedding, output) if shard_g > 1 else max(local for _, local, _ in groups.used)
     in_flight = 0 if offloaded else cuda_block_bytes(math.ceil(unit_numel * gb / shard_g))
     tensor, local, _ = max(groups.used, key=lambda item: item[1])
     what = (f"largest unit (root or layer) / {n} x {gb} B (its reduce-scatter output)" if shard_g > 1 else

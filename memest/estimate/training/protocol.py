@@ -47,6 +47,7 @@ class StatesInput(NamedTuple):
     grad_accum_steps: int
     float8_all_gather: bool = False  # FSDP2 gathers the float8 linears' weights in float8 (fsdp.states)
     deepspeed_buckets: DeepSpeedBuckets = DeepSpeedBuckets()  # the DeepSpeed JSON's bucket sizes
+    custom_sharded_layers: str = ""  # torchtune's FSDP2 units of their own (fsdp.states)
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
@@ -54,7 +55,7 @@ def states_input(t: TrainingConfig) -> StatesInput:
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
                        t.lora_library, t.grad_accum_steps, t.float8_all_gather and t.method is Method.FULL,
-                       t.deepspeed_buckets)
+                       t.deepspeed_buckets, t.custom_sharded_layers)
 
 
 class StateContext(NamedTuple):
@@ -102,6 +103,10 @@ class FrameworkStates(NamedTuple):
         reduce_input: At the first layer's backward (FSDP: the previous unit's reduce-scatter input; DeepSpeed
             ZeRO-3: a bucket's reduce-scatter copy).
         gathered: Gathered weights alive at every moment (ZeRO-3's current + prefetched layers; FSDP's root).
+        gathered_head: FSDP with the output projection a unit of its own (torchtune ``custom_sharded_layers``):
+            gathered from its forward through the loss backward (``loss_forward``, ``loss_backward``).
+        gathered_embedding: FSDP with the token embedding a unit of its own: gathered for its forward and, prefetched,
+            from the first layer's backward (``last_layer_backward``).
         gathered_unit: FSDP: one layer unit gathered at the compute dtype (how many are alive: per moment).
         gathered_formula: How ``gathered_unit`` is computed.
         stream_pool: Reserved beside the peak, never allocated on the compute stream (FSDP's all-gather outputs).
@@ -121,6 +126,8 @@ class FrameworkStates(NamedTuple):
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
     gathered: tuple[Term, ...] = ()
+    gathered_head: tuple[Term, ...] = ()
+    gathered_embedding: tuple[Term, ...] = ()
     gathered_unit: int = 0
     gathered_formula: str = ""
     stream_pool: int = 0

@@ -187,10 +187,12 @@ def _by_lifetime(spec: ModelSpec, t: StatesInput, stage: Stage, base: tuple[Term
     head = _dequantized_head(spec, stage, t, c)
     grads_all = Term("gradients", Kind.GRADIENTS, grads.all, grads.formula)
     lifetimes = (  # in STATE_LIFETIMES order
-        fs.gathered,                                                                 # gathered
+        (*fs.gathered, *fs.gathered_head),                                           # gathered
         (*fs.gathered, *gathered(2, "the unit computed + the one prefetched")),      # gathered.running
-        (*fs.gathered, *gathered(1, "the last layer's, prefetched for its backward")),  # gathered.loss
-        (*fs.gathered, *gathered(1, "the unit computed; none left to prefetch")),    # gathered.first
+        (*fs.gathered, *fs.gathered_head,
+         *gathered(1, "the last layer's, prefetched for its backward")),            # gathered.loss
+        (*fs.gathered, *fs.gathered_embedding,
+         *gathered(1, "the unit computed; none left to prefetch")),                # gathered.first
         fs.backward_buffers,                                                         # buffers.backward
         fs.layer_buffers,                                                            # buffers.layer
         fs.reduce_input,                                                             # buffers.reduce_input

@@ -10,7 +10,9 @@ its last commit): ``model._component_``, the model builder (``torchtune.models.l
 every transformer layer whole: full), ``enable_activation_offloading``; ``compile``; ``dtype`` (``bf16``:
 parameters, gradients and optimizer states all bf16, no fp32 copy: memest's pure ``bf16``; ``fp32``);
 ``loss._component_`` (:data:`LOSSES`); ``fsdp_cpu_offload`` (FSDP2 ``CPUOffloadPolicy``: parameters,
-gradients and optimizer states in host memory, the step on the CPU); ``tensor_parallel_dim``.
+gradients and optimizer states in host memory, the step on the CPU); ``custom_sharded_layers`` (the modules
+``shard_model`` wraps as FSDP2 units of their own, ``tok_embeddings`` and ``output`` as memest models them; other
+names are noted); ``tensor_parallel_dim``.
 ``dataset.packed`` needs no reading: packed samples fill ``max_seq_len`` exactly, the length memest sizes
 either way (unpacked batches are padded to their longest sample, at most that).
 
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import InputError
-from memest.workload.config import Loss, Method, Offload, Optimizer, Precision, Recompute, Stack
+from memest.workload.config import CUSTOM_SHARDED_LAYERS, Loss, Method, Offload, Optimizer, Precision, Recompute, Stack
 from memest.workload.files._common import Found, lookup, typed
 from memest.workload.files.trainer import Recipe
 
@@ -35,10 +37,9 @@ READS = ("model._component_", "model.lora_rank", "model.lora_dropout", "model.lo
          "model.apply_lora_to_mlp", "model.apply_lora_to_output", "batch_size", "gradient_accumulation_steps",
          "tokenizer.max_seq_len", "optimizer._component_", "optimizer.fused", "optimizer.momentum",
          "optimizer_in_bwd", "enable_activation_checkpointing", "enable_activation_offloading", "compile", "dtype",
-         "loss._component_", "fsdp_cpu_offload", "tensor_parallel_dim")
+         "loss._component_", "fsdp_cpu_offload", "custom_sharded_layers", "tensor_parallel_dim")
 IGNORED = {
     "fsdp_reshard_after_forward": ("FSDP2 parameters kept gathered from forward to backward", True),
-    "custom_sharded_layers": ("embeddings and output sharded as FSDP units of their own", None),
     "model.use_dora": ("DoRA's magnitude vectors and their activations", False),
     "model.quantize_base": ("a quantized base under a lora_ builder", False),
     "quantizer._component_": ("QAT's fake-quantized linears", None),
@@ -144,10 +145,27 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
         r.put("torch_compile", True, "compile")
     if r.flag("fsdp_cpu_offload"):
         r.put("offload", Offload.PARAMS, "fsdp_cpu_offload")
+    _custom_sharded(r)
     tp = r.get("tensor_parallel_dim")
     if tp is not None and typed(path, "tensor_parallel_dim", tp, int, "an integer") > 1:
         r.put("tp", tp, "tensor_parallel_dim")
     return r.found()
+
+
+def _custom_sharded(r: Recipe) -> None:
+    """``custom_sharded_layers``: module names ``shard_model`` wraps with ``fully_shard`` (commit 30b8519e86d2
+    ``recipes/full_finetune_distributed.py``: ``lambda n, m: n in custom_sharded_layers``); memest models the
+    decoder's ``tok_embeddings`` and ``output`` and notes any other name."""
+    names = r.get("custom_sharded_layers")
+    if names is None:
+        return
+    names = typed(r.path, "custom_sharded_layers", names, list, "a list of module names (tok_embeddings, output)")
+    kept = [str(n) for n in names if n in CUSTOM_SHARDED_LAYERS]
+    if other := [str(n) for n in names if n not in CUSTOM_SHARDED_LAYERS]:
+        r.notes.append(f"{r.path.name}: custom_sharded_layers names {', '.join(other)}; memest models "
+                       f"{' and '.join(CUSTOM_SHARDED_LAYERS)} as FSDP units of their own, not other modules")
+    if kept:
+        r.put("custom_sharded_layers", ",".join(kept), "custom_sharded_layers")
 
 
 def _lora(r: Recipe) -> None:
