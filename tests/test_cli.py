@@ -61,6 +61,9 @@ def test_check_exit_code_when_it_does_not_fit():
     (("hf", "meta-llama/Llama-2-7b-hf", "--tp", "3", "--gpus", "3"), "--tp 3 does not divide num_heads (32)"),
     (("hf", "meta-llama/Llama-2-7b-hf", "--train", "--pp", "64", "--gpus", "64"), "--pp 64 is more than the 32 layers"),
     (("hf", "meta-llama/Llama-2-7b-hf", "--train", "--tp", "2", "--gpus", "3"), "--gpus 3 is not divisible by tp x pp x cp = 2"),
+    # no --gpus: the one default device cannot hold tp 2 x pp 2 (a NeMo factory's tp / pp without its nodes, too)
+    (("hf", "meta-llama/Llama-2-7b-hf", "--train", "--stack", "megatron", "--tp", "2", "--pp", "2"),
+     "tp x pp x cp = 4 spreads the job over 4 devices, and --gpus is 1; add --gpus 4"),
     (("hf", "meta-llama/Llama-2-7b-hf", "--train", "--micro-batch-size", "0"), "--micro-batch-size is 0"),
     (("hf", "meta-llama/Llama-2-7b-hf", "--train", "--seq-len", "-5"), "--seq-len is -5"),
     (("hf", "meta-llama/Llama-2-7b-hf", "--serve", "--max-model-len", "0"), "--max-model-len is 0"),

@@ -693,6 +693,9 @@ def training_parallelism(v: Mapping[str, Any], device: Device) -> tuple[Parallel
             raise InputError(f"{{gpus}} {gpus} is not dp x tp x pp x cp = {dp * group}; drop one of {{gpus}} / {{dp}}",
                              field="gpus")
     else:
+        if gpus % group and gpus == 1:  # the default: one device
+            raise InputError(f"tp x pp x cp = {group} spreads the job over {group} devices, and {{gpus}} is 1; add "
+                             f"{{gpus}} {group} (or a multiple)", field="gpus")
         if gpus % group:
             raise InputError(f"{{gpus}} {gpus} is not divisible by tp x pp x cp = {group}; use a multiple of {group}",
                              field="gpus")
