@@ -304,3 +304,24 @@ def test_plan_does_not_say_a_files_device_count_was_given():
     # zero3.yaml's num_processes 8 is the file's, not a --gpus typed: no "plan searches --gpus" note
     out = run_memest("plan", "--config", FULL, "--config", ZERO3_LAUNCH, "--gpus-available", "8xH100", "--json")
     assert out.returncode == 0 and "plan searches" not in out.stderr, out.stderr
+
+
+def test_trainer_torch_compile_and_trl_activation_offloading_are_read(tmp_path):
+    # TrainingArguments.torch_compile (the Trainer wraps the model in torch.compile) and trl SFTConfig's
+    # activation_offloading (trl/models/activation_offloading.py: torchtune's get_act_offloading_ctx_manager)
+    # become the settings memest models; axolotl passes torch_compile on to the Trainer
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\nper_device_train_batch_size: 2\n"
+                      "use_peft: true\ntorch_compile: true\nactivation_offloading: true\n")
+    r = files.read([str(recipe)])
+    assert (r.values["torch_compile"], r.values["activation_offloading"]) == (True, True)
+    assert r.origins["torch_compile"] == "sft.yaml:4 torch_compile"
+    assert not any("torch_compile" in n or "activation_offloading" in n for n in r.notes), r.notes
+    axolotl = tmp_path / "ax.yaml"
+    axolotl.write_text("base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: 1\nsequence_len: 2048\n"
+                       "torch_compile: true\n")
+    a = files.read([str(axolotl)])
+    assert a.values["torch_compile"] is True and not any("torch_compile" in n for n in a.notes), a.notes
+    off = tmp_path / "off.yaml"  # false keeps the defaults (not compiled, no offloading)
+    off.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\ntorch_compile: false\n")
+    assert "torch_compile" not in files.read([str(off)]).values

@@ -31,11 +31,10 @@ READS = ("base_model", "adapter", "load_in_4bit", "lora_r", "lora_dropout", "lor
          "lora_target_linear", "sequence_len", "micro_batch_size", "gradient_accumulation_steps",
          "gradient_checkpointing", "bf16", "fp16", "optimizer", "attn_implementation", "flash_attention", "sdp_attention", "attention",
          "deepspeed", "fsdp", "fsdp_config.fsdp_offload_params", "liger_fused_linear_cross_entropy",
-         "cut_cross_entropy", "sample_packing")
+         "cut_cross_entropy", "sample_packing", "torch_compile")
 IGNORED = {
     "load_in_8bit": ("int8 base weights under LoRA; memest keeps the base at its storage dtype", False),
     "activation_offloading": ("activations kept in host memory", False),
-    "torch_compile": ("compiled graphs (fused activations)", False),
     "lora_mlp_kernel": ("axolotl's fused LoRA MLP kernel (fewer saved activations)", False),
     "lora_qkv_kernel": ("axolotl's fused LoRA QKV kernel (fewer saved activations)", False),
     "tensor_parallel_size": ("tensor parallelism under axolotl", 1),
@@ -84,6 +83,8 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     for key in ("liger_fused_linear_cross_entropy", "cut_cross_entropy"):
         if r.flag(key):
             r.put("loss", Loss.FUSED, key)
+    if r.flag("torch_compile"):  # passed on as TrainingArguments.torch_compile (the Trainer compiles the model)
+        r.put("torch_compile", True, "torch_compile")
     fsdp = r.fsdp("fsdp")
     fsdp_config = doc.get("fsdp_config")
     if fsdp and isinstance(fsdp_config, dict) and fsdp_config.get("fsdp_offload_params") is True:

@@ -44,11 +44,9 @@ READS = ("model_name_or_path", "use_peft", "load_in_4bit", "lora_r", "lora_dropo
          "model_init_kwargs.torch_dtype", "model_init_kwargs.dtype",
          "gradient_checkpointing", "gradient_checkpointing_kwargs.use_reentrant", "optim", "max_length",
          "max_seq_length", "packing", "use_liger_kernel", "attn_implementation", "deepspeed", "fsdp",
-         "fsdp_config.activation_checkpointing")
+         "fsdp_config.activation_checkpointing", "torch_compile", "activation_offloading")
 IGNORED = {
     "load_in_8bit": ("int8 base weights under LoRA; memest keeps the base at its storage dtype", False),
-    "activation_offloading": ("activations kept in host memory", False),
-    "torch_compile": ("compiled graphs (fused activations)", False),
     "fsdp_config.forward_prefetch": ("one more unit's parameters gathered ahead in forward", False),
 }
 """Memory-relevant keys memest does not model -> (what they size, the default)."""
@@ -107,6 +105,10 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     r.attention("attn_implementation")
     if r.flag("use_liger_kernel"):
         r.put("loss", Loss.FUSED, "use_liger_kernel")
+    if r.flag("torch_compile"):  # TrainingArguments.torch_compile: the Trainer wraps the model in torch.compile
+        r.put("torch_compile", True, "torch_compile")
+    if r.flag("activation_offloading"):  # trl SFTConfig: trl/models/activation_offloading.py, torchtune's
+        r.put("activation_offloading", True, "activation_offloading")  # get_act_offloading_ctx_manager, copied
     fsdp = r.fsdp("fsdp")
     fsdp_config = doc.get("fsdp_config")
     if isinstance(fsdp_config, dict) and fsdp_config.get("activation_checkpointing") is True:
