@@ -134,6 +134,11 @@ def main() -> None:
     lines: list[str] = []
     read = trainer(out, lines) if mode == "hf" else plain_loop(mode, out, lines)
     (out / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "lines": lines, **read}))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the Trainer (accelerate) leaves its gloo group up: a process exiting with it
+        dist.barrier()  # alive can abort in teardown ("terminate called without an active exception")
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
