@@ -95,11 +95,14 @@ class HFConfig:
             return HFConfig(sub, name=self.name, source=self.source, code_from=self.code_from)
         return self
 
-    def sub(self, key: str) -> HFConfig:
-        """A nested config (``vision_config``, ...), which must exist."""
+    def sub(self, key: str, *, required: bool = True) -> HFConfig:
+        """A nested config (``vision_config``, ...), which must exist unless not ``required`` (then an absent
+        section is an empty config, whose class defaults apply)."""
         value = self.raw.get(key)
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{self.what} has no {key!r} section; pass the complete config.json")
+            if required:
+                raise ConfigError(f"{self.what} has no {key!r} section; pass the complete config.json")
+            value = {}
         return HFConfig(value, name=self.name, source=self.source, code_from=self.code_from)
 
     def with_defaults(self, defaults: Mapping[str, Any], *, aliases: Mapping[str, str] | None = None) -> HFConfig:

@@ -175,9 +175,9 @@ def _text_model(
 def _build_gemma3(cfg: HFConfig) -> ModelSpec:
     """Gemma3ForConditionalGeneration: SigLIP tower + projector + gemma3 text model."""
     cfg = cfg.with_defaults(_GEMMA3_DEFAULTS)
-    text = HFConfig(cfg.raw.get("text_config") or {}, name=cfg.name, source=cfg.source)
+    text = cfg.sub("text_config", required=False)
     text = text.with_defaults(_DEFAULTS["gemma3_text"])
-    vision = HFConfig(cfg.raw.get("vision_config") or {}, name=cfg.name, source=cfg.source)
+    vision = cfg.sub("vision_config", required=False)
     vision = vision.with_defaults(_SIGLIP_DEFAULTS)
 
     layers, embed, norm_tensors, vocab, h = _text_model(text, "gemma3_text", prefix="model.language_model.")

@@ -119,12 +119,12 @@ def build(cfg: HFConfig) -> ModelSpec:
         notes: tuple[str, ...] = ()
     else:
         cfg = cfg.with_defaults({"tie_word_embeddings": True})
-        text = HFConfig(cfg.raw.get("text_config") or {}, name=cfg.name, source=cfg.source).with_defaults(_TEXT_DEFAULTS)
+        text = cfg.sub("text_config", required=False).with_defaults(_TEXT_DEFAULTS)
         layers, embedding, head = _text_model(text, prefix="model.language_model.")
         h = text.int("hidden_size")
-        vision = HFConfig(cfg.raw.get("vision_config") or {}, name=cfg.name, source=cfg.source)
+        vision = cfg.sub("vision_config", required=False)
         vision = vision.with_defaults(_VISION_DEFAULTS)
-        audio = HFConfig(cfg.raw.get("audio_config") or {}, name=cfg.name, source=cfg.source)
+        audio = cfg.sub("audio_config", required=False)
         audio = audio.with_defaults(_AUDIO_DEFAULTS)
         towers = [
             _timm_tower(vision),

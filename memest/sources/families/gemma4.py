@@ -115,7 +115,7 @@ def build(cfg: HFConfig) -> ModelSpec:
         notes: tuple[str, ...] = ()
     else:
         cfg = cfg.with_defaults({"tie_word_embeddings": True})
-        text = HFConfig(cfg.raw.get("text_config") or {}, name=cfg.name, source=cfg.source).with_defaults(_TEXT_DEFAULTS)
+        text = cfg.sub("text_config", required=False).with_defaults(_TEXT_DEFAULTS)
         layers, embedding, head = _text_model(text, prefix="model.language_model.")
         h = text.int("hidden_size")
         towers = []

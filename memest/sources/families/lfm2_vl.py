@@ -70,7 +70,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     cfg = cfg.with_defaults(_DEFAULTS, aliases=_ALIASES)
     text_raw = cfg.raw.get("text_config") or {}
     text = lfm2.build(HFConfig({**text_raw, "model_type": "lfm2"}, name=cfg.name, source=cfg.source))
-    vision = HFConfig(cfg.raw.get("vision_config") or {}, name=cfg.name, source=cfg.source)
+    vision = cfg.sub("vision_config", required=False)
     vh = vision.with_defaults(SIGLIP2_DEFAULTS).int("hidden_size")
     f = cfg.int("downsample_factor")
     width, hidden, bias = vh * f * f, cfg.int("projector_hidden_size"), cfg.bool("projector_bias")

@@ -79,7 +79,7 @@ def build(cfg: HFConfig) -> ModelSpec:
     text_raw = cfg.raw.get("text_config")
     text_raw = {**_TEXT_INIT, **(text_raw if isinstance(text_raw, dict) else {})}
     text = llama.build(HFConfig({**text_raw, "model_type": "llama"}, name=cfg.name, source=cfg.source))
-    audio = HFConfig(cfg.raw.get("audio_config") or {}, name=cfg.name, source=cfg.source)
+    audio = cfg.sub("audio_config", required=False)
     ffn = audio.with_defaults(_AUDIO_DEFAULTS, aliases=_AUDIO_ALIASES).int("intermediate_size")
     h = text.hidden_size
     p = "model.multi_modal_projector."
