@@ -238,3 +238,27 @@ def test_the_comparison_skips_engines_that_do_not_serve_the_family():
     c4 = compare_engines(_rwkv_spec(RWKV4), ServingConfig(max_model_len=1024), (DeviceChoice(get_device("H100"), 8),))
     assert all(r.skipped and "does not serve model_type 'rwkv'" in r.skipped for r in c4.devices[0].rows)
     assert c4.devices[0].best is None
+
+
+@pytest.mark.parametrize(("raw", "fix"), [
+    # a Llama (every engine serves it): vLLM splits it by tensor parallelism
+    ({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 512, "vocab_size": 1000},
+     "use --engine vllm for --tp/--pp"),
+    # RWKV-6: of the engines that serve it (hf, llama.cpp, ollama) only llama.cpp splits it, by layers
+    (RWKV6, "use --engine llama.cpp, which splits the layers over the devices of --gpus"),
+    # RWKV-4: only transformers serves it, on one device
+    (RWKV4, "serve it on one device (--gpus 1, no --tp / --pp)"),
+])
+def test_engine_hf_on_several_devices_names_an_engine_that_serves_the_family(raw, fix, tmp_path, monkeypatch, capsys):
+    from memest.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    monkeypatch.setattr("sys.argv", ["memest", "hf", str(path), "--serve", "--engine", "hf", "--gpus", "2",
+                                     "--gpu", "RTX-4090"])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "--engine hf models one device" in err and err.endswith(fix), err

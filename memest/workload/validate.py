@@ -449,9 +449,6 @@ def _validate_serving(s: ServingConfig) -> None:
     if s.engine_version is not None and s.engine_version not in versions:
         raise InputError(f"{{engine_version}} {s.engine_version!r} is not a {s.engine.value} version memest models; "
                          f"use one of {', '.join(versions)}", field="engine_version")
-    if s.engine is Engine.HF and (s.parallelism.tp > 1 or s.parallelism.pp > 1):
-        raise InputError("{engine} hf models one device (generate has no tensor/pipeline parallelism); "
-                         "use {engine} vllm for {tp}/{pp}", field="engine")
     if not 0 < s.gpu_memory_utilization <= 1:
         raise InputError(f"{{gpu_memory_utilization}} is {s.gpu_memory_utilization}; it must be in (0, 1]",
                          field="gpu_memory_utilization")
@@ -493,6 +490,19 @@ def _validate_sglang_trtllm(s: ServingConfig) -> None:
                              field="batch_size")
 
 
+def _several_devices(spec: ModelSpec, serving: frozenset[Engine] | None) -> str:
+    """The fix for a model asked of ``--engine hf`` on several devices: the first engine that serves the
+    family and splits it (vLLM, SGLang, TensorRT-LLM by tensor / pipeline parallelism; llama.cpp by layers over
+    {gpus}), or one device where only transformers serves it (RWKV-4 / RWKV-5: :data:`ENGINES_SERVING`)."""
+    for engine in (Engine.VLLM, Engine.SGLANG, Engine.TRTLLM):
+        if serving is None or engine in serving:
+            return f"use {{engine}} {engine.value} for {{tp}}/{{pp}}"
+    if Engine.LLAMACPP in serving:
+        return "use {engine} llama.cpp, which splits the layers over the devices of {gpus}"
+    return (f"no engine memest models serves model_type {spec.model_type!r} on more than one device; "
+            "serve it on one device ({gpus} 1, no {tp} / {pp})")
+
+
 def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
     """Checks that need the model: the engine serves it, the length, and for vLLM the dtype.
 
@@ -510,6 +520,9 @@ def _validate_serving_model(spec: ModelSpec, s: ServingConfig) -> None:
                          f"that do: {names}; use {{engine}} "
                          f"{next((e for e in Engine if e in serving and e is not Engine.HF), Engine.HF).value}",
                          field="engine")
+    if s.engine is Engine.HF and (s.parallelism.tp > 1 or s.parallelism.pp > 1):
+        raise InputError("{engine} hf models one device (generate has no tensor/pipeline parallelism); "
+                         + _several_devices(spec, serving), field="engine")
     if s.engine is Engine.VLLM and s.dtype in ("fp16", "float16") and spec.model_type in VLLM_NO_FLOAT16:
         raise InputError(f"vLLM refuses {{dtype}} {s.dtype} for model_type {spec.model_type!r} of {spec.name} "
                          "(numerical instability; vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS); use "
