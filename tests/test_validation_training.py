@@ -148,3 +148,11 @@ def test_a_litgpt_config_hub_yaml_is_no_deepspeed_config():
     stored = sm.CONFIG_DIR / "configs/Lightning-AI/litgpt/00af8b0d9b43/config_hub/finetune/phi-2/lora.yaml"
     with pytest.raises(InputError, match="not a format memest reads"):
         files.read([stored])
+
+
+def test_torchtune_readme_gb_figure_is_compared_as_gib():
+    """torchtune's recipes print only ``get_memory_stats`` figures, each divided by 1024**3
+    (``torchtune/training/memory.py`` at 30b8519e8): the README's '44.8 GB' 405B row is 44.8 GiB,
+    44.8 x 1,073,741,824 = 48,103,633,715.2 B, not 44.8e9 B."""
+    case = next(r.case for r in ROWS if r.case.id == "torchtune_llama31_405b_qlora_8xa100")
+    assert case.measured_bytes == 48_103_633_715

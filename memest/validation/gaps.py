@@ -77,14 +77,16 @@ KNOWN_GAPS: dict[str, str] = {
     "on the device; the README's sweep is exactly linear (7.37 GB + 211.9 KB per token at each of its 8-80 GB "
     "budgets, to the token), a formula's extrapolation rather than seven readings, and its 8 GB row (2,972 "
     "tokens) is where memest agrees (8.5 GB): the 37 KB per token between the slopes is not identified",
-    "torchtune_llama31_405b_qlora_8xa100": "over-prediction (+37%): the compiled layers are modelled (the plain "
-    "CrossEntropyLoss is modelled eager: torchtune compiles it, what its compiled graph keeps is not traced), and "
-    "the README's 'GB' may be GiB (then +28%); the torchao NF4 base under FSDP2 gathered per layer is modelled as "
-    "the 70B LoRA row's units: not identified",
-    "torchtune_llama32_3b_qlora_a100": "over-prediction (+11.5%): the compiled chunked loss is the measured one "
-    "(tests/test_chunked_loss_measured.py: every chunk's bf16 logits and one chunk's gradient, 9/8 x 2.0 GiB, where "
-    "memest counted 3.25 B x V per token, 3.2 GiB); what remains, 0.5 GiB, is the LoRA row's too (+0.5 GiB, +6.2%): "
-    "with the torchao NF4 base the same bytes are 11% of a smaller peak: not identified",
+    "torchtune_llama31_405b_qlora_8xa100": "over-prediction (+28%; the README's 'GB' is GiB: get_memory_stats divides "
+    "by 1024**3, torchtune/training/memory.py at 30b8519e8): the plain CrossEntropyLoss runs eager "
+    "(lora_finetune_distributed drops compile_loss's compiled module, which memest models), the root unit "
+    "(embeddings and output, 7.83 GiB) stays gathered through the step (FSDP2 lazy_init: no reshard after forward "
+    "for the root) and the NF4 layers are gathered as NF4 (2 x 1.53 GiB); at the last layer's backward memest holds "
+    "38.1 GiB of weights, states, gathered units and the dequantized weight, which leaves 6.7 GiB of the 44.8 for "
+    "activations where b 2 x 2048 packed tokens need 19.2 GiB (126 layer checkpoints 15.75 GiB, the rebuilt layer "
+    "and its backward 3.5 GiB): the activations of ~1,440 tokens. 405B_qlora.yaml sets no dataset.packed and no "
+    "tokenizer max_seq_len (alpaca unpacked, padded to the batch's longest), a candidate against the README's note: "
+    "not identified",
     "torchtune_llama31_70b_full_8xa100_cpu_offload": "over-prediction (+11%): 70B_full.yaml's "
     "custom_sharded_layers ['tok_embeddings', 'output'] is modelled (memest/estimate/training/fsdp.py own_units: each "
     "an FSDP2 unit of its own, gathered only while it computes), so at the output projection's backward, where the "

@@ -49,14 +49,20 @@ from memest.workload.config import (
     software,
     training_refusal,
 )
-from memest.workload.stacks import STACKS, StackDefaults, offloaded_checkpoints_on_device, resolve_framework
+from memest.workload.stacks import (
+    STACKS,
+    StackDefaults,
+    offloaded_checkpoints_at_loss,
+    offloaded_checkpoints_on_device,
+    resolve_framework,
+)
 from memest.workload.validate import divisors, lora_module_names, tp_head_problem, validate, workload_notes
 
 __all__ = [
     "BLOCK_SIZES", "ENGINE_VENDORS", "ENGINE_VERSIONS", "KV_CACHE_DTYPES", "QUANTIZATIONS", "VLLM_NO_FLOAT16", "WEIGHT_DTYPES",
     "AttnImplementation", "DeepSpeedBuckets", "Engine", "Float8", "Framework", "FsdpStrategy", "JobSettings", "KbitPrep", "LoraConfig", "LoraLibrary", "Loss",
     "Method", "Offload", "Optimizer", "Parallelism", "Precision", "Recompute", "ServingConfig", "STACKS", "Stack",
-    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_on_device",
+    "StackDefaults", "TrainingConfig", "Workload", "divisors", "lora_module_names", "offloaded_checkpoints_at_loss", "offloaded_checkpoints_on_device",
     "capability_refusal", "refusal", "resolve_framework", "runs_on",
     "software", "training_refusal", "tp_head_problem", "validate",
     "workload_notes",

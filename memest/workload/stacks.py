@@ -191,6 +191,33 @@ the default ``get_act_offloading_ctx_manager`` uses): the forward keeps each off
 device until five later saved tensors have been packed (its copy to host may still run), and the backward
 brings one back per autograd node; an upper bound on the checkpoints on the device at once."""
 
+TORCHTUNE_FINAL_NORM_IDS = {True: 6, False: 4}
+"""Saved-tensor ids torchtune's final norm takes up to its last offloaded tensor, by whether its scale trains
+(full fine-tuning; LoRA freezes it). torchtune 1814feb17 ``torchtune/modules/rms_norm.py`` ``RMSNorm.forward``
+(eager: ``compile_model`` compiles the layers one by one) saves ``x.float()`` for ``pow``, ``rsqrt``'s output,
+both again for their ``mul``, then ``self.scale`` for ``x_normed * self.scale`` (a Parameter: an id, not
+offloaded) and, when the scale trains, ``x_normed`` (offloaded). ``OffloadActivations.pack_tensor``
+(``torchtune/training/_activation_offloading.py``) gives every saved tensor an id and, packing one of at
+least 1024 B that is no Parameter, drops the stash entries of ids at or below ``id - max_fwd_stash_size``.
+The output projection runs under ``NoOpManager`` (``get_act_offloading_ctx_manager``) and the loss outside
+the context, so nothing is packed after the norm: at the loss the stash holds the last
+:data:`TORCHTUNE_FWD_STASH` ids, the norm's and the layer inputs before them (one id each under
+non-reentrant checkpointing: ``_NoopSaveInputs`` saves the positional inputs; the kwargs mask and
+input_pos are not saved). Counted on the CPU with torch 2.13 (``tests/test_activation_offload_loss.py``)."""
+
+
+def offloaded_checkpoints_at_loss(t: TrainingConfig) -> int:
+    """How many layers' checkpoints a job's activation offloading still holds on the device through its loss
+    (forward and backward, before the first layer's backward unpacks and clears the stash): torchtune's
+    :data:`TORCHTUNE_FWD_STASH` less its final norm's ids (:data:`TORCHTUNE_FINAL_NORM_IDS`), 1 under LoRA
+    and QLoRA, 0 under full fine-tuning; another stack's, :func:`offloaded_checkpoints_on_device` (trl's port
+    runs transformers' reentrant checkpointing, whose saved inputs are not counted here)."""
+    n = offloaded_checkpoints_on_device(t)
+    if n and t.stack in (None, Stack.TORCHTUNE):
+        return max(0, n - TORCHTUNE_FINAL_NORM_IDS[t.method is Method.FULL])
+    return n
+
+
 UNSLOTH_IN_FLIGHT = 1
 """unsloth ``Unsloth_Offloaded_Gradient_Checkpointer`` (``unsloth_zoo/gradient_checkpointing.py``): the forward
 copies each layer's input to host (``hidden_states.to("cpu", non_blocking=True)``) and keeps none; the backward

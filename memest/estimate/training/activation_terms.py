@@ -8,7 +8,9 @@ saved tensor of at least 1024 B made under it into a pinned host copy (``pack_te
 checkpointing saves a layer's input through ``_NoopSaveInputs.save_for_backward`` outside its own hooks, so
 the checkpoints are what it moves; unsloth's ``Unsloth_Offloaded_Gradient_Checkpointer`` copies each layer's
 input to host itself. On the device remain the checkpoints in flight
-(:func:`memest.workload.offloaded_checkpoints_on_device`: torchtune's forward stash, unsloth's one brought back);
+(:func:`memest.workload.offloaded_checkpoints_on_device`: torchtune's forward stash, unsloth's one brought back),
+and through the loss those the stash still holds after the final norm's saved tensors
+(:func:`memest.workload.offloaded_checkpoints_at_loss`);
 the others are :attr:`ActivationTerms.offloaded` host bytes. The head's saved tensors and the loss stay on the
 device (torchtune's ``NoOpManager`` around the output projection; the loss runs outside the context).
 
@@ -54,6 +56,7 @@ from memest.workload import (
     Precision,
     Recompute,
     TrainingConfig,
+    offloaded_checkpoints_at_loss,
     offloaded_checkpoints_on_device,
 )
 
@@ -95,6 +98,7 @@ class ActivationsInput(NamedTuple):
     float8: str  # Float8 value
     parallelism: ActivationParallelism
     checkpoints_on_device: int = 0  # activation offloading: the layers' checkpoints left on the device (0: off)
+    checkpoints_at_loss: int = 0  # activation offloading: those still on the device through the loss
 
 
 def activations_input(t: TrainingConfig) -> ActivationsInput:
@@ -105,7 +109,8 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
                             t.prepare_kbit_training, t.lora_library, t.torch_compile, Float8(t.float8).value,
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel),
-                            offloaded_checkpoints_on_device(t) if t.recompute is Recompute.FULL else 0)
+                            *((offloaded_checkpoints_on_device(t), offloaded_checkpoints_at_loss(t))
+                              if t.recompute is Recompute.FULL else (0, 0)))
 
 
 def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:
@@ -175,6 +180,7 @@ def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None,
     kept_masks = (masks,) if masks else none
     lifetimes = (  # in ACTIVATION_LIFETIMES order
         (layers.stored,),                                                        # activations.stored
+        (layers.stored_at_loss,),                                                # activations.stored.loss
         (embedding,) if embedding else none,                                     # activations.embedding
         (head,) if head else none,                                               # activations.head
         (layers.layer_forward,) if layers.layer_forward else none,               # activations.layer_forward
@@ -219,6 +225,7 @@ class _LayerTerms(NamedTuple):
     """What the stage's layers add to the activation terms."""
 
     stored: Term  # every layer's saved tensors (or checkpoints) of all in-flight micro-batches
+    stored_at_loss: Term  # what of them is on the device through the loss (``stored`` but under offloading)
     rebuilt: Term | None  # one layer rebuilt under recompute (during its backward)
     transient: Term  # one layer's backward gradients (the layer the first_layer_backward moment is in)
     first_layer: Term  # what the stage's first layer keeps (rebuilt under recompute), for last_layer_backward
@@ -301,6 +308,10 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
         stored_term = Term("activations.checkpoints", Kind.ACTIVATIONS, on_device,
                            f"{kept_on_device} x b x s x h x {x.stream_bytes} B (the layer inputs in flight; "
                            f"activation offloading keeps the others in host RAM){micro}")
+        at_loss = min(t.checkpoints_at_loss, kept_on_device)
+        loss_term = Term("activations.checkpoints", Kind.ACTIVATIONS, at_loss * largest_kept * in_flight,
+                         f"{at_loss} x b x s x h x {x.stream_bytes} B (the layer inputs the offloading stash still "
+                         f"holds after the final norm's saved tensors){micro}")
     elif t.recompute is Recompute.FULL:
         first_note = (f"; the first layer's at {input_bytes} B, the embeddings' dtype"
                       if stage.first and input_bytes != x.stream_bytes else "")
@@ -328,8 +339,8 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
     forward_term = Term("activations.layer_forward", Kind.ACTIVATIONS, math.ceil(forward),
                         "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
                         "scores and their fp32 copy at the softmax") if forward > 0 else None
-    return _Layers(_LayerTerms(stored_term, rebuilt_term, transient_term, first_term, first_back_term, others,
-                               forward_term), max(0, offloaded))
+    return _Layers(_LayerTerms(stored_term, loss_term if t.checkpoints_on_device else stored_term, rebuilt_term,
+                               transient_term, first_term, first_back_term, others, forward_term), max(0, offloaded))
 
 
 def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Execution, stage: Stage,

@@ -20,6 +20,7 @@ from memest.workload import (
     Optimizer,
     Precision,
     TrainingConfig,
+    offloaded_checkpoints_at_loss,
     offloaded_checkpoints_on_device,
 )
 
@@ -58,6 +59,7 @@ class AssumptionsInput(NamedTuple):
     float8: str = "none"  # Float8 value, "none" under LoRA / QLoRA
     float8_all_gather: bool = False
     fsdp_pipelined: bool = False  # FSDP (ZeRO 2 / 3) under pipeline parallelism
+    checkpoints_at_loss: int = 0  # activation offloading: those still on the device through the loss
 
 
 _QLORA_BASES = {
@@ -80,7 +82,7 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
         fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
         offloaded_checkpoints_on_device(t), t.torch_compile,
         Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather,
-        fw is Framework.FSDP and par.pp > 1 and par.zero_stage >= 2))
+        fw is Framework.FSDP and par.pp > 1 and par.zero_stage >= 2, offloaded_checkpoints_at_loss(t)))
 
 
 @remembered(maxsize=4096)
@@ -143,8 +145,10 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
         out.append("optimizer_in_bwd (torchtune 0.6): one optimizer per parameter stepped in its post-accumulate-grad "
                    "hook; the largest in-flight gradient counted, none at the step")
     if a.checkpoints_on_device:
+        at_loss = (f", {a.checkpoints_at_loss} through the loss (the stash's ids the final norm's saved tensors leave)"
+                   if a.checkpoints_at_loss != a.checkpoints_on_device else "")
         out.append(f"activation offloading: layer checkpoints in host RAM, {a.checkpoints_on_device} kept on the "
-                   "device (torchtune OffloadActivations' forward stash of 5; unsloth brings back 1)")
+                   f"device (torchtune OffloadActivations' forward stash of 5; unsloth brings back 1){at_loss}")
     if a.torch_compile:
         out.append("torch.compile (torch 2.13 inductor, default min-cut partitioner): each layer saves its norms' 16-bit "
                    "inputs and rstd, not their fp32 copies, and the gated MLP's gate, up and down input, not the "

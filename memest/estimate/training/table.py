@@ -8,7 +8,8 @@ reported (the moment's name is in ``Estimate.extra["peak_moment"]`` and the assu
    what the layer holds then (eager attention's masked scores and their fp32 copy at its softmax;
    under recompute the whole working set of one checkpointed layer, whose saved tensors are
    dropped); eager attention's materialized causal masks;
-2. ``loss_forward``: inside the forward's cross-entropy: every layer's saved tensors, the logits,
+2. ``loss_forward``: inside the forward's cross-entropy: every layer's saved tensors (under activation
+   offloading those still on the device then, ``activations.stored.loss``), the logits,
    their fp32 upcast and the fp32 log-softmax (transformers ``ForCausalLMLoss``), and gradients
    that live through the forward (accumulation, ``set_to_none=False``);
 3. ``loss_backward``: the start of backward through the cross-entropy: every layer's saved tensors,
@@ -33,9 +34,9 @@ for DeepSpeed ZeRO 1 only)."""
 MOMENT_TABLE: dict[str, tuple[str, ...]] = {
     "layer_forward": ("states", "grads.forward", "gathered.running", "activations.stored", "activations.embedding",
                       "autocast.all", "masks", "activations.layer_forward"),
-    "loss_forward": ("states", "grads.forward", "gathered", "activations.stored", "activations.head", "autocast.all",
+    "loss_forward": ("states", "grads.forward", "gathered", "activations.stored.loss", "activations.head", "autocast.all",
                      "logits.forward"),
-    "loss_backward": ("states", "grads.forward", "gathered.loss", "buffers.backward", "activations.stored",
+    "loss_backward": ("states", "grads.forward", "gathered.loss", "buffers.backward", "activations.stored.loss",
                       "activations.head", "autocast.all", "logits.backward", "dequantized.head"),
     "first_layer_backward": ("states", "grads.head", "gathered.running", "buffers.backward", "buffers.layer",
                              "activations.stored", "activations.rebuilt", "masks.rebuilt", "activations.backward",
@@ -55,7 +56,7 @@ STATE_LIFETIMES = ("gathered", "gathered.running", "gathered.loss", "gathered.fi
                    "grads.all", "grads.step")
 """The lifetimes the model states hold by themselves (:attr:`.states.ModelStates.lifetimes`, in this order)."""
 
-ACTIVATION_LIFETIMES = ("activations.stored", "activations.embedding", "activations.head", "activations.layer_forward",
+ACTIVATION_LIFETIMES = ("activations.stored", "activations.stored.loss", "activations.embedding", "activations.head", "activations.layer_forward",
                         "activations.rebuilt", "activations.backward", "activations.first_layer",
                         "activations.first_layer_backward", "activations.other_microbatches", "autocast.all",
                         "autocast.layer", "masks", "masks.rebuilt", "logits.forward", "logits.backward")
