@@ -7,6 +7,7 @@ like the model's ``__init__``. Shapes follow ``nn.Linear``: weight ``(out_featur
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from memest.dtypes import KNOWN, canonical
 from memest.errors import ConfigError, InputError
@@ -362,6 +363,33 @@ def model_spec(
         buffers=buffers,
         final_logit_softcapping=final_logit_softcapping,
         sdpa_supported=sdpa_supported,
+    )
+
+
+def decoder_spec(
+    cfg: HFConfig,
+    *,
+    hidden_size: int,
+    vocab_size: int,
+    layers: list[LayerSpec],
+    max_position_embeddings: int | None,
+    **identity: Any,
+) -> ModelSpec:
+    """A transformers decoder in its usual layout: ``model.embed_tokens`` (vocab_size x hidden_size), the layers,
+    ``model.norm`` and an ``lm_head`` of its own unless the config ties it to the embedding
+    (``tie_word_embeddings``, ``PreTrainedModel.tie_weights``). ``identity``: the other keywords of
+    :func:`model_spec` (notes, sdpa_supported, ...)."""
+    tied = cfg.bool("tie_word_embeddings")
+    return model_spec(
+        cfg,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        layers=layers,
+        embedding=[token_embedding("model.embed_tokens.weight", vocab_size, hidden_size)],
+        head=[*norm("model.norm", hidden_size), *([] if tied else lm_head(vocab_size, hidden_size))],
+        tie_word_embeddings=tied,
+        max_position_embeddings=max_position_embeddings,
+        **identity,
     )
 
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     ATTN,
+    decoder_spec,
     gated_mlp,
     linear,
-    lm_head,
-    model_spec,
     norm,
-    token_embedding,
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
 
@@ -53,14 +51,10 @@ def build(cfg: HFConfig) -> ModelSpec:
             *gated_mlp(h, i),
         ),
     )
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=[layer] * cfg.int("num_hidden_layers"),
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings", "model_max_length", default=None),
     )

@@ -46,15 +46,13 @@ from memest.errors import ConfigError
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     ATTN,
+    decoder_spec,
     expert_stack,
     gated_mlp,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
 )
 from memest.sources.families._layers import listed_kinds, pattern_kinds
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
@@ -300,15 +298,11 @@ def build(cfg: HFConfig) -> ModelSpec:
             "moe_layer_freq is ignored, as transformers ignores it: every layer from first_k_dense_replace on is MoE"
         )
 
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=layers,
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
         notes=tuple(notes),
     )

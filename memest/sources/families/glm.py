@@ -33,17 +33,15 @@ from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     MLP,
     OTHER,
+    decoder_spec,
     expert_stack,
     gated_mlp,
     gqa_projections,
     head_dim_of,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
     with_towers,
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
@@ -190,15 +188,11 @@ def build(cfg: HFConfig) -> ModelSpec:
                 "transformers does not instantiate; they are not counted"
             )
 
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=layers,
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
         notes=tuple(notes),
     )

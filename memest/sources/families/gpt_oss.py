@@ -15,16 +15,14 @@ from __future__ import annotations
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     ATTN,
+    decoder_spec,
     expert_stack,
     gqa_projections,
     head_dim_of,
     intern,
     layer_windows,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split, TensorSpec
 
@@ -93,15 +91,11 @@ def build(cfg: HFConfig) -> ModelSpec:
             ),
         )
 
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=[layer(w) for w in windows],
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
         sdpa_supported=False,  # GptOssAttention: attention sinks, eager only in transformers
     )

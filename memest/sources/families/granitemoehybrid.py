@@ -23,15 +23,13 @@ from __future__ import annotations
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     MLP,
+    decoder_spec,
     expert_stack,
     gqa_projections,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
 )
 from memest.sources.families._layers import listed_kinds, mamba2_mixer, mamba2_state
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
@@ -109,14 +107,10 @@ def build(cfg: HFConfig) -> ModelSpec:
         kinds = ["mamba"] * num_layers
     else:
         kinds = listed_kinds(cfg, "layer_types", num_layers, LAYER_TYPES)
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=[layer(kind) for kind in kinds],
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
     )

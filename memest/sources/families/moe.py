@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
+    decoder_spec,
     expert_stack,
     gated_mlp,
     gqa_projections,
@@ -31,11 +32,8 @@ from memest.sources.families._build import (
     intern,
     layer_windows,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
 )
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split
 
@@ -218,14 +216,10 @@ def build(cfg: HFConfig) -> ModelSpec:
             ),
         )
 
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=[layer(moe, w) for moe, w in zip(moe_layers, windows, strict=True)],
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
     )

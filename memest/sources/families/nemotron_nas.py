@@ -29,15 +29,13 @@ from memest.sources.config import HFConfig
 from memest.sources.families._build import (
     ATTN,
     MLP,
+    decoder_spec,
     gated_mlp,
     gqa_projections,
     head_dim_of,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
-    token_embedding,
 )
 from memest.spec import AttentionSpec, LayerSpec, MLPSpec, ModelSpec, Split
 
@@ -131,15 +129,11 @@ def build(cfg: HFConfig) -> ModelSpec:
     without = sum(1 for layer_ in layers if layer_.attention.kind == "none")
     notes = (f"{without} of {num_layers} layers have no attention (block_configs no_op / replace_with_linear): "
              "they cache no KV",) if without else ()
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=layers,
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
         notes=notes,
     )

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 from memest.sources.config import HFConfig
 from memest.sources.families._build import (
+    decoder_spec,
     expert_stack,
     gated_mlp,
     gqa_projections,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
-    token_embedding,
 )
 from memest.sources.families._layers import gated_deltanet_mixer, gated_deltanet_state, listed_kinds
 from memest.spec import AttentionSpec, Component, LayerSpec, MLPSpec, ModelSpec, Split
@@ -130,14 +128,10 @@ def build(cfg: HFConfig) -> ModelSpec:
     kinds = layer_kinds(cfg, num_layers)
     layers = [layer(kind, num_experts > 0 and n not in mlp_only and (n + 1) % step == 0)
               for n, kind in enumerate(kinds)]
-    tied = cfg.bool("tie_word_embeddings")
-    return model_spec(
+    return decoder_spec(
         cfg,
         hidden_size=h,
         vocab_size=vocab,
         layers=layers,
-        embedding=[token_embedding("model.embed_tokens.weight", vocab, h)],
-        head=[*norm("model.norm", h), *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
         max_position_embeddings=cfg.int("max_position_embeddings"),
     )
