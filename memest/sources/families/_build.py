@@ -6,7 +6,7 @@ like the model's ``__init__``. Shapes follow ``nn.Linear``: weight ``(out_featur
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from memest.dtypes import KNOWN, canonical
@@ -390,6 +390,40 @@ def decoder_spec(
         tie_word_embeddings=tied,
         max_position_embeddings=max_position_embeddings,
         **identity,
+    )
+
+
+def text_config_of(cfg: HFConfig, text_model_type: str, defaults: Mapping[str, Any]) -> tuple[HFConfig, HFConfig, str]:
+    """``(top, text, prefix)`` of a checkpoint published both as its text model alone (``model_type``
+    ``text_model_type``: the text config is the file, its tensors under ``model.``) and as the multimodal model
+    (``text_config`` under ``model.language_model.``, the towers beside it, the lm_head tied unless the top level
+    says otherwise): Gemma 3n and Gemma 4 (``Gemma3n/Gemma4ForConditionalGeneration``). ``top`` is the config whose
+    identity and ``tie_word_embeddings`` the spec takes, ``text`` the text config with the text class's
+    ``defaults``; ``top is text`` for the text model alone."""
+    if cfg.model_type == text_model_type:
+        text = cfg.with_defaults(defaults)
+        return text, text, "model."
+    top = cfg.with_defaults({"tie_word_embeddings": True})
+    return top, cfg.sub("text_config", required=False).with_defaults(defaults), "model.language_model."
+
+
+def softcapped_text_spec(top: HFConfig, text: HFConfig, *, layers: list[LayerSpec], embedding: list[TensorSpec],
+                         head: list[TensorSpec], notes: tuple[str, ...]) -> ModelSpec:
+    """The spec of a :func:`text_config_of` checkpoint: the text model's sizes and positions, its own lm_head
+    unless ``top`` ties it, and whether the text config caps the final logits (``final_logit_softcapping``)."""
+    vocab, h = text.int("vocab_size"), text.int("hidden_size")
+    tied = top.bool("tie_word_embeddings")
+    return model_spec(
+        top,
+        hidden_size=h,
+        vocab_size=vocab,
+        layers=layers,
+        embedding=embedding,
+        head=[*head, *([] if tied else lm_head(vocab, h))],
+        tie_word_embeddings=tied,
+        max_position_embeddings=text.int("max_position_embeddings"),
+        final_logit_softcapping=text.get("final_logit_softcapping", default=None) is not None,
+        notes=notes,
     )
 
 

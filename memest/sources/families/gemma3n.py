@@ -53,9 +53,9 @@ from memest.sources.families._build import (
     gated_mlp,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
+    softcapped_text_spec,
+    text_config_of,
     token_embedding,
 )
 from memest.sources.families._layers import listed_kinds
@@ -111,41 +111,24 @@ def build(cfg: HFConfig) -> ModelSpec:
             ``intermediate_size`` list of the wrong length, ``num_kv_shared_layers`` out of range, a vision
             tower memest does not know, malformed audio convolution settings.
     """
-    if cfg.model_type == "gemma3n_text":
-        text = cfg.with_defaults(_TEXT_DEFAULTS)
-        layers, embedding, head = _text_model(text, prefix="model.")
-        towers: list[TensorSpec] = []
-        tied = text.bool("tie_word_embeddings")
-        notes: tuple[str, ...] = ()
-    else:
-        cfg = cfg.with_defaults({"tie_word_embeddings": True})
-        text = cfg.sub("text_config", required=False).with_defaults(_TEXT_DEFAULTS)
-        layers, embedding, head = _text_model(text, prefix="model.language_model.")
+    top, text, prefix = text_config_of(cfg, "gemma3n_text", _TEXT_DEFAULTS)
+    layers, embedding, head = _text_model(text, prefix=prefix)
+    towers: list[TensorSpec] = []
+    notes: tuple[str, ...] = ()
+    if top is not text:
         h = text.int("hidden_size")
-        vision = cfg.sub("vision_config", required=False)
-        vision = vision.with_defaults(_VISION_DEFAULTS)
-        audio = cfg.sub("audio_config", required=False)
-        audio = audio.with_defaults(_AUDIO_DEFAULTS)
+        vision = top.sub("vision_config", required=False).with_defaults(_VISION_DEFAULTS)
+        audio = top.sub("audio_config", required=False).with_defaults(_AUDIO_DEFAULTS)
         towers = [
             _timm_tower(vision),
             *audio_tensors(audio, prefix="model.audio_tower."),
             *_embedder(vision, h, prefix="model.embed_vision."),
             *_embedder(audio, h, prefix="model.embed_audio."),
         ]
-        tied = cfg.bool("tie_word_embeddings")
         notes = ("the MobileNet-v5 vision tower, the Conformer audio tower and their embedders are counted in "
                  "'embedding' (component other); the vision tower as one tensor of its timm parameter count",)
-    vocab, h = text.int("vocab_size"), text.int("hidden_size")
-    return model_spec(
-        cfg,
-        hidden_size=h,
-        vocab_size=vocab,
-        layers=layers,
-        embedding=[*towers, *embedding],
-        head=[*head, *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
-        max_position_embeddings=text.int("max_position_embeddings"),
-        final_logit_softcapping=text.get("final_logit_softcapping", default=None) is not None,
+    return softcapped_text_spec(
+        top, text, layers=layers, embedding=[*towers, *embedding], head=head,
         notes=(*notes, f"AltUp carries {text.int('altup_num_inputs')} copies of the hidden state through every "
                        "layer; the activation estimate counts one"),
     )

@@ -51,10 +51,10 @@ from memest.sources.families._build import (
     gated_mlp,
     intern,
     linear,
-    lm_head,
-    model_spec,
     norm,
     router,
+    softcapped_text_spec,
+    text_config_of,
     token_embedding,
 )
 from memest.sources.families._layers import listed_kinds
@@ -107,45 +107,25 @@ LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
 
 def build(cfg: HFConfig) -> ModelSpec:
     """ModelSpec of a gemma4 / gemma4_text config."""
-    if cfg.model_type == "gemma4_text":
-        text = cfg.with_defaults(_TEXT_DEFAULTS)
-        layers, embedding, head = _text_model(text, prefix="model.")
-        towers: list[TensorSpec] = []
-        tied = text.bool("tie_word_embeddings")
-        notes: tuple[str, ...] = ()
-    else:
-        cfg = cfg.with_defaults({"tie_word_embeddings": True})
-        text = cfg.sub("text_config", required=False).with_defaults(_TEXT_DEFAULTS)
-        layers, embedding, head = _text_model(text, prefix="model.language_model.")
-        h = text.int("hidden_size")
-        towers = []
-        if isinstance(cfg.raw.get("vision_config"), dict):
-            vision = HFConfig(cfg.raw["vision_config"], name=cfg.name, source=cfg.source).with_defaults(_VISION_DEFAULTS)
-            towers += vision_tensors(vision, prefix="model.vision_tower.")
-            towers += linear("model.embed_vision.embedding_projection", vision.int("hidden_size"), h, OTHER, Split.NONE)
-        if isinstance(cfg.raw.get("audio_config"), dict):
-            audio = HFConfig(cfg.raw["audio_config"], name=cfg.name, source=cfg.source).with_defaults(_AUDIO_DEFAULTS)
-            towers += audio_tensors(audio, prefix="model.audio_tower.")
-            towers += linear("model.embed_audio.embedding_projection", audio.int("output_proj_dims"), h, OTHER,
-                             Split.NONE)
-        tied = cfg.bool("tie_word_embeddings")
-        names = [name for name in ("vision", "audio") if isinstance(cfg.raw.get(f"{name}_config"), dict)]
-        notes = (f"the {' and '.join(names)} tower{'s' if len(names) > 1 else ''} and "
-                 f"{'their projections are' if len(names) > 1 else 'its projection is'} counted in 'embedding' "
-                 "(component other)",) if names else ()
-    vocab, h = text.int("vocab_size"), text.int("hidden_size")
-    return model_spec(
-        cfg,
-        hidden_size=h,
-        vocab_size=vocab,
-        layers=layers,
-        embedding=[*towers, *embedding],
-        head=[*head, *([] if tied else lm_head(vocab, h))],
-        tie_word_embeddings=tied,
-        max_position_embeddings=text.int("max_position_embeddings"),
-        final_logit_softcapping=text.get("final_logit_softcapping", default=None) is not None,
-        notes=notes,
-    )
+    top, text, prefix = text_config_of(cfg, "gemma4_text", _TEXT_DEFAULTS)
+    layers, embedding, head = _text_model(text, prefix=prefix)
+    towers: list[TensorSpec] = []
+    names = [] if top is text else [name for name in ("vision", "audio")
+                                    if isinstance(top.raw.get(f"{name}_config"), dict)]
+    h = text.int("hidden_size")
+    if "vision" in names:
+        vision = top.sub("vision_config").with_defaults(_VISION_DEFAULTS)
+        towers += vision_tensors(vision, prefix="model.vision_tower.")
+        towers += linear("model.embed_vision.embedding_projection", vision.int("hidden_size"), h, OTHER, Split.NONE)
+    if "audio" in names:
+        audio = top.sub("audio_config").with_defaults(_AUDIO_DEFAULTS)
+        towers += audio_tensors(audio, prefix="model.audio_tower.")
+        towers += linear("model.embed_audio.embedding_projection", audio.int("output_proj_dims"), h, OTHER,
+                         Split.NONE)
+    notes = (f"the {' and '.join(names)} tower{'s' if len(names) > 1 else ''} and "
+             f"{'their projections are' if len(names) > 1 else 'its projection is'} counted in 'embedding' "
+             "(component other)",) if names else ()
+    return softcapped_text_spec(top, text, layers=layers, embedding=[*towers, *embedding], head=head, notes=notes)
 
 
 def layer_types(text: HFConfig, num_layers: int) -> list[str]:
