@@ -30,7 +30,7 @@ import types
 
 def main(src: str, name: str, b: int = 1, t: int = 256, n_layer: int = 2, keep: str = "ctx") -> None:
     import torch
-    import torch.nn as nn
+    from torch import nn
     from torch.profiler import ProfilerActivity, profile, record_function
 
     utils = types.ModuleType("litgpt.utils")
@@ -59,7 +59,7 @@ def main(src: str, name: str, b: int = 1, t: int = 256, n_layer: int = 2, keep: 
             return out if self.bias is None else out + self.bias
 
     nn.Linear = Linear4bit
-    import litgpt.lora as lora
+    from litgpt import lora
 
     def chunked_cross_entropy(logits, targets, ignore_index=-100):  # litgpt/utils.py at 00af8b0, list input
         logit_chunks = [c.reshape(-1, c.size(-1)) for c in logits]

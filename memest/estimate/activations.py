@@ -10,9 +10,9 @@ activations".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
-import dataclasses
 from dataclasses import dataclass, field
 
 from memest import lora_targets
