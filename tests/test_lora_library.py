@@ -13,6 +13,7 @@ from memest.estimate.sharding import stages
 from memest.estimate.training.protocol import states_input
 from memest.estimate.training.qlora_base import NF4, base_bytes
 from memest.estimate.training.states import model_states
+from memest.estimate.training.step import moments
 from memest.sources import load_model
 from memest.workload import (
     Framework,
@@ -107,13 +108,18 @@ def test_litgpt_bitsandbytes_keeps_each_4bit_linears_input(llama):
     assert layers(LoraLibrary.LITGPT) - layers(LoraLibrary.TORCHTUNE) == 629_145_600 + 536_870_912
 
 
-def test_litgpt_nf4_lm_head_is_dequantized_in_its_backward(llama):
-    # 131,072,000 lm_head weights x (2 B fp16 from dequantize_4bit + 2 B bf16 cast) = 524,288,000 B at the loss
+def test_litgpt_nf4_lm_head_is_dequantized_in_its_forward_and_backward(llama):
+    # 131,072,000 lm_head weights x (2 B fp16 from dequantize_4bit + 2 B bf16 cast) = 524,288,000 B, in the lm_head's
+    # forward (beside its 512 x 32000 x 2 B = 32,768,000 B of bf16 chunk outputs) and at the loss backward
+    by_moment = moments(llama, _qlora(LoraLibrary.LITGPT), A10G)
+    for name in ("head_forward", "loss_backward"):
+        assert [t.bytes for t in by_moment[name] if t.name == "workspace.dequantized_weight"] == [524_288_000]
+    assert [t.bytes for t in by_moment["head_forward"] if t.name == "logits"] == [32_768_000]
     est = estimate(llama, _qlora(LoraLibrary.LITGPT), A10G)
-    assert est.extra["peak_moment"] == "loss_backward"
     assert [t.bytes for t in est.per_device.terms if t.name == "workspace.dequantized_weight"] == [524_288_000]
-    tune = estimate(llama, _qlora(LoraLibrary.TORCHTUNE), A10G)
-    assert not [t for t in tune.per_device.terms if t.name == "workspace.dequantized_weight"]
+    tune = moments(llama, _qlora(LoraLibrary.TORCHTUNE), A10G)
+    assert "head_forward" not in tune  # a 16-bit lm_head: no dequantized weight, no such moment
+    assert not [t for t in tune["loss_backward"] if t.name == "workspace.dequantized_weight"]
 
 
 def test_litgpt_builds_its_own_lm_head_for_a_tied_checkpoint():
@@ -224,3 +230,24 @@ def test_litgpt_runs_its_own_attention(llama):
     t = _qlora(LoraLibrary.LITGPT, lora=LoraConfig(rank=32, targets="q_proj,v_proj", dropout=0.05))
     acts = layer_activations(llama.reference_layer, hidden=4096, seq_len=512, x=execution(llama, t, Framework.PYTORCH))
     assert acts.inside + acts.outside == 223_496
+
+
+def test_litgpt_bitsandbytes_042_inputs_outlive_the_backward(llama):
+    # bitsandbytes 0.42 MatMul4Bit keeps its input as ctx.tensors, which autograd does not free after the node's
+    # backward; litgpt's fit() keeps `logits` and `loss` (so the graph) until the next micro-batch's loss replaces
+    # them. Llama-2-7B, 512 tokens, per layer: q/k/v's input (the input norm output) 4096 x 2 B x 512 = 4 MiB, o_proj's
+    # 4 MiB, the MLP's (one tensor for gate and up) 4 MiB, down_proj's 11008 x 2 B x 512 = 11,272,192 B (one CUDA
+    # block): 23,855,104 B x 32 = 763,363,328 B; less the first layer's q/k/v input, which needs no gradient
+    # (ctx.tensors = (None, None)): - 4,194,304; plus the NF4 lm_head's input 4096 x 2 B x 512 = 4,194,304 B
+    by_moment = moments(llama, _qlora(LoraLibrary.LITGPT), A10G)
+
+    def named(moment):
+        return [t.bytes for t in by_moment[moment] if t.name == "activations.previous_microbatch"]
+    for moment in ("layer_forward", "head_forward", "loss_forward"):
+        assert named(moment) == [763_363_328]
+    for moment in ("loss_backward", "first_layer_backward", "last_layer_backward", "optimizer_step"):
+        assert named(moment) == []  # fit() rebinds `loss` before the backward: the previous graph is freed
+    assert estimate(llama, _qlora(LoraLibrary.LITGPT), A10G).extra["peak_moment"] == "head_forward"
+    # PEFT's bitsandbytes keeps no input (ctx.tensors = (None, B)): nothing outlives its backward
+    peft = moments(llama, _qlora(LoraLibrary.PEFT), A10G)
+    assert not [t for terms in peft.values() for t in terms if t.name == "activations.previous_microbatch"]

@@ -10,6 +10,7 @@ activations".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -132,9 +133,12 @@ class Execution:
             fp32, :class:`memest.workload.KbitPrep`). Their ``MatMul4Bit`` keeps only the quantized
             weight for backward (``bitsandbytes/autograd/_functions.py``), never the input.
         saves_4bit_inputs: bitsandbytes 0.42's ``MatMul4Bit.forward`` sets ``ctx.tensors = (A, B)``
-            (tag 0.42.0, commit 4870580, ``autograd/_functions.py``; 0.43 keeps ``(None, B)``): every
-            4-bit linear keeps its input for backward whenever it needs a gradient, as a trained
-            linear would. litgpt pins ``bitsandbytes==0.42.0`` (``pyproject.toml``, commit 00af8b0).
+            (tag 0.42.0, commit 4870580, ``autograd/_functions.py``; 0.43.2 keeps ``(None, B)``, commit
+            9e75374, #1270 "fix QLoRA mem bug: delete useless buffered activation"): every 4-bit linear
+            keeps its input for backward whenever it needs a gradient, as a trained linear would. An
+            attribute of ``ctx``, not a ``save_for_backward`` variable, it outlives the node's backward
+            (:attr:`Saved.graph_held`). litgpt pins ``bitsandbytes==0.42.0`` (``pyproject.toml``, commit
+            00af8b0).
         fused_gelu: The model code is litgpt's: its ``GptNeoxMLP`` / ``GemmaMLP`` call
             ``torch.nn.functional.gelu(x, approximate=config.gelu_approximate)`` (``litgpt/model.py``,
             commit 00af8b0; phi-2's config sets ``gelu_approximate="tanh"``), one op where transformers'
@@ -204,6 +208,11 @@ class Saved:
         block: ``attention`` or ``mlp`` for the tensors those blocks make, else empty.
         kept: False for a forward temporary autograd does not keep (counted in a checkpointed
             forward's working set only).
+        graph_held: Held as an attribute of its autograd node's ``ctx`` (bitsandbytes 0.42
+            ``MatMul4Bit``'s ``ctx.tensors``), not as a ``save_for_backward`` variable: the engine's
+            ``release_variables`` after the node's backward frees only saved variables, so the
+            tensor lives as long as the graph does (the training loop's references to the loss and
+            logits: :func:`memest.estimate.training.activation_terms._previous_microbatch`).
     """
 
     what: str
@@ -211,6 +220,7 @@ class Saved:
     inside: bool = True
     block: str = ""
     kept: bool = True
+    graph_held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,11 +256,14 @@ class LayerActivations:
         """Bytes per token on one TP rank."""
         return self.inside / tp + (self.outside / tp if sequence_parallel else self.outside)
 
-    def block_bytes(self, tokens: int, tp: int, sequence_parallel: bool) -> int:
+    def block_bytes(self, tokens: int, tp: int, sequence_parallel: bool, *, graph_held: bool = False) -> int:
         """Bytes on one TP rank for ``tokens`` tokens as the CUDA caching allocator counts them: each
-        tensor in its own block (:func:`memest.estimate.runtime.cuda_block_bytes`)."""
+        tensor in its own block (:func:`memest.estimate.runtime.cuda_block_bytes`); with ``graph_held``
+        only those an autograd node holds past its backward (:attr:`Saved.graph_held`)."""
         total = 0
         for t in self.tensors:
+            if graph_held and not t.graph_held:
+                continue
             div = tp if t.inside or sequence_parallel else 1
             total += cuda_block_bytes(math.ceil(t.width * tokens / div))
         return total
@@ -351,8 +364,8 @@ def _read(what: str, width: int, readers: list[TensorSpec], x: Execution, *, tra
     if x.saves_4bit_inputs and needs_grad:
         # bitsandbytes 0.42 MatMul4Bit keeps its (compute-dtype) input: one tensor for all readers
         c = x.compute_bytes
-        out.append(Saved(what, size * width, inside) if size == c
-                   else Saved(f"{what} (Linear4bit compute-dtype copy)", c * width, inside))
+        out.append(Saved(what, size * width, inside, graph_held=True) if size == c
+                   else Saved(f"{what} (Linear4bit compute-dtype copy)", c * width, inside, graph_held=True))
     shared = not cast and size == (x.compute_bytes if x.autocast else lora.adapter_bytes) and lora.dropout == 0
     for t in readers:
         if not lora.adapts(t):
@@ -432,9 +445,11 @@ def _routers(layer: LayerSpec) -> list[TensorSpec]:
 
 
 def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, input_readers: list[TensorSpec],
-               input_what: str, input_width: int, active: bool = True) -> list[Saved]:
+               input_what: str, input_width: int, active: bool = True, input_grad: bool = True) -> list[Saved]:
     """The attention block's saved tensors, its input as its projections keep it included; when
-    nothing in it needs a gradient (``active`` False) only the adapters' inputs."""
+    nothing in it needs a gradient (``active`` False) only the adapters' inputs. ``input_grad``: the
+    block's input needs a gradient (bitsandbytes 0.42 ``MatMul4Bit`` keeps it only then:
+    ``if any(ctx.needs_input_grad[:2])``, :attr:`Execution.saves_4bit_inputs`)."""
     attn = layer.attention
     c = x.compute_bytes
     trains = x.lora is None
@@ -457,7 +472,7 @@ def _attention(layer: LayerSpec, x: Execution, seq_len: int, selective: bool, in
         return _read(input_what, input_width, input_readers, x)
     a, k, d, dv = attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.v_head_dim
     adapted = [t for t in attn_in if x.lora is not None and x.lora.adapts(t)]
-    out = _read(input_what, input_width, input_readers, x)
+    out = _read(input_what, input_width, input_readers, x, needs_grad=input_grad)
     if x.litgpt_attention and adapted and len(adapted) < len(attn_in):
         out.append(Saved("zero_pad's index_copy_ source (the adapted q / k / v LoRA outputs)",
                          sum(t.shape[0] for t in adapted) * c))
@@ -699,13 +714,14 @@ def _layer(layer: LayerSpec, h: int, seq_len: int, x: Execution, selective: bool
             out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
             out += _tag("mlp", _mlp(layer, x, mlp_in, "MLP input norm output", h, mlp_active))
         else:  # one norm output, read by both blocks: kept once unless under autocast or LoRA
-            out += _read("input norm output", h, [*attn_in, *mlp_in], x)
+            out += _read("input norm output", h, [*attn_in, *mlp_in], x, needs_grad=grad)
             out += _tag("attention", _attention(layer, x, seq_len, selective, [], "", h, attn_active))
             out += _tag("mlp", _mlp(layer, x, [], "", h, mlp_active))
         return out
 
     out += norm("input norm", grad)
-    out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active))
+    out += _tag("attention", _attention(layer, x, seq_len, selective, attn_in, "input norm output", h, attn_active,
+                                        input_grad=grad))
     if layer.attention.cross_attention:
         out += norm("cross-attention norm", after_attn)
         out += _read("cross-attention norm output", h, attn_in[:1], x)
@@ -771,7 +787,7 @@ def _unsloth_layer(layer: LayerSpec, h: int, x: Execution) -> list[Saved]:
 
 
 def _tag(block: str, tensors: list[Saved]) -> list[Saved]:
-    return [Saved(t.what, t.width, t.inside, block, t.kept) for t in tensors]
+    return [dataclasses.replace(t, block=block) for t in tensors]
 
 
 def norm_bytes(kind: str, h: int, x: Execution, *, readers: int, weight_trains: bool) -> float:

@@ -16,17 +16,6 @@ from __future__ import annotations
 GOAL = 0.10
 """Issue 14's bound on a case's |error| (and on under-prediction) on the figure its source measured."""
 
-_LITGPT_QLORA = ("under-prediction (-10% .. -11%): memest runs litgpt 0.4's own layer (Execution.litgpt_attention: "
-                 "the fused qkv linear, its output kept through the V view under MHA, K and V copied to n_head under "
-                 "GQA, zero_pad's index_copy_ source, one dropout per LoRAQKVLinear, fc_1 / fc_2 adapters, no residual "
-                 "dropout), which matches its saved tensors counted on the CPU within 0.4 B x h per token per layer "
-                 "(benchmarks/litgpt_saved_tensors.py: litgpt/model.py and lora.py at commit 00af8b0, a stand-in for bitsandbytes 0.42's MatMul4Bit "
-                 "keeping its input). The step sets the peak, not the load (lightning 2.3 _quantize_on_load_hook "
-                 "quantizes one Linear at a time from its fp16 copy: the NF4 model + the largest linear x 2 B). What "
-                 "remains, 1.6-2.0 GB here (10-12 B x h per token per layer), is not identified; memest also "
-                 "over-counts the loss path (fit() keeps the bf16 logit chunks and F.cross_entropy runs on them, ~4 B "
-                 "x b s V where memest counts 12), which hides the same shortfall in the 256k-vocabulary gemma rows")
-
 KNOWN_GAPS: dict[str, str] = {
     "ds_gist_llama7b_zero2_bs1_ckpt": "over-prediction: a reading before the first optimizer step: the row's "
     "max_memory_allocated 23.5 GB is below 2P + 12P/N = 23.58 GB, what a ZeRO-2 Adam rank holds from its first step "
@@ -99,7 +88,6 @@ KNOWN_GAPS: dict[str, str] = {
     "'21GB' per GPU, GB or GiB and GPU type not stated): accelerate's FSDP1 with fsdp_offload_params over a "
     "bitsandbytes NF4 base (its quant states and the cpu_ram_efficient_loading path) is modelled as FSDP2 "
     "CPUOffloadPolicy: not identified",
-    **{f"litgpt_{m}_qlora_a10g": _LITGPT_QLORA for m in ("mistral7b", "mistral7bv02", "phi3")},
 }
 """Case id (``@nvidia`` for a second figure) -> the mechanism still missing, for every hand-mapped case beyond
 :data:`GOAL`."""

@@ -460,7 +460,7 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
                 "assumed (max_seq_length)")
         if method is Method.QLORA:
             note += ("; bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes 0.42 (MatMul4Bit "
-                     "keeps its input); bitsandbytes PagedAdamW (fp32 states, those of tensors >= 1e5 elements in "
+                     "keeps its input as ctx.tensors, alive until fit() rebinds loss in the next micro-batch); bitsandbytes PagedAdamW (fp32 states, those of tensors >= 1e5 elements in "
                      "managed memory, outside the allocator's count)")
         if lora["head"]:
             note += "; the lm_head's LoRA adapter is not modelled ((V + h) x r elements)"

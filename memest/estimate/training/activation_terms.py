@@ -39,6 +39,7 @@ from memest.estimate.runtime import cuda_block_bytes
 from memest.estimate.serving.hf.prefill import DEFAULT_CODE, FORWARD_CODE
 from memest.estimate.sharding import Stage, shard_numel
 from memest.estimate.training.lora import adapter_bytes, lora_adapters
+from memest.estimate.training.qlora_base import quantizes_lm_head
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
 from memest.memo import remembered
 from memest.result import Kind, Term
@@ -169,13 +170,15 @@ class ActivationTerms(NamedTuple):
 
 def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None, logits: Term | None,
                  logits_forward: Term | None, autocast_weights: Term | None, autocast_layer: Term | None,
-                 masks: Term | None) -> ActivationTerms:
+                 masks: Term | None, previous: Term | None = None, logits_head: Term | None = None) -> ActivationTerms:
     """The activation terms by lifetime. ``head``: the embeddings', final norm's and lm_head input's
     activations; ``embedding``: the embeddings' part of them (what exists before the final norm);
     ``logits`` at the loss backward, ``logits_forward`` inside the forward's loss; ``autocast_weights``:
     torch.autocast's 16-bit weight copies kept for backward, ``autocast_layer`` one layer's (what is
     left at the last layer's backward); ``masks``: eager attention's materialized causal masks (during
-    the forward, and through the backward under recompute: the checkpoints keep them)."""
+    the forward, and through the backward under recompute: the checkpoints keep them); ``previous``: what the
+    previous micro-batch's graph still holds (:func:`_previous_microbatch`); ``logits_head``: the lm_head's
+    outputs at its last matmul, where an NF4 lm_head is dequantized for it (:func:`_head_terms`)."""
     none = ()
     kept_masks = (masks,) if masks else none
     lifetimes = (  # in ACTIVATION_LIFETIMES order
@@ -195,6 +198,8 @@ def _by_lifetime(layers: _LayerTerms, head: Term | None, embedding: Term | None,
         kept_masks if layers.rebuilt else none,                                  # masks.rebuilt
         (logits_forward,) if logits_forward else none,                           # logits.forward
         (logits,) if logits else none,                                           # logits.backward
+        (previous,) if previous else none,                                       # activations.previous_microbatch
+        (logits_head,) if logits_head else none,                                 # logits.head_forward
     )
     return ActivationTerms(lifetimes, tuple(sum(map(_BYTES, terms)) for terms in lifetimes))
 
@@ -214,10 +219,11 @@ def activation_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, stage:
     in_flight = min(par.pp - stage.index, t.grad_accum_steps) if par.pp > 1 else 1
     kinds = spec.layer_kinds(stage.start, stage.stop)
     layers = _layer_terms(spec, t, x, stage, in_flight)
-    head, embedding, logits, logits_forward = _head_terms(spec, t, fw, x, stage, in_flight)
+    head, embedding, logits, logits_forward, logits_head, head_held = _head_terms(spec, t, fw, x, stage, in_flight)
     cast_all, cast_layer = _autocast_terms(spec, t, x, stage) if x.autocast else (None, None)
     terms = _by_lifetime(layers.terms, head, embedding, logits, logits_forward, cast_all, cast_layer,
-                         _eager_masks(kinds, x, t, par))
+                         _eager_masks(kinds, x, t, par), _previous_microbatch(layers.terms.held + head_held),
+                         logits_head)
     return terms._replace(offloaded=layers.offloaded)
 
 
@@ -232,6 +238,7 @@ class _LayerTerms(NamedTuple):
     first_transient: Term  # that layer's backward gradients
     other_microbatches: Term | None  # pipeline: the in-flight micro-batches not being back-propagated
     layer_forward: Term | None  # a layer's forward beyond the stored activations (recompute, eager softmax)
+    held: int = 0  # of ``stored``, the bytes autograd nodes hold past their backward (Saved.graph_held)
 
 
 class _Layers(NamedTuple):
@@ -252,6 +259,7 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
     rebuilt = transient = 0.0  # the layer whose rebuilt tensors and backward together are the largest
     first = first_rebuilt = first_back = last_back = 0.0
     forward = 0.0
+    held = 0  # the graph-held inputs (Saved.graph_held) of one micro-batch, without recompute
     kinds = spec.layer_kinds(stage.start, stage.stop)
     first_layer, last_layer = spec.layers[stage.start], spec.layers[stage.stop - 1]
     # under LoRA the first layer's input needs no gradient (layer_activations, input_grad)
@@ -273,6 +281,8 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
             kept = per_layer
         stored += kept * count
         largest_kept = max(largest_kept, kept)
+        if t.recompute is Recompute.NONE:
+            held += full.block_bytes(tokens, tp, sp, graph_held=True) * count
         if layer is first_layer:
             first = kept
             if t.recompute is Recompute.FULL and stage.first and input_bytes != x.stream_bytes:
@@ -280,9 +290,13 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
                 first = cuda_block_bytes(math.ceil(input_bytes * h / (tp if sp else 1) * tokens))
                 stored += first - kept
             if frozen_input and t.recompute in (Recompute.NONE, Recompute.SELECTIVE):
-                first = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
-                                          input_grad=False).block_bytes(tokens, tp, sp)
+                frozen = layer_activations(layer, hidden=h, seq_len=eager_len, x=x, selective=selective,
+                                           input_grad=False)
+                first = frozen.block_bytes(tokens, tp, sp)
                 stored += first - kept
+                if t.recompute is Recompute.NONE:
+                    held += (frozen.block_bytes(tokens, tp, sp, graph_held=True)
+                             - full.block_bytes(tokens, tp, sp, graph_held=True))
         extra = full.forward_extra * tokens / (tp if sp else 1)
         if t.recompute in (Recompute.FULL, Recompute.SELECTIVE_OP):
             # the recomputation's own temporaries, before the layer's backward proper
@@ -340,13 +354,17 @@ def _layer_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stag
                         "one layer's forward: its tensors (discarded under recompute) + eager attention's masked "
                         "scores and their fp32 copy at the softmax") if forward > 0 else None
     return _Layers(_LayerTerms(stored_term, loss_term if t.checkpoints_on_device else stored_term, rebuilt_term,
-                               transient_term, first_term, first_back_term, others, forward_term), max(0, offloaded))
+                               transient_term, first_term, first_back_term, others, forward_term, held),
+                   max(0, offloaded))
 
 
 def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Execution, stage: Stage,
-                in_flight: int) -> tuple[Term | None, Term | None, Term | None, Term | None]:
+                in_flight: int) -> tuple[Term | None, Term | None, Term | None, Term | None, Term | None, int]:
     """(the head's activations, the embeddings' part of them, the logits at the loss backward, inside the
-    forward's loss)."""
+    forward's loss, at the lm_head's forward where it is NF4 (litgpt's QLoRA: the c-byte outputs of its
+    chunks, ``GPT.forward``'s ``[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]``,
+    litgpt/model.py at 00af8b0, the last being written beside the dequantized weight), and the bytes of the
+    lm_head's input its bitsandbytes 0.42 ``MatMul4Bit`` holds (:attr:`Execution.saves_4bit_inputs`))."""
     par = t.parallelism
     tp, sp = par.tp, par.sequence_parallel
     b = t.micro_batch_size
@@ -361,7 +379,8 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
             head_bytes += emb
             emb_bytes = emb
             head_parts.append("embedding norm/dropout")
-    logits_term = logits_fwd = None
+    logits_term = logits_fwd = logits_head = None
+    head_held = 0
     if stage.last:
         lm = spec.task in ("causal_lm", "seq2seq", "masked_lm")
         out_len = t.target_len if spec.task == "seq2seq" and t.target_len is not None else t.seq_len
@@ -370,8 +389,13 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
             head_trains = x.lora is None and lm
             # torchtune and torchtitan compile the layers one by one: the final norm runs eager
             eager = dataclasses.replace(x, compiled=False)
-            readers = 1 if head_trains else 0
+            # litgpt's NF4 lm_head keeps its input like a trained one (bitsandbytes 0.42 MatMul4Bit)
+            nf4_head = lm and x.saves_4bit_inputs and quantizes_lm_head(t.lora_library)
+            readers = 1 if head_trains or nf4_head else 0
             kept = norm_bytes(spec.reference_layer.norm, h, eager, readers=readers, weight_trains=x.lora is None)
+            if nf4_head and t.recompute is Recompute.NONE:
+                head_held = math.ceil((kept - norm_bytes(spec.reference_layer.norm, h, eager, readers=0,
+                                                         weight_trains=x.lora is None)) * tokens_out)
             if _dtensor_gathers_head_input(t, fw):
                 # the norm's own tensors on the s/tp shard, the lm_head's input all-gathered (b x s x h)
                 own = norm_bytes(spec.reference_layer.norm, h, eager, readers=0, weight_trains=x.lora is None)
@@ -383,11 +407,42 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
         if lm:
             logits_term = _logits(spec, t, fw, x, tokens_out)
             logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
+            if t.method is Method.QLORA and quantizes_lm_head(t.lora_library):
+                v = math.ceil(spec.vocab_size / par.tp)
+                c = _logits_bytes(t, x)
+                logits_head = Term("logits", Kind.LOGITS, tokens_out * v * c,
+                                   f"b x s x V/t x {c} B (the lm_head's outputs, at its last chunk's matmul)")
     head_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(head_bytes * in_flight),
                      " + ".join(head_parts) + " x b x s") if head_bytes else None
     embedding_term = Term("activations.head", Kind.ACTIVATIONS, math.ceil(emb_bytes * in_flight),
                           "embedding norm/dropout x b x s") if emb_bytes else None
-    return head_term, embedding_term, logits_term, logits_fwd
+    return head_term, embedding_term, logits_term, logits_fwd, logits_head, head_held
+
+
+def _previous_microbatch(held: int) -> Term | None:
+    """What the previous micro-batch's graph still holds through the next micro-batch's forward and loss:
+    the ``held`` bytes of its inputs that bitsandbytes 0.42 ``MatMul4Bit`` keeps as ``ctx.tensors``
+    (:attr:`memest.estimate.activations.Saved.graph_held`; None when there are none).
+
+    Sources: bitsandbytes 0.42.0 ``autograd/_functions.py`` ``MatMul4Bit.forward`` stores ``ctx.tensors =
+    (A, B)``, an attribute of ``ctx`` rather than ``save_for_backward`` (which torch documents as needed "to
+    prevent incorrect gradients and memory leaks", ``FunctionCtx.save_for_backward``): autograd frees a
+    node's saved variables after its backward, not its ``ctx``'s attributes, which live as long as the graph.
+    litgpt's ``fit()`` (``litgpt/finetune/lora.py`` at 00af8b0) binds ``logits = model(...)`` and ``loss =
+    chunked_cross_entropy(...)`` and keeps both through ``fabric.backward`` and the optimizer step, so the
+    graph, reachable from their ``grad_fn``, lives until the next micro-batch's loss replaces ``loss``:
+    through that micro-batch's whole forward, lm_head and loss. Counted on the CPU with litgpt's own
+    model code at 00af8b0 and a MatMul4Bit stand-in storing ``ctx.tensors`` as 0.42 does (torch 2.13;
+    ``benchmarks/litgpt_fit_retained.py``): after each backward, and at the next forward's peak, exactly
+    the layers' 4-bit inputs and the lm_head's stay beyond a ``save_for_backward`` stand-in's bytes.
+    bitsandbytes 0.43.2 keeps ``(None, B)`` (commit 9e75374, #1270). Under recompute a checkpointed
+    layer's ``MatMul4Bit`` would hold its input through the forward too: not modelled (litgpt 0.4's
+    ``finetune/lora.py`` does not checkpoint)."""
+    if not held:
+        return None
+    return Term("activations.previous_microbatch", Kind.ACTIVATIONS, held,
+                "the previous micro-batch's 4-bit linear inputs x b x s (bitsandbytes 0.42 MatMul4Bit ctx.tensors, "
+                "alive until litgpt's fit() rebinds loss)")
 
 
 def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: Stage) -> tuple[Term, Term]:

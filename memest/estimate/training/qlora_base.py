@@ -8,7 +8,8 @@
 
 litgpt is modelled as of its published config-hub table (``config_hub/finetune/README.md``, commit
 00af8b0, Sep 2024: ``bitsandbytes==0.42.0``, whose ``MatMul4Bit`` keeps each 4-bit linear's input,
-:attr:`memest.estimate.activations.Execution.saves_4bit_inputs`). Later litgpt (Oct 2024, #1770)
+:attr:`memest.estimate.activations.Execution.saves_4bit_inputs`, as ``ctx.tensors``, past its backward until
+litgpt's ``fit()`` lets the graph go: :func:`memest.estimate.training.activation_terms._previous_microbatch`). Later litgpt (Oct 2024, #1770)
 swaps ``transformer.wte`` for bitsandbytes' ``StableEmbedding`` after the optimizer is built, and
 (Dec 2024, #1893) moves to a bitsandbytes that keeps no inputs: neither is modelled. Every library
 dequantizes one weight at a time to the compute dtype for its matmul (bitsandbytes ``MatMul4Bit``:

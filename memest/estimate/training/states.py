@@ -230,8 +230,9 @@ def _dequantized(spec: ModelSpec, stage: Stage, par: Parallelism, c: int) -> Ter
 
 
 def _dequantized_head(spec: ModelSpec, stage: Stage, t: StatesInput, c: int) -> tuple[Term, ...]:
-    """litgpt's NF4 lm_head in its backward (:mod:`.qlora_base`): bitsandbytes 0.42 ``MatMul4Bit.backward``
-    computes ``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``; Fabric quantized the weight from
+    """litgpt's NF4 lm_head in its forward and its backward (:mod:`.qlora_base`): bitsandbytes 0.42
+    ``MatMul4Bit.forward`` computes ``F.dequantize_4bit(B, quant_state).to(A.dtype)``, its backward
+    ``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``; Fabric quantized the weight from
     fp16 (``_Linear4bit._quantize_weight``: ``.to(dtype=torch.half)``), so the dequantized fp16 copy and
     its cast to the compute dtype are both alive inside ``.to``: 2 x vocab x h x 2 B."""
     if t.method is not Method.QLORA or not stage.last or not qlora_base.quantizes_lm_head(t.lora_library):
@@ -240,4 +241,4 @@ def _dequantized_head(spec: ModelSpec, stage: Stage, t: StatesInput, c: int) -> 
                 if tn.component is Component.LM_HEAD and len(tn.shape) == 2),
                default=qlora_base.untied_head_numel(spec, t.lora_library, stage.last))
     return (Term("workspace.dequantized_weight", Kind.WORKSPACE, head * (2 + c),
-                 f"the NF4 lm_head x (2 + {c}) B (its fp16 dequantized copy and the cast, in its backward)"),)
+                 f"the NF4 lm_head x (2 + {c}) B (its fp16 dequantized copy and the cast, in its matmul)"),)

@@ -22,7 +22,7 @@ from memest.estimate.training.optimizers import PAGED_OPTIMIZERS, state_bytes_pe
 from memest.estimate.training.protocol import states_input
 from memest.estimate.training.recipes import RECIPES
 from memest.estimate.training.states import ModelStates, model_states
-from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE
+from memest.estimate.training.table import LIFETIMES, MOMENT_TABLE, OPTIONAL_MOMENTS
 from memest.estimate.weights import SCHEMES, weight_bytes
 from memest.result import PAGED_STATES, Estimate, Kind, RankEstimate, Term
 from memest.spec import ModelSpec
@@ -102,9 +102,14 @@ def _build_moments(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: De
                    stage: Stage) -> tuple[dict[str, list[Term]], ModelStates]:
     """Every moment's allocated terms, and the model states they were built from."""
     st, alive, _ = _setup(spec, t, fw, device, stage)
-    out = {moment: list(chain.from_iterable(alive_at(alive)))
-           for moment, alive_at in _ALIVE_AT if moment != "gradient_reduction" or st.reduction}
+    out = {moment: list(chain.from_iterable(alive_at(alive))) for moment, alive_at in _ALIVE_AT if _exists(moment, alive)}
     return out, st
+
+
+def _exists(moment: str, alive: tuple[tuple[Term, ...], ...]) -> bool:
+    """False for an optional moment whose lifetime holds no term (:data:`.table.OPTIONAL_MOMENTS`)."""
+    needs = OPTIONAL_MOMENTS.get(moment)
+    return needs is None or bool(alive[LIFETIMES.index(needs)])
 
 
 _ALIVE_AT = tuple((moment, operator.itemgetter(*(LIFETIMES.index(name) for name in names)))
@@ -125,7 +130,7 @@ def _stage_terms(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devi
     # a moment holds allocated kinds only: its bytes are its peak allocated; the first of the largest
     best = -1
     for moment, alive_at in _ALIVE_AT:
-        if moment == "gradient_reduction" and not st.reduction:
+        if not _exists(moment, alive):
             continue
         total = sum(alive_at(sizes))
         if total > best:
