@@ -411,15 +411,7 @@ def _nemo2(r: _Reader, doc: Launch) -> str | None:
                                "and its weight-norm activations are not counted)")
         else:
             r.values["train"], r.origins["train"] = True, where
-    degrees = {"tp": 1, "pp": 1, "cp": 1}
-    for key, setting in (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
-                         ("context_parallel_size", "cp"), ("expert_model_parallel_size", "ep")):
-        value = r.integer("trainer.strategy." + key)
-        if value is not None:
-            r.put(setting, value, "trainer.strategy." + key)
-            degrees[setting] = value
-    if r.switch("trainer.strategy.sequence_parallel") and degrees["tp"] > 1:
-        r.put("sequence_parallel", True, "trainer.strategy.sequence_parallel")
+    degrees = _parallel(r, "trainer.strategy.")
     if r.get("trainer.strategy.sequence_parallelism") is not None:
         r.notes.append(f"{r.path.name}: trainer.strategy.sequence_parallelism is no argument of MegatronStrategy "
                        "(its switch is sequence_parallel): not read")
@@ -458,18 +450,25 @@ def _nemo2(r: _Reader, doc: Launch) -> str | None:
     return model
 
 
-def _nemo1(r: _Reader) -> None:
-    """NeMo 1: the ``trainer`` / ``model`` keys of :data:`READS`."""
-    r.values["train"], r.origins["train"] = True, getattr(r.doc, "command", "") or "model"
+def _parallel(r: _Reader, prefix: str) -> dict[str, int]:
+    """The Megatron parallel degrees under ``prefix`` (NeMo 2 ``trainer.strategy.``: MegatronStrategy's arguments;
+    NeMo 1 ``model.``), put as memest's settings, and ``sequence_parallel`` where tensor parallelism is on
+    (Megatron ignores it at tp 1). Returns tp / pp / cp (1 where not given) for the data-parallel arithmetic."""
     degrees = {"tp": 1, "pp": 1, "cp": 1}
     for key, setting in (("tensor_model_parallel_size", "tp"), ("pipeline_model_parallel_size", "pp"),
                          ("context_parallel_size", "cp"), ("expert_model_parallel_size", "ep")):
-        value = r.integer("model." + key)
+        value = r.integer(prefix + key)
         if value is not None:
-            r.put(setting, value, "model." + key)
+            r.put(setting, value, prefix + key)
             degrees[setting] = value
-    if r.switch("model.sequence_parallel") and degrees["tp"] > 1:
-        r.put("sequence_parallel", True, "model.sequence_parallel")
+    if r.switch(prefix + "sequence_parallel") and degrees["tp"] > 1:
+        r.put("sequence_parallel", True, prefix + "sequence_parallel")
+    return degrees
+
+def _nemo1(r: _Reader) -> None:
+    """NeMo 1: the ``trainer`` / ``model`` keys of :data:`READS`."""
+    r.values["train"], r.origins["train"] = True, getattr(r.doc, "command", "") or "model"
+    degrees = _parallel(r, "model.")
     micro = r.integer("model.micro_batch_size")
     if micro is not None:
         r.put("micro_batch_size", micro, "model.micro_batch_size")
