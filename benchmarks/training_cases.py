@@ -190,8 +190,12 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   (absmax), which are not parameters and so are not partitioned (about 1/64 B a weight on every rank).
 - **torchtitan_llama31_8b_fsdp128_h100 (high, +0.7% reserved).** Table 3 of the same benchmark as the
   8-GPU row: FSDP2 over 16 hosts; the states shrink by 15 GiB from 8 to 128 ranks, as measured.
-- **fms_mistral7b_lora_1gpu_bs4 (high, -4.5%).** 1.1 GiB short at the loss backward, about the size
-  of the bf16 logits (16,384 x 32,000 x 2 B = 0.98 GiB); transformers 4.48 may still hold them then.
+- **fms_mistral7b_lora_1gpu_bs4 (high, -0.5%).** Was -4.5%, 1.1 GiB short at the loss backward:
+  transformers 4.48.1's ``ForCausalLMLoss`` copies the fp32 logits (``logits[..., :-1, :].contiguous()``;
+  4.49.0 pads the labels instead) while the bf16 logits and their upcast are still referenced, so the
+  loss forward holds 14 B per logit (16,384 x 32,000 x 14 B = 6.84 GiB) and is the peak (``loss
+  shift_copy``). The same LoRA run at bs 8 agrees to -0.7%; under FSDP over 2 GPUs the Mistral rows still
+  grow by 0.3-0.4 GB more per sequence than memest's (gaps.py).
 
 Accuracy figures are deterministic (no timing involved). The CPU-measured activation checks
 (`tests/test_training_cpu_measured.py`) agree within 3% on every configuration measured.

@@ -426,8 +426,9 @@ def _fms_acceleration(pub: dict[str, dict], a100: Device) -> list[Case]:
     GPU (``is_sharded_qlora``) and skips both ``prepare_model_for_kbit_training`` and
     ``peft_module_casting_to_bf16``: the norms stay bf16 (:attr:`KbitPrep.NONE`); on one GPU it runs both
     (:attr:`KbitPrep.TRL`)."""
-    note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW), torch_dtype bf16, "
-            "gradient checkpointing, flash_attention_2, packed 4096-token sequences; QLoRA through trl 0.13's "
+    note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW; ForCausalLMLoss's shifted "
+            "fp32 copy of the logits), torch_dtype bf16, gradient checkpointing, flash_attention_2, packed 4096-token "
+            "sequences; QLoRA through trl 0.13's "
             "SFTTrainer with bf16=True (--prepare-kbit-training trl on one GPU: prepare_model_for_kbit_training, then "
             "peft_module_casting_to_bf16: norms fp32, embeddings and lm_head bf16, fp32 residual stream; under FSDP "
             "trl skips both: none)")
@@ -438,7 +439,7 @@ def _fms_acceleration(pub: dict[str, dict], a100: Device) -> list[Case]:
             continue
         n = case["hardware"]["count"]
         w = TrainingConfig(micro_batch_size=case["batch_size"], seq_len=4096, precision=Precision.BF16,
-                           optimizer=Optimizer.ADAMW, recompute=Recompute.FULL,
+                           optimizer=Optimizer.ADAMW, recompute=Recompute.FULL, loss=Loss.SHIFT_COPY,
                            attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH)
         if n > 1:
             w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3))
