@@ -34,8 +34,11 @@ _FMS_FSDP_SLOPE = ("under-prediction: fms-acceleration's Mistral-7B rows under a
                    "38.74 GB at bs 4 -> 8; memest -0.5%, -0.7%): LoRA 3.41 GB (15.14 -> 21.96 GB at bs 2 -> 4), QLoRA "
                    "with bf16 norms 3.27 GB (9.42 -> 15.97 GB); the LoRA rows' constant above the steady memory, 0.96 "
                    "GB, is the root and one layer unit gathered where memest has only the root (0.52 GB) at that "
-                   "moment. What FSDP1 (torch 2.4.1 flat parameters, use_orig_params) or accelerate 1.0.1 adds per "
-                   "sequence is not identified; the Mixtral-8x7B rows of the same table agree (-3.2% .. +5.9%)")
+                   "moment. On the CPU, FSDP1 (torch 2.13, gloo, 2 ranks; peft's fsdp_auto_wrap_policy, use_orig_params, "
+                   "reentrant checkpointing, 4.48.1's loss) adds nothing per sequence to a LoRA step "
+                   "(benchmarks/fsdp1_lora_cpu.md: -1.39 MB of 263.6 MB): what the run's torch 2.4.1 FSDP1, "
+                   "accelerate 1.0.1 or the CUDA kernels add per sequence is not identified; the Mixtral-8x7B rows "
+                   "of the same table agree (-3.2% .. +5.9%)")
 _FMS_NVIDIA = ("nvidia-smi (the mean of the GPUs' peaks less their first reading): the run's memory above its rank-0 "
                "peak allocated is {share} of it where memest's allocator slack and CUDA context / NCCL add {memest}; "
                "allocator fragmentation across the step (not modelled as more than a fixed share of the peak)")
