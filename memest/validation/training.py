@@ -428,10 +428,9 @@ def _fms_acceleration(pub: dict[str, dict], a100: Device) -> list[Case]:
     (:attr:`KbitPrep.TRL`)."""
     note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW; ForCausalLMLoss's shifted "
             "fp32 copy of the logits), torch_dtype bf16, gradient checkpointing, flash_attention_2, packed 4096-token "
-            "sequences; QLoRA through trl 0.13's "
-            "SFTTrainer with bf16=True (--prepare-kbit-training trl on one GPU: prepare_model_for_kbit_training, then "
-            "peft_module_casting_to_bf16: norms fp32, embeddings and lm_head bf16, fp32 residual stream; under FSDP "
-            "trl skips both: none)")
+            "sequences; QLoRA through trl 0.13's SFTTrainer with bf16=True (--prepare-kbit-training trl on one GPU: "
+            "prepare_model_for_kbit_training, then peft_module_casting_to_bf16: norms fp32, embeddings and lm_head "
+            "bf16, fp32 residual stream; under FSDP trl skips both: none)")
     lora16 = LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj", dropout=0.1)
     out = []
     for cid, case in pub.items():
