@@ -181,17 +181,23 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   in managed memory). Three QLoRA rows stay beyond -10% (both mistral-7b -11.1%, phi-3 -10.3%: expected
   failures): 1.6-2.0 GB (10-12 B x h per token per layer) not identified, not in the bf16 LoRA rows of the
   same models. litgpt runs phi-2's ``gelu_new`` as one ``gelu(approximate="tanh")`` op (``GptNeoxMLP``).
-- **PEFT's DeepSpeed ZeRO-3 guide (medium: Llama-2-70B LoRA on 8 GPUs -4.1%, QLoRA on 2 GPUs -6.3%,
+- **PEFT's DeepSpeed ZeRO-3 guide (medium: Llama-2-70B LoRA on 8 GPUs -4.1%, QLoRA on 2 GPUs -4.7%,
   both against device used).** The QLoRA run stores the NF4 base in bf16 ``Params4bit``
   (``bnb_4bit_quant_storage``), which ZeRO-3 partitions and gathers packed: its gathered layers are
   NF4-sized (were counted at 2 B a weight). trl prepares no sharded QLoRA model
   (``SFTTrainer._prepare_peft_model``: ``is_sharded_qlora``), so the trl stack defaults to
-  ``--prepare-kbit-training none`` under FSDP or ZeRO-3. Not modelled: the bitsandbytes quant states
-  (absmax), which are not parameters and so are not partitioned (about 1/64 B a weight on every rank).
+  ``--prepare-kbit-training none`` under FSDP or ZeRO-3. The bitsandbytes quant states (absmax) are
+  not parameters and so are not partitioned: whole on every rank (about 1/64 B a weight; transformers
+  4.48.1 moves only a quantized weight's data off the GPU under FSDP / ZeRO-3), which fms-acceleration's
+  FSDP QLoRA rows' steady memory shows (Mistral-7B 2.245 GB per rank, memest 2.200; Mixtral 12.737, 12.692).
 - **torchtitan_llama31_8b_fsdp128_h100 (high, +0.7% reserved).** Table 3 of the same benchmark as the
   8-GPU row: FSDP2 over 16 hosts; the states shrink by 15 GiB from 8 to 128 ranks, as measured.
-- **fms_mistral7b_lora_1gpu_bs4 (high, -4.5%).** 1.1 GiB short at the loss backward, about the size
-  of the bf16 logits (16,384 x 32,000 x 2 B = 0.98 GiB); transformers 4.48 may still hold them then.
+- **fms_mistral7b_lora_1gpu_bs4 (high, -0.5%).** Was -4.5%, 1.1 GiB short at the loss backward:
+  transformers 4.48.1's ``ForCausalLMLoss`` copies the fp32 logits (``logits[..., :-1, :].contiguous()``;
+  4.49.0 pads the labels instead) while the bf16 logits and their upcast are still referenced, so the
+  loss forward holds 14 B per logit (16,384 x 32,000 x 14 B = 6.84 GiB) and is the peak (``loss
+  shift_copy``). The same LoRA run at bs 8 agrees to -0.7%; under FSDP over 2 GPUs the Mistral rows still
+  grow by 0.3-0.4 GB more per sequence than memest's (gaps.py).
 
 Accuracy figures are deterministic (no timing involved). The CPU-measured activation checks
 (`tests/test_training_cpu_measured.py`) agree within 3% on every configuration measured.

@@ -86,9 +86,13 @@ class QuantScheme:
             return math.ceil(math.prod(shape) / (self.group_size or 64))
         raise InputError(f"unknown scale granularity {self.granularity!r}")
 
+    def data_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes of one weight's packed values alone (no scales)."""
+        return math.ceil(math.prod(shape) * self.bits / 8)
+
     def tensor_bytes(self, shape: tuple[int, ...]) -> int:
         """Bytes of one weight of this shape, scales and zero points included."""
-        data = math.ceil(math.prod(shape) * self.bits / 8)
+        data = self.data_bytes(shape)
         scales = self.num_scales(shape)
         if self.double_quant:
             scale_bytes = scales + self.nested_scale_bytes * math.ceil(scales / 256)
@@ -176,13 +180,26 @@ def tensor_bytes(t: TensorSpec, par: Parallelism, num_kv_heads: int, *, dtype_by
                  scheme: QuantScheme | None = None, skip: tuple[str, ...] = ()) -> float:
     """Bytes one rank stores for one tensor (its TP/EP shard, quantized when it is a linear weight
     the scheme converts)."""
-    local = shard_numel(t, par, num_kv_heads)
     if is_quantized(t, scheme, skip):
         assert scheme is not None
-        ratio = local / t.numel
-        shape = (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
-        return scheme.tensor_bytes(shape)
-    return local * dtype_bytes
+        return scheme.tensor_bytes(_local_shape(t, par, num_kv_heads))
+    return shard_numel(t, par, num_kv_heads) * dtype_bytes
+
+
+def _local_shape(t: TensorSpec, par: Parallelism, num_kv_heads: int) -> tuple[int, ...]:
+    """The shape of one rank's TP/EP shard of a linear weight (its output rows split)."""
+    ratio = shard_numel(t, par, num_kv_heads) / t.numel
+    return (*t.shape[:-2], max(1, round(t.shape[-2] * ratio)), t.shape[-1]) if ratio < 1 else t.shape
+
+
+def scale_bytes(t: TensorSpec, par: Parallelism, num_kv_heads: int, scheme: QuantScheme,
+                skip: tuple[str, ...] = ()) -> int:
+    """Bytes of one tensor's scales (and zero points, group index) on one rank: what :func:`tensor_bytes` counts
+    beyond the packed values; 0 for a tensor the scheme leaves unquantized."""
+    if not is_quantized(t, scheme, skip):
+        return 0
+    shape = _local_shape(t, par, num_kv_heads)
+    return scheme.tensor_bytes(shape) - scheme.data_bytes(shape)
 
 
 def weight_bytes(

@@ -115,7 +115,6 @@ def build_cases() -> list[Case]:
     pub = cases_by_id()
     v100, a100, h100_96 = get_device("V100-16GB"), get_device("A100-80GB"), get_device("H100-96GB")
     bert = _bert_for_sequence_classification()
-    mistral = load_model("mistralai/Mistral-7B-v0.1")
     out: list[Case] = []
 
     # HF Trainer, Jan 2022 (torch 1.x: model.zero_grad() keeps gradients; BERT eager attention).
@@ -157,24 +156,7 @@ def build_cases() -> list[Case]:
         "repeats K/V to num_heads (memest keeps them at num_kv_heads: ~1.7 GiB less)", HIGH_TOLERANCE,
         "peak active (GiB)"))
 
-    fms_note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW), torch_dtype bf16, "
-                "gradient checkpointing, flash_attention_2, packed 4096-token sequences; QLoRA through trl 0.13's "
-                "SFTTrainer with bf16=True (--prepare-kbit-training trl: prepare_model_for_kbit_training, then "
-                "peft_module_casting_to_bf16: norms fp32, embeddings and lm_head bf16, fp32 residual stream)")
-    fms = TrainingConfig(micro_batch_size=4, seq_len=4096, precision=Precision.BF16, optimizer=Optimizer.ADAMW,
-                         recompute=Recompute.FULL, attn_implementation=AttnImplementation.FLASH_ATTENTION_2,
-                         framework=Framework.PYTORCH)
-    lora16 = LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj", dropout=0.1)
-    for cid, w in (("fms_mistral7b_full_1gpu_bs4", fms),
-                   ("fms_mistral7b_lora_1gpu_bs4", fms.replace(method=Method.LORA, lora=lora16)),
-                   ("fms_mistral7b_qlora_bnb_1gpu_bs4", fms.replace(method=Method.QLORA, lora=lora16,
-                                                                    prepare_kbit_training=KbitPrep.TRL))):
-        measured = pub[cid]["measured"]
-        out.append(Case(cid, mistral, w, a100, "allocated", measured["raw_peak_torch_alloc_bytes"], fms_note,
-                        HIGH_TOLERANCE, "peak allocated (bytes)"))
-        out.append(Case(cid + "@nvidia", mistral, w, a100, "device_used", measured["nvidia_mem_reserved_MiB"] * MiB,
-                        fms_note, DEVICE_TOLERANCE, "nvidia-smi used (MiB)"))
-
+    out += _fms_acceleration(pub, a100)
     out.append(Case(
         "torchtune_llama31_8b_lora_4090", load_model("meta-llama/Llama-3.1-8B-Instruct"),
         TrainingConfig(method=Method.LORA, micro_batch_size=2, seq_len=2048, precision=Precision.BF16,
@@ -431,6 +413,47 @@ def _added_cases(pub: dict[str, dict]) -> list[Case]:
                     "step on the host), bf16 compute over the NF4 base, no prepare_model_for_kbit_training (axolotl "
                     "skips it under FSDP), 512 tokens; a 24 GB card assumed; the README's "
                     "'21GB' read as 1e9", MEDIUM_TOLERANCE, "VRAM per GPU (GB)"))
+    return out
+
+
+def _fms_acceleration(pub: dict[str, dict], a100: Device) -> list[Case]:
+    """fms-acceleration's refs/a100_80gb.csv rows (``fms_*``, commit 24bdadb; the rule is in each case's caveats):
+    fms-hf-tuning 2.5.0 on transformers 4.48.1 / torch 2.4.1 / trl 0.13.0, each as its peak allocated (rank 0) and
+    its nvidia-smi figure (``@nvidia``, the mean over the GPUs).
+
+    Two GPUs ran under ``accelerate launch`` with scripts/benchmarks/accelerate.yaml: FSDP FULL_SHARD over both,
+    no offload, ``fsdp_cpu_ram_efficient_loading`` (the model loaded on rank 0's CPU, meta elsewhere). QLoRA there:
+    framework_plugin_bnb.py sets ``bnb_4bit_quant_storage`` to the torch dtype (bf16) under FSDP and puts the
+    meta Params4bit on the CPU, so trl 0.13 ``SFTTrainer._prepare_peft_model`` finds the 4-bit weights off the
+    GPU (``is_sharded_qlora``) and skips both ``prepare_model_for_kbit_training`` and
+    ``peft_module_casting_to_bf16``: the norms stay bf16 (:attr:`KbitPrep.NONE`); on one GPU it runs both
+    (:attr:`KbitPrep.TRL`)."""
+    note = ("HF Trainer (transformers 4.48, torch 2.4.1: adamw_torch = foreach AdamW; ForCausalLMLoss's shifted "
+            "fp32 copy of the logits), torch_dtype bf16, gradient checkpointing, flash_attention_2, packed 4096-token "
+            "sequences; QLoRA through trl 0.13's SFTTrainer with bf16=True (--prepare-kbit-training trl on one GPU: "
+            "prepare_model_for_kbit_training, then peft_module_casting_to_bf16: norms fp32, embeddings and lm_head "
+            "bf16, fp32 residual stream; under FSDP trl skips both: none)")
+    lora16 = LoraConfig(rank=16, targets="q_proj,k_proj,v_proj,o_proj", dropout=0.1)
+    out = []
+    for cid, case in pub.items():
+        if not cid.startswith("fms_"):
+            continue
+        n = case["hardware"]["count"]
+        w = TrainingConfig(micro_batch_size=case["batch_size"], seq_len=4096, precision=Precision.BF16,
+                           optimizer=Optimizer.ADAMW, recompute=Recompute.FULL, loss=Loss.SHIFT_COPY,
+                           attn_implementation=AttnImplementation.FLASH_ATTENTION_2, framework=Framework.PYTORCH)
+        if n > 1:
+            w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3))
+        if case["kind"] in ("lora", "qlora"):
+            w = w.replace(method=Method(case["kind"]), lora=lora16)
+        if case["kind"] == "qlora":
+            w = w.replace(prepare_kbit_training=KbitPrep.NONE if n > 1 else KbitPrep.TRL)
+        spec = load_model(case["model"])
+        measured = case["measured"]
+        out.append(Case(cid, spec, w, a100, "allocated", measured["raw_peak_torch_alloc_bytes"], note,
+                        HIGH_TOLERANCE, "peak allocated (bytes)"))
+        out.append(Case(cid + "@nvidia", spec, w, a100, "device_used", measured["nvidia_mem_reserved_MiB"] * MiB,
+                        note, DEVICE_TOLERANCE, "nvidia-smi used (MiB)"))
     return out
 
 

@@ -175,6 +175,10 @@ class Loss(str, Enum):
 
     DEFAULT = "default"
     """Full logits, upcast to fp32 (transformers ``ForCausalLMLoss``, torchtune, torchtitan)."""
+    SHIFT_COPY = "shift_copy"
+    """As ``default``, with transformers before 4.49's ``ForCausalLMLoss`` (read at 4.48.1,
+    ``loss/loss_utils.py``): ``shift_logits = logits[..., :-1, :].contiguous()`` copies the fp32 logits before
+    the cross-entropy, beside the logits and their upcast (4.49.0 pads the labels and keeps no copy)."""
     CHUNKED = "chunked"
     """torchtune ``CEWithChunkedOutputLoss``: 8 chunks, each upcast separately; the fp32
     log-probabilities of all chunks are still kept for backward."""
@@ -598,7 +602,8 @@ class TrainingConfig:
         help="sdpa, flash_attention_2 or eager (eager stores the s x s scores) (default: the {stack}'s).",
         what="the attention kernel's saved activations")
     loss: Loss = setting(Loss.DEFAULT, group="training", scope="training", planned="all", what="the training loss's logits",
-                         unset=None, help="default (full logits, fp32 log-softmax), chunked (torchtune chunked CE) or "
+                         unset=None, help="default (full logits, fp32 log-softmax), shift_copy (as default, plus the fp32 "
+                                          "shifted copy of transformers < 4.49), chunked (torchtune chunked CE) or "
                                           "fused (Liger / Cut Cross-Entropy) (default: the {stack}'s).")
     lora: LoraConfig = nested("lora_", LoraConfig)
     offload: Offload = setting(Offload.NONE, group="training", scope="training", planned="all", describe="changed",

@@ -605,7 +605,8 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
     """The logits inside the forward's loss, on one rank, where they differ from the backward's.
 
     transformers ``ForCausalLMLoss`` (``loss/loss_utils.py``): the c-byte logits, ``logits.float()``
-    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once. torchtune
+    (none when c = 4) and ``cross_entropy``'s fp32 log-softmax are alive at once; before 4.49
+    (:attr:`Loss.SHIFT_COPY`) also the upcast's shifted fp32 copy. torchtune
     ``CEWithChunkedOutputLoss`` (:func:`_compiled_chunked_logits`): every chunk's logits, with the eager loss
     also every chunk's fp32 log-softmax and one chunk's upcast. None for the other losses (their backward
     term is used).
@@ -621,7 +622,7 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
         per = c + 4 + (4 / LOSS_CHUNKS if c < 4 else 0)
         return Term("logits", Kind.LOGITS, math.ceil(tokens * per * v),
                     f"b x s x V/t x ({c} B logits + 4 B fp32 log-probs + one chunk's fp32 upcast)")
-    if t.loss != Loss.DEFAULT or fw is Framework.MEGATRON:
+    if t.loss not in (Loss.DEFAULT, Loss.SHIFT_COPY) or fw is Framework.MEGATRON:
         return None
     if _loss_at_logits_dtype(spec, x):
         return Term("logits", Kind.LOGITS, tokens * 2 * c * v, f"b x s x V/t x 2 x {c} B (logits, log-softmax)")
@@ -632,5 +633,10 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
         return Term("logits", Kind.LOGITS, tokens * per * v,
                     f"b x s x V/t x {per} B (logits, their fp32 upcast, DTensor loss_parallel's shifted and exp)")
     per = c + (4 if c < 4 else 0) + 4
+    if t.loss == Loss.SHIFT_COPY:
+        # transformers 4.48.1 ForCausalLMLoss: logits.float(), then logits[..., :-1, :].contiguous() (one
+        # position fewer per sequence, counted whole) while the caller's logits and the upcast are still referenced
+        return Term("logits", Kind.LOGITS, tokens * (per + 4) * v,
+                    f"b x s x V/t x {per + 4} B (logits, their fp32 upcast, its shifted fp32 copy, fp32 log-softmax)")
     return Term("logits", Kind.LOGITS, tokens * per * v,
                 f"b x s x V/t x {per} B (logits, their fp32 upcast, fp32 log-softmax)")

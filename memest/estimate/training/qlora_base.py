@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memest.estimate.weights import SCHEMES, QuantScheme, weight_bytes
+from memest.estimate.weights import SCHEMES, QuantScheme, scale_bytes, weight_bytes
 from memest.spec import Component, ModelSpec, TensorSpec
 from memest.workload import LoraLibrary, Parallelism
 
@@ -77,3 +77,27 @@ def base_bytes(tensors: Iterable[tuple[TensorSpec, int]], par: Parallelism, num_
     rest = "embeddings" if head_nf4 else "embeddings and lm_head"
     return total, f"{_WORDS[library]} + {rest} x {emb} B + norms and other weights x {other} B"
 
+
+
+TRANSFORMERS_LOADED = frozenset({LoraLibrary.PEFT, LoraLibrary.UNSLOTH})
+"""Libraries whose 4-bit base transformers' ``from_pretrained`` quantizes (bitsandbytes ``Params4bit``)."""
+
+
+def unsharded_state_bytes(tensors: Iterable[tuple[TensorSpec, int]], par: Parallelism, num_kv_heads: int,
+                          library: LoraLibrary) -> int:
+    """Bytes of the base's bitsandbytes quant states on one rank when FSDP or ZeRO-3 shards the parameters: every
+    quantized linear's absmax (and, under double quant, its nested fp32 scales) whole on every rank.
+
+    transformers 4.48.1 ``modeling_utils._load_state_dict_into_meta_model`` quantizes each weight on the GPU
+    (the bitsandbytes quantizer's ``update_device_map`` puts an unset device map on the current CUDA device)
+    and, under FSDP or ZeRO-3, moves only its data to the CPU or meta device: ``type(value)(value.data.to(
+    param_to), **value.__dict__)`` keeps ``quant_state`` (bitsandbytes ``QuantState``: ``absmax``, ``state2``)
+    on the GPU. The quant state is an attribute of the ``Params4bit``, not a parameter or buffer, so FSDP's
+    flat parameters and ZeRO-3's partitions never hold it: only the packed 4-bit values are sharded (in
+    ``bnb_4bit_quant_storage``). 0 for the other libraries (torchao's ``NF4Tensor`` shards its scalers with
+    its data; litgpt quantizes through Fabric, not modelled sharded)."""
+    if library not in TRANSFORMERS_LOADED:
+        return 0
+    scheme = NF4[library]
+    return sum(scale_bytes(tn, par, num_kv_heads, scheme) * c for tn, c in tensors
+               if tn.component not in (Component.EMBEDDING, Component.LM_HEAD))

@@ -92,6 +92,7 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
     # DeepSpeed's optimizers keep an fp32 master (one flat tensor per partition) of whatever trains,
     # and its FusedAdam two flat states: FP16_Optimizer at ZeRO 0 (bf16 or fp16), the ZeRO optimizers at 1-3
     flat = model.FLAT_STATES
+    kept = 0  # bytes of the weights no sharding divides (a QLoRA base's quant states)
 
     if t.method is Method.FULL:
         trainable = [(tn, shard_numel(tn, par, k), c) for tn, c in tensors]
@@ -123,7 +124,13 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
             base, words = qlora_base.base_bytes(scale, par, k, t.lora_library, emb, other, untied)
             weights_formula = (f"{words} (--prepare-kbit-training {t.prepare_kbit_training.value}) "
                                f"+ adapters x {ab} B")
-        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ab) / shard_w)
+            if shard_w > 1:
+                # the quant states stay whole on every rank (base counts them at the sharded multiplicities)
+                base -= qlora_base.unsharded_state_bytes(scale, par, k, t.lora_library)
+                kept = qlora_base.unsharded_state_bytes(tensors, par, k, t.lora_library)
+                if kept:
+                    weights_formula += " (the bitsandbytes quant states whole on every rank)"
+        weights = math.ceil((base + sum(local * c for _, local, c in trainable) * ab) / shard_w) + kept
         gb = ab
         # the DeepSpeed optimizers' fp32 master copies the adapters too; torch AdamW keeps its states in
         # the adapters' dtype
@@ -137,7 +144,7 @@ def model_states(spec: ModelSpec, t: StatesInput, fw: Framework, stage: Stage) -
 
     shard_o = n if z >= 1 else 1
     if t.offload is Offload.PARAMS:
-        weights = 0
+        weights = kept
     if shard_w > 1:
         weights_formula += f" / {n} (sharded)"
     o_numel, o_items = (sharded_numel, sharded) if shard_o > 1 else (numel, trainable)
