@@ -80,3 +80,74 @@ def test_the_gists_zero2_peak_is_below_the_states_of_any_step_after_the_first():
     states = sum(t.bytes for t in step if t.kind in (Kind.WEIGHTS, Kind.OPTIMIZER_STATES))
     assert 23_584_454_656 <= states <= 23_584_454_656 + 2 * 1024 * 1024 * 300  # per-tensor blocks of the weights
     assert states > 23.5e9
+
+
+def test_offloaded_gathers_copy_each_set_s_host_partitions_to_the_device():
+    # the coordinator scenario of tests/test_training_estimate.py (four 10-element parameters, trace
+    # 0 1 2 3 | 3 2 1 0, prefetch 10, max_live 25, max_reuse 15) with offload_param: each all-gather first
+    # copies the set's host partitions to the device (partition_parameters.py all_gather_coalesced,
+    # ds_tensor.to(current_device), DeepSpeed bf6b9802c / v0.16.4). Gathered elements per step:
+    # step 0: gather p0 (10; + its copy 10 = 20), prefetch p1 (20 + 10 = 30), release p0 (10)
+    # steps 1, 2: prefetch the next (20 + 10 = 30), release the current (10)
+    # step 3: prefetch p2 for its backward (20 + 10 = 30); p3 kept (20)
+    # step 4: budget min(25 - 20, 10) = 5 prefetches p1 (30 + its copy 10 = 40): the peak, first reached here
+    # step 5: prefetches p0 (30 + 10 = 40, not above); then releases down to 0
+    from memest.estimate.training.deepspeed import gathered_peak
+    numel, forward = (10, 10, 10, 10), (0, 1, 2, 3)
+    kw = {"max_reuse": 15, "prefetch": 10, "max_live": 25}
+    assert gathered_peak(numel, forward, **kw, copies_over=1) == (30, 10)
+    # over 2 ranks each copy is the partition, half the parameter: step 4 holds 30 + 5
+    assert gathered_peak(numel, forward, **kw, copies_over=2) == (30, 5)
+    # without offload ds_tensor is already on the device (.to copies nothing): the coordinator's 30 alone
+    assert gathered_peak(numel, forward, **kw) == (30, 0)
+
+
+def test_a_frozen_embedding_is_not_fetched_for_backward_and_t5_s_decoder_re_uses_it():
+    # t5-small: shared (32128 x 512 = 16,449,536) is the only parameter above a 1e6-element persistence
+    # threshold besides the layers' (512 x 2048 = 1,048,576 each: wi, wo in 6 + 6 blocks; the attention
+    # projections 512 x 512 = 262,144 stay whole) and the tied lm_head re-uses shared.
+    # forward: shared, 6 encoder blocks (wi, wo), shared (the decoder's embed_tokens), 6 decoder blocks, shared
+    # full training: the backward is the forward reversed (27 uses); under LoRA the embedding modules'
+    # outputs need no gradient (PreBackwardFunction never runs): the backward drops both embedding uses
+    # but keeps the tied lm_head's: 25
+    from types import SimpleNamespace
+
+    from memest.estimate.sharding import stages
+    from memest.estimate.training.deepspeed import _module_trace
+    from memest.sources import load_model
+    from memest.workload import DeepSpeedBuckets, LoraConfig, Method
+
+    spec = load_model("google-t5/t5-small")
+    t = TrainingConfig(parallelism=Parallelism(dp=1, zero_stage=3),
+                       deepspeed_buckets=DeepSpeedBuckets(param_persistence_threshold=1_000_000))
+    ctx = SimpleNamespace(spec=spec, stage=stages(spec.num_layers, 1)[0], t=t)
+    numel, forward, backward = _module_trace(ctx)
+    shared = numel.index(32128 * 512)
+    assert [p for p in forward if p == shared] == [shared] * 3
+    assert forward.index(shared, 1) == 1 + 6 * 2  # after the encoder's 12 feed-forward weights
+    assert len(forward) == 27 and backward == tuple(reversed(forward))
+    lora = SimpleNamespace(spec=spec, stage=ctx.stage, t=t.replace(method=Method.LORA, lora=LoraConfig(rank=8)))
+    _, forward_lora, backward_lora = _module_trace(lora)
+    assert forward_lora == forward
+    assert len(backward_lora) == 25 and backward_lora[0] == shared and shared not in backward_lora[1:]
+
+
+def test_the_peft_bloomz_offload_row_copies_the_tied_embedding_in_for_the_lm_head():
+    # peft README (73d7224b5): bloomz-7b1 LoRA under ZeRO-3 with offload_param on one GPU, fp32. The largest
+    # all-gather is the tied word embedding (250,880 x 4,096 = 1,027,604,480 elements) prefetched for the
+    # lm_head near the forward's end: its whole host partition (N = 1) is copied to the device beside the
+    # gathered buffer, 1,027,604,480 x 4 B = 4,110,417,920 B
+    from memest.estimate import estimate
+    from memest.sources import load_model
+    from memest.workload import Framework, LoraConfig, Method, Offload, Precision
+
+    w = TrainingConfig(method=Method.LORA, micro_batch_size=8, seq_len=64, precision=Precision.FP32,
+                       lora=LoraConfig(rank=8, targets="query_key_value", dropout=0.1), framework=Framework.DEEPSPEED,
+                       offload=Offload.PARAMS, parallelism=Parallelism(dp=1, zero_stage=3))
+    terms = {t.name: t.bytes for t in estimate(load_model("bigscience/bloomz-7b1"), w,
+                                               get_device("A100-80GB")).per_device.terms}
+    assert terms["workspace.offload_partition_copies"] == 250_880 * 4_096 * 4
+    # without parameter offload the partitions are on the device already: no copy
+    terms = {t.name: t.bytes for t in estimate(load_model("bigscience/bloomz-7b1"), w.replace(offload=Offload.OPTIMIZER),
+                                               get_device("A100-80GB")).per_device.terms}
+    assert "workspace.offload_partition_copies" not in terms

@@ -87,11 +87,12 @@ def _untied_t5_head(raw: dict) -> set[tuple[str, tuple[int, ...]]]:
     """
     arch = (raw.get("architectures") or ["T5ForConditionalGeneration"])[0]
     if (
-        raw.get("model_type") == "t5"
+        raw.get("model_type") in ("t5", "mt5")
         and raw.get("tie_word_embeddings") is False
-        and arch == "T5ForConditionalGeneration"
+        and arch in ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
     ):
-        return {("lm_head.weight", (raw.get("vocab_size", 32128), raw.get("d_model", 512)))}
+        vocab = raw.get("vocab_size", 250112 if raw["model_type"] == "mt5" else 32128)
+        return {("lm_head.weight", (vocab, raw.get("d_model", 512)))}
     return set()
 
 
@@ -209,6 +210,7 @@ DEFAULT_CLASSES = {
     "olmo3": "Olmo3ForCausalLM",
     "bert": "BertForMaskedLM",
     "t5": "T5ForConditionalGeneration",
+    "mt5": "MT5ForConditionalGeneration",
     "jamba": "JambaForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
@@ -261,6 +263,7 @@ DEFAULT_EXTRA["gemma3"] = {"text_config": {"model_type": "gemma3_text", **DEFAUL
 DEFAULT_EXTRA["gpt2"] = DEFAULT_EXTRA["gpt_bigcode"] = {"n_embd": 768, "n_layer": 12, "n_head": 12}
 DEFAULT_EXTRA["bloom"] = {"hidden_size": 64, "n_layer": 2, "n_head": 8}
 DEFAULT_EXTRA["t5"] = {"d_model": 512, "num_layers": 6, "num_heads": 8}
+DEFAULT_EXTRA["mt5"] = {"d_model": 512, "num_layers": 8, "num_heads": 6}  # MT5Config: mt5-small's shapes
 # Glm4MoeConfig has no head_dim default and its 4096 / 96 heads do not divide; GLM-4.5 sets 128
 DEFAULT_EXTRA["glm4_moe"]["head_dim"] = 128
 # nemotron_h's depth is its block list: the class default one (NemotronHConfig.__post_init__)
@@ -1056,6 +1059,17 @@ VARIANTS: dict[str, dict] = {
         "num_heads": 4,
         "vocab_size": 97,
         "feed_forward_proj": "gated-silu",
+    },
+    "mt5-untied": {  # mT5 / mT0 checkpoints: MT5Config's gated-gelu default, the lm_head stored apart
+        "model_type": "mt5",
+        "architectures": ["MT5ForConditionalGeneration"],
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 48,
+        "num_layers": 2,
+        "num_heads": 4,
+        "vocab_size": 97,
+        "tie_word_embeddings": False,
     },
 }
 _BERT = {

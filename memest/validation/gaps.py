@@ -52,8 +52,8 @@ KNOWN_GAPS: dict[str, str] = {
     "ds_gist_llama7b_zero3_bs4_ckpt_offload_optimizer_param": "over-prediction: the row's peak above its steady "
     "memory (7.9 - 2.2 = 5.7 GB at 4 x 4096 tokens) is below the layer checkpoints and fp32 loss path of 4 x 4096 "
     "tokens that the bs8 row of the same code shows (21.4 GB above steady, memest within 1%); DeepSpeed's "
-    "offload_param keeps only the gathered working set and the IPG bucket on the GPU (already counted) and "
-    "nothing that shrinks activations: the row reads as bs 2 (memest +11.7% there; benchmarks/offload_findings.md)",
+    "offload_param keeps only the gathered working set, the host partitions each all-gather copies in and the IPG "
+    "bucket on the GPU (counted) and nothing that shrinks activations: the row reads as bs 2 (memest +11.7% there; benchmarks/offload_findings.md)",
     "ds_gist_llama7b_zero3_bs8_ga2_ckpt": "under-prediction: 24.8 GB above the same run at grad_accum 1 (bs8/64). "
     "Measured on the CPU (benchmarks/deepspeed_cpu.md), DeepSpeed 0.14.2 (the gist's) and 0.19.5 ZeRO-3 peak at "
     "grad_accum 2 as at 1: the gradient partition accumulates in place (stage3.py partition_grads, "
@@ -110,6 +110,18 @@ KNOWN_GAPS: dict[str, str] = {
     "(1.96 GiB) and the prefetched last layer (1.59 GiB) are gathered beside the checkpoints (5.0 GiB); the 1.5 GiB "
     "memest counts above the row's 13.9 GiB is less than one V x h gradient: not identified (before the loss "
     "mechanism the row was +9.7%, its peak in the last layer's backward)",
+    "peft_mt0_xxl_lora_ds_zero3_offload_a100": "under-prediction (-11.8%): ZeRO-3 with offload_param and "
+    "offload_optimizer in fp32 on one GPU (DeepSpeed with PR #2653, DeepSpeed's bucket defaults: accelerate 0.15 "
+    "fills only 'auto' keys and its YAML-built config has none): memest holds the 5e8-element fp32 reduce bucket "
+    "(2.0 GB, the README log's 1916 MiB at entry for the T0_3B row), the coordinator's gathered parameters "
+    "(2.01e9 elements at the lm_head's prefetch near the decoder's end: the 1.02e9-element lm_head beside the "
+    "~1e9 that stage3_max_live_parameters lets prefetch run ahead) and the lm_head's host partition copied to "
+    "the device for its all-gather (4.1 GB), beside the activations the PyTorch row of the same model bounds "
+    "(+1.9% there); the 2.6 GB (0.65e9 fp32 elements, about three mT5 layers) more the run holds is not "
+    "identified. The T0_3B row of the same script is short by the same ~3 layers (0.7 GB, -7.1%) and the "
+    "bloomz-7b1 clm row agrees (+1.2%); the seq2seq rows' input length (dynamic padding to the longest tweet) "
+    "is assumed (64), and all_gather_coalesced's flat buffer kept beside a multi-parameter set's own copies "
+    "until the set's last use (AllGatherCoalescedHandle.wait: torch.cat per parameter) adds 0.025e9 here",
     "axolotl_llama3_70b_qlora_fsdp_offload_2gpu": "under-prediction (-17%, low confidence: the README's rounded "
     "'21GB' per GPU, GB or GiB and GPU type not stated): accelerate's FSDP1 with fsdp_offload_params over a "
     "bitsandbytes NF4 base (the cpu_ram_efficient_loading path) is modelled as FSDP2 CPUOffloadPolicy, with the "

@@ -146,6 +146,7 @@ def build_cases() -> list[Case]:
                     t0_full.replace(method=Method.LORA, lora=LoraConfig(rank=8, targets="q,v", dropout=0.1)), a100,
                     "allocated", round(pub["peft_t0_3b_lora_a100"]["measured"]["peak_gpu_GB"] * GB), peft_note,
                     MEDIUM_TOLERANCE, "peak allocated (GB)"))
+    out += _peft_readme_rows(pub, t0_full.replace(method=Method.LORA), peft_note, a100)
 
     out.append(Case(
         "torchtune_llama32_3b_full_packed_a100", load_model("meta-llama/Llama-3.2-3B-Instruct"),
@@ -283,6 +284,34 @@ def build_cases() -> list[Case]:
                     "--prepare-kbit-training none); the quant states, which ZeRO-3 does not partition, are counted "
                     "as sharded; 40 GB A100 assumed", MEDIUM_TOLERANCE, "GPU memory used (GiB)"))
     out += _added_cases(pub)
+    return out
+
+
+def _peft_readme_rows(pub: dict[str, dict], lora: TrainingConfig, note: str, a100: Device) -> list[Case]:
+    """The peft README table's other rows (commit 73d7224b5, Dec 2022): mt0-xxl and bloomz-7b1 LoRA in plain
+    PyTorch, and the three 'PEFT-LoRA DeepSpeed with CPU Offloading' runs: the README's accelerate config
+    (ZeRO-3, offload_optimizer and offload_param cpu, mixed_precision 'no': fp32 weights, fp32 gradients) on one
+    GPU; accelerate 0.15 writes no bucket keys into the DeepSpeed config it builds from that YAML, so DeepSpeed's
+    defaults apply (reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, persistence threshold 1e5)."""
+    ds = {"framework": Framework.DEEPSPEED, "offload": Offload.PARAMS, "parallelism": Parallelism(dp=1, zero_stage=3)}
+    ds_note = ("; accelerate DeepSpeed ZeRO-3 on one GPU, parameters and optimizer offloaded to the CPU, fp32 (DeepSpeed "
+               "with PR #2653: no gradients for the frozen base), DeepSpeed's bucket defaults")
+    seq2seq = lora.replace(lora=LoraConfig(rank=8, targets="q,v", dropout=0.1))
+    clm = lora.replace(lora=LoraConfig(rank=8, targets="query_key_value", dropout=0.1), target_len=None)
+    clm_note = ("every example left-padded to max_length 64 (the clm example's preprocess_function); torch 1.13: "
+                "zero_grad keeps gradients; single-tensor AdamW modelled as fused; bloom's eager ALiBi attention")
+    t0, mt0, bloomz = (load_model(m) for m in ("bigscience/T0_3B", "bigscience/mt0-xxl", "bigscience/bloomz-7b1"))
+    out = []
+    for cid, spec, w, why in (
+            ("peft_t0_3b_lora_ds_zero3_offload_a100", t0, seq2seq.replace(**ds), note + ds_note),
+            ("peft_mt0_xxl_lora_a100", mt0, seq2seq, note + "; the seq2seq example with bigscience/mt0-xxl (assumed)"),
+            ("peft_mt0_xxl_lora_ds_zero3_offload_a100", mt0, seq2seq.replace(**ds),
+             note + "; the seq2seq example with bigscience/mt0-xxl (assumed)" + ds_note),
+            ("peft_bloomz_7b1_lora_a100", bloomz, clm, clm_note),
+            ("peft_bloomz_7b1_lora_ds_zero3_offload_a100", bloomz, clm.replace(**ds), clm_note + ds_note)):
+        tolerance = HIGH_TOLERANCE if pub[cid]["confidence"] == "high" else MEDIUM_TOLERANCE
+        out.append(Case(cid, spec, w, a100, "allocated", round(pub[cid]["measured"]["peak_gpu_GB"] * GB), why,
+                        tolerance, "peak allocated (GB)"))
     return out
 
 

@@ -181,11 +181,19 @@ def states(ctx: StateContext) -> FrameworkStates:
                              "2 x largest layer unsharded in NF4 (current + prefetched)"),)
         else:
             prefetch = buckets.prefetch_bucket_size
-            live = gathered_peak_numel(*_module_trace(ctx), prefetch=prefetch)
+            numel, forward, backward_order = _module_trace(ctx)
+            copies_over = n if t.offload is Offload.PARAMS else 0
+            live, copies = gathered_peak(numel, forward, backward=backward_order, prefetch=prefetch,
+                                         copies_over=copies_over)
             gathered = (Term("workspace.gathered_params", Kind.WORKSPACE, live * weight,
                              f"peak gathered parameters x {weight} B (ZeRO-3 coordinator: kept while re-used within "
                              f"stage3_max_reuse_distance 1e9 elements, stage3_prefetch_bucket_size "
                              f"{_elements(prefetch, PREFETCH_BUCKET)} prefetched)"),)
+            if copies:
+                gathered += (Term("workspace.offload_partition_copies", Kind.WORKSPACE, copies * weight,
+                                  f"the gathered set's partitions copied from host x {weight} B / {n} "
+                                  "(offload_param: all_gather_coalesced's ds_tensor.to(device), beside the "
+                                  "all-gather buffer)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
                            reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
 
@@ -276,15 +284,24 @@ def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param
     return 0 if zero_stage >= 3 else largest_param_numel * param_b
 
 
-def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The partitioned parameters of a stage (their local element counts) and the order a step's forward
-    uses them (parameter ids): every tensor its own module (the embeddings, each layer's tensors as listed,
-    the head; a tied lm_head re-uses the embedding matrix). Persistent parameters
-    (:data:`PARAM_PERSISTENCE_THRESHOLD`) are never gathered and left out."""
+def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The partitioned parameters of a stage (their local element counts), the order a step's forward uses
+    them and the order its backward does (parameter ids): every tensor its own module (the embeddings, each
+    layer's tensors as listed, the head; a tied lm_head re-uses the embedding matrix; an encoder-decoder's
+    decoder embeds its inputs with the same matrix, T5's ``shared``). Persistent parameters
+    (:data:`PARAM_PERSISTENCE_THRESHOLD`) are never gathered and left out.
+
+    The backward is the forward reversed, less the embedding modules when the base is frozen (LoRA, QLoRA):
+    ZeRO-3 fetches a module's parameters for its backward from a hook on its outputs
+    (``parameter_offload.py`` ``_pre_backward_module_hook``: ``PreBackwardFunction`` applied to each output
+    tensor, v0.8.0 bf6b9802c as v0.19.5), and an autograd function whose input requires no gradient never runs
+    backward: a frozen embedding's output of token ids does not (a tied lm_head's use stays: its input
+    does)."""
     spec, stage, par = ctx.spec, ctx.stage, ctx.t.parallelism
     k = spec.num_kv_heads
     numel: list[int] = []
     forward: list[int] = []
+    embedding_uses: set[int] = set()  # positions in forward of the embedding modules
     small = ctx.t.deepspeed_buckets.param_persistence_threshold
 
     def use(n: int) -> None:
@@ -296,7 +313,13 @@ def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
         for tn in spec.embedding:
             use(shard_numel(tn, par, k))
     embedding = forward[:]
+    embedding_uses.update(range(len(forward)))
+    previous = None
     for layer, count in spec.layer_kinds(stage.start, stage.stop):
+        if previous == "encoder" and layer.stack == "decoder" and embedding:
+            embedding_uses.update(range(len(forward), len(forward) + len(embedding)))
+            forward += embedding  # modeling_t5.py: the decoder's embed_tokens is the shared embedding
+        previous = layer.stack
         for _ in range(count):
             for tn in layer.tensors:
                 use(shard_numel(tn, par, layer.attention.num_kv_heads))
@@ -305,27 +328,56 @@ def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
             use(shard_numel(tn, par, k))
         if spec.tie_word_embeddings and embedding:  # the lm_head is the embedding matrix, the largest of them
             forward.append(max(embedding, key=numel.__getitem__))
-    return tuple(numel), tuple(forward)
+    frozen = ctx.t.method is not Method.FULL
+    backward = [p for pos, p in reversed(list(enumerate(forward))) if not (frozen and pos in embedding_uses)]
+    return tuple(numel), tuple(forward), tuple(backward)
 
 
 def gathered_peak_numel(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
-                        prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS) -> int:
-    """The most parameter elements gathered at once over a step, as ZeRO-3's coordinator keeps them with a
-    complete trace (``partitioned_param_coordinator.py`` v0.19.5). ``numel``: each parameter's elements;
-    ``forward``: the parameter ids in forward order; the trace is the forward then its reverse (the backward).
+                        prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS,
+                        backward: tuple[int, ...] | None = None) -> int:
+    """The most parameter elements gathered at once over a step (:func:`gathered_peak` without offload)."""
+    return gathered_peak(numel, forward, max_reuse, prefetch, max_live, backward=backward)[0]
+
+
+def gathered_peak(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
+                  prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS,
+                  backward: tuple[int, ...] | None = None, copies_over: int = 0) -> tuple[int, int]:
+    """The parameter elements gathered, and those being copied to the device, at the moment their sum peaks
+    over a step, as ZeRO-3's coordinator keeps them with a complete trace (``partitioned_param_coordinator.py``
+    v0.19.5, the same rules at v0.8.0 bf6b9802c). ``numel``: each parameter's elements; ``forward``: the
+    parameter ids in forward order; ``backward``: in backward order (default: the forward reversed); the
+    trace is the forward then the backward.
     At each step the module's parameter is gathered if it is not, then the next parameters of the trace are
     prefetched until ``prefetch`` elements are in flight (at most ``max_live`` gathered in all; gathered ones
     are passed over, marked as fetched for that later use); after the module runs, its parameter is released
     unless it was fetched for a later use or is used again before ``max_reuse`` elements of the trace have
-    been traversed (``__params_to_release``)."""
-    trace = (*forward, *reversed(forward))
+    been traversed (``__params_to_release``).
+
+    ``copies_over`` > 0: the parameters are offloaded (``offload_param``) and partitioned over that many ranks.
+    Each all-gather (the module's own parameter, or one prefetch round's set: one ``all_gather_coalesced``)
+    first allocates the gathered buffer, then copies the set's host partitions to the device
+    (``partition_parameters.py`` ``all_gather_coalesced``: ``param.ds_tensor.to(current_device)``, one
+    parameter, or the list of them ``torch.cat`` into the flat buffer; without offload ``ds_tensor`` is on the
+    device and ``.to`` copies nothing): the set's elements / ``copies_over`` beside the gathered ones, until
+    the collective is issued."""
+    trace = (*forward, *(reversed(forward) if backward is None else backward))
     available = [False] * len(numel)
     fetched_for = [-1] * len(numel)  # __most_recent_step_id_param_fetched_for: the latest trace step fetched for
-    live = peak = 0
+    live = 0
+    peak = (0, 0)
     queue = 0  # the prefetch queue: the first trace position not yet popped
+
+    def gathered(elements: int) -> None:
+        nonlocal peak
+        copies = elements // copies_over if copies_over else 0
+        if live + copies > sum(peak):
+            peak = (live, copies)
+
     for step, param in enumerate(trace):
         if not available[param]:
             available[param], live = True, live + numel[param]
+            gathered(numel[param])
         queue = max(queue, step + 1)
         budget, in_flight = min(max_live - live, prefetch), 0
         while queue < len(trace) and in_flight < budget:
@@ -335,7 +387,10 @@ def gathered_peak_numel(numel: tuple[int, ...], forward: tuple[int, ...], max_re
                 available[ahead], live = True, live + numel[ahead]
                 in_flight += numel[ahead]
             queue += 1
-        peak = max(peak, live)
+        if in_flight:
+            gathered(in_flight)
+        if live > sum(peak):
+            peak = (live, 0)
         if fetched_for[param] > step + 1:
             continue  # prefetched for a later use: kept
         traversed, reused = 0, False

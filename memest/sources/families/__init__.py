@@ -107,6 +107,7 @@ ADAPTERS: dict[str, Adapter] = {
     "exaone4": olmo.build,
     "bert": bert.build,
     "t5": t5.build,
+    "mt5": t5.build,
     "jamba": jamba.build,
     "starcoder2": starcoder2.build,
     "stablelm": stablelm.build,

@@ -1,4 +1,4 @@
-"""T5 encoder-decoders: t5 (T5 v1.0, v1.1 / LM-adapted, T0, Flan-T5).
+"""T5 encoder-decoders: t5 (T5 v1.0, v1.1 / LM-adapted, T0, Flan-T5) and mt5 (mT5, mT0).
 
 Follows transformers ``models/t5/modeling_t5.py``. A shared embedding ``shared (V, d_model)``
 feeds an encoder stack (``num_layers`` blocks, bidirectional, ``stack="encoder"``) and a decoder
@@ -14,6 +14,11 @@ The lm_head is tied to ``shared`` unless ``tie_word_embeddings`` is false (v1.1 
 checkpoints store their own lm_head). transformers >= 5 builds every ``T5ForConditionalGeneration``
 with the lm_head tied and unties it in ``from_pretrained`` when the checkpoint stores a distinct
 one; this adapter counts the checkpoint as loaded.
+
+mt5 is the same network (transformers ``models/mt5/modeling_mt5.py`` copies T5's modules) with
+``MT5Config``'s own defaults (``models/mt5/configuration_mt5.py``: vocab_size 250112, d_ff 1024,
+feed_forward_proj ``gated-gelu``; tie_word_embeddings forced true at construction, "official weights have False
+serialized", which from_pretrained unties as for T5) and the ``MT5*`` class names.
 """
 
 from __future__ import annotations
@@ -39,6 +44,13 @@ _ALIASES = {
     "num_hidden_layers": "num_layers",
     "head_dim": "d_kv",
 }
+# MT5Config defaults (models/mt5/configuration_mt5.py)
+_MT5_DEFAULTS: dict[str, object] = {
+    **_DEFAULTS,
+    "vocab_size": 250112,
+    "d_ff": 1024,
+    "feed_forward_proj": "gated-gelu",
+}
 _CLASSES = ("T5ForConditionalGeneration", "T5Model", "T5EncoderModel")
 
 
@@ -52,17 +64,21 @@ def _attention(prefix: str, dm: int, a: int, dkv: int) -> list[TensorSpec]:
 
 
 def build(cfg: HFConfig) -> ModelSpec:
-    """ModelSpec of a t5 config (``T5ForConditionalGeneration``, ``T5Model`` or ``T5EncoderModel``).
+    """ModelSpec of a t5 config (``T5ForConditionalGeneration``, ``T5Model`` or ``T5EncoderModel``), or of an
+    mt5 config (the same classes as ``MT5*``).
 
     Raises:
         ConfigError: another class is named, or ``feed_forward_proj`` is malformed.
     """
-    cfg = cfg.with_defaults(_DEFAULTS, aliases=_ALIASES)
-    arch = cfg.architecture or "T5ForConditionalGeneration"
-    if arch not in _CLASSES:
+    mt5 = cfg.model_type == "mt5"
+    cfg = cfg.with_defaults(_MT5_DEFAULTS if mt5 else _DEFAULTS, aliases=_ALIASES)
+    named = cfg.architecture or ("MT5ForConditionalGeneration" if mt5 else "T5ForConditionalGeneration")
+    classes = tuple("M" + c for c in _CLASSES) if mt5 else _CLASSES
+    if named not in classes:
         raise ConfigError(
-            f"{cfg.what}: architecture {arch!r} is not modelled; use one of {', '.join(_CLASSES)}"
+            f"{cfg.what}: architecture {named!r} is not modelled; use one of {', '.join(classes)}"
         )
+    arch = named.removeprefix("M") if mt5 else named
     dm = cfg.int("d_model")
     dkv = cfg.int("d_kv")
     dff = cfg.int("d_ff")
