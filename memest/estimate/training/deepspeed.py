@@ -40,7 +40,10 @@ Optimizer offload (``offload_optimizer`` device cpu) moves the fp32 master, the 
 gradient partition to host RAM (:func:`offload_host_bytes_per_param` for the host copies beyond those);
 ZeRO-1/2 (``stage_1_and_2.py``, ``cpu_offload``) keeps on the GPU, besides the full 16-bit weights and the
 reduce bucket, ``temp_grad_buffer_for_gpu_offload``: the largest parameter's elements at the parameters' dtype,
-allocated at initialisation (term ``workspace.offload_grad_buffer``).
+allocated at initialisation (term ``workspace.offload_grad_buffer``). Parameter offload (``offload_param``
+device cpu, ZeRO-3) keeps the parameters' partitions in host RAM: each all-gather first copies its set's host
+partitions to the device beside the gathered buffer (term ``workspace.offload_partition_copies`` at the moment
+the two peak together, :func:`gathered_peak`).
 """
 
 from __future__ import annotations
@@ -292,11 +295,11 @@ def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...], 
     (:data:`PARAM_PERSISTENCE_THRESHOLD`) are never gathered and left out.
 
     The backward is the forward reversed, less the embedding modules when the base is frozen (LoRA, QLoRA):
-    ZeRO-3 fetches a module's parameters for its backward from a hook on its outputs
-    (``parameter_offload.py`` ``_pre_backward_module_hook``: ``PreBackwardFunction`` applied to each output
-    tensor, v0.8.0 bf6b9802c as v0.19.5), and an autograd function whose input requires no gradient never runs
-    backward: a frozen embedding's output of token ids does not (a tied lm_head's use stays: its input
-    does)."""
+    ZeRO-3 fetches a module's parameters for its backward from a hook on its outputs that require a gradient
+    (``parameter_offload.py``: v0.8.0 bf6b9802c ``_pre_backward_module_hook`` applies ``PreBackwardFunction``,
+    whose backward never runs for an output no gradient flows to; v0.16.4 ``if outputs.requires_grad:
+    outputs.register_hook``): a frozen embedding's output of token ids requires none (a tied lm_head's use
+    stays: its input does)."""
     spec, stage, par = ctx.spec, ctx.stage, ctx.t.parallelism
     k = spec.num_kv_heads
     numel: list[int] = []
@@ -360,7 +363,7 @@ def gathered_peak(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: i
     (``partition_parameters.py`` ``all_gather_coalesced``: ``param.ds_tensor.to(current_device)``, one
     parameter, or the list of them ``torch.cat`` into the flat buffer; without offload ``ds_tensor`` is on the
     device and ``.to`` copies nothing): the set's elements / ``copies_over`` beside the gathered ones, until
-    the collective is issued."""
+    the collective is issued (v0.8.0 bf6b9802c, the same at v0.16.4)."""
     trace = (*forward, *(reversed(forward) if backward is None else backward))
     available = [False] * len(numel)
     fetched_for = [-1] * len(numel)  # __most_recent_step_id_param_fetched_for: the latest trace step fetched for
