@@ -373,7 +373,7 @@ def gathered_peak(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: i
 
     def gathered(elements: int) -> None:
         nonlocal peak
-        copies = elements // copies_over if copies_over else 0
+        copies = math.ceil(elements / copies_over) if copies_over else 0
         if live + copies > sum(peak):
             peak = (live, copies)
 
