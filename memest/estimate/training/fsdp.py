@@ -122,6 +122,21 @@ def own_units(spec: ModelSpec, t: StatesInput, stage: Stage) -> tuple[int, int, 
     return sums[0], sums[1], sums[2]
 
 
+def _flat_root_gradient(spec: ModelSpec, groups, gb: int) -> tuple[tuple[Term, ...], Term]:
+    """FSDP1's root unit gradient (module docstring): the head's gradients held through backward, and at the
+    embedding's backward the embedding's gradient beside the root's whole flat gradient assembled from both."""
+    head = sum(local * c for _, local, c in groups.head)
+    emb = sum(local * c for _, local, c in groups.embedding)
+    held = (Term("workspace.root_grad_views", Kind.WORKSPACE, cuda_block_bytes(head * gb),
+                 f"head's trained params x {gb} B (the root FlatParameter's view gradients, held until the "
+                 "embedding's arrives)"),) if head and emb else ()
+    whole = Term("workspace.root_flat_grad", Kind.WORKSPACE,
+                 cuda_block_bytes(emb * gb) + cuda_block_bytes((head + emb) * gb),
+                 f"(embedding + root unit) trained params x {gb} B (the embedding's gradient and the root "
+                 "FlatParameter's gradient assembled from its views)")
+    return held, whole
+
+
 def weight_shards(zero_stage: int, n: int) -> int:
     """FULL_SHARD (3) and SHARD_GRAD_OP (2) both shard the weights between steps."""
     return n if zero_stage >= 2 else 1
@@ -204,16 +219,29 @@ def states(ctx: StateContext) -> FrameworkStates:
         unit, unit_formula = unit_bytes, unit_what
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
+    backward_buffers: tuple[Term, ...] = ()
     grads_unit = largest if t.method is Method.FULL else 0
+    no_sync = t.no_sync_accumulation and z >= 2 and not pipelined and not offloaded and bool(groups.used)
     if z >= 2:
         layer_buffers = (Term("workspace.unsharded_grads", Kind.WORKSPACE, grads_unit * gather_b,
                               f"largest layer x {gather_b} B (the unit's unsharded gradients)"),)
-    if z >= 2 and not pipelined:
+    if z >= 2 and not pipelined and not no_sync:
         # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
         # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
         reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
                              f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
+    if t.fsdp_flat_params and z >= 3 and root:
+        backward_buffers, root_grad = _flat_root_gradient(spec, groups, gb)
+        if root_grad.bytes > sum(x.bytes for x in reduce_input):
+            reduce_input = (root_grad,)
     accumulated, reduction = None, ()
+    if no_sync:
+        # FSDP1 no_sync (module docstring): each unit's unsharded gradient kept in flat_param.grad and added
+        # into by every micro-batch's backward, reduce-scattered (and freed) in the last one's
+        unsharded = grad_groups(spec, stage, ctx.trainable).used
+        accumulated = Term("gradients", Kind.GRADIENTS, blocks(unsharded, gb),
+                           f"P_trainable unsharded x {gb} B (accumulated inside no_sync, reduce-scattered in the "
+                           "last micro-batch's backward)")
     if pipelined and groups.used and not offloaded:
         # every trained parameter's unsharded gradient, upcast to reduce_dtype after the first micro-batch's
         # backward and accumulated into until the last one's reduce-scatter (module docstring); per parameter
@@ -231,7 +259,8 @@ def states(ctx: StateContext) -> FrameworkStates:
                  f"largest layer x {gb} B (its reduce-scatter input)"),
             Term("workspace.reduce_scatter_output", Kind.WORKSPACE, cuda_block_bytes(math.ceil(grads_unit * gb / n)),
                  f"largest layer / {n} x {gb} B (its sharded gradients)"))
-    fs = FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
+    fs = FrameworkStates(gradients=gradients, backward_buffers=backward_buffers, layer_buffers=layer_buffers,
+                         reduce_input=reduce_input,
                          gathered=gathered, gathered_head=gathered_head, gathered_embedding=gathered_embedding,
                          gathered_unit=unit, gathered_formula=unit_formula,
                          stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,
