@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from memest.devices import GB, Device, GiB, MiB, get_device
 from memest.estimate import estimate
 from memest.result import Estimate, RankEstimate
-from memest.sources import load_model, spec_from_config
+from memest.sources import load_config, load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.spec import ModelSpec
 from memest.validation import stack_mapping
@@ -240,6 +240,7 @@ def build_cases() -> list[Case]:
                         ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
     out += _litgpt_config_hub(pub)
+    out += _litgpt_full(pub)
 
     # torchtune README "Memory and training speed" (commit 30b8519e8): batch 2 packed to 2048, compile on
     tune = TrainingConfig(micro_batch_size=2, seq_len=2048, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
@@ -466,7 +467,8 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
     litgpt 0.4 ``finetune/lora.py`` with the row's yaml, bf16-true, no checkpointing, 512 tokens."""
     out = []
     for cid, case in pub.items():
-        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]):
+        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]
+                and case["kind"] in ("lora", "qlora")):
             continue
         lora = case["settings"]["lora"]
         model = case["model"]
@@ -490,6 +492,40 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
         if fused == "query_key_value" and not lora["mlp"]:
             note += "; litgpt's q/v-only adapter on the fused QKV is modelled as one on the whole QKV"
         out.append(Case(cid, load_model(_LITGPT_MODELS.get(model, model)), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
+    return out
+
+
+def _litgpt_untied(model: str) -> ModelSpec:
+    """``model`` as litgpt 0.4 builds it for full training: its ``GPT`` always has its own ``lm_head``
+    (``litgpt/model.py`` at commit 5895df10) and ``scripts/convert_hf_checkpoint.py`` copies a tied checkpoint's
+    ``transformer.wte.weight`` into it, so both train (and shard, and take optimizer states) separately."""
+    cfg = load_config(model)
+    spec = spec_from_config(cfg)
+    if not spec.tie_word_embeddings:
+        return spec
+    return spec_from_config(HFConfig({**cfg.raw, "tie_word_embeddings": False}, name=cfg.name, source=cfg.source))
+
+
+def _litgpt_full(pub: dict[str, dict]) -> list[Case]:
+    """The litgpt config-hub table's full fine-tune rows (commit 5895df10, ``litgpt/finetune/full.py``): the yaml's
+    devices; over several, Fabric's FSDP1 FULL_SHARD with every Block checkpointed and accumulation inside
+    ``no_backward_sync`` (:mod:`memest.estimate.training.fsdp`); bf16-true params and AdamW states; 512 tokens."""
+    out = []
+    for cid, case in pub.items():
+        if not (cid.startswith("litgpt_") and case["kind"] in ("train_full", "train_multi_gpu")):
+            continue
+        n = case["hardware"]["count"]
+        w = TrainingConfig(micro_batch_size=case["batch_size"], seq_len=512, grad_accum_steps=case["grad_accum"],
+                           precision=Precision.BF16, optimizer=Optimizer.ADAMW, framework=Framework.PYTORCH)
+        note = "litgpt bf16-true (bf16 params, grads and AdamW states); litgpt's own lm_head; 512 tokens assumed"
+        if n > 1:
+            w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3),
+                          recompute=Recompute.FULL, fsdp_flat_params=True, no_sync_accumulation=True)
+            note += ("; Fabric FSDP1 FULL_SHARD over the yaml's devices, Block checkpointing, the root unit's "
+                     "gradient assembled at the embedding's backward"
+                     + (", accumulation inside no_sync (unsharded gradients)" if case["grad_accum"] > 1 else ""))
+        out.append(Case(cid, _litgpt_untied(case["model"]), w, get_device("A10G"), "allocated",
                         round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
     return out
 

@@ -36,6 +36,29 @@ beside a layer.
 
 torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
 
+FSDP1 (``fsdp_flat_params``: ``FullyShardedDataParallel(use_orig_params=True)``, as Lightning Fabric's
+``FSDPStrategy`` builds it; read in torch 2.13's ``torch/distributed/fsdp``, the code litgpt's 2024 runs on torch
+2.2 / 2.3 called): each unit is one ``FlatParameter`` whose original parameters are views
+(``_flat_param.py`` ``_get_unflat_views_unaligned``: ``torch.split(flat_param, _numels)`` then ``.view``), so autograd
+assembles the unit's gradient in one ``SplitWithSizesBackward`` once every view's gradient has arrived. The root
+unit (embedding, final norm, lm_head; not freed after forward, ``_runtime_utils.py`` ``_post_forward_reshard``:
+"Do not free the root's parameters in the post-forward for FULL_SHARD") gets its head's gradients at the loss
+backward and its embedding's at the very end: the head's are held through the whole backward (term
+``workspace.root_grad_views``), and at the embedding's backward the embedding's gradient and the assembled flat
+gradient of the root sit beside them (``workspace.root_flat_grad``, counted at the first layer's backward, where the
+previous unit's reduce-scatter input is under FSDP2).
+
+Accumulation inside ``no_sync`` (``no_sync_accumulation``; Lightning Fabric 2.3 ``_FSDPBackwardSyncControl``
+``no_backward_sync`` returns ``module.no_sync()``, litgpt's ``finetune/full.py`` wraps every micro-batch but the
+step's last in it): ``fully_sharded_data_parallel.py`` ``no_sync`` ("FSDP will accumulate the full model gradients
+(instead of gradient shards) until the eventual sync"); ``_post_backward_hook`` returns before the reduce-scatter
+while ``_sync_gradients`` is off, and ``FlatParamHandle.prepare_gradient_for_backward`` keeps an unsharded
+``flat_param.grad`` for the next backward to add into. So every unit's unsharded gradient at the gradient dtype lives
+through the forward and backward of the micro-batches after the first (term ``gradients``, in place of the sharded
+ones); the last micro-batch reduce-scatters each accumulated gradient in its post-backward hook (no further copy:
+no ``reduce_scatter_input``); ``zero_grad`` after the step leaves the sharded gradients to be freed before the next
+forward (``_reset_flat_param_grad_info_if_needed``).
+
 Pipeline parallelism (pp > 1, ``SHARD_GRAD_OP`` or full shard): torchtitan 9dec370
 ``torchtitan/parallelisms/parallelize_llama.py`` ``apply_fsdp`` passes ``reshard_after_forward=False`` to every
 layer and the root when ``pp_enabled`` ("do not reshard after forward to avoid per-microbatch all-gathers"), and
