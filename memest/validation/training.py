@@ -241,6 +241,7 @@ def build_cases() -> list[Case]:
                         "max_memory_allocated (GB)"))
     out += _litgpt_config_hub(pub)
     out += _litgpt_full(pub)
+    out += _litgpt_resource_table(pub)
 
     # torchtune README "Memory and training speed" (commit 30b8519e8): batch 2 packed to 2048, compile on
     tune = TrainingConfig(micro_batch_size=2, seq_len=2048, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
@@ -526,6 +527,40 @@ def _litgpt_full(pub: dict[str, dict]) -> list[Case]:
                      "gradient assembled at the embedding's backward"
                      + (", accumulation inside no_sync (unsharded gradients)" if case["grad_accum"] > 1 else ""))
         out.append(Case(cid, _litgpt_untied(case["model"]), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
+    return out
+
+
+def _litgpt_resource_table(pub: dict[str, dict]) -> list[Case]:
+    """The LoRA and bnb.nf4 rows of litgpt's ``tutorials/resource-tables.md`` (commit 0cc02afa, run at Lit-GPT 8641822):
+    ``finetune/lora.py``, bf16-true, rank-8 q/v adapters, the longest Alpaca sample; over several A100s Fabric's
+    FSDP1 with every Block checkpointed, each Block's FlatParameter holding its frozen base and adapters, and
+    accumulation inside ``no_backward_sync`` (:mod:`memest.estimate.training.fsdp`)."""
+    out = []
+    for cid, case in pub.items():
+        if not cid.startswith("litgpt_oct23_"):
+            continue
+        n, lora = case["hardware"]["count"], case["settings"]["lora"]
+        targets = "query_key_value" if case["model"].startswith("stabilityai/") else "q_proj,v_proj"
+        method = Method(case["kind"])
+        w = TrainingConfig(method=method, micro_batch_size=case["batch_size"],
+                           seq_len=case["seq_len"]["longest_sample"], grad_accum_steps=case["grad_accum"],
+                           precision=Precision.BF16, framework=Framework.PYTORCH,
+                           optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW,
+                           lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+        note = "Lit-GPT 8641822 bf16-true (bf16 adapters), the longest sample's tokens with the steady-state gradients"
+        if method is Method.QLORA:
+            note += ("; Fabric bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes PagedAdamW; "
+                     "MatMul4Bit's ctx.tensors of the previous micro-batch counted (as bitsandbytes 0.42)")
+        if targets == "query_key_value":
+            note += "; the q/v adapter on GPT-NeoX's fused QKV modelled as one on the whole QKV (same 2,097,152 elements)"
+        if n > 1:
+            w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3),
+                          recompute=Recompute.FULL, fsdp_flat_params=True, no_sync_accumulation=True)
+            note += ("; Fabric FSDP1 FULL_SHARD, Block checkpointing; each layer's FlatParameter mixes the frozen base "
+                     "with the adapters, so its whole gradient is made, kept unsharded inside no_sync")
+        out.append(Case(cid, load_model(case["model"]), w, get_device("A100-40GB"), "allocated",
                         round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
     return out
 

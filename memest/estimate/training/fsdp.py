@@ -48,6 +48,14 @@ backward and its embedding's at the very end: the head's are held through the wh
 gradient of the root sit beside them (``workspace.root_flat_grad``, counted at the first layer's backward, where the
 previous unit's reduce-scatter input is under FSDP2).
 
+FSDP1 with a LoRA model whose decoder layers are the units (litgpt's ``auto_wrap_policy={Block}`` around
+lit_gpt's LoRA layers): ``use_orig_params=True`` lets a FlatParameter mix frozen and trainable parameters
+(``_flat_param.py`` ``_validate_tensors_to_flatten``: its ``requires_grad`` is the OR over its tensors), and the
+``FullyShardedDataParallel`` docstring warns of "higher than expected gradient memory usage": every view of such a
+flat parameter requires grad, so the layer's whole gradient (frozen base included) is made, reduce-scattered and
+kept sharded like a full fine-tune's (``_mixed_layer_units``); the optimizer still holds the adapters only. peft's
+``fsdp_auto_wrap_policy`` (accelerate, the HF Trainer) makes the adapters units of their own instead.
+
 Accumulation inside ``no_sync`` (``no_sync_accumulation``; Lightning Fabric 2.3 ``_FSDPBackwardSyncControl``
 ``no_backward_sync`` returns ``module.no_sync()``, litgpt's ``finetune/full.py`` wraps every micro-batch but the
 step's last in it): ``fully_sharded_data_parallel.py`` ``no_sync`` ("FSDP will accumulate the full model gradients
@@ -145,6 +153,15 @@ def own_units(spec: ModelSpec, t: StatesInput, stage: Stage) -> tuple[int, int, 
     return sums[0], sums[1], sums[2]
 
 
+def _mixed_layer_units(spec: ModelSpec, stage: Stage, par: Parallelism, trainable):
+    """The gradient items of FSDP1 LoRA with the decoder layers as units (litgpt's ``auto_wrap_policy={Block}``):
+    the adapters and every layer tensor of the stage, since a FlatParameter holding any trainable view requires grad
+    as a whole (module docstring)."""
+    base = [(tn, shard_numel(tn, par, spec.num_kv_heads), cnt)
+            for layer, cnt in spec.layer_kinds(stage.start, stage.stop) for tn in layer.tensors]
+    return [*trainable, *base]
+
+
 def _flat_root_gradient(spec: ModelSpec, groups, gb: int) -> tuple[tuple[Term, ...], Term]:
     """FSDP1's root unit gradient (module docstring): the head's gradients held through backward, and at the
     embedding's backward the embedding's gradient beside the root's whole flat gradient assembled from both."""
@@ -174,7 +191,10 @@ def states(ctx: StateContext) -> FrameworkStates:
     shard_g = n if z >= 2 else 1
     if shard_g > 1:  # experts' gradients shard over their expert-data-parallel group (expert_weighted)
         trainable = expert_weighted(trainable, par, n)
-    groups = grad_groups(spec, stage, trainable)
+    # FSDP1 LoRA: a layer's FlatParameter holds its frozen base beside the adapters and takes a whole gradient
+    mixed = t.fsdp_flat_params and t.method is Method.LORA and z >= 2 and bool(trainable)
+    grad_items = _mixed_layer_units(spec, stage, par, trainable) if mixed else trainable
+    groups = grad_groups(spec, stage, grad_items)
     later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
     offloaded = t.offload is not Offload.NONE
     if offloaded:  # CPUOffloadPolicy: each sharded gradient is copied to host after its reduce-scatter
@@ -243,7 +263,7 @@ def states(ctx: StateContext) -> FrameworkStates:
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
     backward_buffers: tuple[Term, ...] = ()
-    grads_unit = largest if t.method is Method.FULL else 0
+    grads_unit = largest if t.method is Method.FULL or mixed else 0
     no_sync = t.no_sync_accumulation and z >= 2 and not pipelined and not offloaded and bool(groups.used)
     if z >= 2:
         layer_buffers = (Term("workspace.unsharded_grads", Kind.WORKSPACE, grads_unit * gather_b,
@@ -261,9 +281,11 @@ def states(ctx: StateContext) -> FrameworkStates:
     if no_sync:
         # FSDP1 no_sync (module docstring): each unit's unsharded gradient kept in flat_param.grad and added
         # into by every micro-batch's backward, reduce-scattered (and freed) in the last one's
-        unsharded = grad_groups(spec, stage, ctx.trainable).used
+        unsharded = grad_groups(spec, stage, _mixed_layer_units(spec, stage, par, ctx.trainable) if mixed
+                                else ctx.trainable).used
+        what = "P_trainable + the LoRA layers' frozen base" if mixed else "P_trainable"
         accumulated = Term("gradients", Kind.GRADIENTS, blocks(unsharded, gb),
-                           f"P_trainable unsharded x {gb} B (accumulated inside no_sync, reduce-scattered in the "
+                           f"{what} unsharded x {gb} B (accumulated inside no_sync, reduce-scattered in the "
                            "last micro-batch's backward)")
     if pipelined and groups.used and not offloaded:
         # every trained parameter's unsharded gradient, upcast to reduce_dtype after the first micro-batch's
