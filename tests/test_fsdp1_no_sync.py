@@ -90,3 +90,46 @@ def test_the_peak_and_its_assumptions(spec):
     assert est.extra["peak_moment"] == "last_layer_backward"
     text = " ".join(est.assumptions)
     assert "FSDP1 FullyShardedDataParallel" in text and "inside no_sync" in text
+
+
+# Llama-2-7B, LoRA rank 8 on q and v, 2 ranks (litgpt resource-tables.md's multi-GPU rows): one layer's tensors
+# q, k, v, o 4,096 x 4,096 = 16,777,216 each; gate, up, down 4,096 x 11,008 = 45,088,768 each; two norms of 4,096:
+# 67,108,864 + 135,266,304 + 8,192 = 202,383,360; its adapters (A 8 x 4,096 and B 4,096 x 8 on q and on v) 131,072
+LLAMA_LAYER, LLAMA_ADAPTERS = 202_383_360, 131_072
+
+
+def _lora_job(**changes) -> TrainingConfig:
+    from memest.workload import LoraConfig, LoraLibrary, Method
+    job = _job(grad_accum_steps=128, seq_len=1304).replace(
+        method=Method.LORA, lora=LoraConfig(rank=8, targets="q_proj,v_proj", dropout=0.05),
+        lora_library=LoraLibrary.LITGPT, parallelism=Parallelism(dp=2, zero_stage=3))
+    return job.replace(**changes)
+
+
+@pytest.fixture(scope="module")
+def llama2():
+    from memest.sources import load_model
+    return load_model("meta-llama/Llama-2-7b-hf")
+
+
+def test_fsdp1_lora_layer_units_take_the_whole_layers_gradient(llama2):
+    # each layer's FlatParameter holds the frozen base beside the adapters and requires grad as a whole; inside
+    # no_sync every layer's unsharded gradient is kept: 32 x (202,383,360 + 131,072) x 2 B = 12,960,923,648 B
+    # (every tensor a whole number of 2 MiB or of 512 B: no rounding); the frozen root (embedding, lm_head,
+    # final norm) has no gradient
+    at = moments(llama2, _lora_job(), get_device("A100-40GB"))
+    whole = 32 * (LLAMA_LAYER + LLAMA_ADAPTERS) * 2
+    assert whole == 12_960_923_648
+    assert _bytes(at["first_layer_backward"], "gradients") == [whole]
+    # the unit in backward makes its whole unsharded gradient before it is added: 202,383,360 (+ adapters) x 2 B
+    assert _bytes(at["first_layer_backward"], "workspace.unsharded_grads")[0] >= LLAMA_LAYER * 2
+    # after the last micro-batch's reduce-scatters, the whole layers' gradients sharded over 2 ranks (about
+    # 6.48e9 B; the shards' block rounding aside)
+    assert _bytes(at["optimizer_step"], "gradients")[0] == pytest.approx(whole / 2, rel=0.03)
+
+
+def test_fsdp2_lora_keeps_the_adapters_gradients_only(llama2):
+    # per-parameter sharding: only the adapters have gradients, 32 x 131,072 x 2 B = 8,388,608 B unsharded
+    at = moments(llama2, _lora_job(fsdp_flat_params=False), get_device("A100-40GB"))
+    assert _bytes(at["first_layer_backward"], "gradients") == [32 * LLAMA_ADAPTERS * 2]
+    assert not _bytes(at["first_layer_backward"], "workspace.unsharded_grads")
