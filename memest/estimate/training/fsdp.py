@@ -46,14 +46,16 @@ unit (embedding, final norm, lm_head; not freed after forward, ``_runtime_utils.
 backward and its embedding's at the very end: the head's are held through the whole backward (term
 ``workspace.root_grad_views``), and at the embedding's backward the embedding's gradient and the assembled flat
 gradient of the root sit beside them (``workspace.root_flat_grad``, counted at the first layer's backward, where the
-previous unit's reduce-scatter input is under FSDP2).
+previous unit's reduce-scatter input is under FSDP2). On the CPU (``benchmarks/fsdp1_litgpt_cpu.md``, torch 2.13,
+gloo) a litgpt-shaped GPT's step peaks at exactly that sum; without the two terms it would be a third lower.
 
 FSDP1 with a LoRA model whose decoder layers are the units (litgpt's ``auto_wrap_policy={Block}`` around
 lit_gpt's LoRA layers): ``use_orig_params=True`` lets a FlatParameter mix frozen and trainable parameters
 (``_flat_param.py`` ``_validate_tensors_to_flatten``: its ``requires_grad`` is the OR over its tensors), and the
 ``FullyShardedDataParallel`` docstring warns of "higher than expected gradient memory usage": every view of such a
 flat parameter requires grad, so the layer's whole gradient (frozen base included) is made, reduce-scattered and
-kept sharded like a full fine-tune's (``_mixed_layer_units``); the optimizer still holds the adapters only. peft's
+kept sharded like a full fine-tune's (``_mixed_layer_units``; ``benchmarks/fsdp1_litgpt_cpu.md``: the whole unit's
+gradient under ``no_sync``); the optimizer still holds the adapters only. peft's
 ``fsdp_auto_wrap_policy`` (accelerate, the HF Trainer) makes the adapters units of their own instead.
 
 Accumulation inside ``no_sync`` (``no_sync_accumulation``; Lightning Fabric 2.3 ``_FSDPBackwardSyncControl``
