@@ -133,3 +133,13 @@ def test_fsdp2_lora_keeps_the_adapters_gradients_only(llama2):
     at = moments(llama2, _lora_job(fsdp_flat_params=False), get_device("A100-40GB"))
     assert _bytes(at["first_layer_backward"], "gradients") == [32 * LLAMA_ADAPTERS * 2]
     assert not _bytes(at["first_layer_backward"], "workspace.unsharded_grads")
+
+
+def test_a_tied_embedding_is_held_from_the_head_and_made_again_by_the_lookup():
+    from memest.sources import load_model
+    # gemma-2b as the Hub ties it: the root FlatParameter holds wte (524,288,000) and the final norm (2,048); the
+    # tied weight's lm_head contribution and the norm's, (524,288,000 + 2,048) x 2 = 1,048,580,096 B, wait for the
+    # lookup's, 524,288,000 x 2 = 1,048,576,000 B, beside the assembled flat gradient of 1,048,580,096 B
+    at = moments(load_model("google/gemma-2b"), _job(), get_device("A10G"))
+    assert _bytes(at["loss_backward"], "workspace.root_grad_views") == [1_048_580_096]
+    assert _bytes(at["last_layer_backward"], "workspace.root_flat_grad") == [1_048_576_000 + 1_048_580_096]

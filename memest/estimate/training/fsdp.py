@@ -164,17 +164,22 @@ def _mixed_layer_units(spec: ModelSpec, stage: Stage, par: Parallelism, trainabl
     return [*trainable, *base]
 
 
-def _flat_root_gradient(spec: ModelSpec, groups, gb: int) -> tuple[tuple[Term, ...], Term]:
+def _flat_root_gradient(spec: ModelSpec, groups, gb: int) -> tuple[tuple[Term, ...], Term | None]:
     """FSDP1's root unit gradient (module docstring): the head's gradients held through backward, and at the
-    embedding's backward the embedding's gradient beside the root's whole flat gradient assembled from both."""
+    embedding's backward the embedding's gradient beside the root's whole flat gradient assembled from both. A tied
+    embedding is one view of the root: its lm_head contribution is the one held, its lookup's the one made last.
+    None where the stage has no trained embedding (its gradient is then complete at the head's backward)."""
     head = sum(local * c for _, local, c in groups.head)
-    emb = sum(local * c for _, local, c in groups.embedding)
+    emb_ids = {id(tn) for tn in spec.embedding if tn.component is Component.EMBEDDING}
+    lookup = sum(local * c for tn, local, c in (*groups.head, *groups.embedding) if id(tn) in emb_ids)
+    if not head or not lookup:
+        return (), None
+    root = head + sum(local * c for _, local, c in groups.embedding)
     held = (Term("workspace.root_grad_views", Kind.WORKSPACE, cuda_block_bytes(head * gb),
                  f"head's trained params x {gb} B (the root FlatParameter's view gradients, held until the "
-                 "embedding's arrives)"),) if head and emb else ()
-    whole = Term("workspace.root_flat_grad", Kind.WORKSPACE,
-                 cuda_block_bytes(emb * gb) + cuda_block_bytes((head + emb) * gb),
-                 f"(embedding + root unit) trained params x {gb} B (the embedding's gradient and the root "
+                 "embedding's arrives)"),)
+    whole = Term("workspace.root_flat_grad", Kind.WORKSPACE, cuda_block_bytes(lookup * gb) + cuda_block_bytes(root * gb),
+                 f"(embedding + root unit) trained params x {gb} B (the embedding lookup's gradient and the root "
                  "FlatParameter's gradient assembled from its views)")
     return held, whole
 
@@ -277,7 +282,7 @@ def states(ctx: StateContext) -> FrameworkStates:
                              f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
     if t.fsdp_flat_params and z >= 3 and root:
         backward_buffers, root_grad = _flat_root_gradient(spec, groups, gb)
-        if root_grad.bytes > sum(x.bytes for x in reduce_input):
+        if root_grad is not None and root_grad.bytes > sum(x.bytes for x in reduce_input):
             reduce_input = (root_grad,)
     accumulated, reduction = None, ()
     if no_sync:
