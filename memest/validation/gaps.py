@@ -32,14 +32,15 @@ _FMS_NVIDIA = ("nvidia-smi (the mean of the GPUs' peaks less their first reading
                "peak allocated is {share} of it where memest's allocator slack and CUDA context / NCCL add {memest}; "
                "allocator fragmentation across the step (not modelled as more than a fixed share of the peak)")
 
-_LITGPT_OCT23_LOSS = ("over-prediction: Lit-GPT 8641822's multi-GPU LoRA rows (FSDP1, Block checkpointing) grow by "
-                      "less per 1044-token sequence than memest's loss-backward peak: phi-1.5 0.34 GB (4.86 -> 5.88 GB "
-                      "at micro-batch 1 -> 4) against memest's 0.75 GB, of which the logits' 12 B x s x V (fp32 "
-                      "log-probs, nll grad, log-softmax grad) is 0.64 GB; lit_gpt's chunked_cross_entropy runs "
-                      "F.cross_entropy on each 128-token chunk of the lm_head's bf16 output (no fp32 upcast) and each "
-                      "chunk's gradients are freed in turn, a candidate for less; the same rows on one GPU grow by "
-                      "1.95 GB per sequence where memest grows 2.12 GB with the same 12 B, so the loss path is left "
-                      "as it is: not identified (StableLM +7.3%, Llama 2 7B +3.2% at micro-batch 4 on 2 GPUs)")
+_LITGPT_OCT23_LOSS = ("over-prediction: the loss path. Lit-GPT 8641822's multi-GPU LoRA rows (FSDP1, Block "
+                      "checkpointing) grow by 0.34 GB per 1044-token phi-1.5 sequence (4.86 -> 5.88 GB at micro-batch "
+                      "1 -> 4) where memest's loss-backward peak grows by 0.75 GB, 0.64 GB of it the logits' 12 B x b s "
+                      "V. Fabric's precision plugins convert the model's output to fp32 (convert_output, lightning "
+                      "71aed751), so the lm_head's 128-token chunks reach lit_gpt's chunked_cross_entropy as fp32, "
+                      "each chunk's log-softmax and gradients in turn: benchmarks/litgpt_loss_path.py measured that "
+                      "path at 8.25 B x b s V in the loss forward and 6.26 B in its backward where memest counts 10 "
+                      "and 12 (not modelled yet). With those two figures the rows would be +6.3% (micro-batch 2) and "
+                      "+9.9% (4), and the one-GPU rows of the same code -7.3% .. +0.1% (now -2.6% .. +6.2%)")
 _LITGPT_OCT23_FIRST = ("over-prediction: the peak is the first micro-batch: lit-gpt 8641822 finetune/lora.py get_batch "
                        "forces the longest sample into iteration 0 (longest_seq_ix), where no previous micro-batch's "
                        "graph exists; memest counts the previous micro-batch's bitsandbytes MatMul4Bit ctx.tensors "
