@@ -95,6 +95,15 @@ states and unsloth's kernels were modelled) against 4.6% on the earlier 50. What
   the 70B row went from +58% to -6.9%, the 8B from +104% to -20.6%. The 8B README sweep is exactly linear
   (7.37 GB + 211.9 KB per token at every budget from 8 to 80 GB), an extrapolation rather than readings; memest
   agrees at its 8 GB point (8.5 GB at 2,972 tokens) and its slope is 174.5 KB per token.
+- litgpt's published resource tables (27 rows): the config hub's full fine-tunes (commit 5895df10: gemma-2b on 4
+  A10G, phi-2 and stablelm-base-alpha-3b on 2, tiny-llama on 1) and ``tutorials/resource-tables.md``'s LoRA and
+  bnb.nf4 rows (Lit-GPT 8641822, 1, 2 and 4 A100s). Fabric's ``FSDPStrategy`` is FSDP1 (``--fsdp-flat-params``):
+  the root FlatParameter's gradient is assembled at the embedding's backward while the lm_head's is held, every
+  unit's gradient stays unsharded inside ``no_backward_sync`` (``--no-sync-accumulation``), and a LoRA Block unit
+  takes its whole gradient, frozen base included (``benchmarks/fsdp1_litgpt_cpu.md``: all three on the CPU). The
+  gemma-2b row went from -55% to +0.3%, the multi-GPU LoRA rows from -40% .. -74% to -2.3% .. +7.3% (phi-1.5 at
+  micro-batch 2 and 4 over-predicted, +16% / +25%: its loss path); the nf4 rows are over-predicted by the
+  previous micro-batch memest counts where the peak is the first (+7% .. +13%).
 
 ## The worst cases, and why
 

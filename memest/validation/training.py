@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from memest.devices import GB, Device, GiB, MiB, get_device
 from memest.estimate import estimate
 from memest.result import Estimate, RankEstimate
-from memest.sources import load_model, spec_from_config
+from memest.sources import load_config, load_model, spec_from_config
 from memest.sources.config import HFConfig
 from memest.spec import ModelSpec
 from memest.validation import stack_mapping
@@ -241,6 +241,8 @@ def build_cases() -> list[Case]:
                         ds_note + ("; offload device cpu" if offload is not Offload.NONE else ""), MEDIUM_TOLERANCE,
                         "max_memory_allocated (GB)"))
     out += _litgpt_config_hub(pub)
+    out += _litgpt_full(pub)
+    out += _litgpt_resource_table(pub)
 
     # torchtune README "Memory and training speed" (commit 30b8519e8): batch 2 packed to 2048, compile on
     tune = TrainingConfig(micro_batch_size=2, seq_len=2048, precision=Precision.BF16, optimizer=Optimizer.ADAMW_FUSED,
@@ -495,7 +497,8 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
     litgpt 0.4 ``finetune/lora.py`` with the row's yaml, bf16-true, no checkpointing, 512 tokens."""
     out = []
     for cid, case in pub.items():
-        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]):
+        if not (cid.startswith("litgpt_") and cid.endswith("_a10g") and "commit" in case["source"]
+                and case["kind"] in ("lora", "qlora")):
             continue
         lora = case["settings"]["lora"]
         model = case["model"]
@@ -519,6 +522,74 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
         if fused == "query_key_value" and not lora["mlp"]:
             note += "; litgpt's q/v-only adapter on the fused QKV is modelled as one on the whole QKV"
         out.append(Case(cid, load_model(_LITGPT_MODELS.get(model, model)), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
+    return out
+
+
+def _litgpt_untied(model: str) -> ModelSpec:
+    """``model`` as litgpt 0.4 builds it for full training: its ``GPT`` always has its own ``lm_head``
+    (``litgpt/model.py`` at commit 5895df10) and ``scripts/convert_hf_checkpoint.py`` copies a tied checkpoint's
+    ``transformer.wte.weight`` into it, so both train (and shard, and take optimizer states) separately."""
+    cfg = load_config(model)
+    spec = spec_from_config(cfg)
+    if not spec.tie_word_embeddings:
+        return spec
+    return spec_from_config(HFConfig({**cfg.raw, "tie_word_embeddings": False}, name=cfg.name, source=cfg.source))
+
+
+def _litgpt_full(pub: dict[str, dict]) -> list[Case]:
+    """The litgpt config-hub table's full fine-tune rows (commit 5895df10, ``litgpt/finetune/full.py``): the yaml's
+    devices; over several, Fabric's FSDP1 FULL_SHARD with every Block checkpointed and accumulation inside
+    ``no_backward_sync`` (:mod:`memest.estimate.training.fsdp`); bf16-true params and AdamW states; 512 tokens."""
+    out = []
+    for cid, case in pub.items():
+        if not (cid.startswith("litgpt_") and case["kind"] in ("train_full", "train_multi_gpu")):
+            continue
+        n = case["hardware"]["count"]
+        w = TrainingConfig(micro_batch_size=case["batch_size"], seq_len=512, grad_accum_steps=case["grad_accum"],
+                           precision=Precision.BF16, optimizer=Optimizer.ADAMW, framework=Framework.PYTORCH)
+        note = "litgpt bf16-true (bf16 params, grads and AdamW states); litgpt's own lm_head; 512 tokens assumed"
+        if n > 1:
+            w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3),
+                          recompute=Recompute.FULL, fsdp_flat_params=True, no_sync_accumulation=True)
+            note += ("; Fabric FSDP1 FULL_SHARD over the yaml's devices, Block checkpointing, the root unit's "
+                     "gradient assembled at the embedding's backward"
+                     + (", accumulation inside no_sync (unsharded gradients)" if case["grad_accum"] > 1 else ""))
+        out.append(Case(cid, _litgpt_untied(case["model"]), w, get_device("A10G"), "allocated",
+                        round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
+    return out
+
+
+def _litgpt_resource_table(pub: dict[str, dict]) -> list[Case]:
+    """The LoRA and bnb.nf4 rows of litgpt's ``tutorials/resource-tables.md`` (commit 0cc02afa, run at Lit-GPT 8641822):
+    ``finetune/lora.py``, bf16-true, rank-8 q/v adapters, the longest Alpaca sample; over several A100s Fabric's
+    FSDP1 with every Block checkpointed, each Block's FlatParameter holding its frozen base and adapters, and
+    accumulation inside ``no_backward_sync`` (:mod:`memest.estimate.training.fsdp`)."""
+    out = []
+    for cid, case in pub.items():
+        if not cid.startswith("litgpt_oct23_"):
+            continue
+        n, lora = case["hardware"]["count"], case["settings"]["lora"]
+        targets = "query_key_value" if case["model"].startswith("stabilityai/") else "q_proj,v_proj"
+        method = Method(case["kind"])
+        w = TrainingConfig(method=method, micro_batch_size=case["batch_size"],
+                           seq_len=case["seq_len"]["longest_sample"], grad_accum_steps=case["grad_accum"],
+                           precision=Precision.BF16, framework=Framework.PYTORCH,
+                           optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW,
+                           lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+        note = "Lit-GPT 8641822 bf16-true (bf16 adapters), the longest sample's tokens with the steady-state gradients"
+        if method is Method.QLORA:
+            note += ("; Fabric bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes PagedAdamW; "
+                     "MatMul4Bit's ctx.tensors of the previous micro-batch counted (as bitsandbytes 0.42)")
+        if targets == "query_key_value":
+            note += "; the q/v adapter on GPT-NeoX's fused QKV modelled as one on the whole QKV (same 2,097,152 elements)"
+        if n > 1:
+            w = w.replace(framework=Framework.FSDP, parallelism=Parallelism(dp=n, zero_stage=3),
+                          recompute=Recompute.FULL, fsdp_flat_params=True, no_sync_accumulation=True)
+            note += ("; Fabric FSDP1 FULL_SHARD, Block checkpointing; each layer's FlatParameter mixes the frozen base "
+                     "with the adapters, so its whole gradient is made, kept unsharded inside no_sync")
+        out.append(Case(cid, load_model(case["model"]), w, get_device("A100-40GB"), "allocated",
                         round(case["measured"]["peak_memory_GB"] * GB), note, HIGH_TOLERANCE, "peak allocated (GB)"))
     return out
 

@@ -576,6 +576,15 @@ class TrainingConfig:
         custom_sharded_layers: torchtune ``custom_sharded_layers``: the modules FSDP2 wraps as units of their own
             besides each decoder layer, comma-separated torchtune module names: ``tok_embeddings`` (the token
             embedding), ``output`` (the untied output projection); "" leaves both in the root unit.
+        fsdp_flat_params: FSDP runs as FSDP1 ``FullyShardedDataParallel`` with the decoder layers as units (one
+            ``FlatParameter`` per unit, Lightning Fabric ``FSDPStrategy``), not FSDP2's per-parameter shards: the
+            root unit's gradient is assembled whole at the end of backward, and a LoRA layer's FlatParameter,
+            frozen base and adapters together, takes the whole layer's gradient
+            (:mod:`memest.estimate.training.fsdp`; peft's wrap policy, which makes the adapters units of their
+            own, is not this).
+        no_sync_accumulation: The micro-batches before the last accumulate their gradients inside the
+            framework's ``no_sync`` (Lightning Fabric ``no_backward_sync``): under FSDP every unit's gradient
+            stays unsharded until the last micro-batch's reduce-scatter.
     """
 
     method: Method = Method.FULL
@@ -677,6 +686,15 @@ class TrainingConfig:
         help="torchtune custom_sharded_layers: tok_embeddings, output (comma-separated) as FSDP2 units of their "
              "own, each gathered only while it computes (FSDP only; default: both in the root unit, gathered all "
              "step).")
+    fsdp_flat_params: bool = setting(
+        False, group="training", scope="training", describe="changed", what="FSDP1's flat-parameter gradients",
+        help="FSDP is FSDP1 FullyShardedDataParallel with the decoder layers as units (Lightning Fabric "
+             "FSDPStrategy): one flat parameter per unit, the root unit's gradient made whole at the end of backward, "
+             "a LoRA layer's gradient covering its frozen base (FSDP only; default: FSDP2).")
+    no_sync_accumulation: bool = setting(
+        False, group="training", scope="training", describe="changed", what="gradients kept unsharded while accumulating",
+        help="Gradient accumulation inside no_sync (Lightning Fabric no_backward_sync): under FSDP every unit's "
+             "gradient stays unsharded until the last micro-batch's reduce-scatter (needs {grad_accum_steps} > 1).")
     lora_library: LoraLibrary = setting(
         LoraLibrary.PEFT, group="training", scope="training", methods=("lora", "qlora"), unset=None,
         describe="always", what="the LoRA adapters' dtype and QLoRA's 4-bit base",

@@ -597,6 +597,8 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         float8_all_gather=bool(v["float8_all_gather"]),
         custom_sharded_layers=",".join(name.strip() for name in (v["custom_sharded_layers"] or "").split(",")
                                        if name.strip()),
+        fsdp_flat_params=bool(v["fsdp_flat_params"]),
+        no_sync_accumulation=bool(v["no_sync_accumulation"]),
         stack=stack,
         stack_assumed=assumed,
         stack_filled=filled,

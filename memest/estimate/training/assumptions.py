@@ -60,6 +60,8 @@ class AssumptionsInput(NamedTuple):
     float8_all_gather: bool = False
     fsdp_pipelined: bool = False  # FSDP (ZeRO 2 / 3) under pipeline parallelism
     checkpoints_at_loss: int = 0  # activation offloading: those still on the device through the loss
+    fsdp_flat_params: bool = False  # FSDP1 FlatParameter units (ZeRO 3)
+    fsdp_no_sync: bool = False  # FSDP (ZeRO 2 / 3) accumulating inside no_sync
 
 
 _QLORA_BASES = {
@@ -82,7 +84,10 @@ def assumptions(spec: ModelSpec, t: TrainingConfig, fw: Framework, moment: str) 
         fw is Framework.FSDP and t.offload is not Offload.NONE, t.optimizer_in_bwd and t.method is Method.FULL,
         offloaded_checkpoints_on_device(t), t.torch_compile,
         Float8(t.float8).value if t.method is Method.FULL else "none", t.float8_all_gather,
-        fw is Framework.FSDP and par.pp > 1 and par.zero_stage >= 2, offloaded_checkpoints_at_loss(t)))
+        fw is Framework.FSDP and par.pp > 1 and par.zero_stage >= 2, offloaded_checkpoints_at_loss(t),
+        fw is Framework.FSDP and t.fsdp_flat_params and par.zero_stage >= 3,
+        fw is Framework.FSDP and t.no_sync_accumulation and t.grad_accum_steps > 1 and par.zero_stage >= 2
+        and par.pp == 1))
 
 
 @remembered(maxsize=4096)
@@ -141,6 +146,13 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
                    "reshard after backward and no gradient sync until the last micro-batch): the stage's layers stay "
                    "gathered and every parameter's unsharded gradient accumulates at the reduce dtype until the last "
                    "micro-batch's reduce-scatter")
+    if a.fsdp_flat_params:
+        out.append("FSDP1 FullyShardedDataParallel (use_orig_params): one FlatParameter per unit; the root unit's "
+                   "parameters gathered from forward to the end of backward, its head's gradients held until the "
+                   "embedding's arrives and the root's flat gradient assembled from both")
+    if a.fsdp_no_sync:
+        out.append("gradient accumulation inside no_sync (Lightning Fabric no_backward_sync): every unit's unsharded "
+                   "gradient kept from the first micro-batch's backward to the last one's reduce-scatter")
     if a.in_backward:
         out.append("optimizer_in_bwd (torchtune 0.6): one optimizer per parameter stepped in its post-accumulate-grad "
                    "hook; the largest in-flight gradient counted, none at the step")

@@ -36,6 +36,39 @@ beside a layer.
 
 torchtune's ``optimizer_in_bwd``: :mod:`.in_backward` (a unit's reduce-scatter output at a time).
 
+FSDP1 (``fsdp_flat_params``: ``FullyShardedDataParallel(use_orig_params=True)``, as Lightning Fabric's
+``FSDPStrategy`` builds it; read in torch 2.13's ``torch/distributed/fsdp``, the code litgpt's 2024 runs on torch
+2.2 / 2.3 called): each unit is one ``FlatParameter`` whose original parameters are views
+(``_flat_param.py`` ``_get_unflat_views_unaligned``: ``torch.split(flat_param, _numels)`` then ``.view``), so autograd
+assembles the unit's gradient in one ``SplitWithSizesBackward`` once every view's gradient has arrived. The root
+unit (embedding, final norm, lm_head; not freed after forward, ``_runtime_utils.py`` ``_post_forward_reshard``:
+"Do not free the root's parameters in the post-forward for FULL_SHARD") gets its head's gradients at the loss
+backward and its embedding's at the very end: the head's are held through the whole backward (term
+``workspace.root_grad_views``), and at the embedding's backward the embedding's gradient and the assembled flat
+gradient of the root sit beside them (``workspace.root_flat_grad``, counted at the first layer's backward, where the
+previous unit's reduce-scatter input is under FSDP2). On the CPU (``benchmarks/fsdp1_litgpt_cpu.md``, torch 2.13,
+gloo) a litgpt-shaped GPT's step peaks at exactly that sum; without the two terms it would be a third lower.
+
+FSDP1 with a LoRA model whose decoder layers are the units (litgpt's ``auto_wrap_policy={Block}`` around
+lit_gpt's LoRA layers): ``use_orig_params=True`` lets a FlatParameter mix frozen and trainable parameters
+(``_flat_param.py`` ``_validate_tensors_to_flatten``: its ``requires_grad`` is the OR over its tensors), and the
+``FullyShardedDataParallel`` docstring warns of "higher than expected gradient memory usage": every view of such a
+flat parameter requires grad, so the layer's whole gradient (frozen base included) is made, reduce-scattered and
+kept sharded like a full fine-tune's (``_mixed_layer_units``; ``benchmarks/fsdp1_litgpt_cpu.md``: the whole unit's
+gradient under ``no_sync``); the optimizer still holds the adapters only. peft's
+``fsdp_auto_wrap_policy`` (accelerate, the HF Trainer) makes the adapters units of their own instead.
+
+Accumulation inside ``no_sync`` (``no_sync_accumulation``; Lightning Fabric 2.3 ``_FSDPBackwardSyncControl``
+``no_backward_sync`` returns ``module.no_sync()``, litgpt's ``finetune/full.py`` wraps every micro-batch but the
+step's last in it): ``fully_sharded_data_parallel.py`` ``no_sync`` ("FSDP will accumulate the full model gradients
+(instead of gradient shards) until the eventual sync"); ``_post_backward_hook`` returns before the reduce-scatter
+while ``_sync_gradients`` is off, and ``FlatParamHandle.prepare_gradient_for_backward`` keeps an unsharded
+``flat_param.grad`` for the next backward to add into. So every unit's unsharded gradient at the gradient dtype lives
+through the forward and backward of the micro-batches after the first (term ``gradients``, in place of the sharded
+ones); the last micro-batch reduce-scatters each accumulated gradient in its post-backward hook (no further copy:
+no ``reduce_scatter_input``); ``zero_grad`` after the step leaves the sharded gradients to be freed before the next
+forward (``_reset_flat_param_grad_info_if_needed``).
+
 Pipeline parallelism (pp > 1, ``SHARD_GRAD_OP`` or full shard): torchtitan 9dec370
 ``torchtitan/parallelisms/parallelize_llama.py`` ``apply_fsdp`` passes ``reshard_after_forward=False`` to every
 layer and the root when ``pp_enabled`` ("do not reshard after forward to avoid per-microbatch all-gathers"), and
@@ -122,6 +155,35 @@ def own_units(spec: ModelSpec, t: StatesInput, stage: Stage) -> tuple[int, int, 
     return sums[0], sums[1], sums[2]
 
 
+def _mixed_layer_units(spec: ModelSpec, stage: Stage, par: Parallelism, trainable):
+    """The gradient items of FSDP1 LoRA with the decoder layers as units (litgpt's ``auto_wrap_policy={Block}``):
+    the adapters and every layer tensor of the stage, since a FlatParameter holding any trainable view requires grad
+    as a whole (module docstring)."""
+    base = [(tn, shard_numel(tn, par, spec.num_kv_heads), cnt)
+            for layer, cnt in spec.layer_kinds(stage.start, stage.stop) for tn in layer.tensors]
+    return [*trainable, *base]
+
+
+def _flat_root_gradient(spec: ModelSpec, groups, gb: int) -> tuple[tuple[Term, ...], Term | None]:
+    """FSDP1's root unit gradient (module docstring): the head's gradients held through backward, and at the
+    embedding's backward the embedding's gradient beside the root's whole flat gradient assembled from both. A tied
+    embedding is one view of the root: its lm_head contribution is the one held, its lookup's the one made last.
+    None where the stage has no trained embedding (its gradient is then complete at the head's backward)."""
+    head = sum(local * c for _, local, c in groups.head)
+    emb_ids = {id(tn) for tn in spec.embedding if tn.component is Component.EMBEDDING}
+    lookup = sum(local * c for tn, local, c in (*groups.head, *groups.embedding) if id(tn) in emb_ids)
+    if not head or not lookup:
+        return (), None
+    root = head + sum(local * c for _, local, c in groups.embedding)
+    held = (Term("workspace.root_grad_views", Kind.WORKSPACE, cuda_block_bytes(head * gb),
+                 f"head's trained params x {gb} B (the root FlatParameter's view gradients, held until the "
+                 "embedding's arrives)"),)
+    whole = Term("workspace.root_flat_grad", Kind.WORKSPACE, cuda_block_bytes(lookup * gb) + cuda_block_bytes(root * gb),
+                 f"(embedding + root unit) trained params x {gb} B (the embedding lookup's gradient and the root "
+                 "FlatParameter's gradient assembled from its views)")
+    return held, whole
+
+
 def weight_shards(zero_stage: int, n: int) -> int:
     """FULL_SHARD (3) and SHARD_GRAD_OP (2) both shard the weights between steps."""
     return n if zero_stage >= 2 else 1
@@ -136,7 +198,10 @@ def states(ctx: StateContext) -> FrameworkStates:
     shard_g = n if z >= 2 else 1
     if shard_g > 1:  # experts' gradients shard over their expert-data-parallel group (expert_weighted)
         trainable = expert_weighted(trainable, par, n)
-    groups = grad_groups(spec, stage, trainable)
+    # FSDP1 LoRA: a layer's FlatParameter holds its frozen base beside the adapters and takes a whole gradient
+    mixed = t.fsdp_flat_params and t.method is Method.LORA and z >= 2 and bool(trainable)
+    grad_items = _mixed_layer_units(spec, stage, par, trainable) if mixed else trainable
+    groups = grad_groups(spec, stage, grad_items)
     later = sum(local * c for _, local, c in groups.used) - sum(local * c for _, local, c in (*groups.first, *groups.embedding))
     offloaded = t.offload is not Offload.NONE
     if offloaded:  # CPUOffloadPolicy: each sharded gradient is copied to host after its reduce-scatter
@@ -204,16 +269,31 @@ def states(ctx: StateContext) -> FrameworkStates:
         unit, unit_formula = unit_bytes, unit_what
     layer_buffers: tuple[Term, ...] = ()
     reduce_input: tuple[Term, ...] = ()
-    grads_unit = largest if t.method is Method.FULL else 0
+    backward_buffers: tuple[Term, ...] = ()
+    grads_unit = largest if t.method is Method.FULL or mixed else 0
+    no_sync = t.no_sync_accumulation and z >= 2 and not pipelined and not offloaded and bool(groups.used)
     if z >= 2:
         layer_buffers = (Term("workspace.unsharded_grads", Kind.WORKSPACE, grads_unit * gather_b,
                               f"largest layer x {gather_b} B (the unit's unsharded gradients)"),)
-    if z >= 2 and not pipelined:
+    if z >= 2 and not pipelined and not no_sync:
         # foreach_reduce copies a finished unit's gradients into a flat reduce_dtype buffer, alive through
         # the next unit's backward (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
         reduce_input = (Term("workspace.reduce_scatter_input", Kind.WORKSPACE, grads_unit * gb,
                              f"largest layer x {gb} B (the previous unit's reduce-scatter input)"),)
+    if t.fsdp_flat_params and z >= 3 and root:
+        backward_buffers, root_grad = _flat_root_gradient(spec, groups, gb)
+        if root_grad is not None and root_grad.bytes > sum(x.bytes for x in reduce_input):
+            reduce_input = (root_grad,)
     accumulated, reduction = None, ()
+    if no_sync:
+        # FSDP1 no_sync (module docstring): each unit's unsharded gradient kept in flat_param.grad and added
+        # into by every micro-batch's backward, reduce-scattered (and freed) in the last one's
+        unsharded = grad_groups(spec, stage, _mixed_layer_units(spec, stage, par, ctx.trainable) if mixed
+                                else ctx.trainable).used
+        what = "P_trainable + the LoRA layers' frozen base" if mixed else "P_trainable"
+        accumulated = Term("gradients", Kind.GRADIENTS, blocks(unsharded, gb),
+                           f"{what} unsharded x {gb} B (accumulated inside no_sync, reduce-scattered in the "
+                           "last micro-batch's backward)")
     if pipelined and groups.used and not offloaded:
         # every trained parameter's unsharded gradient, upcast to reduce_dtype after the first micro-batch's
         # backward and accumulated into until the last one's reduce-scatter (module docstring); per parameter
@@ -231,7 +311,8 @@ def states(ctx: StateContext) -> FrameworkStates:
                  f"largest layer x {gb} B (its reduce-scatter input)"),
             Term("workspace.reduce_scatter_output", Kind.WORKSPACE, cuda_block_bytes(math.ceil(grads_unit * gb / n)),
                  f"largest layer / {n} x {gb} B (its sharded gradients)"))
-    fs = FrameworkStates(gradients=gradients, layer_buffers=layer_buffers, reduce_input=reduce_input,
+    fs = FrameworkStates(gradients=gradients, backward_buffers=backward_buffers, layer_buffers=layer_buffers,
+                         reduce_input=reduce_input,
                          gathered=gathered, gathered_head=gathered_head, gathered_embedding=gathered_embedding,
                          gathered_unit=unit, gathered_formula=unit_formula,
                          stream_pool=stream_pool, stream_pool_formula=stream_pool_formula,

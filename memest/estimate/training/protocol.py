@@ -48,6 +48,8 @@ class StatesInput(NamedTuple):
     float8_all_gather: bool = False  # FSDP2 gathers the float8 linears' weights in float8 (fsdp.states)
     deepspeed_buckets: DeepSpeedBuckets = DeepSpeedBuckets()  # the DeepSpeed JSON's bucket sizes
     custom_sharded_layers: str = ""  # torchtune's FSDP2 units of their own (fsdp.states)
+    fsdp_flat_params: bool = False  # FSDP1's FlatParameter units (fsdp.states)
+    no_sync_accumulation: bool = False  # accumulation inside no_sync: FSDP's gradients unsharded (fsdp.states)
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
@@ -55,7 +57,8 @@ def states_input(t: TrainingConfig) -> StatesInput:
     return StatesInput(t.method, t.precision, t.optimizer, t.offload, t.optimizer_in_bwd and t.method is Method.FULL,
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
                        t.lora_library, t.grad_accum_steps, t.float8_all_gather and t.method is Method.FULL,
-                       t.deepspeed_buckets, t.custom_sharded_layers)
+                       t.deepspeed_buckets, t.custom_sharded_layers, t.fsdp_flat_params,
+                       t.no_sync_accumulation and t.grad_accum_steps > 1)
 
 
 class StateContext(NamedTuple):
