@@ -79,8 +79,10 @@ def test_a_named_stack_sets_its_defaults_and_given_flags_win(llama):
     assert (titan_tp.parallelism.dp, titan_tp.parallelism.zero_stage) == (2, 3)
     assert resolve_framework(titan_tp) is Framework.FSDP
     assert build(llama, finetune="qlora", stack="trl").prepare_kbit_training is KbitPrep.TRL
-    # axolotl src/axolotl/utils/models.py (15f7910): QLoRA under FSDP skips prepare_model_for_kbit_training
-    assert build(llama, finetune="qlora", stack="axolotl").prepare_kbit_training is KbitPrep.PEFT
+    # axolotl src/axolotl/utils/models.py (15f7910): QLoRA under FSDP skips prepare_model_for_kbit_training; on
+    # one GPU it runs it, then casts the norms, embed_tokens and lm_head back to torch_dtype (needs_fa2_dtype is
+    # set for any adapter): every non-quantized weight 16-bit either way
+    assert build(llama, finetune="qlora", stack="axolotl").prepare_kbit_training is KbitPrep.NONE
     assert build(llama, finetune="qlora", stack="axolotl", gpus=2,
                  fsdp="full_shard").prepare_kbit_training is KbitPrep.NONE
     assert build(llama, finetune="lora", stack="llamafactory").lora.targets == "all-linear"  # lora_target "all"

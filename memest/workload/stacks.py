@@ -39,7 +39,13 @@ Sources (each row cites the file that sets its defaults):
   (FSDP2, fp32 reduce), ``[activation_checkpoint] mode = "selective"``, ``selective_ac_option = "op"``;
   ``[optimizer] name = "AdamW"`` with ``implementation = "fused"`` (``config/job_config.py``).
 - axolotl ``examples/llama-3/fft-8b.yaml``: ``bf16: auto`` loads the weights in bf16 and trains them in
-  place (pure bf16 states); the optimizer falls to the Trainer's default.
+  place (pure bf16 states); the optimizer falls to the Trainer's default. Its QLoRA base keeps every
+  non-quantized weight at ``torch_dtype`` (:attr:`KbitPrep.NONE`): ``src/axolotl/utils/models.py`` (commit
+  15f7910, 2024-04) and ``src/axolotl/loaders/model.py`` (2025, ``_configure_embedding_dtypes``) set
+  ``needs_fa2_dtype`` for any ``adapter: lora / qlora`` and, after ``prepare_model_for_kbit_training`` has upcast
+  them, cast the modules named ``*norm*`` and the embedding modules (``embed_tokens``, ``lm_head``) back to
+  ``torch_dtype`` "for flash-attn compatibility", unless QLoRA under FSDP, which skips the preparation itself
+  (as ZeRO-3 does): either way the residual stream stays 16-bit.
 - LLaMA-Factory ``src/llamafactory/hparams/finetuning_args.py``: ``lora_target`` default ``"all"``
   (every linear), ``pure_bf16`` False (``model/adapter.py`` upcasts trained parameters to fp32);
   ``model_args.py`` ``disable_gradient_checkpointing`` False (checkpointing on).
@@ -251,7 +257,7 @@ STACKS: dict[Stack, StackDefaults] = {
                                     kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT),
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
-                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT, zero=Framework.DEEPSPEED,
+                                 optimizer_name="adamw_torch_fused", kbit=KbitPrep.NONE, zero=Framework.DEEPSPEED,
                                  losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
                                                        "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
@@ -359,8 +365,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
     them too (its FSDP over the data-parallel ranks beside TP / PP). A Trainer-based stack under DeepSpeed
-    (:func:`runs_deepspeed`) runs DeepSpeed's bf16 recipe (module docstring). axolotl prepares no QLoRA model
-    under FSDP. trl prepares no sharded QLoRA model (FSDP, ZeRO-3).
+    (:func:`runs_deepspeed`) runs DeepSpeed's bf16 recipe (module docstring). trl prepares no sharded QLoRA model
+    (FSDP, ZeRO-3).
     """
     d = STACKS[stack]
     out = dict(v)
@@ -394,10 +400,6 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
             and (fsdp or (out["zero_stage"] or 0) >= 3)):
         # trl SFTTrainer._prepare_peft_model: a sharded QLoRA (FSDP / DeepSpeed ZeRO-3 load the Params4bit on
         # cpu / meta: is_sharded_qlora) gets neither prepare_model_for_kbit_training nor the bf16 casts
-        out["prepare_kbit_training"] = KbitPrep.NONE
-    if v["prepare_kbit_training"] is None and stack is Stack.AXOLOTL and fsdp:
-        # axolotl src/axolotl/utils/models.py (commit 15f7910, 2024-04): qlora_fsdp = cfg.fsdp and adapter qlora
-        # sets skip_prepare_model_for_kbit_training
         out["prepare_kbit_training"] = KbitPrep.NONE
     return out
 
