@@ -85,6 +85,17 @@ def test_llama2_7b_zero1_on_8_h100_peaks_at_the_gradient_reduction():
     assert sum(t.bytes for t in step["optimizer_step"] if t.name != "workspace.cublas") == 30_326_532_096
 
 
+def test_the_16_bytes_rule_is_split_as_the_zero_paper_splits_each_stage():
+    # ZeRO paper (Rajbhandari et al. 2020, figure 1), N = 8 ranks, P = 6,738,415,616: stage 1 keeps the 2 B
+    # weights and 2 B gradients whole, 2 + 2 + 12/8 = 5.5 B/param = 37,061,285,888 B; stage 2 the weights,
+    # 2 + 14/8 = 3.75 B/param = 25,269,058,560 B; stage 3 none, 16/8 = 2 B/param = 13,476,831,232 B
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    for stage, expected in ((1, 37_061_285_888), (2, 25_269_058_560), (3, 13_476_831_232)):
+        result = assess(spec, TrainingConfig(parallelism=Parallelism(dp=8, zero_stage=stage)), get_device("H100-80GB"))
+        sixteen = next(r for r in result.rules if r.name.startswith("16 B/param"))
+        assert sixteen.bytes == expected, stage
+
+
 def test_llama2_70b_zero3_on_8_h100_does_not_fit():
     spec = load_model("meta-llama/Llama-2-70b-hf")
     assert spec.num_params == LLAMA2_70B_PARAMS

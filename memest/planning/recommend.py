@@ -361,17 +361,26 @@ def rules_of_thumb(spec: ModelSpec, workload: Workload) -> list[RuleOfThumb]:
     """The popular shortcuts, per device, for comparison with the estimate.
 
     Each is split the way the job splits weights: over tp x pp, and over the data-parallel ranks too
-    only when ZeRO-3 / FSDP shards the parameters.
+    only when ZeRO-3 / FSDP shards the parameters. The 16 B/param of mixed-precision Adam (2 B weights,
+    2 B gradients, K = 12 B of fp32 master and states) is split as the ZeRO paper's stages split it
+    (Rajbhandari et al. 2020, figure 1, N data-parallel ranks): 2 + 2 + 12 / N at stage 1, 2 + 14 / N at
+    stage 2, 16 / N at stage 3.
     """
     p = spec.num_params
     par = workload.parallelism
     shards = par.tp * par.pp
     if isinstance(workload, TrainingConfig):
+        n = par.dp * par.cp
         if par.zero_stage >= 3:
-            shards *= par.dp * par.cp
+            shards *= n
         if workload.method is Method.FULL:
+            name = "16 B/param (mixed-precision Adam model states, no activations"
+            kept = {1: 4, 2: 2}.get(par.zero_stage)  # B/param each rank keeps whole at ZeRO-1 / 2
+            sixteen = (RuleOfThumb(name + ")", 16 * p // shards) if kept is None else
+                       RuleOfThumb(f"{name}; ZeRO-{par.zero_stage}: {kept} + {16 - kept}/N)",
+                                   -(-(kept * n + 16 - kept) * p // (n * shards))))
             return [
-                RuleOfThumb("16 B/param (mixed-precision Adam model states, no activations)", 16 * p // shards),
+                sixteen,
                 RuleOfThumb("params x 2 B x 6 ('training overhead')", 12 * p // shards),
             ]
         base, what = (2.0, "16-bit") if workload.method is Method.LORA else (0.5, "4-bit")
