@@ -43,7 +43,10 @@ Search space
     parallelism (which replaces tp for the experts); searching ep would exploit that;
 
 - **settings**, each from the user's value towards less memory (never the other way):
-  ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
+  ``zero_stage`` (also on one data-parallel replica: ZeRO shards nothing there, but the engine it selects
+  still changes what a device holds; DeepSpeed with ``bf16`` enabled keeps the model in bf16, where the
+  HF Trainer without it keeps fp32 weights under autocast, and ZeRO-Offload moves the optimizer to host RAM
+  on a single GPU), ``sequence_parallel`` (when tp > 1), ``recompute``,
   ``micro_batch_size`` (with ``allow_batch_reshape``: divisors of the one asked, with
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
@@ -458,8 +461,7 @@ class _Search:
                 dp = rest // pp if self.training else user.dp  # serving: the user's replicas, each tp x pp
                 if not self.training and pp * tp * dp != n:
                     continue
-                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp,
-                                          zero_stage=user.zero_stage if dp * cp > 1 else 0)
+                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp)
 
     # -- settings --
 
@@ -467,7 +469,7 @@ class _Search:
         w = self.base
         assert isinstance(w, TrainingConfig)
         lossy = not self.space.lossless_only
-        zero = [par.zero_stage] + (list(range(par.zero_stage + 1, 4)) if par.dp * par.cp > 1 else [])
+        zero = list(range(par.zero_stage, 4))  # on one replica too: see the module docstring
         sp = [par.sequence_parallel] + ([True] if par.tp > 1 else [])  # settings only move towards less memory
         g = self.space.global_batch_size
         if g is None:
