@@ -437,6 +437,31 @@ def test_offloaded_states_must_fit_the_host_memory(host_gib):
         assert result.best.setup.workload.offload is Offload.NONE
 
 
+def test_consumer_cards_share_one_machines_host_ram():
+    # Fresh-user report F4: consumer cards have no NVLink (per_node 1: no tensor parallelism) but sit 2-8 to a
+    # machine, whose host RAM their offloaded states share. Llama-3.1-70B LoRA under the HF Trainer with DeepSpeed
+    # ZeRO-3 parameter offload on 2 RTX-4090s: the frozen bf16 base goes to host RAM, whole, for the machine:
+    # 70,553,706,496 params x 2 B = 141.1e9 B = 131.4 GiB (a shard of half of it per rank, two ranks) — the same
+    # as on 2 A100s, which were always counted per 8-GPU server. Counting one 4090 per machine gave half.
+    from memest.workload import resolve
+
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    values = {"finetune": "lora", "recompute": "full", "offload": "params", "stack": "hf-trainer", "zero_stage": 3,
+              "gpus": 2}
+    rtx, a100 = get_device("RTX-4090"), get_device("A100-80GB")
+    assert rtx.per_node == 1 and rtx.devices_per_machine == 8
+    host = estimate(spec, resolve.resolve(values, spec, rtx), rtx).host_bytes
+    assert host >= spec.num_params * 2 > 130 * 2**30
+    assert host == estimate(spec, resolve.resolve(values, spec, a100), a100).host_bytes
+    # and the planner holds it to the host RAM given: 96 GiB cannot take the 131.4 GiB base, 192 GiB can
+    asked = resolve.resolve({k: v for k, v in values.items() if k != "gpus"}, spec, rtx)
+    for host_gib, fits in ((96, False), (192, True)):
+        space = Space(allow_offload=True, devices=(DeviceChoice(rtx, 2),), host_memory_bytes=host_gib << 30)
+        best = plan(spec, asked, space, max_queries=False).best
+        assert (best is not None) is fits, host_gib
+        assert best is None or best.estimate.host_bytes <= host_gib << 30
+
+
 def _witness(pairs) -> bool:
     """True when, for some (model, setup) of the grid, the step's target needs more than its source."""
     device = get_device("H100")
