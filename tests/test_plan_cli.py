@@ -201,3 +201,35 @@ def test_plan_and_sweep_import_no_plotting_or_heavy_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+LF_DS3 = """\
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+deepspeed: ds_z3_config.json
+cutoff_len: 2048
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 2
+bf16: true
+"""
+
+
+def test_plan_prints_the_config_files_reading_notes(tmp_path):
+    # Fresh-user report F6: a LLaMA-Factory YAML naming a DeepSpeed file that is not there. `memest hf` says so
+    # (its settings are not read); `memest plan` printed no note at all. Now the table, Markdown and JSON carry the
+    # same notes as `hf` does (the model's and the config reader's).
+    config = tmp_path / "lf_ds3.yaml"
+    config.write_text(LF_DS3)
+    missing = "deepspeed names ds_z3_config.json, not found"
+    hf = run("hf", "--config", str(config), "--gpu", "A100-80GB", "--gpus", "8")
+    assert missing in " ".join(hf.stdout.split()), hf.stdout
+    for fmt in ((), ("--markdown",)):
+        out = run("plan", "--config", str(config), "--gpus-available", "8xA100-80GB", *fmt)
+        assert out.returncode == 0, out.stderr
+        assert missing in " ".join(out.stdout.split()), out.stdout
+    doc = json.loads(run("plan", "--config", str(config), "--gpus-available", "8xA100-80GB", "--json").stdout)
+    assert any(missing in note for note in doc["notes"])

@@ -26,6 +26,7 @@ from memest.workload import (
     runs_on,
     software,
     training_refusal,
+    workload_notes,
 )
 
 
@@ -145,6 +146,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "evaluated": p.evaluated,
         "setups": p.setups,
         "headroom_applied": _plan_headroom_applied(p),
+        "notes": list(plan_notes(p)),
         "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
         "widenings": list(p.widenings),
@@ -197,6 +199,13 @@ def _plan_headroom_applied(p: Plan) -> bool:
 def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -> str:
     return hf_command(model or p.spec.name, given, setup_flags(f.setup.workload, f.setup.count, p.workload,
                                                                f.setup.device))
+
+
+def plan_notes(p: Plan) -> tuple[str, ...]:
+    """What the user should know about the model and the job asked, as ``memest hf`` says it: the model's notes
+    and the workload's (:func:`memest.workload.workload_notes`: the config files' reading notes, a sequence beyond
+    the trained length)."""
+    return (*p.spec.notes, *workload_notes(p.spec, p.workload))
 
 
 def _plan_header(p: Plan) -> list[str]:
@@ -266,6 +275,7 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         Text.assemble(("Job     ", "bold"), head[1]),
         Text(head[2], style="dim"),
     ]
+    parts += [Text(f"Note: {note}", style="yellow") for note in plan_notes(p)]
     if not p.fits and p.not_run and not p.no_fit:
         runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
         whys = list(_not_run(p))
@@ -297,6 +307,9 @@ def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
                      given: Mapping[str, str] | None = None) -> str:
     """The plan table as GitHub Markdown, then the ``memest hf`` command of the cheapest fit."""
     lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
+    notes = plan_notes(p)
+    if notes:
+        lines += ["", *(f"> Note: {note}  " for note in notes)]
     lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
     for row, f in zip(_plan_rows(p, top), p.fits):
         flags = setup_flags(f.setup.workload, f.setup.count, p.workload, f.setup.device)
