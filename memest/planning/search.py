@@ -300,6 +300,8 @@ class Plan:
     not_run: tuple[DeviceChoice, ...] = ()
     widenings: tuple[str, ...] = ()
     """When nothing fits: the :class:`Space` switches that, turned on, find a fit (:func:`widenings`)."""
+    top: int = 1
+    """Fits kept per device type (:func:`plan`'s ``top``): :attr:`fits` holds at most this many of each."""
 
     @property
     def best(self) -> Fit | None:
@@ -719,7 +721,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
         found = [dataclasses.replace(f, limits=limits(spec, f.setup.workload, f.setup.device, headroom=headroom))
                  for f in found]
     return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups,
-                tuple(not_run))
+                tuple(not_run), top=top)
 
 
 def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from memest import __version__
 from memest.devices import Device, GiB
 from memest.planning.maxfit import Largest
-from memest.planning.search import Fit, Plan, hf_command, setup_flags
+from memest.planning.search import Fit, Plan, hf_command, most_devices, setup_flags
 from memest.report.estimate import describe_model, describe_workload, finite, workload_share
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, gib, percent, plural
@@ -243,8 +243,27 @@ def nothing_fits(p: Plan) -> str:
     head = "Nothing fits within the search"
     if found:
         head += f"; {' and '.join(found)} finds a fit"
-    rest = "allow more devices (--max-gpus, --gpus-available)" + (f", or try {', '.join(tried)}" if tried else "")
+    # more devices only where a job may use more than the search tried (one Mac is the most a job uses)
+    more = any(most_devices(c.device, c.max_count + 1) > c.max_count for c in p.no_fit)
+    switches = ", ".join(tried)
+    if more:
+        rest = "allow more devices (--max-gpus, --gpus-available)" + (f", or try {switches}" if tried else "")
+    elif tried:
+        rest = f"try {switches}" + (" (a job uses one Mac at most)" if _capped(p) else "")
+    else:
+        rest = "a job uses one Mac at most; try another device type" if _capped(p) else "try other device types"
     return f"{head}; {rest}."
+
+
+def _capped(p: Plan) -> bool:
+    """Whether a device type that fits nothing is held to fewer devices than asked by its own limit
+    (:attr:`~memest.devices.Device.max_devices`: one Apple Mac)."""
+    return any(c.device.max_devices is not None and c.max_count >= c.device.max_devices for c in p.no_fit)
+
+
+def _most(c: Any) -> int:
+    """The most devices of a choice the search tried (its limit, or the device's own)."""
+    return most_devices(c.device, c.max_count)
 
 
 def _framework_not_run(w: Workload) -> str:
@@ -289,13 +308,15 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         command = _fit_command(p, p.fits[0], model, given or {})
         parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
-            parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
+            parts.append(Text(f"{plural(len(p.fits) - top, 'more setup')} found to fit (the search keeps the "
+                              f"{plural(p.top, 'cheapest setup')} of each device type: a larger --top finds more; "
+                              "--json lists those kept).", style="dim"))
         ctx = p.spec.max_position_embeddings
         if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits if q.setting == "seq_len"):
             parts.append(Text(f"'largest that fits' counts memory only: training sequences beyond the model's "
                               f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
     if p.no_fit:
-        names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
+        names = ", ".join(f"{c.device.name} (up to {_most(c)})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
     for why, names in _not_run(p).items():
         parts.append(Text(f"{why}: {', '.join(names)} (not searched)", style="dim"))
