@@ -44,9 +44,11 @@ Search space
 
 - **settings**, each from the user's value towards less memory (never the other way):
   ``zero_stage`` (also on one data-parallel replica: ZeRO shards nothing there, but the engine it selects
-  still changes what a device holds; DeepSpeed with ``bf16`` enabled keeps the model in bf16, where the
-  HF Trainer without it keeps fp32 weights under autocast, and ZeRO-Offload moves the optimizer to host RAM
-  on a single GPU), ``sequence_parallel`` (when tp > 1), ``recompute``,
+  still changes what a device holds: DeepSpeed with ``bf16`` enabled casts the model to bf16 at any world
+  size (``deepspeed/runtime/engine.py`` ``_configure_distributed_model``: ``elif self.bfloat16_enabled():
+  self.module.bfloat16()``), where the HF Trainer without it keeps fp32 weights under autocast, and
+  ZeRO-Offload moves the optimizer to host RAM on a single GPU, as transformers' DeepSpeed guide deploys it
+  with ``deepspeed --num_gpus=1``), ``sequence_parallel`` (when tp > 1), ``recompute``,
   ``micro_batch_size`` (with ``allow_batch_reshape``: divisors of the one asked, with
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
