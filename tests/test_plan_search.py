@@ -19,7 +19,7 @@ from memest.errors import InputError
 from memest.estimate import estimate
 from memest.planning.costs import Cost, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import usable_bytes, verdict
-from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
+from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan, widenings
 from memest.sources import load_model
 from memest.workload import (
     Method,
@@ -457,9 +457,12 @@ def test_consumer_cards_share_one_machines_host_ram():
     asked = resolve.resolve({k: v for k, v in values.items() if k != "gpus"}, spec, rtx)
     for host_gib, fits in ((96, False), (192, True)):
         space = Space(allow_offload=True, devices=(DeviceChoice(rtx, 2),), host_memory_bytes=host_gib << 30)
-        best = plan(spec, asked, space, max_queries=False).best
+        result = plan(spec, asked, space, max_queries=False)
+        best = result.best
         assert (best is not None) is fits, host_gib
         assert best is None or best.estimate.host_bytes <= host_gib << 30
+        if not fits:  # and the advice names the host RAM as what rules it out
+            assert widenings(result).widenings == ("host_memory_bytes",)
 
 
 def _witness(pairs) -> bool:

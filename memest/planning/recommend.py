@@ -501,10 +501,10 @@ def fleet_recommendation(spec: ModelSpec, workload: Workload, fleet: Fleet, head
 
 
 _GROWS = {
-    "workspace.reduce_bucket": "DeepSpeed's reduce bucket holds gradients at their dtype: the fp32 adapters' 4 B "
-                               "per element where a full fine-tune's are 16-bit",
-    "weights.persistent": "ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank, "
-                          "LoRA's small adapters among them in fp32",
+    "workspace.reduce_bucket": ("DeepSpeed's reduce bucket holds gradients at their dtype: the fp32 adapters' 4 B "
+                                "per element where a full fine-tune's are 16-bit"),
+    "weights.persistent": ("ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank, "
+                           "LoRA's small adapters among them in fp32"),
 }
 """Why a term is larger under LoRA than under full fine-tuning, for :func:`method_notes`
 (:mod:`memest.estimate.training.deepspeed`: ``states``, the persistent parameters)."""
@@ -548,8 +548,8 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
         grown = sorted(others, key=lambda n: -others[n])
         why = [f"{n} ({_GROWS.get(n, 'larger under ' + name)})" for n in grown]
         more = est.per_device.device_used_bytes / full.per_device.device_used_bytes - 1
-        return (f"{name} needs {more:.2%} more device memory than full fine-tuning of the same job here, not for "
-                f"its activations: {'; '.join(why)}",)
+        return (f"{name} needs {more:.2%} more device memory than full fine-tuning of the same job here, not for its "
+                "activations: " + "; ".join(why),)
     fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
     stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
     qlora = workload.method is Method.QLORA

@@ -752,12 +752,20 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
 
 
 def widenings(p: Plan) -> Plan:
-    """``p`` with :attr:`Plan.widenings` filled when nothing fits: ``allow_stack_change`` when a training job's
-    stack runs no tensor / pipeline parallelism, the search did not allow another stack, and allowing it finds a
-    fit (one more search, run only then). The other switches widen what a job may change and are named by the
-    report without a search."""
+    """``p`` with :attr:`Plan.widenings` filled when nothing fits, each found by one more search run only then:
+    ``host_memory_bytes`` when a training job that may offload fits with more host RAM than the space gives; else
+    ``allow_stack_change`` when a training job's stack runs no tensor / pipeline parallelism, the search did not
+    allow another stack, and allowing it finds a fit. The other switches widen what a job may change and are named
+    by the report without a search."""
     w = p.workload
-    if p.fits or not isinstance(w, TrainingConfig) or p.space.allow_stack_change or _runs_model_parallel(w):
+    if p.fits or not isinstance(w, TrainingConfig):
+        return p
+    if p.space.allow_offload and p.space.host_memory_bytes is not None:  # the host RAM given may be what rules out
+        unlimited = plan(p.spec, w, dataclasses.replace(p.space, host_memory_bytes=None), headroom=p.headroom,
+                         max_queries=False)
+        if unlimited.fits:
+            return dataclasses.replace(p, widenings=("host_memory_bytes",))
+    if p.space.allow_stack_change or _runs_model_parallel(w):
         return p
     wider = plan(p.spec, w, dataclasses.replace(p.space, allow_stack_change=True), headroom=p.headroom,
                  max_queries=False)

@@ -224,7 +224,8 @@ def _plan_header(p: Plan) -> list[str]:
 
 _WIDER = {"allow_method_change": "--allow-method-change", "allow_optimizer_change": "--allow-optimizer-change",
           "allow_batch_reshape": "--allow-batch-reshape", "allow_offload": "--allow-offload",
-          "allow_quantization": "--allow-quantization", "allow_stack_change": "--allow-stack-change"}
+          "allow_quantization": "--allow-quantization", "allow_stack_change": "--allow-stack-change",
+          "host_memory_bytes": "more --host-memory"}
 """The plan's search switches (:class:`memest.planning.search.Space`) as ``memest plan`` flags."""
 
 
