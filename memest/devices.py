@@ -38,6 +38,10 @@ GiB = 1 << 30
 """The one binary gigabyte of memest: the library uses it to write constants as fractions of a GiB
 (``round(0.51 * GiB)``); :mod:`memest.report` alone turns bytes into GiB for people."""
 MiB = 1 << 20
+
+CONSUMER_PER_MACHINE = 8
+"""Consumer cards (RTX, Arc) in one machine: they have no NVLink (``per_node`` 1) but are sold and rented
+in 2-, 4- and 8-GPU boxes (workstations; cloud 4x / 8x RTX 4090 nodes) whose GPUs share the host RAM."""
 GB = 10**9
 """A decimal gigabyte, for device names ("80GB")."""
 
@@ -57,7 +61,11 @@ class Device:
             generic defaults.
         bf16: Whether the device computes in bfloat16 natively.
         fp8: Whether it has fp8 tensor cores (weights / KV cache in fp8 run natively).
-        per_node: Devices in one server (NVLink / ICI domain) — tensor parallelism stays inside it.
+        per_node: Devices joined by NVLink / ICI in one server, the domain tensor parallelism stays inside
+            (1 for consumer cards: PCIe only, so the planner gives each card its own layers, never a shard).
+        per_machine: Devices one machine holds, sharing its host RAM (offloaded states are counted per
+            machine, :attr:`devices_per_machine`); None: ``per_node``. Consumer cards run
+            :data:`CONSUMER_PER_MACHINE` to a box (2/4/8-GPU workstations, cloud 4x / 8x RTX 4090 nodes).
         max_devices: The most devices one job can use, or None for no limit: 1 for an Apple Mac (one GPU
             per machine, its unified memory; llama.cpp's RPC backend across Macs is another program).
         hourly_usd: A typical on-demand cloud price per device-hour, for ranking setups; None when there
@@ -77,6 +85,7 @@ class Device:
     bf16: bool = True
     fp8: bool = False
     per_node: int = 8
+    per_machine: int | None = None
     max_devices: int | None = None
     hourly_usd: float | None = None
     measured: bool = False
@@ -87,6 +96,11 @@ class Device:
     :mod:`memest.estimate.runtime` (``cuda_context_bytes``, ``allocator_slack``): they replace its values."""
     runtime_source: str = ""
     """Where :attr:`runtime_constants` come from (the records folder and how many records), for the assumptions."""
+
+    @property
+    def devices_per_machine(self) -> int:
+        """Devices that share one machine's host RAM (:attr:`per_machine`, else :attr:`per_node`)."""
+        return self.per_machine if self.per_machine is not None else self.per_node
 
     @property
     def capacity_basis(self) -> str:
@@ -160,13 +174,13 @@ _LISTED: tuple[Device, ...] = (
     Device(name="V100-32GB", memory_bytes=round(31.75 * GiB), vendor="nvidia", arch="volta", bf16=False, hourly_usd=1.2,
            measured=True, source="PyTorch OOM message '31.75 GiB total capacity' on V100-32GB (torch total_memory)",
            aliases=("V100-SXM2-32GB", "V100S")),
-    Device(name="RTX-3090", memory_bytes=round(23.69 * GiB), vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.3,
+    Device(name="RTX-3090", memory_bytes=round(23.69 * GiB), vendor="nvidia", arch="ampere", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.3,
            measured=True, source="PyTorch OOM message '23.69 GiB total capacity' on RTX 3090 (torch total_memory)",
            aliases=("3090", "RTX3090", "GeForce-RTX-3090")),
-    Device(name="RTX-4090", memory_bytes=round(23.68 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.5,
+    Device(name="RTX-4090", memory_bytes=round(23.68 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.5,
            measured=True, source="PyTorch OOM message '23.68 GiB total capacity' (github zai-org/CogVideo#36)",
            aliases=("4090", "RTX4090", "GeForce-RTX-4090")),
-    Device(name="RTX-5090", memory_bytes=32 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, hourly_usd=0.8,
+    Device(name="RTX-5090", memory_bytes=32 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.8,
            aliases=("5090", "RTX5090", "GeForce-RTX-5090")),
     Device(name="MI250X", memory_bytes=64 * GiB, vendor="amd", arch="cdna2", hourly_usd=1.5,
            source="AMD datasheet: 128 GB HBM2e over two GCDs; one GCD (one device to ROCm) has 64 GB",
@@ -224,34 +238,34 @@ _LISTED: tuple[Device, ...] = (
            "CPU processes use part of it)", aliases=("MI300A-128GB",)),
     Device(name="MI355X", memory_bytes=288 * GiB, vendor="amd", arch="cdna4", fp8=True,
            source="AMD Instinct MI355X datasheet: 288 GB HBM3E (nominal)", aliases=("MI355X-288GB", "MI355")),
-    # -- consumer cards (one per machine; prices are rough marketplace rental figures) ----------
-    Device(name="RTX-2080-Ti", memory_bytes=round(10.76 * GiB), vendor="nvidia", arch="turing", bf16=False, per_node=1,
+    # -- consumer cards (no NVLink: per_node 1; up to 8 a machine; prices are rough rental figures) ----
+    Device(name="RTX-2080-Ti", memory_bytes=round(10.76 * GiB), vendor="nvidia", arch="turing", bf16=False, per_node=1, per_machine=CONSUMER_PER_MACHINE,
            hourly_usd=0.15, measured=True,
            source="PyTorch OOM message '10.76 GiB total capacity' on a 2080 Ti (github JDAI-CV/image-captioning#11)",
            aliases=("2080Ti", "RTX2080Ti", "GeForce-RTX-2080-Ti")),
-    Device(name="RTX-3060", memory_bytes=round(11.76 * GiB), vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.1,
+    Device(name="RTX-3060", memory_bytes=round(11.76 * GiB), vendor="nvidia", arch="ampere", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.1,
            measured=True, source="PyTorch OOM message '11.76 GiB total capacity' on an RTX 3060 12GB "
            "(github TencentARC/PhotoMaker#47)", aliases=("3060", "RTX3060", "RTX-3060-12GB", "GeForce-RTX-3060")),
-    Device(name="RTX-3080", memory_bytes=10 * GiB, vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.15,
+    Device(name="RTX-3080", memory_bytes=10 * GiB, vendor="nvidia", arch="ampere", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.15,
            measured=True, source="PyTorch OOM message '10.00 GiB total capacity' on an RTX 3080 10GB (github "
            "victordibia/peacasso#3; a Windows reading: Linux reports a few hundred MiB less)",
            aliases=("3080", "RTX3080", "RTX-3080-10GB", "GeForce-RTX-3080")),
-    Device(name="RTX-3080-12GB", memory_bytes=12 * GiB, vendor="nvidia", arch="ampere", per_node=1, hourly_usd=0.15,
+    Device(name="RTX-3080-12GB", memory_bytes=12 * GiB, vendor="nvidia", arch="ampere", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.15,
            source="NVIDIA GeForce RTX 3080 12GB spec: 12 GB GDDR6X (nominal)", aliases=("3080-12GB", "RTX3080-12GB")),
-    Device(name="RTX-4060-Ti-8GB", memory_bytes=8 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, hourly_usd=0.1,
+    Device(name="RTX-4060-Ti-8GB", memory_bytes=8 * GiB, vendor="nvidia", arch="ada", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.1,
            source="NVIDIA GeForce RTX 4060 Ti spec: 8 GB GDDR6 (nominal)", aliases=("4060Ti-8GB", "RTX4060Ti-8GB")),
-    Device(name="RTX-4060-Ti-16GB", memory_bytes=round(15.55 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+    Device(name="RTX-4060-Ti-16GB", memory_bytes=round(15.55 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE,
            hourly_usd=0.12, measured=True, source="PyTorch OOM message 'total capacity of 15.55 GiB' on a 4060 Ti 16GB "
            "(github boson-ai/higgs-audio#48)", aliases=("4060Ti-16GB", "RTX4060Ti-16GB")),
-    Device(name="RTX-4070-Ti", memory_bytes=round(11.73 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+    Device(name="RTX-4070-Ti", memory_bytes=round(11.73 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE,
            hourly_usd=0.2, measured=True, source="PyTorch OOM message '11.73 GiB total capacity' on a 4070 Ti "
            "(github OpenLMLab/LOMO#17)", aliases=("4070Ti", "RTX4070Ti", "GeForce-RTX-4070-Ti")),
-    Device(name="RTX-4080", memory_bytes=round(15.99 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1,
+    Device(name="RTX-4080", memory_bytes=round(15.99 * GiB), vendor="nvidia", arch="ada", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE,
            hourly_usd=0.3, measured=True, source="PyTorch OOM message '15.99 GiB total capacity' on an RTX 4080 "
            "(github aigc-apps/sd-webui-EasyPhoto#281)", aliases=("4080", "RTX4080", "GeForce-RTX-4080")),
-    Device(name="RTX-5070-Ti", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, hourly_usd=0.3,
+    Device(name="RTX-5070-Ti", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.3,
            source="NVIDIA GeForce RTX 5070 Ti spec: 16 GB GDDR7 (nominal)", aliases=("5070Ti", "RTX5070Ti", "GeForce-RTX-5070-Ti")),
-    Device(name="RTX-5080", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, hourly_usd=0.4,
+    Device(name="RTX-5080", memory_bytes=16 * GiB, vendor="nvidia", arch="blackwell", fp8=True, per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.4,
            source="NVIDIA GeForce RTX 5080 spec: 16 GB GDDR7 (nominal)", aliases=("5080", "RTX5080", "GeForce-RTX-5080")),
     # -- embedded, TPU, AWS and Intel accelerators ---------------------------------------------
     Device(name="Jetson-AGX-Orin-64GB", memory_bytes=64 * GiB, vendor="nvidia", kind="unified", arch="ampere", per_node=1,
@@ -272,9 +286,9 @@ _LISTED: tuple[Device, ...] = (
     Device(name="Inferentia2", memory_bytes=32 * GiB, vendor="aws", kind="npu", arch="neuron", per_node=12, hourly_usd=1.1,
            source="AWS Inferentia2 docs: 32 GiB HBM per chip; inf2.48xlarge has 12 chips (nominal)",
            aliases=("Inf2", "Inferentia-2", "inf2.48xlarge")),
-    Device(name="Arc-A770", memory_bytes=16 * GiB, vendor="intel", arch="xe-hpg", per_node=1, hourly_usd=0.15,
+    Device(name="Arc-A770", memory_bytes=16 * GiB, vendor="intel", arch="xe-hpg", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.15,
            source="Intel Arc A770 16GB spec: 16 GB GDDR6 (nominal)", aliases=("A770", "Arc-A770-16GB", "IntelArcA770")),
-    Device(name="Arc-B580", memory_bytes=12 * GiB, vendor="intel", arch="xe2", per_node=1, hourly_usd=0.12,
+    Device(name="Arc-B580", memory_bytes=12 * GiB, vendor="intel", arch="xe2", per_node=1, per_machine=CONSUMER_PER_MACHINE, hourly_usd=0.12,
            source="Intel Arc B580 spec: 12 GB GDDR6 (nominal)", aliases=("B580", "Arc-B580-12GB", "IntelArcB580")),
     Device(name="Max-1550", memory_bytes=64 * GiB, vendor="intel", arch="xe-hpc", per_node=16,
            source="Intel Data Center GPU Max 1550 spec: 128 GB HBM2e over two stacks; Level Zero's default flat "

@@ -126,3 +126,22 @@ def test_the_hf_spelling_is_refused_naming_memest_s():
     out = run_memest("hf", "meta-llama/Llama-3.2-1B", "--train", "--optimizer", "paged_adamw_32bit")
     assert out.returncode == 2
     assert "paged_adamw32bit" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_verdict_says_why_it_leaves_the_paged_states_out():
+    # Fresh-user report F10: device used counts the resident paged states, the FITS figure does not (they are
+    # evictable, see above); the output must say so next to the verdict. Llama-3.2-1B, paged_adamw8bit: 2 x
+    # 1,235,746,816 B = 2,471,493,632 B = 2.30 GiB in managed memory, all resident on an A100-80GB.
+    from inprocess import run_memest
+
+    job = ("hf", "meta-llama/Llama-3.2-1B", "--train", "--micro-batch-size", "1", "--seq-len", "1024", "--precision",
+           "bf16", "--recompute", "full", "--framework", "pytorch", "--gpu", "A100-80GB")
+    for fmt in ((), ("--markdown",)):
+        out = " ".join(run_memest(*job, "--optimizer", "paged_adamw8bit", *fmt).stdout.split())
+        verdict_at = out.index("FITS: ")
+        note_at = out.index("The fit leaves out the 2.30 GiB of paged optimizer states in device used")
+        assert verdict_at < note_at < out.index("band ")
+        assert "the driver evicts to host RAM when the device fills" in out
+        # the same states on the allocator (adamw8bit) are in the fit: no such line
+        assert "paged optimizer states" not in run_memest(*job, "--optimizer", "adamw8bit", *fmt).stdout
+    assert round(PAGED / GiB, 2) == 2.30

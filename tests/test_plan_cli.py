@@ -201,3 +201,58 @@ def test_plan_and_sweep_import_no_plotting_or_heavy_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+LF_DS3 = """\
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+deepspeed: ds_z3_config.json
+cutoff_len: 2048
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 2
+bf16: true
+"""
+
+
+def test_plan_prints_the_config_files_reading_notes(tmp_path):
+    # Fresh-user report F6: a LLaMA-Factory YAML naming a DeepSpeed file that is not there. `memest hf` says so
+    # (its settings are not read); `memest plan` printed no note at all. Now the table, Markdown and JSON carry the
+    # same notes as `hf` does (the model's and the config reader's).
+    config = tmp_path / "lf_ds3.yaml"
+    config.write_text(LF_DS3)
+    missing = "deepspeed names ds_z3_config.json, not found"
+    hf = run("hf", "--config", str(config), "--gpu", "A100-80GB", "--gpus", "8")
+    assert missing in " ".join(hf.stdout.split()), hf.stdout
+    for fmt in ((), ("--markdown",)):
+        out = run("plan", "--config", str(config), "--gpus-available", "8xA100-80GB", *fmt)
+        assert out.returncode == 0, out.stderr
+        assert missing in " ".join(out.stdout.split()), out.stdout
+    doc = json.loads(run("plan", "--config", str(config), "--gpus-available", "8xA100-80GB", "--json").stdout)
+    assert any(missing in note for note in doc["notes"])
+
+
+def test_more_setups_are_called_setups_and_counted_as_kept():
+    # Fresh-user report F11: the search keeps the --top cheapest setups of each device type, so with --top 1 on two
+    # device types it keeps 2 setups, one per type (Qwen2.5-0.5B full training, 0.49e9 params x 16 B = 7.4 GiB of
+    # states, fits one A10G or one L4); the row beyond the one shown is a setup, not a device type.
+    out = run("plan", "Qwen/Qwen2.5-0.5B", "--train", "--gpus-available", "4xA10G,2xL4", "--top", "1")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "device types fit" not in text
+    assert "1 more setup found to fit (the search keeps the 1 cheapest setup of each device type" in text
+
+
+def test_no_more_devices_suggested_where_one_is_the_most_a_job_uses():
+    # F11: a Mac runs one job on one GPU (max_devices 1), so `2xM4-Max-128GB` searches one; Llama-3.1-70B full
+    # training (70.6e9 params x 16 B of states = 1,051 GiB) fits no Mac, and more Macs would not help.
+    out = run("plan", "meta-llama/Llama-3.1-70B", "--train", "--gpus-available", "2xM4-Max-128GB")
+    text = " ".join(out.stdout.split())
+    assert "Nothing fits within the search" in text and "--max-gpus" not in text
+    assert "a job uses one Mac at most" in text and "M4-Max-128GB (up to 1)" in text
+    # beside a device type that can grow, more devices are still suggested
+    both = " ".join(run("plan", "meta-llama/Llama-3.1-70B", "--train", "--gpus-available", "2xM4-Max-128GB,2xL4").stdout.split())
+    assert "allow more devices (--max-gpus, --gpus-available)" in both

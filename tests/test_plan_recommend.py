@@ -303,3 +303,58 @@ def test_a_huge_default_tp_error_is_quick():
     out = CliRunner().invoke(app, ["hf", "meta-llama/Llama-2-7b-hf", "--serve", "--gpus", "1000000007"])
     assert time.monotonic() - start < 10
     assert out.exit_code != 0 and "--tp 1 --dp 1000000007" in str(out.exception)
+
+
+DS_Z3_OFFLOAD = """{
+  "bf16": {"enabled": "auto"},
+  "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
+                        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                        "stage3_param_persistence_threshold": "auto"},
+  "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"
+}"""
+
+LF_LORA_DS3 = """model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+deepspeed: ds_z3_config.json
+cutoff_len: 2048
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 2
+bf16: true
+"""
+
+
+def test_lora_above_full_says_the_terms_that_grow_not_activations(tmp_path):
+    # Fresh-user report F12: LLaMA-Factory LoRA under DeepSpeed ZeRO-3 with parameter and optimizer offload and
+    # full recompute on 8 A100s. LoRA's device used is a hair above --train's, but not for activations (each layer's
+    # input copies live only inside the recomputed layer): DeepSpeed's reduce bucket, reduce_bucket_size "auto" =
+    # hidden_size² = 4,096² = 16,777,216 elements, holds the fp32 adapters' gradients at 4 B (64 MiB) where a full
+    # fine-tune's bf16 ones take 2 B (32 MiB): +33,554,432 B; ZeRO-3's persistent parameters (<= 10 x 4,096 = 40,960
+    # elements: each r=8 adapter matrix, 8 x 4,096 = 32,768) add the adapters whole on every rank in fp32.
+    from memest.api import estimate_values
+    from memest.workload import Method, resolve
+
+    (tmp_path / "ds_z3_config.json").write_text(DS_Z3_OFFLOAD)
+    (tmp_path / "lf.yaml").write_text(LF_LORA_DS3)
+    a = estimate_values(None, resolve.complete({"config": (str(tmp_path / "lf.yaml"),), "gpus": 8,
+                                                "gpu": "A100-80GB"})).result
+    lora = a.estimate.per_device
+    full = estimate(a.spec, a.workload.replace(method=Method.FULL), a.verdict.device).per_device
+
+    def named(rank, name):
+        return sum(t.bytes for t in rank.terms if t.name == name)
+
+    def kind(rank, k):
+        return sum(t.bytes for t in rank.terms if t.kind is k)
+
+    from memest.result import Kind
+
+    assert lora.device_used_bytes > full.device_used_bytes
+    assert named(lora, "workspace.reduce_bucket") - named(full, "workspace.reduce_bucket") == 16_777_216 * 2
+    assert kind(lora, Kind.ACTIVATIONS) <= kind(full, Kind.ACTIVATIONS)
+    said = [n for n in a.notes if "than full fine-tuning" in n]
+    assert len(said) == 1 and "outgrow" not in said[0] and "not for its activations" in said[0], said
+    assert "workspace.reduce_bucket" in said[0] and "weights.persistent" in said[0]

@@ -19,7 +19,7 @@ from memest.errors import InputError
 from memest.estimate import estimate
 from memest.planning.costs import Cost, PriceTable, doubling_penalty, penalty
 from memest.planning.fit import usable_bytes, verdict
-from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan
+from memest.planning.search import DEFAULT_HOST_MEMORY_BYTES, DeviceChoice, Space, device_counts, plan, widenings
 from memest.sources import load_model
 from memest.workload import (
     Method,
@@ -56,7 +56,7 @@ def _brute_training(spec, asked: TrainingConfig, device: Device, max_count: int,
                     continue
                 dp = n // (tp * pp)
                 per_replica = asked.micro_batch_size * asked.grad_accum_steps if global_batch is None else global_batch / dp
-                zeros = [0] if dp == 1 else [z for z in range(4) if z >= asked.parallelism.zero_stage]
+                zeros = [z for z in range(4) if z >= asked.parallelism.zero_stage]  # one replica too (ZeRO-Offload)
                 sps = [False] if tp == 1 else [False, True]
                 recs = [r for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]
                 mbs = [b for b in _divisors(asked.micro_batch_size) if per_replica == int(per_replica) and int(per_replica) % b == 0]
@@ -437,6 +437,34 @@ def test_offloaded_states_must_fit_the_host_memory(host_gib):
         assert result.best.setup.workload.offload is Offload.NONE
 
 
+def test_consumer_cards_share_one_machines_host_ram():
+    # Fresh-user report F4: consumer cards have no NVLink (per_node 1: no tensor parallelism) but sit 2-8 to a
+    # machine, whose host RAM their offloaded states share. Llama-3.1-70B LoRA under the HF Trainer with DeepSpeed
+    # ZeRO-3 parameter offload on 2 RTX-4090s: the frozen bf16 base goes to host RAM, whole, for the machine:
+    # 70,553,706,496 params x 2 B = 141.1e9 B = 131.4 GiB (a shard of half of it per rank, two ranks) — the same
+    # as on 2 A100s, which were always counted per 8-GPU server. Counting one 4090 per machine gave half.
+    from memest.workload import resolve
+
+    spec = load_model("meta-llama/Llama-3.1-70B")
+    values = {"finetune": "lora", "recompute": "full", "offload": "params", "stack": "hf-trainer", "zero_stage": 3,
+              "gpus": 2}
+    rtx, a100 = get_device("RTX-4090"), get_device("A100-80GB")
+    assert rtx.per_node == 1 and rtx.devices_per_machine == 8
+    host = estimate(spec, resolve.resolve(values, spec, rtx), rtx).host_bytes
+    assert host >= spec.num_params * 2 > 130 * 2**30
+    assert host == estimate(spec, resolve.resolve(values, spec, a100), a100).host_bytes
+    # and the planner holds it to the host RAM given: 96 GiB cannot take the 131.4 GiB base, 192 GiB can
+    asked = resolve.resolve({k: v for k, v in values.items() if k != "gpus"}, spec, rtx)
+    for host_gib, fits in ((96, False), (192, True)):
+        space = Space(allow_offload=True, devices=(DeviceChoice(rtx, 2),), host_memory_bytes=host_gib << 30)
+        result = plan(spec, asked, space, max_queries=False)
+        best = result.best
+        assert (best is not None) is fits, host_gib
+        assert best is None or best.estimate.host_bytes <= host_gib << 30
+        if not fits:  # and the advice names the host RAM as what rules it out
+            assert widenings(result).widenings == ("host_memory_bytes",)
+
+
 def _witness(pairs) -> bool:
     """True when, for some (model, setup) of the grid, the step's target needs more than its source."""
     device = get_device("H100")
@@ -491,3 +519,32 @@ def test_offload_only_when_allowed():
     default = plan(spec, asked, Space(devices=(choice,)), headroom=HEADROOM, max_queries=False)
     assert allowed.best is not None and allowed.best.setup.workload.offload is not Offload.NONE
     assert all(f.setup.workload.offload is Offload.NONE for f in default.fits)
+
+
+def test_zero_on_one_device_is_searched():
+    # Fresh-user report F3: Mistral-7B LoRA under the HF Trainer on RTX-4090s (23.68 GiB, 21.31 usable at 10%
+    # headroom). The Trainer alone keeps the model in fp32 under autocast: 7.24e9 x 4 B = 26.97 GiB > 21.31, so one
+    # card without ZeRO cannot fit. With deepspeed=ds.json (any ZeRO stage, one process too) DeepSpeed's bf16
+    # engine holds the base in bf16: 7.24e9 x 2 B = 13.49 GiB, leaving ~7.8 GiB for adapters, their states and
+    # full-recompute activations at mbs 1 x 2048 — one card at 0.50 $/h, not the two (1.00 $/h) the planner chose
+    # when it searched ZeRO only with dp > 1. The brute force resolves each setup as `memest hf` flags do.
+    from memest.workload import resolve
+
+    spec, device = load_model("mistralai/Mistral-7B-v0.1"), get_device("RTX-4090")
+    base = {"finetune": "lora", "stack": "hf-trainer"}
+    asked = resolve.resolve(base, spec, device)
+    prices = PriceTable.catalog()
+    space = Space(devices=(DeviceChoice(device, 8),), prices=prices, allow_optimizer_change=False, allow_batch_reshape=False)
+    found = plan(spec, asked, space, headroom=HEADROOM, max_queries=False).best
+    assert found is not None and found.setup.count == 1 and found.setup.workload.parallelism.zero_stage >= 1
+
+    def setups():
+        for n, z, rec in itertools.product((1, 2, 4, 8), range(4), (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)):
+            w = resolve.resolve({**base, "gpus": n, "zero_stage": z, "recompute": rec.value}, spec, device)
+            parts = [penalty("zero_stage", z), penalty("recompute", rec), penalty("method", Method.LORA)]
+            changes = sum(p.why != "" for p in parts)
+            yield Cost(n * prices.price(device), parts[0].communication, sum(p.disruption for p in parts), changes), w, n
+
+    brute = _cheapest_fit(setups(), spec, device)
+    assert brute is not None and brute.usd_per_hour == pytest.approx(prices.price(device))
+    assert _costs_close(found.setup.cost, brute), (found.setup.cost, brute)

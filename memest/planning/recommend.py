@@ -27,7 +27,7 @@ from memest.planning.search import (
     smallest_parallelism,
     stack_losses,
 )
-from memest.result import Estimate, Kind
+from memest.result import Estimate, Kind, Term
 from memest.spec import ModelSpec
 from memest.workload import (
     STACKS,
@@ -509,13 +509,34 @@ def fleet_recommendation(spec: ModelSpec, workload: Workload, fleet: Fleet, head
     return _ranked(None, None, extra, 0) if extra else None
 
 
+_GROWS = {
+    "workspace.reduce_bucket": ("DeepSpeed's reduce bucket holds gradients at their dtype: the fp32 adapters' 4 B "
+                                "per element where a full fine-tune's are 16-bit"),
+    "weights.persistent": ("ZeRO-3 keeps parameters under stage3_param_persistence_threshold whole on every rank, "
+                           "LoRA's small adapters among them in fp32"),
+}
+"""Why a term is larger under LoRA than under full fine-tuning, for :func:`method_notes`
+(:mod:`memest.estimate.training.deepspeed`: ``states``, the persistent parameters)."""
+
+
+def _term_growth(lora: tuple[Term, ...], full: tuple[Term, ...]) -> dict[tuple[str, Kind], int]:
+    """Bytes each term (name, kind) gains from full fine-tuning to LoRA (negative: it shrinks)."""
+    out: dict[tuple[str, Kind], int] = {}
+    for sign, terms in ((1, lora), (-1, full)):
+        for t in terms:
+            out[t.name, t.kind] = out.get((t.name, t.kind), 0) + sign * t.bytes
+    return out
+
+
 def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estimate) -> tuple[str, ...]:
     """Why a LoRA / QLoRA job needs more than full fine-tuning of the same job, when it does.
 
     PEFT keeps the adapters in fp32 and each adapted linear keeps its own copy of its input for the
     adapter's gradient (``x.to(lora_A.weight.dtype)``), where full fine-tuning's linears share one 16-bit
     input: at long sequences these activations outgrow the gradients and optimizer states the frozen base
-    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). The meta-device trace of
+    saves (``benchmarks/trace_findings.md`` section 3 lists the copies). Said so only when the activations grow
+    the most (by the terms of the two estimates); otherwise the note names the terms that grow (:data:`_GROWS`:
+    DeepSpeed's reduce bucket and ZeRO-3's persistent parameters at the fp32 adapters' 4 B). The meta-device trace of
     transformers + PEFT agrees: Llama-3.1-8B, all-linear, micro-batch 4, seq_len 8192 traces at 351.16 GiB
     peak allocated with LoRA and 348.84 GiB with full fine-tuning (``memest hf ... --trace``).
     """
@@ -527,11 +548,22 @@ def method_notes(spec: ModelSpec, workload: Workload, device: Device, est: Estim
         return ()
     if full.per_device.device_used_bytes >= est.per_device.device_used_bytes:
         return ()
+    name = "QLoRA" if workload.method is Method.QLORA else "LoRA"
+    growth = _term_growth(est.per_device.terms, full.per_device.terms)
+    activations = sum(g for (_, kind), g in growth.items() if kind is Kind.ACTIVATIONS)
+    others = {n: g for (n, kind), g in growth.items() if kind not in (Kind.ACTIVATIONS, Kind.ALLOCATOR) and g > 0}
+    if activations <= 0 or activations < max(others.values(), default=0):
+        # the activations are not what grows (ZeRO-3 with full recompute, say): name the terms that do
+        grown = sorted(others, key=lambda n: -others[n])
+        why = [f"{n} ({_GROWS.get(n, 'larger under ' + name)})" for n in grown]
+        more = est.per_device.device_used_bytes / full.per_device.device_used_bytes - 1
+        return (f"{name} needs {more:.2%} more device memory than full fine-tuning of the same job here, not for its "
+                "activations: " + "; ".join(why),)
     fp32_stream = workload.method is Method.QLORA and workload.prepare_kbit_training is not KbitPrep.NONE
     stream = " and the k-bit preparation keeps the residual stream fp32" if fp32_stream else ""
     qlora = workload.method is Method.QLORA
     traced = "" if qlora else " (the meta-device trace of transformers + PEFT agrees)"  # QLoRA is not traced
-    return (f"{'QLoRA' if qlora else 'LoRA'} needs more memory than full fine-tuning of the same job here: each "
+    return (f"{name} needs more memory than full fine-tuning of the same job here: each "
             "adapted linear keeps its own copy of its input for the adapter's gradient (PEFT casts it to the fp32 "
             f"adapters' dtype, autocast to the compute dtype){stream}, where full fine-tuning's linears share one "
             "16-bit input; at this length those activations outgrow the gradients and optimizer states the "

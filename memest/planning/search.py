@@ -43,7 +43,12 @@ Search space
     parallelism (which replaces tp for the experts); searching ep would exploit that;
 
 - **settings**, each from the user's value towards less memory (never the other way):
-  ``zero_stage`` (when dp x cp > 1), ``sequence_parallel`` (when tp > 1), ``recompute``,
+  ``zero_stage`` (also on one data-parallel replica: ZeRO shards nothing there, but the engine it selects
+  still changes what a device holds: DeepSpeed with ``bf16`` enabled casts the model to bf16 at any world
+  size (``deepspeed/runtime/engine.py`` ``_configure_distributed_model``: ``elif self.bfloat16_enabled():
+  self.module.bfloat16()``), where the HF Trainer without it keeps fp32 weights under autocast, and
+  ZeRO-Offload moves the optimizer to host RAM on a single GPU, as transformers' DeepSpeed guide deploys it
+  with ``deepspeed --num_gpus=1``), ``sequence_parallel`` (when tp > 1), ``recompute``,
   ``micro_batch_size`` (with ``allow_batch_reshape``: divisors of the one asked, with
   ``grad_accum_steps`` raised to hold the global batch: ``--global-batch-size`` when given, else the
   per-replica batch micro_batch_size x grad_accum_steps), ``optimizer`` (with
@@ -297,6 +302,8 @@ class Plan:
     not_run: tuple[DeviceChoice, ...] = ()
     widenings: tuple[str, ...] = ()
     """When nothing fits: the :class:`Space` switches that, turned on, find a fit (:func:`widenings`)."""
+    top: int = 1
+    """Fits kept per device type (:func:`plan`'s ``top``): :attr:`fits` holds at most this many of each."""
 
     @property
     def best(self) -> Fit | None:
@@ -458,8 +465,7 @@ class _Search:
                 dp = rest // pp if self.training else user.dp  # serving: the user's replicas, each tp x pp
                 if not self.training and pp * tp * dp != n:
                     continue
-                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp,
-                                          zero_stage=user.zero_stage if dp * cp > 1 else 0)
+                yield dataclasses.replace(user, tp=tp, pp=pp, dp=dp, cp=cp)
 
     # -- settings --
 
@@ -467,7 +473,7 @@ class _Search:
         w = self.base
         assert isinstance(w, TrainingConfig)
         lossy = not self.space.lossless_only
-        zero = [par.zero_stage] + (list(range(par.zero_stage + 1, 4)) if par.dp * par.cp > 1 else [])
+        zero = list(range(par.zero_stage, 4))  # on one replica too: see the module docstring
         sp = [par.sequence_parallel] + ([True] if par.tp > 1 else [])  # settings only move towards less memory
         g = self.space.global_batch_size
         if g is None:
@@ -717,7 +723,7 @@ def plan(spec: ModelSpec, workload: Workload, space: Space, *, headroom: float =
         found = [dataclasses.replace(f, limits=limits(spec, f.setup.workload, f.setup.device, headroom=headroom))
                  for f in found]
     return Plan(spec, workload, space, headroom, tuple(found), tuple(no_fit), search.evaluated, search.setups,
-                tuple(not_run))
+                tuple(not_run), top=top)
 
 
 def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
@@ -746,12 +752,20 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
 
 
 def widenings(p: Plan) -> Plan:
-    """``p`` with :attr:`Plan.widenings` filled when nothing fits: ``allow_stack_change`` when a training job's
-    stack runs no tensor / pipeline parallelism, the search did not allow another stack, and allowing it finds a
-    fit (one more search, run only then). The other switches widen what a job may change and are named by the
-    report without a search."""
+    """``p`` with :attr:`Plan.widenings` filled when nothing fits, each found by one more search run only then:
+    ``host_memory_bytes`` when a training job that may offload fits with more host RAM than the space gives; else
+    ``allow_stack_change`` when a training job's stack runs no tensor / pipeline parallelism, the search did not
+    allow another stack, and allowing it finds a fit. The other switches widen what a job may change and are named
+    by the report without a search."""
     w = p.workload
-    if p.fits or not isinstance(w, TrainingConfig) or p.space.allow_stack_change or _runs_model_parallel(w):
+    if p.fits or not isinstance(w, TrainingConfig):
+        return p
+    if p.space.allow_offload and p.space.host_memory_bytes is not None:  # the host RAM given may be what rules out
+        unlimited = plan(p.spec, w, dataclasses.replace(p.space, host_memory_bytes=None), headroom=p.headroom,
+                         max_queries=False)
+        if unlimited.fits:
+            return dataclasses.replace(p, widenings=("host_memory_bytes",))
+    if p.space.allow_stack_change or _runs_model_parallel(w):
         return p
     wider = plan(p.spec, w, dataclasses.replace(p.space, allow_stack_change=True), headroom=p.headroom,
                  max_queries=False)

@@ -23,5 +23,5 @@ def gpus_list() -> list[dict[str, Any]]:
     from memest.devices import DEVICES
 
     return [{"name": d.name, "memory_bytes": d.memory_bytes, "vendor": d.vendor, "kind": d.kind, "arch": d.arch,
-             "per_node": d.per_node, "hourly_usd": d.hourly_usd, "capacity_basis": d.capacity_basis,
+             "per_node": d.per_node, "per_machine": d.devices_per_machine, "hourly_usd": d.hourly_usd, "capacity_basis": d.capacity_basis,
              "measured": d.measured, "source": d.source, "aliases": list(d.aliases)} for d in DEVICES]

@@ -217,7 +217,7 @@ def to_markdown(a: Assessment) -> str:
             f"| **device used** | | {rank.device_used_bytes / GiB:,.2f} | |",
             "",
         ]
-    summary = [f"**{_verdict_line(a)}**", *fleet_lines(a), _band_line(a)]
+    summary = [f"**{_verdict_line(a)}**", *filter(None, [paged_line(a)]), *fleet_lines(a), _band_line(a)]
     summary += [text for text, _ in serving_lines(a)]
     if a.estimate.host_bytes:
         summary.append(_host_line(a))
@@ -474,6 +474,20 @@ def _verdict_line(a: Assessment) -> str:
     return line.replace(" per device", f" on {a.verdict.device.name}") if a.fleet is not None else line
 
 
+def paged_line(a: Assessment) -> str | None:
+    """Why the verdict's figure is below the table's device used, when bitsandbytes' paged optimizer states are
+    resident (:data:`memest.result.PAGED_STATES`): they live in CUDA managed memory, which the driver evicts to host
+    RAM when the device fills, so the fit leaves them out (:attr:`memest.result.RankEstimate.required_bytes`);
+    None without them."""
+    per = a.estimate.per_device
+    paged = per.device_used_bytes - per.required_bytes
+    if paged <= 0 or not a.verdict.headroom_applied:
+        return None
+    return (f"The fit leaves out the {gib(paged)} of paged optimizer states in device used: bitsandbytes keeps them "
+            "in CUDA managed memory, which the driver evicts to host RAM when the device fills (slower steps, no "
+            "out-of-memory).")
+
+
 def _verdict_words(a: Assessment) -> str:
     v = a.verdict
     if not v.headroom_applied:
@@ -513,6 +527,8 @@ def render(a: Assessment, *, explain: bool = False) -> Any:
     per = est.per_device
     style = "bold green" if v.fits else "bold yellow" if v.starts else "bold red"
     parts.append(Text(_verdict_line(a), style=style))
+    if paged_line(a):
+        parts.append(Text(paged_line(a) or "", style="dim"))
     for line in fleet_lines(a):
         parts.append(Text(line))
     parts.append(Text(_band_line(a), style="dim"))

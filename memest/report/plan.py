@@ -9,7 +9,7 @@ from typing import Any
 from memest import __version__
 from memest.devices import Device, GiB
 from memest.planning.maxfit import Largest
-from memest.planning.search import Fit, Plan, hf_command, setup_flags
+from memest.planning.search import Fit, Plan, hf_command, most_devices, setup_flags
 from memest.report.estimate import describe_model, describe_workload, finite, workload_share
 from memest.report.tables import Narrowest, name_col, new_table, number_col, prose_col
 from memest.report.units import CONFIRM, gib, percent, plural
@@ -26,6 +26,7 @@ from memest.workload import (
     runs_on,
     software,
     training_refusal,
+    workload_notes,
 )
 
 
@@ -145,6 +146,7 @@ def plan_to_dict(p: Plan, *, model: str | None = None, given: Mapping[str, str] 
         "evaluated": p.evaluated,
         "setups": p.setups,
         "headroom_applied": _plan_headroom_applied(p),
+        "notes": list(plan_notes(p)),
         "fits": fits,
         "no_fit": [{"device": c.device.name, "max_count": c.max_count} for c in p.no_fit],
         "widenings": list(p.widenings),
@@ -199,6 +201,13 @@ def _fit_command(p: Plan, f: Fit, model: str | None, given: Mapping[str, str]) -
                                                                f.setup.device))
 
 
+def plan_notes(p: Plan) -> tuple[str, ...]:
+    """What the user should know about the model and the job asked, as ``memest hf`` says it: the model's notes
+    and the workload's (:func:`memest.workload.workload_notes`: the config files' reading notes, a sequence beyond
+    the trained length)."""
+    return (*p.spec.notes, *workload_notes(p.spec, p.workload))
+
+
 def _plan_header(p: Plan) -> list[str]:
     par = p.workload.parallelism
     # the degrees are searched: describe the job with only what the plan keeps (cp, the ZeRO start)
@@ -215,7 +224,8 @@ def _plan_header(p: Plan) -> list[str]:
 
 _WIDER = {"allow_method_change": "--allow-method-change", "allow_optimizer_change": "--allow-optimizer-change",
           "allow_batch_reshape": "--allow-batch-reshape", "allow_offload": "--allow-offload",
-          "allow_quantization": "--allow-quantization", "allow_stack_change": "--allow-stack-change"}
+          "allow_quantization": "--allow-quantization", "allow_stack_change": "--allow-stack-change",
+          "host_memory_bytes": "more --host-memory"}
 """The plan's search switches (:class:`memest.planning.search.Space`) as ``memest plan`` flags."""
 
 
@@ -234,8 +244,27 @@ def nothing_fits(p: Plan) -> str:
     head = "Nothing fits within the search"
     if found:
         head += f"; {' and '.join(found)} finds a fit"
-    rest = "allow more devices (--max-gpus, --gpus-available)" + (f", or try {', '.join(tried)}" if tried else "")
+    # more devices only where a job may use more than the search tried (one Mac is the most a job uses)
+    more = any(most_devices(c.device, c.max_count + 1) > c.max_count for c in p.no_fit)
+    switches = ", ".join(tried)
+    if more:
+        rest = "allow more devices (--max-gpus, --gpus-available)" + (f", or try {switches}" if tried else "")
+    elif tried:
+        rest = f"try {switches}" + (" (a job uses one Mac at most)" if _capped(p) else "")
+    else:
+        rest = "a job uses one Mac at most; try another device type" if _capped(p) else "try other device types"
     return f"{head}; {rest}."
+
+
+def _capped(p: Plan) -> bool:
+    """Whether a device type that fits nothing is held to fewer devices than asked by its own limit
+    (:attr:`~memest.devices.Device.max_devices`: one Apple Mac)."""
+    return any(c.device.max_devices is not None and c.max_count >= c.device.max_devices for c in p.no_fit)
+
+
+def _most(c: Any) -> int:
+    """The most devices of a choice the search tried (its limit, or the device's own)."""
+    return most_devices(c.device, c.max_count)
 
 
 def _framework_not_run(w: Workload) -> str:
@@ -266,6 +295,7 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         Text.assemble(("Job     ", "bold"), head[1]),
         Text(head[2], style="dim"),
     ]
+    parts += [Text(f"Note: {note}", style="yellow") for note in plan_notes(p)]
     if not p.fits and p.not_run and not p.no_fit:
         runner = "engine" if isinstance(p.workload, ServingConfig) else "framework"
         whys = list(_not_run(p))
@@ -279,13 +309,15 @@ def render_plan(p: Plan, *, top: int = 10, model: str | None = None, given: Mapp
         command = _fit_command(p, p.fits[0], model, given or {})
         parts.append(Text.assemble(("Cheapest: ", "bold green"), (command, "cyan")))
         if len(p.fits) > top:
-            parts.append(Text(f"{len(p.fits) - top} more device types fit (--top, or --json for all).", style="dim"))
+            parts.append(Text(f"{plural(len(p.fits) - top, 'more setup')} found to fit (the search keeps the "
+                              f"{plural(p.top, 'cheapest setup')} of each device type: a larger --top finds more; "
+                              "--json lists those kept).", style="dim"))
         ctx = p.spec.max_position_embeddings
         if ctx and any(q.value and q.value > ctx for f in p.fits[:top] for q in f.limits if q.setting == "seq_len"):
             parts.append(Text(f"'largest that fits' counts memory only: training sequences beyond the model's "
                               f"max_position_embeddings ({ctx:,}) need RoPE scaling.", style="dim"))
     if p.no_fit:
-        names = ", ".join(f"{c.device.name} (up to {c.max_count})" for c in p.no_fit)
+        names = ", ".join(f"{c.device.name} (up to {_most(c)})" for c in p.no_fit)
         parts.append(Text(f"Nothing fits on: {names}", style="dim"))
     for why, names in _not_run(p).items():
         parts.append(Text(f"{why}: {', '.join(names)} (not searched)", style="dim"))
@@ -297,6 +329,9 @@ def plan_to_markdown(p: Plan, *, top: int = 10, model: str | None = None,
                      given: Mapping[str, str] | None = None) -> str:
     """The plan table as GitHub Markdown, then the ``memest hf`` command of the cheapest fit."""
     lines = [f"**{line}**  " if i == 0 else f"{line}  " for i, line in enumerate(_plan_header(p))]
+    notes = plan_notes(p)
+    if notes:
+        lines += ["", *(f"> Note: {note}  " for note in notes)]
     lines += ["", "| " + " | ".join(_PLAN_COLUMNS) + " | flags |", "|" + "---|" * (len(_PLAN_COLUMNS) + 1)]
     for row, f in zip(_plan_rows(p, top), p.fits):
         flags = setup_flags(f.setup.workload, f.setup.count, p.workload, f.setup.device)

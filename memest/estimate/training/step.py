@@ -52,7 +52,7 @@ def estimate_training(spec: ModelSpec, t: TrainingConfig, device: Device) -> Est
     extra = {"peak_moment": peaks[worst], "framework": fw.value}
     return Estimate(ranks=tuple(ranks), assumptions=assumptions(spec, t, fw, peaks[worst]),
                     host_bytes=(_host_bytes(spec, t, fw, device) + _offloaded_activation_bytes(spec, t, fw, device)
-                                + paged_on_host(spec, t, device) * min(device.per_node, par.world_size)),
+                                + paged_on_host(spec, t, device) * min(device.devices_per_machine, par.world_size)),
                     extra=extra)
 
 
@@ -182,7 +182,7 @@ def _offloaded_activation_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framewor
         return 0
     view = activations_input(t)
     per_rank = max(activation_terms(spec, view, fw, stage).offloaded for stage in stages(spec.num_layers, t.parallelism.pp))
-    return per_rank * min(device.per_node, t.parallelism.world_size)
+    return per_rank * min(device.devices_per_machine, t.parallelism.world_size)
 
 
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
@@ -225,5 +225,5 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devic
             frozen = weight_bytes(list(spec.tensors()), Parallelism(), spec.num_kv_heads, dtype_bytes=recipe.compute,
                                   scheme=SCHEMES["nf4"])
     par = t.parallelism
-    ranks_per_node = min(device.per_node, par.world_size)
+    ranks_per_node = min(device.devices_per_machine, par.world_size)
     return math.ceil((p * per_param + frozen) / (par.tp * par.pp * par.shard_degree) * ranks_per_node) + per_rank * ranks_per_node
