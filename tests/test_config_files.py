@@ -100,3 +100,42 @@ def test_the_library_names_no_flag():
     with pytest.raises(InputError) as exc:
         files.read([str(DATA / "README.md")])
     assert exc.value.field == "config"
+
+
+_FSDP2 = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+          "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_cpu_ram_efficient_loading: true\n"
+          "  fsdp_offload_params: false\n  fsdp_reshard_after_forward: {raf}\n"
+          "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_version: 2\n  fsdp_activation_checkpointing: false\n"
+          "mixed_precision: bf16\nnum_machines: 1\nnum_processes: 4\n")
+"""A user's accelerate FSDP2 config (the report's accel_fsdp2.yaml)."""
+
+
+@pytest.mark.parametrize(("raf", "stage"), [("false", 2), ("true", 3)])
+def test_accelerate_fsdp2_reshard_after_forward(llama, tmp_path, raf, stage):
+    # accelerate v1.14.0 utils/dataclasses.py: under fsdp_version 2 reshard_after_forward is a bool passed to
+    # every fully_shard unit; false keeps each unit gathered from its forward to its backward = SHARD_GRAD_OP
+    # (zero_stage 2), true reshards = FULL_SHARD (3); the file has no fsdp_sharding_strategy, so "read:" names
+    # fsdp_reshard_after_forward (line 7)
+    path = tmp_path / "accel_fsdp2.yaml"
+    path.write_text(_FSDP2.format(raf=raf))
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert (t.parallelism.zero_stage, t.parallelism.dp) == (stage, 4)
+    assert any("fsdp_config.fsdp_reshard_after_forward" in line and "accel_fsdp2.yaml:7" in line
+               for line in t.config_read), t.config_read
+    assert not any("fsdp_sharding_strategy" in line for line in t.config_read)
+
+
+def test_accelerate_fsdp_version_selects_the_key(llama, tmp_path):
+    # fsdp_version 2 reads fsdp_reshard_after_forward, not fsdp_sharding_strategy (dataclasses.py reads
+    # FSDP_SHARDING_STRATEGY only when fsdp_version == 1): SHARD_GRAD_OP here is not what runs, the default
+    # reshard_after_forward true is (FULL_SHARD, 3), said as a default
+    path = tmp_path / "v2.yaml"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n"
+                    "num_processes: 2\n")
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert t.parallelism.zero_stage == 3
+    assert any("accelerate launch's default, true" in line for line in t.config_read), t.config_read
+    assert any("fsdp_sharding_strategy is not read under fsdp_version 2" in n for n in workload_notes(llama, t))
+    # FSDP1 with the strategy as its number: ShardingStrategy(2) = SHARD_GRAD_OP (1-based, dataclasses.py)
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 2\nnum_processes: 2\n")
+    assert resolve({"train": True, "config": [str(path)]}, llama, A100).parallelism.zero_stage == 2
