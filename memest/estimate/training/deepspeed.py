@@ -10,7 +10,7 @@ clears param.grad (``_take_model_step``: ``optimizer.zero_grad()``). The engine'
 all-reduce flattens a 5e8-element bucket at a time, below the step's copies (not counted).
 Stage 1 keeps full 16-bit grads through backward and one reduce bucket of ``reduce_bucket_size`` = 5e8
 elements (``ipg_buffer``, allocated at the first gradient hook whenever ``contiguous_gradients`` is on, the
-default; ``overlap_comm``, off by default below stage 3, would double it); after backward
+default), two with ``overlap_comm`` (:func:`_reduce_buffers`; off by default below stage 3); after backward
 ``reduce_gradients`` moves each gradient into the bucket (freeing its own block), reduces it and copies the
 rank's partition into ``grads_in_partition`` (P/N x 2 B), allocated at the first bucket holding any of it:
 on rank 0, whose partition the first bucket fills, while nearly all gradients still exist (moment
@@ -105,8 +105,10 @@ def states(ctx: StateContext) -> FrameworkStates:
     offloaded = t.offload is not Offload.NONE
     buckets = t.deepspeed_buckets
     reduce_bucket = buckets.reduce_bucket_size
-    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(reduce_bucket * gb),
-                  f"reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)} x {gb} B (ipg_buffer)")
+    count, why = _reduce_buffers(buckets.overlap_comm, buckets.contiguous_gradients) if z in (1, 2) else (1, "")
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, count * cuda_block_bytes(reduce_bucket * gb),
+                  (f"{count} x " if count > 1 else "")
+                  + f"reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)} x {gb} B (ipg_buffer{why})")
     if z == 0:
         # FP16_Optimizer (bf16 too, DeepSpeed >= 0.17.6): param.grad until its step, which copies each to
         # fp32 (``p.grad.to(fp32)``: the same tensor when already fp32) and flattens the copies
@@ -199,6 +201,21 @@ def states(ctx: StateContext) -> FrameworkStates:
                                   "all-gather buffer)"),)
     return FrameworkStates(gradients=gradients, persistent=persistent, backward_buffers=backward, gathered=gathered,
                            reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
+
+
+def _reduce_buffers(overlap_comm: bool | None, contiguous_gradients: bool) -> tuple[int, str]:
+    """ZeRO-1/2's reduce buffers of ``reduce_bucket_size`` elements, and why there are that many, for the file's
+    ``overlap_comm`` (None: DeepSpeed's default below stage 3, false, ``zero/config.py`` ``overlap_comm_valid``).
+    ``stage_1_and_2.py`` v0.19.5 ``setup_buckets`` (at the first gradient hook): with ``contiguous_gradients`` each
+    bucket gets ``buf_0`` = ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` and, "Use double buffers to avoid
+    data access conflict when overlap_comm is enabled", ``buf_1`` when ``overlap_comm``; the hooks swap
+    ``bucket.index`` between them after each reduction (``contiguous_gradients and overlap_comm``), so both are
+    alive through backward (``_release_ipg_buffers`` clears them after it). The same two buffers at v0.14.2
+    (``backward``: ``ipg_buffer`` gets ``buf_0``, and ``buf_1`` if ``overlap_comm``). Without
+    ``contiguous_gradients`` memest keeps its one bucket (not modelled apart)."""
+    if overlap_comm and contiguous_gradients:
+        return 2, ", and buf_1: overlap_comm double-buffers it"
+    return 1, ""
 
 
 def _elements(n: int, default: int) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import InputError
-from memest.workload.config import DEEPSPEED_BUCKET_KEYS, Framework, Offload, Precision, Stack
+from memest.workload.config import DEEPSPEED_BUCKET_KEYS, DEEPSPEED_SWITCHES, Framework, Offload, Precision, Stack
 from memest.workload.files._common import Found, auto, typed
 
 NAME = "a DeepSpeed JSON (zero_optimization, bf16, fp16, train_micro_batch_size_per_gpu)"
@@ -60,12 +60,15 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
 
 def _buckets(path: Path, doc: dict[str, Any]) -> dict[str, int | str]:
     """The bucket sizes the file sets (:data:`DEEPSPEED_BUCKET_KEYS`): elements (DeepSpeed takes ``5e8`` as a
-    float, ``pp_int``), or ``"auto"``."""
+    float, ``pp_int``), or ``"auto"``; ``overlap_comm`` and ``contiguous_gradients`` as true or false."""
     out: dict[str, int | str] = {}
     zero = doc.get("zero_optimization") or {}
     for name, key in DEEPSPEED_BUCKET_KEYS.items():
         value = zero.get(key.split(".", 1)[1]) if isinstance(zero, dict) else None
         if value is None:
+            continue
+        if name in DEEPSPEED_SWITCHES:  # overlap_comm, contiguous_gradients
+            out[name] = typed(path, key, value, bool, "true or false")
             continue
         if value == "auto":
             out[name] = "auto"
