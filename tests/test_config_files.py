@@ -139,3 +139,26 @@ def test_accelerate_fsdp_version_selects_the_key(llama, tmp_path):
     # FSDP1 with the strategy as its number: ShardingStrategy(2) = SHARD_GRAD_OP (1-based, dataclasses.py)
     path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 2\nnum_processes: 2\n")
     assert resolve({"train": True, "config": [str(path)]}, llama, A100).parallelism.zero_stage == 2
+
+
+def test_nvme_offload_is_named_and_below_zero3_stays_in_host_ram(llama, tmp_path):
+    # DeepSpeed v0.19.5 stage_1_and_2.py __init__: any offload_optimizer.device but none sets cpu_offload, and
+    # ZeRO-1/2 have no swapper (only stage3.py swaps to NVMe: swap_optimizer = device == nvme), so the user's
+    # ZeRO-2 nvme file keeps its states in host RAM exactly as device cpu does: same host bytes, and a note
+    # naming nvme
+    path = tmp_path / "nvme.json"
+    path.write_text('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": '
+                    '"/local_nvme"}}, "bf16": {"enabled": true}}')
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(path.read_text().replace('"nvme"', '"cpu"'))
+    from memest.estimate import estimate
+
+    t = resolve({"train": True, "config": [str(path)], "gpus": 4}, llama, A100)
+    c = resolve({"train": True, "config": [str(cpu)], "gpus": 4}, llama, A100)
+    assert t.offload is Offload.OPTIMIZER
+    assert estimate(llama, t, A100).host_bytes == estimate(llama, c, A100).host_bytes > 0
+    assert any("offload_optimizer.device nvme at ZeRO 2" in n and "stay in host RAM" in n
+               for n in workload_notes(llama, t))
+    path.write_text(path.read_text().replace('"stage": 2', '"stage": 3'))
+    t3 = resolve({"train": True, "config": [str(path)], "gpus": 4}, llama, A100)
+    assert any("ZeRO-3 swaps the offloaded states to /local_nvme" in n for n in workload_notes(llama, t3))

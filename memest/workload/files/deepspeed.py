@@ -101,6 +101,7 @@ def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[st
             offload = kind if kind is Offload.PARAMS or offload is Offload.NONE else offload
             origins["offload"] = f"zero_optimization.{key}.device"
     values["offload"] = offload
+    notes += _nvme_notes(path, zero, values.get("zero_stage"))
     for key, precision in (("bf16", Precision.MIXED), ("fp16", Precision.FP16)):
         enabled = (doc.get(key) or {}).get("enabled", False)
         if enabled == "auto":
@@ -118,3 +119,34 @@ def _deepspeed(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[st
             values[setting] = typed(path, key, doc[key], int, "a positive integer or \"auto\"")
             origins[setting] = key
     return values, notes, origins
+
+
+def _nvme_notes(path: Path, zero: dict[str, Any], stage: int | None) -> list[str]:
+    """What an ``offload_*.device`` of ``nvme`` does, which memest's host RAM figure does not split out
+    (DeepSpeed v0.19.5):
+
+    - below ZeRO-3 nothing is swapped: ``stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__`` sets
+      ``cpu_offload = True`` for any ``offload_optimizer.device`` but ``none`` and has no swapper, so the fp32
+      master, the optimizer states and the gradient partition stay in (pinned) host RAM, as with ``cpu``: the
+      host RAM figure is right;
+    - at ZeRO-3 (``stage3.py`` ``_configure_offloading``: ``swap_optimizer = device == nvme``,
+      ``params_in_nvme_and_cpu`` for ``offload_param``) the states are swapped to files under ``nvme_path``
+      through pinned buffers (``swap_tensor/optimizer_utils.py``: ``buffer_count`` (default 4) buffers of the
+      largest sub-group; ``offload_param``: ``buffer_count`` 5 x ``buffer_size`` 1e8 elements): host RAM holds
+      those buffers and the gradient partition (``grad_partitions_flat_buffer``, on ``self.device``), not the
+      states. memest counts them in host RAM (an over-count, said in the note)."""
+    notes = []
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key) or {}
+        if str(section.get("device", "none")).lower() != "nvme":
+            continue
+        where = f"{path.name}: zero_optimization.{key}.device nvme"
+        if stage is not None and stage < 3:
+            notes.append(f"{where} at ZeRO {stage}: DeepSpeed swaps to NVMe only at ZeRO 3 (ZeRO-1/2 treat any "
+                         "offload device as cpu: stage_1_and_2.py), so the offloaded states stay in host RAM, "
+                         "as counted")
+        else:
+            notes.append(f"{where}: ZeRO-3 swaps the offloaded states to {section.get('nvme_path') or 'nvme_path'} "
+                         "through pinned host buffers; memest does not model the swap and counts the states in host "
+                         "RAM (an over-count of host RAM; the NVMe holds them)")
+    return notes
