@@ -161,4 +161,30 @@ def test_nvme_offload_is_named_and_below_zero3_stays_in_host_ram(llama, tmp_path
                for n in workload_notes(llama, t))
     path.write_text(path.read_text().replace('"stage": 2', '"stage": 3'))
     t3 = resolve({"train": True, "config": [str(path)], "gpus": 4}, llama, A100)
-    assert any("ZeRO-3 swaps the offloaded states to /local_nvme" in n for n in workload_notes(llama, t3))
+    assert any("ZeRO-3 swaps the fp32 master, optimizer states and fp32 gradients to /local_nvme" in n
+               for n in workload_notes(llama, t3))
+
+
+def test_zero3_nvme_optimizer_keeps_only_the_swap_buffers_in_host_ram(llama, tmp_path):
+    # DeepSpeed v0.19.5 stage3.py: sub-groups close once they reach sub_group_size (1: every parameter its own);
+    # OptimizerSwapper allocates buffer_count 4 pinned fp32 buffers of the largest (I/O-aligned to 256
+    # elements); a swappable sub-group (>= 1 MiB of fp32 = 262,144 elements) keeps its fp32 master, Adam states
+    # and fp32 gradient (4 + 8 + 4 = 16 B/element) on NVMe instead of host RAM.
+    # Llama-2-7b on 8 ranks: partitions are numel / 8; the largest, embed_tokens / lm_head 32000 x 4096 / 8 =
+    # 16,384,000 (a multiple of 256): buffers 4 x 16,384,000 x 4 B = 262,144,000 B per rank. The 65 RMSNorm
+    # weights (4096 / 8 = 512 elements each) are not swappable; the rest is: 6,738,415,616 / 8 - 65 x 512 =
+    # 842,301,952 - 33,280 = 842,268,672 elements x 16 B = 13,476,298,752 B leave host RAM per rank.
+    # Per node (8 ranks): 8 x (262,144,000 - 13,476,298,752) = -105,713,238,016 B against device cpu.
+    # At the default sub_group_size 1e9 the 842,301,952-element partition is one sub-group: 4 x its elements x
+    # 4 B = 16 B/element of buffers, the same host RAM as cpu.
+    from memest.estimate import estimate
+
+    def host(device: str, sub_group: str) -> int:
+        path = tmp_path / f"{device}{sub_group}.json"
+        path.write_text('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_optimizer": '
+                        '{"device": "%s"}%s}}' % (device, sub_group))
+        return estimate(llama, resolve({"train": True, "config": [str(path)], "gpus": 8}, llama, A100), A100).host_bytes
+
+    one = ', "sub_group_size": 1'
+    assert host("nvme", one) - host("cpu", one) == 8 * (262_144_000 - 13_476_298_752) == -105_713_238_016
+    assert host("nvme", "") == host("cpu", "")

@@ -519,7 +519,10 @@ def deepspeed_buckets(found: Mapping[str, tuple[int | str, str]], stack: Stack |
     notes: list[str] = []
     for name, (value, where) in found.items():
         key = DEEPSPEED_BUCKET_KEYS[name].split(".", 1)[1]
-        if isinstance(value, bool):  # overlap_comm, contiguous_gradients
+        if name == "optimizer_nvme":
+            values[name] = bool(value)
+            read.append(f"{key} nvme from {where}")
+        elif isinstance(value, bool):  # overlap_comm, contiguous_gradients
             values[name] = value
             read.append(f"{key} {str(value).lower()} from {where}")
         elif value != "auto":

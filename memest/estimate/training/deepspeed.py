@@ -298,6 +298,41 @@ def offload_host_bytes_per_param(zero_stage: int, param_b: int, grad_b: int, gra
     return param_b * (2 if grad_accum_steps > 1 else 1)
 
 
+NVME_ALIGNMENT = 1024 // 4
+"""The optimizer swapper's I/O alignment in fp32 elements (``swap_tensor/optimizer_utils.py`` v0.19.5
+``numel_alignment = AIO_ALIGNED_BYTES (1024) x aio intra_op_parallelism (1) // element_size``)."""
+MIN_AIO_BYTES = 1024 ** 2
+"""A sub-group smaller than this (bytes of fp32) is not swapped (``swap_tensor/utils.py`` v0.19.5,
+``is_swappable_tensor``: ``min_aio_bytes = max(MIN_AIO_BYTES, aio block_size 1 MiB)``)."""
+
+
+def nvme_optimizer_swap(partitions: list[int], sub_group_size: int, buffer_count: int) -> tuple[int, int]:
+    """ZeRO-3 with ``offload_optimizer.device`` nvme (ZeRO-Infinity), DeepSpeed v0.19.5: the pinned host bytes of
+    the optimizer swapper's buffers, and the rank's elements whose fp32 master, optimizer states and fp32
+    gradients live on NVMe rather than in host RAM. ``partitions``: the rank's partition of each trainable
+    parameter (``partition_numel``), in the model's order.
+
+    ``stage3.py`` ``_create_fp16_sub_groups`` cuts the parameters into sub-groups, closing one once it reaches
+    ``sub_group_size`` elements (one group when the partition is smaller); ``_configure_tensor_swapping`` builds
+    the swapper with ``largest_numel = max(fp16_partitioned_groups_flat_numel)``, and ``OptimizerSwapper``
+    allocates ``buffer_count`` pinned buffers of that many elements, I/O-aligned (:data:`NVME_ALIGNMENT`), at the
+    master dtype, fp32 (``SwapBufferManager``: ``new_cpu_locked_tensor(num_elems)`` x count). A swappable
+    sub-group (at least :data:`MIN_AIO_BYTES` of fp32) keeps an empty fp32 master in memory
+    (``_setup_for_real_optimizer``: ``torch.empty(0)``), its states and gradients swapped out to files under
+    ``nvme_path``; a smaller one stays in host RAM. The gradient partition (``grad_partitions_flat_buffer``, on
+    the offload device) stays in host RAM either way (:func:`offload_host_bytes_per_param`)."""
+    groups, current = [], 0
+    for i, n in enumerate(partitions):
+        current += n
+        if current >= sub_group_size or i == len(partitions) - 1:
+            groups.append(current)
+            current = 0
+    largest = max(groups, default=0)
+    aligned = -(-largest // NVME_ALIGNMENT) * NVME_ALIGNMENT
+    swapped = sum(g for g in groups if g * 4 >= MIN_AIO_BYTES)
+    return buffer_count * aligned * 4, swapped
+
+
 def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param_b: int) -> int:
     """ZeRO-1/2's ``temp_grad_buffer_for_cpu_offload``: the largest parameter at the parameters' dtype, in host RAM
     on every rank (``stage_1_and_2.py`` v0.19.5 ``__init__``, pinned); none at ZeRO-3."""
