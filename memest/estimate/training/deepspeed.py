@@ -43,7 +43,9 @@ reduce bucket, ``temp_grad_buffer_for_gpu_offload``: the largest parameter's ele
 allocated at initialisation (term ``workspace.offload_grad_buffer``). Parameter offload (``offload_param``
 device cpu, ZeRO-3) keeps the parameters' partitions in host RAM: each all-gather first copies its set's host
 partitions to the device beside the gathered buffer (term ``workspace.offload_partition_copies`` at the moment
-the two peak together, :func:`gathered_peak`).
+the two peak together, :func:`gathered_peak`). Device ``nvme``: below ZeRO-3 it is ``cpu`` (``stage_1_and_2.py``
+has no swapper); at ZeRO-3 the optimizer swaps its states to NVMe and host RAM holds its pinned buffers
+(:func:`nvme_optimizer_swap`); ``offload_param`` nvme is not modelled (counted as host RAM, said in a note).
 """
 
 from __future__ import annotations
