@@ -188,3 +188,14 @@ def test_zero3_nvme_optimizer_keeps_only_the_swap_buffers_in_host_ram(llama, tmp
     one = ', "sub_group_size": 1'
     assert host("nvme", one) - host("cpu", one) == 8 * (262_144_000 - 13_476_298_752) == -105_713_238_016
     assert host("nvme", "") == host("cpu", "")
+
+
+def test_accelerate_deepspeed_nvme_offload_is_named(llama, tmp_path):
+    # accelerate's deepspeed_config offload_optimizer_device nvme at zero_stage 3: DeepSpeed swaps the states
+    # to NVMe (stage3.py swap_optimizer); memest does not take the swap from an accelerate YAML, and says so
+    path = tmp_path / "accel_ds.yaml"
+    path.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: nvme\n"
+                    "  offload_param_device: none\nmixed_precision: bf16\nnum_processes: 4\n")
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert t.offload is Offload.OPTIMIZER
+    assert any("offload_optimizer_device nvme" in n and "over-count of host RAM" in n for n in workload_notes(llama, t))

@@ -90,6 +90,13 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
         params = str(ds.get("offload_param_device", "none")).lower() in ("cpu", "nvme")
         optim = str(ds.get("offload_optimizer_device", "none")).lower() in ("cpu", "nvme")
         values["offload"] = Offload.PARAMS if params else Offload.OPTIMIZER if optim else Offload.NONE
+        for key in ("offload_optimizer_device", "offload_param_device"):
+            if str(ds.get(key, "none")).lower() == "nvme":  # accelerate writes zero_optimization.<...>.device
+                notes.append(f"{path.name}: deepspeed_config.{key} nvme: "
+                             + ("ZeRO-1/2 treat any offload device as cpu (DeepSpeed stage_1_and_2.py), so the states "
+                                "stay in host RAM, as counted" if values["zero_stage"] < 3 else
+                                "ZeRO-3 swaps the offloaded states to NVMe; memest models that swap from a DeepSpeed "
+                                "JSON only and counts them in host RAM here (an over-count of host RAM)"))
         origins["offload"] = f"deepspeed_config.offload_{'param' if params else 'optimizer'}_device"
         if "gradient_accumulation_steps" in ds:
             values["grad_accum_steps"] = typed(path, "deepspeed_config.gradient_accumulation_steps",
