@@ -100,3 +100,102 @@ def test_the_library_names_no_flag():
     with pytest.raises(InputError) as exc:
         files.read([str(DATA / "README.md")])
     assert exc.value.field == "config"
+
+
+_FSDP2 = ("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n"
+          "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_cpu_ram_efficient_loading: true\n"
+          "  fsdp_offload_params: false\n  fsdp_reshard_after_forward: {raf}\n"
+          "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_version: 2\n  fsdp_activation_checkpointing: false\n"
+          "mixed_precision: bf16\nnum_machines: 1\nnum_processes: 4\n")
+"""A user's accelerate FSDP2 config (the report's accel_fsdp2.yaml)."""
+
+
+@pytest.mark.parametrize(("raf", "stage"), [("false", 2), ("true", 3)])
+def test_accelerate_fsdp2_reshard_after_forward(llama, tmp_path, raf, stage):
+    # accelerate v1.14.0 utils/dataclasses.py: under fsdp_version 2 reshard_after_forward is a bool passed to
+    # every fully_shard unit; false keeps each unit gathered from its forward to its backward = SHARD_GRAD_OP
+    # (zero_stage 2), true reshards = FULL_SHARD (3); the file has no fsdp_sharding_strategy, so "read:" names
+    # fsdp_reshard_after_forward (line 7)
+    path = tmp_path / "accel_fsdp2.yaml"
+    path.write_text(_FSDP2.format(raf=raf))
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert (t.parallelism.zero_stage, t.parallelism.dp) == (stage, 4)
+    assert any("fsdp_config.fsdp_reshard_after_forward" in line and "accel_fsdp2.yaml:7" in line
+               for line in t.config_read), t.config_read
+    assert not any("fsdp_sharding_strategy" in line for line in t.config_read)
+
+
+def test_accelerate_fsdp_version_selects_the_key(llama, tmp_path):
+    # fsdp_version 2 reads fsdp_reshard_after_forward, not fsdp_sharding_strategy (dataclasses.py reads
+    # FSDP_SHARDING_STRATEGY only when fsdp_version == 1): SHARD_GRAD_OP here is not what runs, the default
+    # reshard_after_forward true is (FULL_SHARD, 3), said as a default
+    path = tmp_path / "v2.yaml"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n"
+                    "num_processes: 2\n")
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert t.parallelism.zero_stage == 3
+    assert any("accelerate launch's default, true" in line for line in t.config_read), t.config_read
+    assert any("fsdp_sharding_strategy is not read under fsdp_version 2" in n for n in workload_notes(llama, t))
+    # FSDP1 with the strategy as its number: ShardingStrategy(2) = SHARD_GRAD_OP (1-based, dataclasses.py)
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 2\nnum_processes: 2\n")
+    assert resolve({"train": True, "config": [str(path)]}, llama, A100).parallelism.zero_stage == 2
+
+
+def test_nvme_offload_is_named_and_below_zero3_stays_in_host_ram(llama, tmp_path):
+    # DeepSpeed v0.19.5 stage_1_and_2.py __init__: any offload_optimizer.device but none sets cpu_offload, and
+    # ZeRO-1/2 have no swapper (only stage3.py swaps to NVMe: swap_optimizer = device == nvme), so the user's
+    # ZeRO-2 nvme file keeps its states in host RAM exactly as device cpu does: same host bytes, and a note
+    # naming nvme
+    path = tmp_path / "nvme.json"
+    path.write_text('{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": '
+                    '"/local_nvme"}}, "bf16": {"enabled": true}}')
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(path.read_text().replace('"nvme"', '"cpu"'))
+    from memest.estimate import estimate
+
+    t = resolve({"train": True, "config": [str(path)], "gpus": 4}, llama, A100)
+    c = resolve({"train": True, "config": [str(cpu)], "gpus": 4}, llama, A100)
+    assert t.offload is Offload.OPTIMIZER
+    assert estimate(llama, t, A100).host_bytes == estimate(llama, c, A100).host_bytes > 0
+    assert any("offload_optimizer.device nvme at ZeRO 2" in n and "stay in host RAM" in n
+               for n in workload_notes(llama, t))
+    path.write_text(path.read_text().replace('"stage": 2', '"stage": 3'))
+    t3 = resolve({"train": True, "config": [str(path)], "gpus": 4}, llama, A100)
+    assert any("ZeRO-3 swaps the fp32 master, optimizer states and fp32 gradients to /local_nvme" in n
+               for n in workload_notes(llama, t3))
+
+
+def test_zero3_nvme_optimizer_keeps_only_the_swap_buffers_in_host_ram(llama, tmp_path):
+    # DeepSpeed v0.19.5 stage3.py: sub-groups close once they reach sub_group_size (1: every parameter its own);
+    # OptimizerSwapper allocates buffer_count 4 pinned fp32 buffers of the largest (I/O-aligned to 256
+    # elements); a swappable sub-group (>= 1 MiB of fp32 = 262,144 elements) keeps its fp32 master, Adam states
+    # and fp32 gradient (4 + 8 + 4 = 16 B/element) on NVMe instead of host RAM.
+    # Llama-2-7b on 8 ranks: partitions are numel / 8; the largest, embed_tokens / lm_head 32000 x 4096 / 8 =
+    # 16,384,000 (a multiple of 256): buffers 4 x 16,384,000 x 4 B = 262,144,000 B per rank. The 65 RMSNorm
+    # weights (4096 / 8 = 512 elements each) are not swappable; the rest is: 6,738,415,616 / 8 - 65 x 512 =
+    # 842,301,952 - 33,280 = 842,268,672 elements x 16 B = 13,476,298,752 B leave host RAM per rank.
+    # Per node (8 ranks): 8 x (262,144,000 - 13,476,298,752) = -105,713,238,016 B against device cpu.
+    # At the default sub_group_size 1e9 the 842,301,952-element partition is one sub-group: 4 x its elements x
+    # 4 B = 16 B/element of buffers, the same host RAM as cpu.
+    from memest.estimate import estimate
+
+    def host(device: str, sub_group: str) -> int:
+        path = tmp_path / f"{device}{sub_group}.json"
+        path.write_text('{"bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_optimizer": '
+                        '{"device": "%s"}%s}}' % (device, sub_group))
+        return estimate(llama, resolve({"train": True, "config": [str(path)], "gpus": 8}, llama, A100), A100).host_bytes
+
+    one = ', "sub_group_size": 1'
+    assert host("nvme", one) - host("cpu", one) == 8 * (262_144_000 - 13_476_298_752) == -105_713_238_016
+    assert host("nvme", "") == host("cpu", "")
+
+
+def test_accelerate_deepspeed_nvme_offload_is_named(llama, tmp_path):
+    # accelerate's deepspeed_config offload_optimizer_device nvme at zero_stage 3: DeepSpeed swaps the states
+    # to NVMe (stage3.py swap_optimizer); memest does not take the swap from an accelerate YAML, and says so
+    path = tmp_path / "accel_ds.yaml"
+    path.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 3\n  offload_optimizer_device: nvme\n"
+                    "  offload_param_device: none\nmixed_precision: bf16\nnum_processes: 4\n")
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert t.offload is Offload.OPTIMIZER
+    assert any("offload_optimizer_device nvme" in n and "over-count of host RAM" in n for n in workload_notes(llama, t))

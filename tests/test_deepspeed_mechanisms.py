@@ -151,3 +151,23 @@ def test_the_peft_bloomz_offload_row_copies_the_tied_embedding_in_for_the_lm_hea
     terms = {t.name: t.bytes for t in estimate(load_model("bigscience/bloomz-7b1"), w.replace(offload=Offload.OPTIMIZER),
                                                get_device("A100-80GB")).per_device.terms}
     assert "workspace.offload_partition_copies" not in terms
+
+
+def test_overlap_comm_double_buffers_the_zero2_reduce_bucket(tiny, tmp_path):
+    # stage_1_and_2.py v0.19.5 setup_buckets: with contiguous_gradients each bucket gets buf_0 of
+    # reduce_bucket_size elements at the optimizer dtype, and buf_1 too when overlap_comm ("Use double buffers to
+    # avoid data access conflict when overlap_comm is enabled"). reduce_bucket_size 5e8 x 2 B (bf16) = 1e9 B, a
+    # segment of >= 10 MiB rounded to 2 MiB: ceil(1e9 / 2,097,152) = 477 blocks = 1,000,341,504 B; two of them
+    # = 2,000,683,008 B. overlap_comm false, or absent (zero/config.py overlap_comm_valid: true only at
+    # stage 3): one.
+    from memest.workload.resolve import resolve
+
+    bucket = 477 * 2 * 1024 * 1024
+    for overlap, buffers in (("true", 2), ("false", 1), (None, 1)):
+        zero = '"stage": 2, "contiguous_gradients": true, "reduce_bucket_size": 5e8'
+        zero += f', "overlap_comm": {overlap}' if overlap else ""
+        path = tmp_path / "ds.json"
+        path.write_text('{"bf16": {"enabled": true}, "zero_optimization": {%s}}' % zero)
+        w = resolve({"train": True, "config": [str(path)], "gpus": 8, "seq_len": 16}, tiny, H100)
+        assert w.deepspeed_buckets.overlap_comm == ({"true": True, "false": False}.get(overlap))
+        assert _terms(tiny, w, "last_layer_backward")["workspace.reduce_bucket"] == buffers * bucket, overlap

@@ -330,7 +330,11 @@ def test_auto_zero3_buckets_under_the_hf_integration(tmp_path):
     doc = _ds_job(tmp_path, 3, "--stack", "hf-trainer")
     assert doc["workload"]["deepspeed_buckets"] == {"reduce_bucket_size": 16_777_216,
                                                      "prefetch_bucket_size": 15_099_494,
-                                                     "param_persistence_threshold": 40_960}
+                                                     "param_persistence_threshold": 40_960,
+                                                     # not in the file: DeepSpeed's defaults (None: by stage)
+                                                     "overlap_comm": None, "contiguous_gradients": True,
+                                                     "optimizer_nvme": False, "sub_group_size": 1_000_000_000,
+                                                     "optimizer_buffer_count": 4}
 
 
 def test_auto_outside_the_hf_integration_is_deepspeeds_default(tmp_path):

@@ -507,17 +507,38 @@ class DeepSpeedBuckets:
             gathers ahead.
         param_persistence_threshold: ``zero_optimization.stage3_param_persistence_threshold`` (default 1e5):
             ZeRO-3 keeps parameters of at most this many elements whole on every rank.
+        overlap_comm: ``zero_optimization.overlap_comm``; None: not set, DeepSpeed's default, true at ZeRO-3 and
+            false below (``overlap_comm_valid``: ``self.overlap_comm = self.stage == ZeroStageEnum.weights``).
+        contiguous_gradients: ``zero_optimization.contiguous_gradients`` (default true).
+        optimizer_nvme: ``zero_optimization.offload_optimizer.device`` is ``nvme`` (ZeRO-Infinity: at ZeRO-3 the
+            optimizer swaps its states to NVMe; below it they stay in host RAM, as with ``cpu``).
+        sub_group_size: ``zero_optimization.sub_group_size`` (default 1e9): ZeRO-3's optimizer sub-groups, the
+            unit it swaps.
+        optimizer_buffer_count: ``zero_optimization.offload_optimizer.buffer_count`` (default 4): the pinned
+            swap buffers of the NVMe optimizer swapper.
     """
 
     reduce_bucket_size: int = 500_000_000
     prefetch_bucket_size: int = 50_000_000
     param_persistence_threshold: int = 100_000
+    overlap_comm: bool | None = None
+    contiguous_gradients: bool = True
+    optimizer_nvme: bool = False
+    sub_group_size: int = 1_000_000_000
+    optimizer_buffer_count: int = 4
 
 
 DEEPSPEED_BUCKET_KEYS = {"reduce_bucket_size": "zero_optimization.reduce_bucket_size",
                          "prefetch_bucket_size": "zero_optimization.stage3_prefetch_bucket_size",
-                         "param_persistence_threshold": "zero_optimization.stage3_param_persistence_threshold"}
+                         "param_persistence_threshold": "zero_optimization.stage3_param_persistence_threshold",
+                         "overlap_comm": "zero_optimization.overlap_comm",
+                         "contiguous_gradients": "zero_optimization.contiguous_gradients",
+                         "optimizer_nvme": "zero_optimization.offload_optimizer.device",
+                         "sub_group_size": "zero_optimization.sub_group_size",
+                         "optimizer_buffer_count": "zero_optimization.offload_optimizer.buffer_count"}
 """:class:`DeepSpeedBuckets` field -> the DeepSpeed JSON key that sets it."""
+DEEPSPEED_SWITCHES = frozenset({"overlap_comm", "contiguous_gradients"})
+"""The :data:`DEEPSPEED_BUCKET_KEYS` that are true or false, not a number of elements."""
 
 
 CUSTOM_SHARDED_LAYERS = ("tok_embeddings", "output")

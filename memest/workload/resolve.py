@@ -514,12 +514,18 @@ def deepspeed_buckets(found: Mapping[str, tuple[int | str, str]], stack: Stack |
         filled_by |= {"prefetch_bucket_size": int(0.9 * h * h), "param_persistence_threshold": 10 * h}
     words = {"reduce_bucket_size": f"hidden_size² = {h:,}²", "prefetch_bucket_size": f"int(0.9 x hidden_size²) = "
              f"int(0.9 x {h:,}²)", "param_persistence_threshold": f"10 x hidden_size = 10 x {h:,}"}
-    values: dict[str, int] = {}
+    values: dict[str, int | bool] = {}
     read: list[str] = []
     notes: list[str] = []
     for name, (value, where) in found.items():
         key = DEEPSPEED_BUCKET_KEYS[name].split(".", 1)[1]
-        if value != "auto":
+        if name == "optimizer_nvme":
+            values[name] = bool(value)
+            read.append(f"{key} nvme from {where}")
+        elif isinstance(value, bool):  # overlap_comm, contiguous_gradients
+            values[name] = value
+            read.append(f"{key} {str(value).lower()} from {where}")
+        elif value != "auto":
             values[name] = int(value)
             read.append(f"{key} {int(value):,} from {where}")
         elif hf and name in filled_by:

@@ -125,7 +125,8 @@ def _assumption_lines(a: AssumptionsInput) -> tuple[str, ...]:
         out.append(f"DeepSpeed {DEEPSPEED_VERSION} with its config defaults: gradients accumulated in the model dtype (so "
                    "bf16 at ZeRO 0 runs FP16_Optimizer: unsharded fp32 master and states, fp32 gradient copies at the "
                    "step; data_types.grad_accum_dtype fp32 would select BF16_Optimizer, not modelled), FusedAdam, "
-                   "contiguous_gradients on, overlap_comm off below ZeRO 3, reduce_bucket_size 5e8 unless its JSON sets it "
+                   "contiguous_gradients on, overlap_comm off below ZeRO 3 (on: two reduce buffers), reduce_bucket_size 5e8 "
+                   "unless its JSON sets them "
                    "(the HF integration fills \"auto\" from hidden_size: the notes)")
     if a.method is Method.QLORA:
         out.append(f"QLoRA base: {_QLORA_BASES[a.lora_library]}; " + _KBIT_ASSUMPTIONS[a.prepare_kbit_training])

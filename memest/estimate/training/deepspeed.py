@@ -10,7 +10,7 @@ clears param.grad (``_take_model_step``: ``optimizer.zero_grad()``). The engine'
 all-reduce flattens a 5e8-element bucket at a time, below the step's copies (not counted).
 Stage 1 keeps full 16-bit grads through backward and one reduce bucket of ``reduce_bucket_size`` = 5e8
 elements (``ipg_buffer``, allocated at the first gradient hook whenever ``contiguous_gradients`` is on, the
-default; ``overlap_comm``, off by default below stage 3, would double it); after backward
+default), two with ``overlap_comm`` (:func:`_reduce_buffers`; off by default below stage 3); after backward
 ``reduce_gradients`` moves each gradient into the bucket (freeing its own block), reduces it and copies the
 rank's partition into ``grads_in_partition`` (P/N x 2 B), allocated at the first bucket holding any of it:
 on rank 0, whose partition the first bucket fills, while nearly all gradients still exist (moment
@@ -43,7 +43,9 @@ reduce bucket, ``temp_grad_buffer_for_gpu_offload``: the largest parameter's ele
 allocated at initialisation (term ``workspace.offload_grad_buffer``). Parameter offload (``offload_param``
 device cpu, ZeRO-3) keeps the parameters' partitions in host RAM: each all-gather first copies its set's host
 partitions to the device beside the gathered buffer (term ``workspace.offload_partition_copies`` at the moment
-the two peak together, :func:`gathered_peak`).
+the two peak together, :func:`gathered_peak`). Device ``nvme``: below ZeRO-3 it is ``cpu`` (``stage_1_and_2.py``
+has no swapper); at ZeRO-3 the optimizer swaps its states to NVMe and host RAM holds its pinned buffers
+(:func:`nvme_optimizer_swap`); ``offload_param`` nvme is not modelled (counted as host RAM, said in a note).
 """
 
 from __future__ import annotations
@@ -105,8 +107,10 @@ def states(ctx: StateContext) -> FrameworkStates:
     offloaded = t.offload is not Offload.NONE
     buckets = t.deepspeed_buckets
     reduce_bucket = buckets.reduce_bucket_size
-    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, cuda_block_bytes(reduce_bucket * gb),
-                  f"reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)} x {gb} B (ipg_buffer)")
+    count, why = _reduce_buffers(buckets.overlap_comm, buckets.contiguous_gradients) if z in (1, 2) else (1, "")
+    bucket = Term("workspace.reduce_bucket", Kind.WORKSPACE, count * cuda_block_bytes(reduce_bucket * gb),
+                  (f"{count} x " if count > 1 else "")
+                  + f"reduce_bucket_size {_elements(reduce_bucket, DEEPSPEED_REDUCE_BUCKET)} x {gb} B (ipg_buffer{why})")
     if z == 0:
         # FP16_Optimizer (bf16 too, DeepSpeed >= 0.17.6): param.grad until its step, which copies each to
         # fp32 (``p.grad.to(fp32)``: the same tensor when already fp32) and flattens the copies
@@ -201,6 +205,21 @@ def states(ctx: StateContext) -> FrameworkStates:
                            reduce_input=reduce_input, step=step, step_grads=step_grads, reduction=reduction)
 
 
+def _reduce_buffers(overlap_comm: bool | None, contiguous_gradients: bool) -> tuple[int, str]:
+    """ZeRO-1/2's reduce buffers of ``reduce_bucket_size`` elements, and why there are that many, for the file's
+    ``overlap_comm`` (None: DeepSpeed's default below stage 3, false, ``zero/config.py`` ``overlap_comm_valid``).
+    ``stage_1_and_2.py`` v0.19.5 ``setup_buckets`` (at the first gradient hook): with ``contiguous_gradients`` each
+    bucket gets ``buf_0`` = ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` and, "Use double buffers to avoid
+    data access conflict when overlap_comm is enabled", ``buf_1`` when ``overlap_comm``; the hooks swap
+    ``bucket.index`` between them after each reduction (``contiguous_gradients and overlap_comm``), so both are
+    alive through backward (``_release_ipg_buffers`` clears them after it). The same two buffers at v0.14.2
+    (``backward``: ``ipg_buffer`` gets ``buf_0``, and ``buf_1`` if ``overlap_comm``). Without
+    ``contiguous_gradients`` memest keeps its one bucket (not modelled apart)."""
+    if overlap_comm and contiguous_gradients:
+        return 2, ", and buf_1: overlap_comm double-buffers it"
+    return 1, ""
+
+
 def _elements(n: int, default: int) -> str:
     """A bucket size in a formula: DeepSpeed's own spelling of its default (``5e8``), else the elements."""
     return f"{default:.0e}".replace("e+0", "e") if n == default else f"{n:,}"
@@ -279,6 +298,41 @@ def offload_host_bytes_per_param(zero_stage: int, param_b: int, grad_b: int, gra
     if zero_stage >= 3:
         return grad_b
     return param_b * (2 if grad_accum_steps > 1 else 1)
+
+
+NVME_ALIGNMENT = 1024 // 4
+"""The optimizer swapper's I/O alignment in fp32 elements (``swap_tensor/optimizer_utils.py`` v0.19.5
+``numel_alignment = AIO_ALIGNED_BYTES (1024) x aio intra_op_parallelism (1) // element_size``)."""
+MIN_AIO_BYTES = 1024 ** 2
+"""A sub-group smaller than this (bytes of fp32) is not swapped (``swap_tensor/utils.py`` v0.19.5,
+``is_swappable_tensor``: ``min_aio_bytes = max(MIN_AIO_BYTES, aio block_size 1 MiB)``)."""
+
+
+def nvme_optimizer_swap(partitions: list[int], sub_group_size: int, buffer_count: int) -> tuple[int, int]:
+    """ZeRO-3 with ``offload_optimizer.device`` nvme (ZeRO-Infinity), DeepSpeed v0.19.5: the pinned host bytes of
+    the optimizer swapper's buffers, and the rank's elements whose fp32 master, optimizer states and fp32
+    gradients live on NVMe rather than in host RAM. ``partitions``: the rank's partition of each trainable
+    parameter (``partition_numel``), in the model's order.
+
+    ``stage3.py`` ``_create_fp16_sub_groups`` cuts the parameters into sub-groups, closing one once it reaches
+    ``sub_group_size`` elements (one group when the partition is smaller); ``_configure_tensor_swapping`` builds
+    the swapper with ``largest_numel = max(fp16_partitioned_groups_flat_numel)``, and ``OptimizerSwapper``
+    allocates ``buffer_count`` pinned buffers of that many elements, I/O-aligned (:data:`NVME_ALIGNMENT`), at the
+    master dtype, fp32 (``SwapBufferManager``: ``new_cpu_locked_tensor(num_elems)`` x count). A swappable
+    sub-group (at least :data:`MIN_AIO_BYTES` of fp32) keeps an empty fp32 master in memory
+    (``_setup_for_real_optimizer``: ``torch.empty(0)``), its states and gradients swapped out to files under
+    ``nvme_path``; a smaller one stays in host RAM. The gradient partition (``grad_partitions_flat_buffer``, on
+    the offload device) stays in host RAM either way (:func:`offload_host_bytes_per_param`)."""
+    groups, current = [], 0
+    for i, n in enumerate(partitions):
+        current += n
+        if current >= sub_group_size or i == len(partitions) - 1:
+            groups.append(current)
+            current = 0
+    largest = max(groups, default=0)
+    aligned = -(-largest // NVME_ALIGNMENT) * NVME_ALIGNMENT
+    swapped = sum(g for g in groups if g * 4 >= MIN_AIO_BYTES)
+    return buffer_count * aligned * 4, swapped
 
 
 def offload_host_bytes_per_rank(largest_param_numel: int, zero_stage: int, param_b: int) -> int:

@@ -185,12 +185,26 @@ def _offloaded_activation_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framewor
     return per_rank * min(device.devices_per_machine, t.parallelism.world_size)
 
 
+def _model_order(spec: ModelSpec, t: TrainingConfig) -> list[int]:
+    """The trainable tensors' elements in the model's parameter order (embeddings, each layer's tensors layer by
+    layer, the head): full training every parameter, LoRA / QLoRA the adapters."""
+    if t.method is Method.FULL:
+        out = [tn.numel for tn in spec.embedding]
+        for layer, count in spec.layer_kinds(0, spec.num_layers):
+            out += [tn.numel for tn in layer.tensors] * count
+        return out + [tn.numel for tn in spec.head]
+    return [local for stage in stages(spec.num_layers, 1) for _, local, c in lora_adapters(spec, stage, t.lora, 1)
+            for _ in range(c)]
+
+
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
     """Host RAM per node for offloaded states: fp32 master, optimizer states and gradients (fp32 under
     DeepSpeed, FSDP's at its reduce dtype)
     (and with ``--offload params`` the 16-bit parameters, a LoRA / QLoRA model's frozen base
     included), for the ranks of one node; under DeepSpeed its further host copies
-    (:func:`.deepspeed.offload_host_bytes_per_param`, :func:`.deepspeed.offload_host_bytes_per_rank`)."""
+    (:func:`.deepspeed.offload_host_bytes_per_param`, :func:`.deepspeed.offload_host_bytes_per_rank`); at ZeRO-3
+    with ``offload_optimizer.device`` nvme the swapped states leave host RAM for the swapper's pinned buffers
+    (:func:`.deepspeed.nvme_optimizer_swap`)."""
     if t.offload is Offload.NONE:
         return 0
     recipe = RECIPES[t.precision]
@@ -216,6 +230,12 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devic
             largest = max((local for stage in stages(spec.num_layers, 1)
                            for _, local, _ in lora_adapters(spec, stage, t.lora, 1)), default=0)
         per_rank = deepspeed.offload_host_bytes_per_rank(largest, z, param_b)
+        buckets = t.deepspeed_buckets
+        if z >= 3 and buckets.optimizer_nvme:  # ZeRO-Infinity: master, states and fp32 gradients on NVMe
+            n = t.parallelism.shard_degree
+            buffers, swapped = deepspeed.nvme_optimizer_swap([math.ceil(local / n) for local in _model_order(spec, t)],
+                                                             buckets.sub_group_size, buckets.optimizer_buffer_count)
+            per_rank += buffers - swapped * (recipe.master + states + grad_host)
     frozen = 0.0
     if t.offload is Offload.PARAMS:
         per_param += recipe.weight
