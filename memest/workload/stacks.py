@@ -77,6 +77,15 @@ NeMo"); #7267 (moving Megatron-Bridge's PEFT into Megatron Core) is open: full o
 ``nemo/collections/llm/peft`` has LoRA (its PEFT notebook: "NeMo 2.0 currently supports Low-Rank Adaptation
 (LoRA)") and no bitsandbytes QLoRA: full and LoRA.
 
+Who runs the step when a framework is named under a stack (:attr:`StackDefaults.engines`): torchtune 0.6
+(``recipes/full_finetune_distributed.py``: ``training.shard_model``, FSDP2 ``fully_shard``), torchtitan
+(``parallelize_llama.py``: FSDP2 / TP / PP / CP of its own), litgpt (``litgpt/finetune/full.py`` at commit
+0077627d: ``FSDPStrategy(...)`` when ``devices * num_nodes > 1``, else ``"auto"``; no strategy argument) and
+PyTorch FSDP2 (and a plain PyTorch loop: under DeepSpeed it is the DeepSpeed stack) run neither DeepSpeed
+nor Megatron-LM; DeepSpeed and Megatron-LM / NeMo run their own engine only. The HF Trainer, trl, axolotl and unsloth run DeepSpeed
+(``deepspeed=``) but not Megatron-LM; accelerate runs both (``DeepSpeedPlugin``, ``MegatronLMPlugin``);
+LLaMA-Factory is left open (its ``USE_MCA`` path trains through Megatron-core).
+
 Who shards a ZeRO stage named under a stack (:attr:`StackDefaults.zero`): the stacks built on
 ``transformers.TrainingArguments`` (HF Trainer, trl, axolotl, LLaMA-Factory, unsloth) run it through
 DeepSpeed, their ``deepspeed=ds.json`` argument (``deepspeed: ds_z3_config.json`` in axolotl and
@@ -155,6 +164,8 @@ class StackDefaults:
         methods: The methods it runs (module docstring).
         zero: Who shards a ZeRO stage named under it without FSDP's own setting: DeepSpeed (the
             ``deepspeed=`` argument of the Trainer-based stacks) or FSDP (module docstring).
+        engines: The frameworks it runs a step under when one is named (module docstring, "Who runs the
+            step"); a framework outside it is refused, and the planner never proposes one.
     """
 
     label: str
@@ -181,7 +192,15 @@ class StackDefaults:
     optimizer_in_bwd: bool | None = None
     methods: frozenset[Method] = frozenset(Method)
     zero: Framework = Framework.FSDP
+    engines: frozenset[Framework] = frozenset(Framework)
 
+
+_NO_ENGINE = frozenset(Framework) - {Framework.DEEPSPEED, Framework.MEGATRON}
+"""The frameworks of the stacks that run neither DeepSpeed nor Megatron-LM (torchtune, torchtitan, litgpt, FSDP2):
+their own loop on one device, FSDP on several (module docstring, "Who runs the step")."""
+_NO_MEGATRON = frozenset(Framework) - {Framework.MEGATRON}
+"""The Trainer-based stacks but LLaMA-Factory: DeepSpeed through ``deepspeed=``, FSDP through ``fsdp=``; no
+Megatron-LM (``TrainingArguments`` has no Megatron argument)."""
 
 _LIGER = ((Loss.FUSED, "use_liger_kernel=True"),)
 
@@ -225,7 +244,7 @@ brings back the one layer's input it recomputes."""
 
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
             "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER,
-            "zero": Framework.DEEPSPEED}
+            "zero": Framework.DEEPSPEED, "engines": _NO_MEGATRON}
 _NO_4BIT = frozenset({Method.FULL, Method.LORA})
 """torchtitan and NeMo 2: LoRA in-tree, no 4-bit base (module docstring)."""
 
@@ -242,16 +261,19 @@ STACKS: dict[Stack, StackDefaults] = {
                                    recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
                                    losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),),
                                    activation_offloading=False, offload_in_flight=TORCHTUNE_FWD_STASH,
-                                   optimizer_in_bwd=False, lora_library=LoraLibrary.TORCHTUNE),
+                                   optimizer_in_bwd=False, lora_library=LoraLibrary.TORCHTUNE,
+                                   engines=_NO_ENGINE),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
                                     optimizer=Optimizer.ADAMW_FUSED, optimizer_name="AdamW fused",
                                     one=Framework.FSDP, many=(Framework.FSDP, 3), recompute=Recompute.SELECTIVE_OP,
-                                    kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT),
+                                    kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT,
+                                    engines=_NO_ENGINE),
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", kbit=KbitPrep.PEFT, zero=Framework.DEEPSPEED,
+                                 engines=_NO_MEGATRON,
                                  losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
                                                        "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
@@ -265,32 +287,35 @@ STACKS: dict[Stack, StackDefaults] = {
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
                                  losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
                                  activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT,
-                                 lora_library=LoraLibrary.UNSLOTH, zero=Framework.DEEPSPEED),
+                                 lora_library=LoraLibrary.UNSLOTH, zero=Framework.DEEPSPEED,
+                                 engines=_NO_MEGATRON),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
                                 qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
-                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
+                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states',
+                                engines=_NO_ENGINE),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0),
-                                   zero=Framework.DEEPSPEED),
+                                   zero=Framework.DEEPSPEED, engines=frozenset({Framework.DEEPSPEED})),
     Stack.MEGATRON: StackDefaults(label="Megatron-LM", bf16="--bf16", precision=Precision.MIXED,
                                   recipe="bf16 params, fp32 main_grad and master", optimizer=Optimizer.ADAMW,
                                   optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 0),
-                                  model_parallel=True, methods=frozenset({Method.FULL})),
+                                  model_parallel=True, methods=frozenset({Method.FULL}), engines=frozenset({Framework.MEGATRON})),
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
                               optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
-                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON),
+                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON,
+                              engines=frozenset({Framework.MEGATRON})),
     Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
                               precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
                               optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,
-                              many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+                              many=(Framework.FSDP, 3), kbit=KbitPrep.NONE, engines=_NO_ENGINE),
     Stack.PYTORCH: StackDefaults(label="PyTorch", bf16="torch.autocast(bf16)", precision=Precision.AMP,
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
-                                 optimizer_name="torch AdamW", kbit=KbitPrep.NONE),
+                                 optimizer_name="torch AdamW", kbit=KbitPrep.NONE, engines=_NO_ENGINE),
 }
 """Every stack's defaults (sources in the module docstring)."""
 
@@ -330,6 +355,17 @@ takes that stack's defaults for them (:func:`restack`)."""
 def supports(stack: Stack, method: Method) -> bool:
     """Whether ``stack`` runs ``method`` (:attr:`StackDefaults.methods`, sources in the module docstring)."""
     return method in STACKS[stack].methods
+
+
+def runs_engine(stack: Stack, framework: Framework) -> bool:
+    """Whether ``stack`` runs a step under ``framework`` named with it (:attr:`StackDefaults.engines`; ``auto``
+    always: the stack picks)."""
+    return framework is Framework.AUTO or framework in STACKS[stack].engines
+
+
+def stacks_running(framework: Framework) -> tuple[Stack, ...]:
+    """The stacks that run a step under ``framework``, in table order."""
+    return tuple(k for k in STACKS if runs_engine(k, framework))
 
 
 def stacks_supporting(method: Method) -> tuple[Stack, ...]:

@@ -32,7 +32,7 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
 )
-from memest.workload.stacks import STACKS, resolve_framework, stacks_supporting, supports
+from memest.workload.stacks import STACKS, resolve_framework, runs_engine, stacks_running, stacks_supporting, supports
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
@@ -296,6 +296,16 @@ def _validate_stack(t: TrainingConfig) -> None:
         raise InputError(f"{{stack}} {t.stack.value} runs {d.label}'s own engine, which would not read {named}: drop "
                          f"it ({own}), or name a stack that runs it (FSDP: {{stack}} accelerate, fsdp, torchtune or "
                          "hf-trainer)", field="stack")
+    if not t.stack_assumed and not runs_engine(t.stack, t.framework):
+        fw = t.framework
+        words = {Framework.DEEPSPEED: "DeepSpeed", Framework.MEGATRON: "Megatron-LM"}.get(fw, fw.value)
+        others = [k.value for k in stacks_running(fw)]
+        shards = " (it shards with FSDP: {zero_stage} 2 / 3)" if d.many[0] is Framework.FSDP else ""
+        where = read_origins(t.config_read).get("framework")  # a config file's engine: name the file
+        named = f"{{framework}} {fw.value}" if where is None else f"{fw.value} ({where.replace(' ', ': ', 1)})"
+        raise InputError(f"{{stack}} {t.stack.value} does not run {named}: {d.label} has no {words} "
+                         f"path; drop {'it' if where is None else 'that file'}{shards}, or use a stack that runs {words}: {{stack}} "
+                         f"{', '.join(others[:-1])} or {others[-1]}", field="stack")
 
 
 def _validate_in_backward(t: TrainingConfig) -> None:
