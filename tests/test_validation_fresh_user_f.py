@@ -61,3 +61,51 @@ def test_a_stack_keeps_the_engines_it_runs(stack: str, framework: str) -> None:
     args = ("--tp", "2") if framework == "megatron" else ("--zero-stage", "3")
     d = _hf(LLAMA1, "--train", "--stack", stack, "--framework", framework, "--gpus", "2", *args)
     assert d["terms"], d
+
+
+# ---- F15. pipeline stages Megatron-LM asserts on ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", ["megatron", "nemo"])
+def test_megatron_refuses_a_pp_that_does_not_divide_the_layers(stack: str) -> None:
+    # Megatron-LM megatron/training/arguments.py validate_args: 32 % 5 != 0 and no uneven first / last stages ->
+    # AssertionError 'Number of layers should be divisible by the pipeline-model-parallel size'
+    line = _refused("hf", LLAMA8, "--train", "--stack", stack, "--pp", "5", "--gpus", "5")
+    assert line.startswith("Error: --pp 5 does not divide the 32 layers of meta-llama/Llama-3.1-8B"), line
+    assert "use a --pp that divides 32 (2, 4, 8, 16)" in line, line
+
+
+def test_megatron_keeps_a_pp_that_divides_the_layers() -> None:
+    assert _hf(LLAMA8, "--train", "--stack", "megatron", "--pp", "4", "--gpus", "4")["terms"]
+
+
+# ---- F14. CLI values ------------------------------------------------------------------------------------------
+
+
+def test_a_switch_shows_no_value_in_help() -> None:
+    # --activation-offloading is a switch (--no-activation-offloading its off form): "<bool>" made users type a value
+    out = run_memest("hf", "--help", env={**os.environ, "COLUMNS": "250"})
+    assert out.returncode == 0
+    rows = [line for line in out.stdout.splitlines() if "--activation-offloading" in line or "--check " in line
+            or "--train " in line or "--fsdp-flat-params" in line]
+    assert len(rows) >= 4, rows
+    assert not any("<bool>" in line for line in rows), rows
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (("--recompute", "ful"), "Invalid value for '--recompute': 'ful' is not one of 'none', 'selective'"),
+    (("--seq-len", "4x"), "Invalid value for '--seq-len': '4x' is not a positive size; write e.g. 4096, 4k or 1M"),
+    (("--fsdp", "--gpus", "2"), "'--fsdp' takes a value, one of 'full_shard', 'shard_grad_op', 'hybrid_shard', "
+                                "'no_shard'; it was followed by the flag '--gpus'"),
+])
+def test_a_bad_value_is_named_without_pydantic_words(argv: tuple[str, ...], words: str) -> None:
+    line = _refused("hf", LLAMA1, "--train", *argv)
+    assert "Value error" not in line, line
+    assert words in line, line
+
+
+def test_seq_len_takes_the_k_suffix_sweep_takes() -> None:
+    # memest sweep --seq-len 1k..128k reads k = 1024 (memest.planning.sweep.parse_size): 4k = 4 x 1024 = 4096
+    d = _hf(LLAMA1, "--train", "--seq-len", "4k")
+    assert d["workload"]["seq_len"] == 4096
+    assert _hf(LLAMA1, "--serve", "--max-model-len", "8k")["workload"]["max_model_len"] == 8192

@@ -348,6 +348,16 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
     if t.target_len is not None and spec.task != "seq2seq":
         raise InputError(f"{{target_len}} applies to encoder-decoder models (T5); {spec.name} is {spec.task}: "
                          "drop {target_len} and set the whole sequence with {seq_len}", field="target_len")
+    pp = t.parallelism.pp
+    if pp > 1 and spec.num_layers % pp and resolve_framework(t) is Framework.MEGATRON:
+        # Megatron-LM megatron/training/arguments.py validate_args: without decoder_first/last_pipeline_num_layers
+        # (uneven stages, not modelled), "assert num_layers % transformer_pipeline_model_parallel_size == 0,
+        # 'Number of layers should be divisible by the pipeline-model-parallel size'"
+        ok = ", ".join(str(n) for n in divisors(spec.num_layers) if 1 < n <= max(pp * 4, 8))
+        raise InputError(f"{{pp}} {pp} does not divide the {spec.num_layers} layers of {spec.name}: Megatron-LM "
+                         "asserts 'Number of layers should be divisible by the pipeline-model-parallel size' unless "
+                         f"uneven first / last stages are set (not modelled); use a {{pp}} that divides "
+                         f"{spec.num_layers}" + (f" ({ok})" if ok else ""), field="pp")
     table = spec.learned_positions
     if table is not None:
         for flag, value in (("seq_len", t.seq_len), ("target_len", t.target_len)):
