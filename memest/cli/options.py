@@ -52,6 +52,10 @@ def _size(name: str, text: Any) -> int:
     if isinstance(text, int):
         return text
     try:
+        return int(text)  # 0 or -5 too: the checks of the workload name them with their fix
+    except ValueError:
+        pass
+    try:
         return parse_size(str(text), name)
     except InputError as exc:  # typer's message names the flag already: the reason alone, without its name
         raise ValueError(exc.template.replace(f"{{{name}}} ", "", 1)) from None
