@@ -109,3 +109,72 @@ def test_seq_len_takes_the_k_suffix_sweep_takes() -> None:
     d = _hf(LLAMA1, "--train", "--seq-len", "4k")
     assert d["workload"]["seq_len"] == 4096
     assert _hf(LLAMA1, "--serve", "--max-model-len", "8k")["workload"]["max_model_len"] == 8192
+
+
+# ---- F5. bf16 on a device without it; F13. the HF Trainer's fp16 --------------------------------------------------
+
+
+def _note(d: dict, words: str) -> str:
+    notes = list(d["workload"]["config_notes"]) + list(d["assumptions"])
+    found = [n for n in notes if words in n]
+    assert found, notes
+    return found[0]
+
+
+def test_a_stack_default_bf16_runs_its_fp16_on_a_volta() -> None:
+    # transformers' TrainingArguments raises "Your setup doesn't support bf16/gpu" below compute capability 8.0
+    # (V100: 7.0): the Trainer's fp16=True runs there, fp32 params + autocast fp16 + GradScaler, the bytes of
+    # its bf16=True (fp32 weights 4 B, autocast copies 2 B), so the estimate is unchanged and the job line says fp16
+    volta = _hf(LLAMA1, "--train", "--gpu", "V100-32GB")
+    assert volta["workload"]["half_dtype"] == "fp16" and volta["workload"]["precision"] == "amp"
+    _note(volta, "V100-32GB (volta) has no bf16")
+    ampere = _hf(LLAMA1, "--train", "--gpu", "A100-40GB")
+    assert [t["bytes"] for t in volta["terms"] if t["name"] == "weights"] == \
+           [t["bytes"] for t in ampere["terms"] if t["name"] == "weights"]
+    out = run_memest("hf", LLAMA1, "--train", "--gpu", "V100-32GB", env=WIDE)
+    job = next(line for line in out.stdout.splitlines() if line.startswith("Job"))
+    assert "HF Trainer 4.57, fp16=True: fp32 params, autocast fp16, GradScaler" in job, job
+    assert "bf16" not in job, job
+
+
+def test_megatron_default_bf16_runs_its_fp16_on_a_turing() -> None:
+    d = _hf(LLAMA1, "--train", "--stack", "megatron", "--gpu", "T4")
+    assert d["workload"]["precision"] == "fp16"
+    _note(d, "T4 (turing) has no bf16")
+
+
+@pytest.mark.parametrize(("argv", "fix"), [(("--precision", "amp"), "use --precision fp16, or another --gpu"),
+                                           (("--stack", "torchtune"), "use --precision fp32, or another --gpu")])
+def test_bf16_asked_on_a_volta_is_refused_with_the_fix(argv: tuple[str, ...], fix: str) -> None:
+    # torchtune 0.6 has no fp16 recipe (its recipes raise "full fp16 training is not supported with this recipe")
+    line = _refused("hf", LLAMA1, "--train", "--gpu", "V100-32GB", *argv)
+    assert "bf16 needs CUDA compute capability 8.0+" in line and line.endswith(fix), line
+
+
+def test_the_planner_proposes_no_bf16_on_t4() -> None:
+    out = run_memest("plan", LLAMA1, "--train", "--gpus-available", "4xT4", env=WIDE)
+    assert out.returncode == 0, out.stderr
+    cheapest = next(line for line in out.stdout.splitlines() if line.startswith("Cheapest:"))
+    assert "bf16" not in cheapest and "--precision" not in cheapest, cheapest  # it resolves to fp16 on a T4
+    out = run_memest("plan", LLAMA1, "--train", "--precision", "amp", "--gpus-available", "4xT4", env=WIDE)
+    assert "Cheapest:" not in out.stdout and "T4 (not searched)" in out.stdout, out.stdout[-800:]
+
+
+def test_hf_trainer_fp16_is_fp32_params_with_autocast() -> None:
+    # transformers 4.57 without DeepSpeed: fp16=True keeps the fp32 parameters and runs autocast(fp16) with a
+    # GradScaler (Trainer: self.use_apex / amp); no fp16 weights and no fp32 master: weights 4 B x P
+    d = _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16")
+    assert d["workload"]["precision"] == "amp" and d["workload"]["half_dtype"] == "fp16"
+    terms = {t["name"]: t["bytes"] for t in d["terms"]}
+    amp = {t["name"]: t["bytes"] for t in _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "amp")["terms"]}
+    assert terms == amp
+    assert not any(name.endswith("master") for name in terms), terms
+    out = run_memest("hf", LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16", env=WIDE)
+    job = next(line for line in out.stdout.splitlines() if line.startswith("Job"))
+    assert "fp16=True: fp32 params, autocast fp16, GradScaler" in job, job
+
+
+def test_hf_trainer_fp16_under_deepspeed_stays_deepspeed_fp16() -> None:
+    # the Trainer's fp16=True fills DeepSpeed's fp16.enabled: fp16 params, fp32 master (HfTrainerDeepSpeedConfig)
+    d = _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16", "--zero-stage", "2", "--gpus", "2")
+    assert d["workload"]["precision"] == "fp16"
