@@ -95,8 +95,8 @@ def test_a_switch_shows_no_value_in_help() -> None:
 @pytest.mark.parametrize(("argv", "words"), [
     (("--recompute", "ful"), "Invalid value for '--recompute': 'ful' is not one of 'none', 'selective'"),
     (("--seq-len", "4x"), "Invalid value for '--seq-len': '4x' is not a positive size; write e.g. 4096, 4k or 1M"),
-    (("--fsdp", "--gpus", "2"), "'--fsdp' takes a value, one of 'full_shard', 'shard_grad_op', 'hybrid_shard', "
-                                "'no_shard'; it was followed by the flag '--gpus'"),
+    (("--fsdp", "--gpus", "2"), ("'--fsdp' takes a value, one of 'full_shard', 'shard_grad_op', 'hybrid_shard', "
+                                 "'no_shard'; it was followed by the flag '--gpus'")),
 ])
 def test_a_bad_value_is_named_without_pydantic_words(argv: tuple[str, ...], words: str) -> None:
     line = _refused("hf", LLAMA1, "--train", *argv)
@@ -178,3 +178,12 @@ def test_hf_trainer_fp16_under_deepspeed_stays_deepspeed_fp16() -> None:
     # the Trainer's fp16=True fills DeepSpeed's fp16.enabled: fp16 params, fp32 master (HfTrainerDeepSpeedConfig)
     d = _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16", "--zero-stage", "2", "--gpus", "2")
     assert d["workload"]["precision"] == "fp16"
+
+
+@pytest.mark.parametrize("stack", ["hf-trainer", "trl"])
+def test_hf_trainer_mixed_without_deepspeed_is_refused(stack: str) -> None:
+    # bf16 parameters over an fp32 master are DeepSpeed's (bf16.enabled); the Trainer alone autocasts over fp32
+    line = _refused("hf", LLAMA1, "--train", "--stack", stack, "--precision", "mixed")
+    assert line.startswith("Error: --precision mixed (bf16 params, fp32 master) is DeepSpeed's recipe"), line
+    assert line.endswith("drop --precision (or --precision amp), or add --zero-stage 1-3 to run it under DeepSpeed")
+    assert _hf(LLAMA1, "--train", "--stack", stack, "--precision", "mixed", "--zero-stage", "1", "--gpus", "2")["terms"]

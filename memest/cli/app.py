@@ -160,7 +160,7 @@ CheckOpt = Annotated[bool, typer.Option("--check", metavar="", help="Exit with c
                                         "--batch-size sequences of --max-model-len at once (without --check that job "
                                         "exits 0: the rest wait), and then the cheapest setup that holds them all is "
                                         "shown.")]
-TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code on PyTorch's meta device, count every "
+TraceOpt = Annotated[bool, typer.Option("--trace", metavar="", help="Also run the model code on PyTorch's meta device, count every "
                                         "tensor, and print the traced peak beside the estimate (needs torch).")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "
                                               ".pdf; implies --trace; needs matplotlib).", metavar="FILE")]

@@ -296,6 +296,13 @@ def _validate_stack(t: TrainingConfig) -> None:
         raise InputError(f"{{stack}} {t.stack.value} runs {d.label}'s own engine, which would not read {named}: drop "
                          f"it ({own}), or name a stack that runs it (FSDP: {{stack}} accelerate, fsdp, torchtune or "
                          "hf-trainer)", field="stack")
+    if (not t.stack_assumed and t.precision is Precision.MIXED and d.zero is Framework.DEEPSPEED
+            and d.one is not Framework.DEEPSPEED and resolve_framework(t) in (Framework.PYTORCH, Framework.DDP)):
+        # transformers 4.57: bf16 parameters over an fp32 master exist only under DeepSpeed (its bf16.enabled); the
+        # Trainer's own bf16=True / fp16=True autocast over fp32 parameters (module memest.workload.stacks)
+        raise InputError(f"{{precision}} mixed (bf16 params, fp32 master) is DeepSpeed's recipe; {d.label} without "
+                         f"DeepSpeed runs {d.bf16} as {d.recipe}: drop {{precision}} (or {{precision}} amp), or add "
+                         "{zero_stage} 1-3 to run it under DeepSpeed", field="precision")
     if not t.stack_assumed and not runs_engine(t.stack, t.framework):
         fw = t.framework
         words = {Framework.DEEPSPEED: "DeepSpeed", Framework.MEGATRON: "Megatron-LM"}.get(fw, fw.value)
