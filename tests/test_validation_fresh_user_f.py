@@ -166,7 +166,8 @@ def test_hf_trainer_fp16_is_fp32_params_with_autocast() -> None:
     d = _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16")
     assert d["workload"]["precision"] == "amp" and d["workload"]["half_dtype"] == "fp16"
     terms = {t["name"]: t["bytes"] for t in d["terms"]}
-    amp = {t["name"]: t["bytes"] for t in _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "amp")["terms"]}
+    amp = _hf(LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "amp")
+    amp = {t["name"]: t["bytes"] for t in amp["terms"]}
     assert terms == amp
     assert not any(name.endswith("master") for name in terms), terms
     out = run_memest("hf", LLAMA1, "--train", "--stack", "hf-trainer", "--precision", "fp16", env=WIDE)

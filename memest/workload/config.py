@@ -426,8 +426,8 @@ def training_refusal(t: TrainingConfig, arch: str, vendor: str) -> tuple[str, st
     (:func:`runs_on`): (the setting at fault, the reason in words), or None when it runs. A custom size runs
     anywhere.
 
-    - a bf16 recipe (:func:`computes_bf16`) of a stack's job needs :data:`BF16_LEAST_CAPABILITY` on NVIDIA, unless the stack filled
-      it and has an fp16 recipe of the same bytes, which :func:`memest.workload.resolve.resolve` runs there instead
+    - a bf16 recipe (:func:`computes_bf16`) of a stack's job needs :data:`BF16_LEAST_CAPABILITY` on NVIDIA, unless
+      the stack filled it and has an fp16 recipe of the same bytes, which :func:`memest.workload.resolve.resolve` runs there instead
       (:func:`memest.workload.stacks.fp16_fallback`);
     - float8 training (:attr:`TrainingConfig.float8`, full training) needs :data:`FLOAT8_TRAINING_ARCHS`;
     - the unsloth stack needs :data:`UNSLOTH_VENDORS` (not :data:`UNSLOTH_NOT_ARCHS`);

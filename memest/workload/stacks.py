@@ -82,8 +82,8 @@ Who runs the step when a framework is named under a stack (:attr:`StackDefaults.
 (``parallelize_llama.py``: FSDP2 / TP / PP / CP of its own), litgpt (``litgpt/finetune/full.py`` at commit
 0077627d: ``FSDPStrategy(...)`` when ``devices * num_nodes > 1``, else ``"auto"``; no strategy argument) and
 PyTorch FSDP2 (and a plain PyTorch loop: under DeepSpeed it is the DeepSpeed stack) run neither DeepSpeed
-nor Megatron-LM; DeepSpeed and Megatron-LM / NeMo run their own engine only. The HF Trainer, trl, axolotl and unsloth run DeepSpeed
-(``deepspeed=``) but not Megatron-LM; accelerate runs both (``DeepSpeedPlugin``, ``MegatronLMPlugin``);
+nor Megatron-LM; DeepSpeed and Megatron-LM / NeMo run their own engine only. The HF Trainer, trl, axolotl and
+unsloth run DeepSpeed (``deepspeed=``) but not Megatron-LM; accelerate runs both (``DeepSpeedPlugin``, ``MegatronLMPlugin``);
 LLaMA-Factory is left open (its ``USE_MCA`` path trains through Megatron-core).
 
 Who shards a ZeRO stage named under a stack (:attr:`StackDefaults.zero`): the stacks built on
@@ -301,7 +301,8 @@ STACKS: dict[Stack, StackDefaults] = {
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
                                 qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states',
-                                engines=_NO_ENGINE, fp16='precision="16-mixed": fp32 params, autocast fp16, GradScaler'),
+                                engines=_NO_ENGINE,
+                                fp16='precision="16-mixed": fp32 params, autocast fp16, GradScaler'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0),
@@ -310,7 +311,8 @@ STACKS: dict[Stack, StackDefaults] = {
     Stack.MEGATRON: StackDefaults(label="Megatron-LM", bf16="--bf16", precision=Precision.MIXED,
                                   recipe="bf16 params, fp32 main_grad and master", optimizer=Optimizer.ADAMW,
                                   optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 0),
-                                  model_parallel=True, methods=frozenset({Method.FULL}), engines=frozenset({Framework.MEGATRON}),
+                                  model_parallel=True, methods=frozenset({Method.FULL}),
+                                  engines=frozenset({Framework.MEGATRON}),
                                   fp16="--fp16: fp16 params, fp32 main_grad and master, loss scaling"),
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
@@ -384,6 +386,11 @@ def fp16_fallback(t: TrainingConfig) -> Precision | None:
     return _FP16_OF.get(t.precision)
 
 
+def _fp16_switch(d: StackDefaults) -> str:
+    """How a stack's users ask for its fp16 recipe (``fp16=True``): :attr:`StackDefaults.fp16` before its recipe."""
+    return d.fp16.rsplit(": ", 1)[0]
+
+
 def fp16_words(t: TrainingConfig) -> str:
     """What a job's stack runs in fp16 in place of its bf16 recipe, in its words (no setting named: the planner
     prints it as it is)."""
@@ -403,10 +410,14 @@ def on_device(t: TrainingConfig, arch: str, vendor: str, device_name: str) -> Tr
     fallback = fp16_fallback(t)
     if fallback is None:
         return t
-    d = STACKS[t.stack]  # type: ignore[index]
-    note = (f"{device_name} ({arch}) has no bf16 (compute capability below 8.0): assumed {d.label}'s fp16 recipe, "
-            f"{d.fp16} (the bytes of its bf16 one)")
-    return t.replace(precision=fallback, half_dtype="fp16", config_notes=(*t.config_notes, note))
+    out = t.replace(precision=fallback, half_dtype="fp16")
+    stack = t.stack
+    assert stack is not None  # fp16_fallback is None without a stack
+    words = recipe_words(stack, fallback, t.optimizer, resolve_framework(out), out.parallelism.zero_stage,
+                         "fp16").split(", ", 1)[1]
+    note = (f"{device_name} ({arch}) has no bf16 (compute capability below 8.0): assumed the stack's fp16 recipe, "
+            f"{words.rsplit(', ', 1)[0]} (the bytes of its bf16 one)")
+    return out.replace(config_notes=(*t.config_notes, note))
 
 
 def runs_engine(stack: Stack, framework: Framework) -> bool:
@@ -601,10 +612,13 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
             label += argument.format(a=strategy.lower())
     if precision is d.qlora_precision and precision is not d.precision:
         return f"{label}, {d.qlora_recipe}, {opt}"
+    fp16 = half_dtype == "fp16" or precision is Precision.FP16
     for fw, other in ((Framework.DEEPSPEED, STACKS[Stack.DEEPSPEED]), (Framework.FSDP, STACKS[Stack.ACCELERATE])):
+        if backend and framework is fw and fp16 and d.fp16 and precision is _FP16_OF[other.precision]:
+            return f"{label}, {_fp16_switch(d)} sets {other.fp16}, {opt}"
         if backend and framework is fw and precision is other.precision and precision is not d.precision:
             return f"{label}, {d.bf16} sets {other.bf16}: {other.recipe}, {opt}"
-    if d.fp16 and (half_dtype == "fp16" or precision is Precision.FP16) and _FP16_OF.get(d.precision) is precision:
+    if d.fp16 and fp16 and _FP16_OF.get(d.precision) is precision:
         return f"{label}, {d.fp16}, {opt}"
     if precision is not d.precision:  # not what the stack's bf16 switch runs: that switch is not named
         return f"{label}: precision {precision.value}, {opt}"

@@ -311,8 +311,8 @@ def _validate_stack(t: TrainingConfig) -> None:
         where = read_origins(t.config_read).get("framework")  # a config file's engine: name the file
         named = f"{{framework}} {fw.value}" if where is None else f"{fw.value} ({where.replace(' ', ': ', 1)})"
         raise InputError(f"{{stack}} {t.stack.value} does not run {named}: {d.label} has no {words} "
-                         f"path; drop {'it' if where is None else 'that file'}{shards}, or use a stack that runs {words}: {{stack}} "
-                         f"{', '.join(others[:-1])} or {others[-1]}", field="stack")
+                         f"path; drop {'it' if where is None else 'that file'}{shards}, or use a stack that runs {words}: "
+                         f"{{stack}} {', '.join(others[:-1])} or {others[-1]}", field="stack")
 
 
 def _validate_in_backward(t: TrainingConfig) -> None:
