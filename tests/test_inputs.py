@@ -570,7 +570,7 @@ def test_piped_help_shows_whole_option_names():
 
 @pytest.mark.parametrize(("args", "message"), [
     (("hf", "gpt2", "--finetune", "foo"), "Invalid value for '--finetune'"),
-    (("hf", "gpt2", "--seq-len", "4k"), "Invalid value for '--seq-len'"),
+    (("hf", "gpt2", "--seq-len", "4q"), "Invalid value for '--seq-len'"),  # 4k is 4096, as memest sweep reads it
     (("hf", "gpt2", "--zero-stage", "4"), "Invalid value for '--zero-stage'"),
     (("hf", "gpt2", "--bogus"), "No such option: --bogus"),
     (("plan", "gpt2", "--check"), "No such option: --check"),

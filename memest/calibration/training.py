@@ -400,7 +400,7 @@ def prepare_training(model: Any, spec: Any, t: TrainingConfig, *, device: Any, w
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     if t.method in (Method.LORA, Method.QLORA):
         model = apply_lora(model, spec, t)
-    if prep is KbitPrep.TRL and t.precision is not Precision.FP16:
+    if prep is KbitPrep.TRL and t.precision is not Precision.FP16 and t.half_dtype != "fp16":
         cast_like_trl(model)
     model.train()
     weights_module = model

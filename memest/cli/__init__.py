@@ -160,7 +160,8 @@ def _quiet_dependencies() -> None:
 def _usage_message(exc: Any, argv: list[str]) -> str:
     """click's message for a usage error, with the value given when it is a bad value the message does
     not echo (typer's number conversion says only "Input should be a valid integer")."""
-    message = str(exc.format_message())
+    # typer's pydantic adapter prefixes a parser's or an enum's ValueError with "Value error, ": not the user's words
+    message = str(exc.format_message()).replace("Value error, ", "")
     param = getattr(exc, "param", None)
     opts = tuple(getattr(param, "opts", ()) or ())
     if not opts or "BadParameter" not in {cls.__name__ for cls in type(exc).__mro__}:
@@ -172,6 +173,11 @@ def _usage_message(exc: Any, argv: list[str]) -> str:
                 value = argv[i + 1]
             elif arg.startswith(f"{opt}="):
                 value = arg[len(opt) + 1:]
+    if value is not None and value.startswith("--") and "is not one of" in message:
+        # a flag that takes a value, given alone before another flag (--fsdp --gpus 2): say so, with the choices
+        choices = message.split("is not one of", 1)[1].strip().rstrip(".")
+        return f"'{opts[0]}' takes a value, one of {choices}; it was followed by the flag '{value}'"
     if value is None or repr(value) in message:
         return message
-    return f"Invalid value for '{opts[0]}': {value!r}: {getattr(exc, 'message', message)}"
+    reason = str(getattr(exc, "message", message)).replace("Value error, ", "")
+    return f"Invalid value for '{opts[0]}': {value!r}: {reason}"

@@ -152,15 +152,15 @@ EXIT_NO_FIT = 3
 ModelArg = Annotated[str | None, typer.Argument(help="Hub id or catalog name (see 'memest models'), a model folder, "
                                                 "a config.json, or a Meta params.json (omit it when a --config "
                                                 "recipe names the model).", show_default=False)]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (integer bytes) instead of a table.")]
-MarkdownOpt = Annotated[bool, typer.Option("--markdown", help="Print a Markdown table.")]
-ExplainOpt = Annotated[bool, typer.Option("--explain", help="Show each term's formula and the assumptions.")]
-CheckOpt = Annotated[bool, typer.Option("--check", help="Exit with code 3 when the job does not fit. For vLLM, SGLang "
+JsonOpt = Annotated[bool, typer.Option("--json", metavar="", help="Print JSON (integer bytes) instead of a table.")]
+MarkdownOpt = Annotated[bool, typer.Option("--markdown", metavar="", help="Print a Markdown table.")]
+ExplainOpt = Annotated[bool, typer.Option("--explain", metavar="", help="Show each term's formula and the assumptions.")]
+CheckOpt = Annotated[bool, typer.Option("--check", metavar="", help="Exit with code 3 when the job does not fit. For vLLM, SGLang "
                                         "and TensorRT-LLM also when the engine starts but its KV pool holds fewer than "
                                         "--batch-size sequences of --max-model-len at once (without --check that job "
                                         "exits 0: the rest wait), and then the cheapest setup that holds them all is "
                                         "shown.")]
-TraceOpt = Annotated[bool, typer.Option("--trace", help="Also run the model code on PyTorch's meta device, count every "
+TraceOpt = Annotated[bool, typer.Option("--trace", metavar="", help="Also run the model code on PyTorch's meta device, count every "
                                         "tensor, and print the traced peak beside the estimate (needs torch).")]
 PlotOpt = Annotated[Path | None, typer.Option("--plot", help="Write the traced memory timeline to FILE (.png, .svg, "
                                               ".pdf; implies --trace; needs matplotlib).", metavar="FILE")]

@@ -41,9 +41,9 @@ NprocOpt = Annotated[int, typer.Option("--nproc", help="Processes, one device ea
                                        "torchrun or accelerate launch the job's world size is used.")]
 SuiteOpt = Annotated[str | None, typer.Option("--suite", help="Run every case of calibrate/suites/NAME.json (or a "
                                               "suite file) instead of one MODEL, each in its own process.")]
-WeightsOpt = Annotated[bool, typer.Option("--weights", help="Load the checkpoint's real weights (downloads them) "
+WeightsOpt = Annotated[bool, typer.Option("--weights", metavar="", help="Load the checkpoint's real weights (downloads them) "
                                           "instead of random ones.")]
-RecordOpt = Annotated[bool, typer.Option("--record/--no-record", help="Append the result to "
+RecordOpt = Annotated[bool, typer.Option("--record/--no-record", metavar="", help="Append the result to "
                                          "RESULTS_DIR/<device>.jsonl.")]
 ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Folder of the records (default: "
                                                     "./calibrate/results; the suite's repository for --suite).",
@@ -51,7 +51,7 @@ ResultsDirOpt = Annotated[Path | None, typer.Option("--results-dir", help="Folde
 CaseTimeoutOpt = Annotated[float | None, typer.Option("--case-timeout", help="With --suite: stop a case after this many "
                                                       "seconds (nothing is recorded for it).", show_default=False)]
 TagOpt = Annotated[str | None, typer.Option("--record-tag", hidden=True, help="suite/case id stored in the record.")]
-ReportOpt = Annotated[bool, typer.Option("--report", help="Summarize the records in RESULTS_DIR (default "
+ReportOpt = Annotated[bool, typer.Option("--report", metavar="", help="Summarize the records in RESULTS_DIR (default "
                                          "./calibrate/results): median and worst error per figure, per device and "
                                          "stack, and the runtime constants they imply; runs nothing.")]
 

@@ -21,6 +21,7 @@ import typer
 from memest.api import checkpoint_params, gguf_tensors
 from memest.devices import Device
 from memest.errors import InputError, MemestError
+from memest.planning.sweep import SWEEPABLE, parse_size
 from memest.spec import ModelSpec
 from memest.workload import Engine, Method, Workload, resolve
 from memest.workload.resolve import check_scope
@@ -45,6 +46,21 @@ def _help(s: Setting) -> str:
     return InputError(s.help, field=s.name).render(flag_name)
 
 
+def _size(name: str, text: Any) -> int:
+    """A size flag's value: an integer, or one with a k (x 1024) or M suffix (:func:`memest.planning.sweep.parse_size`,
+    the parser of ``memest sweep``'s ranges). A bad one is a ValueError typer reports as the flag's bad value."""
+    if isinstance(text, int):
+        return text
+    try:
+        return int(text)  # 0 or -5 too: the checks of the workload name them with their fix
+    except ValueError:
+        pass
+    try:
+        return parse_size(str(text), name)
+    except InputError as exc:  # typer's message names the flag already: the reason alone, without its name
+        raise ValueError(exc.template.replace(f"{{{name}}} ", "", 1)) from None
+
+
 def _option(s: Setting) -> tuple[Any, Any]:
     """The typer annotation and default of a setting."""
     kind = s.type
@@ -58,6 +74,11 @@ def _option(s: Setting) -> tuple[Any, Any]:
             kw["metavar"] = f"<{'|'.join(s.choices)}>"
     if s.bounds is not None:
         kw["min"], kw["max"] = s.bounds
+    if s.name in SWEEPABLE:  # 4k as memest sweep reads it: one parser for both
+        kw["parser"] = functools.partial(_size, s.name)
+        kw["metavar"] = "<int|4k>"
+    elif kind in (bool | None, bool):  # a switch (and its --no- form): no value follows it, whatever typer shows
+        kw["metavar"] = ""
     option = typer.Option(decl, help=_help(s), rich_help_panel=PANELS[s.group], **kw)
     return Annotated[kind, option], s.default
 

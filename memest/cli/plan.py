@@ -32,16 +32,16 @@ GlobalBatchOpt = Annotated[int | None, typer.Option(
     "--global-batch-size", rich_help_panel=SEARCH, show_default=False,
     help="Training: sequences per optimizer step to hold (micro-batch x accumulation x dp) "
          "Default: hold the per-replica batch (micro-batch x accumulation).")]
-AllowMethodOpt = Annotated[bool, typer.Option("--allow-method-change", rich_help_panel=SEARCH,
+AllowMethodOpt = Annotated[bool, typer.Option("--allow-method-change", metavar="", rich_help_panel=SEARCH,
                                               help="Training: consider LoRA / QLoRA instead of the method asked.")]
-AllowQuantOpt = Annotated[bool, typer.Option("--allow-quantization", rich_help_panel=SEARCH,
+AllowQuantOpt = Annotated[bool, typer.Option("--allow-quantization", metavar="", rich_help_panel=SEARCH,
                                              help="Serving: consider int8/int4/fp8 weights and an fp8 KV cache.")]
-AllowOffloadOpt = Annotated[bool, typer.Option("--allow-offload", rich_help_panel=SEARCH,
+AllowOffloadOpt = Annotated[bool, typer.Option("--allow-offload", metavar="", rich_help_panel=SEARCH,
                                                help="Training: consider CPU offload of optimizer states and "
                                                     "parameters (slow: the ranking has no throughput model).")]
-AllowOptimizerOpt = Annotated[bool, typer.Option("--allow-optimizer-change", rich_help_panel=SEARCH,
+AllowOptimizerOpt = Annotated[bool, typer.Option("--allow-optimizer-change", metavar="", rich_help_panel=SEARCH,
                                                  help="Training: consider 8-bit AdamW in place of the AdamW asked.")]
-AllowReshapeOpt = Annotated[bool, typer.Option("--allow-batch-reshape", rich_help_panel=SEARCH,
+AllowReshapeOpt = Annotated[bool, typer.Option("--allow-batch-reshape", metavar="", rich_help_panel=SEARCH,
                                                help="Training: consider a smaller micro-batch with more "
                                                     "accumulation steps (the same batch per step).")]
 CostOpt = Annotated[list[str] | None, typer.Option(

@@ -398,11 +398,37 @@ multi-backend docs (huggingface.co/docs/bitsandbytes ``non_cuda_backends``, stab
 CPU and XPU, and say "Apple Silicon support is planned"; no TPU or Neuron backend."""
 
 
+BF16_LEAST_CAPABILITY = 80
+"""The CUDA compute capability bf16 training needs (Ampere 8.0; :attr:`memest.devices.Device.compute_capability`):
+transformers ``training_args.py`` raises "Your setup doesn't support bf16/gpu" for ``bf16=True`` when
+``is_torch_bf16_gpu_available()`` is False, and the other stacks' bf16 runs on the same bf16 tensor cores
+(vLLM's rule for serving, :data:`CAPABILITY_NEEDS`, is the same 8.0)."""
+
+_BF16_RECIPES = frozenset({Precision.MIXED, Precision.AMP, Precision.FSDP2, Precision.BF16})
+
+
+def computes_bf16(t: TrainingConfig) -> bool:
+    """Whether the job's recipe computes in bf16: ``mixed``, ``bf16`` and ``amp`` / ``fsdp2`` at ``half_dtype``
+    bf16 (``fp16`` and ``fp32`` do not)."""
+    return t.precision in _BF16_RECIPES and (t.half_dtype == "bf16" or t.precision in (Precision.MIXED, Precision.BF16))
+
+
+def lacks_bf16(arch: str, vendor: str) -> bool:
+    """Whether an NVIDIA device of ``arch`` is below :data:`BF16_LEAST_CAPABILITY` (Volta, Turing)."""
+    from memest.devices import COMPUTE_CAPABILITY
+
+    cc = COMPUTE_CAPABILITY.get(arch)
+    return vendor == "nvidia" and cc is not None and cc < BF16_LEAST_CAPABILITY
+
+
 def training_refusal(t: TrainingConfig, arch: str, vendor: str) -> tuple[str, str] | None:
     """Why a training job cannot run on a device of ``arch`` / ``vendor`` beyond its framework
     (:func:`runs_on`): (the setting at fault, the reason in words), or None when it runs. A custom size runs
     anywhere.
 
+    - a bf16 recipe (:func:`computes_bf16`) of a stack's job needs :data:`BF16_LEAST_CAPABILITY` on NVIDIA, unless
+      the stack filled it and has an fp16 recipe of the same bytes, which :func:`memest.workload.resolve.resolve` runs there instead
+      (:func:`memest.workload.stacks.fp16_fallback`);
     - float8 training (:attr:`TrainingConfig.float8`, full training) needs :data:`FLOAT8_TRAINING_ARCHS`;
     - the unsloth stack needs :data:`UNSLOTH_VENDORS` (not :data:`UNSLOTH_NOT_ARCHS`);
     - QLoRA with a bitsandbytes NF4 base (every :class:`LoraLibrary` but torchtune's) not on
@@ -410,6 +436,14 @@ def training_refusal(t: TrainingConfig, arch: str, vendor: str) -> tuple[str, st
     """
     if vendor == "custom":
         return None
+    if t.stack is not None and lacks_bf16(arch, vendor) and computes_bf16(t):  # a stack's job: a workload built
+        # without one (the library's TrainingConfig(), precision mixed by default) names bytes, the same in fp16
+        from memest.workload import stacks
+
+        if not ("precision" in t.stack_filled and stacks.fp16_fallback(t) is not None):  # else resolve switches
+            return ("precision", f"bf16 needs CUDA compute capability {BF16_LEAST_CAPABILITY / 10:.1f}+ (Ampere or "
+                                 "newer; transformers raises \"Your setup doesn't support bf16/gpu\"); "
+                                 + stacks.fp16_words(t))
     if t.method is Method.FULL and Float8(t.float8) is not Float8.NONE and arch not in FLOAT8_TRAINING_ARCHS:
         return ("float8", "torchao float8 training needs CUDA compute capability 8.9+ (ada, hopper, blackwell) or "
                           "AMD MI300+ (cdna3, cdna4): torch._scaled_mm")
@@ -606,6 +640,11 @@ class TrainingConfig:
         no_sync_accumulation: The micro-batches before the last accumulate their gradients inside the
             framework's ``no_sync`` (Lightning Fabric ``no_backward_sync``): under FSDP every unit's gradient
             stays unsharded until the last micro-batch's reduce-scatter.
+        half_dtype: The 16-bit dtype an ``amp`` or ``fsdp2`` recipe computes in: ``bf16``, or ``fp16`` (the HF
+            Trainer's ``fp16=True`` without DeepSpeed, Lightning ``"16-mixed"``, accelerate ``mixed_precision:
+            fp16``: autocast / compute copies in fp16 with a GradScaler, whose one fp32 scale is not counted).
+            The same 2 bytes either way; it names the recipe and decides whether a device without bf16 runs it
+            (:func:`computes_bf16`).
     """
 
     method: Method = Method.FULL
@@ -662,6 +701,7 @@ class TrainingConfig:
                                        "{tp} / {pp}). Flags given override its defaults.")
     stack_assumed: str = ""
     stack_filled: tuple[str, ...] = ()
+    half_dtype: str = "bf16"
     config_notes: tuple[str, ...] = ()
     config_read: tuple[str, ...] = ()
     deepspeed_buckets: DeepSpeedBuckets = field(default_factory=DeepSpeedBuckets)

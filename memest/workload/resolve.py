@@ -440,7 +440,8 @@ def _resolve(v: dict[str, Any], spec: ModelSpec, device: Device | Fleet, scope: 
         t = _training(v, spec, device)
         found = files.read(v["config"]).buckets if v["config"] else {}
         buckets, filled, more = deepspeed_buckets(found, t.stack, t.parallelism.zero_stage, spec)
-        return t.replace(config_notes=notes + more, config_read=read + filled, deepspeed_buckets=buckets)
+        return t.replace(config_notes=notes + more + t.config_notes, config_read=read + filled,
+                         deepspeed_buckets=buckets)
     engine = Engine(v["engine"])
     devices = fleet.devices if fleet is not None else (device,)
     for each in devices:
@@ -608,14 +609,17 @@ def _training(v: dict[str, Any], spec: ModelSpec, device: Device) -> TrainingCon
         stack=stack,
         stack_assumed=assumed,
         stack_filled=filled,
+        half_dtype=v.get("half_dtype", "bf16"),
     )
+    t = stacks.on_device(t, device.arch, device.vendor, device.name)  # the stack's fp16 where bf16 does not run
     check_framework_runs(t, device)
     return t
 
 
 def _value_words(t: TrainingConfig, field: str) -> str:
     """The value of the setting ``field`` a refusal names (``tensorwise``, ``unsloth``, ``qlora``)."""
-    return {"float8": Float8(t.float8).value, "stack": t.stack.value if t.stack else "", "finetune": t.method.value}[field]
+    return {"float8": Float8(t.float8).value, "stack": t.stack.value if t.stack else "", "finetune": t.method.value,
+            "precision": t.precision.value}[field]
 
 
 def check_framework_runs(t: TrainingConfig, device: Device) -> None:
@@ -633,8 +637,11 @@ def check_framework_runs(t: TrainingConfig, device: Device) -> None:
         if refused is not None:
             field, why = refused
             kind = device.vendor if device.arch == device.vendor else f"{device.vendor} {device.arch}"
-            raise InputError(f"{{{field}}} {_value_words(t, field)} does not run on {device.name} ({kind}): {why}; "
-                             "use another {gpu} or drop it", field=field)
+            fix = "; use another {gpu} or drop it"
+            if field == "precision":  # bf16 where it does not run: the stack's fp16 recipe, else fp32
+                fix = f"; use {{precision}} {'fp16' if stacks.fp16_fallback(t) else 'fp32'}, or another {{gpu}}"
+            raise InputError(f"{{{field}}} {_value_words(t, field)} does not run on {device.name} ({kind}): {why}"
+                             + fix, field=field)
         return
     chosen = (f"{{framework}} {framework.value}" if t.framework is not Framework.AUTO else
               f"{framework.value} ({{framework}} auto picks it for {{precision}} {t.precision.value} at this layout)")

@@ -138,7 +138,7 @@ def describe(workload: Any) -> str:
     stack = getattr(workload, "stack", None)
     if stack is not None:
         words = stacks.recipe_words(stack, workload.precision, workload.optimizer, stacks.resolve_framework(workload),
-                                    workload.parallelism.zero_stage)
+                                    workload.parallelism.zero_stage, workload.half_dtype)
         parts.append(words + (f" (assumed: {workload.stack_assumed})" if workload.stack_assumed else ""))
     layout = workload.layout_words() if hasattr(workload, "layout_words") else None
     for name, s in settings().items():

@@ -83,6 +83,15 @@ NeMo"); #7267 (moving Megatron-Bridge's PEFT into Megatron Core) is open: full o
 ``nemo/collections/llm/peft`` has LoRA (its PEFT notebook: "NeMo 2.0 currently supports Low-Rank Adaptation
 (LoRA)") and no bitsandbytes QLoRA: full and LoRA.
 
+Who runs the step when a framework is named under a stack (:attr:`StackDefaults.engines`): torchtune 0.6
+(``recipes/full_finetune_distributed.py``: ``training.shard_model``, FSDP2 ``fully_shard``), torchtitan
+(``parallelize_llama.py``: FSDP2 / TP / PP / CP of its own), litgpt (``litgpt/finetune/full.py`` at commit
+0077627d: ``FSDPStrategy(...)`` when ``devices * num_nodes > 1``, else ``"auto"``; no strategy argument) and
+PyTorch FSDP2 (and a plain PyTorch loop: under DeepSpeed it is the DeepSpeed stack) run neither DeepSpeed
+nor Megatron-LM; DeepSpeed and Megatron-LM / NeMo run their own engine only. The HF Trainer, trl, axolotl and
+unsloth run DeepSpeed (``deepspeed=``) but not Megatron-LM; accelerate runs both (``DeepSpeedPlugin``, ``MegatronLMPlugin``);
+LLaMA-Factory is left open (its ``USE_MCA`` path trains through Megatron-core).
+
 Who shards a ZeRO stage named under a stack (:attr:`StackDefaults.zero`): the stacks built on
 ``transformers.TrainingArguments`` (HF Trainer, trl, axolotl, LLaMA-Factory, unsloth) run it through
 DeepSpeed, their ``deepspeed=ds.json`` argument (``deepspeed: ds_z3_config.json`` in axolotl and
@@ -161,6 +170,10 @@ class StackDefaults:
         methods: The methods it runs (module docstring).
         zero: Who shards a ZeRO stage named under it without FSDP's own setting: DeepSpeed (the
             ``deepspeed=`` argument of the Trainer-based stacks) or FSDP (module docstring).
+        engines: The frameworks it runs a step under when one is named (module docstring, "Who runs the
+            step"); a framework outside it is refused, and the planner never proposes one.
+        fp16: How its users ask for its fp16 recipe and what that runs ("" when it has none), the recipe a
+            device without bf16 gets when the stack chose bf16 (:func:`fp16_fallback`).
     """
 
     label: str
@@ -187,7 +200,16 @@ class StackDefaults:
     optimizer_in_bwd: bool | None = None
     methods: frozenset[Method] = frozenset(Method)
     zero: Framework = Framework.FSDP
+    engines: frozenset[Framework] = frozenset(Framework)
+    fp16: str = ""
 
+
+_NO_ENGINE = frozenset(Framework) - {Framework.DEEPSPEED, Framework.MEGATRON}
+"""The frameworks of the stacks that run neither DeepSpeed nor Megatron-LM (torchtune, torchtitan, litgpt, FSDP2):
+their own loop on one device, FSDP on several (module docstring, "Who runs the step")."""
+_NO_MEGATRON = frozenset(Framework) - {Framework.MEGATRON}
+"""The Trainer-based stacks but LLaMA-Factory: DeepSpeed through ``deepspeed=``, FSDP through ``fsdp=``; no
+Megatron-LM (``TrainingArguments`` has no Megatron argument)."""
 
 _LIGER = ((Loss.FUSED, "use_liger_kernel=True"),)
 
@@ -231,7 +253,8 @@ brings back the one layer's input it recomputes."""
 
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
             "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER,
-            "zero": Framework.DEEPSPEED}
+            "zero": Framework.DEEPSPEED, "engines": _NO_MEGATRON,
+            "fp16": "fp16=True: fp32 params, autocast fp16, GradScaler"}
 _NO_4BIT = frozenset({Method.FULL, Method.LORA})
 """torchtitan and NeMo 2: LoRA in-tree, no 4-bit base (module docstring)."""
 
@@ -241,62 +264,77 @@ STACKS: dict[Stack, StackDefaults] = {
                              offload_in_flight=TORCHTUNE_FWD_STASH, recompute=Recompute.FULL, **_TRAINER),
     Stack.ACCELERATE: StackDefaults(label="accelerate FSDP", bf16="mixed_precision: bf16", precision=Precision.FSDP2,
                                     recipe="fp32 sharded params, bf16 compute copies", optimizer=Optimizer.ADAMW,
-                                    optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3)),
+                                    optimizer_name="torch AdamW", one=Framework.FSDP, many=(Framework.FSDP, 3),
+                                    fp16="mixed_precision: fp16: fp32 sharded params, fp16 compute copies"),
     Stack.TORCHTUNE: StackDefaults(label="torchtune 0.6", bf16="dtype: bf16", precision=Precision.BF16,
                                    recipe="pure bf16 params and states", optimizer=Optimizer.ADAMW_FUSED,
                                    optimizer_name="AdamW(fused=True)", many=(Framework.FSDP, 3),
                                    recompute=Recompute.FULL, loss=Loss.CHUNKED, kbit=KbitPrep.NONE,
                                    losses=((Loss.CHUNKED, "loss: torchtune.modules.loss.CEWithChunkedOutputLoss"),),
                                    activation_offloading=False, offload_in_flight=TORCHTUNE_FWD_STASH,
-                                   optimizer_in_bwd=False, lora_library=LoraLibrary.TORCHTUNE),
+                                   optimizer_in_bwd=False, lora_library=LoraLibrary.TORCHTUNE,
+                                   engines=_NO_ENGINE),
     Stack.TORCHTITAN: StackDefaults(label="torchtitan", bf16='mixed_precision_param = "bfloat16"',
                                     precision=Precision.FSDP2, recipe="FSDP2 fp32 sharded params, bf16 compute, "
                                                                       "fp32 reduce",
                                     optimizer=Optimizer.ADAMW_FUSED, optimizer_name="AdamW fused",
                                     one=Framework.FSDP, many=(Framework.FSDP, 3), recompute=Recompute.SELECTIVE_OP,
-                                    kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT),
+                                    kbit=KbitPrep.NONE, model_parallel=True, methods=_NO_4BIT,
+                                    engines=_NO_ENGINE),
     Stack.AXOLOTL: StackDefaults(label="axolotl", bf16="bf16: auto", precision=Precision.BF16,
                                  recipe="bf16 params trained in place", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", kbit=KbitPrep.NONE, zero=Framework.DEEPSPEED,
+                                 engines=_NO_MEGATRON,
                                  losses=((Loss.FUSED, ("plugins: [axolotl.integrations.liger.LigerPlugin], "
                                                        "liger_fused_linear_cross_entropy: true")),)),
     Stack.LLAMAFACTORY: StackDefaults(label="LLaMA-Factory", bf16="bf16: true", precision=Precision.AMP,
                                       recipe="fp32 trained params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                       optimizer_name="adamw_torch_fused", recompute=Recompute.FULL,
                                       kbit=KbitPrep.NONE, lora_targets="all-linear", zero=Framework.DEEPSPEED,
-                                      losses=((Loss.FUSED, "enable_liger_kernel: true"),)),
+                                      losses=((Loss.FUSED, "enable_liger_kernel: true"),),
+                                      fp16="fp16: true: fp32 trained params, autocast fp16"),
     Stack.UNSLOTH: StackDefaults(label="unsloth", bf16="bf16=True", precision=Precision.AMP,
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW_FUSED,
                                  optimizer_name="adamw_torch_fused", recompute=Recompute.FULL, loss=Loss.FUSED,
                                  kbit=KbitPrep.NONE, lora_targets="all-linear",
                                  losses=((Loss.FUSED, "its fused cross-entropy (the default)"),),
                                  activation_offloading=True, offload_in_flight=UNSLOTH_IN_FLIGHT,
-                                 lora_library=LoraLibrary.UNSLOTH, zero=Framework.DEEPSPEED),
+                                 lora_library=LoraLibrary.UNSLOTH, zero=Framework.DEEPSPEED,
+                                 engines=_NO_MEGATRON, fp16="fp16=True: fp32 params, autocast fp16, GradScaler"),
     Stack.LITGPT: StackDefaults(label="litgpt", bf16='precision="bf16-mixed"', precision=Precision.AMP,
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
                                 qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
-                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states'),
+                                qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states',
+                                engines=_NO_ENGINE,
+                                fp16='precision="16-mixed": fp32 params, autocast fp16, GradScaler'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
                                    optimizer_name="FusedAdam", one=Framework.DEEPSPEED, many=(Framework.DEEPSPEED, 0),
-                                   zero=Framework.DEEPSPEED),
+                                   zero=Framework.DEEPSPEED, engines=frozenset({Framework.DEEPSPEED}),
+                                   fp16="fp16.enabled: fp16 params and grads, fp32 master and states, loss scaling"),
     Stack.MEGATRON: StackDefaults(label="Megatron-LM", bf16="--bf16", precision=Precision.MIXED,
                                   recipe="bf16 params, fp32 main_grad and master", optimizer=Optimizer.ADAMW,
                                   optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 0),
-                                  model_parallel=True, methods=frozenset({Method.FULL})),
+                                  model_parallel=True, methods=frozenset({Method.FULL}),
+                                  engines=frozenset({Framework.MEGATRON}),
+                                  fp16="--fp16: fp16 params, fp32 main_grad and master, loss scaling"),
     Stack.NEMO: StackDefaults(label="NeMo 2", bf16='"bf16-mixed"', precision=Precision.MIXED,
                               recipe="bf16 params, fp32 main_grad, distributed optimizer", optimizer=Optimizer.ADAMW,
                               optimizer_name="fused Adam", one=Framework.MEGATRON, many=(Framework.MEGATRON, 1),
-                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON),
+                              model_parallel=True, methods=_NO_4BIT, lora_library=LoraLibrary.MEGATRON,
+                              engines=frozenset({Framework.MEGATRON}),
+                              fp16='"16-mixed": fp16 params, fp32 main_grad, distributed optimizer'),
     Stack.FSDP: StackDefaults(label="PyTorch FSDP2", bf16="MixedPrecisionPolicy(param_dtype=bf16)",
                               precision=Precision.FSDP2, recipe="fp32 sharded params, bf16 compute, fp32 reduce",
                               optimizer=Optimizer.ADAMW, optimizer_name="torch AdamW", one=Framework.FSDP,
-                              many=(Framework.FSDP, 3), kbit=KbitPrep.NONE),
+                              many=(Framework.FSDP, 3), kbit=KbitPrep.NONE, engines=_NO_ENGINE,
+                              fp16="MixedPrecisionPolicy(param_dtype=fp16): fp32 sharded params, fp16 compute"),
     Stack.PYTORCH: StackDefaults(label="PyTorch", bf16="torch.autocast(bf16)", precision=Precision.AMP,
                                  recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
-                                 optimizer_name="torch AdamW", kbit=KbitPrep.NONE),
+                                 optimizer_name="torch AdamW", kbit=KbitPrep.NONE, engines=_NO_ENGINE,
+                                 fp16="torch.autocast(fp16) + GradScaler: fp32 params, autocast fp16"),
 }
 """Every stack's defaults (sources in the module docstring)."""
 
@@ -336,6 +374,67 @@ takes that stack's defaults for them (:func:`restack`)."""
 def supports(stack: Stack, method: Method) -> bool:
     """Whether ``stack`` runs ``method`` (:attr:`StackDefaults.methods`, sources in the module docstring)."""
     return method in STACKS[stack].methods
+
+
+_FP16_OF = {Precision.AMP: Precision.AMP, Precision.FSDP2: Precision.FSDP2, Precision.MIXED: Precision.FP16}
+"""The fp16 recipe of the same bytes as each bf16 one (:attr:`memest.workload.config.TrainingConfig.half_dtype`):
+autocast and FSDP's compute copies in fp16, DeepSpeed's / Megatron-LM's fp16 parameters over an fp32 master. Pure
+bf16 has none (torchtune 0.6's recipes raise "full fp16 training is not supported with this recipe. Please use bf16
+or fp32 instead.")."""
+
+
+def fp16_fallback(t: TrainingConfig) -> Precision | None:
+    """The recipe a job's stack runs in fp16 in place of its bf16 one, at ``half_dtype`` fp16
+    (:data:`_FP16_OF`), or None: no stack, a stack without an fp16 recipe (:attr:`StackDefaults.fp16`), or pure
+    bf16."""
+    if t.stack is None or not STACKS[t.stack].fp16:
+        return None
+    return _FP16_OF.get(t.precision)
+
+
+def _fp16_switch(d: StackDefaults) -> str:
+    """How a stack's users ask for its fp16 recipe (``fp16=True``): :attr:`StackDefaults.fp16` before its recipe."""
+    return d.fp16.rsplit(": ", 1)[0]
+
+
+def fp16_words(t: TrainingConfig) -> str:
+    """What a job's stack runs in fp16 in place of its bf16 recipe, in its words (no setting named: the planner
+    prints it as it is)."""
+    d = STACKS[t.stack] if t.stack is not None else None
+    if d is None or fp16_fallback(t) is None:
+        return f"{d.label if d is not None else 'the job'} has no fp16 recipe of these bytes"
+    return f"{d.label}'s fp16 is {d.fp16}"
+
+
+def on_device(t: TrainingConfig, arch: str, vendor: str, device_name: str) -> TrainingConfig:
+    """``t`` as it runs on a device without bf16 (:func:`memest.workload.config.lacks_bf16`) when its stack chose
+    its bf16 recipe (``precision`` in :attr:`~memest.workload.config.TrainingConfig.stack_filled`): the stack's
+    fp16 recipe of the same bytes (:func:`fp16_fallback`), said in a note. ``t`` itself otherwise (a recipe the
+    user gave is refused there: :func:`memest.workload.config.training_refusal`)."""
+    if "precision" not in t.stack_filled or not config.lacks_bf16(arch, vendor) or not config.computes_bf16(t):
+        return t
+    fallback = fp16_fallback(t)
+    if fallback is None:
+        return t
+    out = t.replace(precision=fallback, half_dtype="fp16")
+    stack = t.stack
+    assert stack is not None  # fp16_fallback is None without a stack
+    words = recipe_words(stack, fallback, t.optimizer, resolve_framework(out), out.parallelism.zero_stage,
+                         "fp16").split(", ", 1)[1]
+    note = (f"{device_name} ({arch}) has no bf16 (compute capability below 8.0): assumed the stack's fp16 recipe, "
+            f"{words.rsplit(', ', 1)[0]} (the bytes of its bf16 one)")
+    return out.replace(config_notes=(*t.config_notes, note))
+
+
+def runs_engine(stack: Stack, framework: Framework) -> bool:
+    """Whether ``stack`` runs a step under ``framework`` named with it (:attr:`StackDefaults.engines`; ``auto``
+    always: the stack picks)."""
+    return framework is Framework.AUTO or framework in STACKS[stack].engines
+
+
+def stacks_running(framework: Framework) -> tuple[Stack, ...]:
+    """The stacks that run a step under ``framework``, in table order."""
+    return tuple(k for k in STACKS if runs_engine(k, framework))
 
 
 def stacks_supporting(method: Method) -> tuple[Stack, ...]:
@@ -388,6 +487,14 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     if (out["precision"] is None and d.zero is Framework.DEEPSPEED and d.one is not Framework.DEEPSPEED and fsdp
             and not model_parallel and v["finetune"] != Method.QLORA.value):
         out["precision"] = STACKS[Stack.ACCELERATE].precision  # the Trainer's fsdp= is accelerate FSDP (docstring)
+    if (v["precision"] is not None and Precision(v["precision"]) is Precision.FP16 and d.fp16 and not v["finetune"]
+            and not runs_deepspeed(stack, Framework(v["framework"]), out["zero_stage"] or 0, v["fsdp"] is not None,
+                                   model_parallel)):
+        # precision fp16 is the stack's fp16 switch: without DeepSpeed the Trainer's fp16=True (and Lightning's
+        # "16-mixed", accelerate's mixed_precision fp16) is its bf16 recipe in fp16, not DeepSpeed's fp16 params
+        natural = apply({**v, "precision": None}, stack, dp)["precision"]
+        if natural in (Precision.AMP, Precision.FSDP2):
+            out["precision"], out["half_dtype"] = natural, "fp16"
     fill = {"precision": d.precision, "optimizer": d.optimizer,
             "recompute": d.recompute, "loss": d.loss, "attn_implementation": d.attn, "lora_targets": d.lora_targets,
             "prepare_kbit_training": d.kbit, "lora_library": d.lora_library}
@@ -483,7 +590,7 @@ def sharding_words(t: TrainingConfig) -> str:
 
 
 def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, framework: Framework | None = None,
-                 zero_stage: int = 0) -> str:
+                 zero_stage: int = 0, half_dtype: str = "bf16") -> str:
     """The job line's sentence for a stack: its name (and the backend that shards it, when the stack runs
     under another: ``HF Trainer 4.57 + DeepSpeed ZeRO-3 (deepspeed=ds.json)``), how its users ask for bf16 and
     what that runs, and its optimizer (the stack's own words where the user kept its defaults).
@@ -491,6 +598,8 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
     Args:
         framework: Who runs the step (:func:`resolve_framework`); None: the stack's own.
         zero_stage: The job's ZeRO stage, named with DeepSpeed.
+        half_dtype: The job's :attr:`~memest.workload.config.TrainingConfig.half_dtype`: at fp16, the stack's
+            fp16 recipe in its words (:attr:`StackDefaults.fp16`).
     """
     d = STACKS[stack]
     opt = d.optimizer_name if optimizer is d.optimizer else optimizer.value
@@ -505,9 +614,14 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
             label += argument.format(a=strategy.lower())
     if precision is d.qlora_precision and precision is not d.precision:
         return f"{label}, {d.qlora_recipe}, {opt}"
+    fp16 = half_dtype == "fp16" or precision is Precision.FP16
     for fw, other in ((Framework.DEEPSPEED, STACKS[Stack.DEEPSPEED]), (Framework.FSDP, STACKS[Stack.ACCELERATE])):
+        if backend and framework is fw and fp16 and d.fp16 and precision is _FP16_OF[other.precision]:
+            return f"{label}, {_fp16_switch(d)} sets {other.fp16}, {opt}"
         if backend and framework is fw and precision is other.precision and precision is not d.precision:
             return f"{label}, {d.bf16} sets {other.bf16}: {other.recipe}, {opt}"
+    if d.fp16 and fp16 and _FP16_OF.get(d.precision) is precision:
+        return f"{label}, {d.fp16}, {opt}"
     if precision is not d.precision:  # not what the stack's bf16 switch runs: that switch is not named
         return f"{label}: precision {precision.value}, {opt}"
     return f"{label}, {d.bf16}: {d.recipe}, {opt}"

@@ -32,7 +32,7 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
 )
-from memest.workload.stacks import STACKS, resolve_framework, stacks_supporting, supports
+from memest.workload.stacks import STACKS, resolve_framework, runs_engine, stacks_running, stacks_supporting, supports
 
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
@@ -296,6 +296,23 @@ def _validate_stack(t: TrainingConfig) -> None:
         raise InputError(f"{{stack}} {t.stack.value} runs {d.label}'s own engine, which would not read {named}: drop "
                          f"it ({own}), or name a stack that runs it (FSDP: {{stack}} accelerate, fsdp, torchtune or "
                          "hf-trainer)", field="stack")
+    if (not t.stack_assumed and t.precision is Precision.MIXED and d.zero is Framework.DEEPSPEED
+            and d.one is not Framework.DEEPSPEED and resolve_framework(t) in (Framework.PYTORCH, Framework.DDP)):
+        # transformers 4.57: bf16 parameters over an fp32 master exist only under DeepSpeed (its bf16.enabled); the
+        # Trainer's own bf16=True / fp16=True autocast over fp32 parameters (module memest.workload.stacks)
+        raise InputError(f"{{precision}} mixed (bf16 params, fp32 master) is DeepSpeed's recipe; {d.label} without "
+                         f"DeepSpeed runs {d.bf16} as {d.recipe}: drop {{precision}} (or {{precision}} amp), or add "
+                         "{zero_stage} 1-3 to run it under DeepSpeed", field="precision")
+    if not t.stack_assumed and not runs_engine(t.stack, t.framework):
+        fw = t.framework
+        words = {Framework.DEEPSPEED: "DeepSpeed", Framework.MEGATRON: "Megatron-LM"}.get(fw, fw.value)
+        others = [k.value for k in stacks_running(fw)]
+        shards = " (it shards with FSDP: {zero_stage} 2 / 3)" if d.many[0] is Framework.FSDP else ""
+        where = read_origins(t.config_read).get("framework")  # a config file's engine: name the file
+        named = f"{{framework}} {fw.value}" if where is None else f"{fw.value} ({where.replace(' ', ': ', 1)})"
+        raise InputError(f"{{stack}} {t.stack.value} does not run {named}: {d.label} has no {words} "
+                         f"path; drop {'it' if where is None else 'that file'}{shards}, or use a stack that runs {words}: "
+                         f"{{stack}} {', '.join(others[:-1])} or {others[-1]}", field="stack")
 
 
 def _validate_in_backward(t: TrainingConfig) -> None:
@@ -338,6 +355,16 @@ def _validate_training_model(spec: ModelSpec, t: TrainingConfig) -> None:
     if t.target_len is not None and spec.task != "seq2seq":
         raise InputError(f"{{target_len}} applies to encoder-decoder models (T5); {spec.name} is {spec.task}: "
                          "drop {target_len} and set the whole sequence with {seq_len}", field="target_len")
+    pp = t.parallelism.pp
+    if pp > 1 and spec.num_layers % pp and resolve_framework(t) is Framework.MEGATRON:
+        # Megatron-LM megatron/training/arguments.py validate_args: without decoder_first/last_pipeline_num_layers
+        # (uneven stages, not modelled), "assert num_layers % transformer_pipeline_model_parallel_size == 0,
+        # 'Number of layers should be divisible by the pipeline-model-parallel size'"
+        ok = ", ".join(str(n) for n in divisors(spec.num_layers) if 1 < n <= max(pp * 4, 8))
+        raise InputError(f"{{pp}} {pp} does not divide the {spec.num_layers} layers of {spec.name}: Megatron-LM "
+                         "asserts 'Number of layers should be divisible by the pipeline-model-parallel size' unless "
+                         f"uneven first / last stages are set (not modelled); use a {{pp}} that divides "
+                         f"{spec.num_layers}" + (f" ({ok})" if ok else ""), field="pp")
     table = spec.learned_positions
     if table is not None:
         for flag, value in (("seq_len", t.seq_len), ("target_len", t.target_len)):

@@ -100,6 +100,7 @@ class ActivationsInput(NamedTuple):
     parallelism: ActivationParallelism
     checkpoints_on_device: int = 0  # activation offloading: the layers' checkpoints left on the device (0: off)
     checkpoints_at_loss: int = 0  # activation offloading: those still on the device through the loss
+    half_dtype: str = "bf16"  # fp16 autocast: trl casts no QLoRA embeddings to bf16 (recipes.kbit_weight_bytes)
 
 
 def activations_input(t: TrainingConfig) -> ActivationsInput:
@@ -111,7 +112,7 @@ def activations_input(t: TrainingConfig) -> ActivationsInput:
                             ActivationParallelism(par.tp, par.pp, par.dp if par.ep > 1 else 1, par.cp, par.ep,
                                                   par.sequence_parallel),
                             *((offloaded_checkpoints_on_device(t), offloaded_checkpoints_at_loss(t))
-                              if t.recompute is Recompute.FULL else (0, 0)))
+                              if t.recompute is Recompute.FULL else (0, 0)), t.half_dtype)
 
 
 def execution(spec: ModelSpec, t: TrainingConfig, fw: Framework) -> Execution:

@@ -50,6 +50,7 @@ class StatesInput(NamedTuple):
     custom_sharded_layers: str = ""  # torchtune's FSDP2 units of their own (fsdp.states)
     fsdp_flat_params: bool = False  # FSDP1's FlatParameter units (fsdp.states)
     no_sync_accumulation: bool = False  # accumulation inside no_sync: FSDP's gradients unsharded (fsdp.states)
+    half_dtype: str = "bf16"  # fp16 autocast: trl casts no QLoRA embeddings to bf16 (recipes.kbit_weight_bytes)
 
 
 def states_input(t: TrainingConfig) -> StatesInput:
@@ -58,7 +59,7 @@ def states_input(t: TrainingConfig) -> StatesInput:
                        t.parallelism, t.lora if t.method is not Method.FULL else None, t.prepare_kbit_training,
                        t.lora_library, t.grad_accum_steps, t.float8_all_gather and t.method is Method.FULL,
                        t.deepspeed_buckets, t.custom_sharded_layers, t.fsdp_flat_params,
-                       t.no_sync_accumulation and t.grad_accum_steps > 1)
+                       t.no_sync_accumulation and t.grad_accum_steps > 1, t.half_dtype)
 
 
 class StateContext(NamedTuple):

@@ -59,6 +59,6 @@ def kbit_weight_bytes(t: TrainingConfig) -> tuple[int, int]:
     c = RECIPES[t.precision].compute
     if t.prepare_kbit_training is KbitPrep.NONE:
         return c, c
-    if t.prepare_kbit_training is KbitPrep.TRL and t.precision is not Precision.FP16:
+    if t.prepare_kbit_training is KbitPrep.TRL and t.precision is not Precision.FP16 and t.half_dtype != "fp16":
         return 2, 4
     return 4, 4
