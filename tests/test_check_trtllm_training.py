@@ -389,7 +389,7 @@ def test_hf_trainer_console_metrics_against_memest() -> None:
     this check names (the tutorial's batches pad to each batch's longest input, at most 1024)."""
     log = read_log(HF_DICT_LOG.read_text())
     c = check_log(log, model="t5-small", gpu="V100-16GB",
-                  settings={"micro_batch_size": 16, "seq_len": 1024, "target_len": 128, "precision": "amp",
+                  settings={"micro_batch_size": 16, "seq_len": 1024, "target_len": 128, "precision": "fp16",
                             "optimizer": "adamw", "set_grads_to_none": False, "attn_implementation": "eager"})
     assert _row(c, "init_allocated").predicted == 242_026_496 == _row(c, "init_allocated").measured
     assert abs(_row(c, "train_states").error) < 0.01

@@ -118,7 +118,8 @@ def _settings(text: str, doc: dict[str, Any]) -> tuple[dict[str, Any], str | Non
     if target is not None and target.isdigit():
         out["target_len"] = int(target)
     if model is not None:  # a command line: its precision switches say what ran (neither: fp32)
-        out["precision"] = "amp" if _switch(text, "fp16") or _switch(text, "bf16") else "fp32"
+        # --fp16 is the Trainer's fp16=True (fp32 params, autocast fp16: memest's precision fp16 without DeepSpeed)
+        out["precision"] = "fp16" if _switch(text, "fp16") else "amp" if _switch(text, "bf16") else "fp32"
         if _switch(text, "adafactor"):
             out["optimizer"] = "adafactor"
         if _switch(text, "gradient_checkpointing"):

@@ -44,11 +44,10 @@ from memest.workload.config import (
     TrainingConfig,
     Workload,
     capability_refusal,
-    refusal,
     runs_on,
     software,
-    training_refusal,
 )
+from memest.workload.refusals import refusal, training_refusal
 from memest.workload.stacks import (
     STACKS,
     StackDefaults,

@@ -41,8 +41,8 @@ from memest.workload.config import (
     capability_refusal,
     resolve_framework,
     runs_on,
-    training_refusal,
 )
+from memest.workload.refusals import training_refusal
 from memest.workload.settings import Setting, defaults, enum_of, given_flags, settings
 from memest.workload.validate import divisors, named_by_file, tp_head_problem
 
