@@ -48,3 +48,19 @@ def test_litgpt_qlora_loss_backward_peaks_at_the_nf4_heads_backward():
     # phase 8 x N + 8 B x 128 x 32,000 = 163,840,000. CPU (benchmarks/litgpt_loss_path.md, NF4 stand-in): 4 V h + 6.26 B
     # x b s V, the 0.26 the head input's copy.
     assert _logits(_job(Method.QLORA, 1)) == {"logits.forward": 131_072_000, "logits.backward": 98_304_000}
+
+
+def _autocast_bytes(t: TrainingConfig) -> int:
+    spec = load_model("meta-llama/Llama-2-7b-hf")
+    terms = activation_terms(spec, activations_input(t), Framework.PYTORCH, stages(spec.num_layers, 1)[0])
+    return sum(x.bytes for name, lifetime in zip(ACTIVATION_LIFETIMES, terms.lifetimes)
+               for x in lifetime if name == "autocast.all")
+
+
+def test_litgpt_lora_under_bf16_mixed_casts_the_frozen_head_once_per_chunk():
+    # bf16-mixed (litgpt's default for training): the fp32 frozen lm_head, 32,000 x 4,096, is cast to bf16 by each
+    # of the 512 / 128 = 4 chunks' F.linear (autocast caches no cast of a tensor without requires_grad) and every
+    # copy is kept for its chunk's input gradient: 4 x 262,144,000 B where one chunked-less head keeps one, so
+    # 3 x 32,000 x 4,096 x 2 = 786,432,000 B more than the default loss's single head forward
+    t = _job(Method.LORA, 1).replace(precision=Precision.AMP)
+    assert _autocast_bytes(t) - _autocast_bytes(t.replace(loss=Loss.DEFAULT)) == 786_432_000

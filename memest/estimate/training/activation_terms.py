@@ -465,6 +465,11 @@ def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: S
         # embedding); the traced Llama-3.2-1B step holds 16 x 7 layer copies + this one (memest hf --trace)
         head = [(tn, 1) for tn in spec.embedding if tn.component is Component.EMBEDDING and len(tn.shape) == 2
                 and tn.shape[0] >= spec.vocab_size][:1]
+    if t.loss == Loss.LITGPT_CHUNKED and x.lora is not None:
+        # litgpt's fit() runs the frozen lm_head once per 128-token chunk: autocast caches a cast only for a leaf
+        # that requires grad (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() && arg.is_leaf()),
+        # so each chunk's F.linear casts the fp32 weight anew and keeps that copy for its input's gradient
+        head = [(tn, math.ceil(t.seq_len / LITGPT_HEAD_CHUNK)) for tn, _ in head]
     if t.method is Method.QLORA:
         # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
         # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
