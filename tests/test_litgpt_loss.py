@@ -64,3 +64,16 @@ def test_litgpt_lora_under_bf16_mixed_casts_the_frozen_head_once_per_chunk():
     # 3 x 32,000 x 4,096 x 2 = 786,432,000 B more than the default loss's single head forward
     t = _job(Method.LORA, 1).replace(precision=Precision.AMP)
     assert _autocast_bytes(t) - _autocast_bytes(t.replace(loss=Loss.DEFAULT)) == 786_432_000
+
+
+def test_the_litgpt_stack_runs_its_chunked_loss_for_lora_and_qlora_only():
+    # litgpt finetune/lora.py fit() calls model(input_ids, lm_head_chunk_size=128) and chunked_cross_entropy;
+    # finetune/full.py (00af8b0) calls model(input_ids) and is not this path
+    from memest.devices import get_device
+    from memest.workload.resolve import resolve
+
+    spec, gpu = load_model("meta-llama/Llama-2-7b-hf"), get_device("A10G")
+    for method in ("lora", "qlora"):
+        assert resolve({"finetune": method, "stack": "litgpt"}, spec, gpu).loss is Loss.LITGPT_CHUNKED
+    assert resolve({"train": True, "stack": "litgpt"}, spec, gpu).loss is Loss.DEFAULT
+    assert resolve({"finetune": "lora", "stack": "litgpt", "loss": "fused"}, spec, gpu).loss is Loss.FUSED
