@@ -33,7 +33,7 @@ _FMS_NVIDIA = ("nvidia-smi (the mean of the GPUs' peaks less their first reading
                "allocator fragmentation across the step (not modelled as more than a fixed share of the peak)")
 
 _LITGPT_OCT23_LOSS = ("over-prediction: Lit-GPT 8641822's multi-GPU LoRA rows (FSDP1, Block checkpointing) grow by 0.32 "
-                      "GiB per 1044-token phi-1.5 sequence (4.53 -> 5.48 GiB at micro-batch 1 -> 4), less than what "
+                      "GiB per 1044-token phi-1.5 sequence (4.53 -> 5.48 GiB at micro-batch 1 -> 4; 0.39 GiB from 2 to 4), less than what "
                       "its loss forward alone holds per sequence, fit()'s fp32 chunks and their fp32 log-softmax "
                       "(Loss.LITGPT_CHUNKED, 8 B x 1044 x 51200 = 0.40 GiB; the same code on one GPU grows by 1.82 "
                       "GiB, memest 1.83); memest's loss-backward peak grows by 0.55 GiB (the cross-entropy's "
