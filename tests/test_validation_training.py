@@ -125,8 +125,6 @@ def test_median_error_goal():
     assert tc.summary(earlier)["median_abs_error"] <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet (benchmarks/training_cases.md gives the median): the mechanisms "
-                   "named in memest/validation/gaps.py KNOWN_GAPS are missing")
 def test_median_error_goal_of_issue_14():
     """Issue 14's goal: median |error| <= 3% over the published training cases."""
     assert tc.summary(ROWS)["median_abs_error"] <= 0.03

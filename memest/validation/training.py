@@ -172,7 +172,7 @@ def build_cases() -> list[Case]:
         "litgpt_llama3_8b_lora_a10g", load_model("meta-llama/Meta-Llama-3-8B"),
         TrainingConfig(method=Method.LORA, micro_batch_size=1, seq_len=512, grad_accum_steps=8, precision=Precision.BF16,
                        optimizer=Optimizer.ADAMW_FUSED, lora=LoraConfig(rank=32, targets="q_proj,v_proj", dropout=0.05),
-                       framework=Framework.PYTORCH, lora_library=LoraLibrary.LITGPT),
+                       framework=Framework.PYTORCH, lora_library=LoraLibrary.LITGPT, loss=Loss.LITGPT_CHUNKED),
         get_device("A10G"), "allocated", round(pub["litgpt_llama3_8b_lora_a10g"]["measured"]["peak_memory_GB"] * GB),
         "litgpt bf16-true (bf16 adapters and AdamW states); sequences padded to the longest in the batch: 512 "
         "assumed (max_seq_length)",
@@ -510,7 +510,8 @@ def _litgpt_config_hub(pub: dict[str, dict]) -> list[Case]:
                            optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW_FUSED,
                            framework=Framework.PYTORCH,
                            lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
-                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE,
+                           loss=Loss.LITGPT_CHUNKED)
         note = ("litgpt 0.4 bf16-true (bf16 adapters; litgpt's own lm_head for a tied checkpoint); 512 tokens "
                 "assumed (max_seq_length)")
         if method is Method.QLORA:
@@ -577,7 +578,8 @@ def _litgpt_resource_table(pub: dict[str, dict]) -> list[Case]:
                            precision=Precision.BF16, framework=Framework.PYTORCH,
                            optimizer=Optimizer.PAGED_ADAMW32BIT if method is Method.QLORA else Optimizer.ADAMW,
                            lora=LoraConfig(rank=lora["r"], targets=targets, dropout=lora["dropout"]),
-                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE)
+                           lora_library=LoraLibrary.LITGPT, prepare_kbit_training=KbitPrep.NONE,
+                           loss=Loss.LITGPT_CHUNKED)
         note = "Lit-GPT 8641822 bf16-true (bf16 adapters), the longest sample's tokens with the steady-state gradients"
         if method is Method.QLORA:
             note += ("; Fabric bnb.nf4 on every linear and the lm_head (no double quant), bitsandbytes PagedAdamW; "

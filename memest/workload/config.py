@@ -182,6 +182,12 @@ class Loss(str, Enum):
     CHUNKED = "chunked"
     """torchtune ``CEWithChunkedOutputLoss``: 8 chunks, each upcast separately; the fp32
     log-probabilities of all chunks are still kept for backward."""
+    LITGPT_CHUNKED = "litgpt_chunked"
+    """litgpt's LoRA / QLoRA ``fit()`` (``litgpt/finetune/lora.py`` at 00af8b0, lit-gpt 8641822 the same):
+    ``model(input_ids, lm_head_chunk_size=128)`` returns the lm_head's 128-token chunks, Fabric's
+    ``convert_output`` casts each to fp32 (``torch.get_default_dtype()``, lightning 2.4.0
+    ``plugins/precision/half.py``, ``bitsandbytes.py``, ``amp.py``: outside the forward's dtype context) and
+    ``chunked_cross_entropy`` (``litgpt/utils.py``) runs ``cross_entropy`` chunk by chunk on them."""
     FUSED = "fused"
     """A fused linear cross-entropy (Liger, Cut Cross-Entropy, unsloth) that never materializes
     the logits of more than one chunk of tokens."""

@@ -161,6 +161,7 @@ class StackDefaults:
         qlora_precision: The recipe its QLoRA runs when it differs from ``precision`` (None: the same).
         qlora_recipe: How its users ask for that recipe, and what it runs, in words.
         qlora_optimizer: The optimizer its QLoRA swaps in (None: ``optimizer``).
+        lora_loss: The loss its LoRA and QLoRA scripts run when it differs from ``loss`` (None: the same).
         model_parallel: It runs tensor / pipeline parallelism (Megatron-LM, NeMo, torchtitan).
         losses: The losses it switches on by a setting of its own, each with that setting in the
             stack's words (module docstring).
@@ -193,6 +194,7 @@ class StackDefaults:
     qlora_precision: Precision | None = None
     qlora_recipe: str = ""
     qlora_optimizer: Optimizer | None = None
+    lora_loss: Loss | None = None
     model_parallel: bool = False
     losses: tuple[tuple[Loss, str], ...] = ()
     activation_offloading: bool | None = None
@@ -305,7 +307,7 @@ STACKS: dict[Stack, StackDefaults] = {
                                 recipe="fp32 params, autocast bf16", optimizer=Optimizer.ADAMW,
                                 optimizer_name="torch AdamW", many=(Framework.FSDP, 3), kbit=KbitPrep.NONE,
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
-                                qlora_optimizer=Optimizer.PAGED_ADAMW32BIT,
+                                qlora_optimizer=Optimizer.PAGED_ADAMW32BIT, lora_loss=Loss.LITGPT_CHUNKED,
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states',
                                 engines=_NO_ENGINE,
                                 fp16='precision="16-mixed": fp32 params, autocast fp16, GradScaler'),
@@ -460,7 +462,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     """The settings not given (None) filled from ``stack``'s defaults; what was given stays.
 
     A stack whose QLoRA runs another recipe or optimizer (litgpt: bf16-true, ``instantiate_bnb_optimizer``'s
-    bitsandbytes PagedAdamW in ``litgpt/utils.py`` at commit 00af8b0) gets them under QLoRA. A stack that shards
+    bitsandbytes PagedAdamW in ``litgpt/utils.py`` at commit 00af8b0) gets them under QLoRA; one whose LoRA
+    scripts run their own loss (litgpt ``finetune/lora.py``: :attr:`Loss.LITGPT_CHUNKED`) gets it under LoRA and QLoRA. A stack that shards
     over several devices by default (torchtune, NeMo's distributed optimizer) gets
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
     them too (its FSDP over the data-parallel ranks beside TP / PP). A Trainer-based stack under DeepSpeed
@@ -480,6 +483,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
         out["precision"] = d.qlora_precision
     if out["optimizer"] is None and d.qlora_optimizer is not None and v["finetune"] == Method.QLORA.value:
         out["optimizer"] = d.qlora_optimizer
+    if out["loss"] is None and d.lora_loss is not None and v["finetune"] in (Method.LORA.value, Method.QLORA.value):
+        out["loss"] = d.lora_loss
     fsdp = v["fsdp"] is not None or Framework(v["framework"]) is Framework.FSDP  # FSDP, however it was asked
     if out["precision"] is None and runs_deepspeed(stack, Framework(v["framework"]), out["zero_stage"] or 0,
                                                    v["fsdp"] is not None, model_parallel):

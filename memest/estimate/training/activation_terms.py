@@ -41,6 +41,7 @@ from memest.estimate.sharding import Stage, shard_numel
 from memest.estimate.training.lora import adapter_bytes, lora_adapters
 from memest.estimate.training.qlora_base import quantizes_lm_head
 from memest.estimate.training.recipes import RECIPES, kbit_weight_bytes
+from memest.estimate.training.states import _dequantized_head
 from memest.memo import remembered
 from memest.result import Kind, Term
 from memest.spec import Component, LayerSpec, ModelSpec, TensorSpec
@@ -63,6 +64,9 @@ from memest.workload import (
 
 LOSS_CHUNKS = 8
 """torchtune ``CEWithChunkedOutputLoss.num_output_chunks``."""
+
+LITGPT_HEAD_CHUNK = 128
+"""litgpt's ``fit()``: ``model(input_ids, lm_head_chunk_size=128)`` (:attr:`Loss.LITGPT_CHUNKED`)."""
 
 
 _BYTES = operator.attrgetter("bytes")
@@ -406,7 +410,8 @@ def _head_terms(spec: ModelSpec, t: ActivationsInput, fw: Framework, x: Executio
                 head_bytes += kept / (tp if sp else 1) * tokens_out
                 head_parts.append("final norm and lm_head input")
         if lm:
-            logits_term = _logits(spec, t, fw, x, tokens_out)
+            dequantized = sum(tn.bytes for tn in _dequantized_head(spec, stage, t, RECIPES[t.precision].compute))
+            logits_term = _logits(spec, t, fw, x, tokens_out, dequantized)
             logits_fwd = _logits_forward(spec, t, fw, x, tokens_out) or logits_term
             if t.method is Method.QLORA and quantizes_lm_head(t.lora_library):
                 v = math.ceil(spec.vocab_size / par.tp)
@@ -461,6 +466,11 @@ def _autocast_terms(spec: ModelSpec, t: ActivationsInput, x: Execution, stage: S
         # embedding); the traced Llama-3.2-1B step holds 16 x 7 layer copies + this one (memest hf --trace)
         head = [(tn, 1) for tn in spec.embedding if tn.component is Component.EMBEDDING and len(tn.shape) == 2
                 and tn.shape[0] >= spec.vocab_size][:1]
+    if t.loss == Loss.LITGPT_CHUNKED and x.lora is not None:
+        # litgpt's fit() runs the frozen lm_head once per 128-token chunk: autocast caches a cast only for a leaf
+        # that requires grad (aten/src/ATen/autocast_mode.cpp cached_cast: arg.requires_grad() && arg.is_leaf()),
+        # so each chunk's F.linear casts the fp32 weight anew and keeps that copy for its input's gradient
+        head = [(tn, math.ceil(t.seq_len / LITGPT_HEAD_CHUNK)) for tn, _ in head]
     if t.method is Method.QLORA:
         # the NF4 weights are dequantized inside MatMul4Bit (workspace.dequantized_weight), a 16-bit lm_head
         # needs no cast: autocast casts the fp32 adapters (and an fp32 lm_head)
@@ -511,10 +521,15 @@ def _logits_bytes(t: TrainingConfig, x: Execution) -> int:
     return x.compute_bytes
 
 
-def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int) -> Term:
-    """The logits at the start of their backward, on one rank (vocabulary split over tp)."""
+def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tokens: int,
+            head_dequantized: int = 0) -> Term:
+    """The logits at the start of their backward, on one rank (vocabulary split over tp).
+    ``head_dequantized``: the bytes of an NF4 lm_head dequantized for its backward, in the same moment
+    (:func:`_litgpt_logits_backward`)."""
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
     c = _logits_bytes(t, x)
+    if t.loss == Loss.LITGPT_CHUNKED:
+        return _litgpt_logits_backward(t, tokens, v, c, head_dequantized)
     if t.loss == Loss.FUSED:
         per, formula = (2 * c + 8) * spec.hidden_size, f"b x s x h x (2 x {c} + 8) B (one chunk of b x s x h / V tokens' logits, fused CE)"
     elif t.loss == Loss.CHUNKED and t.torch_compile:
@@ -536,6 +551,66 @@ def _logits(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execution, tok
     else:
         per, formula = 12 * v, "b x s x V/t x 12 B (fp32 log-probs, nll grad, log-softmax grad)"
     return Term("logits", Kind.LOGITS, math.ceil(tokens * per), formula)
+
+
+def _litgpt_last_chunk(t: ActivationsInput | TrainingConfig) -> int:
+    """Tokens of litgpt's last lm_head chunk (``x.split(128, dim=1)``)."""
+    return t.seq_len - LITGPT_HEAD_CHUNK * ((t.seq_len - 1) // LITGPT_HEAD_CHUNK)
+
+
+def _litgpt_logits_forward(t: ActivationsInput | TrainingConfig, tokens: int, v: int) -> Term:
+    """litgpt's loss forward (:attr:`Loss.LITGPT_CHUNKED`) at its last chunk's ``cross_entropy``, on one rank.
+
+    Sources: litgpt ``finetune/lora.py`` ``fit()`` and ``utils.py`` ``chunked_cross_entropy`` at 00af8b0
+    (lit-gpt 8641822 the same), lightning 2.4.0 ``fabric/wrappers.py`` ``_FabricModule.forward``:
+    ``convert_output`` runs after the forward's dtype context, ``_convert_fp_tensor`` makes each c-byte chunk
+    fp32 (``torch.get_default_dtype()``) and the c-byte chunks are freed with the model's list (``ToCopyBackward``
+    saves nothing; the lm_head does not save its output). ``fit()``'s ``logits`` then holds the fp32 chunks
+    (4 B), every chunk's ``cross_entropy`` saves its fp32 ``log_softmax`` (4 B): 8 B x b x s x V. With b > 1
+    ``logits[-1][..., :-1, :]`` is not contiguous and ``reshape(-1, V)`` copies it (fp32, the last chunk less one
+    position), alive through that chunk's cross_entropy. Measured on the CPU (benchmarks/litgpt_loss_path.py,
+    b 1, s 512, V 32000, h 4096): 8.25 B x b s V = these 8 B + the head input's copy there (2 h / V = 0.26 B)."""
+    b = t.micro_batch_size
+    copy = 4 * b * (_litgpt_last_chunk(t) - 1) * v if b > 1 else 0
+    formula = "b x s x V/t x 8 B (litgpt: the fp32 chunks fit() holds after Fabric's convert_output, their fp32 log-softmax)"
+    if copy:
+        formula += " + b x (last chunk - 1) x V/t x 4 B (reshape's copy of the shifted last chunk)"
+    return Term("logits", Kind.LOGITS, tokens * 8 * v + copy, formula)
+
+
+def _litgpt_logits_backward(t: ActivationsInput | TrainingConfig, tokens: int, v: int, c: int,
+                            head_dequantized: int) -> Term:
+    """litgpt's loss backward (:attr:`Loss.LITGPT_CHUNKED`), on one rank: the larger of its two phases.
+
+    The autograd engine runs the ready node of the highest sequence number first; ``chunked_cross_entropy``
+    made chunk k's ``log_softmax`` and ``nll_loss`` after chunk k - 1's, the reshapes before them, the fp32
+    casts (``ToCopyBackward``, Fabric's ``convert_output``) before those and the lm_head's chunks first. So
+    (sources as :func:`_litgpt_logits_forward`; torch ``LogSoftmaxBackward`` saves its result, freed after
+    the node runs; ``NllLossBackward`` writes a zeroed fp32 gradient of the chunk's shape):
+
+    1. every chunk's cross-entropy backward first: the fp32 chunks ``fit()``'s ``logits`` holds (4 B), the
+       saved log-softmax of the chunks not yet run and the fp32 gradients of those run (4 B together), and
+       at one 128-token chunk its nll gradient and its log-softmax gradient beside its saved result:
+       8 B x b x s x V + 2 x 4 B x b x 128 x V;
+    2. then every chunk's fp32 gradient cast to c bytes (``ToCopyBackward``), then the lm_head chunks' backward:
+       at the first, the fp32 chunks (4 B) and every chunk's c-byte gradient, beside the NF4 lm_head
+       dequantized for its matmul (``head_dequantized``, bitsandbytes 0.42 ``MatMul4Bit.backward``):
+       (4 + c) B x b x s x V.
+
+    The moment's other terms include ``head_dequantized``: the term is phase 2's logits, or phase 1's less the
+    dequantized head where that is larger. Measured on the CPU (benchmarks/litgpt_loss_path.py, b 1, s 512,
+    V 32000, h 4096, c 2): 4 V h + 6.26 B x b s V, phase 2 (4 + 2 B) + the head input's copy (0.26 B)."""
+    b = t.micro_batch_size
+    ce = tokens * 8 * v + 8 * b * min(LITGPT_HEAD_CHUNK, t.seq_len) * v
+    head = tokens * (4 + c) * v
+    if head + head_dequantized >= ce:
+        return Term("logits", Kind.LOGITS, head,
+                    f"b x s x V/t x (4 + {c}) B (litgpt, at the lm_head's backward: fit()'s fp32 chunks, every "
+                    f"chunk's {c}-byte gradient)")
+    return Term("logits", Kind.LOGITS, ce - head_dequantized,
+                "b x s x V/t x 8 B + b x 128 x V/t x 8 B (litgpt, in the cross-entropy's backward: fit()'s fp32 "
+                "chunks, the log-softmax saved or its gradient, one chunk's nll and log-softmax gradients)"
+                + (" less the dequantized lm_head counted beside" if head_dequantized else ""))
 
 
 def _dtensor_loss_parallel(t: ActivationsInput | TrainingConfig, fw: Framework) -> bool:
@@ -614,6 +689,8 @@ def _logits_forward(spec: ModelSpec, t: TrainingConfig, fw: Framework, x: Execut
     """
     v = math.ceil(spec.vocab_size / t.parallelism.tp)
     c = _logits_bytes(t, x)
+    if t.loss == Loss.LITGPT_CHUNKED:
+        return _litgpt_logits_forward(t, tokens, v)
     if t.loss == Loss.CHUNKED and t.torch_compile:
         return Term("logits", Kind.LOGITS, tokens * v * c,
                     f"b x s x V/t x {c} B (every chunk's logits: the recipe's list, saved by the compiled loss)")
