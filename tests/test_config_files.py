@@ -13,6 +13,7 @@ from memest.errors import InputError
 from memest.sources import load_model
 from memest.workload import Framework, FsdpStrategy, Offload, Precision, Recompute, Stack, resolve_framework
 from memest.workload.resolve import resolve
+from memest.workload.stacks import recipe_words
 from memest.workload.validate import workload_notes
 
 DATA = Path(__file__).resolve().parent / "data" / "configs"
@@ -199,3 +200,27 @@ def test_accelerate_deepspeed_nvme_offload_is_named(llama, tmp_path):
     t = resolve({"train": True, "config": [str(path)]}, llama, A100)
     assert t.offload is Offload.OPTIMIZER
     assert any("offload_optimizer_device nvme" in n and "over-count of host RAM" in n for n in workload_notes(llama, t))
+
+
+def test_accelerate_deepspeed_launch_is_accelerate_and_fills_auto(llama, tmp_path):
+    # distributed_type DEEPSPEED with a deepspeed_config_file: accelerate runs the step and hands the model to
+    # DeepSpeed (Accelerator.prepare -> _prepare_deepspeed), which fills the JSON's hidden-size "auto" keys from
+    # model.config.hidden_size (Llama-2-7b: 4096): reduce_bucket_size 4096² = 16,777,216, stage3_prefetch_bucket_size
+    # int(0.9 x 4096²) = int(15,099,494.4) = 15,099,494, stage3_param_persistence_threshold 10 x 4096 = 40,960
+    (tmp_path / "ds_z3_offload.json").write_text(
+        '{"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, '
+        '"offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", '
+        '"stage3_param_persistence_threshold": "auto"}}')
+    path = tmp_path / "acc_ds.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+                    "  deepspeed_config_file: ds_z3_offload.json\n  zero3_init_flag: true\nnum_processes: 8\n"
+                    "mixed_precision: bf16\n")
+    t = resolve({"train": True, "config": [str(path)]}, llama, A100)
+    assert t.stack is Stack.ACCELERATE and resolve_framework(t) is Framework.DEEPSPEED
+    assert (t.parallelism.zero_stage, t.offload, t.parallelism.dp) == (3, Offload.PARAMS, 8)
+    b = t.deepspeed_buckets
+    assert (b.reduce_bucket_size, b.prefetch_bucket_size, b.param_persistence_threshold) == (16_777_216, 15_099_494,
+                                                                                             40_960)
+    # the job line names accelerate and the backend that shards it, not FSDP as well
+    job = recipe_words(t.stack, t.precision, t.optimizer, resolve_framework(t), 3)
+    assert job.startswith("accelerate + DeepSpeed ZeRO-3,") and "FSDP" not in job, job

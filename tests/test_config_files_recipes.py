@@ -219,7 +219,7 @@ def test_no_model_anywhere_is_one_line():
 
 @pytest.mark.parametrize(("first", "second", "setting"), [
     (DS_ZERO3, ACCEL_FSDP, "stack"),          # DeepSpeed ZeRO-3 and an accelerate FSDP launch: who runs the step
-    (ZERO3_LAUNCH, FSDP_LAUNCH, "stack"),
+    (ZERO3_LAUNCH, FSDP_LAUNCH, "framework"),  # both accelerate launches: DeepSpeed or FSDP runs the step
     (AXOLOTL_QLORA, LF_QLORA, "stack"),      # two recipes of different stacks
 ], ids=["ds-json-vs-fsdp", "accelerate-ds-vs-fsdp", "two-stacks"])
 def test_conflicting_files_are_one_error_naming_both(first, second, setting):

@@ -613,6 +613,7 @@ def recipe_words(stack: Stack, precision: Precision, optimizer: Optimizer, frame
                and zero_stage >= 1)
     if backend:
         words, argument = _BACKEND_WORDS[framework]  # type: ignore[index]
+        label = label.removesuffix(" FSDP")  # accelerate under DeepSpeed: "accelerate + DeepSpeed ZeRO-3"
         strategy = _FSDP_STRATEGY.get(zero_stage, str(zero_stage))
         label += " + " + words.format(z=zero_stage, s=strategy)
         if d.zero is Framework.DEEPSPEED:

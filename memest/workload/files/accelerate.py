@@ -50,7 +50,9 @@ def read(path: Path, doc: dict[str, Any]) -> Found:
     values, notes, origins = _accelerate(path, doc)
     ds_file = (doc.get("deepspeed_config") or {}).get("deepspeed_config_file") \
         if isinstance(doc.get("deepspeed_config"), dict) else None
-    includes = (Include(str(ds_file), key="deepspeed_config.deepspeed_config_file"),) if ds_file else ()
+    # the JSON's settings fill what the YAML leaves (its own deepspeed keys are then unread); its stack, deepspeed,
+    # gives way to the YAML's: accelerate runs the step and hands the model to DeepSpeed
+    includes = (Include(str(ds_file), key="deepspeed_config.deepspeed_config_file", yields=True),) if ds_file else ()
     return Found(values, notes, origins=origins, includes=includes)
 
 
@@ -66,7 +68,7 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
     values["gpus"] = max(1, processes) * max(1, machines)
     mixed = str(doc.get("mixed_precision", "no")).lower()
     if kind == "FSDP":
-        values["stack"] = Stack.ACCELERATE
+        values["stack"], values["framework"] = Stack.ACCELERATE, Framework.FSDP
         fsdp = doc.get("fsdp_config") or {}
         typed(path, "fsdp_config", fsdp, dict, "a mapping")
         values["fsdp"], origins["fsdp"] = _fsdp_strategy(path, fsdp, notes)
@@ -80,7 +82,9 @@ def _accelerate(path: Path, doc: dict[str, Any]) -> tuple[dict[str, Any], list[s
     elif kind == "DEEPSPEED":
         ds = doc.get("deepspeed_config") or {}
         typed(path, "deepspeed_config", ds, dict, "a mapping")
-        values["stack"], values["framework"] = Stack.DEEPSPEED, Framework.DEEPSPEED
+        # accelerate's own DeepSpeed path: ``Accelerator.prepare`` -> ``_prepare_deepspeed`` fills the JSON's "auto"
+        # (the HF integration, :data:`memest.workload.resolve.HF_INTEGRATION`), so the stack is accelerate's
+        values["stack"], values["framework"] = Stack.ACCELERATE, Framework.DEEPSPEED
         if ds.get("deepspeed_config_file"):  # accelerate then reads the JSON, not its own keys
             values["precision"] = None
             return {k: v for k, v in values.items() if v is not None}, notes, origins
