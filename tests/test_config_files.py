@@ -224,3 +224,36 @@ def test_accelerate_deepspeed_launch_is_accelerate_and_fills_auto(llama, tmp_pat
     # the job line names accelerate and the backend that shards it, not FSDP as well
     job = recipe_words(t.stack, t.precision, t.optimizer, resolve_framework(t), 3)
     assert job.startswith("accelerate + DeepSpeed ZeRO-3,") and "FSDP" not in job, job
+
+
+@pytest.mark.parametrize("fsdp_config", ["  fsdp_sharding_strategy: SHARD_GRAD_OP\n",
+                                         "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"],
+                         ids=["fsdp1-shard-grad-op", "fsdp2-no-reshard"])
+def test_param_offload_without_reshard_names_the_file_keys(tmp_path, fsdp_config):
+    # torch runs it (FSDP1 CPUOffload(offload_params=True) takes any sharded strategy, FSDP2 fully_shard has no check
+    # against reshard_after_forward=False with CPUOffloadPolicy); memest does not model it, and says so with the keys
+    # the file wrote: fsdp_offload_params (not "--offload params", nor "--zero-stage 3", which nobody typed)
+    path = tmp_path / "accel.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 8\nmixed_precision: bf16\nfsdp_config:\n" + fsdp_config
+                    + "  fsdp_offload_params: true\n")
+    out = run_memest("hf", LLAMA, "--train", "--config", str(path), "--gpu", "A100-80GB")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    message = out.stderr.strip()
+    assert "fsdp_config.fsdp_offload_params" in message and "torch runs it" in message, message
+    assert "FULL_SHARD" in message and "fsdp_reshard_after_forward: true" in message, message
+    assert "--" not in message and "params params" not in message, message
+
+
+def test_optimizer_in_bwd_refusal_names_the_recipe_key(tmp_path):
+    # torchtune refuses optimizer_in_bwd with gradient accumulation; both came from the recipe, so the message
+    # names its keys (gradient_accumulation_steps 8), not --grad-accum-steps
+    recipe = (DATA / "torchtune" / "v0.6.1" / "llama3_1" / "8B_full.yaml").read_text()
+    recipe = recipe.replace("optimizer_in_bwd: False", "optimizer_in_bwd: True").replace(
+        "gradient_accumulation_steps: 1", "gradient_accumulation_steps: 8")
+    path = tmp_path / "8B_full.yaml"
+    path.write_text(recipe)
+    out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--config", str(path), "--gpus", "8", "--gpu", "A100-80GB")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    message = out.stderr.strip()
+    assert "gradient_accumulation_steps 8" in message and "use gradient_accumulation_steps 1" in message, message
+    assert "--grad-accum-steps" not in message, message

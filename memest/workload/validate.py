@@ -4,6 +4,8 @@ the Python API as its keyword), the value and the fix."""
 
 from __future__ import annotations
 
+import re
+
 from memest import lora_targets
 from memest.errors import InputError
 from memest.result import plural
@@ -61,15 +63,24 @@ def read_origins(config_read: tuple[str, ...]) -> dict[str, str]:
 
 
 def named_by_file(exc: InputError, origins: dict[str, str]) -> InputError:
-    """``exc`` with the setting at fault named where a config file gave it (``origins``: setting -> ``file:line
+    """``exc`` with the settings it names written where a config file gave them (``origins``: setting -> ``file:line
     key``): ``ds.json:3: zero_optimization.stage is 5; it must be 0, 1, 2 or 3``, not the setting's own name,
-    which the user never wrote. ``exc`` itself when its setting was not read from a file."""
-    where = origins.get(exc.field) if exc.field is not None else None
-    placeholder = f"{{{exc.field}}}"
-    if where is None or " " not in where or placeholder not in exc.template:
+    which the user never wrote; every other setting it names that a file gave, too (a fix ``use {grad_accum_steps}
+    1`` is the file's ``gradient_accumulation_steps``), by its key (file and key where another file gave it).
+    ``exc`` itself when none of its settings was read from a file."""
+    if exc.field is None:
         return exc
-    file, key = where.split(" ", 1)
-    out = InputError(f"{file}: {exc.template.replace(placeholder, key, 1)}", field=exc.field)
+    named = [m.group(1) for m in re.finditer(r"\{([a-z][a-z0-9_]*)\}", exc.template)]
+    read = [n for n in dict.fromkeys([exc.field, *named]) if n in named and " " in origins.get(n, "")]
+    if not read:
+        return exc
+    file = origins[read[0]].split(" ", 1)[0]
+    template = exc.template
+    for name in read:
+        where, key = origins[name].split(" ", 1)  # where: file:line
+        same = where.split(":", 1)[0] == file.split(":", 1)[0]
+        template = template.replace(f"{{{name}}}", key if name == read[0] or same else f"{where} {key}")
+    out = InputError(f"{file}: {template}", field=exc.field)
     out.__cause__ = exc
     return out
 
@@ -260,9 +271,18 @@ def _validate_training(t: TrainingConfig) -> None:
     if t.offload is not Offload.NONE and par.zero_stage == 0:
         raise InputError(f"{{offload}} {t.offload.value} needs ZeRO ({{zero_stage}} 1-3 or FSDP); add {{zero_stage}} 3",
                          field="offload")
+    if t.offload is Offload.PARAMS and par.zero_stage != 3 and resolve_framework(t) is Framework.FSDP:
+        # torch runs it: FSDP1 CPUOffload(offload_params=True) takes any sharded strategy (_flat_param.py
+        # uses_sharded_strategy), FSDP2 fully_shard(reshard_after_forward=False, offload_policy=CPUOffloadPolicy())
+        # has no check against it (torch 2.13 _fully_shard.py); memest does not model that pairing
+        raise InputError("{offload} (the parameters offloaded) with {fsdp} keeping each unit gathered from forward to "
+                         "backward (SHARD_GRAD_OP, ZeRO-2) is not modelled: torch runs it, memest models offloaded "
+                         "parameters only when each unit is resharded after its forward; make it FULL_SHARD (in an "
+                         "accelerate config fsdp_sharding_strategy: FULL_SHARD, or fsdp_reshard_after_forward: true "
+                         "under fsdp_version 2)", field="offload")
     if t.offload is Offload.PARAMS and par.zero_stage != 3:
-        raise InputError("{offload} params needs {zero_stage} 3 (parameters are only offloaded when sharded)",
-                         field="offload")
+        raise InputError("parameter offload ({offload}) needs {zero_stage} 3 (DeepSpeed offloads parameters only "
+                         "under ZeRO-3, where they are partitioned)", field="offload")
     _validate_in_backward(t)
     if t.method is Method.QLORA and t.precision is Precision.FP32:
         raise InputError("{finetune} qlora computes in 16-bit; use {precision} bf16 or fp16 instead of fp32",
