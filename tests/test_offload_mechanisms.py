@@ -189,3 +189,15 @@ def test_torchtunes_sweep_of_offloading_and_the_step_in_backward():
     # checkpoints but 5 to host (23 x 2 x 4096 x 3072 x 2 B = 1.08 GiB)
     saved = SWEEP["+ optimizer step fused into backward"] - SWEEP["+ activation offloading"]
     assert abs((peak(in_bwd) - peak(offloaded)) - saved) <= 0.3
+
+
+def test_optimizer_in_backward_keeps_no_gradients_in_host_ram(llama):
+    # torchtune's optimizer_in_bwd under FSDP2 CPU offload: foreach_reduce copies each sharded gradient to the host
+    # and calls its post-accumulate-grad hook at once (torch 2.13 _fsdp_collectives.py), which steps the parameter
+    # and frees the gradient (torchtune register_optim_in_bwd_hooks: step(), zero_grad()): host RAM holds the bf16
+    # params 2 + Adam 2 x 2 = 6 B/param (not the 8 with bf16 grads 2), plus the two consecutive gradient shards the
+    # loop holds at once; the largest pair: the embedding (262,668,288 / 8 = 32,833,536) and the first layer's
+    # input_layernorm (2048 / 8 = 256), x 2 B, on each of the node's 8 ranks
+    t = _fsdp(llama, offload="params", stack="torchtune", optimizer_in_bwd=True)
+    in_flight = 8 * 2 * (32_833_536 + 256)
+    assert estimate(llama, t, H100).host_bytes == 6 * llama.num_params + in_flight

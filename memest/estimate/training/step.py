@@ -197,6 +197,20 @@ def _model_order(spec: ModelSpec, t: TrainingConfig) -> list[int]:
             for _ in range(c)]
 
 
+def _in_backward_host_grads(spec: ModelSpec, t: TrainingConfig, grad_b: int) -> int:
+    """One rank's host bytes of offloaded gradients under FSDP2 CPU offload with torchtune's ``optimizer_in_bwd``:
+    no gradient stays for a step after backward. torch 2.13 ``_fsdp_collectives.py`` ``foreach_reduce`` copies each
+    parameter's reduce-scattered shard to the CPU (``.to(torch.device("cpu"))``, blocking when the parameter has a
+    post-accumulate-grad hook), assigns it as ``sharded_param.grad`` and calls that hook at once; torchtune 0.6
+    ``training/memory.py`` ``register_optim_in_bwd_hooks``'s hook steps the parameter's own optimizer and
+    ``zero_grad()`` (set to None) frees the gradient. The loop's ``new_sharded_dtensor_grad`` still holds the
+    previous parameter's gradient while the next one is copied, so two consecutive parameters' shards are live at
+    most: the largest such pair, in the model's parameter order."""
+    n = t.parallelism.tp * t.parallelism.shard_degree
+    shards = [math.ceil(numel / n) * grad_b for numel in _model_order(spec, t)]
+    return max((a + b for a, b in zip(shards, shards[1:])), default=sum(shards))
+
+
 def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Device) -> int:
     """Host RAM per node for offloaded states: fp32 master, optimizer states and gradients (fp32 under
     DeepSpeed, FSDP's at its reduce dtype)
@@ -204,7 +218,8 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devic
     included), for the ranks of one node; under DeepSpeed its further host copies
     (:func:`.deepspeed.offload_host_bytes_per_param`, :func:`.deepspeed.offload_host_bytes_per_rank`); at ZeRO-3
     with ``offload_optimizer.device`` nvme the swapped states leave host RAM for the swapper's pinned buffers
-    (:func:`.deepspeed.nvme_optimizer_swap`)."""
+    (:func:`.deepspeed.nvme_optimizer_swap`); under FSDP with torchtune's ``optimizer_in_bwd`` only the gradients in
+    flight (:func:`_in_backward_host_grads`)."""
     if t.offload is Offload.NONE:
         return 0
     recipe = RECIPES[t.precision]
@@ -219,6 +234,9 @@ def _host_bytes(spec: ModelSpec, t: TrainingConfig, fw: Framework, device: Devic
     grad_host = 4 if fw is not Framework.FSDP else (recipe.grad if t.method is Method.FULL else ADAPTER_BYTES)
     per_param = recipe.master + states + grad_host
     per_rank = 0
+    if fw is Framework.FSDP and t.optimizer_in_bwd and t.method is Method.FULL:
+        per_param -= grad_host
+        per_rank = _in_backward_host_grads(spec, t, grad_host)
     if fw is Framework.DEEPSPEED:
         param_b = recipe.weight if t.method is Method.FULL else ADAPTER_BYTES
         grad_b = recipe.grad if t.method is Method.FULL else ADAPTER_BYTES
