@@ -5,6 +5,11 @@ Keys read: ``distributed_type`` (``NO``, ``MULTI_GPU``, ``FSDP``, ``DEEPSPEED``)
 selects (:func:`_fsdp_strategy`), ``fsdp_offload_params``, ``fsdp_activation_checkpointing``, and
 ``deepspeed_config`` (``zero_stage``, ``offload_optimizer_device``, ``offload_param_device``,
 ``gradient_accumulation_steps``; ``deepspeed_config_file``, a DeepSpeed JSON read with it).
+
+The stack is accelerate's under either backend (the framework FSDP or DeepSpeed): under DeepSpeed,
+``Accelerator.prepare`` -> ``_prepare_deepspeed`` (``accelerator.py``) fills the JSON's hidden-size ``"auto"``
+keys from ``model.config.hidden_size`` (``reduce_bucket_size`` h², ``stage3_prefetch_bucket_size`` int(0.9 h²),
+``stage3_param_persistence_threshold`` 10 h), as the HF Trainer does (:data:`memest.workload.resolve.HF_INTEGRATION`).
 """
 
 from __future__ import annotations
