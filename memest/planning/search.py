@@ -732,7 +732,8 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
 
     The search's own layouts are each validated and skipped when invalid; this check runs once, on one device
     with the job's ``cp``: at the job's ZeRO stage, else at stage 3 (FSDP FULL_SHARD, the stage every sharding
-    rule accepts; :func:`memest.workload.validate`).
+    rule accepts; :func:`memest.workload.validate`), else unsharded (a stack that runs no sharding on one device:
+    litgpt's strategy ``"auto"``, :attr:`memest.workload.stacks.StackDefaults.one_unsharded`).
 
     Raises:
         InputError: the workload is invalid at both (the error at the job's own stage).
@@ -741,7 +742,7 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
         validate(spec, workload.replace(parallelism=Parallelism()))
         return
     first: InputError | None = None
-    for zero_stage in dict.fromkeys((workload.parallelism.zero_stage, 3)):
+    for zero_stage in dict.fromkeys((workload.parallelism.zero_stage, 3, 0)):
         try:
             validate(spec, workload.replace(parallelism=Parallelism(cp=workload.parallelism.cp, zero_stage=zero_stage)))
             return
