@@ -432,9 +432,7 @@ class _Search:
         """Every valid layout of ``n`` devices with its settings."""
         out = []
         for par in self._parallelisms(device, n):
-            try:
-                validate(self.spec, self.base.replace(parallelism=par))
-            except InputError:
+            if not self._valid_layout(par):
                 continue
             knobs = self._training_knobs(par) if self.training else self._serving_knobs(device)
             if knobs is None:
@@ -448,6 +446,23 @@ class _Search:
                     why.append(f"{name} {degree}")
             out.append(_Layout(par, knobs, comm, len(why), tuple(why)))
         return out
+
+    def _valid_layout(self, par: Parallelism) -> bool:
+        """Whether the job passes :func:`memest.workload.validate` at layout ``par``: as asked, else (training) at
+        ZeRO stage 3 with the settings its stack filled taken at this layout (:func:`restack`), which the
+        ``zero_stage`` knob and the setups' restacking reach: a stack that fixes them on several devices
+        (litgpt's FSDP1 with Block checkpointing) refuses the asked ZeRO stage 0 and recompute there."""
+        tries = [self.base.replace(parallelism=par)]
+        if self.training and par.zero_stage < 3:
+            w = self.base.replace(parallelism=dataclasses.replace(par, zero_stage=3))
+            tries.append(restack(w, self._stack(par)))  # type: ignore[arg-type]
+        for w in tries:
+            try:
+                validate(self.spec, w)
+                return True
+            except InputError:
+                continue
+        return False
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
