@@ -110,8 +110,8 @@ def test_the_planners_litgpt_command_reproduces_its_figure():
 
 
 def test_a_litgpt_config_hub_yaml_is_named_in_its_refusal():
-    from memest.workload import files
     from memest.validation import stack_mapping as sm
+    from memest.workload import files
 
     stored = sm.CONFIG_DIR / "configs/Lightning-AI/litgpt/00af8b0d9b43/config_hub/finetune/falcon-7b/qlora.yaml"
     with pytest.raises(InputError, match="not a format memest reads") as exc:
