@@ -432,9 +432,7 @@ class _Search:
         """Every valid layout of ``n`` devices with its settings."""
         out = []
         for par in self._parallelisms(device, n):
-            try:
-                validate(self.spec, self.base.replace(parallelism=par))
-            except InputError:
+            if not self._valid_layout(par):
                 continue
             knobs = self._training_knobs(par) if self.training else self._serving_knobs(device)
             if knobs is None:
@@ -448,6 +446,23 @@ class _Search:
                     why.append(f"{name} {degree}")
             out.append(_Layout(par, knobs, comm, len(why), tuple(why)))
         return out
+
+    def _valid_layout(self, par: Parallelism) -> bool:
+        """Whether the job passes :func:`memest.workload.validate` at layout ``par``: as asked, else (training) at
+        ZeRO stage 3 with the settings its stack filled taken at this layout (:func:`restack`), which the
+        ``zero_stage`` knob and the setups' restacking reach: a stack that fixes them on several devices
+        (litgpt's FSDP1 with Block checkpointing) refuses the asked ZeRO stage 0 and recompute there."""
+        tries = [self.base.replace(parallelism=par)]
+        if self.training and par.zero_stage < 3:
+            w = self.base.replace(parallelism=dataclasses.replace(par, zero_stage=3))
+            tries.append(restack(w, self._stack(par)))  # type: ignore[arg-type]
+        for w in tries:
+            try:
+                validate(self.spec, w)
+                return True
+            except InputError:
+                continue
+        return False
 
     def _parallelisms(self, device: Device, n: int) -> Iterator[Parallelism]:
         user = self.base.parallelism
@@ -732,7 +747,8 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
 
     The search's own layouts are each validated and skipped when invalid; this check runs once, on one device
     with the job's ``cp``: at the job's ZeRO stage, else at stage 3 (FSDP FULL_SHARD, the stage every sharding
-    rule accepts; :func:`memest.workload.validate`).
+    rule accepts; :func:`memest.workload.validate`), else unsharded (a stack that runs no sharding on one device:
+    litgpt's strategy ``"auto"``, :attr:`memest.workload.stacks.StackDefaults.one_unsharded`).
 
     Raises:
         InputError: the workload is invalid at both (the error at the job's own stage).
@@ -741,7 +757,7 @@ def _valid_at_some_layout(spec: ModelSpec, workload: Workload) -> None:
         validate(spec, workload.replace(parallelism=Parallelism()))
         return
     first: InputError | None = None
-    for zero_stage in dict.fromkeys((workload.parallelism.zero_stage, 3)):
+    for zero_stage in dict.fromkeys((workload.parallelism.zero_stage, 3, 0)):
         try:
             validate(spec, workload.replace(parallelism=Parallelism(cp=workload.parallelism.cp, zero_stage=zero_stage)))
             return

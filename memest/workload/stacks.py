@@ -175,6 +175,12 @@ class StackDefaults:
             step"); a framework outside it is refused, and the planner never proposes one.
         fp16: How its users ask for its fp16 recipe and what that runs ("" when it has none), the recipe a
             device without bf16 gets when the stack chose bf16 (:func:`fp16_fallback`).
+        many_fixed: The settings it hard-codes on several devices, by setting name (litgpt's
+            :data:`LITGPT_FSDP`): :func:`apply` fills them there, and a ``recompute`` or ``zero_stage`` given
+            otherwise is refused (:mod:`memest.workload.validate`).
+        many_methods: The methods it runs on several devices (None: all of ``methods``).
+        one_unsharded: On one device it runs no sharding backend (litgpt's strategy ``"auto"``): a ZeRO stage
+            there is refused.
     """
 
     label: str
@@ -204,6 +210,9 @@ class StackDefaults:
     zero: Framework = Framework.FSDP
     engines: frozenset[Framework] = frozenset(Framework)
     fp16: str = ""
+    many_fixed: tuple[tuple[str, Any], ...] = ()
+    many_methods: frozenset[Method] | None = None
+    one_unsharded: bool = False
 
 
 _NO_ENGINE = frozenset(Framework) - {Framework.DEEPSPEED, Framework.MEGATRON}
@@ -252,6 +261,18 @@ UNSLOTH_IN_FLIGHT = 1
 """unsloth ``Unsloth_Offloaded_Gradient_Checkpointer`` (``unsloth_zoo/gradient_checkpointing.py``): the forward
 copies each layer's input to host (``hidden_states.to("cpu", non_blocking=True)``) and keeps none; the backward
 brings back the one layer's input it recomputes."""
+
+LITGPT_FSDP = (("recompute", Recompute.FULL), ("zero_stage", 3), ("fsdp_flat_params", True),
+               ("no_sync_accumulation", True))
+"""What litgpt runs on several devices: ``litgpt/finetune/full.py`` and ``lora.py`` at commit 0077627d (and
+``full.py`` at 26857050, v0.5.13) hard-code, when ``devices * num_nodes > 1``, ``FSDPStrategy(auto_wrap_policy={Block},
+activation_checkpointing_policy={Block}, state_dict_type="full", limit_all_gathers=True, cpu_offload=False)``
+(else ``strategy = "auto"``) and take no strategy argument: Fabric's FSDP1 FULL_SHARD over Block units, every
+Block checkpointed, accumulation inside ``fabric.no_backward_sync``. ``lora.py`` there raises
+``NotImplementedError("Quantization is currently not supported for multi-GPU training ...")`` for ``--quantize``
+on several devices (:attr:`StackDefaults.many_methods`). (``lora.py`` at 26857050 has moved to
+``ModelParallelStrategy`` with FSDP2 ``fully_shard`` and Block ``checkpoint_wrapper``; memest models the cited
+commit.)"""
 
 _TRAINER = {"bf16": "bf16=True", "precision": Precision.AMP, "recipe": "fp32 params, autocast bf16",
             "optimizer": Optimizer.ADAMW_FUSED, "optimizer_name": "adamw_torch_fused", "losses": _LIGER,
@@ -309,7 +330,8 @@ STACKS: dict[Stack, StackDefaults] = {
                                 lora_library=LoraLibrary.LITGPT, qlora_precision=Precision.BF16,
                                 qlora_optimizer=Optimizer.PAGED_ADAMW32BIT, lora_loss=Loss.LITGPT_CHUNKED,
                                 qlora_recipe='precision="bf16-true" (quantize bnb.nf4): bf16 params and states',
-                                engines=_NO_ENGINE,
+                                engines=_NO_ENGINE, many_fixed=LITGPT_FSDP,
+                                many_methods=frozenset({Method.FULL, Method.LORA}), one_unsharded=True,
                                 fp16='precision="16-mixed": fp32 params, autocast fp16, GradScaler'),
     Stack.DEEPSPEED: StackDefaults(label="DeepSpeed", bf16="bf16.enabled", precision=Precision.MIXED,
                                    recipe="bf16 params and grads, fp32 master and states", optimizer=Optimizer.ADAMW,
@@ -468,7 +490,8 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     its ZeRO stage when neither it nor FSDP was given, without tensor / pipeline parallelism; torchtitan with
     them too (its FSDP over the data-parallel ranks beside TP / PP). A Trainer-based stack under DeepSpeed
     (:func:`runs_deepspeed`) runs DeepSpeed's bf16 recipe (module docstring). trl prepares no sharded QLoRA model
-    (FSDP, ZeRO-3).
+    (FSDP, ZeRO-3). A stack that hard-codes settings on several devices (:attr:`StackDefaults.many_fixed`:
+    litgpt's Block checkpointing and Fabric FSDP1) gets them there.
     """
     d = STACKS[stack]
     out = dict(v)
@@ -479,6 +502,10 @@ def apply(v: Mapping[str, Any], stack: Stack, dp: int) -> dict[str, Any]:
     if (Framework(v["framework"]) is Framework.AUTO and v["fsdp"] is None and not v["zero_stage"]
             and dp * v["cp"] > 1 and (not model_parallel or fsdp_beside_model_parallel)):
         out["zero_stage"] = d.many[1]
+    if dp * v["cp"] * (v["tp"] or 1) * v["pp"] > 1:
+        # what the stack hard-codes on several devices (litgpt's FSDPStrategy); a falsy value (None, 0, False)
+        # is taken as not given, as the ZeRO stage above (a given one otherwise is refused by validate)
+        out |= {name: value for name, value in d.many_fixed if not v.get(name)}
     if out["precision"] is None and d.qlora_precision is not None and v["finetune"] == Method.QLORA.value:
         out["precision"] = d.qlora_precision
     if out["optimizer"] is None and d.qlora_optimizer is not None and v["finetune"] == Method.QLORA.value:
@@ -529,13 +556,14 @@ def restack(t: TrainingConfig, stack: Stack | None = None, refill: frozenset[str
     if stack is None:
         return t
     names = [n for n in t.stack_filled if refill is None or n in refill]
-    if not names and stack is t.stack:
+    if not names and stack is t.stack and not STACKS[stack].many_fixed:
         return t
     par = t.parallelism
     current = {"precision": t.precision, "optimizer": t.optimizer, "recompute": t.recompute, "loss": t.loss,
                "attn_implementation": t.attn_implementation, "lora_targets": t.lora.targets,
                "prepare_kbit_training": t.prepare_kbit_training, "lora_library": t.lora_library,
-               "activation_offloading": t.activation_offloading, "optimizer_in_bwd": t.optimizer_in_bwd}
+               "activation_offloading": t.activation_offloading, "optimizer_in_bwd": t.optimizer_in_bwd,
+               "fsdp_flat_params": t.fsdp_flat_params, "no_sync_accumulation": t.no_sync_accumulation}
     fsdp = t.framework is Framework.FSDP
     v = {n: None if n in names else value for n, value in current.items()} | {
         "finetune": None if t.method is Method.FULL else t.method.value, "tp": par.tp, "pp": par.pp, "cp": par.cp,

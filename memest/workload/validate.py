@@ -308,6 +308,7 @@ def _validate_stack(t: TrainingConfig) -> None:
         assumed = f" (assumed: {t.stack_assumed})" if t.stack_assumed else ""
         raise InputError(f"{{finetune}} {t.method.value} does not run under {{stack}} {t.stack.value}{assumed}: "
                          f"{d.label} has no {words} in-tree; stacks that run it: {others}", field="finetune")
+    _validate_device_count(t)
     # a stack named with another framework (an assumed one is the framework's own, unless a caller set it)
     if (not t.stack_assumed and d.one in (Framework.DEEPSPEED, Framework.MEGATRON)
             and t.framework not in (Framework.AUTO, d.one)):
@@ -333,6 +334,38 @@ def _validate_stack(t: TrainingConfig) -> None:
         raise InputError(f"{{stack}} {t.stack.value} does not run {named}: {d.label} has no {words} "
                          f"path; drop {'it' if where is None else 'that file'}{shards}, or use a stack that runs {words}: "
                          f"{{stack}} {', '.join(others[:-1])} or {others[-1]}", field="stack")
+
+
+def _validate_device_count(t: TrainingConfig) -> None:
+    """What a stack fixes by its device count (:attr:`memest.workload.stacks.StackDefaults.many_fixed`,
+    ``many_methods``, ``one_unsharded``; litgpt ``finetune/full.py`` / ``lora.py`` at commit 0077627d: its
+    ``FSDPStrategy`` on several devices, strategy ``"auto"`` on one, and no ``--quantize`` on several).
+
+    Raises:
+        InputError: a method the stack does not run on several devices, a ``recompute`` or ``zero_stage`` other
+            than the one it hard-codes there, or a ZeRO stage on one device where it shards nothing.
+    """
+    assert t.stack is not None
+    d, par = STACKS[t.stack], t.parallelism
+    gpus = par.world_size
+    if gpus > 1 and d.many_methods is not None and t.method not in d.many_methods:
+        words = {Method.QLORA: "QLoRA (a quantized base)"}.get(t.method, t.method.value)
+        raise InputError(f"{{finetune}} {t.method.value} does not run on several devices under {{stack}} "
+                         f"{t.stack.value}: {d.label} has no multi-GPU {words}; use {{gpus}} 1, or another {{stack}}",
+                         field="finetune")
+    fixed = dict(d.many_fixed)
+    if gpus > 1 and "recompute" in fixed and t.recompute is not fixed["recompute"]:
+        raise InputError(f"{{recompute}} {t.recompute.value} does not run on several devices under {{stack}} "
+                         f"{t.stack.value}: {d.label} checkpoints every layer there; drop it (or {{recompute}} "
+                         f"{Recompute(fixed['recompute']).value}), or use {{gpus}} 1", field="recompute")
+    if gpus > 1 and "zero_stage" in fixed and par.zero_stage != fixed["zero_stage"]:
+        raise InputError(f"{{zero_stage}} {par.zero_stage} does not run on several devices under {{stack}} "
+                         f"{t.stack.value}: {d.label} shards with FSDP FULL_SHARD there (zero stage "
+                         f"{fixed['zero_stage']}); drop it, or use another {{stack}}", field="zero_stage")
+    if gpus == 1 and d.one_unsharded and par.zero_stage:
+        raise InputError(f"{{zero_stage}} {par.zero_stage} does not run on one device under {{stack}} "
+                         f"{t.stack.value}: {d.label} runs no FSDP there; drop it, or use more {{gpus}}",
+                         field="zero_stage")
 
 
 def _validate_in_backward(t: TrainingConfig) -> None:

@@ -263,7 +263,27 @@ def _format(path: Path, doc: Any, text: str) -> ModuleType:
     for module in FORMATS:
         if module.detect(doc, text):
             return module
+    if _looks_litgpt(doc):
+        raise InputError(f"{{config}} {path}: not a format memest reads (a litgpt config: memest has no reader for "
+                         "it; pass its settings as flags with {stack} litgpt ({micro_batch_size}, {seq_len}, "
+                         "{lora_rank}, ...))", field="config")
     raise InputError(f"{{config}} {path}: not a format memest reads; pass {formats()}", field="config")
+
+
+_LITGPT_KEYS = frozenset({"precision", "quantize", "devices", "lora_r", "checkpoint_dir", "out_dir"})
+_LITGPT_TRAIN_KEYS = frozenset({"micro_batch_size", "global_batch_size", "max_seq_length"})
+
+
+def _looks_litgpt(doc: Any) -> bool:
+    """A litgpt ``config_hub`` YAML (``config_hub/finetune/*/lora.yaml`` at commit 00af8b0): its top-level keys
+    (``precision``, ``quantize``, ``devices``, ``lora_r``) with a ``train:`` block of ``micro_batch_size`` /
+    ``global_batch_size`` / ``max_seq_length``, or an ``optimizer: {class_path: ...}``."""
+    if not isinstance(doc, dict):
+        return False
+    train, optimizer = doc.get("train"), doc.get("optimizer")
+    return bool(_LITGPT_KEYS & doc.keys()) and (
+        (isinstance(train, dict) and bool(_LITGPT_TRAIN_KEYS & train.keys()))
+        or (isinstance(optimizer, dict) and "class_path" in optimizer))
 
 
 def _collect(path: Path, out: list[_Reading], notes: list[str], yields: bool = False) -> None:
