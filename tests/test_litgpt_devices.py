@@ -137,3 +137,13 @@ def test_a_multi_gpu_litgpt_job_that_does_not_fit_gets_its_suggestions():
                      "--gpus", "2", "--seq-len", "2048")
     assert out.returncode == 0, out.stderr
     assert "DOES NOT FIT" in out.stdout and "Cheapest fit: --stack litgpt" in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_litgpt_offloads_nothing(gpus):
+    """litgpt finetune/full.py / lora.py at 0077627d: FSDPStrategy(..., cpu_offload=False) on several devices,
+    strategy "auto" (no sharding backend) on one: an offload is refused either way, naming the setting."""
+    out = run_memest("hf", "meta-llama/Llama-3.1-8B", "--train", "--stack", "litgpt", "--gpu", "A100-80GB",
+                     "--gpus", str(gpus), "--offload", "optimizer")
+    assert out.returncode == 2 and "--offload optimizer does not run on" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

@@ -131,6 +131,7 @@ from memest.workload.config import (
     LoraLibrary,
     Loss,
     Method,
+    Offload,
     Optimizer,
     Precision,
     Recompute,
@@ -263,7 +264,7 @@ copies each layer's input to host (``hidden_states.to("cpu", non_blocking=True)`
 brings back the one layer's input it recomputes."""
 
 LITGPT_FSDP = (("recompute", Recompute.FULL), ("zero_stage", 3), ("fsdp_flat_params", True),
-               ("no_sync_accumulation", True))
+               ("no_sync_accumulation", True), ("offload", Offload.NONE))
 """What litgpt runs on several devices: ``litgpt/finetune/full.py`` and ``lora.py`` at commit 0077627d (and
 ``full.py`` at 26857050, v0.5.13) hard-code, when ``devices * num_nodes > 1``, ``FSDPStrategy(auto_wrap_policy={Block},
 activation_checkpointing_policy={Block}, state_dict_type="full", limit_all_gathers=True, cpu_offload=False)``

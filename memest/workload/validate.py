@@ -268,7 +268,8 @@ def _validate_training(t: TrainingConfig) -> None:
         if par.dp_shard < 1 or group % par.dp_shard:
             raise InputError(f"{{dp_shard}} {par.dp_shard} must divide the dp x cp ranks ({group}); use a divisor "
                              f"of {group}", field="dp_shard")
-    if t.offload is not Offload.NONE and par.zero_stage == 0:
+    one_unsharded = t.stack is not None and STACKS[t.stack].one_unsharded  # its own refusal: _validate_device_count
+    if t.offload is not Offload.NONE and par.zero_stage == 0 and not one_unsharded:
         raise InputError(f"{{offload}} {t.offload.value} needs ZeRO ({{zero_stage}} 1-3 or FSDP); add {{zero_stage}} 3",
                          field="offload")
     if t.offload is Offload.PARAMS and par.zero_stage != 3 and resolve_framework(t) is Framework.FSDP:
@@ -342,8 +343,9 @@ def _validate_device_count(t: TrainingConfig) -> None:
     ``FSDPStrategy`` on several devices, strategy ``"auto"`` on one, and no ``--quantize`` on several).
 
     Raises:
-        InputError: a method the stack does not run on several devices, a ``recompute`` or ``zero_stage`` other
-            than the one it hard-codes there, or a ZeRO stage on one device where it shards nothing.
+        InputError: a method the stack does not run on several devices, a ``recompute``, ``zero_stage`` or
+            ``offload`` other than the one it hard-codes there, or a ZeRO stage or an offload on one device where
+            it shards nothing.
     """
     assert t.stack is not None
     d, par = STACKS[t.stack], t.parallelism
@@ -362,6 +364,14 @@ def _validate_device_count(t: TrainingConfig) -> None:
         raise InputError(f"{{zero_stage}} {par.zero_stage} does not run on several devices under {{stack}} "
                          f"{t.stack.value}: {d.label} shards with FSDP FULL_SHARD there (zero stage "
                          f"{fixed['zero_stage']}); drop it, or use another {{stack}}", field="zero_stage")
+    if gpus > 1 and "offload" in fixed and t.offload is not fixed["offload"]:
+        raise InputError(f"{{offload}} {t.offload.value} does not run on several devices under {{stack}} "
+                         f"{t.stack.value}: {d.label}'s FSDPStrategy there sets cpu_offload=False; drop it, or use "
+                         "another {stack}", field="offload")
+    if gpus == 1 and d.one_unsharded and t.offload is not Offload.NONE:
+        raise InputError(f"{{offload}} {t.offload.value} does not run on one device under {{stack}} {t.stack.value}: "
+                         f"{d.label} runs no sharding backend there (strategy \"auto\"), so nothing offloads; drop it",
+                         field="offload")
     if gpus == 1 and d.one_unsharded and par.zero_stage:
         raise InputError(f"{{zero_stage}} {par.zero_stage} does not run on one device under {{stack}} "
                          f"{t.stack.value}: {d.label} runs no FSDP there; drop it, or use more {{gpus}}",
