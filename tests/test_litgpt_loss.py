@@ -15,12 +15,16 @@ from memest.workload import Framework, LoraConfig, LoraLibrary, Loss, Method, Pr
 V, H = 32_000, 4_096
 
 
-def _logits(t: TrainingConfig) -> dict[str, int]:
+def _lifetimes(t: TrainingConfig) -> dict[str, tuple]:
+    """Llama-2-7B's activation terms under ``t``, by lifetime (one stage, eager PyTorch)."""
     spec = load_model("meta-llama/Llama-2-7b-hf")
     terms = activation_terms(spec, activations_input(t), Framework.PYTORCH, stages(spec.num_layers, 1)[0])
-    names = ("logits.forward", "logits.backward")
-    return {name: x.bytes for name, lifetime in zip(ACTIVATION_LIFETIMES, terms.lifetimes)
-            for x in lifetime if x.name == "logits" and name in names}
+    return dict(zip(ACTIVATION_LIFETIMES, terms.lifetimes))
+
+
+def _logits(t: TrainingConfig) -> dict[str, int]:
+    return {name: x.bytes for name, lifetime in _lifetimes(t).items()
+            for x in lifetime if x.name == "logits" and name in ("logits.forward", "logits.backward")}
 
 
 def _job(method: Method, b: int) -> TrainingConfig:
@@ -51,10 +55,7 @@ def test_litgpt_qlora_loss_backward_peaks_at_the_nf4_heads_backward():
 
 
 def _autocast_bytes(t: TrainingConfig) -> int:
-    spec = load_model("meta-llama/Llama-2-7b-hf")
-    terms = activation_terms(spec, activations_input(t), Framework.PYTORCH, stages(spec.num_layers, 1)[0])
-    return sum(x.bytes for name, lifetime in zip(ACTIVATION_LIFETIMES, terms.lifetimes)
-               for x in lifetime if name == "autocast.all")
+    return sum(x.bytes for x in _lifetimes(t).get("autocast.all", ()))
 
 
 def test_litgpt_lora_under_bf16_mixed_casts_the_frozen_head_once_per_chunk():

@@ -7,12 +7,15 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from inprocess import run_memest
 from typer.testing import CliRunner
 
 from memest.cli import app
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
 from memest.errors import InputError
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "MEMEST_DEBUG": ""}
@@ -203,28 +206,15 @@ def test_plan_and_sweep_import_no_plotting_or_heavy_module():
     assert out.stdout.strip() == ""
 
 
-LF_DS3 = """\
-model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
-stage: sft
-do_train: true
-finetuning_type: lora
-lora_rank: 8
-lora_target: all
-deepspeed: ds_z3_config.json
-cutoff_len: 2048
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 2
-bf16: true
-"""
 
 
 def test_plan_prints_the_config_files_reading_notes(tmp_path):
     # Fresh-user report F6: a LLaMA-Factory YAML naming a DeepSpeed file that is not there. `memest hf` says so
     # (its settings are not read); `memest plan` printed no note at all. Now the table, Markdown and JSON carry the
     # same notes as `hf` does (the model's and the config reader's).
-    config = tmp_path / "lf_ds3.yaml"
-    config.write_text(LF_DS3)
-    missing = "deepspeed names ds_z3_config.json, not found"
+    config = tmp_path / "lf_ds3.yaml"  # LLaMA-Factory's own example, without the DeepSpeed file it names
+    config.write_text((CONFIGS / "llamafactory" / "examples" / "train_lora" / "llama3_lora_sft_ds3.yaml").read_text())
+    missing = "deepspeed names examples/deepspeed/ds_z3_config.json, not found"
     hf = run("hf", "--config", str(config), "--gpu", "A100-80GB", "--gpus", "8")
     assert missing in " ".join(hf.stdout.split()), hf.stdout
     for fmt in ((), ("--markdown",)):

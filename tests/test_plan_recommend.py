@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -313,18 +314,6 @@ DS_Z3_OFFLOAD = """{
   "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"
 }"""
 
-LF_LORA_DS3 = """model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
-stage: sft
-do_train: true
-finetuning_type: lora
-lora_rank: 8
-lora_target: all
-deepspeed: ds_z3_config.json
-cutoff_len: 2048
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 2
-bf16: true
-"""
 
 
 def test_lora_above_full_says_the_terms_that_grow_not_activations(tmp_path):
@@ -337,8 +326,12 @@ def test_lora_above_full_says_the_terms_that_grow_not_activations(tmp_path):
     from memest.api import estimate_values
     from memest.workload import Method, resolve
 
-    (tmp_path / "ds_z3_config.json").write_text(DS_Z3_OFFLOAD)
-    (tmp_path / "lf.yaml").write_text(LF_LORA_DS3)
+    # LLaMA-Factory's own example (lora_rank 8, lora_target all, cutoff_len 2048, batch 1 x 2), its DeepSpeed file
+    # replaced by the offloading one above
+    (tmp_path / "examples" / "deepspeed").mkdir(parents=True)
+    (tmp_path / "examples" / "deepspeed" / "ds_z3_config.json").write_text(DS_Z3_OFFLOAD)
+    example = Path(__file__).resolve().parent / "data" / "configs" / "llamafactory" / "examples" / "train_lora"
+    (tmp_path / "lf.yaml").write_text((example / "llama3_lora_sft_ds3.yaml").read_text())
     a = estimate_values(None, resolve.complete({"config": (str(tmp_path / "lf.yaml"),), "gpus": 8,
                                                 "gpu": "A100-80GB"})).result
     lora = a.estimate.per_device
