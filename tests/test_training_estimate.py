@@ -13,7 +13,7 @@ from memest.devices import get_device
 from memest.estimate import estimate
 from memest.estimate.activations import Execution, layer_activations
 from memest.estimate.training import moments
-from memest.estimate.training.deepspeed import gathered_peak_numel
+from memest.estimate.training.deepspeed import gathered_peak
 from memest.result import Kind, RankEstimate
 from memest.sources import load_model
 from memest.workload import (
@@ -185,11 +185,11 @@ def test_zero3_coordinator_keeps_prefetched_and_reused_parameters_gathered():
     # step 4: budget min(25 - 20, 10) = 5 > 0 prefetches p1 whole: 30 (the cap is overshot by one parameter)
     # step 5: budget 5 prefetches p0: 30; then releases down to 0
     numel, forward = (10, 10, 10, 10), (0, 1, 2, 3)
-    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=10, max_live=25) == 30
+    assert gathered_peak(numel, forward, max_reuse=15, prefetch=10, max_live=25)[0] == 30
     # no prefetch: only the module's own parameter, and p3 kept from its forward to its backward: 10
-    assert gathered_peak_numel(numel, forward, max_reuse=15, prefetch=0, max_live=25) == 10
+    assert gathered_peak(numel, forward, max_reuse=15, prefetch=0, max_live=25)[0] == 10
     # a large reuse distance keeps every parameter from its forward to its backward: all 40
-    assert gathered_peak_numel(numel, forward, max_reuse=1000, prefetch=0, max_live=25) == 40
+    assert gathered_peak(numel, forward, max_reuse=1000, prefetch=0, max_live=25)[0] == 40
 
 
 def test_zero3_gathers_up_to_the_live_parameter_cap():

@@ -390,13 +390,6 @@ def _module_trace(ctx: StateContext) -> tuple[tuple[int, ...], tuple[int, ...], 
     return tuple(numel), tuple(forward), tuple(backward)
 
 
-def gathered_peak_numel(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
-                        prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS,
-                        backward: tuple[int, ...] | None = None) -> int:
-    """The most parameter elements gathered at once over a step (:func:`gathered_peak` without offload)."""
-    return gathered_peak(numel, forward, max_reuse, prefetch, max_live, backward=backward)[0]
-
-
 def gathered_peak(numel: tuple[int, ...], forward: tuple[int, ...], max_reuse: int = MAX_REUSE_DISTANCE,
                   prefetch: int = PREFETCH_BUCKET, max_live: int = MAX_LIVE_PARAMETERS,
                   backward: tuple[int, ...] | None = None, copies_over: int = 0) -> tuple[int, int]:
