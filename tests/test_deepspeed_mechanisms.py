@@ -62,7 +62,7 @@ def test_zero3_coordinator_matches_deepspeed_0_19_5_on_the_cpu():
     layer = [256 * 256] * 4 + [256 * 688] * 3  # q, k, v, o 65,536; gate, up, down 176,128
     numel = (embed, *layer * 32, embed)
     assert gathered_peak(numel, tuple(range(len(numel))), max_reuse=3_910_000, prefetch=195_000,
-                               max_live=3_910_000)[0] == 4_411_392
+                         max_live=3_910_000)[0] == 4_411_392
 
 
 def test_the_gists_zero2_peak_is_below_the_states_of_any_step_after_the_first():
